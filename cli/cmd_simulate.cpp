@@ -1,0 +1,304 @@
+// `cpsim simulate`: one training step of one configuration.
+#include <cmath>
+#include <iostream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "cpsim/models/error.hpp"
+#include "cpsim/models/units.hpp"
+#include "cpsim/planner/evaluate.hpp"
+#include "cpsim/sim/trace.hpp"
+
+namespace cpsim::cli {
+namespace {
+
+constexpr int kSimulateSchemaVersion = 1;
+
+sim::ScheduleInputs resolve(const SimulateArgs& a) {
+  const models::DataDir data = data_dir();
+  sim::ScheduleInputs in;
+  if (a.gpus < 1) {
+    throw InputError("--gpus", fmt::format("must be at least 1, got {}", a.gpus));
+  }
+  in.model = models::load_model(a.model, data);
+  in.hardware = models::load_hardware(a.hardware, data);
+  in.recipe = models::load_recipe(a.recipe, data);
+  auto& r = in.recipe;
+  if (!a.ac.empty()) {
+    r.checkpointing = models::parse_checkpoint_mode(a.ac, "--ac");
+    if (r.checkpointing != models::CheckpointMode::kFull && a.ac_offload.empty()) {
+      r.checkpoint_offload = false;  // only full checkpointing produces block inputs to offload
+    }
+  }
+  if (!a.ac_offload.empty()) {
+    r.checkpoint_offload = parse_switch(a.ac_offload, "--ac-offload");
+    if (r.checkpoint_offload && r.checkpointing != models::CheckpointMode::kFull) {
+      throw InputError("--ac-offload", "checkpoint offload needs --ac full (it offloads block inputs)");
+    }
+  }
+  if (!a.tiled_mlp.empty()) {
+    if (std::isdigit(static_cast<unsigned char>(a.tiled_mlp[0])) != 0) {
+      const std::int64_t shards = parse_length(a.tiled_mlp, "--tiled-mlp");
+      r.tiled_mlp = true;
+      r.tiled_mlp_shards = shards;
+    } else {
+      r.tiled_mlp = parse_switch(a.tiled_mlp, "--tiled-mlp");
+      r.tiled_mlp_shards = 0;
+    }
+  }
+  if (!a.fused_loss.empty()) {
+    r.fused_loss = parse_switch(a.fused_loss, "--fused-loss");
+  }
+  if (!a.attention_kernel.empty()) {
+    r.attention_kernel = a.attention_kernel;
+  }
+  (void)in.hardware.attention_kernel(r.attention_kernel);  // names the flag if unknown
+
+  auto& p = in.parallel;
+  p.method = models::parse_cp_method(a.method, "--method");
+  p.gpus = a.gpus;
+  if (a.gpus_per_node < 0) {
+    throw InputError("--gpus-per-node", "must be positive");
+  }
+  p.gpus_per_node = a.gpus_per_node > 0 ? a.gpus_per_node : in.hardware.gpus_per_node;
+  if (a.ulysses_degree < 0) {
+    throw InputError("--ulysses-degree", "must be positive");
+  }
+  p.cp_degree = a.ulysses_degree > 0 ? a.ulysses_degree : a.gpus;
+  p.seq_len = parse_length(a.seq, "--seq");
+  if (a.heads_per_stage != 0 && p.method != models::CpMethod::kUPipe) {
+    throw InputError("--heads-per-stage", "applies to --method upipe only");
+  }
+  if (a.heads_per_stage < 0) {
+    throw InputError("--heads-per-stage", "must be positive");
+  }
+  p.heads_per_stage = a.heads_per_stage;
+  return in;
+}
+
+std::string method_label(const sim::ScheduleInputs& in, const sim::HeadLayout& L) {
+  if (in.parallel.method == models::CpMethod::kUlysses) {
+    return fmt::format("Ulysses (C={})", L.cp);
+  }
+  return fmt::format("UPipe (C={}, U={}: {} stages, K/V fetched every {} stage{})", L.cp,
+                     L.heads_per_stage, L.stages, L.stages_per_kv_fetch,
+                     L.stages_per_kv_fetch == 1 ? "" : "s");
+}
+
+std::string recipe_label(const models::TrainingRecipe& r, const sim::StepReport& rep,
+                         std::int64_t local_seq, std::int64_t hidden) {
+  std::string s = fmt::format("ZeRO-{}, AC {}", r.zero_stage, models::to_string(r.checkpointing));
+  if (r.checkpointing == models::CheckpointMode::kFull) {
+    s += r.checkpoint_offload ? (r.offload_keep_first_last ? ", checkpoints offloaded to host "
+                                                             "(first/last layer kept)"
+                                                           : ", checkpoints offloaded to host")
+                              : ", checkpoints on GPU";
+  }
+  if (r.tiled_mlp) {
+    const std::int64_t shards =
+        r.tiled_mlp_shards > 0 ? r.tiled_mlp_shards : (local_seq + hidden - 1) / hidden;
+    s += fmt::format(", tiled MLP ({} shards)", shards);
+  } else {
+    s += ", untiled MLP";
+  }
+  s += r.fused_loss ? ", fused loss" : ", materialised logits";
+  s += fmt::format(", {} attention", r.attention_kernel);
+  (void)rep;
+  return s;
+}
+
+nlohmann::json to_json(const SimulateArgs& a, const sim::ScheduleInputs& in, const sim::StepReport& rep) {
+  using nlohmann::json;
+  json breakdown;
+  json category_peaks;
+  for (int c = 0; c < sim::kMemCategoryCount; ++c) {
+    const auto cat = static_cast<sim::MemCategory>(c);
+    breakdown[sim::to_string(cat)] = rep.breakdown_at_peak[static_cast<std::size_t>(c)];
+    category_peaks[sim::to_string(cat)] = rep.category_peak[static_cast<std::size_t>(c)];
+  }
+  breakdown["fixed_overhead"] = rep.fixed_overhead_bytes;
+  json busy;
+  for (int s = 0; s < sim::kStreamCount; ++s) {
+    busy[sim::to_string(static_cast<sim::Stream>(s))] = rep.stream_busy_s[static_cast<std::size_t>(s)];
+  }
+  const auto& r = in.recipe;
+  const auto& L = rep.layout;
+  json j = {
+      {"schema_version", kSimulateSchemaVersion},
+      {"command", "simulate"},
+      {"config",
+       {{"model", in.model.name},
+        {"hardware", in.hardware.name},
+        {"gpus", in.parallel.gpus},
+        {"gpus_per_node", in.parallel.gpus_per_node},
+        {"method", models::to_string(in.parallel.method)},
+        {"seq_len", in.parallel.seq_len},
+        {"cp_degree", in.parallel.cp_degree},
+        {"data_parallel", in.parallel.data_parallel()},
+        {"heads_per_stage", L.heads_per_stage},
+        {"stages", L.stages},
+        {"recipe", r.name},
+        {"zero_stage", r.zero_stage},
+        {"ac", models::to_string(r.checkpointing)},
+        {"ac_offload", r.checkpoint_offload},
+        {"tiled_mlp", r.tiled_mlp},
+        {"fused_loss", r.fused_loss},
+        {"attention_kernel", r.attention_kernel}}},
+      {"step_time_s", rep.step_time_s},
+      {"tokens_per_step", rep.tokens_per_step},
+      {"tokens_per_s_per_gpu", rep.tokens_per_s_per_gpu},
+      {"model_tflops_per_gpu", rep.model_tflops_per_gpu},
+      {"mfu", rep.mfu},
+      {"peak_memory_bytes", rep.peak_memory_bytes},
+      {"memory_breakdown_bytes", breakdown},
+      {"category_peak_bytes", category_peaks},
+      {"peak", {{"rank", rep.peak_rank}, {"op", rep.peak_op}}},
+      {"gpu_capacity_bytes", rep.gpu_capacity_bytes},
+      {"headroom_bytes", rep.gpu_headroom_bytes},
+      {"host_memory_bytes", rep.host_memory_bytes},
+      {"host_capacity_bytes", rep.host_capacity_bytes},
+      {"fits", rep.fits()},
+      {"fits_gpu", rep.fits_gpu},
+      {"fits_host", rep.fits_host},
+      {"binding_constraint", rep.binding.empty() ? json(nullptr) : json(rep.binding)},
+      {"attention_buffers_bytes",
+       {{"qkv_local", rep.attention.qkv_local_bytes},
+        {"qkv_headsharded", rep.attention.qkv_headsharded_bytes},
+        {"out_headsharded", rep.attention.out_headsharded_bytes},
+        {"out_local", rep.attention.out_local_bytes},
+        {"lse", rep.attention.lse_bytes},
+        {"final_out", rep.attention.final_out_bytes},
+        {"a2a_send_per_layer_forward", rep.attention.a2a_send_bytes_per_layer_fwd}}},
+      {"stream_busy_s", busy},
+      {"exposed_non_compute_s", rep.exposed_comm_s},
+      {"simulator", {{"ops", rep.ops}, {"events", rep.events}}},
+      {"notes", rep.notes},
+  };
+  (void)a;
+  return j;
+}
+
+std::string human(const sim::ScheduleInputs& in, const sim::StepReport& rep) {
+  const auto& L = rep.layout;
+  std::string o;
+  o += fmt::format("{} on {} x {}, {}, seq {} ({} tokens), recipe {}\n", in.model.name,
+                   in.parallel.gpus, in.hardware.name, method_label(in, L),
+                   format_length(in.parallel.seq_len), in.parallel.seq_len, in.recipe.name);
+  o += fmt::format("  {}\n", recipe_label(in.recipe, rep, in.parallel.local_seq(), in.model.hidden));
+  if (in.parallel.data_parallel() > 1) {
+    o += fmt::format("  {} CP groups of {} GPUs (data parallel), FSDP over all {}\n",
+                     in.parallel.data_parallel(), in.parallel.cp_degree, in.parallel.gpus);
+  }
+  o += "\n";
+  o += fmt::format("  step time            {}\n", format_seconds(rep.step_time_s));
+  o += fmt::format("  throughput           {:.1f} tokens/s/GPU\n", rep.tokens_per_s_per_gpu);
+  o += fmt::format("  model TFLOP/s/GPU    {:.1f}  (MFU {:.1f} %, model FLOPs exclude recompute)\n",
+                   rep.model_tflops_per_gpu, 100.0 * rep.mfu);
+  o += "\n";
+  const std::string verdict =
+      rep.fits_gpu ? fmt::format("fits, {} headroom", format_bytes(static_cast<double>(rep.gpu_headroom_bytes)))
+                   : fmt::format("DOES NOT FIT, {} over",
+                                 format_bytes(static_cast<double>(-rep.gpu_headroom_bytes)));
+  o += fmt::format("  peak GPU memory      {} of {}: {}\n", format_bytes(static_cast<double>(rep.peak_memory_bytes)),
+                   format_bytes(static_cast<double>(rep.gpu_capacity_bytes)), verdict);
+  o += fmt::format("  at                   rank {}, {}\n", rep.peak_rank, rep.peak_op);
+  std::vector<std::vector<std::string>> rows;
+  for (int c = 0; c < sim::kMemCategoryCount; ++c) {
+    const auto i = static_cast<std::size_t>(c);
+    rows.push_back({sim::to_string(static_cast<sim::MemCategory>(c)),
+                    format_bytes(static_cast<double>(rep.breakdown_at_peak[i])),
+                    format_bytes(static_cast<double>(rep.category_peak[i]))});
+  }
+  rows.push_back({"fixed overheads", format_bytes(static_cast<double>(rep.fixed_overhead_bytes)),
+                  format_bytes(static_cast<double>(rep.fixed_overhead_bytes))});
+  std::string table = format_table({"category", "at peak", "own peak"}, rows, {false, true, true});
+  std::istringstream lines(table);
+  for (std::string line; std::getline(lines, line);) {
+    o += "    " + line + "\n";
+  }
+  o += fmt::format("  host memory (pinned) {} per node of {}: {}\n",
+                   format_bytes(static_cast<double>(rep.host_memory_bytes)),
+                   format_bytes(static_cast<double>(rep.host_capacity_bytes)),
+                   rep.fits_host ? "fits" : "DOES NOT FIT");
+  o += "\n";
+  const auto& A = rep.attention;
+  o += fmt::format("  attention buffers per rank ({}): QKV local {}, head-sharded {}, out {}, LSE {}",
+                   L.stages > 1 ? "one stage" : "all heads", format_bytes(static_cast<double>(A.qkv_local_bytes)),
+                   format_bytes(static_cast<double>(A.qkv_headsharded_bytes)),
+                   format_bytes(static_cast<double>(A.out_headsharded_bytes)),
+                   format_bytes(static_cast<double>(A.lse_bytes)));
+  if (A.final_out_bytes > 0) {
+    o += fmt::format(", final_out {}", format_bytes(static_cast<double>(A.final_out_bytes)));
+  }
+  o += "\n";
+  o += fmt::format("  streams busy (rank 0): compute {}, comm {}, fsdp {}, d2h {}, h2d {}\n",
+                   format_seconds(rep.stream_busy_s[0]), format_seconds(rep.stream_busy_s[1]),
+                   format_seconds(rep.stream_busy_s[2]), format_seconds(rep.stream_busy_s[3]),
+                   format_seconds(rep.stream_busy_s[4]));
+  o += fmt::format("  step time not covered by compute (exposed comm/copies): {}\n",
+                   format_seconds(rep.exposed_comm_s));
+  o += fmt::format("  simulated {} ops, {} events\n", rep.ops, rep.events);
+  if (!rep.notes.empty()) {
+    o += "\n  modelling notes:\n";
+    for (const auto& n : rep.notes) {
+      o += "    - " + n + "\n";
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
+  CLI::App* c = app.add_subcommand("simulate", "Simulate one training step of one configuration");
+  c->add_option("--model", a.model, "built-in model name (see `cpsim models`) or path to a "
+                                    "Hugging Face config.json")->capture_default_str();
+  c->add_option("--gpus", a.gpus, "number of GPUs")->capture_default_str();
+  c->add_option("--gpus-per-node", a.gpus_per_node, "GPUs per node (default: from the hardware profile)");
+  c->add_option("--hardware", a.hardware, "built-in hardware profile (see `cpsim hardware`) or a "
+                                          "profile file")->capture_default_str();
+  c->add_option("--method", a.method, "context-parallel method: ulysses | upipe")->capture_default_str();
+  c->add_option("--seq", a.seq, "global sequence length in tokens (131072, 128K, 3M)")->capture_default_str();
+  c->add_option("--recipe", a.recipe, "built-in recipe name or recipe file")->capture_default_str();
+  c->add_option("--heads-per-stage", a.heads_per_stage,
+                "UPipe: query heads per stage U, a multiple of the CP degree (default: the CP degree)");
+  c->add_option("--ulysses-degree", a.ulysses_degree,
+                "CP (Ulysses) degree; the rest of the GPUs are data parallel (default: all GPUs)");
+  c->add_option("--ac", a.ac, "activation checkpointing: none | selective | full (default: recipe)");
+  c->add_option("--ac-offload", a.ac_offload, "offload checkpointed block inputs to host: on | off");
+  c->add_option("--tiled-mlp", a.tiled_mlp, "tiled MLP: on | off | SHARDS (default shards: "
+                                            "ceil(local_seq / hidden))");
+  c->add_option("--fused-loss", a.fused_loss, "fused linear cross-entropy: on | off");
+  c->add_option("--attention-kernel", a.attention_kernel, "attention kernel curve of the profile: "
+                                                          "fa3 | fa2 | cudnn (default: recipe)");
+  c->add_option("--trace", a.trace, "write a Chrome/Perfetto trace (JSON) of the step to FILE");
+  c->add_flag("--json", a.json, "print one JSON object instead of the table");
+  return c;
+}
+
+int run_simulate(const SimulateArgs& a) {
+  const sim::ScheduleInputs in = resolve(a);
+  planner::EvaluateOptions opts;
+  opts.keep_trace = !a.trace.empty();
+  const planner::Evaluation e = planner::evaluate(in, opts);
+  if (!a.trace.empty()) {
+    std::ostringstream trace;
+    sim::write_chrome_trace(*e.workload, *e.result, trace);
+    write_file_atomically(a.trace, trace.str(), "--trace");
+  }
+  if (a.json) {
+    std::cout << to_json(a, in, e.report).dump(2) << "\n";
+  } else {
+    std::cout << human(in, e.report);
+    if (!a.trace.empty()) {
+      std::cout << "\n  trace written to " << a.trace << " (open in ui.perfetto.dev or chrome://tracing)\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace cpsim::cli

@@ -1,0 +1,40 @@
+#pragma once
+// Subcommands: each registers its flags on a CLI11 subcommand and runs after parsing.
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace cpsim::cli {
+
+struct SimulateArgs {
+  std::string model = "llama3-8b";
+  int gpus = 8;
+  int gpus_per_node = 0;  // 0 = from the hardware profile
+  std::string hardware = "h100-sxm-80g";
+  std::string method = "upipe";
+  std::string seq = "1M";
+  std::string recipe = "alst";
+  long long heads_per_stage = 0;
+  int ulysses_degree = 0;  // 0 = all GPUs
+  std::string ac;          // empty = recipe
+  std::string ac_offload;
+  std::string tiled_mlp;
+  std::string fused_loss;
+  std::string attention_kernel;
+  std::string trace;
+  bool json = false;
+};
+CLI::App* register_simulate(CLI::App& app, SimulateArgs& args);
+int run_simulate(const SimulateArgs& args);
+
+struct CatalogArgs {
+  bool json = false;
+  std::string name;  // hardware: show one profile in full
+};
+CLI::App* register_models(CLI::App& app, CatalogArgs& args);
+int run_models(const CatalogArgs& args);
+CLI::App* register_hardware(CLI::App& app, CatalogArgs& args);
+int run_hardware(const CatalogArgs& args);
+
+}  // namespace cpsim::cli

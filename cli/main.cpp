@@ -1,0 +1,59 @@
+// cpsim: simulator and memory/throughput planner for context-parallel long-context training.
+// Exit status: 0 success, 2 bad input (one line on stderr naming the flag or field), 1 internal error.
+#include <exception>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "commands.hpp"
+#include "cpsim/models/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "cpsim — simulate context-parallel training steps (Ulysses, UPipe) and predict step time,\n"
+      "throughput and peak memory before you book GPUs.",
+      "cpsim"};
+  app.set_version_flag("--version", std::string("cpsim ") + CPSIM_VERSION);
+  app.require_subcommand(1);
+  app.footer(
+      "Lengths accept 131072, 128K, 3M (K = 1024, M = 1024^2).\n"
+      "Built-in data is read from $CPSIM_DATA_DIR or the source tree's data/.\n"
+      "Run `cpsim SUBCOMMAND --help` for the flags of each subcommand.");
+
+  cpsim::cli::SimulateArgs sim_args;
+  cpsim::cli::CatalogArgs models_args, hardware_args;
+  CLI::App* simulate = cpsim::cli::register_simulate(app, sim_args);
+  CLI::App* models = cpsim::cli::register_models(app, models_args);
+  CLI::App* hardware = cpsim::cli::register_hardware(app, hardware_args);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "cpsim: error: " << e.what() << "\n";
+    return 2;
+  }
+  try {
+    if (simulate->parsed()) {
+      return cpsim::cli::run_simulate(sim_args);
+    }
+    if (models->parsed()) {
+      return cpsim::cli::run_models(models_args);
+    }
+    if (hardware->parsed()) {
+      return cpsim::cli::run_hardware(hardware_args);
+    }
+  } catch (const cpsim::InputError& e) {
+    std::cerr << "cpsim: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "cpsim: internal error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,97 @@
+#pragma once
+/// @file Hardware profile: one GPU kind, its node and the cluster links, as cost-model coefficients.
+/// Every coefficient carries its provenance (a publication, or a calibration run with device and date).
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cpsim/models/curve.hpp"
+
+namespace cpsim::models {
+
+inline constexpr int kProfileSchemaVersion = 1;
+
+/// Collective operations with their own α/β fits.
+enum class Collective { kAllToAll, kAllGather, kReduceScatter, kAllReduce, kSendRecv };
+const char* to_string(Collective c);
+
+/// Where a collective's traffic goes: NVLink/NVSwitch inside a node, or the NICs between nodes.
+enum class Span { kIntraNode, kInterNode };
+const char* to_string(Span s);
+
+/// Time model of one collective on one span (nccl-tests convention, reference/hardware.md §2.1):
+///   t(S) = alpha_s + wire_bytes(S) / (peak_busbw · efficiency(S))
+/// where S is the nccl-tests "size" (per-rank total buffer) and wire_bytes = S·(n−1)/n
+/// (×2 for all-reduce; S for send/recv).
+struct CollectiveModel {
+  double alpha_s = 0.0;
+  double peak_busbw_bytes_per_s = 0.0;
+  LogCurve efficiency_by_size;  ///< fraction of peak busbw vs S in bytes
+};
+
+/// Attention kernel throughput (TFLOP/s in the FlashAttention FLOP convention) vs sequence length,
+/// measured with many heads (no occupancy loss), plus the tile shape used for the occupancy model.
+struct AttentionKernelModel {
+  LogCurve fwd_causal_flops_per_s;
+  LogCurve fwd_full_flops_per_s;
+  LogCurve bwd_causal_flops_per_s;
+  LogCurve bwd_full_flops_per_s;
+  std::int64_t fwd_block_m = 128;  ///< query rows per forward tile
+  std::int64_t bwd_block_n = 128;  ///< key rows per backward tile
+  std::int64_t head_dim = 128;     ///< head dim the curves were measured at
+};
+
+/// Host link of one GPU (PCIe, pinned memory, copy engines), per direction and duplex.
+struct HostLinkModel {
+  double alpha_s = 0.0;
+  double h2d_bytes_per_s = 0.0;
+  double d2h_bytes_per_s = 0.0;
+  double duplex_total_bytes_per_s = 0.0;  ///< H2D + D2H together when both are active
+};
+
+struct HardwareProfile {
+  int schema_version = kProfileSchemaVersion;
+  std::string name;
+  std::string description;
+  std::string gpu_name;
+
+  // GPU
+  std::int64_t hbm_capacity_bytes = 0;  ///< device memory as reported by the driver
+  std::int64_t sm_count = 0;
+  double peak_bf16_flops_per_s = 0.0;  ///< dense tensor-core peak
+  double hbm_bandwidth_bytes_per_s = 0.0;
+
+  // Compute efficiency
+  double gemm_max_efficiency = 1.0;  ///< fraction of peak reached by large GEMMs
+  LogCurve gemm_efficiency_by_flops;  ///< optional refinement vs GEMM FLOPs (multiplies the max)
+  double memory_bound_efficiency = 1.0;  ///< fraction of HBM bandwidth reached by elementwise ops
+  std::map<std::string, AttentionKernelModel> attention_kernels;  ///< by name: fa3, fa2, cudnn, ...
+  double kernel_launch_s = 0.0;     ///< device-side gap per kernel
+  double collective_launch_s = 0.0; ///< NCCL kernel launch
+  /// Compute slowdown while an SM-driven collective runs on the same GPU: duration × (1 + f).
+  double compute_slowdown_under_comm = 0.0;
+
+  // Fixed memory outside the caching allocator's tensors
+  std::int64_t cuda_context_bytes = 0;
+  std::int64_t nccl_buffers_bytes = 0;
+  std::int64_t cublas_workspace_bytes = 0;
+
+  // Node and cluster
+  int gpus_per_node = 8;
+  std::int64_t host_memory_bytes_per_node = 0;
+  std::map<Span, std::map<Collective, CollectiveModel>> collectives;
+  HostLinkModel host_link;
+
+  /// Provenance of each coefficient, keyed by its JSON path ("gpu.peak_bf16_flops_per_s").
+  std::map<std::string, std::string> provenance;
+
+  const CollectiveModel& collective(Span span, Collective c) const;
+  const AttentionKernelModel& attention_kernel(const std::string& name) const;
+  std::int64_t fixed_overhead_bytes() const {
+    return cuda_context_bytes + nccl_buffers_bytes + cublas_workspace_bytes;
+  }
+};
+
+}  // namespace cpsim::models

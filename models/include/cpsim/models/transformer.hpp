@@ -1,0 +1,68 @@
+#pragma once
+/// @file Dense decoder-only transformer (Llama/Qwen family, GQA): shape, parameter and FLOP accounting.
+
+#include <cstdint>
+#include <string>
+
+namespace cpsim::models {
+
+enum class NormKind { kRmsNorm, kLayerNorm };
+enum class ActivationKind { kSwiGlu, kGelu };
+
+/// Shape of a dense transformer. Dimensions are element counts.
+struct TransformerSpec {
+  std::string name;
+  std::int64_t layers = 0;
+  std::int64_t hidden = 0;
+  std::int64_t heads = 0;       ///< query heads H
+  std::int64_t kv_heads = 0;    ///< key/value heads H_kv (GQA); equals `heads` for MHA
+  std::int64_t head_dim = 0;    ///< d
+  std::int64_t ffn_hidden = 0;  ///< intermediate size f
+  std::int64_t vocab = 0;
+  bool tied_embeddings = false;
+  bool qk_norm = false;  ///< per-head RMSNorm on q and k (Qwen3)
+  bool attention_bias = false;
+  NormKind norm = NormKind::kRmsNorm;
+  ActivationKind activation = ActivationKind::kSwiGlu;
+  double rope_theta = 10000.0;
+  std::int64_t max_position_embeddings = 0;
+  std::string source;  ///< where the numbers come from
+
+  /// Throws InputError naming the field if any dimension is non-positive or inconsistent.
+  void validate() const;
+
+  std::int64_t q_width() const { return heads * head_dim; }
+  std::int64_t kv_width() const { return kv_heads * head_dim; }
+};
+
+/// Parameter counts. Derivation (SwiGLU, RMSNorm, no biases unless `attention_bias`):
+///   attention  = h·(H·d) [Wq] + 2·h·(H_kv·d) [Wk, Wv] + (H·d)·h [Wo] (+ biases H·d + 2·H_kv·d)
+///              (+ 2·d for q/k RMSNorm weights when qk_norm)
+///   mlp        = 3·h·f (gate, up, down) for SwiGLU, 2·h·f for GeLU
+///   norms      = 2·h per layer (RMSNorm weight; LayerNorm adds a bias: 4·h)
+///   embeddings = V·h, plus V·h for the LM head unless tied, plus h for the final norm.
+struct ParameterCount {
+  std::int64_t per_layer = 0;
+  std::int64_t attention_per_layer = 0;
+  std::int64_t mlp_per_layer = 0;
+  std::int64_t embedding = 0;  ///< input embedding table
+  std::int64_t lm_head = 0;    ///< 0 when tied
+  std::int64_t final_norm = 0;
+  std::int64_t total = 0;
+};
+ParameterCount count_parameters(const TransformerSpec& spec);
+
+/// Model FLOPs of one training step (forward + backward, no recomputation), the numerator of MFU and
+/// "model TFLOP/s". Derivation for a causal sequence of N tokens:
+///   dense matmuls: 2 FLOPs per multiply-add, 3 passes (fwd, dgrad, wgrad): 6·N·P_matmul, where
+///     P_matmul = layers·(attention + mlp weights) + lm_head weights (V·h, counted even when tied)
+///   attention core: forward 4·N²·H·d/2 per layer (QKᵀ and PV, causal half), backward 2.5× forward
+///     (FlashAttention convention), so 3.5 · 2·N²·H·d per layer.
+struct StepFlops {
+  double dense = 0.0;
+  double attention = 0.0;
+  double total() const { return dense + attention; }
+};
+StepFlops model_step_flops(const TransformerSpec& spec, std::int64_t seq_len);
+
+}  // namespace cpsim::models

@@ -1,0 +1,84 @@
+#include "cpsim/models/recipe.hpp"
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "cpsim/models/error.hpp"
+
+namespace cpsim::models {
+namespace {
+
+constexpr std::array kCheckpointModes = {CheckpointMode::kNone, CheckpointMode::kSelective,
+                                         CheckpointMode::kFull};
+
+/// Field names follow the recipe JSON paths, prefixed with "recipe.".
+void check_one_of(std::int64_t value,
+                  std::initializer_list<std::int64_t> allowed,
+                  const char* path) {
+  for (const std::int64_t a : allowed) {
+    if (value == a) {
+      return;
+    }
+  }
+  std::string list;
+  for (const std::int64_t a : allowed) {
+    list += list.empty() ? fmt::format("{}", a) : fmt::format(", {}", a);
+  }
+  throw InputError(fmt::format("recipe.{}", path),
+                   fmt::format("must be one of {} bytes, got {}", list, value));
+}
+
+void check_range(std::int64_t value, std::int64_t lo, std::int64_t hi, const char* path) {
+  if (value < lo || value > hi) {
+    throw InputError(fmt::format("recipe.{}", path),
+                     fmt::format("must be between {} and {}, got {}", lo, hi, value));
+  }
+}
+
+}  // namespace
+
+const char* to_string(CheckpointMode m) {
+  switch (m) {
+    case CheckpointMode::kNone:
+      return "none";
+    case CheckpointMode::kSelective:
+      return "selective";
+    case CheckpointMode::kFull:
+      return "full";
+  }
+  return "unknown";
+}
+
+CheckpointMode parse_checkpoint_mode(const std::string& text, const std::string& field) {
+  for (const CheckpointMode m : kCheckpointModes) {
+    if (text == to_string(m)) {
+      return m;
+    }
+  }
+  throw InputError(
+      field, fmt::format("unknown checkpointing mode '{}'; known: none, selective, full", text));
+}
+
+void TrainingRecipe::validate() const {
+  check_one_of(param_bytes, {1, 2, 4}, "precision.param_bytes");
+  check_one_of(activation_bytes, {1, 2, 4}, "precision.activation_bytes");
+  check_one_of(master_param_bytes, {0, 2, 4}, "precision.master_param_bytes");
+  check_one_of(grad_bytes, {1, 2, 4}, "precision.grad_bytes");
+  check_one_of(grad_reduce_bytes, {1, 2, 4}, "precision.grad_reduce_bytes");
+  check_range(optimizer_state_bytes, 0, 32, "precision.optimizer_state_bytes");
+  if (optimizer.empty()) {
+    throw InputError("recipe.optimizer", "must not be empty");
+  }
+  check_range(zero_stage, 0, 3, "sharding.zero_stage");
+  check_range(fsdp_prefetch_layers, 0, 64, "sharding.fsdp_prefetch_layers");
+  check_range(tiled_mlp_shards, 0, std::int64_t{1} << 20, "tiled_mlp.shards");
+  if (attention_kernel.empty()) {
+    throw InputError("recipe.attention_kernel", "must not be empty");
+  }
+}
+
+}  // namespace cpsim::models

@@ -1,0 +1,107 @@
+#include "cpsim/models/transformer.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "cpsim/models/error.hpp"
+
+namespace cpsim::models {
+namespace {
+
+// Upper bounds keep every parameter and FLOP product far inside int64/double range
+// (layers · h · H·d stays below 2^60). They are far above any published dense model.
+constexpr std::int64_t kMaxLayers = std::int64_t{1} << 12;
+constexpr std::int64_t kMaxHidden = std::int64_t{1} << 20;
+constexpr std::int64_t kMaxHeads = std::int64_t{1} << 14;
+constexpr std::int64_t kMaxHeadDim = std::int64_t{1} << 12;
+constexpr std::int64_t kMaxFfnHidden = std::int64_t{1} << 22;
+constexpr std::int64_t kMaxVocab = std::int64_t{1} << 24;
+
+/// Field names follow the Hugging Face config.json keys, prefixed with "model.".
+void check_dimension(std::int64_t value, std::int64_t max_value, const char* key) {
+  if (value <= 0) {
+    throw InputError(fmt::format("model.{}", key), fmt::format("must be positive, got {}", value));
+  }
+  if (value > max_value) {
+    throw InputError(fmt::format("model.{}", key),
+                     fmt::format("{} is above the supported maximum {}", value, max_value));
+  }
+}
+
+/// Weights of the attention projections of one layer (Wq, Wk, Wv, Wo), without biases or norms.
+std::int64_t attention_matmul_weights(const TransformerSpec& spec) {
+  return spec.hidden * spec.q_width() + 2 * spec.hidden * spec.kv_width() +
+         spec.q_width() * spec.hidden;
+}
+
+std::int64_t mlp_matmul_weights(const TransformerSpec& spec) {
+  const std::int64_t matrices = spec.activation == ActivationKind::kSwiGlu ? 3 : 2;
+  return matrices * spec.hidden * spec.ffn_hidden;
+}
+
+std::int64_t norm_weights(const TransformerSpec& spec) {
+  return spec.norm == NormKind::kRmsNorm ? spec.hidden : 2 * spec.hidden;
+}
+
+}  // namespace
+
+void TransformerSpec::validate() const {
+  check_dimension(layers, kMaxLayers, "num_hidden_layers");
+  check_dimension(hidden, kMaxHidden, "hidden_size");
+  check_dimension(heads, kMaxHeads, "num_attention_heads");
+  check_dimension(kv_heads, kMaxHeads, "num_key_value_heads");
+  check_dimension(head_dim, kMaxHeadDim, "head_dim");
+  check_dimension(ffn_hidden, kMaxFfnHidden, "intermediate_size");
+  check_dimension(vocab, kMaxVocab, "vocab_size");
+  if (heads % kv_heads != 0) {
+    throw InputError(
+        "model.num_key_value_heads",
+        fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}", heads,
+                    kv_heads));
+  }
+  if (!std::isfinite(rope_theta) || rope_theta <= 0.0) {
+    throw InputError("model.rope_theta",
+                     fmt::format("must be finite and positive, got {}", rope_theta));
+  }
+  if (max_position_embeddings < 0) {
+    throw InputError("model.max_position_embeddings",
+                     fmt::format("must not be negative, got {}", max_position_embeddings));
+  }
+}
+
+ParameterCount count_parameters(const TransformerSpec& spec) {
+  ParameterCount count;
+  count.attention_per_layer = attention_matmul_weights(spec);
+  if (spec.attention_bias) {
+    count.attention_per_layer += spec.q_width() + 2 * spec.kv_width();
+  }
+  if (spec.qk_norm) {
+    count.attention_per_layer += 2 * spec.head_dim;
+  }
+  count.mlp_per_layer = mlp_matmul_weights(spec);
+  count.per_layer = count.attention_per_layer + count.mlp_per_layer + 2 * norm_weights(spec);
+  count.embedding = spec.vocab * spec.hidden;
+  count.lm_head = spec.tied_embeddings ? 0 : spec.vocab * spec.hidden;
+  count.final_norm = norm_weights(spec);
+  count.total = spec.layers * count.per_layer + count.embedding + count.lm_head + count.final_norm;
+  return count;
+}
+
+StepFlops model_step_flops(const TransformerSpec& spec, std::int64_t seq_len) {
+  const auto n = static_cast<double>(seq_len);
+  const auto layers = static_cast<double>(spec.layers);
+  const double matmul_weights =
+      layers * static_cast<double>(attention_matmul_weights(spec) + mlp_matmul_weights(spec)) +
+      static_cast<double>(spec.vocab * spec.hidden);
+  StepFlops flops;
+  flops.dense = 6.0 * n * matmul_weights;
+  // Causal forward 2·N²·H·d per layer; forward + backward = 3.5 × forward.
+  const double attention_fwd = 2.0 * n * n * static_cast<double>(spec.q_width());
+  flops.attention = layers * 3.5 * attention_fwd;
+  return flops;
+}
+
+}  // namespace cpsim::models

@@ -1,0 +1,27 @@
+#pragma once
+/// @file Evaluating one configuration: build the step's op graph, check it, simulate it, summarise.
+/// The unit of work of every search (maxlen, plan) and of `cpsim simulate`.
+
+#include <memory>
+
+#include "cpsim/sim/engine.hpp"
+#include "cpsim/sim/result.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+namespace cpsim::planner {
+
+struct EvaluateOptions {
+  bool keep_trace = false;  ///< keep the workload and per-op intervals for a trace file
+};
+
+struct Evaluation {
+  sim::StepReport report;
+  /// Present when keep_trace: the op graph and the simulation with intervals and memory samples.
+  std::shared_ptr<const sim::Workload> workload;
+  std::shared_ptr<const sim::SimResult> result;
+};
+
+/// @throws InputError for invalid configurations (naming the flag).
+Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& options = {});
+
+}  // namespace cpsim::planner

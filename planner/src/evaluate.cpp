@@ -1,0 +1,20 @@
+#include "cpsim/planner/evaluate.hpp"
+
+namespace cpsim::planner {
+
+Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& options) {
+  auto workload = std::make_shared<sim::Workload>(sim::build_step(inputs));
+  sim::check_acyclic(*workload);
+  sim::SimOptions sim_options;
+  sim_options.record_trace = options.keep_trace;
+  auto result = std::make_shared<sim::SimResult>(sim::simulate(*workload, inputs.hardware, sim_options));
+  Evaluation e;
+  e.report = sim::summarize(inputs, *workload, *result);
+  if (options.keep_trace) {
+    e.workload = std::move(workload);
+    e.result = std::move(result);
+  }
+  return e;
+}
+
+}  // namespace cpsim::planner

@@ -1,0 +1,83 @@
+#pragma once
+/// @file Discrete-event simulation of one training step over a Workload.
+///
+/// Model. Time is integer nanoseconds; ties are broken by insertion order, so equal inputs give
+/// byte-identical results. An op starts when (1) all its dependencies have ended, (2) it is at the
+/// head of its stream (CUDA in-order semantics), and (3) for a collective, every member rank has
+/// reached its op. Running work is fluid: each activity has remaining work and a rate that is
+/// recomputed whenever an activity starts or ends on the same rank:
+///   - compute op: work = duration at full speed; rate = 1 / (1 + slowdown) while an SM-driven
+///     collective runs on that rank (profile `compute_slowdown_under_comm`), else 1;
+///   - collective: work = wire bytes + alpha·nominal_bw; rate = nominal_bw × min over members of
+///     1 / (collectives running on that member's link). Latency therefore stretches under sharing,
+///     a small pessimism we accept;
+///   - host copy: rate = per-direction PCIe bandwidth / (copies in that direction), and at most
+///     half the duplex total when both directions are busy on the rank.
+/// Memory. A tensor is allocated when its producer starts and freed when its last consumer ends
+/// (or when the producer ends if nothing consumes it); an op's workspace lives while it runs.
+/// Allocations are rounded up to 512 B as in PyTorch's caching allocator.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpsim/models/units.hpp"
+#include "cpsim/sim/workload.hpp"
+
+namespace cpsim::sim {
+
+struct SimOptions {
+  bool record_trace = false;  ///< keep per-op intervals and memory samples for a trace file
+};
+
+/// Interval an op ran in (trace only).
+struct OpInterval {
+  OpId op = kNone;
+  SimTime start_ns = 0;
+  SimTime end_ns = 0;
+};
+
+/// Memory counter sample of one rank (trace only): device bytes by category after a change.
+struct MemorySample {
+  std::int32_t rank = 0;
+  SimTime time_ns = 0;
+  std::array<std::int64_t, kMemCategoryCount> device_bytes{};
+};
+
+struct RankMemory {
+  /// Device peak of allocated tensors incl. static memory (model states) and fixed overheads.
+  std::int64_t peak_bytes = 0;
+  SimTime peak_time_ns = 0;
+  OpId peak_op = kNone;  ///< the op whose allocation set the peak
+  std::array<std::int64_t, kMemCategoryCount> breakdown_at_peak{};  ///< by category at the peak
+  std::int64_t fixed_overhead_bytes = 0;
+  /// Highest live bytes of each category on its own over the step (not at the same instant).
+  std::array<std::int64_t, kMemCategoryCount> category_peak{};
+  std::int64_t host_peak_bytes = 0;  ///< pinned host memory held by this rank at its peak
+};
+
+struct StreamBusy {
+  std::array<SimTime, kStreamCount> busy_ns{};
+};
+
+struct SimResult {
+  SimTime step_time_ns = 0;
+  std::vector<RankMemory> memory;  ///< per rank
+  std::vector<StreamBusy> busy;    ///< per rank
+  std::int64_t events = 0;         ///< events processed by the loop
+  std::vector<OpInterval> intervals;       ///< when record_trace
+  std::vector<MemorySample> memory_samples; ///< when record_trace
+};
+
+/// Runs one step. @throws std::logic_error if the workload is malformed (a builder bug): a cycle,
+/// or a collective some member never reaches.
+SimResult simulate(const Workload& workload,
+                   const models::HardwareProfile& profile,
+                   const SimOptions& options = {});
+
+/// Checks that the op graph (deps, stream order, collective rendezvous) is acyclic, with
+/// Boost.Graph's topological sort. @throws std::logic_error naming an op on a cycle.
+void check_acyclic(const Workload& workload);
+
+}  // namespace cpsim::sim

@@ -1,0 +1,58 @@
+#pragma once
+/// @file What one simulated step means for the user: time, throughput, memory, whether it fits.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpsim/sim/engine.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+namespace cpsim::sim {
+
+struct StepReport {
+  // Time and throughput
+  double step_time_s = 0.0;
+  std::int64_t tokens_per_step = 0;  ///< seq_len × data-parallel replicas
+  double tokens_per_s_per_gpu = 0.0;
+  double model_flops_per_step = 0.0;  ///< no recomputation counted (models::model_step_flops)
+  double model_tflops_per_gpu = 0.0;  ///< model FLOPs / step time / GPUs, in TFLOP/s
+  double mfu = 0.0;                   ///< model TFLOP/s / peak bf16
+  std::array<double, kStreamCount> stream_busy_s{};  ///< rank 0
+  double exposed_comm_s = 0.0;  ///< step time not covered by compute on rank 0
+
+  // GPU memory (the rank with the highest peak)
+  std::int64_t peak_memory_bytes = 0;  ///< incl. fixed overheads
+  int peak_rank = 0;
+  std::string peak_op;  ///< "recompute layer 31 attn_fwd[s2]"
+  std::array<std::int64_t, kMemCategoryCount> breakdown_at_peak{};
+  std::int64_t fixed_overhead_bytes = 0;
+  std::array<std::int64_t, kMemCategoryCount> category_peak{};
+  std::int64_t gpu_capacity_bytes = 0;
+  std::int64_t gpu_headroom_bytes = 0;  ///< capacity − peak (negative when it does not fit)
+
+  // Host memory (pinned offload buffers), the busiest node
+  std::int64_t host_memory_bytes = 0;
+  std::int64_t host_capacity_bytes = 0;
+
+  bool fits_gpu = true;
+  bool fits_host = true;
+  bool fits() const { return fits_gpu && fits_host; }
+  std::string binding;  ///< what limits it: "GPU memory", "host memory", or empty
+
+  HeadLayout layout;
+  AttentionBuffers attention;
+  std::int64_t ops = 0;
+  std::int64_t events = 0;
+  std::vector<std::string> notes;
+};
+
+StepReport summarize(const ScheduleInputs& inputs,
+                     const Workload& workload,
+                     const SimResult& result);
+
+/// "phase layer name" of an op, e.g. "recompute layer 31 attn_fwd[s2]".
+std::string describe_op(const Workload& workload, OpId op);
+
+}  // namespace cpsim::sim

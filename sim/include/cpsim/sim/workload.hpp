@@ -1,0 +1,127 @@
+#pragma once
+/// @file The op graph of one training step: ops on per-rank streams, tensors with byte sizes and
+/// lifetimes, and collectives that rendezvous across a group of ranks. Schedule builders emit it;
+/// the engine runs it.
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cpsim/models/hardware.hpp"
+#include "cpsim/models/units.hpp"
+
+namespace cpsim::sim {
+
+using OpId = std::int32_t;
+using TensorId = std::int32_t;
+using CollectiveId = std::int32_t;
+inline constexpr std::int32_t kNone = -1;
+
+/// CUDA streams of one rank. Ops on one stream run in program order; streams run concurrently.
+enum class Stream : std::uint8_t {
+  kCompute,  ///< kernels: GEMM, attention, elementwise, loss, optimizer
+  kComm,     ///< context-parallel collectives (all-to-all, send/recv)
+  kFsdp,     ///< FSDP parameter all-gather and gradient reduce-scatter
+  kD2H,      ///< device-to-host copies (offload)
+  kH2D,      ///< host-to-device copies (prefetch)
+};
+inline constexpr int kStreamCount = 5;
+const char* to_string(Stream s);
+
+enum class OpKind : std::uint8_t {
+  kGemm,
+  kAttentionFwd,
+  kAttentionBwd,
+  kElementwise,
+  kLoss,
+  kOptimizer,
+  kCollective,
+  kCopyD2H,
+  kCopyH2D,
+};
+const char* to_string(OpKind k);
+
+/// Which part of the step an op belongs to (shown in traces and used in the breakdown).
+enum class Phase : std::uint8_t { kForward, kRecompute, kBackward, kOptimizer };
+const char* to_string(Phase p);
+
+/// Memory categories of the tracker. Device categories first, then host.
+enum class MemCategory : std::uint8_t {
+  kModelStates,  ///< sharded fp32 params, grads, optimizer states (persistent)
+  kParamGather,  ///< FSDP all-gathered bf16 params and unsharded gradient buffers
+  kActivations,  ///< tensors saved for backward at layer level (checkpoints, linear inputs, final_out)
+  kAttention,    ///< attention-stage intermediates: QKV before/after all-to-all, outputs, LSE, grads
+  kOther,        ///< MLP tiles, norms, loss chunks, residual gradients, workspaces
+};
+inline constexpr int kMemCategoryCount = 5;
+const char* to_string(MemCategory c);
+
+struct Tensor {
+  std::int64_t bytes = 0;
+  std::int32_t rank = 0;
+  MemCategory category = MemCategory::kOther;
+  bool on_host = false;
+  std::int32_t name = 0;       ///< index into Workload::names
+  OpId producer = kNone;       ///< op whose start allocates it; kNone = allocated before the step
+  std::int32_t consumers = 0;  ///< ops that read it; freed when the last one ends
+};
+
+struct Op {
+  std::int32_t rank = 0;
+  Stream stream = Stream::kCompute;
+  OpKind kind = OpKind::kElementwise;
+  Phase phase = Phase::kForward;
+  std::int32_t layer = -1;  ///< transformer block, -1 for embedding/loss/optimizer
+  std::int32_t name = 0;    ///< index into Workload::names
+  /// Compute ops and host copies: duration at full speed, in ns. Collectives: see Collective.
+  SimTime duration_ns = 0;
+  std::int64_t transfer_bytes = 0;      ///< host copies: bytes moved
+  double flops = 0.0;                   ///< for reporting
+  std::int64_t workspace_bytes = 0;     ///< allocated for the op's duration only
+  MemCategory workspace_category = MemCategory::kOther;
+  CollectiveId collective = kNone;
+  // Ranges into Workload::edges.
+  std::int32_t deps_begin = 0, deps_end = 0;
+  std::int32_t inputs_begin = 0, inputs_end = 0;
+  std::int32_t outputs_begin = 0, outputs_end = 0;
+};
+
+/// A collective call: one op per member rank, started together once all members reach it.
+/// Time model: t = alpha_s + wire_bytes / (nominal_bw × share), where share is the member's share of
+/// its link when other transfers run at the same time (see engine.hpp).
+struct Collective {
+  models::Collective kind = models::Collective::kAllToAll;
+  models::Span span = models::Span::kIntraNode;
+  std::vector<std::int32_t> members;  ///< ranks
+  std::int64_t size_bytes = 0;        ///< nccl-tests size S (per-rank total buffer)
+  std::int64_t wire_bytes = 0;        ///< bytes each member sends over its link
+  double alpha_s = 0.0;               ///< latency incl. launch
+  double nominal_bytes_per_s = 0.0;   ///< peak busbw × efficiency(S)
+};
+
+/// Fixed per-rank memory outside the op graph.
+struct StaticMemory {
+  std::int64_t model_states_bytes = 0;
+  std::int64_t fixed_overhead_bytes = 0;  ///< CUDA context, NCCL buffers, cuBLAS workspace
+};
+
+struct Workload {
+  int ranks = 0;
+  int gpus_per_node = 8;
+  std::vector<Op> ops;  ///< program order: every dependency points to an earlier op
+  std::vector<Tensor> tensors;
+  std::vector<Collective> collectives;
+  std::vector<std::int32_t> edges;  ///< deps (OpId), inputs/outputs (TensorId), by range
+  std::vector<std::string> names;
+  std::vector<StaticMemory> static_memory;  ///< per rank
+  std::vector<std::string> notes;           ///< modelling caveats to print with results
+
+  /// Index of `name` in `names`, adding it on first use.
+  std::int32_t intern(const std::string& name);
+
+ private:
+  std::unordered_map<std::string, std::int32_t> name_index_;
+};
+
+}  // namespace cpsim::sim

@@ -1,0 +1,113 @@
+#include "cpsim/sim/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace cpsim::sim {
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// Occupancy of the published attention set-up: 16 heads × 16K tokens per launch.
+constexpr std::int64_t kReferenceTokensTimesHeads = 16 * 16384;
+
+}  // namespace
+
+CostModel::CostModel(const models::HardwareProfile& profile, std::string attention_kernel)
+    : profile_(profile), attention_(profile.attention_kernel(attention_kernel)) {}
+
+KernelCost CostModel::gemm(std::int64_t m, std::int64_t n, std::int64_t k) const {
+  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  double eff = profile_.gemm_max_efficiency;
+  if (!profile_.gemm_efficiency_by_flops.empty()) {
+    eff *= profile_.gemm_efficiency_by_flops(flops);
+  }
+  const double bytes = 2.0 * (static_cast<double>(m) * static_cast<double>(k) +
+                              static_cast<double>(k) * static_cast<double>(n) +
+                              static_cast<double>(m) * static_cast<double>(n));
+  const double t_compute = flops / (profile_.peak_bf16_flops_per_s * eff);
+  const double t_memory =
+      bytes / (profile_.hbm_bandwidth_bytes_per_s * profile_.memory_bound_efficiency);
+  return {profile_.kernel_launch_s + std::max(t_compute, t_memory), flops};
+}
+
+KernelCost CostModel::memory_bound(std::int64_t bytes) const {
+  return {profile_.kernel_launch_s +
+              static_cast<double>(bytes) /
+                  (profile_.hbm_bandwidth_bytes_per_s * profile_.memory_bound_efficiency),
+          0.0};
+}
+
+double CostModel::occupancy_factor(std::int64_t tiles) const {
+  const std::int64_t sms = std::max<std::int64_t>(1, profile_.sm_count);
+  auto occ = [sms](std::int64_t t) {
+    t = std::max<std::int64_t>(1, t);
+    return static_cast<double>(t) / static_cast<double>(sms * ceil_div(t, sms));
+  };
+  const std::int64_t ref_tiles = kReferenceTokensTimesHeads / std::max<std::int64_t>(1, attention_.fwd_block_m);
+  return std::min(1.0, occ(tiles) / occ(ref_tiles));
+}
+
+namespace {
+// Visible key count per query row, averaged, for a bottom-right aligned causal mask.
+double visible_keys(const AttentionShape& s) {
+  if (!s.causal) {
+    return static_cast<double>(s.kv_len);
+  }
+  const double extra = static_cast<double>(std::max<std::int64_t>(0, s.kv_len - s.q_len));
+  return (extra + static_cast<double>(s.kv_len)) / 2.0;
+}
+}  // namespace
+
+KernelCost CostModel::attention_fwd(const AttentionShape& s) const {
+  const double flops = 4.0 * static_cast<double>(s.q_len) * visible_keys(s) *
+                       static_cast<double>(s.heads) * static_cast<double>(s.head_dim);
+  const auto& curve = s.causal ? attention_.fwd_causal_flops_per_s : attention_.fwd_full_flops_per_s;
+  const double rate = curve(static_cast<double>(s.q_len), 0.0);
+  const std::int64_t tiles = s.heads * ceil_div(s.q_len, attention_.fwd_block_m);
+  const double occ = occupancy_factor(tiles);
+  return {profile_.kernel_launch_s + flops / (rate * occ), flops};
+}
+
+KernelCost CostModel::attention_bwd(const AttentionShape& s) const {
+  const double flops = 2.5 * 4.0 * static_cast<double>(s.q_len) * visible_keys(s) *
+                       static_cast<double>(s.heads) * static_cast<double>(s.head_dim);
+  const auto& curve = s.causal ? attention_.bwd_causal_flops_per_s : attention_.bwd_full_flops_per_s;
+  const double rate = curve(static_cast<double>(s.kv_len), 0.0);
+  const std::int64_t tiles = s.heads * ceil_div(s.kv_len, attention_.bwd_block_n);
+  const double occ = occupancy_factor(tiles);
+  return {profile_.kernel_launch_s + flops / (rate * occ), flops};
+}
+
+CollectiveCost CostModel::collective(models::Collective kind,
+                                     models::Span span,
+                                     int ranks,
+                                     std::int64_t size_bytes) const {
+  const auto& m = profile_.collective(span, kind);
+  CollectiveCost c;
+  c.size_bytes = size_bytes;
+  const std::int64_t n = std::max(1, ranks);
+  switch (kind) {
+    case models::Collective::kSendRecv:
+      c.wire_bytes = size_bytes;
+      break;
+    case models::Collective::kAllReduce:
+      c.wire_bytes = 2 * (size_bytes / n) * (n - 1);
+      break;
+    default:
+      c.wire_bytes = (size_bytes / n) * (n - 1);
+      break;
+  }
+  c.alpha_s = m.alpha_s + profile_.collective_launch_s;
+  c.nominal_bytes_per_s =
+      m.peak_busbw_bytes_per_s * m.efficiency_by_size(static_cast<double>(size_bytes), 1.0);
+  return c;
+}
+
+double CostModel::host_copy_s(std::int64_t bytes, bool to_device) const {
+  const auto& h = profile_.host_link;
+  const double bw = to_device ? h.h2d_bytes_per_s : h.d2h_bytes_per_s;
+  return h.alpha_s + static_cast<double>(bytes) / bw;
+}
+
+}  // namespace cpsim::sim

@@ -1,0 +1,82 @@
+#include "cpsim/sim/result.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace cpsim::sim {
+
+std::string describe_op(const Workload& w, OpId op) {
+  if (op == kNone) {
+    return "start of step (static memory)";
+  }
+  const Op& o = w.ops[static_cast<std::size_t>(op)];
+  const std::string& name = w.names[static_cast<std::size_t>(o.name)];
+  if (o.layer >= 0) {
+    return fmt::format("{} layer {} {}", to_string(o.phase), o.layer, name);
+  }
+  return fmt::format("{} {}", to_string(o.phase), name);
+}
+
+StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResult& r) {
+  StepReport rep;
+  const auto& par = in.parallel;
+  rep.step_time_s = simtime_to_seconds(r.step_time_ns);
+  rep.tokens_per_step = par.seq_len * par.data_parallel();
+  const double gpus = static_cast<double>(par.gpus);
+  if (rep.step_time_s > 0) {
+    rep.tokens_per_s_per_gpu = static_cast<double>(rep.tokens_per_step) / rep.step_time_s / gpus;
+    rep.model_flops_per_step =
+        models::model_step_flops(in.model, par.seq_len).total() * par.data_parallel();
+    rep.model_tflops_per_gpu = rep.model_flops_per_step / rep.step_time_s / gpus / 1e12;
+    rep.mfu = rep.model_tflops_per_gpu * 1e12 / in.hardware.peak_bf16_flops_per_s;
+  }
+  if (!r.busy.empty()) {
+    for (std::size_t s = 0; s < kStreamCount; ++s) {
+      rep.stream_busy_s[s] = simtime_to_seconds(r.busy[0].busy_ns[s]);
+    }
+    rep.exposed_comm_s =
+        std::max(0.0, rep.step_time_s - rep.stream_busy_s[static_cast<std::size_t>(Stream::kCompute)]);
+  }
+  // Highest peak over ranks; the first rank wins ties (deterministic).
+  for (std::size_t i = 0; i < r.memory.size(); ++i) {
+    if (i == 0 || r.memory[i].peak_bytes > rep.peak_memory_bytes) {
+      rep.peak_memory_bytes = r.memory[i].peak_bytes;
+      rep.peak_rank = static_cast<int>(i);
+    }
+  }
+  const RankMemory& pm = r.memory[static_cast<std::size_t>(rep.peak_rank)];
+  rep.peak_op = describe_op(w, pm.peak_op);
+  rep.breakdown_at_peak = pm.breakdown_at_peak;
+  rep.fixed_overhead_bytes = pm.fixed_overhead_bytes;
+  rep.category_peak = pm.category_peak;
+  rep.gpu_capacity_bytes = in.hardware.hbm_capacity_bytes;
+  rep.gpu_headroom_bytes = rep.gpu_capacity_bytes - rep.peak_memory_bytes;
+  rep.fits_gpu = rep.gpu_headroom_bytes >= 0;
+
+  // Host memory per node: the sum of the host peaks of the node's ranks (symmetric ranks peak
+  // together, so the sum is the node's peak).
+  const int per_node = std::max(1, par.gpus_per_node);
+  for (std::size_t i = 0; i < r.memory.size(); i += static_cast<std::size_t>(per_node)) {
+    std::int64_t node = 0;
+    for (std::size_t j = i; j < std::min(r.memory.size(), i + static_cast<std::size_t>(per_node)); ++j) {
+      node += r.memory[j].host_peak_bytes;
+    }
+    rep.host_memory_bytes = std::max(rep.host_memory_bytes, node);
+  }
+  rep.host_capacity_bytes = in.hardware.host_memory_bytes_per_node;
+  rep.fits_host = rep.host_memory_bytes <= rep.host_capacity_bytes;
+  if (!rep.fits_gpu) {
+    rep.binding = fmt::format("GPU memory on rank {} at {}", rep.peak_rank, rep.peak_op);
+  } else if (!rep.fits_host) {
+    rep.binding = "host memory (pinned checkpoint offload)";
+  }
+  rep.layout = derive_head_layout(in);
+  rep.attention = attention_buffers(in, rep.layout);
+  rep.ops = static_cast<std::int64_t>(w.ops.size());
+  rep.events = r.events;
+  rep.notes = w.notes;
+  return rep;
+}
+
+}  // namespace cpsim::sim

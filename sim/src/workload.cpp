@@ -1,0 +1,83 @@
+#include "cpsim/sim/workload.hpp"
+
+namespace cpsim::sim {
+
+const char* to_string(Stream s) {
+  switch (s) {
+    case Stream::kCompute:
+      return "compute";
+    case Stream::kComm:
+      return "comm";
+    case Stream::kFsdp:
+      return "fsdp";
+    case Stream::kD2H:
+      return "d2h";
+    case Stream::kH2D:
+      return "h2d";
+  }
+  return "?";
+}
+
+const char* to_string(OpKind k) {
+  switch (k) {
+    case OpKind::kGemm:
+      return "gemm";
+    case OpKind::kAttentionFwd:
+      return "attention_fwd";
+    case OpKind::kAttentionBwd:
+      return "attention_bwd";
+    case OpKind::kElementwise:
+      return "elementwise";
+    case OpKind::kLoss:
+      return "loss";
+    case OpKind::kOptimizer:
+      return "optimizer";
+    case OpKind::kCollective:
+      return "collective";
+    case OpKind::kCopyD2H:
+      return "copy_d2h";
+    case OpKind::kCopyH2D:
+      return "copy_h2d";
+  }
+  return "?";
+}
+
+const char* to_string(Phase p) {
+  switch (p) {
+    case Phase::kForward:
+      return "forward";
+    case Phase::kRecompute:
+      return "recompute";
+    case Phase::kBackward:
+      return "backward";
+    case Phase::kOptimizer:
+      return "optimizer";
+  }
+  return "?";
+}
+
+const char* to_string(MemCategory c) {
+  switch (c) {
+    case MemCategory::kModelStates:
+      return "model_states";
+    case MemCategory::kParamGather:
+      return "param_gather";
+    case MemCategory::kActivations:
+      return "activations";
+    case MemCategory::kAttention:
+      return "attention";
+    case MemCategory::kOther:
+      return "other";
+  }
+  return "?";
+}
+
+std::int32_t Workload::intern(const std::string& name) {
+  auto [it, inserted] = name_index_.try_emplace(name, static_cast<std::int32_t>(names.size()));
+  if (inserted) {
+    names.push_back(name);
+  }
+  return it->second;
+}
+
+}  // namespace cpsim::sim

@@ -1,0 +1,289 @@
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cpsim/models/error.hpp"
+#include "cpsim/models/io.hpp"
+#include "cpsim/models/transformer.hpp"
+
+namespace cpsim::models {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+/// A Llama-3-8B config.json with the legacy rope keys, as published on the Hub.
+json llama_config() {
+  return json::parse(R"({
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": false,
+    "bos_token_id": 128000,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 131072,
+    "mlp_bias": false,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 128256
+  })");
+}
+
+TransformerSpec parse(const json& config, const std::string& origin = "llama.json") {
+  return parse_hf_config(config.dump(), origin);
+}
+
+/// The InputError field raised by parsing `config`, or "" when it parses.
+std::string error_field(const json& config, const std::string& origin = "llama.json") {
+  try {
+    parse_hf_config(config.dump(), origin);
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    return e.field();
+  }
+  return "";
+}
+
+TEST(HfConfig, LegacyRopeKeys) {
+  const TransformerSpec spec = parse(llama_config());
+  EXPECT_EQ(spec.layers, 32);
+  EXPECT_EQ(spec.hidden, 4096);
+  EXPECT_EQ(spec.heads, 32);
+  EXPECT_EQ(spec.kv_heads, 8);
+  EXPECT_EQ(spec.head_dim, 128);
+  EXPECT_EQ(spec.ffn_hidden, 14336);
+  EXPECT_EQ(spec.vocab, 128256);
+  EXPECT_FALSE(spec.tied_embeddings);
+  EXPECT_FALSE(spec.qk_norm);
+  EXPECT_FALSE(spec.attention_bias);
+  EXPECT_EQ(spec.activation, ActivationKind::kSwiGlu);
+  EXPECT_EQ(spec.norm, NormKind::kRmsNorm);
+  EXPECT_DOUBLE_EQ(spec.rope_theta, 500000.0);
+  EXPECT_EQ(spec.max_position_embeddings, 131072);
+  EXPECT_EQ(spec.name, "llama");  // from the origin when the file has no name
+  EXPECT_EQ(spec.source, "llama.json");
+  EXPECT_EQ(count_parameters(spec).total, 8'030'261'248);
+}
+
+TEST(HfConfig, TransformersV5RopeParameters) {
+  json config = llama_config();
+  config.erase("rope_theta");
+  config.erase("rope_scaling");
+  config["rope_parameters"] = json::parse(R"({"rope_type": "llama3", "rope_theta": 750000.0,
+      "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192})");
+  config["dtype"] = "bfloat16";
+  EXPECT_DOUBLE_EQ(parse(config).rope_theta, 750000.0);
+
+  config["rope_parameters"] = json::parse(R"({"full_attention": {"rope_type": "default",
+      "rope_theta": 1000000.0}, "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})");
+  EXPECT_DOUBLE_EQ(parse(config).rope_theta, 1000000.0);
+
+  config["rope_parameters"] = json::parse(R"({"rope_type": "default", "rope_theta": "big"})");
+  EXPECT_EQ(error_field(config), "llama.json:rope_parameters.rope_theta");
+  config["rope_parameters"] = 5;
+  EXPECT_EQ(error_field(config), "llama.json:rope_parameters");
+}
+
+TEST(HfConfig, RopeThetaDefaultsWhenAbsent) {
+  json config = llama_config();
+  config.erase("rope_theta");
+  config.erase("rope_scaling");
+  EXPECT_DOUBLE_EQ(parse(config).rope_theta, 10000.0);
+}
+
+TEST(HfConfig, DefaultsOfKvHeadsAndHeadDim) {
+  json config = llama_config();
+  config.erase("num_key_value_heads");
+  TransformerSpec spec = parse(config);
+  EXPECT_EQ(spec.kv_heads, 32);
+  EXPECT_EQ(spec.head_dim, 4096 / 32);
+
+  config["num_key_value_heads"] = nullptr;  // null means absent
+  config["head_dim"] = nullptr;
+  EXPECT_EQ(parse(config).kv_heads, 32);
+
+  config["hidden_size"] = 2560;  // explicit head_dim need not be hidden / heads (Qwen3-4B)
+  config["head_dim"] = 128;
+  spec = parse(config);
+  EXPECT_EQ(spec.head_dim, 128);
+  EXPECT_EQ(spec.q_width(), 4096);
+
+  config.erase("head_dim");
+  config["hidden_size"] = 4100;  // 4100 / 32 is not an integer
+  EXPECT_EQ(error_field(config), "llama.json:head_dim");
+}
+
+TEST(HfConfig, HeadsMustBeAMultipleOfKvHeads) {
+  json config = llama_config();
+  config["num_key_value_heads"] = 12;
+  EXPECT_EQ(error_field(config), "llama.json:num_key_value_heads");
+  config["num_key_value_heads"] = 64;
+  EXPECT_EQ(error_field(config), "llama.json:num_key_value_heads");
+}
+
+TEST(HfConfig, Qwen3HasQkNormAndTiedEmbeddings) {
+  json config = llama_config();
+  config["model_type"] = "qwen3";
+  config["tie_word_embeddings"] = true;
+  config["attention_bias"] = true;
+  const TransformerSpec spec = parse(config);
+  EXPECT_TRUE(spec.qk_norm);
+  EXPECT_TRUE(spec.tied_embeddings);
+  EXPECT_TRUE(spec.attention_bias);
+}
+
+TEST(HfConfig, Activations) {
+  json config = llama_config();
+  config["hidden_act"] = "gelu_pytorch_tanh";
+  EXPECT_EQ(parse(config).activation, ActivationKind::kGelu);
+  config["hidden_act"] = "swiglu";
+  EXPECT_EQ(parse(config).activation, ActivationKind::kSwiGlu);
+  config.erase("hidden_act");
+  EXPECT_EQ(parse(config).activation, ActivationKind::kSwiGlu);
+  config["hidden_act"] = "relu2";
+  EXPECT_EQ(error_field(config), "llama.json:hidden_act");
+}
+
+TEST(HfConfig, NameAndSourceExtensions) {
+  json config = llama_config();
+  config["name"] = "my-llama";
+  config["source"] = "hub";
+  const TransformerSpec spec = parse(config);
+  EXPECT_EQ(spec.name, "my-llama");
+  EXPECT_EQ(spec.source, "hub");
+  config.erase("name");
+  EXPECT_EQ(parse(config, "/models/Meta-Llama-3-8B/config.json").name, "Meta-Llama-3-8B");
+}
+
+TEST(HfConfig, RefusesMoeAndMla) {
+  for (const char* key :
+       {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
+        "moe_intermediate_size", "kv_lora_rank", "q_lora_rank"}) {
+    json config = llama_config();
+    config[key] = 8;
+    try {
+      parse(config);
+      ADD_FAILURE() << "accepted " << key;
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.field(), std::string("llama.json:") + key);
+      EXPECT_THAT(e.what(), HasSubstr("not modelled yet"));
+    }
+    config[key] = nullptr;  // explicit null or 0 means a dense model
+    EXPECT_NO_THROW(parse(config)) << key;
+    config[key] = 0;
+    EXPECT_NO_THROW(parse(config)) << key;
+  }
+}
+
+TEST(HfConfig, MixtralIsRefused) {
+  json config = llama_config();
+  config["num_local_experts"] = 8;
+  config["num_experts_per_tok"] = 2;
+  config["model_type"] = "mixtral";
+  EXPECT_EQ(error_field(config), "llama.json:num_local_experts");
+}
+
+TEST(HfConfig, MissingRequiredKeyIsNamed) {
+  for (const char* key : {"hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads", "vocab_size"}) {
+    json config = llama_config();
+    config.erase(key);
+    EXPECT_EQ(error_field(config), std::string("llama.json:") + key);
+  }
+}
+
+TEST(HfConfig, WrongTypeIsNamed) {
+  const auto with = [](const char* key, json value) {
+    json config = llama_config();
+    config[key] = std::move(value);
+    return error_field(config);
+  };
+  EXPECT_EQ(with("hidden_size", "4096"), "llama.json:hidden_size");
+  EXPECT_EQ(with("hidden_size", 4096.5), "llama.json:hidden_size");
+  EXPECT_EQ(with("hidden_size", true), "llama.json:hidden_size");
+  EXPECT_EQ(with("num_hidden_layers", nullptr), "llama.json:num_hidden_layers");
+  EXPECT_EQ(with("num_key_value_heads", json::array({8})), "llama.json:num_key_value_heads");
+  EXPECT_EQ(with("tie_word_embeddings", "false"), "llama.json:tie_word_embeddings");
+  EXPECT_EQ(with("attention_bias", 0), "llama.json:attention_bias");
+  EXPECT_EQ(with("rope_theta", "500000"), "llama.json:rope_theta");
+  EXPECT_EQ(with("rope_scaling", 8), "llama.json:rope_scaling");
+  EXPECT_EQ(with("hidden_act", 1), "llama.json:hidden_act");
+  EXPECT_EQ(with("model_type", json::object()), "llama.json:model_type");
+  EXPECT_EQ(with("max_position_embeddings", -1), "llama.json:max_position_embeddings");
+  EXPECT_EQ(with("vocab_size", 0), "llama.json:vocab_size");
+  EXPECT_EQ(with("hidden_size", 18446744073709551615ULL), "llama.json:hidden_size");
+  // Integral doubles are accepted.
+  EXPECT_EQ(with("hidden_size", 4096.0), "");
+}
+
+TEST(HfConfig, MalformedJsonNamesTheOriginAndPosition) {
+  try {
+    parse_hf_config("{\n  \"hidden_size\": 4096,\n  \"vocab_size\": ,\n}", "bad.json");
+    ADD_FAILURE() << "accepted malformed JSON";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "bad.json");
+    EXPECT_THAT(e.what(), HasSubstr("line 3"));
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+  }
+  EXPECT_EQ(error_field(json::array({1, 2}), "arr.json"), "arr.json");
+  try {
+    parse_hf_config("", "empty.json");
+    ADD_FAILURE() << "accepted empty text";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "empty.json");
+  }
+  try {
+    parse_hf_config(R"({"hidden_size": 1e999})", "big.json");
+    ADD_FAILURE() << "accepted an overflowing number";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "big.json");
+  }
+}
+
+TEST(HfConfig, LoadModelFromAPathAndAFolder) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "cpsim_models_test_hf" / "Tiny-Model";
+  std::filesystem::create_directories(dir);
+  json config = llama_config();
+  config["num_hidden_layers"] = 2;
+  {
+    std::ofstream out(dir / "config.json");
+    out << config.dump(2);
+  }
+  const DataDir data{CPSIM_TEST_DATA_DIR};
+  const TransformerSpec from_file = load_model((dir / "config.json").string(), data);
+  EXPECT_EQ(from_file.layers, 2);
+  EXPECT_EQ(from_file.name, "Tiny-Model");
+  EXPECT_EQ(load_model(dir.string(), data).layers, 2);
+
+  config["num_attention_heads"] = "many";
+  {
+    std::ofstream out(dir / "config.json");
+    out << config.dump(2);
+  }
+  try {
+    load_model((dir / "config.json").string(), data);
+    ADD_FAILURE() << "accepted a bad file";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), (dir / "config.json").string() + ":num_attention_heads");
+  }
+  std::filesystem::remove_all(dir.parent_path());
+}
+
+}  // namespace
+}  // namespace cpsim::models

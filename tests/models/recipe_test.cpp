@@ -1,0 +1,201 @@
+#include "cpsim/models/recipe.hpp"
+
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cpsim/models/error.hpp"
+#include "cpsim/models/io.hpp"
+#include "cpsim/models/parallel.hpp"
+
+namespace cpsim::models {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+json minimal_recipe() {
+  return json{{"schema", "cpsim.recipe/1"}};
+}
+
+std::string error_field(const json& recipe) {
+  try {
+    parse_recipe(recipe.dump(), "r.json");
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    return e.field();
+  }
+  return "";
+}
+
+TEST(Recipe, BuiltInAlstMatchesTheDefaults) {
+  const TrainingRecipe alst = load_recipe("alst", DataDir{CPSIM_TEST_DATA_DIR});
+  const TrainingRecipe defaults;
+  EXPECT_EQ(alst.name, "alst");
+  EXPECT_FALSE(alst.description.empty());
+  EXPECT_EQ(alst.param_bytes, defaults.param_bytes);
+  EXPECT_EQ(alst.activation_bytes, defaults.activation_bytes);
+  EXPECT_EQ(alst.master_param_bytes, defaults.master_param_bytes);
+  EXPECT_EQ(alst.grad_bytes, defaults.grad_bytes);
+  EXPECT_EQ(alst.grad_reduce_bytes, defaults.grad_reduce_bytes);
+  EXPECT_EQ(alst.optimizer_state_bytes, defaults.optimizer_state_bytes);
+  EXPECT_EQ(alst.optimizer, "adamw");
+  EXPECT_EQ(alst.zero_stage, 3);
+  EXPECT_EQ(alst.fsdp_prefetch_layers, 1);
+  EXPECT_EQ(alst.checkpointing, CheckpointMode::kFull);
+  EXPECT_TRUE(alst.checkpoint_offload);
+  EXPECT_TRUE(alst.offload_keep_first_last);
+  EXPECT_TRUE(alst.tiled_mlp);
+  EXPECT_EQ(alst.tiled_mlp_shards, 0);
+  EXPECT_TRUE(alst.tiled_norm);
+  EXPECT_TRUE(alst.fused_loss);
+  EXPECT_TRUE(alst.expandable_segments);
+  EXPECT_EQ(alst.attention_kernel, "fa3");
+}
+
+TEST(Recipe, ParsesEveryField) {
+  const json recipe = json::parse(R"({
+    "schema": "cpsim.recipe/1", "name": "plain", "description": "d",
+    "precision": {"param_bytes": 4, "activation_bytes": 4, "master_param_bytes": 0,
+                  "grad_bytes": 2, "grad_reduce_bytes": 2, "optimizer_state_bytes": 4},
+    "optimizer": "sgd",
+    "sharding": {"zero_stage": 1, "fsdp_prefetch_layers": 2},
+    "activation_checkpointing": {"mode": "selective", "offload_to_host": false,
+                                 "keep_first_last_on_gpu": false},
+    "tiled_mlp": {"enabled": false, "shards": 4},
+    "tiled_norm": false, "fused_loss": false,
+    "allocator": {"expandable_segments": false},
+    "attention_kernel": "cudnn"})");
+  const TrainingRecipe r = parse_recipe(recipe.dump(), "plain.json");
+  EXPECT_EQ(r.name, "plain");
+  EXPECT_EQ(r.description, "d");
+  EXPECT_EQ(r.param_bytes, 4);
+  EXPECT_EQ(r.activation_bytes, 4);
+  EXPECT_EQ(r.master_param_bytes, 0);
+  EXPECT_EQ(r.grad_bytes, 2);
+  EXPECT_EQ(r.grad_reduce_bytes, 2);
+  EXPECT_EQ(r.optimizer_state_bytes, 4);
+  EXPECT_EQ(r.optimizer, "sgd");
+  EXPECT_EQ(r.zero_stage, 1);
+  EXPECT_EQ(r.fsdp_prefetch_layers, 2);
+  EXPECT_EQ(r.checkpointing, CheckpointMode::kSelective);
+  EXPECT_FALSE(r.checkpoint_offload);
+  EXPECT_FALSE(r.offload_keep_first_last);
+  EXPECT_FALSE(r.tiled_mlp);
+  EXPECT_EQ(r.tiled_mlp_shards, 4);
+  EXPECT_FALSE(r.tiled_norm);
+  EXPECT_FALSE(r.fused_loss);
+  EXPECT_FALSE(r.expandable_segments);
+  EXPECT_EQ(r.attention_kernel, "cudnn");
+}
+
+TEST(Recipe, AbsentKeysKeepTheDefaults) {
+  const TrainingRecipe r = parse_recipe(minimal_recipe().dump(), "/tmp/mine.json");
+  EXPECT_EQ(r.name, "mine");
+  EXPECT_EQ(r.zero_stage, TrainingRecipe{}.zero_stage);
+  EXPECT_EQ(r.checkpointing, CheckpointMode::kFull);
+}
+
+TEST(Recipe, RejectsUnknownKeysAndBadValues) {
+  json r = minimal_recipe();
+  r["tiled_mpl"] = true;  // typo
+  EXPECT_EQ(error_field(r), "r.json:tiled_mpl");
+
+  r = minimal_recipe();
+  r["sharding"] = {{"zero", 3}};
+  EXPECT_EQ(error_field(r), "r.json:sharding.zero");
+
+  r = minimal_recipe();
+  r["sharding"] = {{"zero_stage", 4}};
+  EXPECT_EQ(error_field(r), "r.json:sharding.zero_stage");
+
+  r = minimal_recipe();
+  r["sharding"] = {{"zero_stage", "3"}};
+  EXPECT_EQ(error_field(r), "r.json:sharding.zero_stage");
+
+  r = minimal_recipe();
+  r["sharding"] = 3;
+  EXPECT_EQ(error_field(r), "r.json:sharding");
+
+  r = minimal_recipe();
+  r["activation_checkpointing"] = {{"mode", "partial"}};
+  EXPECT_EQ(error_field(r), "r.json:activation_checkpointing.mode");
+
+  r = minimal_recipe();
+  r["precision"] = {{"param_bytes", 3}};
+  EXPECT_EQ(error_field(r), "r.json:precision.param_bytes");
+
+  r = minimal_recipe();
+  r["tiled_mlp"] = {{"shards", -1}};
+  EXPECT_EQ(error_field(r), "r.json:tiled_mlp.shards");
+
+  r = minimal_recipe();
+  r["fused_loss"] = "yes";
+  EXPECT_EQ(error_field(r), "r.json:fused_loss");
+
+  r = minimal_recipe();
+  r["attention_kernel"] = "";
+  EXPECT_EQ(error_field(r), "r.json:attention_kernel");
+
+  r = minimal_recipe();
+  r["schema"] = "cpsim.hardware/1";
+  EXPECT_EQ(error_field(r), "r.json:schema");
+  r.erase("schema");
+  EXPECT_EQ(error_field(r), "r.json:schema");
+}
+
+TEST(Recipe, ValidateNamesTheField) {
+  TrainingRecipe r;
+  EXPECT_NO_THROW(r.validate());
+  r.zero_stage = -1;
+  try {
+    r.validate();
+    ADD_FAILURE() << "accepted zero_stage -1";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "recipe.sharding.zero_stage");
+  }
+  r = TrainingRecipe{};
+  r.optimizer_state_bytes = 100;
+  EXPECT_THROW(r.validate(), InputError);
+}
+
+TEST(CheckpointMode, ParseAndPrint) {
+  for (const CheckpointMode m :
+       {CheckpointMode::kNone, CheckpointMode::kSelective, CheckpointMode::kFull}) {
+    EXPECT_EQ(parse_checkpoint_mode(to_string(m), "--ac"), m);
+  }
+  try {
+    parse_checkpoint_mode("Full", "--ac");
+    ADD_FAILURE() << "accepted 'Full'";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "--ac");
+    EXPECT_THAT(e.what(), HasSubstr("none, selective, full"));
+  }
+}
+
+TEST(CpMethod, ParseAndPrint) {
+  EXPECT_EQ(parse_cp_method("ulysses", "--method"), CpMethod::kUlysses);
+  EXPECT_EQ(parse_cp_method("upipe", "--method"), CpMethod::kUPipe);
+  EXPECT_STREQ(to_string(CpMethod::kUPipe), "upipe");
+  try {
+    parse_cp_method("ring", "--method");
+    ADD_FAILURE() << "accepted 'ring'";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "--method");
+    EXPECT_THAT(e.what(), HasSubstr("ulysses, upipe"));
+  }
+}
+
+TEST(ParallelConfig, DerivedSizes) {
+  ParallelConfig p;
+  p.gpus = 16;
+  p.cp_degree = 8;
+  p.seq_len = 1 << 20;
+  EXPECT_EQ(p.data_parallel(), 2);
+  EXPECT_EQ(p.local_seq(), (1 << 20) / 8);
+}
+
+}  // namespace
+}  // namespace cpsim::models

@@ -1,0 +1,164 @@
+#include "cpsim/models/transformer.hpp"
+
+#include <cstdint>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "cpsim/models/error.hpp"
+#include "cpsim/models/io.hpp"
+
+namespace cpsim::models {
+namespace {
+
+DataDir test_data() {
+  return DataDir{CPSIM_TEST_DATA_DIR};
+}
+
+double billions(std::int64_t n) {
+  return static_cast<double>(n) / 1e9;
+}
+
+TEST(ParameterCount, Llama3_8bIsExact) {
+  const TransformerSpec spec = load_model("llama3-8b", test_data());
+  const ParameterCount p = count_parameters(spec);
+  EXPECT_EQ(p.total, 8'030'261'248);
+  EXPECT_EQ(p.embedding, 128256LL * 4096);
+  EXPECT_EQ(p.lm_head, 128256LL * 4096);
+  EXPECT_EQ(p.final_norm, 4096);
+  EXPECT_EQ(p.attention_per_layer, 4096LL * 4096 * 2 + 2LL * 4096 * 1024);
+  EXPECT_EQ(p.mlp_per_layer, 3LL * 4096 * 14336);
+  EXPECT_EQ(p.per_layer, p.attention_per_layer + p.mlp_per_layer + 2 * 4096);
+  EXPECT_EQ(p.total, spec.layers * p.per_layer + p.embedding + p.lm_head + p.final_norm);
+}
+
+TEST(ParameterCount, PublishedModelSizes) {
+  // reference/launchers.md §6b ("params (our count)").
+  struct Case {
+    const char* name;
+    double billions;
+    double tolerance;
+  };
+  for (const Case& c : {Case{"llama3-70b", 70.554, 0.001}, Case{"llama3.1-405b", 405.853, 0.001},
+                        Case{"qwen3-32b", 32.762, 0.001}, Case{"qwen3-14b", 14.768, 0.001},
+                        Case{"qwen3-8b", 8.191, 0.001}, Case{"qwen3-4b", 4.02, 0.005}}) {
+    const TransformerSpec spec = load_model(c.name, test_data());
+    EXPECT_NEAR(billions(count_parameters(spec).total), c.billions, c.tolerance) << c.name;
+  }
+}
+
+TEST(ParameterCount, TiedEmbeddingsHaveNoLmHead) {
+  const TransformerSpec spec = load_model("qwen3-4b", test_data());
+  ASSERT_TRUE(spec.tied_embeddings);
+  const ParameterCount p = count_parameters(spec);
+  EXPECT_EQ(p.lm_head, 0);
+  EXPECT_EQ(p.total, spec.layers * p.per_layer + p.embedding + p.final_norm);
+}
+
+TEST(ParameterCount, QkNormAddsTwoHeadDimsPerLayer) {
+  TransformerSpec spec = load_model("qwen3-32b", test_data());
+  ASSERT_TRUE(spec.qk_norm);
+  const std::int64_t with = count_parameters(spec).total;
+  spec.qk_norm = false;
+  EXPECT_EQ(with - count_parameters(spec).total, spec.layers * 2 * spec.head_dim);
+}
+
+TransformerSpec tiny_model() {
+  TransformerSpec spec;
+  spec.name = "tiny";
+  spec.layers = 2;
+  spec.hidden = 8;
+  spec.heads = 2;
+  spec.kv_heads = 1;
+  spec.head_dim = 4;
+  spec.ffn_hidden = 16;
+  spec.vocab = 10;
+  return spec;
+}
+
+TEST(ParameterCount, TinyModelByHand) {
+  TransformerSpec spec = tiny_model();
+  // attention: Wq 8·8 + Wk, Wv 2·8·4 + Wo 8·8 = 192; mlp 3·8·16 = 384; norms 2·8 = 16.
+  ParameterCount p = count_parameters(spec);
+  EXPECT_EQ(p.attention_per_layer, 192);
+  EXPECT_EQ(p.mlp_per_layer, 384);
+  EXPECT_EQ(p.per_layer, 592);
+  EXPECT_EQ(p.total, 2 * 592 + 80 + 80 + 8);
+
+  spec.attention_bias = true;               // + 8 + 2·4
+  spec.activation = ActivationKind::kGelu;  // 2·8·16
+  spec.norm = NormKind::kLayerNorm;         // 4·8 per layer, 2·8 final
+  spec.tied_embeddings = true;
+  p = count_parameters(spec);
+  EXPECT_EQ(p.attention_per_layer, 208);
+  EXPECT_EQ(p.mlp_per_layer, 256);
+  EXPECT_EQ(p.per_layer, 208 + 256 + 32);
+  EXPECT_EQ(p.final_norm, 16);
+  EXPECT_EQ(p.total, 2 * 496 + 80 + 16);
+}
+
+TEST(ModelStepFlops, TinyModelByHand) {
+  const TransformerSpec spec = tiny_model();
+  const std::int64_t n = 32;
+  const StepFlops f = model_step_flops(spec, n);
+  // P_matmul = 2 layers · (192 + 384) + lm_head 10·8 = 1232; dense = 6 · 32 · 1232.
+  EXPECT_DOUBLE_EQ(f.dense, 6.0 * 32 * 1232);
+  // attention = layers · 3.5 · 2·N²·H·d = 2 · 3.5 · 2 · 1024 · 8.
+  EXPECT_DOUBLE_EQ(f.attention, 2 * 3.5 * 2 * 1024 * 8);
+  EXPECT_DOUBLE_EQ(f.total(), f.dense + f.attention);
+}
+
+TEST(ModelStepFlops, TiedLmHeadStillCountsAndBiasesDoNot) {
+  TransformerSpec spec = tiny_model();
+  const double untied = model_step_flops(spec, 16).dense;
+  spec.tied_embeddings = true;
+  spec.attention_bias = true;
+  spec.qk_norm = true;
+  EXPECT_DOUBLE_EQ(model_step_flops(spec, 16).dense, untied);
+}
+
+TEST(ModelStepFlops, Llama3_8bMatchesTheSixNPRule) {
+  const TransformerSpec spec = load_model("llama3-8b", test_data());
+  const std::int64_t n = 8192;
+  const StepFlops f = model_step_flops(spec, n);
+  const ParameterCount p = count_parameters(spec);
+  // Matmul weights: everything but the input embedding and the norms.
+  const double matmul =
+      static_cast<double>(p.total - p.embedding - p.final_norm - spec.layers * 2 * spec.hidden);
+  EXPECT_DOUBLE_EQ(f.dense, 6.0 * n * matmul);
+  EXPECT_DOUBLE_EQ(f.attention, 32 * 7.0 * n * n * 4096);
+}
+
+TEST(TransformerSpecValidate, NamesTheField) {
+  const auto expect_field = [](TransformerSpec spec, const std::string& field) {
+    try {
+      spec.validate();
+      ADD_FAILURE() << "accepted, expected error on " << field;
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.field(), field);
+    }
+  };
+  EXPECT_NO_THROW(tiny_model().validate());
+  TransformerSpec s = tiny_model();
+  s.layers = 0;
+  expect_field(s, "model.num_hidden_layers");
+  s = tiny_model();
+  s.heads = -1;
+  expect_field(s, "model.num_attention_heads");
+  s = tiny_model();
+  s.heads = 3;
+  s.kv_heads = 2;
+  expect_field(s, "model.num_key_value_heads");
+  s = tiny_model();
+  s.kv_heads = 4;  // more KV heads than query heads
+  expect_field(s, "model.num_key_value_heads");
+  s = tiny_model();
+  s.vocab = std::int64_t{1} << 40;
+  expect_field(s, "model.vocab_size");
+  s = tiny_model();
+  s.rope_theta = 0.0;
+  expect_field(s, "model.rope_theta");
+}
+
+}  // namespace
+}  // namespace cpsim::models
