@@ -65,12 +65,6 @@ HeadLayout derive_head_layout(const ScheduleInputs& in) {
     throw InputError("--ulysses-degree",
                      fmt::format("CP degree {} must divide --gpus {}", p.cp_degree, p.gpus));
   }
-  if (p.cp_degree > p.gpus_per_node && p.cp_degree % p.gpus_per_node != 0) {
-    throw InputError("--ulysses-degree",
-                     fmt::format("a CP group spanning nodes must cover whole nodes: degree {} is "
-                                 "not a multiple of --gpus-per-node {}",
-                                 p.cp_degree, p.gpus_per_node));
-  }
   if (p.seq_len <= 0) {
     throw InputError("--seq", "must be positive");
   }
@@ -101,6 +95,12 @@ HeadLayout derive_head_layout(const ScheduleInputs& in) {
                                             m.name, m.kv_heads, c));
   }
   L.kv_replication = L.kv_heads_eff / m.kv_heads;
+  if (p.cp_degree > p.gpus_per_node && p.cp_degree % p.gpus_per_node != 0) {
+    throw InputError(p.cp_degree == p.gpus ? "--gpus" : "--ulysses-degree",
+                     fmt::format("a CP group spanning nodes must cover whole nodes: degree {} is "
+                                 "not a multiple of --gpus-per-node {}",
+                                 p.cp_degree, p.gpus_per_node));
+  }
   if (p.method == CpMethod::kUlysses) {
     L.heads_per_stage = m.heads;
   } else {
@@ -492,10 +492,10 @@ StepBuilder::InputGrad StepBuilder::attention_backward_upipe(const SavedLayer& s
     TensorSet do_h = exchange("a2a_dout" + tag, do_slice, q_bytes, MemCategory::kAttention);
     TensorSet dq_h = b_.tensor("dq_h" + tag, n_ * q_local * d * ab_, MemCategory::kAttention);
     const AttentionShape shape{n_, n_, q_local, d, true};
-    // Workspace: fp32 dQ accumulator, softmax row sums, and this call's dK/dV before they are
-    // added into the fetch's accumulator.
-    const std::int64_t ws = n_ * q_local * d * kFp32Bytes + n_ * q_local * kFp32Bytes +
-                            n_ * 2 * kv_local * d * ab_;
+    // Workspace: fp32 dQ accumulator, softmax row sums, and, when several stages share one K/V
+    // fetch, this call's dK/dV before they are added into the fetch's accumulator.
+    const std::int64_t partial_dkv = layout_.stages_per_kv_fetch > 1 ? n_ * 2 * kv_local * d * ab_ : 0;
+    const std::int64_t ws = n_ * q_local * d * kFp32Bytes + n_ * q_local * kFp32Bytes + partial_dkv;
     std::vector<TensorSet> outs{dq_h};
     std::vector<TensorSet> ins{q_h, kv_h, o_h, do_h, sv.lses[static_cast<std::size_t>(st)]};
     if (fetch_start) {

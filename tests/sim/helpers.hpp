@@ -1,0 +1,41 @@
+#pragma once
+// Shared fixtures for the sim tests: built-in inputs and a tiny hand-made profile.
+
+#include "cpsim/models/io.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+namespace cpsim::sim::testing {
+
+inline const models::DataDir& data() {
+  static const models::DataDir d{CPSIM_TEST_DATA_DIR};
+  return d;
+}
+
+inline ScheduleInputs inputs(models::CpMethod method, const char* model, int gpus, std::int64_t seq,
+                             std::int64_t heads_per_stage = 0) {
+  ScheduleInputs in;
+  in.model = models::load_model(model, data());
+  in.hardware = models::load_hardware("h100-sxm-80g", data());
+  in.recipe = models::load_recipe("alst", data());
+  in.parallel.method = method;
+  in.parallel.gpus = gpus;
+  in.parallel.cp_degree = gpus;
+  in.parallel.gpus_per_node = 8;
+  in.parallel.seq_len = seq;
+  in.parallel.heads_per_stage = heads_per_stage;
+  return in;
+}
+
+/// A profile with round numbers for hand-computed engine cases: host links 1 byte/ns each way,
+/// duplex total 1 byte/ns, no latencies.
+inline models::HardwareProfile round_profile() {
+  models::HardwareProfile p = models::load_hardware("h100-sxm-80g", data());
+  p.host_link.alpha_s = 0.0;
+  p.host_link.h2d_bytes_per_s = 1e9;
+  p.host_link.d2h_bytes_per_s = 1e9;
+  p.host_link.duplex_total_bytes_per_s = 1e9;
+  p.compute_slowdown_under_comm = 0.0;
+  return p;
+}
+
+}  // namespace cpsim::sim::testing

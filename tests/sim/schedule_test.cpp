@@ -1,0 +1,251 @@
+// Ulysses and UPipe schedules: buffer sizes, model states, communication volumes, recomputation,
+// and the degenerate case U = H, all against hand-computed values.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "cpsim/models/error.hpp"
+#include "cpsim/planner/evaluate.hpp"
+#include "cpsim/sim/schedule.hpp"
+#include "helpers.hpp"
+
+namespace cpsim::sim {
+namespace {
+
+using models::CpMethod;
+using testing::inputs;
+
+constexpr std::int64_t kM = 1 << 20;
+
+// Llama-3-8B: h = 4096, H = 32, H_kv = 8, d = 128. N = 1M on C = 8: s = 131072.
+TEST(AttentionBuffers, UlyssesLlama8B) {
+  const ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, kM);
+  const HeadLayout L = derive_head_layout(in);
+  EXPECT_EQ(L.stages, 1);
+  EXPECT_EQ(L.kv_heads_eff, 8);
+  const AttentionBuffers a = attention_buffers(in, L);
+  const std::int64_t s = 131072;
+  EXPECT_EQ(a.qkv_local_bytes, s * (32 + 2 * 8) * 128 * 2);       // 1.5 GiB
+  EXPECT_EQ(a.qkv_headsharded_bytes, kM * (32 + 16) / 8 * 128 * 2);  // same bytes
+  EXPECT_EQ(a.qkv_local_bytes, a.qkv_headsharded_bytes);
+  EXPECT_EQ(a.out_headsharded_bytes, kM * 4 * 128 * 2);             // 1 GiB
+  EXPECT_EQ(a.out_local_bytes, s * 32 * 128 * 2);
+  EXPECT_EQ(a.lse_bytes, 4 * kM * 4);
+  EXPECT_EQ(a.final_out_bytes, 0);
+}
+
+TEST(AttentionBuffers, UPipeLlama8BDefaultStage) {
+  // U = C = 8: 4 stages of 1 query head per rank; all 8 KV heads fetched once, reused by 4 stages.
+  const ScheduleInputs in = inputs(CpMethod::kUPipe, "llama3-8b", 8, kM);
+  const HeadLayout L = derive_head_layout(in);
+  EXPECT_EQ(L.heads_per_stage, 8);
+  EXPECT_EQ(L.stages, 4);
+  EXPECT_EQ(L.kv_heads_per_fetch, 8);
+  EXPECT_EQ(L.stages_per_kv_fetch, 4);
+  const AttentionBuffers a = attention_buffers(in, L);
+  const std::int64_t s = 131072;
+  EXPECT_EQ(a.qkv_local_bytes, s * (8 + 16) * 128 * 2);
+  EXPECT_EQ(a.qkv_headsharded_bytes, kM * 3 * 128 * 2);  // 1 Q + 1 K + 1 V head per rank
+  EXPECT_EQ(a.out_headsharded_bytes, kM * 1 * 128 * 2);
+  EXPECT_EQ(a.lse_bytes, kM * 4);
+  EXPECT_EQ(a.final_out_bytes, s * 32 * 128 * 2);
+}
+
+TEST(HeadLayout, Qwen32BStages) {
+  // H = 64, H_kv = 8, C = 8, U = 8: 8 stages; KV groups of g = 8 stages.
+  const HeadLayout L = derive_head_layout(inputs(CpMethod::kUPipe, "qwen3-32b", 8, kM));
+  EXPECT_EQ(L.stages, 8);
+  EXPECT_EQ(L.stages_per_kv_fetch, 8);
+  // Head-proportional buffers shrink by 1 − U/H = 87.5 % (reference/papers.md §1.3).
+  EXPECT_DOUBLE_EQ(1.0 - static_cast<double>(L.heads_per_stage) / static_cast<double>(L.heads), 0.875);
+}
+
+TEST(HeadLayout, KvHeadsReplicatedWhenFewerThanC) {
+  // 16 GPUs, H_kv = 8: each KV head is replicated twice.
+  const HeadLayout L = derive_head_layout(inputs(CpMethod::kUlysses, "llama3-8b", 16, kM));
+  EXPECT_EQ(L.kv_heads_eff, 16);
+  EXPECT_EQ(L.kv_replication, 2);
+}
+
+TEST(HeadLayout, RejectsBadCombinations) {
+  auto field_of = [](const ScheduleInputs& in) {
+    try {
+      derive_head_layout(in);
+    } catch (const InputError& e) {
+      return e.field();
+    }
+    return std::string("none");
+  };
+  EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3-8b", 12, 12 * kM)), "--model");  // 32 % 12, checked first
+  EXPECT_EQ(field_of(inputs(CpMethod::kUPipe, "llama3-8b", 8, kM, 12)), "--heads-per-stage");
+  EXPECT_EQ(field_of(inputs(CpMethod::kUPipe, "llama3-8b", 8, kM, 24)), "--heads-per-stage");
+  EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3-8b", 8, kM + 1)), "--seq");
+  EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3-8b", 8, -8)), "--seq");
+  EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3-8b", 0, kM)), "--gpus");
+}
+
+// FSDP full shard: 16 bytes per parameter sharded over all GPUs (fp32 master 4, fp32 grad 4,
+// AdamW exp_avg + exp_avg_sq 8), plus the fixed overheads of the profile.
+TEST(ModelStates, SixteenBytesPerParamSharded) {
+  const ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, kM);
+  const Workload w = build_step(in);
+  const std::int64_t params = 8030261248;
+  EXPECT_EQ(w.static_memory[0].model_states_bytes, params / 8 * 16);
+  EXPECT_EQ(w.static_memory[0].fixed_overhead_bytes, in.hardware.fixed_overhead_bytes());
+}
+
+TEST(ModelStates, GatheredLayerIsBf16OfOneBlock) {
+  const ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, kM);
+  const Workload w = build_step(in);
+  const std::int64_t per_layer = models::count_parameters(in.model).per_layer;  // 218,112,000
+  EXPECT_EQ(per_layer, 218112000);
+  int found = 0;
+  for (const Tensor& t : w.tensors) {
+    if (w.names[static_cast<std::size_t>(t.name)] == "layer5.params" && t.rank == 0) {
+      EXPECT_EQ(t.bytes, per_layer * 2);
+      EXPECT_EQ(t.category, MemCategory::kParamGather);
+      ++found;
+    }
+  }
+  EXPECT_EQ(found, 2);  // gathered once for forward, once for recompute + backward
+}
+
+struct CommVolume {
+  std::int64_t a2a_send_bytes = 0;  // per-rank send buffers of all-to-alls
+  int a2a_calls = 0;
+  int attn_fwd = 0;
+  int attn_bwd = 0;
+  int qkv_projections = 0;  // GEMMs that project Q, K or V (forward or recomputed)
+};
+
+CommVolume count(const Workload& w, int layer, Phase phase) {
+  CommVolume v;
+  for (const Op& o : w.ops) {
+    if (o.rank != 0 || o.layer != layer || o.phase != phase) continue;
+    const std::string& n = w.names[static_cast<std::size_t>(o.name)];
+    if (o.collective != kNone && w.collectives[static_cast<std::size_t>(o.collective)].kind ==
+                                     models::Collective::kAllToAll) {
+      v.a2a_send_bytes += w.collectives[static_cast<std::size_t>(o.collective)].size_bytes;
+      v.a2a_calls += 1;
+    }
+    if (o.kind == OpKind::kAttentionFwd) v.attn_fwd += 1;
+    if (o.kind == OpKind::kAttentionBwd) v.attn_bwd += 1;
+    if (o.kind == OpKind::kGemm && (n.rfind("qkv_proj", 0) == 0 || n.rfind("q_proj", 0) == 0 ||
+                                    n.rfind("kv_proj", 0) == 0) &&
+        n.find("_bwd") == std::string::npos) {
+      v.qkv_projections += 1;
+    }
+  }
+  return v;
+}
+
+// All-to-all volume per layer (reference/papers.md §4.2, GQA form): the forward sends the local
+// QKV, s·(H + 2H_kv)·d·2 bytes, and the output, s·H·d·2 bytes, per rank; (C−1)/C of it leaves.
+TEST(CommVolume, UlyssesForwardLayer) {
+  const ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, kM);
+  const Workload w = build_step(in);
+  const std::int64_t s = kM / 8;
+  const CommVolume f = count(w, 3, Phase::kForward);
+  EXPECT_EQ(f.a2a_calls, 2);
+  EXPECT_EQ(f.a2a_send_bytes, s * 48 * 128 * 2 + s * 32 * 128 * 2);
+  EXPECT_EQ(f.a2a_send_bytes, attention_buffers(in, derive_head_layout(in)).a2a_send_bytes_per_layer_fwd);
+  // Wire bytes of the QKV all-to-all: (C − 1)/C of the send buffer.
+  for (const Op& o : w.ops) {
+    if (o.rank == 0 && o.layer == 3 && o.phase == Phase::kForward && o.collective != kNone &&
+        w.names[static_cast<std::size_t>(o.name)] == "a2a_qkv") {
+      EXPECT_EQ(w.collectives[static_cast<std::size_t>(o.collective)].wire_bytes, s * 48 * 128 * 2 / 8 * 7);
+    }
+  }
+  // Backward: dOut and dQKV all-to-alls, the same volume again.
+  const CommVolume b = count(w, 3, Phase::kBackward);
+  EXPECT_EQ(b.a2a_send_bytes, f.a2a_send_bytes);
+  // Full AC: the recompute sends the forward volume once more, and runs attention forward again.
+  const CommVolume r = count(w, 3, Phase::kRecompute);
+  EXPECT_EQ(r.a2a_send_bytes, f.a2a_send_bytes);
+  EXPECT_EQ(f.attn_fwd, 1);
+  EXPECT_EQ(r.attn_fwd, 1);
+  EXPECT_EQ(b.attn_bwd, 1);
+}
+
+TEST(CommVolume, UPipeSplitsTheSameVolumeOverStages) {
+  const ScheduleInputs in = inputs(CpMethod::kUPipe, "llama3-8b", 8, kM);
+  const Workload w = build_step(in);
+  const std::int64_t s = kM / 8;
+  const CommVolume f = count(w, 3, Phase::kForward);
+  // One K/V all-to-all (8 KV heads), 4 Q and 4 output all-to-alls of 8 heads each.
+  EXPECT_EQ(f.a2a_calls, 1 + 4 + 4);
+  EXPECT_EQ(f.a2a_send_bytes, s * 48 * 128 * 2 + s * 32 * 128 * 2);
+  EXPECT_EQ(f.attn_fwd, 4);
+  // Backward re-sends Q and K/V (recomputed), the stage's output and dOut, and returns dQ, dK/dV.
+  const CommVolume b = count(w, 3, Phase::kBackward);
+  EXPECT_EQ(b.a2a_send_bytes, s * 48 * 128 * 2 /*QKV again*/ + 2 * s * 32 * 128 * 2 /*out, dOut*/ +
+                                  s * 48 * 128 * 2 /*dQ, dK, dV*/);
+  EXPECT_EQ(b.attn_bwd, 4);
+  EXPECT_EQ(b.attn_fwd, 0);  // the saved LSE and final_out make attention forward unnecessary
+  // Under full AC the Q/K/V projections run three times per step: forward, recompute, backward.
+  const CommVolume r = count(w, 3, Phase::kRecompute);
+  EXPECT_EQ(f.qkv_projections, 5);
+  EXPECT_EQ(r.qkv_projections, 5);
+  EXPECT_EQ(b.qkv_projections, 5);
+}
+
+TEST(Recompute, NoCheckpointingRunsNoRecomputePhase) {
+  ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 256 * 1024);
+  in.recipe.checkpointing = models::CheckpointMode::kNone;
+  in.recipe.checkpoint_offload = false;
+  const Workload w = build_step(in);
+  for (const Op& o : w.ops) {
+    EXPECT_NE(o.phase, Phase::kRecompute);
+  }
+  // Selective: the attention core runs again in backward.
+  in.recipe.checkpointing = models::CheckpointMode::kSelective;
+  const Workload ws = build_step(in);
+  EXPECT_EQ(count(ws, 3, Phase::kBackward).attn_fwd, 1);
+}
+
+TEST(Offload, CheckpointsOfInnerLayersGoToHost) {
+  const ScheduleInputs in = inputs(CpMethod::kUPipe, "llama3-8b", 8, kM);
+  const planner::Evaluation e = planner::evaluate(in);
+  // 30 of 32 block inputs offloaded (first and last stay), s·h·2 bytes each, 8 ranks per node.
+  const std::int64_t per_rank = 30LL * (kM / 8) * 4096 * 2;
+  EXPECT_EQ(e.report.host_memory_bytes, 8 * per_rank);
+  ScheduleInputs no = in;
+  no.recipe.checkpoint_offload = false;
+  const planner::Evaluation e2 = planner::evaluate(no);
+  EXPECT_EQ(e2.report.host_memory_bytes, 0);
+  EXPECT_GT(e2.report.peak_memory_bytes, e.report.peak_memory_bytes + 25LL * (kM / 8) * 4096 * 2);
+}
+
+// UPipe keeps fewer attention bytes than Ulysses; with U = H it degenerates to one stage holding
+// every head, and its attention intermediates equal Ulysses' exactly.
+TEST(UPipeVsUlysses, AttentionMemory) {
+  const std::int64_t n = 3 * kM;
+  const auto uly = planner::evaluate(inputs(CpMethod::kUlysses, "llama3-8b", 8, n)).report;
+  const auto up = planner::evaluate(inputs(CpMethod::kUPipe, "llama3-8b", 8, n)).report;
+  const auto up_h = planner::evaluate(inputs(CpMethod::kUPipe, "llama3-8b", 8, n, 32)).report;
+  const auto att = static_cast<std::size_t>(MemCategory::kAttention);
+  EXPECT_LT(up.category_peak[att], uly.category_peak[att]);
+  EXPECT_EQ(up_h.category_peak[att], uly.category_peak[att]);
+  EXPECT_LT(up.peak_memory_bytes, uly.peak_memory_bytes);
+}
+
+TEST(Degenerate, OneGpuHasNoCollectivesButFsdp) {
+  const ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 1, 64 * 1024);
+  const Workload w = build_step(in);
+  for (const Op& o : w.ops) {
+    if (o.collective != kNone) {
+      EXPECT_NE(w.collectives[static_cast<std::size_t>(o.collective)].kind, models::Collective::kAllToAll);
+    }
+  }
+  EXPECT_GT(planner::evaluate(in).report.step_time_s, 0.0);
+}
+
+TEST(Throughput, ComputeBoundStepMatchesKernelSum) {
+  // With nothing overlapping but communication, the step is at least the compute-stream busy time.
+  const auto rep = planner::evaluate(inputs(CpMethod::kUPipe, "llama3-8b", 8, kM)).report;
+  EXPECT_GE(rep.step_time_s, rep.stream_busy_s[0]);
+  EXPECT_NEAR(rep.tokens_per_s_per_gpu, static_cast<double>(kM) / rep.step_time_s / 8.0, 1e-9);
+}
+
+}  // namespace
+}  // namespace cpsim::sim
