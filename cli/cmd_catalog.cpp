@@ -4,14 +4,16 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cpsim/models/units.hpp"
+
 #include "commands.hpp"
 #include "common.hpp"
-#include "cpsim/models/units.hpp"
 
 namespace cpsim::cli {
 
 CLI::App* register_models(CLI::App& app, CatalogArgs& a) {
-  CLI::App* c = app.add_subcommand("models", "List the built-in models with their shapes and sizes");
+  CLI::App* c =
+      app.add_subcommand("models", "List the built-in models with their shapes and sizes");
   c->add_flag("--json", a.json, "print JSON instead of the table");
   return c;
 }
@@ -23,10 +25,17 @@ int run_models(const CatalogArgs& a) {
   for (const std::string& name : models::list_builtin(data, "models")) {
     const models::TransformerSpec m = models::load_model(name, data);
     const models::ParameterCount p = models::count_parameters(m);
-    list.push_back({{"name", name}, {"layers", m.layers}, {"hidden", m.hidden}, {"heads", m.heads},
-                    {"kv_heads", m.kv_heads}, {"head_dim", m.head_dim}, {"ffn_hidden", m.ffn_hidden},
-                    {"vocab", m.vocab}, {"tied_embeddings", m.tied_embeddings},
-                    {"parameters", p.total}, {"source", m.source}});
+    list.push_back({{"name", name},
+                    {"layers", m.layers},
+                    {"hidden", m.hidden},
+                    {"heads", m.heads},
+                    {"kv_heads", m.kv_heads},
+                    {"head_dim", m.head_dim},
+                    {"ffn_hidden", m.ffn_hidden},
+                    {"vocab", m.vocab},
+                    {"tied_embeddings", m.tied_embeddings},
+                    {"parameters", p.total},
+                    {"source", m.source}});
     rows.push_back({name, std::to_string(m.layers), std::to_string(m.hidden),
                     fmt::format("{}/{}", m.heads, m.kv_heads), std::to_string(m.head_dim),
                     std::to_string(m.ffn_hidden), std::to_string(m.vocab),
@@ -36,9 +45,9 @@ int run_models(const CatalogArgs& a) {
   if (a.json) {
     std::cout << nlohmann::json{{"schema_version", 1}, {"models", list}}.dump(2) << "\n";
   } else {
-    std::cout << format_table({"model", "layers", "hidden", "heads/kv", "head_dim", "ffn", "vocab",
-                               "tied", "params"},
-                              rows, {false, true, true, true, true, true, true, false, true});
+    std::cout << format_table(
+        {"model", "layers", "hidden", "heads/kv", "head_dim", "ffn", "vocab", "tied", "params"},
+        rows, {false, true, true, true, true, true, true, false, true});
     std::cout << "\nAny Hugging Face config.json path works as --model too.\n";
   }
   return 0;
@@ -46,7 +55,8 @@ int run_models(const CatalogArgs& a) {
 
 CLI::App* register_hardware(CLI::App& app, CatalogArgs& a) {
   CLI::App* c = app.add_subcommand(
-      "hardware", "List the built-in hardware profiles, or show one with every coefficient's source");
+      "hardware",
+      "List the built-in hardware profiles, or show one with every coefficient's source");
   c->add_option("name", a.name, "profile to show in full (built-in name or file)");
   c->add_flag("--json", a.json, "print JSON instead of text");
   return c;
@@ -61,20 +71,24 @@ int run_hardware(const CatalogArgs& a) {
       for (const auto& [k, v] : p.provenance) {
         prov[k] = v;
       }
-      std::cout << nlohmann::json{{"schema_version", 1}, {"name", p.name}, {"description", p.description},
+      std::cout << nlohmann::json{{"schema_version", 1},
+                                  {"name", p.name},
+                                  {"description", p.description},
                                   {"provenance", prov}}
                        .dump(2)
                 << "\n";
       return 0;
     }
     std::cout << fmt::format("{}: {}\n\n", p.name, p.description);
-    std::cout << fmt::format("  GPU {}: {} HBM, {:.0f} TFLOP/s bf16 dense, {:.2f} TB/s, {} SMs\n", p.gpu_name,
-                             format_bytes(static_cast<double>(p.hbm_capacity_bytes)),
-                             p.peak_bf16_flops_per_s / 1e12, p.hbm_bandwidth_bytes_per_s / 1e12, p.sm_count);
-    std::cout << fmt::format("  node: {} GPUs, {} host memory; PCIe {:.1f}/{:.1f} GB/s H2D/D2H, {:.1f} duplex\n\n",
-                             p.gpus_per_node, format_bytes(static_cast<double>(p.host_memory_bytes_per_node)),
-                             p.host_link.h2d_bytes_per_s / 1e9, p.host_link.d2h_bytes_per_s / 1e9,
-                             p.host_link.duplex_total_bytes_per_s / 1e9);
+    std::cout << fmt::format("  GPU {}: {} HBM, {:.0f} TFLOP/s bf16 dense, {:.2f} TB/s, {} SMs\n",
+                             p.gpu_name, format_bytes(static_cast<double>(p.hbm_capacity_bytes)),
+                             p.peak_bf16_flops_per_s / 1e12, p.hbm_bandwidth_bytes_per_s / 1e12,
+                             p.sm_count);
+    std::cout << fmt::format(
+        "  node: {} GPUs, {} host memory; PCIe {:.1f}/{:.1f} GB/s H2D/D2H, {:.1f} duplex\n\n",
+        p.gpus_per_node, format_bytes(static_cast<double>(p.host_memory_bytes_per_node)),
+        p.host_link.h2d_bytes_per_s / 1e9, p.host_link.d2h_bytes_per_s / 1e9,
+        p.host_link.duplex_total_bytes_per_s / 1e9);
     std::cout << "  coefficient sources:\n";
     for (const auto& [k, v] : p.provenance) {
       std::cout << fmt::format("    {}\n        {}\n", k, v);
@@ -85,15 +99,19 @@ int run_hardware(const CatalogArgs& a) {
   std::vector<std::vector<std::string>> rows;
   for (const std::string& name : models::list_builtin(data, "hardware")) {
     const models::HardwareProfile p = models::load_hardware(name, data);
-    list.push_back({{"name", name}, {"gpu", p.gpu_name}, {"hbm_capacity_bytes", p.hbm_capacity_bytes},
-                    {"gpus_per_node", p.gpus_per_node}, {"description", p.description}});
+    list.push_back({{"name", name},
+                    {"gpu", p.gpu_name},
+                    {"hbm_capacity_bytes", p.hbm_capacity_bytes},
+                    {"gpus_per_node", p.gpus_per_node},
+                    {"description", p.description}});
     rows.push_back({name, p.gpu_name, format_bytes(static_cast<double>(p.hbm_capacity_bytes)),
                     std::to_string(p.gpus_per_node)});
   }
   if (a.json) {
     std::cout << nlohmann::json{{"schema_version", 1}, {"hardware", list}}.dump(2) << "\n";
   } else {
-    std::cout << format_table({"profile", "gpu", "hbm", "gpus/node"}, rows, {false, false, true, true});
+    std::cout << format_table({"profile", "gpu", "hbm", "gpus/node"}, rows,
+                              {false, false, true, true});
     std::cout << "\n`cpsim hardware NAME` shows every coefficient and where it comes from.\n";
   }
   return 0;

@@ -6,12 +6,13 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "commands.hpp"
-#include "common.hpp"
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
 #include "cpsim/planner/evaluate.hpp"
 #include "cpsim/sim/trace.hpp"
+
+#include "commands.hpp"
+#include "common.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -37,7 +38,8 @@ sim::ScheduleInputs resolve(const SimulateArgs& a) {
   if (!a.ac_offload.empty()) {
     r.checkpoint_offload = parse_switch(a.ac_offload, "--ac-offload");
     if (r.checkpoint_offload && r.checkpointing != models::CheckpointMode::kFull) {
-      throw InputError("--ac-offload", "checkpoint offload needs --ac full (it offloads block inputs)");
+      throw InputError("--ac-offload",
+                       "checkpoint offload needs --ac full (it offloads block inputs)");
     }
   }
   if (!a.tiled_mlp.empty()) {
@@ -89,8 +91,10 @@ std::string method_label(const sim::ScheduleInputs& in, const sim::HeadLayout& L
                      L.stages_per_kv_fetch == 1 ? "" : "s");
 }
 
-std::string recipe_label(const models::TrainingRecipe& r, const sim::StepReport& rep,
-                         std::int64_t local_seq, std::int64_t hidden) {
+std::string recipe_label(const models::TrainingRecipe& r,
+                         const sim::StepReport& rep,
+                         std::int64_t local_seq,
+                         std::int64_t hidden) {
   std::string s = fmt::format("ZeRO-{}, AC {}", r.zero_stage, models::to_string(r.checkpointing));
   if (r.checkpointing == models::CheckpointMode::kFull) {
     s += r.checkpoint_offload ? (r.offload_keep_first_last ? ", checkpoints offloaded to host "
@@ -111,7 +115,9 @@ std::string recipe_label(const models::TrainingRecipe& r, const sim::StepReport&
   return s;
 }
 
-nlohmann::json to_json(const SimulateArgs& a, const sim::ScheduleInputs& in, const sim::StepReport& rep) {
+nlohmann::json to_json(const SimulateArgs& a,
+                       const sim::ScheduleInputs& in,
+                       const sim::StepReport& rep) {
   using nlohmann::json;
   json breakdown;
   json category_peaks;
@@ -123,7 +129,8 @@ nlohmann::json to_json(const SimulateArgs& a, const sim::ScheduleInputs& in, con
   breakdown["fixed_overhead"] = rep.fixed_overhead_bytes;
   json busy;
   for (int s = 0; s < sim::kStreamCount; ++s) {
-    busy[sim::to_string(static_cast<sim::Stream>(s))] = rep.stream_busy_s[static_cast<std::size_t>(s)];
+    busy[sim::to_string(static_cast<sim::Stream>(s))] =
+        rep.stream_busy_s[static_cast<std::size_t>(s)];
   }
   const auto& r = in.recipe;
   const auto& L = rep.layout;
@@ -188,7 +195,8 @@ std::string human(const sim::ScheduleInputs& in, const sim::StepReport& rep) {
   o += fmt::format("{} on {} x {}, {}, seq {} ({} tokens), recipe {}\n", in.model.name,
                    in.parallel.gpus, in.hardware.name, method_label(in, L),
                    format_length(in.parallel.seq_len), in.parallel.seq_len, in.recipe.name);
-  o += fmt::format("  {}\n", recipe_label(in.recipe, rep, in.parallel.local_seq(), in.model.hidden));
+  o +=
+      fmt::format("  {}\n", recipe_label(in.recipe, rep, in.parallel.local_seq(), in.model.hidden));
   if (in.parallel.data_parallel() > 1) {
     o += fmt::format("  {} CP groups of {} GPUs (data parallel), FSDP over all {}\n",
                      in.parallel.data_parallel(), in.parallel.cp_degree, in.parallel.gpus);
@@ -200,10 +208,12 @@ std::string human(const sim::ScheduleInputs& in, const sim::StepReport& rep) {
                    rep.model_tflops_per_gpu, 100.0 * rep.mfu);
   o += "\n";
   const std::string verdict =
-      rep.fits_gpu ? fmt::format("fits, {} headroom", format_bytes(static_cast<double>(rep.gpu_headroom_bytes)))
+      rep.fits_gpu ? fmt::format("fits, {} headroom",
+                                 format_bytes(static_cast<double>(rep.gpu_headroom_bytes)))
                    : fmt::format("DOES NOT FIT, {} over",
                                  format_bytes(static_cast<double>(-rep.gpu_headroom_bytes)));
-  o += fmt::format("  peak GPU memory      {} of {}: {}\n", format_bytes(static_cast<double>(rep.peak_memory_bytes)),
+  o += fmt::format("  peak GPU memory      {} of {}: {}\n",
+                   format_bytes(static_cast<double>(rep.peak_memory_bytes)),
                    format_bytes(static_cast<double>(rep.gpu_capacity_bytes)), verdict);
   o += fmt::format("  at                   rank {}, {}\n", rep.peak_rank, rep.peak_op);
   std::vector<std::vector<std::string>> rows;
@@ -226,11 +236,13 @@ std::string human(const sim::ScheduleInputs& in, const sim::StepReport& rep) {
                    rep.fits_host ? "fits" : "DOES NOT FIT");
   o += "\n";
   const auto& A = rep.attention;
-  o += fmt::format("  attention buffers per rank ({}): QKV local {}, head-sharded {}, out {}, LSE {}",
-                   L.stages > 1 ? "one stage" : "all heads", format_bytes(static_cast<double>(A.qkv_local_bytes)),
-                   format_bytes(static_cast<double>(A.qkv_headsharded_bytes)),
-                   format_bytes(static_cast<double>(A.out_headsharded_bytes)),
-                   format_bytes(static_cast<double>(A.lse_bytes)));
+  o += fmt::format(
+      "  attention buffers per rank ({}): QKV local {}, head-sharded {}, out {}, LSE {}",
+      L.stages > 1 ? "one stage" : "all heads",
+      format_bytes(static_cast<double>(A.qkv_local_bytes)),
+      format_bytes(static_cast<double>(A.qkv_headsharded_bytes)),
+      format_bytes(static_cast<double>(A.out_headsharded_bytes)),
+      format_bytes(static_cast<double>(A.lse_bytes)));
   if (A.final_out_bytes > 0) {
     o += fmt::format(", final_out {}", format_bytes(static_cast<double>(A.final_out_bytes)));
   }
@@ -255,26 +267,38 @@ std::string human(const sim::ScheduleInputs& in, const sim::StepReport& rep) {
 
 CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
   CLI::App* c = app.add_subcommand("simulate", "Simulate one training step of one configuration");
-  c->add_option("--model", a.model, "built-in model name (see `cpsim models`) or path to a "
-                                    "Hugging Face config.json")->capture_default_str();
+  c->add_option("--model", a.model,
+                "built-in model name (see `cpsim models`) or path to a "
+                "Hugging Face config.json")
+      ->capture_default_str();
   c->add_option("--gpus", a.gpus, "number of GPUs")->capture_default_str();
-  c->add_option("--gpus-per-node", a.gpus_per_node, "GPUs per node (default: from the hardware profile)");
-  c->add_option("--hardware", a.hardware, "built-in hardware profile (see `cpsim hardware`) or a "
-                                          "profile file")->capture_default_str();
-  c->add_option("--method", a.method, "context-parallel method: ulysses | upipe")->capture_default_str();
-  c->add_option("--seq", a.seq, "global sequence length in tokens (131072, 128K, 3M)")->capture_default_str();
+  c->add_option("--gpus-per-node", a.gpus_per_node,
+                "GPUs per node (default: from the hardware profile)");
+  c->add_option("--hardware", a.hardware,
+                "built-in hardware profile (see `cpsim hardware`) or a "
+                "profile file")
+      ->capture_default_str();
+  c->add_option("--method", a.method, "context-parallel method: ulysses | upipe")
+      ->capture_default_str();
+  c->add_option("--seq", a.seq, "global sequence length in tokens (131072, 128K, 3M)")
+      ->capture_default_str();
   c->add_option("--recipe", a.recipe, "built-in recipe name or recipe file")->capture_default_str();
-  c->add_option("--heads-per-stage", a.heads_per_stage,
-                "UPipe: query heads per stage U, a multiple of the CP degree (default: the CP degree)");
+  c->add_option(
+      "--heads-per-stage", a.heads_per_stage,
+      "UPipe: query heads per stage U, a multiple of the CP degree (default: the CP degree)");
   c->add_option("--ulysses-degree", a.ulysses_degree,
                 "CP (Ulysses) degree; the rest of the GPUs are data parallel (default: all GPUs)");
-  c->add_option("--ac", a.ac, "activation checkpointing: none | selective | full (default: recipe)");
-  c->add_option("--ac-offload", a.ac_offload, "offload checkpointed block inputs to host: on | off");
-  c->add_option("--tiled-mlp", a.tiled_mlp, "tiled MLP: on | off | SHARDS (default shards: "
-                                            "ceil(local_seq / hidden))");
+  c->add_option("--ac", a.ac,
+                "activation checkpointing: none | selective | full (default: recipe)");
+  c->add_option("--ac-offload", a.ac_offload,
+                "offload checkpointed block inputs to host: on | off");
+  c->add_option("--tiled-mlp", a.tiled_mlp,
+                "tiled MLP: on | off | SHARDS (default shards: "
+                "ceil(local_seq / hidden))");
   c->add_option("--fused-loss", a.fused_loss, "fused linear cross-entropy: on | off");
-  c->add_option("--attention-kernel", a.attention_kernel, "attention kernel curve of the profile: "
-                                                          "fa3 | fa2 | cudnn (default: recipe)");
+  c->add_option("--attention-kernel", a.attention_kernel,
+                "attention kernel curve of the profile: "
+                "fa3 | fa2 | cudnn (default: recipe)");
   c->add_option("--trace", a.trace, "write a Chrome/Perfetto trace (JSON) of the step to FILE");
   c->add_flag("--json", a.json, "print one JSON object instead of the table");
   return c;
@@ -295,7 +319,8 @@ int run_simulate(const SimulateArgs& a) {
   } else {
     std::cout << human(in, e.report);
     if (!a.trace.empty()) {
-      std::cout << "\n  trace written to " << a.trace << " (open in ui.perfetto.dev or chrome://tracing)\n";
+      std::cout << "\n  trace written to " << a.trace
+                << " (open in ui.perfetto.dev or chrome://tracing)\n";
     }
   }
   return 0;

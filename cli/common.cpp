@@ -18,7 +18,8 @@ models::DataDir data_dir() {
   return {std::filesystem::path(CPSIM_DATA_DIR_DEFAULT)};
 }
 
-void write_file_atomically(const std::filesystem::path& path, const std::string& content,
+void write_file_atomically(const std::filesystem::path& path,
+                           const std::string& content,
                            const std::string& field) {
   std::filesystem::path tmp = path;
   tmp += ".tmp";
@@ -69,7 +70,8 @@ std::string format_table(const std::vector<std::string>& header,
     std::string s;
     for (std::size_t c = 0; c < cells.size(); ++c) {
       const bool right = c < numeric.size() && numeric[c];
-      s += right ? fmt::format("{:>{}}", cells[c], width[c]) : fmt::format("{:<{}}", cells[c], width[c]);
+      s += right ? fmt::format("{:>{}}", cells[c], width[c])
+                 : fmt::format("{:<{}}", cells[c], width[c]);
       if (c + 1 < cells.size()) {
         s += "  ";
       }

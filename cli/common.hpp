@@ -14,7 +14,8 @@ models::DataDir data_dir();
 
 /// Writes `content` to `path` through a temporary file in the same folder and a rename, so an
 /// interrupted run never leaves a half-written file. @throws InputError(field) if it cannot.
-void write_file_atomically(const std::filesystem::path& path, const std::string& content,
+void write_file_atomically(const std::filesystem::path& path,
+                           const std::string& content,
                            const std::string& field);
 
 /// Parses on/off style switches. @throws InputError(field).

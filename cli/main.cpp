@@ -1,12 +1,14 @@
 // cpsim: simulator and memory/throughput planner for context-parallel long-context training.
-// Exit status: 0 success, 2 bad input (one line on stderr naming the flag or field), 1 internal error.
+// Exit status: 0 success, 2 bad input (one line on stderr naming the flag or field), 1 internal
+// error.
 #include <exception>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 
-#include "commands.hpp"
 #include "cpsim/models/error.hpp"
+
+#include "commands.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{

@@ -7,7 +7,8 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& op
   sim::check_acyclic(*workload);
   sim::SimOptions sim_options;
   sim_options.record_trace = options.keep_trace;
-  auto result = std::make_shared<sim::SimResult>(sim::simulate(*workload, inputs.hardware, sim_options));
+  auto result =
+      std::make_shared<sim::SimResult>(sim::simulate(*workload, inputs.hardware, sim_options));
   Evaluation e;
   e.report = sim::summarize(inputs, *workload, *result);
   if (options.keep_trace) {

@@ -14,7 +14,9 @@ Builder::Builder(Workload& w, int ranks, int cp_degree, int gpus_per_node)
   w_.static_memory.assign(static_cast<std::size_t>(ranks), {});
 }
 
-TensorSet Builder::tensor(const std::string& name, std::int64_t bytes, MemCategory category,
+TensorSet Builder::tensor(const std::string& name,
+                          std::int64_t bytes,
+                          MemCategory category,
                           bool on_host) {
   const auto base = static_cast<TensorId>(w_.tensors.size());
   const std::int32_t name_id = w_.intern(name);
@@ -103,8 +105,11 @@ OpSet Builder::op(const OpSpec& spec) {
   return {base};
 }
 
-OpSet Builder::collective(const OpSpec& spec, Group group, models::Collective kind,
-                          const CostModel& cost, std::int64_t size_bytes) {
+OpSet Builder::collective(const OpSpec& spec,
+                          Group group,
+                          models::Collective kind,
+                          const CostModel& cost,
+                          std::int64_t size_bytes) {
   const int members = group == Group::kCp ? cp_ : ranks_;
   const models::Span span = span_of(group);
   const CollectiveCost c = cost.collective(kind, span, members, size_bytes);

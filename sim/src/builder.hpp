@@ -51,12 +51,17 @@ class Builder {
   void set_layer(std::int32_t layer) { layer_ = layer; }
   Phase phase() const { return phase_; }
 
-  TensorSet tensor(const std::string& name, std::int64_t bytes, MemCategory category,
+  TensorSet tensor(const std::string& name,
+                   std::int64_t bytes,
+                   MemCategory category,
                    bool on_host = false);
   OpSet op(const OpSpec& spec);
   /// One collective per group (kCp: one per CP group; kAll: one over all ranks).
-  OpSet collective(const OpSpec& spec, Group group, models::Collective kind,
-                   const CostModel& cost, std::int64_t size_bytes);
+  OpSet collective(const OpSpec& spec,
+                   Group group,
+                   models::Collective kind,
+                   const CostModel& cost,
+                   std::int64_t size_bytes);
   /// Makes `consumer` read `t` too (keeps `t` alive until `consumer` ends).
   int ranks() const { return ranks_; }
   int cp_degree() const { return cp_; }

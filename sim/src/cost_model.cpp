@@ -6,7 +6,9 @@
 namespace cpsim::sim {
 namespace {
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // Occupancy of the published attention set-up: 16 heads × 16K tokens per launch.
 constexpr std::int64_t kReferenceTokensTimesHeads = 16 * 16384;
@@ -17,7 +19,8 @@ CostModel::CostModel(const models::HardwareProfile& profile, std::string attenti
     : profile_(profile), attention_(profile.attention_kernel(attention_kernel)) {}
 
 KernelCost CostModel::gemm(std::int64_t m, std::int64_t n, std::int64_t k) const {
-  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const double flops =
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   double eff = profile_.gemm_max_efficiency;
   if (!profile_.gemm_efficiency_by_flops.empty()) {
     eff *= profile_.gemm_efficiency_by_flops(flops);
@@ -44,7 +47,8 @@ double CostModel::occupancy_factor(std::int64_t tiles) const {
     t = std::max<std::int64_t>(1, t);
     return static_cast<double>(t) / static_cast<double>(sms * ceil_div(t, sms));
   };
-  const std::int64_t ref_tiles = kReferenceTokensTimesHeads / std::max<std::int64_t>(1, attention_.fwd_block_m);
+  const std::int64_t ref_tiles =
+      kReferenceTokensTimesHeads / std::max<std::int64_t>(1, attention_.fwd_block_m);
   return std::min(1.0, occ(tiles) / occ(ref_tiles));
 }
 
@@ -62,7 +66,8 @@ double visible_keys(const AttentionShape& s) {
 KernelCost CostModel::attention_fwd(const AttentionShape& s) const {
   const double flops = 4.0 * static_cast<double>(s.q_len) * visible_keys(s) *
                        static_cast<double>(s.heads) * static_cast<double>(s.head_dim);
-  const auto& curve = s.causal ? attention_.fwd_causal_flops_per_s : attention_.fwd_full_flops_per_s;
+  const auto& curve =
+      s.causal ? attention_.fwd_causal_flops_per_s : attention_.fwd_full_flops_per_s;
   const double rate = curve(static_cast<double>(s.q_len), 0.0);
   const std::int64_t tiles = s.heads * ceil_div(s.q_len, attention_.fwd_block_m);
   const double occ = occupancy_factor(tiles);
@@ -72,7 +77,8 @@ KernelCost CostModel::attention_fwd(const AttentionShape& s) const {
 KernelCost CostModel::attention_bwd(const AttentionShape& s) const {
   const double flops = 2.5 * 4.0 * static_cast<double>(s.q_len) * visible_keys(s) *
                        static_cast<double>(s.heads) * static_cast<double>(s.head_dim);
-  const auto& curve = s.causal ? attention_.bwd_causal_flops_per_s : attention_.bwd_full_flops_per_s;
+  const auto& curve =
+      s.causal ? attention_.bwd_causal_flops_per_s : attention_.bwd_full_flops_per_s;
   const double rate = curve(static_cast<double>(s.kv_len), 0.0);
   const std::int64_t tiles = s.heads * ceil_div(s.kv_len, attention_.bwd_block_n);
   const double occ = occupancy_factor(tiles);

@@ -17,7 +17,9 @@ std::int64_t rounded(std::int64_t bytes) {
   return (bytes + kAllocRounding - 1) / kAllocRounding * kAllocRounding;
 }
 
-std::size_t idx(std::int32_t i) { return static_cast<std::size_t>(i); }
+std::size_t idx(std::int32_t i) {
+  return static_cast<std::size_t>(i);
+}
 
 enum class ActivityKind : std::uint8_t { kCompute, kCopy, kCollective };
 
@@ -59,7 +61,9 @@ struct RankState {
   std::int64_t host_live = 0;
 };
 
-int span_index(models::Span s) { return s == models::Span::kIntraNode ? 0 : 1; }
+int span_index(models::Span s) {
+  return s == models::Span::kIntraNode ? 0 : 1;
+}
 
 void erase_value(std::vector<std::int32_t>& v, std::int32_t x) {
   v.erase(std::find(v.begin(), v.end(), x));
@@ -112,7 +116,9 @@ class Engine {
   SimResult result_;
 };
 
-std::int32_t Engine::new_activity(ActivityKind kind, std::int32_t id, std::int32_t rank,
+std::int32_t Engine::new_activity(ActivityKind kind,
+                                  std::int32_t id,
+                                  std::int32_t rank,
                                   double work) {
   Activity a;
   a.kind = kind;
@@ -284,7 +290,8 @@ void Engine::finish_op(OpId op) {
   const Op& o = w_.ops[idx(op)];
   state_[idx(op)] = OpState::kDone;
   RankState& rs = ranks_[idx(o.rank)];
-  result_.busy[idx(o.rank)].busy_ns[static_cast<std::size_t>(o.stream)] += now_ - op_start_[idx(op)];
+  result_.busy[idx(o.rank)].busy_ns[static_cast<std::size_t>(o.stream)] +=
+      now_ - op_start_[idx(op)];
   if (options_.record_trace) {
     result_.intervals.push_back({op, op_start_[idx(op)], now_});
   }

@@ -1,6 +1,6 @@
 // Acyclicity of the step's op graph, checked with Boost.Graph. A cycle here would be a deadlock in
-// the engine (for example two ranks issuing collectives in different orders), so builders' output is
-// checked before it is simulated.
+// the engine (for example two ranks issuing collectives in different orders), so builders' output
+// is checked before it is simulated.
 #include <stdexcept>
 #include <vector>
 
@@ -21,11 +21,13 @@ void check_acyclic(const Workload& w) {
   std::vector<std::int32_t> last_on_stream(static_cast<std::size_t>(w.ranks) * kStreamCount, kNone);
   for (std::size_t i = 0; i < n_ops; ++i) {
     const Op& o = w.ops[i];
-    const std::size_t target = o.collective == kNone ? i : n_ops + static_cast<std::size_t>(o.collective);
+    const std::size_t target =
+        o.collective == kNone ? i : n_ops + static_cast<std::size_t>(o.collective);
     for (std::int32_t e = o.deps_begin; e < o.deps_end; ++e) {
       boost::add_edge(static_cast<std::size_t>(w.edges[static_cast<std::size_t>(e)]), target, g);
     }
-    const std::size_t q = static_cast<std::size_t>(o.rank) * kStreamCount + static_cast<std::size_t>(o.stream);
+    const std::size_t q =
+        static_cast<std::size_t>(o.rank) * kStreamCount + static_cast<std::size_t>(o.stream);
     if (last_on_stream[q] != kNone) {
       boost::add_edge(static_cast<std::size_t>(last_on_stream[q]), target, g);
     }
@@ -39,9 +41,10 @@ void check_acyclic(const Workload& w) {
   try {
     boost::topological_sort(g, std::back_inserter(order));
   } catch (const boost::not_a_dag&) {
-    throw std::logic_error(fmt::format("op graph has a cycle ({} ops, {} collectives): the "
-                                       "schedule would deadlock",
-                                       n_ops, w.collectives.size()));
+    throw std::logic_error(
+        fmt::format("op graph has a cycle ({} ops, {} collectives): the "
+                    "schedule would deadlock",
+                    n_ops, w.collectives.size()));
   }
 }
 

@@ -35,8 +35,8 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
     for (std::size_t s = 0; s < kStreamCount; ++s) {
       rep.stream_busy_s[s] = simtime_to_seconds(r.busy[0].busy_ns[s]);
     }
-    rep.exposed_comm_s =
-        std::max(0.0, rep.step_time_s - rep.stream_busy_s[static_cast<std::size_t>(Stream::kCompute)]);
+    rep.exposed_comm_s = std::max(
+        0.0, rep.step_time_s - rep.stream_busy_s[static_cast<std::size_t>(Stream::kCompute)]);
   }
   // Highest peak over ranks; the first rank wins ties (deterministic).
   for (std::size_t i = 0; i < r.memory.size(); ++i) {
@@ -59,7 +59,8 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
   const int per_node = std::max(1, par.gpus_per_node);
   for (std::size_t i = 0; i < r.memory.size(); i += static_cast<std::size_t>(per_node)) {
     std::int64_t node = 0;
-    for (std::size_t j = i; j < std::min(r.memory.size(), i + static_cast<std::size_t>(per_node)); ++j) {
+    for (std::size_t j = i; j < std::min(r.memory.size(), i + static_cast<std::size_t>(per_node));
+         ++j) {
       node += r.memory[j].host_peak_bytes;
     }
     rep.host_memory_bytes = std::max(rep.host_memory_bytes, node);

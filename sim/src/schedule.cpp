@@ -18,10 +18,10 @@
 //   Ulysses    nothing: attention backward reads the saved head-sharded Q, K, V, output and LSE.
 //   UPipe      the custom op saves its input xn, the full output final_out [s, H·d] and one LSE per
 //              stage; in backward, per stage, it recomputes the Q projection + RoPE + Q all-to-all
-//              (and K/V once per KV fetch), all-to-alls the stage's slice of final_out and of dOut to
-//              head-sharded layout, runs attention backward, and all-to-alls dQ (and dK/dV at the end
-//              of a KV cycle) back. Under full AC the QKV projection and its all-to-all therefore run
-//              three times per step.
+//              (and K/V once per KV fetch), all-to-alls the stage's slice of final_out and of dOut
+//              to head-sharded layout, runs attention backward, and all-to-alls dQ (and dK/dV at
+//              the end of a KV cycle) back. Under full AC the QKV projection and its all-to-all
+//              therefore run three times per step.
 #include "cpsim/sim/schedule.hpp"
 
 #include <algorithm>
@@ -30,9 +30,10 @@
 
 #include <fmt/format.h>
 
-#include "builder.hpp"
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
+
+#include "builder.hpp"
 
 namespace cpsim::sim {
 namespace {
@@ -46,9 +47,12 @@ using models::CheckpointMode;
 using models::Collective;
 using models::CpMethod;
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
 
 constexpr std::int64_t kMaxSeqLen = std::int64_t{1} << 34;  // 16G tokens: beyond any real run
+constexpr double kMaxStepSeconds = 1e7;
 
 }  // namespace
 
@@ -72,10 +76,20 @@ HeadLayout derive_head_layout(const ScheduleInputs& in) {
     throw InputError("--seq", fmt::format("{} tokens is beyond what cpsim models (at most {})",
                                           p.seq_len, format_length(kMaxSeqLen)));
   }
+  // A step whose model FLOPs alone take more than ~4 months per GPU is not a plan anyone runs, and
+  // its nanosecond clock would approach the 64-bit range once recomputation is added: refuse it.
+  const double lower_bound_s = models::model_step_flops(m, p.seq_len).total() /
+                               static_cast<double>(p.cp_degree) / in.hardware.peak_bf16_flops_per_s;
+  if (!(lower_bound_s < kMaxStepSeconds)) {
+    throw InputError("--seq", fmt::format("{} tokens on {} would take at least {:.3g} s per step; "
+                                          "cpsim refuses lengths this absurd",
+                                          p.seq_len, m.name, lower_bound_s));
+  }
   const std::int64_t c = p.cp_degree;
   if (p.seq_len % c != 0) {
-    throw InputError("--seq", fmt::format("sequence length {} must be divisible by the CP degree {}",
-                                          p.seq_len, c));
+    throw InputError(
+        "--seq",
+        fmt::format("sequence length {} must be divisible by the CP degree {}", p.seq_len, c));
   }
   HeadLayout L;
   L.cp = c;
@@ -90,9 +104,10 @@ HeadLayout derive_head_layout(const ScheduleInputs& in) {
   } else if (c % m.kv_heads == 0) {
     L.kv_heads_eff = c;  // replicate each KV head c / H_kv times
   } else {
-    throw InputError("--model", fmt::format("{} has {} KV heads: neither divisible by nor a divisor "
-                                            "of the CP degree {}",
-                                            m.name, m.kv_heads, c));
+    throw InputError("--model",
+                     fmt::format("{} has {} KV heads: neither divisible by nor a divisor "
+                                 "of the CP degree {}",
+                                 m.name, m.kv_heads, c));
   }
   L.kv_replication = L.kv_heads_eff / m.kv_heads;
   if (p.cp_degree > p.gpus_per_node && p.cp_degree % p.gpus_per_node != 0) {
@@ -110,8 +125,9 @@ HeadLayout derive_head_layout(const ScheduleInputs& in) {
                        fmt::format("U = {} must be a positive multiple of the CP degree {}", u, c));
     }
     if (m.heads % u != 0) {
-      throw InputError("--heads-per-stage", fmt::format("U = {} must divide the {} query heads of {}",
-                                                        u, m.heads, m.name));
+      throw InputError(
+          "--heads-per-stage",
+          fmt::format("U = {} must divide the {} query heads of {}", u, m.heads, m.name));
     }
     if ((u <= L.kv_heads_eff && L.kv_heads_eff % u != 0) ||
         (u > L.kv_heads_eff && u % L.kv_heads_eff != 0)) {
@@ -168,14 +184,14 @@ namespace {
 
 /// Per-layer tensors saved by the grad-enabled forward of a block and read by its backward.
 struct SavedLayer {
-  TensorSet x;       // block input (checkpoint)
-  TensorSet xn;      // norm1 output (QKV projection input)
-  TensorSet qkv;     // Ulysses: local QKV after RoPE (selective recompute input)
-  TensorSet qkv_h;   // Ulysses: head-sharded QKV
-  TensorSet o_h;     // Ulysses: head-sharded attention output
-  TensorSet lse;     // Ulysses: LSE
-  TensorSet o;       // input of the output projection (Ulysses: out local; UPipe: permuted copy)
-  TensorSet final_out;          // UPipe
+  TensorSet x;          // block input (checkpoint)
+  TensorSet xn;         // norm1 output (QKV projection input)
+  TensorSet qkv;        // Ulysses: local QKV after RoPE (selective recompute input)
+  TensorSet qkv_h;      // Ulysses: head-sharded QKV
+  TensorSet o_h;        // Ulysses: head-sharded attention output
+  TensorSet lse;        // Ulysses: LSE
+  TensorSet o;          // input of the output projection (Ulysses: out local; UPipe: permuted copy)
+  TensorSet final_out;  // UPipe
   std::vector<TensorSet> lses;  // UPipe: one per stage
   TensorSet h1;                 // after the attention residual
   TensorSet h1n;                // norm2 output (MLP input)
@@ -209,9 +225,13 @@ class StepBuilder {
 
  private:
   // Helpers
-  OpSet compute(const std::string& name, OpKind kind, const KernelCost& k,
-                std::vector<TensorSet> inputs, std::vector<TensorSet> outputs,
-                std::vector<OpSet> deps = {}, std::int64_t workspace = 0,
+  OpSet compute(const std::string& name,
+                OpKind kind,
+                const KernelCost& k,
+                std::vector<TensorSet> inputs,
+                std::vector<TensorSet> outputs,
+                std::vector<OpSet> deps = {},
+                std::int64_t workspace = 0,
                 MemCategory ws_cat = MemCategory::kOther) {
     OpSpec s;
     s.name = name;
@@ -242,12 +262,16 @@ class StepBuilder {
     a2a(name, in, out, bytes);
     return out;
   }
-  KernelCost gemm(std::int64_t m, std::int64_t n, std::int64_t k) const { return cost_.gemm(m, n, k); }
+  KernelCost gemm(std::int64_t m, std::int64_t n, std::int64_t k) const {
+    return cost_.gemm(m, n, k);
+  }
   KernelCost mem(std::int64_t bytes) const { return cost_.memory_bound(bytes); }
   KernelCost times(KernelCost k, double factor) const {
     return {k.time_s * factor, k.flops * factor};
   }
-  KernelCost plus(KernelCost a, KernelCost b) const { return {a.time_s + b.time_s, a.flops + b.flops}; }
+  KernelCost plus(KernelCost a, KernelCost b) const {
+    return {a.time_s + b.time_s, a.flops + b.flops};
+  }
   std::int64_t norm_workspace() const {
     // RMSNorm upcasts to fp32: input copy and normalised result (2 × 4 bytes per element),
     // tile-sized when the norm is tiled.
@@ -255,7 +279,9 @@ class StepBuilder {
     return rows * m_.hidden * 2 * kFp32Bytes;
   }
 
-  OpSet gather_params(const std::string& name, std::int64_t params, TensorSet out,
+  OpSet gather_params(const std::string& name,
+                      std::int64_t params,
+                      TensorSet out,
                       std::vector<OpSet> deps) {
     OpSpec s;
     s.name = name;
@@ -264,7 +290,9 @@ class StepBuilder {
     s.deps = std::move(deps);
     return b_.collective(s, Group::kAll, Collective::kAllGather, cost_, params * r_.param_bytes);
   }
-  OpSet reduce_grads(const std::string& name, std::int64_t params, TensorSet grads,
+  OpSet reduce_grads(const std::string& name,
+                     std::int64_t params,
+                     TensorSet grads,
                      std::vector<OpSet> deps) {
     OpSpec s;
     s.name = name;
@@ -282,16 +310,20 @@ class StepBuilder {
   void attention_forward_ulysses(SavedLayer& sv, TensorSet params, bool grad);
   void attention_forward_upipe(SavedLayer& sv, TensorSet params);
   /// Returns dx (gradient of the block input).
-  TensorSet layer_backward(int layer, const SavedLayer& sv, TensorSet dy, TensorSet params,
-                           TensorSet grads);
+  TensorSet layer_backward(
+      int layer, const SavedLayer& sv, TensorSet dy, TensorSet params, TensorSet grads);
   /// Gradient of the QKV projection input, and the op after which it is complete.
   struct InputGrad {
     TensorSet dxn;
     OpSet ready;
   };
-  InputGrad attention_backward_ulysses(const SavedLayer& sv, TensorSet d_o, TensorSet params,
+  InputGrad attention_backward_ulysses(const SavedLayer& sv,
+                                       TensorSet d_o,
+                                       TensorSet params,
                                        TensorSet grads);
-  InputGrad attention_backward_upipe(const SavedLayer& sv, TensorSet d_o, TensorSet params,
+  InputGrad attention_backward_upipe(const SavedLayer& sv,
+                                     TensorSet d_o,
+                                     TensorSet params,
                                      TensorSet grads);
 
   const ScheduleInputs& in_;
@@ -333,9 +365,11 @@ SavedLayer StepBuilder::layer_forward(int layer, TensorSet x, TensorSet params, 
   TensorSet mlp_out = b_.tensor("mlp_out", act_bytes, MemCategory::kOther);
   if (r_.tiled_mlp) {
     // Tiles of `tile_` tokens; only one tile's intermediates (gate, up, act) are live at a time.
-    const KernelCost one = plus(plus(gemm(tile_, 2 * f, h), mem(4 * tile_ * f * ab_)), gemm(tile_, h, f));
-    compute(fmt::format("mlp_tiled[{}]", shards_), OpKind::kGemm, times(one, static_cast<double>(shards_)),
-            {sv.h1n, params}, {mlp_out}, {}, 3 * tile_ * f * ab_);
+    const KernelCost one =
+        plus(plus(gemm(tile_, 2 * f, h), mem(4 * tile_ * f * ab_)), gemm(tile_, h, f));
+    compute(fmt::format("mlp_tiled[{}]", shards_), OpKind::kGemm,
+            times(one, static_cast<double>(shards_)), {sv.h1n, params}, {mlp_out}, {},
+            3 * tile_ * f * ab_);
   } else {
     TensorSet gate_up = b_.tensor("gate_up", s_ * 2 * f * ab_, MemCategory::kActivations);
     compute("mlp_gate_up", OpKind::kGemm, gemm(s_, 2 * f, h), {sv.h1n, params}, {gate_up});
@@ -348,7 +382,8 @@ SavedLayer StepBuilder::layer_forward(int layer, TensorSet x, TensorSet params, 
     }
   }
   sv.out = b_.tensor("block_out", act_bytes, MemCategory::kActivations);
-  sv.last_op = compute("residual2", OpKind::kElementwise, mem(3 * act_bytes), {sv.h1, mlp_out}, {sv.out});
+  sv.last_op =
+      compute("residual2", OpKind::kElementwise, mem(3 * act_bytes), {sv.h1, mlp_out}, {sv.out});
   return sv;
 }
 
@@ -410,8 +445,8 @@ void StepBuilder::attention_forward_upipe(SavedLayer& sv, TensorSet params) {
     compute("attn_fwd" + tag, OpKind::kAttentionFwd, cost_.attention_fwd(shape), {q_h, kv_h},
             {o_h, lse});
     TensorSet o_s = exchange("a2a_out" + tag, o_h, q_bytes, MemCategory::kAttention);
-    fills.push_back(compute("fill_out" + tag, OpKind::kElementwise, mem(2 * q_bytes), {o_s},
-                            {}, {alloc}));
+    fills.push_back(
+        compute("fill_out" + tag, OpKind::kElementwise, mem(2 * q_bytes), {o_s}, {}, {alloc}));
     sv.lses.push_back(lse);
   }
   // Heads back to their natural order before the output projection (an indexed copy).
@@ -420,8 +455,10 @@ void StepBuilder::attention_forward_upipe(SavedLayer& sv, TensorSet params) {
           {sv.o}, fills);
 }
 
-StepBuilder::InputGrad StepBuilder::attention_backward_ulysses(const SavedLayer& sv, TensorSet d_o,
-                                                  TensorSet params, TensorSet grads) {
+StepBuilder::InputGrad StepBuilder::attention_backward_ulysses(const SavedLayer& sv,
+                                                               TensorSet d_o,
+                                                               TensorSet params,
+                                                               TensorSet grads) {
   const std::int64_t h = m_.hidden, d = m_.head_dim;
   const std::int64_t kv = layout_.kv_heads_eff;
   const std::int64_t heads_local = m_.heads / c_;
@@ -451,8 +488,10 @@ StepBuilder::InputGrad StepBuilder::attention_backward_ulysses(const SavedLayer&
   return {dxn, ready};
 }
 
-StepBuilder::InputGrad StepBuilder::attention_backward_upipe(const SavedLayer& sv, TensorSet d_o,
-                                                TensorSet params, TensorSet grads) {
+StepBuilder::InputGrad StepBuilder::attention_backward_upipe(const SavedLayer& sv,
+                                                             TensorSet d_o,
+                                                             TensorSet params,
+                                                             TensorSet grads) {
   const std::int64_t h = m_.hidden, d = m_.head_dim;
   const std::int64_t u = layout_.heads_per_stage;
   const std::int64_t f = layout_.kv_heads_per_fetch;
@@ -492,9 +531,10 @@ StepBuilder::InputGrad StepBuilder::attention_backward_upipe(const SavedLayer& s
     TensorSet do_h = exchange("a2a_dout" + tag, do_slice, q_bytes, MemCategory::kAttention);
     TensorSet dq_h = b_.tensor("dq_h" + tag, n_ * q_local * d * ab_, MemCategory::kAttention);
     const AttentionShape shape{n_, n_, q_local, d, true};
-    // Workspace: fp32 dQ accumulator, softmax row sums, and, when several stages share one K/V
-    // fetch, this call's dK/dV before they are added into the fetch's accumulator.
-    const std::int64_t partial_dkv = layout_.stages_per_kv_fetch > 1 ? n_ * 2 * kv_local * d * ab_ : 0;
+    // Workspace: fp32 dQ accumulator, softmax row sums, and, for the later stages of a K/V fetch,
+    // this call's dK/dV before they are added into the fetch's accumulator (the first stage of a
+    // fetch writes the accumulator directly).
+    const std::int64_t partial_dkv = fetch_start ? 0 : n_ * 2 * kv_local * d * ab_;
     const std::int64_t ws = n_ * q_local * d * kFp32Bytes + n_ * q_local * kFp32Bytes + partial_dkv;
     std::vector<TensorSet> outs{dq_h};
     std::vector<TensorSet> ins{q_h, kv_h, o_h, do_h, sv.lses[static_cast<std::size_t>(st)]};
@@ -523,8 +563,8 @@ StepBuilder::InputGrad StepBuilder::attention_backward_upipe(const SavedLayer& s
   return {dxn, dx_writes.back()};
 }
 
-TensorSet StepBuilder::layer_backward(int layer, const SavedLayer& sv, TensorSet dy,
-                                      TensorSet params, TensorSet grads) {
+TensorSet StepBuilder::layer_backward(
+    int layer, const SavedLayer& sv, TensorSet dy, TensorSet params, TensorSet grads) {
   (void)layer;
   const std::int64_t h = m_.hidden, f = m_.ffn_hidden;
   const std::int64_t act_bytes = s_ * h * ab_;
@@ -532,15 +572,16 @@ TensorSet StepBuilder::layer_backward(int layer, const SavedLayer& sv, TensorSet
   TensorSet dh1n = b_.tensor("dh1n", act_bytes, MemCategory::kOther);
   if (r_.tiled_mlp) {
     // Per tile: recompute gate/up and activation, then dgrad and wgrad of both GEMMs.
-    const KernelCost fwd = plus(plus(gemm(tile_, 2 * f, h), mem(4 * tile_ * f * ab_)), gemm(tile_, h, f));
-    const KernelCost bwd = plus(times(plus(gemm(tile_, 2 * f, h), gemm(tile_, h, f)), 2.0),
-                                mem(6 * tile_ * f * ab_));
+    const KernelCost fwd =
+        plus(plus(gemm(tile_, 2 * f, h), mem(4 * tile_ * f * ab_)), gemm(tile_, h, f));
+    const KernelCost bwd =
+        plus(times(plus(gemm(tile_, 2 * f, h), gemm(tile_, h, f)), 2.0), mem(6 * tile_ * f * ab_));
     compute(fmt::format("mlp_tiled_bwd[{}]", shards_), OpKind::kGemm,
             times(plus(fwd, bwd), static_cast<double>(shards_)), {dy, sv.h1n, params},
             {dh1n, grads}, {}, 6 * tile_ * f * ab_);
   } else {
-    const KernelCost bwd = plus(times(plus(gemm(s_, 2 * f, h), gemm(s_, h, f)), 2.0),
-                                mem(6 * s_ * f * ab_));
+    const KernelCost bwd =
+        plus(times(plus(gemm(s_, 2 * f, h), gemm(s_, h, f)), 2.0), mem(6 * s_ * f * ab_));
     compute("mlp_bwd", OpKind::kGemm, bwd, {dy, sv.h1n, sv.gate_up, sv.act, params}, {dh1n, grads},
             {}, 3 * s_ * f * ab_);
   }
@@ -556,8 +597,8 @@ TensorSet StepBuilder::layer_backward(int layer, const SavedLayer& sv, TensorSet
                           ? attention_backward_ulysses(sv, d_o, params, grads)
                           : attention_backward_upipe(sv, d_o, params, grads);
   TensorSet dx = b_.tensor("dx", act_bytes, MemCategory::kOther);
-  compute("norm1_bwd", OpKind::kElementwise, mem(4 * act_bytes), {g.dxn, sv.x, dh1}, {dx}, {g.ready},
-          norm_workspace());
+  compute("norm1_bwd", OpKind::kElementwise, mem(4 * act_bytes), {g.dxn, sv.x, dh1}, {dx},
+          {g.ready}, norm_workspace());
   return dx;
 }
 
@@ -570,8 +611,8 @@ void StepBuilder::build() {
   const bool offload = full_ac && r_.checkpoint_offload;
   const std::int64_t p_layer = params_.per_layer;
   const std::int64_t p_embed = params_.embedding;
-  const std::int64_t p_head = (params_.lm_head > 0 ? params_.lm_head : params_.embedding) +
-                              params_.final_norm;
+  const std::int64_t p_head =
+      (params_.lm_head > 0 ? params_.lm_head : params_.embedding) + params_.final_norm;
   const int gpus = in_.parallel.gpus;
 
   // Static memory: FSDP/ZeRO-3 shards params, grads and optimizer states over all GPUs.
@@ -586,31 +627,34 @@ void StepBuilder::build() {
   // ---- Forward -------------------------------------------------------------------------------
   b_.set_phase(Phase::kForward);
   b_.set_layer(-1);
-  TensorSet emb_w = b_.tensor("embedding.params", p_embed * r_.param_bytes, MemCategory::kParamGather);
+  TensorSet emb_w =
+      b_.tensor("embedding.params", p_embed * r_.param_bytes, MemCategory::kParamGather);
   OpSet ag_emb = gather_params("allgather.embedding", p_embed, emb_w, {});
   TensorSet x = b_.tensor("x0", act_bytes, MemCategory::kActivations);
   compute("embedding", OpKind::kElementwise, mem(2 * act_bytes), {emb_w}, {x});
 
   std::vector<TensorSet> layer_params(static_cast<std::size_t>(layers));
   std::vector<OpSet> layer_gather(static_cast<std::size_t>(layers));
-  std::vector<TensorSet> checkpoints(static_cast<std::size_t>(layers));   // on GPU
-  std::vector<TensorSet> host_copies(static_cast<std::size_t>(layers));   // pinned host
+  std::vector<TensorSet> checkpoints(static_cast<std::size_t>(layers));  // on GPU
+  std::vector<TensorSet> host_copies(static_cast<std::size_t>(layers));  // pinned host
   std::vector<SavedLayer> saved(static_cast<std::size_t>(layers));
   auto gather_layer = [&](int l, std::vector<OpSet> deps) {
-    layer_params[static_cast<std::size_t>(l)] =
-        b_.tensor(fmt::format("layer{}.params", l), p_layer * r_.param_bytes, MemCategory::kParamGather);
+    layer_params[static_cast<std::size_t>(l)] = b_.tensor(
+        fmt::format("layer{}.params", l), p_layer * r_.param_bytes, MemCategory::kParamGather);
     layer_gather[static_cast<std::size_t>(l)] =
-        gather_params(fmt::format("allgather.layer{}", l), p_layer, layer_params[static_cast<std::size_t>(l)],
-                      std::move(deps));
+        gather_params(fmt::format("allgather.layer{}", l), p_layer,
+                      layer_params[static_cast<std::size_t>(l)], std::move(deps));
   };
   gather_layer(0, {ag_emb});
   for (int l = 0; l < layers; ++l) {
     b_.set_layer(l);
     const auto li = static_cast<std::size_t>(l);
     checkpoints[li] = x;
-    const bool keep_on_gpu = !offload || (r_.offload_keep_first_last && (l == 0 || l == layers - 1));
+    const bool keep_on_gpu =
+        !offload || (r_.offload_keep_first_last && (l == 0 || l == layers - 1));
     if (full_ac && !keep_on_gpu) {
-      host_copies[li] = b_.tensor(fmt::format("ckpt{}.host", l), act_bytes, MemCategory::kActivations, true);
+      host_copies[li] =
+          b_.tensor(fmt::format("ckpt{}.host", l), act_bytes, MemCategory::kActivations, true);
       OpSpec s;
       s.name = fmt::format("offload_ckpt{}", l);
       s.stream = Stream::kD2H;
@@ -646,7 +690,8 @@ void StepBuilder::build() {
   TensorSet xf = b_.tensor("x_final", act_bytes, MemCategory::kActivations);
   compute("final_norm", OpKind::kElementwise, mem(2 * act_bytes), {x}, {xf}, {}, norm_workspace());
   TensorSet dxf = b_.tensor("dx_final", act_bytes, MemCategory::kOther);
-  TensorSet head_grads = b_.tensor("head.grads", p_head * r_.param_bytes, MemCategory::kParamGather);
+  TensorSet head_grads =
+      b_.tensor("head.grads", p_head * r_.param_bytes, MemCategory::kParamGather);
   if (r_.fused_loss) {
     // Fused linear cross-entropy (Liger): chunks of c tokens with c ≈ s·h/V (next power of two),
     // logits of one chunk [c, V] live at a time; gradients of the input and the head weight are
@@ -672,8 +717,8 @@ void StepBuilder::build() {
   OpSet rs_head = reduce_grads("reducescatter.head", p_head, head_grads, {});
   (void)rs_head;
   TensorSet dy = b_.tensor("dy", act_bytes, MemCategory::kOther);
-  OpSet fn_bwd = compute("final_norm_bwd", OpKind::kElementwise, mem(3 * act_bytes), {dxf, x}, {dy}, {},
-                         norm_workspace());
+  OpSet fn_bwd = compute("final_norm_bwd", OpKind::kElementwise, mem(3 * act_bytes), {dxf, x}, {dy},
+                         {}, norm_workspace());
 
   // ---- Backward ------------------------------------------------------------------------------
   b_.set_phase(Phase::kBackward);
@@ -712,13 +757,14 @@ void StepBuilder::build() {
     if (l > 0) {
       prefetch(l - 1, full_ac ? sv.first_op : OpSet{});
     }
-    TensorSet grads =
-        b_.tensor(fmt::format("layer{}.grads", l), p_layer * r_.param_bytes, MemCategory::kParamGather);
+    TensorSet grads = b_.tensor(fmt::format("layer{}.grads", l), p_layer * r_.param_bytes,
+                                MemCategory::kParamGather);
     dy = layer_backward(l, sv, dy, layer_params[li], grads);
     last_rs = reduce_grads(fmt::format("reducescatter.layer{}", l), p_layer, grads, {});
   }
   b_.set_layer(-1);
-  TensorSet emb_grads = b_.tensor("embedding.grads", p_embed * r_.param_bytes, MemCategory::kParamGather);
+  TensorSet emb_grads =
+      b_.tensor("embedding.grads", p_embed * r_.param_bytes, MemCategory::kParamGather);
   compute("embedding_bwd", OpKind::kElementwise, mem(2 * act_bytes), {dy}, {emb_grads});
   last_rs = reduce_grads("reducescatter.embedding", p_embed, emb_grads, {});
 

@@ -46,7 +46,8 @@ sim::Workload synthetic_workload(int ops_per_rank) {
       o.transfer_bytes = copy ? (256 << 20) : 0;
       o.deps_begin = static_cast<std::int32_t>(w.edges.size());
       if (i > 0) {
-        w.edges.push_back(static_cast<std::int32_t>(w.ops.size()) - ranks);  // previous op of the rank
+        w.edges.push_back(static_cast<std::int32_t>(w.ops.size()) -
+                          ranks);  // previous op of the rank
       }
       o.deps_end = static_cast<std::int32_t>(w.edges.size());
       o.inputs_begin = o.inputs_end = o.deps_end;
@@ -74,12 +75,16 @@ void BM_EventLoop(benchmark::State& state) {
     events += r.events;
     benchmark::DoNotOptimize(r.step_time_ns);
   }
-  state.counters["events_per_s"] = benchmark::Counter(static_cast<double>(events), benchmark::Counter::kIsRate);
+  state.counters["events_per_s"] =
+      benchmark::Counter(static_cast<double>(events), benchmark::Counter::kIsRate);
   state.counters["ops"] = static_cast<double>(w.ops.size());
 }
 BENCHMARK(BM_EventLoop)->Arg(20000)->Unit(benchmark::kMillisecond);
 
-sim::ScheduleInputs reference_case(models::CpMethod method, const char* model, int gpus, std::int64_t seq) {
+sim::ScheduleInputs reference_case(models::CpMethod method,
+                                   const char* model,
+                                   int gpus,
+                                   std::int64_t seq) {
   sim::ScheduleInputs in;
   in.model = models::load_model(model, kData);
   in.hardware = models::load_hardware("h100-sxm-80g", kData);
@@ -102,12 +107,14 @@ void BM_SimulateUpipe3M(benchmark::State& state) {
     events += e.report.events;
     benchmark::DoNotOptimize(e.report.step_time_s);
   }
-  state.counters["events_per_s"] = benchmark::Counter(static_cast<double>(events), benchmark::Counter::kIsRate);
+  state.counters["events_per_s"] =
+      benchmark::Counter(static_cast<double>(events), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_SimulateUpipe3M)->Unit(benchmark::kMillisecond);
 
 void BM_SimulateUlysses3M(benchmark::State& state) {
-  const sim::ScheduleInputs in = reference_case(models::CpMethod::kUlysses, "llama3-8b", 8, 3 << 20);
+  const sim::ScheduleInputs in =
+      reference_case(models::CpMethod::kUlysses, "llama3-8b", 8, 3 << 20);
   for (auto _ : state) {
     benchmark::DoNotOptimize(planner::evaluate(in).report.step_time_s);
   }

@@ -1,7 +1,8 @@
 // Event loop semantics on hand-built op graphs with hand-computed answers.
+#include "cpsim/sim/engine.hpp"
+
 #include <gtest/gtest.h>
 
-#include "cpsim/sim/engine.hpp"
 #include "helpers.hpp"
 
 namespace cpsim::sim {
@@ -14,7 +15,10 @@ struct G {
     w.ranks = ranks;
     w.static_memory.assign(static_cast<std::size_t>(ranks), {});
   }
-  TensorId tensor(int rank, std::int64_t bytes, MemCategory c = MemCategory::kOther, bool host = false) {
+  TensorId tensor(int rank,
+                  std::int64_t bytes,
+                  MemCategory c = MemCategory::kOther,
+                  bool host = false) {
     Tensor t;
     t.rank = rank;
     t.bytes = bytes;
@@ -23,8 +27,14 @@ struct G {
     w.tensors.push_back(t);
     return static_cast<TensorId>(w.tensors.size() - 1);
   }
-  OpId op(int rank, Stream s, SimTime dur, std::vector<OpId> deps = {}, std::vector<TensorId> in = {},
-          std::vector<TensorId> out = {}, OpKind kind = OpKind::kGemm, CollectiveId coll = kNone,
+  OpId op(int rank,
+          Stream s,
+          SimTime dur,
+          std::vector<OpId> deps = {},
+          std::vector<TensorId> in = {},
+          std::vector<TensorId> out = {},
+          OpKind kind = OpKind::kGemm,
+          CollectiveId coll = kNone,
           std::int64_t bytes = 0) {
     Op o;
     o.rank = rank;
@@ -35,7 +45,8 @@ struct G {
     o.transfer_bytes = bytes;
     o.name = w.intern("op" + std::to_string(w.ops.size()));
     o.deps_begin = static_cast<std::int32_t>(w.edges.size());
-    for (OpId d : deps) w.edges.push_back(d);
+    for (OpId d : deps)
+      w.edges.push_back(d);
     o.deps_end = static_cast<std::int32_t>(w.edges.size());
     o.inputs_begin = o.deps_end;
     for (TensorId t : in) {
@@ -52,7 +63,9 @@ struct G {
     w.ops.push_back(o);
     return static_cast<OpId>(w.ops.size() - 1);
   }
-  CollectiveId collective(std::vector<std::int32_t> members, std::int64_t wire, double bytes_per_s,
+  CollectiveId collective(std::vector<std::int32_t> members,
+                          std::int64_t wire,
+                          double bytes_per_s,
                           double alpha_s = 0.0) {
     Collective c;
     c.members = std::move(members);
@@ -117,15 +130,18 @@ TEST(Engine, SharingEndsWhenOneTransferFinishes) {
   G g(2);
   const CollectiveId c1 = g.collective({0, 1}, 500, 1e9);
   const CollectiveId c2 = g.collective({0, 1}, 1000, 1e9);
-  for (int r = 0; r < 2; ++r) g.op(r, Stream::kComm, 0, {}, {}, {}, OpKind::kCollective, c1);
-  for (int r = 0; r < 2; ++r) g.op(r, Stream::kFsdp, 0, {}, {}, {}, OpKind::kCollective, c2);
+  for (int r = 0; r < 2; ++r)
+    g.op(r, Stream::kComm, 0, {}, {}, {}, OpKind::kCollective, c1);
+  for (int r = 0; r < 2; ++r)
+    g.op(r, Stream::kFsdp, 0, {}, {}, {}, OpKind::kCollective, c2);
   EXPECT_EQ(simulate(g.w, profile()).step_time_ns, 1500);
 }
 
 TEST(Engine, CollectiveLatencyAddsToTransfer) {
   G g(2);
   const CollectiveId c = g.collective({0, 1}, 1000, 1e9, 250e-9);
-  for (int r = 0; r < 2; ++r) g.op(r, Stream::kComm, 0, {}, {}, {}, OpKind::kCollective, c);
+  for (int r = 0; r < 2; ++r)
+    g.op(r, Stream::kComm, 0, {}, {}, {}, OpKind::kCollective, c);
   EXPECT_EQ(simulate(g.w, profile()).step_time_ns, 1250);
 }
 
@@ -135,7 +151,8 @@ TEST(Engine, ComputeSlowsUnderConcurrentCollective) {
   G g(2);
   const CollectiveId c = g.collective({0, 1}, 400, 1e9);
   g.op(0, Stream::kCompute, 1000);
-  for (int r = 0; r < 2; ++r) g.op(r, Stream::kComm, 0, {}, {}, {}, OpKind::kCollective, c);
+  for (int r = 0; r < 2; ++r)
+    g.op(r, Stream::kComm, 0, {}, {}, {}, OpKind::kCollective, c);
   // 400 ns at 0.8 → 320 ns of work done; 680 ns left at full speed: ends at 1080 ns.
   EXPECT_EQ(simulate(g.w, p).step_time_ns, 1080);
 }

@@ -11,7 +11,10 @@ inline const models::DataDir& data() {
   return d;
 }
 
-inline ScheduleInputs inputs(models::CpMethod method, const char* model, int gpus, std::int64_t seq,
+inline ScheduleInputs inputs(models::CpMethod method,
+                             const char* model,
+                             int gpus,
+                             std::int64_t seq,
                              std::int64_t heads_per_stage = 0) {
   ScheduleInputs in;
   in.model = models::load_model(model, data());

@@ -1,12 +1,14 @@
 // Ulysses and UPipe schedules: buffer sizes, model states, communication volumes, recomputation,
 // and the degenerate case U = H, all against hand-computed values.
-#include <gtest/gtest.h>
+#include "cpsim/sim/schedule.hpp"
 
 #include <map>
 
+#include <gtest/gtest.h>
+
 #include "cpsim/models/error.hpp"
 #include "cpsim/planner/evaluate.hpp"
-#include "cpsim/sim/schedule.hpp"
+
 #include "helpers.hpp"
 
 namespace cpsim::sim {
@@ -25,10 +27,10 @@ TEST(AttentionBuffers, UlyssesLlama8B) {
   EXPECT_EQ(L.kv_heads_eff, 8);
   const AttentionBuffers a = attention_buffers(in, L);
   const std::int64_t s = 131072;
-  EXPECT_EQ(a.qkv_local_bytes, s * (32 + 2 * 8) * 128 * 2);       // 1.5 GiB
+  EXPECT_EQ(a.qkv_local_bytes, s * (32 + 2 * 8) * 128 * 2);          // 1.5 GiB
   EXPECT_EQ(a.qkv_headsharded_bytes, kM * (32 + 16) / 8 * 128 * 2);  // same bytes
   EXPECT_EQ(a.qkv_local_bytes, a.qkv_headsharded_bytes);
-  EXPECT_EQ(a.out_headsharded_bytes, kM * 4 * 128 * 2);             // 1 GiB
+  EXPECT_EQ(a.out_headsharded_bytes, kM * 4 * 128 * 2);  // 1 GiB
   EXPECT_EQ(a.out_local_bytes, s * 32 * 128 * 2);
   EXPECT_EQ(a.lse_bytes, 4 * kM * 4);
   EXPECT_EQ(a.final_out_bytes, 0);
@@ -57,7 +59,8 @@ TEST(HeadLayout, Qwen32BStages) {
   EXPECT_EQ(L.stages, 8);
   EXPECT_EQ(L.stages_per_kv_fetch, 8);
   // Head-proportional buffers shrink by 1 − U/H = 87.5 % (reference/papers.md §1.3).
-  EXPECT_DOUBLE_EQ(1.0 - static_cast<double>(L.heads_per_stage) / static_cast<double>(L.heads), 0.875);
+  EXPECT_DOUBLE_EQ(1.0 - static_cast<double>(L.heads_per_stage) / static_cast<double>(L.heads),
+                   0.875);
 }
 
 TEST(HeadLayout, KvHeadsReplicatedWhenFewerThanC) {
@@ -76,12 +79,15 @@ TEST(HeadLayout, RejectsBadCombinations) {
     }
     return std::string("none");
   };
-  EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3-8b", 12, 12 * kM)), "--model");  // 32 % 12, checked first
+  EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3-8b", 12, 12 * kM)),
+            "--model");  // 32 % 12, checked first
   EXPECT_EQ(field_of(inputs(CpMethod::kUPipe, "llama3-8b", 8, kM, 12)), "--heads-per-stage");
   EXPECT_EQ(field_of(inputs(CpMethod::kUPipe, "llama3-8b", 8, kM, 24)), "--heads-per-stage");
   EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3-8b", 8, kM + 1)), "--seq");
   EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3-8b", 8, -8)), "--seq");
   EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3-8b", 0, kM)), "--gpus");
+  // 1G tokens of Llama-3.1-405B on one node: months per step before recomputation. Refused.
+  EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3.1-405b", 8, 1024 * kM)), "--seq");
 }
 
 // FSDP full shard: 16 bytes per parameter sharded over all GPUs (fp32 master 4, fp32 grad 4,
@@ -121,17 +127,20 @@ struct CommVolume {
 CommVolume count(const Workload& w, int layer, Phase phase) {
   CommVolume v;
   for (const Op& o : w.ops) {
-    if (o.rank != 0 || o.layer != layer || o.phase != phase) continue;
+    if (o.rank != 0 || o.layer != layer || o.phase != phase)
+      continue;
     const std::string& n = w.names[static_cast<std::size_t>(o.name)];
     if (o.collective != kNone && w.collectives[static_cast<std::size_t>(o.collective)].kind ==
                                      models::Collective::kAllToAll) {
       v.a2a_send_bytes += w.collectives[static_cast<std::size_t>(o.collective)].size_bytes;
       v.a2a_calls += 1;
     }
-    if (o.kind == OpKind::kAttentionFwd) v.attn_fwd += 1;
-    if (o.kind == OpKind::kAttentionBwd) v.attn_bwd += 1;
-    if (o.kind == OpKind::kGemm && (n.rfind("qkv_proj", 0) == 0 || n.rfind("q_proj", 0) == 0 ||
-                                    n.rfind("kv_proj", 0) == 0) &&
+    if (o.kind == OpKind::kAttentionFwd)
+      v.attn_fwd += 1;
+    if (o.kind == OpKind::kAttentionBwd)
+      v.attn_bwd += 1;
+    if (o.kind == OpKind::kGemm &&
+        (n.rfind("qkv_proj", 0) == 0 || n.rfind("q_proj", 0) == 0 || n.rfind("kv_proj", 0) == 0) &&
         n.find("_bwd") == std::string::npos) {
       v.qkv_projections += 1;
     }
@@ -148,12 +157,14 @@ TEST(CommVolume, UlyssesForwardLayer) {
   const CommVolume f = count(w, 3, Phase::kForward);
   EXPECT_EQ(f.a2a_calls, 2);
   EXPECT_EQ(f.a2a_send_bytes, s * 48 * 128 * 2 + s * 32 * 128 * 2);
-  EXPECT_EQ(f.a2a_send_bytes, attention_buffers(in, derive_head_layout(in)).a2a_send_bytes_per_layer_fwd);
+  EXPECT_EQ(f.a2a_send_bytes,
+            attention_buffers(in, derive_head_layout(in)).a2a_send_bytes_per_layer_fwd);
   // Wire bytes of the QKV all-to-all: (C − 1)/C of the send buffer.
   for (const Op& o : w.ops) {
     if (o.rank == 0 && o.layer == 3 && o.phase == Phase::kForward && o.collective != kNone &&
         w.names[static_cast<std::size_t>(o.name)] == "a2a_qkv") {
-      EXPECT_EQ(w.collectives[static_cast<std::size_t>(o.collective)].wire_bytes, s * 48 * 128 * 2 / 8 * 7);
+      EXPECT_EQ(w.collectives[static_cast<std::size_t>(o.collective)].wire_bytes,
+                s * 48 * 128 * 2 / 8 * 7);
     }
   }
   // Backward: dOut and dQKV all-to-alls, the same volume again.
@@ -234,7 +245,8 @@ TEST(Degenerate, OneGpuHasNoCollectivesButFsdp) {
   const Workload w = build_step(in);
   for (const Op& o : w.ops) {
     if (o.collective != kNone) {
-      EXPECT_NE(w.collectives[static_cast<std::size_t>(o.collective)].kind, models::Collective::kAllToAll);
+      EXPECT_NE(w.collectives[static_cast<std::size_t>(o.collective)].kind,
+                models::Collective::kAllToAll);
     }
   }
   EXPECT_GT(planner::evaluate(in).report.step_time_s, 0.0);

@@ -1,6 +1,7 @@
 #pragma once
-/// @file Hardware profile: one GPU kind, its node and the cluster links, as cost-model coefficients.
-/// Every coefficient carries its provenance (a publication, or a calibration run with device and date).
+/// @file Hardware profile: one GPU kind, its node and the cluster links, as cost-model
+/// coefficients. Every coefficient carries its provenance (a publication, or a calibration run with
+/// device and date).
 
 #include <cstdint>
 #include <map>
@@ -64,12 +65,12 @@ struct HardwareProfile {
   double hbm_bandwidth_bytes_per_s = 0.0;
 
   // Compute efficiency
-  double gemm_max_efficiency = 1.0;  ///< fraction of peak reached by large GEMMs
-  LogCurve gemm_efficiency_by_flops;  ///< optional refinement vs GEMM FLOPs (multiplies the max)
+  double gemm_max_efficiency = 1.0;      ///< fraction of peak reached by large GEMMs
+  LogCurve gemm_efficiency_by_flops;     ///< optional refinement vs GEMM FLOPs (multiplies the max)
   double memory_bound_efficiency = 1.0;  ///< fraction of HBM bandwidth reached by elementwise ops
   std::map<std::string, AttentionKernelModel> attention_kernels;  ///< by name: fa3, fa2, cudnn, ...
-  double kernel_launch_s = 0.0;     ///< device-side gap per kernel
-  double collective_launch_s = 0.0; ///< NCCL kernel launch
+  double kernel_launch_s = 0.0;                                   ///< device-side gap per kernel
+  double collective_launch_s = 0.0;                               ///< NCCL kernel launch
   /// Compute slowdown while an SM-driven collective runs on the same GPU: duration × (1 + f).
   double compute_slowdown_under_comm = 0.0;
 

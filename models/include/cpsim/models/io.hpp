@@ -25,15 +25,18 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
 
 /// A built-in name (`llama3-8b`) or a path to a config.json (HF format or cpsim model JSON, which
 /// is the HF format plus `name` and `source`). @throws InputError with field `field`.
-TransformerSpec load_model(const std::string& name_or_path, const DataDir& data,
+TransformerSpec load_model(const std::string& name_or_path,
+                           const DataDir& data,
                            const std::string& field = "--model");
 
 HardwareProfile parse_hardware_profile(const std::string& json_text, const std::string& origin);
-HardwareProfile load_hardware(const std::string& name_or_path, const DataDir& data,
+HardwareProfile load_hardware(const std::string& name_or_path,
+                              const DataDir& data,
                               const std::string& field = "--hardware");
 
 TrainingRecipe parse_recipe(const std::string& json_text, const std::string& origin);
-TrainingRecipe load_recipe(const std::string& name_or_path, const DataDir& data,
+TrainingRecipe load_recipe(const std::string& name_or_path,
+                           const DataDir& data,
                            const std::string& field = "--recipe");
 
 /// Names of the built-in files of one kind ("models", "hardware", "recipes"), sorted.

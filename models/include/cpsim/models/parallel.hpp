@@ -15,8 +15,8 @@ struct ParallelConfig {
   CpMethod method = CpMethod::kUlysses;
   int gpus = 8;
   int gpus_per_node = 8;
-  int cp_degree = 8;            ///< Ulysses degree C (the CP group size)
-  std::int64_t seq_len = 0;     ///< global tokens in the sequence N
+  int cp_degree = 8;                 ///< Ulysses degree C (the CP group size)
+  std::int64_t seq_len = 0;          ///< global tokens in the sequence N
   std::int64_t heads_per_stage = 0;  ///< UPipe U (query heads per stage, all ranks); 0 = C
   int micro_batch = 1;
 

@@ -1,5 +1,6 @@
 #pragma once
-/// @file Training recipe: precision, optimizer, sharding, activation checkpointing, offload, tiling.
+/// @file Training recipe: precision, optimizer, sharding, activation checkpointing, offload,
+/// tiling.
 
 #include <cstdint>
 #include <string>
@@ -16,19 +17,20 @@ struct TrainingRecipe {
   std::string name;
   std::string description;
   // Precision (bytes per element)
-  std::int64_t param_bytes = 2;        ///< compute copy of weights (bf16)
-  std::int64_t activation_bytes = 2;   ///< activations (bf16)
-  std::int64_t master_param_bytes = 4; ///< fp32 master weights
-  std::int64_t grad_bytes = 4;         ///< fp32 sharded gradients
-  std::int64_t grad_reduce_bytes = 4;  ///< dtype of the gradient reduce-scatter (fp32 in TorchTitan)
+  std::int64_t param_bytes = 2;         ///< compute copy of weights (bf16)
+  std::int64_t activation_bytes = 2;    ///< activations (bf16)
+  std::int64_t master_param_bytes = 4;  ///< fp32 master weights
+  std::int64_t grad_bytes = 4;          ///< fp32 sharded gradients
+  std::int64_t grad_reduce_bytes =
+      4;  ///< dtype of the gradient reduce-scatter (fp32 in TorchTitan)
   std::int64_t optimizer_state_bytes = 8;  ///< AdamW: exp_avg + exp_avg_sq in fp32
   std::string optimizer = "adamw";
   // Sharding
-  int zero_stage = 3;  ///< FSDP full shard = ZeRO-3 over all GPUs
+  int zero_stage = 3;            ///< FSDP full shard = ZeRO-3 over all GPUs
   int fsdp_prefetch_layers = 1;  ///< layers gathered ahead of use
   // Activation checkpointing
   CheckpointMode checkpointing = CheckpointMode::kFull;
-  bool checkpoint_offload = true;  ///< block inputs offloaded to pinned host memory
+  bool checkpoint_offload = true;       ///< block inputs offloaded to pinned host memory
   bool offload_keep_first_last = true;  ///< first and last layer keep their checkpoint on GPU
   // Tiling and loss
   bool tiled_mlp = true;

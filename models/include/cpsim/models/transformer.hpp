@@ -1,5 +1,6 @@
 #pragma once
-/// @file Dense decoder-only transformer (Llama/Qwen family, GQA): shape, parameter and FLOP accounting.
+/// @file Dense decoder-only transformer (Llama/Qwen family, GQA): shape, parameter and FLOP
+/// accounting.
 
 #include <cstdint>
 #include <string>
@@ -52,8 +53,8 @@ struct ParameterCount {
 };
 ParameterCount count_parameters(const TransformerSpec& spec);
 
-/// Model FLOPs of one training step (forward + backward, no recomputation), the numerator of MFU and
-/// "model TFLOP/s". Derivation for a causal sequence of N tokens:
+/// Model FLOPs of one training step (forward + backward, no recomputation), the numerator of MFU
+/// and "model TFLOP/s". Derivation for a causal sequence of N tokens:
 ///   dense matmuls: 2 FLOPs per multiply-add, 3 passes (fwd, dgrad, wgrad): 6·N·P_matmul, where
 ///     P_matmul = layers·(attention + mlp weights) + lm_head weights (V·h, counted even when tied)
 ///   attention core: forward 4·N²·H·d/2 per layer (QKᵀ and PV, causal half), backward 2.5× forward

@@ -21,9 +21,12 @@ inline constexpr std::int64_t kFp32Bytes = 4;
 
 /// Converts seconds to integer nanoseconds, rounding to nearest; negative input clamps to 0.
 SimTime seconds_to_simtime(double seconds);
-inline double simtime_to_seconds(SimTime t) { return static_cast<double>(t) * 1e-9; }
+inline double simtime_to_seconds(SimTime t) {
+  return static_cast<double>(t) * 1e-9;
+}
 
-/// Parses a token count: `131072`, `128K`, `3M`, `1G` (K = 1024, M = 1024², G = 1024³), case-insensitive.
+/// Parses a token count: `131072`, `128K`, `3M`, `1G` (K = 1024, M = 1024², G = 1024³),
+/// case-insensitive.
 /// @throws InputError naming `field` if the text is not a positive integer with an optional suffix,
 ///         or if the value exceeds 2^40 tokens.
 std::int64_t parse_length(std::string_view text, std::string_view field);

@@ -39,22 +39,23 @@ class CostModel {
   ///   t = launch + max(2mnk / (peak · eff), 2(mk + kn + mn) / (hbm_bw · mem_eff)).
   KernelCost gemm(std::int64_t m, std::int64_t n, std::int64_t k) const;
 
-  /// An elementwise/normalisation kernel moving `bytes` through HBM: t = launch + bytes / (bw · eff).
+  /// An elementwise/normalisation kernel moving `bytes` through HBM: t = launch + bytes / (bw ·
+  /// eff).
   KernelCost memory_bound(std::int64_t bytes) const;
 
-  /// Flash-attention forward. FLOPs (FlashAttention convention): 4·q·k_vis·heads·d, where k_vis = kv/2
-  /// for a causal square call (bottom-right aligned: (max(0, kv−q) + kv)/2 in general) and kv otherwise.
-  /// Throughput: the profile curve at S = q_len, scaled by head_dim/128 in FLOPs only, times an
-  /// occupancy factor for few-head launches (reference/hardware.md §3.4):
+  /// Flash-attention forward. FLOPs (FlashAttention convention): 4·q·k_vis·heads·d, where k_vis =
+  /// kv/2 for a causal square call (bottom-right aligned: (max(0, kv−q) + kv)/2 in general) and kv
+  /// otherwise. Throughput: the profile curve at S = q_len, scaled by head_dim/128 in FLOPs only,
+  /// times an occupancy factor for few-head launches (reference/hardware.md §3.4):
   ///   tiles T = heads·⌈q/BlockM⌉, occ(T) = T / (SMs·⌈T/SMs⌉), relative to the occupancy of the
   ///   published set-up (16 heads × 16K tokens per launch), capped at 1.
   KernelCost attention_fwd(const AttentionShape& shape) const;
   /// Flash-attention backward: 2.5× forward FLOPs, backward curve, tiles T = heads·⌈kv/BlockN⌉.
   KernelCost attention_bwd(const AttentionShape& shape) const;
 
-  /// Collective over `ranks` members on `span`. `size_bytes` is the nccl-tests size S: per-rank send
-  /// buffer (all-to-all), output (all-gather), input (reduce-scatter), buffer (all-reduce), message
-  /// (send/recv). Wire bytes per rank: S·(n−1)/n; ×2 for all-reduce; S for send/recv.
+  /// Collective over `ranks` members on `span`. `size_bytes` is the nccl-tests size S: per-rank
+  /// send buffer (all-to-all), output (all-gather), input (reduce-scatter), buffer (all-reduce),
+  /// message (send/recv). Wire bytes per rank: S·(n−1)/n; ×2 for all-reduce; S for send/recv.
   CollectiveCost collective(models::Collective kind,
                             models::Span span,
                             int ranks,

@@ -63,11 +63,11 @@ struct StreamBusy {
 
 struct SimResult {
   SimTime step_time_ns = 0;
-  std::vector<RankMemory> memory;  ///< per rank
-  std::vector<StreamBusy> busy;    ///< per rank
-  std::int64_t events = 0;         ///< events processed by the loop
-  std::vector<OpInterval> intervals;       ///< when record_trace
-  std::vector<MemorySample> memory_samples; ///< when record_trace
+  std::vector<RankMemory> memory;            ///< per rank
+  std::vector<StreamBusy> busy;              ///< per rank
+  std::int64_t events = 0;                   ///< events processed by the loop
+  std::vector<OpInterval> intervals;         ///< when record_trace
+  std::vector<MemorySample> memory_samples;  ///< when record_trace
 };
 
 /// Runs one step. @throws std::logic_error if the workload is malformed (a builder bug): a cycle,

@@ -20,7 +20,7 @@ struct StepReport {
   double model_tflops_per_gpu = 0.0;  ///< model FLOPs / step time / GPUs, in TFLOP/s
   double mfu = 0.0;                   ///< model TFLOP/s / peak bf16
   std::array<double, kStreamCount> stream_busy_s{};  ///< rank 0
-  double exposed_comm_s = 0.0;  ///< step time not covered by compute on rank 0
+  double exposed_comm_s = 0.0;                       ///< step time not covered by compute on rank 0
 
   // GPU memory (the rank with the highest peak)
   std::int64_t peak_memory_bytes = 0;  ///< incl. fixed overheads

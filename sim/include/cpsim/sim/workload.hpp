@@ -50,9 +50,10 @@ const char* to_string(Phase p);
 enum class MemCategory : std::uint8_t {
   kModelStates,  ///< sharded fp32 params, grads, optimizer states (persistent)
   kParamGather,  ///< FSDP all-gathered bf16 params and unsharded gradient buffers
-  kActivations,  ///< tensors saved for backward at layer level (checkpoints, linear inputs, final_out)
-  kAttention,    ///< attention-stage intermediates: QKV before/after all-to-all, outputs, LSE, grads
-  kOther,        ///< MLP tiles, norms, loss chunks, residual gradients, workspaces
+  kActivations,  ///< tensors saved for backward at layer level (checkpoints, linear inputs,
+                 ///< final_out)
+  kAttention,  ///< attention-stage intermediates: QKV before/after all-to-all, outputs, LSE, grads
+  kOther,      ///< MLP tiles, norms, loss chunks, residual gradients, workspaces
 };
 inline constexpr int kMemCategoryCount = 5;
 const char* to_string(MemCategory c);
@@ -76,9 +77,9 @@ struct Op {
   std::int32_t name = 0;    ///< index into Workload::names
   /// Compute ops and host copies: duration at full speed, in ns. Collectives: see Collective.
   SimTime duration_ns = 0;
-  std::int64_t transfer_bytes = 0;      ///< host copies: bytes moved
-  double flops = 0.0;                   ///< for reporting
-  std::int64_t workspace_bytes = 0;     ///< allocated for the op's duration only
+  std::int64_t transfer_bytes = 0;   ///< host copies: bytes moved
+  double flops = 0.0;                ///< for reporting
+  std::int64_t workspace_bytes = 0;  ///< allocated for the op's duration only
   MemCategory workspace_category = MemCategory::kOther;
   CollectiveId collective = kNone;
   // Ranges into Workload::edges.
@@ -88,8 +89,8 @@ struct Op {
 };
 
 /// A collective call: one op per member rank, started together once all members reach it.
-/// Time model: t = alpha_s + wire_bytes / (nominal_bw × share), where share is the member's share of
-/// its link when other transfers run at the same time (see engine.hpp).
+/// Time model: t = alpha_s + wire_bytes / (nominal_bw × share), where share is the member's share
+/// of its link when other transfers run at the same time (see engine.hpp).
 struct Collective {
   models::Collective kind = models::Collective::kAllToAll;
   models::Span span = models::Span::kIntraNode;

@@ -1,0 +1,607 @@
+// End-to-end tests of the cpsim binary: the command-line contract of docs/design.md ("Command
+// line"): exit statuses, the --json schema, the trace file, error lines, and the catalog
+// subcommands.
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using ::testing::HasSubstr;
+
+constexpr int kTimeoutSeconds = 60;
+constexpr std::int64_t kLlama3_8bParameters = 8030261248;
+
+struct RunResult {
+  int exit_code = -1;  // -1 when the process did not exit normally (signal, timeout)
+  bool timed_out = false;
+  std::string out;
+  std::string err;
+};
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  ASSERT_TRUE(out.good()) << "cannot write " << path;
+}
+
+std::string join(const std::vector<std::string>& args) {
+  std::string s = "cpsim";
+  for (const auto& a : args) {
+    s += " " + a;
+  }
+  return s;
+}
+
+// Each test gets its own temporary directory (tests may run in parallel processes under ctest).
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "cpsim_cli_test_XXXXXX").string();
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    ASSERT_NE(::mkdtemp(buf.data()), nullptr) << "mkdtemp: " << std::strerror(errno);
+    dir_ = fs::path(buf.data());
+  }
+
+  void TearDown() override {
+    std::error_code ec;
+    if (!dir_.empty()) {
+      fs::remove_all(dir_, ec);
+    }
+  }
+
+  fs::path path(const std::string& name) const { return dir_ / name; }
+
+  // Runs the cpsim binary with `args` (no shell), stdout and stderr redirected to files in the
+  // test's directory, with CPSIM_DATA_DIR pointing at the source tree's data/. A run that takes
+  // longer than kTimeoutSeconds is killed and reported as a failure.
+  RunResult run(const std::vector<std::string>& args) {
+    const int n = ++runs_;
+    const fs::path out_path = dir_ / ("run" + std::to_string(n) + ".stdout");
+    const fs::path err_path = dir_ / ("run" + std::to_string(n) + ".stderr");
+    RunResult result;
+
+    std::vector<std::string> argv_storage;
+    argv_storage.emplace_back(CPSIM_BINARY);
+    argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_storage) {
+      argv.push_back(a.data());
+    }
+    argv.push_back(nullptr);
+
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      ADD_FAILURE() << "fork: " << std::strerror(errno);
+      return result;
+    }
+    if (pid == 0) {
+      const int out_fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int in_fd = ::open("/dev/null", O_RDONLY);
+      if (out_fd < 0 || err_fd < 0 || in_fd < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0 ||
+          ::dup2(in_fd, 0) < 0) {
+        ::_exit(127);
+      }
+      ::setenv("CPSIM_DATA_DIR", CPSIM_TEST_DATA_DIR, 1);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kTimeoutSeconds);
+    int status = 0;
+    for (;;) {
+      const pid_t r = ::waitpid(pid, &status, WNOHANG);
+      if (r == pid) {
+        break;
+      }
+      if (r < 0 && errno != EINTR) {
+        ADD_FAILURE() << "waitpid: " << std::strerror(errno);
+        return result;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        result.timed_out = true;
+        ADD_FAILURE() << join(args) << ": still running after " << kTimeoutSeconds << " s; killed";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (!result.timed_out && WIFEXITED(status)) {
+      result.exit_code = WEXITSTATUS(status);
+    } else if (!result.timed_out && WIFSIGNALED(status)) {
+      ADD_FAILURE() << join(args) << ": killed by signal " << WTERMSIG(status);
+    }
+    result.out = read_file(out_path);
+    result.err = read_file(err_path);
+    return result;
+  }
+
+  // Runs a command that must succeed and print one JSON object on stdout.
+  Json run_json(const std::vector<std::string>& args) {
+    const RunResult r = run(args);
+    EXPECT_EQ(r.exit_code, 0) << join(args) << "\nstderr: " << r.err;
+    Json j;
+    try {
+      j = Json::parse(r.out);  // throws on anything after the first value but whitespace
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << join(args) << ": stdout is not one JSON value: " << e.what()
+                    << "\nstdout: " << r.out.substr(0, 2000);
+      return Json::object();
+    }
+    EXPECT_TRUE(j.is_object()) << join(args) << ": stdout is JSON but not an object";
+    return j;
+  }
+
+  fs::path dir_;
+  int runs_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// 1. simulate --json contract
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+
+void expect_positive_number(const Json& j, const std::string& key) {
+  ASSERT_TRUE(j.contains(key)) << "missing " << key;
+  ASSERT_TRUE(j.at(key).is_number()) << key << " is " << j.at(key).type_name();
+  EXPECT_GT(j.at(key).get<double>(), 0.0) << key;
+}
+
+void expect_simulate_contract(const Json& j) {
+  ASSERT_TRUE(j.contains("schema_version")) << j.dump().substr(0, 500);
+  EXPECT_TRUE(j.at("schema_version").is_number_integer());
+  expect_positive_number(j, "step_time_s");
+  expect_positive_number(j, "tokens_per_s_per_gpu");
+  expect_positive_number(j, "peak_memory_bytes");
+  ASSERT_TRUE(j.contains("memory_breakdown_bytes"));
+  const Json& mb = j.at("memory_breakdown_bytes");
+  ASSERT_TRUE(mb.is_object());
+  for (const char* key : {"model_states", "attention", "other"}) {
+    ASSERT_TRUE(mb.contains(key)) << "memory_breakdown_bytes lacks " << key;
+    EXPECT_TRUE(mb.at(key).is_number()) << key;
+    EXPECT_GE(mb.at(key).get<double>(), 0.0) << key;
+  }
+  ASSERT_TRUE(j.contains("fits"));
+  EXPECT_TRUE(j.at("fits").is_boolean());
+  ASSERT_TRUE(j.contains("host_memory_bytes"));
+  EXPECT_TRUE(j.at("host_memory_bytes").is_number());
+  EXPECT_GE(j.at("host_memory_bytes").get<double>(), 0.0);
+}
+
+TEST_F(CliTest, SimulateJsonContractUpipeAndUlysses) {
+  // FSDP full shard: fp32 master weights (4) + fp32 gradients (4) + Adam moments (8) per parameter.
+  const std::int64_t expected_model_states = 16 * ceil_div(kLlama3_8bParameters, 8);
+  for (const std::string method : {"upipe", "ulysses"}) {
+    SCOPED_TRACE("method " + method);
+    const Json j = run_json({"simulate", "--model", "llama3-8b", "--gpus", "8", "--method", method,
+                             "--seq", "3M", "--json"});
+    expect_simulate_contract(j);
+    ASSERT_TRUE(j.contains("memory_breakdown_bytes"));
+    EXPECT_EQ(j["memory_breakdown_bytes"]["model_states"].get<std::int64_t>(),
+              expected_model_states);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. UPipe's attention memory against Ulysses
+
+std::int64_t attention_peak(const Json& j) {
+  EXPECT_TRUE(j.contains("category_peak_bytes") && j["category_peak_bytes"].contains("attention"))
+      << j.dump().substr(0, 500);
+  if (!j.contains("category_peak_bytes") || !j["category_peak_bytes"].contains("attention")) {
+    return -1;
+  }
+  return j["category_peak_bytes"]["attention"].get<std::int64_t>();
+}
+
+TEST_F(CliTest, UpipeAttentionMemoryBelowUlysses) {
+  const std::vector<std::string> base = {"simulate", "--model", "llama3-8b", "--gpus",
+                                         "8",        "--seq",   "3M",        "--json"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const std::int64_t upipe = attention_peak(run_json(with({"--method", "upipe"})));
+  const std::int64_t ulysses = attention_peak(run_json(with({"--method", "ulysses"})));
+  EXPECT_GT(upipe, 0);
+  EXPECT_GT(ulysses, 0);
+  EXPECT_LT(upipe, ulysses);
+}
+
+TEST_F(CliTest, UpipeWithAllHeadsInOneStageMatchesUlyssesAttentionMemory) {
+  // U = 32 = the head count of llama3-8b: one stage, i.e. plain Ulysses.
+  const std::int64_t upipe =
+      attention_peak(run_json({"simulate", "--model", "llama3-8b", "--gpus", "8", "--seq", "3M",
+                               "--method", "upipe", "--heads-per-stage", "32", "--json"}));
+  const std::int64_t ulysses =
+      attention_peak(run_json({"simulate", "--model", "llama3-8b", "--gpus", "8", "--seq", "3M",
+                               "--method", "ulysses", "--json"}));
+  EXPECT_GT(ulysses, 0);
+  EXPECT_EQ(upipe, ulysses);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Determinism
+
+TEST_F(CliTest, SimulateIsDeterministic) {
+  const std::vector<std::string> args = {"simulate", "--model", "llama3-8b", "--gpus", "8",
+                                         "--method", "upipe",   "--seq",     "3M",     "--json"};
+  const RunResult a = run(args);
+  const RunResult b = run(args);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  ASSERT_FALSE(a.out.empty());
+  EXPECT_TRUE(a.out == b.out) << "stdout differs between two identical runs";
+
+  std::vector<std::string> ta = args, tb = args;
+  ta.insert(ta.end(), {"--trace", path("a.trace.json").string()});
+  tb.insert(tb.end(), {"--trace", path("b.trace.json").string()});
+  const RunResult c = run(ta);
+  const RunResult d = run(tb);
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_TRUE(c.out == d.out) << "stdout with --trace differs between two identical runs";
+  EXPECT_TRUE(a.out == c.out) << "--trace changes the --json result";
+  const std::string trace_a = read_file(path("a.trace.json"));
+  const std::string trace_b = read_file(path("b.trace.json"));
+  ASSERT_FALSE(trace_a.empty());
+  EXPECT_EQ(trace_a.size(), trace_b.size());
+  EXPECT_TRUE(trace_a == trace_b) << "trace files differ between two identical runs";
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Trace file
+
+TEST_F(CliTest, TraceFileIsAValidChromeTrace) {
+  const fs::path trace = path("step.trace.json");
+  const RunResult r = run({"simulate", "--model", "llama3-8b", "--gpus", "8", "--method", "upipe",
+                           "--seq", "128K", "--trace", trace.string(), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(Json::accept(r.out)) << "--trace must not disturb the --json output";
+  ASSERT_TRUE(fs::exists(trace));
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_FALSE(name.size() >= 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
+        << "leftover temporary file " << name;
+  }
+  EXPECT_FALSE(fs::exists(trace.string() + ".tmp"));
+
+  Json t;
+  ASSERT_NO_THROW(t = Json::parse(read_file(trace))) << "trace is not valid JSON";
+  ASSERT_TRUE(t.is_object());
+  ASSERT_TRUE(t.contains("traceEvents"));
+  const Json& events = t["traceEvents"];
+  ASSERT_TRUE(events.is_array());
+  ASSERT_FALSE(events.empty());
+
+  std::map<std::pair<int, int>, double> last_ts;  // (pid, tid) -> ts of the last X event
+  std::map<std::pair<int, int>, int> x_count;
+  std::set<int> x_pids;
+  std::map<int, int> counters_with_memory;  // pid -> count of C events with memory args
+  std::map<int, std::set<int>> comm_tids;   // pid -> tids named "comm"
+  int non_monotonic = 0;
+  for (const Json& e : events) {
+    ASSERT_TRUE(e.is_object());
+    ASSERT_TRUE(e.contains("ph") && e["ph"].is_string()) << e.dump();
+    const std::string ph = e["ph"].get<std::string>();
+    if (ph == "X") {
+      ASSERT_TRUE(e.contains("pid") && e.contains("tid") && e.contains("ts") && e.contains("dur"))
+          << e.dump();
+      ASSERT_TRUE(e.contains("name") && e["name"].is_string()) << e.dump();
+      const int pid = e["pid"].get<int>();
+      const int tid = e["tid"].get<int>();
+      const double ts = e["ts"].get<double>();
+      EXPECT_GE(e["dur"].get<double>(), 0.0) << e.dump();
+      EXPECT_GE(ts, 0.0) << e.dump();
+      x_pids.insert(pid);
+      const auto key = std::make_pair(pid, tid);
+      auto it = last_ts.find(key);
+      if (it != last_ts.end() && ts < it->second) {
+        if (++non_monotonic <= 5) {
+          ADD_FAILURE() << "ts goes backwards on pid " << pid << " tid " << tid << ": "
+                        << it->second << " then " << e.dump();
+        }
+      }
+      last_ts[key] = ts;
+      ++x_count[key];
+    } else if (ph == "C") {
+      ASSERT_TRUE(e.contains("pid") && e.contains("args")) << e.dump();
+      const Json& args = e["args"];
+      if (args.is_object() && args.contains("attention") && args.contains("model_states") &&
+          args["attention"].is_number() && args["model_states"].is_number()) {
+        ++counters_with_memory[e["pid"].get<int>()];
+      }
+    } else if (ph == "M") {
+      if (e.value("name", "") == "thread_name" && e.contains("args") &&
+          e["args"].value("name", "") == "comm") {
+        comm_tids[e["pid"].get<int>()].insert(e["tid"].get<int>());
+      }
+    }
+  }
+  EXPECT_EQ(non_monotonic, 0);
+  EXPECT_EQ(x_pids, (std::set<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  for (int pid = 0; pid < 8; ++pid) {
+    SCOPED_TRACE("pid " + std::to_string(pid));
+    EXPECT_GT(counters_with_memory[pid], 0) << "no memory counter event";
+    ASSERT_FALSE(comm_tids[pid].empty()) << "no thread_name metadata naming 'comm'";
+    int comm_events = 0;
+    for (int tid : comm_tids[pid]) {
+      comm_events += x_count[{pid, tid}];
+    }
+    EXPECT_GT(comm_events, 0) << "no X events on the comm stream";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Bad input: status 2, nothing on stdout, exactly one line on stderr naming the flag or field
+
+struct BadInput {
+  std::string name;
+  std::vector<std::string> args;
+  std::vector<std::string> any_of;    // the line contains at least one of these
+  std::vector<std::string> all_of{};  // and all of these
+};
+
+class BadInputTest : public CliTest {
+ protected:
+  void expect_usage_error(const BadInput& c) {
+    SCOPED_TRACE(c.name + ": " + join(c.args));
+    const RunResult r = run(c.args);
+    EXPECT_EQ(r.exit_code, 2) << "stderr: " << r.err;
+    EXPECT_EQ(r.out, "") << "stdout must stay empty on bad input";
+    std::string line = r.err;
+    if (!line.empty() && line.back() == '\n') {
+      line.pop_back();
+    }
+    EXPECT_FALSE(line.empty()) << "no error line on stderr";
+    EXPECT_EQ(line.find('\n'), std::string::npos) << "more than one line on stderr:\n" << r.err;
+    if (!c.any_of.empty()) {
+      const bool found = std::any_of(c.any_of.begin(), c.any_of.end(), [&](const std::string& s) {
+        return line.find(s) != std::string::npos;
+      });
+      std::string wanted;
+      for (const auto& s : c.any_of) {
+        wanted += (wanted.empty() ? "" : " or ") + ("'" + s + "'");
+      }
+      EXPECT_TRUE(found) << "error line does not mention " << wanted << ": " << line;
+    }
+    for (const auto& s : c.all_of) {
+      EXPECT_THAT(line, HasSubstr(s));
+    }
+  }
+};
+
+TEST_F(BadInputTest, FlagErrors) {
+  const std::vector<BadInput> cases = {
+      {"unknown model", {"simulate", "--model", "no-such-model", "--json"}, {"--model"}},
+      {"zero gpus", {"simulate", "--gpus", "0", "--json"}, {"--gpus"}},
+      {"U not a multiple of C",
+       {"simulate", "--method", "upipe", "--heads-per-stage", "12", "--gpus", "8", "--json"},
+       {"--heads-per-stage"}},
+      {"negative seq", {"simulate", "--seq", "-5", "--json"}, {"--seq"}},
+      {"negative seq (=)", {"simulate", "--seq=-5", "--json"}, {"--seq"}},
+      {"unparsable seq", {"simulate", "--seq", "12x", "--json"}, {"--seq"}},
+      {"zero seq", {"simulate", "--seq", "0", "--json"}, {"--seq"}},
+      {"seq not divisible by CP degree",
+       {"simulate", "--seq", "1000001", "--gpus", "8", "--json"},
+       {"--seq"}},
+      {"absurd seq", {"simulate", "--seq", "1000000000000", "--json"}, {"--seq"}},
+      {"unknown method", {"simulate", "--method", "ring2", "--json"}, {"--method"}},
+      {"unknown hardware", {"simulate", "--hardware", "no-such-gpu", "--json"}, {"--hardware"}},
+      {"unknown recipe", {"simulate", "--recipe", "no-such-recipe", "--json"}, {"--recipe"}},
+      {"unknown ac mode", {"simulate", "--ac", "sometimes", "--json"}, {"--ac"}},
+      {"offload without full ac",
+       {"simulate", "--ac", "none", "--ac-offload", "on", "--json"},
+       {"--ac-offload"}},
+      {"heads-per-stage with ulysses",
+       {"simulate", "--heads-per-stage", "8", "--method", "ulysses", "--json"},
+       {"--heads-per-stage"}},
+      {"unknown flag", {"simulate", "--frobnicate", "--json"}, {"--frobnicate"}},
+      {"unknown flag, table output", {"simulate", "--frobnicate"}, {}},
+      {"bad input without --json", {"simulate", "--model", "no-such-model"}, {"--model"}},
+  };
+  for (const auto& c : cases) {
+    expect_usage_error(c);
+  }
+}
+
+TEST_F(BadInputTest, HeadsNotDivisibleByCpDegree) {
+  // 32 heads on a CP degree of 12 (one 12-GPU node so that only the head count is wrong).
+  expect_usage_error({"llama3-8b on 12 GPUs",
+                      {"simulate", "--model", "llama3-8b", "--gpus", "12", "--gpus-per-node", "12",
+                       "--seq", "1179648", "--method", "ulysses", "--json"},
+                      {"--model", "--gpus"},
+                      {"heads"}});
+  // 40 heads on two full 8-GPU nodes.
+  expect_usage_error({"qwen3-14b on 16 GPUs",
+                      {"simulate", "--model", "qwen3-14b", "--gpus", "16", "--seq", "1M",
+                       "--method", "ulysses", "--json"},
+                      {"--model", "--gpus"},
+                      {"heads"}});
+  // The same on 12 GPUs of 8-GPU nodes: several things are wrong; one of them must be named.
+  expect_usage_error({"llama3-8b on 12 GPUs, 8 per node",
+                      {"simulate", "--model", "llama3-8b", "--gpus", "12", "--seq", "1M",
+                       "--method", "ulysses", "--json"},
+                      {"--model", "--gpus", "--ulysses-degree", "--gpus-per-node", "--seq"}});
+}
+
+TEST_F(BadInputTest, MalformedModelConfig) {
+  const fs::path config = path("truncated_config.json");
+  write_file(config, R"({ "hidden_size": 4096, )");
+  expect_usage_error({"truncated config.json",
+                      {"simulate", "--model", config.string(), "--json"},
+                      {config.string(), "--model"}});
+}
+
+TEST_F(BadInputTest, HardwareProfileWithStringNumber) {
+  Json profile =
+      Json::parse(read_file(fs::path(CPSIM_TEST_DATA_DIR) / "hardware" / "h100-sxm-80g.json"));
+  ASSERT_TRUE(profile.contains("gpu") && profile["gpu"].contains("peak_bf16_flops_per_s"));
+
+  // The whole entry replaced by the string "NaN".
+  Json whole = profile;
+  whole["gpu"]["peak_bf16_flops_per_s"] = "NaN";
+  const fs::path whole_path = path("nan_entry.json");
+  write_file(whole_path, whole.dump(2));
+  expect_usage_error({"peak_bf16_flops_per_s = \"NaN\"",
+                      {"simulate", "--hardware", whole_path.string(), "--json"},
+                      {"peak_bf16_flops_per_s"}});
+
+  // Only its value replaced by the string "NaN" (entries are {"value": ..., "source": ...}).
+  if (profile["gpu"]["peak_bf16_flops_per_s"].is_object()) {
+    Json value = profile;
+    value["gpu"]["peak_bf16_flops_per_s"]["value"] = "NaN";
+    const fs::path value_path = path("nan_value.json");
+    write_file(value_path, value.dump(2));
+    expect_usage_error({"peak_bf16_flops_per_s.value = \"NaN\"",
+                        {"simulate", "--hardware", value_path.string(), "--json"},
+                        {"peak_bf16_flops_per_s"}});
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Catalog subcommands
+
+const std::vector<std::string> kBuiltinModels = {
+    "llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b"};
+
+TEST_F(CliTest, ModelsListsBuiltins) {
+  const RunResult r = run({"models"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const auto& m : kBuiltinModels) {
+    EXPECT_THAT(r.out, HasSubstr(m));
+  }
+
+  const Json j = run_json({"models", "--json"});
+  EXPECT_TRUE(j.contains("schema_version"));
+  ASSERT_TRUE(j.contains("models") && j["models"].is_array()) << j.dump().substr(0, 500);
+  std::map<std::string, Json> by_name;
+  for (const Json& m : j["models"]) {
+    ASSERT_TRUE(m.contains("name") && m["name"].is_string()) << m.dump();
+    by_name[m["name"].get<std::string>()] = m;
+  }
+  for (const auto& m : kBuiltinModels) {
+    SCOPED_TRACE(m);
+    ASSERT_TRUE(by_name.count(m)) << "models --json lacks " << m;
+    ASSERT_TRUE(by_name[m].contains("parameters"));
+    EXPECT_GT(by_name[m]["parameters"].get<std::int64_t>(), 0);
+  }
+  EXPECT_EQ(by_name["llama3-8b"]["parameters"].get<std::int64_t>(), kLlama3_8bParameters);
+}
+
+TEST_F(CliTest, HardwareListsAndShowsProfiles) {
+  const RunResult list = run({"hardware"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_THAT(list.out, HasSubstr("h100-sxm-80g"));
+  EXPECT_THAT(list.out, HasSubstr("h200-141g"));
+
+  const RunResult show = run({"hardware", "h100-sxm-80g"});
+  ASSERT_EQ(show.exit_code, 0) << show.err;
+  EXPECT_THAT(show.out, HasSubstr("sources"));
+  EXPECT_THAT(show.out, HasSubstr("gpu.peak_bf16_flops_per_s"));
+  EXPECT_THAT(show.out, HasSubstr("reference/hardware.md"));
+
+  const Json j = run_json({"hardware", "--json"});
+  EXPECT_TRUE(j.contains("schema_version"));
+  EXPECT_THAT(j.dump(), HasSubstr("h100-sxm-80g"));
+  EXPECT_THAT(j.dump(), HasSubstr("h200-141g"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Help
+
+TEST_F(CliTest, HelpForEverySubcommand) {
+  const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases = {
+      {{"--help"}, {"simulate", "models", "hardware"}},
+      {{"simulate", "--help"},
+       {"--heads-per-stage", "--model", "--gpus", "--method", "--seq", "--trace", "--json"}},
+      {{"models", "--help"}, {"--json"}},
+      {{"hardware", "--help"}, {"--json"}},
+  };
+  for (const auto& [args, mentions] : cases) {
+    SCOPED_TRACE(join(args));
+    const RunResult r = run(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("Usage"));
+    for (const auto& m : mentions) {
+      EXPECT_THAT(r.out, HasSubstr(m));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. A Hugging Face config.json as --model
+
+TEST_F(CliTest, HuggingFaceConfigAsModel) {
+  const std::int64_t hidden = 1024, heads = 16, kv_heads = 8, ffn = 2816, layers = 4, vocab = 32000;
+  const Json config = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"hidden_size", hidden},
+      {"num_attention_heads", heads},
+      {"num_key_value_heads", kv_heads},
+      {"intermediate_size", ffn},
+      {"num_hidden_layers", layers},
+      {"vocab_size", vocab},
+      {"hidden_act", "silu"},
+      {"tie_word_embeddings", false},
+      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000}}},
+  };
+  fs::create_directories(path("tiny-llama"));
+  const fs::path config_path = path("tiny-llama") / "config.json";
+  write_file(config_path, config.dump(2));
+
+  const Json j = run_json(
+      {"simulate", "--model", config_path.string(), "--gpus", "8", "--seq", "64K", "--json"});
+  expect_simulate_contract(j);
+  ASSERT_TRUE(j.contains("fits"));
+  EXPECT_TRUE(j["fits"].get<bool>());
+
+  // Llama layout: untied embedding and LM head, Q/K/V/O without bias, SwiGLU MLP, two RMSNorms per
+  // layer and a final one.
+  const std::int64_t head_dim = hidden / heads;
+  const std::int64_t per_layer = hidden * (heads + 2 * kv_heads) * head_dim +
+                                 heads * head_dim * hidden + 3 * hidden * ffn + 2 * hidden;
+  const std::int64_t params = 2 * vocab * hidden + layers * per_layer + hidden;
+  ASSERT_TRUE(j.contains("memory_breakdown_bytes"));
+  EXPECT_EQ(j["memory_breakdown_bytes"]["model_states"].get<std::int64_t>(),
+            16 * ceil_div(params, 8));
+}
+
+}  // namespace
