@@ -63,26 +63,28 @@ double visible_keys(const AttentionShape& s) {
 }
 }  // namespace
 
+KernelCost CostModel::attention_call(double flops,
+                                     const models::LogCurve& curve,
+                                     std::int64_t curve_len,
+                                     std::int64_t tiles) const {
+  const double rate = curve(static_cast<double>(curve_len), 0.0);
+  return {profile_.kernel_launch_s + flops / (rate * occupancy_factor(tiles)), flops};
+}
+
 KernelCost CostModel::attention_fwd(const AttentionShape& s) const {
   const double flops = 4.0 * static_cast<double>(s.q_len) * visible_keys(s) *
                        static_cast<double>(s.heads) * static_cast<double>(s.head_dim);
-  const auto& curve =
-      s.causal ? attention_.fwd_causal_flops_per_s : attention_.fwd_full_flops_per_s;
-  const double rate = curve(static_cast<double>(s.q_len), 0.0);
-  const std::int64_t tiles = s.heads * ceil_div(s.q_len, attention_.fwd_block_m);
-  const double occ = occupancy_factor(tiles);
-  return {profile_.kernel_launch_s + flops / (rate * occ), flops};
+  return attention_call(
+      flops, s.causal ? attention_.fwd_causal_flops_per_s : attention_.fwd_full_flops_per_s,
+      s.q_len, s.heads * ceil_div(s.q_len, attention_.fwd_block_m));
 }
 
 KernelCost CostModel::attention_bwd(const AttentionShape& s) const {
   const double flops = 2.5 * 4.0 * static_cast<double>(s.q_len) * visible_keys(s) *
                        static_cast<double>(s.heads) * static_cast<double>(s.head_dim);
-  const auto& curve =
-      s.causal ? attention_.bwd_causal_flops_per_s : attention_.bwd_full_flops_per_s;
-  const double rate = curve(static_cast<double>(s.kv_len), 0.0);
-  const std::int64_t tiles = s.heads * ceil_div(s.kv_len, attention_.bwd_block_n);
-  const double occ = occupancy_factor(tiles);
-  return {profile_.kernel_launch_s + flops / (rate * occ), flops};
+  return attention_call(
+      flops, s.causal ? attention_.bwd_causal_flops_per_s : attention_.bwd_full_flops_per_s,
+      s.kv_len, s.heads * ceil_div(s.kv_len, attention_.bwd_block_n));
 }
 
 CollectiveCost CostModel::collective(models::Collective kind,

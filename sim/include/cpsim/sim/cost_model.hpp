@@ -69,6 +69,10 @@ class CostModel {
 
  private:
   double occupancy_factor(std::int64_t tiles) const;
+  KernelCost attention_call(double flops,
+                            const models::LogCurve& curve,
+                            std::int64_t curve_len,
+                            std::int64_t tiles) const;
   const models::HardwareProfile& profile_;
   const models::AttentionKernelModel& attention_;
 };
