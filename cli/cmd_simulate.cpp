@@ -60,6 +60,26 @@ sim::ScheduleInputs resolve(const SimulateArgs& a) {
   }
   (void)in.hardware.attention_kernel(r.attention_kernel);  // names the flag if unknown
 
+  if (a.zero >= 0) {
+    if (a.zero > 3) {
+      throw InputError("--zero", fmt::format("ZeRO stage must be 0, 1, 2 or 3, got {}", a.zero));
+    }
+    r.zero_stage = a.zero;
+  }
+  if (!a.optimizer_offload.empty()) {
+    r.optimizer_offload = parse_switch(a.optimizer_offload, "--optimizer-offload");
+  }
+  if (!a.comm_dtype.empty()) {
+    if (a.comm_dtype == "bf16" || a.comm_dtype == "fp16") {
+      r.cp_comm_bytes = 2;
+    } else if (a.comm_dtype == "fp32") {
+      r.cp_comm_bytes = 4;
+    } else {
+      throw InputError("--comm-dtype",
+                       fmt::format("expected bf16 or fp32, got '{}'", a.comm_dtype));
+    }
+  }
+
   auto& p = in.parallel;
   p.method = models::parse_cp_method(a.method, "--method");
   p.gpus = a.gpus;
@@ -67,12 +87,69 @@ sim::ScheduleInputs resolve(const SimulateArgs& a) {
     throw InputError("--gpus-per-node", "must be positive");
   }
   p.gpus_per_node = a.gpus_per_node > 0 ? a.gpus_per_node : in.hardware.gpus_per_node;
-  if (a.ulysses_degree < 0) {
-    throw InputError("--ulysses-degree", "must be positive");
+  for (const auto& [value, flag] :
+       {std::pair{a.cp_degree, "--cp-degree"}, std::pair{a.ulysses_degree, "--ulysses-degree"},
+        std::pair{a.ring_degree, "--ring-degree"}}) {
+    if (value < 0) {
+      throw InputError(flag, "must be positive");
+    }
   }
-  p.cp_degree = a.ulysses_degree > 0 ? a.ulysses_degree : a.gpus;
+  // CP degree: explicit, else ulysses × ring when both are given, else the one given for a method
+  // that has only that part, else all GPUs.
+  using models::CpMethod;
+  const bool ulysses_only = p.method == CpMethod::kUlysses || p.method == CpMethod::kFpdt;
+  const bool ring_only = p.method == CpMethod::kRing || p.method == CpMethod::kAllGather;
+  if (a.cp_degree > 0) {
+    p.cp_degree = a.cp_degree;
+  } else if (a.ulysses_degree > 0 && a.ring_degree > 0) {
+    p.cp_degree = a.ulysses_degree * a.ring_degree;
+  } else if (ulysses_only && a.ulysses_degree > 0) {
+    p.cp_degree = a.ulysses_degree;
+  } else if (ring_only && a.ring_degree > 0) {
+    p.cp_degree = a.ring_degree;
+  } else {
+    p.cp_degree = a.gpus;
+  }
+  if (ring_only) {
+    p.ring_degree = a.ring_degree > 0 ? a.ring_degree : p.cp_degree;
+    if (a.ulysses_degree > 1) {
+      throw InputError("--ulysses-degree", fmt::format("--method {} has no Ulysses part; use "
+                                                       "--method usp for Ulysses × ring",
+                                                       a.method));
+    }
+  } else if (ulysses_only) {
+    p.ring_degree = a.ring_degree > 0 ? a.ring_degree : 1;
+  } else if (a.ring_degree > 0) {
+    p.ring_degree = a.ring_degree;
+  } else if (a.ulysses_degree > 0 && p.cp_degree % a.ulysses_degree == 0) {
+    p.ring_degree = p.cp_degree / a.ulysses_degree;
+  } else {
+    // usp / upipe: Ulysses inside a node, ring across nodes (yunchang's "ulysses low" placement).
+    p.ring_degree = p.cp_degree > p.gpus_per_node && p.cp_degree % p.gpus_per_node == 0
+                        ? p.cp_degree / p.gpus_per_node
+                        : 1;
+  }
+  if (a.ulysses_degree > 0 && p.ring_degree > 0 && p.cp_degree % p.ring_degree == 0 &&
+      a.ulysses_degree != p.cp_degree / p.ring_degree) {
+    throw InputError("--ulysses-degree",
+                     fmt::format("Ulysses degree {} × ring degree {} must equal the CP degree {}",
+                                 a.ulysses_degree, p.ring_degree, p.cp_degree));
+  }
+  if (!a.ring_layout.empty()) {
+    p.ring_layout = models::parse_ring_layout(a.ring_layout, "--ring-layout");
+  }
+  if (!a.fpdt_chunk.empty()) {
+    p.fpdt_chunk = parse_length(a.fpdt_chunk, "--fpdt-chunk");
+  }
+  if (!a.fpdt_offload.empty()) {
+    p.fpdt_offload = parse_switch(a.fpdt_offload, "--fpdt-offload");
+  }
+  if ((!a.fpdt_chunk.empty() || !a.fpdt_offload.empty()) && p.method != CpMethod::kFpdt) {
+    throw InputError(a.fpdt_chunk.empty() ? "--fpdt-offload" : "--fpdt-chunk",
+                     "applies to --method fpdt only");
+  }
   p.seq_len = parse_length(a.seq, "--seq");
-  if (a.heads_per_stage != 0 && p.method != models::CpMethod::kUPipe) {
+  if (a.heads_per_stage != 0 && p.method != CpMethod::kUPipe) {
     throw InputError("--heads-per-stage", "applies to --method upipe only");
   }
   if (a.heads_per_stage < 0) {
@@ -83,11 +160,27 @@ sim::ScheduleInputs resolve(const SimulateArgs& a) {
 }
 
 std::string method_label(const sim::ScheduleInputs& in, const sim::HeadLayout& L) {
-  if (in.parallel.method == models::CpMethod::kUlysses) {
-    return fmt::format("Ulysses (C={})", L.cp);
+  const auto& p = in.parallel;
+  const char* layout = models::to_string(p.ring_layout);
+  switch (p.method) {
+    case models::CpMethod::kUlysses:
+      return fmt::format("Ulysses (C={})", L.cp);
+    case models::CpMethod::kRing:
+      return fmt::format("Ring attention (C={}, {} layout)", L.cp, layout);
+    case models::CpMethod::kAllGather:
+      return fmt::format("all-gather CP (C={}, {} layout)", L.cp, layout);
+    case models::CpMethod::kUsp:
+      return fmt::format("USP (Ulysses {} x ring {}, {} ring)", L.ulysses, L.ring, layout);
+    case models::CpMethod::kFpdt:
+      return fmt::format("FPDT (C={}, {} chunks of {}, {})", L.cp, L.fpdt_chunks,
+                         format_length(p.fpdt_chunk),
+                         p.fpdt_offload && L.fpdt_chunks > 1 ? "offloaded to host" : "on GPU");
+    case models::CpMethod::kUPipe:
+      break;
   }
-  return fmt::format("UPipe (C={}, U={}: {} stages, K/V fetched every {} stage{})", L.cp,
-                     L.heads_per_stage, L.stages, L.stages_per_kv_fetch,
+  std::string ring = L.ring > 1 ? fmt::format(" x ring {} ({})", L.ring, layout) : "";
+  return fmt::format("UPipe (Ulysses {}{}, U={}: {} stages, K/V fetched every {} stage{})",
+                     L.ulysses, ring, L.heads_per_stage, L.stages, L.stages_per_kv_fetch,
                      L.stages_per_kv_fetch == 1 ? "" : "s");
 }
 
@@ -145,6 +238,13 @@ nlohmann::json to_json(const SimulateArgs& a,
         {"method", models::to_string(in.parallel.method)},
         {"seq_len", in.parallel.seq_len},
         {"cp_degree", in.parallel.cp_degree},
+        {"ulysses_degree", L.ulysses},
+        {"ring_degree", L.ring},
+        {"ring_layout", models::to_string(in.parallel.ring_layout)},
+        {"fpdt_chunk", in.parallel.fpdt_chunk},
+        {"fpdt_offload", in.parallel.fpdt_offload},
+        {"optimizer_offload", r.optimizer_offload},
+        {"comm_dtype", r.cp_comm_bytes == 4 ? "fp32" : "bf16"},
         {"data_parallel", in.parallel.data_parallel()},
         {"heads_per_stage", L.heads_per_stage},
         {"stages", L.stages},
@@ -179,10 +279,13 @@ nlohmann::json to_json(const SimulateArgs& a,
         {"out_local", rep.attention.out_local_bytes},
         {"lse", rep.attention.lse_bytes},
         {"final_out", rep.attention.final_out_bytes},
-        {"a2a_send_per_layer_forward", rep.attention.a2a_send_bytes_per_layer_fwd}}},
+        {"a2a_send_per_layer_forward", rep.attention.a2a_send_bytes_per_layer_fwd},
+        {"ring_block", rep.attention.ring_block_bytes},
+        {"allgather_kv", rep.attention.allgather_kv_bytes}}},
       {"stream_busy_s", busy},
       {"exposed_non_compute_s", rep.exposed_comm_s},
-      {"simulator", {{"ops", rep.ops}, {"events", rep.events}}},
+      {"simulator",
+       {{"ops", rep.ops}, {"events", rep.events}, {"simulated_ranks", rep.simulated_ranks}}},
       {"notes", rep.notes},
   };
   (void)a;
@@ -253,7 +356,10 @@ std::string human(const sim::ScheduleInputs& in, const sim::StepReport& rep) {
                    format_seconds(rep.stream_busy_s[4]));
   o += fmt::format("  step time not covered by compute (exposed comm/copies): {}\n",
                    format_seconds(rep.exposed_comm_s));
-  o += fmt::format("  simulated {} ops, {} events\n", rep.ops, rep.events);
+  o += fmt::format("  simulated {} ops, {} events{}\n", rep.ops, rep.events,
+                   rep.simulated_ranks < in.parallel.gpus
+                       ? " (one representative rank: every rank runs the same schedule)"
+                       : "");
   if (!rep.notes.empty()) {
     o += "\n  modelling notes:\n";
     for (const auto& n : rep.notes) {
@@ -278,7 +384,8 @@ CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
                 "built-in hardware profile (see `cpsim hardware`) or a "
                 "profile file")
       ->capture_default_str();
-  c->add_option("--method", a.method, "context-parallel method: ulysses | upipe")
+  c->add_option("--method", a.method,
+                "context-parallel method: ulysses | upipe | ring | allgather | fpdt | usp")
       ->capture_default_str();
   c->add_option("--seq", a.seq, "global sequence length in tokens (131072, 128K, 3M)")
       ->capture_default_str();
@@ -286,8 +393,26 @@ CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
   c->add_option(
       "--heads-per-stage", a.heads_per_stage,
       "UPipe: query heads per stage U, a multiple of the CP degree (default: the CP degree)");
+  c->add_option("--cp-degree", a.cp_degree,
+                "context-parallel group size C; the rest of the GPUs are data parallel "
+                "(default: all GPUs, or ulysses × ring)");
   c->add_option("--ulysses-degree", a.ulysses_degree,
-                "CP (Ulysses) degree; the rest of the GPUs are data parallel (default: all GPUs)");
+                "Ulysses (all-to-all) part of C: ulysses, fpdt, usp, upipe (default: C, or the "
+                "GPUs of a node for usp/upipe across nodes)");
+  c->add_option("--ring-degree", a.ring_degree,
+                "ring part of C: usp, upipe (default: C / GPUs per node across nodes, else 1); "
+                "ring and allgather use C");
+  c->add_option("--ring-layout", a.ring_layout,
+                "token layout of ring attention: zigzag | contiguous "
+                "(default: zigzag)");
+  c->add_option("--fpdt-chunk", a.fpdt_chunk, "FPDT chunk in global tokens (default: 64K)");
+  c->add_option("--fpdt-offload", a.fpdt_offload,
+                "FPDT: offload chunks to pinned host memory: on | off (default: on)");
+  c->add_option("--zero", a.zero, "ZeRO stage 0-3 (3 = FSDP full shard; default: recipe)");
+  c->add_option("--optimizer-offload", a.optimizer_offload,
+                "fp32 master weights and optimizer states in host memory, CPU Adam: on | off");
+  c->add_option("--comm-dtype", a.comm_dtype,
+                "dtype of context-parallel communication: bf16 | fp32 (default: recipe)");
   c->add_option("--ac", a.ac,
                 "activation checkpointing: none | selective | full (default: recipe)");
   c->add_option("--ac-offload", a.ac_offload,
@@ -298,7 +423,7 @@ CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
   c->add_option("--fused-loss", a.fused_loss, "fused linear cross-entropy: on | off");
   c->add_option("--attention-kernel", a.attention_kernel,
                 "attention kernel curve of the profile: "
-                "fa3 | fa2 | cudnn (default: recipe)");
+                "fa3 | fa2 | cudnn | sdpa (default: recipe)");
   c->add_option("--trace", a.trace, "write a Chrome/Perfetto trace (JSON) of the step to FILE");
   c->add_flag("--json", a.json, "print one JSON object instead of the table");
   return c;

@@ -16,8 +16,16 @@ struct SimulateArgs {
   std::string seq = "1M";
   std::string recipe = "alst";
   long long heads_per_stage = 0;
-  int ulysses_degree = 0;  // 0 = all GPUs
-  std::string ac;          // empty = recipe
+  int cp_degree = 0;       // 0 = all GPUs (or ulysses × ring when both are given)
+  int ulysses_degree = 0;  // 0 = derived
+  int ring_degree = 0;     // 0 = derived
+  std::string ring_layout;
+  std::string fpdt_chunk;
+  std::string fpdt_offload;
+  int zero = -1;  // -1 = recipe
+  std::string optimizer_offload;
+  std::string comm_dtype;
+  std::string ac;  // empty = recipe
   std::string ac_offload;
   std::string tiled_mlp;
   std::string fused_loss;

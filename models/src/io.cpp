@@ -689,10 +689,12 @@ HardwareProfile parse_hardware_profile(const std::string& json_text, const std::
       r.integer(overheads, "memory_overheads", "cublas_workspace_bytes", Bound::kNonNegative);
 
   const Json& node =
-      r.section(root, "", "node", {"gpus_per_node", "host_memory_bytes", "host_link"});
+      r.section(root, "", "node",
+                {"gpus_per_node", "host_memory_bytes", "host_link", "cpu_adam_params_per_s"});
   hw.gpus_per_node = to_int(r.integer(node, "node", "gpus_per_node", Bound::kPositive),
                             r.field("node.gpus_per_node"));
   hw.host_memory_bytes_per_node = r.integer(node, "node", "host_memory_bytes", Bound::kPositive);
+  hw.cpu_adam_params_per_s = r.number(node, "node", "cpu_adam_params_per_s", Bound::kPositive);
   const Json& host_link =
       r.section(node, "node", "host_link",
                 {"alpha_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "duplex_total_bytes_per_s"});
@@ -793,21 +795,26 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
 
   const Json* precision =
       section("precision", {"param_bytes", "activation_bytes", "master_param_bytes", "grad_bytes",
-                            "grad_reduce_bytes", "optimizer_state_bytes"});
+                            "grad_reduce_bytes", "optimizer_state_bytes", "cp_comm_bytes",
+                            "persistent_compute_params"});
   read_int(precision, "precision", "param_bytes", recipe.param_bytes);
   read_int(precision, "precision", "activation_bytes", recipe.activation_bytes);
   read_int(precision, "precision", "master_param_bytes", recipe.master_param_bytes);
   read_int(precision, "precision", "grad_bytes", recipe.grad_bytes);
   read_int(precision, "precision", "grad_reduce_bytes", recipe.grad_reduce_bytes);
   read_int(precision, "precision", "optimizer_state_bytes", recipe.optimizer_state_bytes);
+  read_int(precision, "precision", "cp_comm_bytes", recipe.cp_comm_bytes);
+  read_bool(precision, "precision", "persistent_compute_params", recipe.persistent_compute_params);
 
   if (const Json* optimizer = find_member(root, "optimizer")) {
     recipe.optimizer = as_string(*optimizer, field("optimizer"));
   }
 
-  const Json* sharding = section("sharding", {"zero_stage", "fsdp_prefetch_layers"});
+  const Json* sharding =
+      section("sharding", {"zero_stage", "fsdp_prefetch_layers", "optimizer_offload"});
   read_int(sharding, "sharding", "zero_stage", recipe.zero_stage);
   read_int(sharding, "sharding", "fsdp_prefetch_layers", recipe.fsdp_prefetch_layers);
+  read_bool(sharding, "sharding", "optimizer_offload", recipe.optimizer_offload);
 
   const Json* ac =
       section("activation_checkpointing", {"mode", "offload_to_host", "keep_first_last_on_gpu"});

@@ -10,7 +10,24 @@
 namespace cpsim::models {
 namespace {
 
-constexpr std::array kCpMethods = {CpMethod::kUlysses, CpMethod::kUPipe};
+constexpr std::array kCpMethods = {CpMethod::kUlysses,   CpMethod::kUPipe, CpMethod::kRing,
+                                   CpMethod::kAllGather, CpMethod::kFpdt,  CpMethod::kUsp};
+constexpr std::array kRingLayouts = {RingLayout::kContiguous, RingLayout::kZigzag};
+
+template <typename T, std::size_t N>
+T parse_named(const std::array<T, N>& values,
+              const std::string& text,
+              const std::string& field,
+              const char* what) {
+  std::string known;
+  for (const T v : values) {
+    if (text == to_string(v)) {
+      return v;
+    }
+    known += known.empty() ? to_string(v) : fmt::format(", {}", to_string(v));
+  }
+  throw InputError(field, fmt::format("unknown {} '{}'; known: {}", what, text, known));
+}
 
 }  // namespace
 
@@ -20,20 +37,34 @@ const char* to_string(CpMethod m) {
       return "ulysses";
     case CpMethod::kUPipe:
       return "upipe";
+    case CpMethod::kRing:
+      return "ring";
+    case CpMethod::kAllGather:
+      return "allgather";
+    case CpMethod::kFpdt:
+      return "fpdt";
+    case CpMethod::kUsp:
+      return "usp";
   }
   return "unknown";
 }
 
 CpMethod parse_cp_method(const std::string& text, const std::string& field) {
-  std::string known;
-  for (const CpMethod m : kCpMethods) {
-    if (text == to_string(m)) {
-      return m;
-    }
-    known += known.empty() ? to_string(m) : fmt::format(", {}", to_string(m));
+  return parse_named(kCpMethods, text, field, "context-parallel method");
+}
+
+const char* to_string(RingLayout l) {
+  switch (l) {
+    case RingLayout::kContiguous:
+      return "contiguous";
+    case RingLayout::kZigzag:
+      return "zigzag";
   }
-  throw InputError(field,
-                   fmt::format("unknown context-parallel method '{}'; known: {}", text, known));
+  return "unknown";
+}
+
+RingLayout parse_ring_layout(const std::string& text, const std::string& field) {
+  return parse_named(kRingLayouts, text, field, "ring layout");
 }
 
 }  // namespace cpsim::models

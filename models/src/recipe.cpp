@@ -70,6 +70,7 @@ void TrainingRecipe::validate() const {
   check_one_of(grad_bytes, {1, 2, 4}, "precision.grad_bytes");
   check_one_of(grad_reduce_bytes, {1, 2, 4}, "precision.grad_reduce_bytes");
   check_range(optimizer_state_bytes, 0, 32, "precision.optimizer_state_bytes");
+  check_one_of(cp_comm_bytes, {1, 2, 4}, "precision.cp_comm_bytes");
   if (optimizer.empty()) {
     throw InputError("recipe.optimizer", "must not be empty");
   }

@@ -3,7 +3,9 @@
 namespace cpsim::planner {
 
 Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& options) {
-  auto workload = std::make_shared<sim::Workload>(sim::build_step(inputs));
+  sim::BuildOptions build;
+  build.all_ranks = options.keep_trace || options.all_ranks;  // a trace shows every rank
+  auto workload = std::make_shared<sim::Workload>(sim::build_step(inputs, build));
   sim::check_acyclic(*workload);
   sim::SimOptions sim_options;
   sim_options.record_trace = options.keep_trace;

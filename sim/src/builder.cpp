@@ -7,11 +7,18 @@
 
 namespace cpsim::sim::detail {
 
-Builder::Builder(Workload& w, int ranks, int cp_degree, int gpus_per_node)
-    : w_(w), ranks_(ranks), cp_(cp_degree), gpus_per_node_(gpus_per_node) {
-  w_.ranks = ranks;
+Builder::Builder(
+    Workload& w, int ranks, int simulated_ranks, int cp_degree, int ring_degree, int gpus_per_node)
+    : w_(w),
+      ranks_(ranks),
+      sim_ranks_(simulated_ranks),
+      cp_(cp_degree),
+      ring_(ring_degree),
+      gpus_per_node_(gpus_per_node) {
+  w_.ranks = simulated_ranks;
+  w_.represented_ranks = ranks;
   w_.gpus_per_node = gpus_per_node;
-  w_.static_memory.assign(static_cast<std::size_t>(ranks), {});
+  w_.static_memory.assign(static_cast<std::size_t>(simulated_ranks), {});
 }
 
 TensorSet Builder::tensor(const std::string& name,
@@ -20,7 +27,7 @@ TensorSet Builder::tensor(const std::string& name,
                           bool on_host) {
   const auto base = static_cast<TensorId>(w_.tensors.size());
   const std::int32_t name_id = w_.intern(name);
-  for (int r = 0; r < ranks_; ++r) {
+  for (int r = 0; r < sim_ranks_; ++r) {
     Tensor t;
     t.bytes = bytes;
     t.rank = r;
@@ -32,16 +39,70 @@ TensorSet Builder::tensor(const std::string& name,
   return {base};
 }
 
+int Builder::group_size(Group g) const {
+  switch (g) {
+    case Group::kCp:
+      return cp_;
+    case Group::kUlysses:
+      return cp_ / ring_;
+    case Group::kRing:
+      return ring_;
+    case Group::kAll:
+      return ranks_;
+  }
+  return 1;
+}
+
+std::vector<std::int32_t> Builder::members(Group g, int rank) const {
+  std::vector<std::int32_t> m = all_members(g, rank);
+  m.erase(std::remove_if(m.begin(), m.end(), [this](std::int32_t r) { return r >= sim_ranks_; }),
+          m.end());
+  return m;
+}
+
+std::vector<std::int32_t> Builder::all_members(Group g, int rank) const {
+  const int u = cp_ / ring_;
+  const int cp_base = rank / cp_ * cp_;
+  std::vector<std::int32_t> m;
+  switch (g) {
+    case Group::kCp:
+      for (int i = 0; i < cp_; ++i)
+        m.push_back(cp_base + i);
+      break;
+    case Group::kUlysses:
+      for (int i = 0; i < u; ++i)
+        m.push_back(rank / u * u + i);
+      break;
+    case Group::kRing:
+      for (int i = 0; i < ring_; ++i)
+        m.push_back(cp_base + (rank - cp_base) % u + i * u);
+      break;
+    case Group::kAll:
+      for (int i = 0; i < ranks_; ++i)
+        m.push_back(i);
+      break;
+  }
+  return m;
+}
+
+int Builder::position(Group g, int rank) const {
+  const std::vector<std::int32_t> m = all_members(g, rank);
+  return static_cast<int>(std::find(m.begin(), m.end(), rank) - m.begin());
+}
+
 models::Span Builder::span_of(Group g) const {
-  const int members = g == Group::kCp ? cp_ : ranks_;
-  return members <= gpus_per_node_ ? models::Span::kIntraNode : models::Span::kInterNode;
+  const std::vector<std::int32_t> m = all_members(g, 0);
+  return m.front() / gpus_per_node_ == m.back() / gpus_per_node_ ? models::Span::kIntraNode
+                                                                 : models::Span::kInterNode;
 }
 
 OpSet Builder::op(const OpSpec& spec) {
   const auto base = static_cast<OpId>(w_.ops.size());
   const std::int32_t name_id = w_.intern(spec.name);
-  const SimTime duration = seconds_to_simtime(spec.time_s);
-  for (int r = 0; r < ranks_; ++r) {
+  for (int r = 0; r < sim_ranks_; ++r) {
+    const SimTime duration = seconds_to_simtime(
+        spec.time_s_per_rank.empty() ? spec.time_s
+                                     : spec.time_s_per_rank[static_cast<std::size_t>(r)]);
     Op o;
     o.rank = r;
     o.stream = spec.stream;
@@ -110,16 +171,20 @@ OpSet Builder::collective(const OpSpec& spec,
                           models::Collective kind,
                           const CostModel& cost,
                           std::int64_t size_bytes) {
-  const int members = group == Group::kCp ? cp_ : ranks_;
+  const int n = group_size(group);
   const models::Span span = span_of(group);
-  const CollectiveCost c = cost.collective(kind, span, members, size_bytes);
+  const CollectiveCost c = cost.collective(kind, span, n, size_bytes);
   OpSpec s = spec;
   s.kind = OpKind::kCollective;
   s.time_s = c.time_s();
+  s.time_s_per_rank.clear();
   const OpSet set = op(s);
-  const int groups = ranks_ / members;
-  const auto first = static_cast<CollectiveId>(w_.collectives.size());
-  for (int g = 0; g < groups; ++g) {
+  // One collective per distinct group, numbered in order of each group's lowest rank.
+  std::vector<CollectiveId> of_rank(static_cast<std::size_t>(sim_ranks_), kNone);
+  for (int r = 0; r < sim_ranks_; ++r) {
+    if (of_rank[static_cast<std::size_t>(r)] != kNone) {
+      continue;
+    }
     Collective col;
     col.kind = kind;
     col.span = span;
@@ -127,13 +192,16 @@ OpSet Builder::collective(const OpSpec& spec,
     col.wire_bytes = c.wire_bytes;
     col.alpha_s = c.alpha_s;
     col.nominal_bytes_per_s = c.nominal_bytes_per_s;
-    for (int m = 0; m < members; ++m) {
-      col.members.push_back(g * members + m);
+    col.members = members(group, r);
+    const auto id = static_cast<CollectiveId>(w_.collectives.size());
+    for (std::int32_t m : col.members) {
+      of_rank[static_cast<std::size_t>(m)] = id;
     }
     w_.collectives.push_back(std::move(col));
   }
-  for (int r = 0; r < ranks_; ++r) {
-    w_.ops[static_cast<std::size_t>(set.base + r)].collective = first + r / members;
+  for (int r = 0; r < sim_ranks_; ++r) {
+    w_.ops[static_cast<std::size_t>(set.base + r)].collective =
+        of_rank[static_cast<std::size_t>(r)];
   }
   return set;
 }

@@ -24,9 +24,14 @@ struct OpSet {
   bool valid() const { return base != kNone; }
 };
 
+/// Communication groups. A CP group is C consecutive ranks (one per data-parallel replica); inside
+/// it, Ulysses groups are u consecutive ranks (inside a node when u ≤ GPUs per node) and ring
+/// groups are the r ranks with stride u (the USP "ulysses low" placement).
 enum class Group : std::uint8_t {
-  kCp,   ///< the rank's context-parallel group (consecutive ranks)
-  kAll,  ///< every rank (FSDP)
+  kCp,       ///< the rank's whole CP group
+  kUlysses,  ///< the rank's Ulysses (all-to-all) group
+  kRing,     ///< the rank's ring group
+  kAll,      ///< every rank (FSDP / ZeRO)
 };
 
 struct OpSpec {
@@ -34,6 +39,7 @@ struct OpSpec {
   Stream stream = Stream::kCompute;
   OpKind kind = OpKind::kElementwise;
   double time_s = 0.0;
+  std::vector<double> time_s_per_rank;  ///< overrides time_s when ranks differ (index = rank)
   double flops = 0.0;
   std::int64_t transfer_bytes = 0;
   std::int64_t workspace_bytes = 0;
@@ -45,7 +51,14 @@ struct OpSpec {
 
 class Builder {
  public:
-  Builder(Workload& w, int ranks, int cp_degree, int gpus_per_node);
+  /// `ranks` GPUs of which the first `simulated_ranks` get ops (1 = the representative-rank fast
+  /// path for symmetric schedules: collectives keep the cost of their real group size).
+  Builder(Workload& w,
+          int ranks,
+          int simulated_ranks,
+          int cp_degree,
+          int ring_degree,
+          int gpus_per_node);
 
   void set_phase(Phase p) { phase_ = p; }
   void set_layer(std::int32_t layer) { layer_ = layer; }
@@ -62,15 +75,27 @@ class Builder {
                    models::Collective kind,
                    const CostModel& cost,
                    std::int64_t size_bytes);
-  /// Makes `consumer` read `t` too (keeps `t` alive until `consumer` ends).
   int ranks() const { return ranks_; }
+  int simulated_ranks() const { return sim_ranks_; }
   int cp_degree() const { return cp_; }
+  int ring_degree() const { return ring_; }
+  int ulysses_degree() const { return cp_ / ring_; }
+  int group_size(Group g) const;
+  /// Simulated members of the group of kind `g` that contains `rank`, in rank order.
+  std::vector<std::int32_t> members(Group g, int rank) const;
+  /// Every member (simulated or not) of the group of kind `g` that contains `rank`.
+  std::vector<std::int32_t> all_members(Group g, int rank) const;
+  /// Position of `rank` inside its group of kind `g`.
+  int position(Group g, int rank) const;
+  /// Intra-node when every member sits on one node.
   models::Span span_of(Group g) const;
 
  private:
   Workload& w_;
   int ranks_;
+  int sim_ranks_;
   int cp_;
+  int ring_;
   int gpus_per_node_;
   Phase phase_ = Phase::kForward;
   std::int32_t layer_ = -1;

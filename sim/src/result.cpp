@@ -55,8 +55,13 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
   rep.fits_gpu = rep.gpu_headroom_bytes >= 0;
 
   // Host memory per node: the sum of the host peaks of the node's ranks (symmetric ranks peak
-  // together, so the sum is the node's peak).
+  // together, so the sum is the node's peak). On the representative-rank path every rank of a node
+  // holds what rank 0 holds.
   const int per_node = std::max(1, par.gpus_per_node);
+  if (w.ranks < w.represented_ranks) {
+    rep.host_memory_bytes =
+        r.memory[0].host_peak_bytes * std::min(per_node, std::max(1, w.represented_ranks));
+  }
   for (std::size_t i = 0; i < r.memory.size(); i += static_cast<std::size_t>(per_node)) {
     std::int64_t node = 0;
     for (std::size_t j = i; j < std::min(r.memory.size(), i + static_cast<std::size_t>(per_node));
@@ -75,6 +80,7 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
   rep.layout = derive_head_layout(in);
   rep.attention = attention_buffers(in, rep.layout);
   rep.ops = static_cast<std::int64_t>(w.ops.size());
+  rep.simulated_ranks = w.ranks;
   rep.events = r.events;
   rep.notes = w.notes;
   return rep;

@@ -277,7 +277,16 @@ TEST_F(CliTest, SimulateIsDeterministic) {
   ASSERT_EQ(c.exit_code, 0) << c.err;
   ASSERT_EQ(d.exit_code, 0) << d.err;
   EXPECT_TRUE(c.out == d.out) << "stdout with --trace differs between two identical runs";
-  EXPECT_TRUE(a.out == c.out) << "--trace changes the --json result";
+  // A trace simulates every rank, the plain run one representative rank (UPipe without a ring is
+  // symmetric): every predicted quantity must agree; only the simulator's own counters differ (and
+  // the name of the op at the peak when two ops reach the same peak bytes).
+  auto predictions = [](const std::string& text) {
+    nlohmann::json j = nlohmann::json::parse(text);
+    j.erase("simulator");
+    j["peak"].erase("op");
+    return j;
+  };
+  EXPECT_EQ(predictions(a.out), predictions(c.out)) << "--trace changes the --json result";
   const std::string trace_a = read_file(path("a.trace.json"));
   const std::string trace_b = read_file(path("b.trace.json"));
   ASSERT_FALSE(trace_a.empty());

@@ -77,7 +77,7 @@ TEST(HardwareProfile, ParsesTheH100Profile) {
   EXPECT_EQ(fa3.fwd_block_m, 128);
   EXPECT_EQ(fa3.bwd_block_n, 128);
   EXPECT_EQ(fa3.head_dim, 128);
-  EXPECT_EQ(hw.attention_kernels.size(), 3U);
+  EXPECT_EQ(hw.attention_kernels.size(), 4U);
 
   const CollectiveModel& a2a = hw.collective(Span::kIntraNode, Collective::kAllToAll);
   EXPECT_DOUBLE_EQ(a2a.alpha_s, 12.5e-6);
@@ -97,8 +97,8 @@ TEST(HardwareProfile, ParsesTheH100Profile) {
 
 TEST(HardwareProfile, RecordsProvenanceOfEveryCoefficient) {
   const HardwareProfile hw = parse_hardware_profile(h100_json().dump(), "h100.json");
-  // 4 gpu + 5 compute + 3 kernels x 7 + 3 overheads + 2 node + 4 host link + 2 x 5 x 3 collectives.
-  EXPECT_EQ(hw.provenance.size(), 69U);
+  // 4 gpu + 5 compute + 4 kernels x 7 + 3 overheads + 3 node + 4 host link + 2 x 5 x 3 collectives.
+  EXPECT_EQ(hw.provenance.size(), 77U);
   EXPECT_THAT(hw.provenance.at("gpu.peak_bf16_flops_per_s"), HasSubstr("989 TFLOP/s"));
   EXPECT_THAT(hw.provenance.at("collectives.intra_node.all_to_all.alpha_s"), HasSubstr("11-15 us"));
   EXPECT_THAT(hw.provenance.at("compute.attention_kernels.fa3.fwd_causal_flops_per_s"),

@@ -179,13 +179,19 @@ TEST(CpMethod, ParseAndPrint) {
   EXPECT_EQ(parse_cp_method("ulysses", "--method"), CpMethod::kUlysses);
   EXPECT_EQ(parse_cp_method("upipe", "--method"), CpMethod::kUPipe);
   EXPECT_STREQ(to_string(CpMethod::kUPipe), "upipe");
+  for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kUPipe, CpMethod::kRing,
+                           CpMethod::kAllGather, CpMethod::kFpdt, CpMethod::kUsp}) {
+    EXPECT_EQ(parse_cp_method(to_string(m), "--method"), m);
+  }
   try {
-    parse_cp_method("ring", "--method");
-    ADD_FAILURE() << "accepted 'ring'";
+    parse_cp_method("ring2", "--method");
+    ADD_FAILURE() << "accepted 'ring2'";
   } catch (const InputError& e) {
     EXPECT_EQ(e.field(), "--method");
-    EXPECT_THAT(e.what(), HasSubstr("ulysses, upipe"));
+    EXPECT_THAT(e.what(), HasSubstr("ulysses, upipe, ring, allgather, fpdt, usp"));
   }
+  EXPECT_EQ(parse_ring_layout("zigzag", "--ring-layout"), RingLayout::kZigzag);
+  EXPECT_THROW(parse_ring_layout("spiral", "--ring-layout"), InputError);
 }
 
 TEST(ParallelConfig, DerivedSizes) {

@@ -155,16 +155,16 @@ TEST(CommVolume, UlyssesForwardLayer) {
   const Workload w = build_step(in);
   const std::int64_t s = kM / 8;
   const CommVolume f = count(w, 3, Phase::kForward);
-  EXPECT_EQ(f.a2a_calls, 2);
+  EXPECT_EQ(f.a2a_calls, 3);  // Q, K/V, output
   EXPECT_EQ(f.a2a_send_bytes, s * 48 * 128 * 2 + s * 32 * 128 * 2);
   EXPECT_EQ(f.a2a_send_bytes,
             attention_buffers(in, derive_head_layout(in)).a2a_send_bytes_per_layer_fwd);
   // Wire bytes of the QKV all-to-all: (C − 1)/C of the send buffer.
   for (const Op& o : w.ops) {
     if (o.rank == 0 && o.layer == 3 && o.phase == Phase::kForward && o.collective != kNone &&
-        w.names[static_cast<std::size_t>(o.name)] == "a2a_qkv") {
+        w.names[static_cast<std::size_t>(o.name)] == "a2a_kv") {
       EXPECT_EQ(w.collectives[static_cast<std::size_t>(o.collective)].wire_bytes,
-                s * 48 * 128 * 2 / 8 * 7);
+                s * 16 * 128 * 2 / 8 * 7);
     }
   }
   // Backward: dOut and dQKV all-to-alls, the same volume again.

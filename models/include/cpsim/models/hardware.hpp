@@ -82,6 +82,7 @@ struct HardwareProfile {
   // Node and cluster
   int gpus_per_node = 8;
   std::int64_t host_memory_bytes_per_node = 0;
+  double cpu_adam_params_per_s = 0.0;  ///< CPU Adam throughput of one node (optimizer offload)
   std::map<Span, std::map<Collective, CollectiveModel>> collectives;
   HostLinkModel host_link;
 

@@ -6,20 +6,40 @@
 
 namespace cpsim::models {
 
-enum class CpMethod { kUlysses, kUPipe };
+/// Context-parallel methods (reference/papers.md):
+///   ulysses    all-to-all QKV to head sharding, attention over the full sequence on H/C heads
+///   upipe      Ulysses in stages of U query heads (headwise chunking); a ring inside each stage
+///              when ring_degree > 1
+///   ring       K/V blocks rotate around the CP group (send/recv), overlapped with attention
+///   allgather  all-gather K/V before attention, reduce-scatter dK/dV (Llama 3, Megatron
+///   all_gather) fpdt       Ulysses over chunks of the sequence with q/k/v/out/LSE chunks offloaded
+///   to host usp        Ulysses (inside a node) × ring (across) hybrid
+enum class CpMethod { kUlysses, kUPipe, kRing, kAllGather, kFpdt, kUsp };
 const char* to_string(CpMethod m);
 /// @throws InputError (field `field`) for unknown names, listing the known ones.
 CpMethod parse_cp_method(const std::string& text, const std::string& field);
+
+/// Token layout of ring-based attention: contiguous (rank i holds chunk i) or zigzag (2C chunks,
+/// rank i holds i and 2C−1−i, which balances causal work).
+enum class RingLayout { kContiguous, kZigzag };
+const char* to_string(RingLayout l);
+RingLayout parse_ring_layout(const std::string& text, const std::string& field);
 
 struct ParallelConfig {
   CpMethod method = CpMethod::kUlysses;
   int gpus = 8;
   int gpus_per_node = 8;
-  int cp_degree = 8;                 ///< Ulysses degree C (the CP group size)
-  std::int64_t seq_len = 0;          ///< global tokens in the sequence N
-  std::int64_t heads_per_stage = 0;  ///< UPipe U (query heads per stage, all ranks); 0 = C
+  int cp_degree = 8;         ///< CP group size C = Ulysses degree × ring degree
+  int ring_degree = 1;       ///< ring part of C (ring, allgather: C; usp/upipe: may be > 1)
+  std::int64_t seq_len = 0;  ///< global tokens in the sequence N
+  std::int64_t heads_per_stage =
+      0;  ///< UPipe U (query heads per stage, all ranks); 0 = Ulysses degree
+  RingLayout ring_layout = RingLayout::kZigzag;
+  std::int64_t fpdt_chunk = 65536;  ///< FPDT chunk in global tokens
+  bool fpdt_offload = true;         ///< FPDT chunks offloaded to pinned host memory
   int micro_batch = 1;
 
+  int ulysses_degree() const { return cp_degree / ring_degree; }
   int data_parallel() const { return gpus / cp_degree; }
   std::int64_t local_seq() const { return seq_len / cp_degree; }
 };

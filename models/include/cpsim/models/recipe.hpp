@@ -24,10 +24,17 @@ struct TrainingRecipe {
   std::int64_t grad_reduce_bytes =
       4;  ///< dtype of the gradient reduce-scatter (fp32 in TorchTitan)
   std::int64_t optimizer_state_bytes = 8;  ///< AdamW: exp_avg + exp_avg_sq in fp32
+  /// dtype of context-parallel communication (all-to-all, ring send/recv): 2 = bf16; DeepSpeed's
+  /// `seq_parallel_communication_data_type` defaults to fp32 (4).
+  std::int64_t cp_comm_bytes = 2;
+  /// A persistent compute-dtype copy of the parameters besides the fp32 master (DeepSpeed,
+  /// Megatron). FSDP2 has none: it casts the sharded fp32 parameters when gathering.
+  bool persistent_compute_params = false;
   std::string optimizer = "adamw";
   // Sharding
-  int zero_stage = 3;            ///< FSDP full shard = ZeRO-3 over all GPUs
-  int fsdp_prefetch_layers = 1;  ///< layers gathered ahead of use
+  int zero_stage = 3;              ///< FSDP full shard = ZeRO-3 over all GPUs
+  int fsdp_prefetch_layers = 1;    ///< layers gathered ahead of use
+  bool optimizer_offload = false;  ///< fp32 master + optimizer states on host, CPU Adam
   // Activation checkpointing
   CheckpointMode checkpointing = CheckpointMode::kFull;
   bool checkpoint_offload = true;       ///< block inputs offloaded to pinned host memory

@@ -12,6 +12,7 @@ namespace cpsim::planner {
 
 struct EvaluateOptions {
   bool keep_trace = false;  ///< keep the workload and per-op intervals for a trace file
+  bool all_ranks = false;   ///< simulate every rank even when one representative rank suffices
 };
 
 struct Evaluation {

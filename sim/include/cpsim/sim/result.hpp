@@ -44,6 +44,7 @@ struct StepReport {
   HeadLayout layout;
   AttentionBuffers attention;
   std::int64_t ops = 0;
+  int simulated_ranks = 0;  ///< 1 on the representative-rank fast path
   std::int64_t events = 0;
   std::vector<std::string> notes;
 };

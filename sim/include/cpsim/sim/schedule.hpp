@@ -29,6 +29,9 @@ struct ScheduleInputs {
 ///   one KV fetch for all stages.
 struct HeadLayout {
   std::int64_t cp = 0;                   ///< C
+  std::int64_t ulysses = 0;              ///< Ulysses (all-to-all) degree u
+  std::int64_t ring = 1;                 ///< ring degree r; C = u·r
+  std::int64_t fpdt_chunks = 0;          ///< FPDT: chunks of the global sequence
   std::int64_t heads = 0;                ///< H
   std::int64_t kv_heads_eff = 0;         ///< KV heads after replication
   std::int64_t heads_per_stage = 0;      ///< U (== H for Ulysses)
@@ -38,7 +41,7 @@ struct HeadLayout {
   std::int64_t kv_replication = 1;       ///< kv_heads_eff / H_kv
 };
 
-/// Validates the combination and derives the head layout.
+/// Validates the combination and derives the head layout (Ulysses heads are split u ways).
 /// @throws InputError naming the flag: `--gpus` (not a multiple of the CP degree, or above 2^16),
 ///   `--seq` (not divisible by the CP degree, or too long), `--model` (heads not divisible by C, KV
 ///   heads neither divisible by nor dividing C), `--heads-per-stage` (U not a multiple of C, or not
@@ -57,11 +60,23 @@ struct AttentionBuffers {
   std::int64_t lse_bytes = 0;              ///< fp32 log-sum-exp (one stage)
   std::int64_t final_out_bytes = 0;        ///< UPipe: full [N/C, H, d] output kept for backward
   std::int64_t a2a_send_bytes_per_layer_fwd =
-      0;  ///< per rank, all all-to-alls of one forward layer
+      0;                                ///< per rank, all all-to-alls of one forward layer
+  std::int64_t ring_block_bytes = 0;    ///< K/V block sent per ring step (ring, usp, upipe + ring)
+  std::int64_t allgather_kv_bytes = 0;  ///< K/V of the whole sequence gathered (allgather)
 };
 AttentionBuffers attention_buffers(const ScheduleInputs& inputs, const HeadLayout& layout);
 
-/// Builds the full step. @throws InputError for invalid combinations (see derive_head_layout).
-Workload build_step(const ScheduleInputs& inputs);
+struct BuildOptions {
+  /// Give every rank its ops. Otherwise symmetric schedules (no ring) get one representative
+  /// rank whose collectives still cost what their real groups cost (the fast path of design.md;
+  /// tests hold it equal to the full simulation).
+  bool all_ranks = false;
+};
+
+/// True when every rank runs the same ops with the same durations (no ring part).
+bool has_representative_rank(const ScheduleInputs& inputs);
+
+/// Builds the step. @throws InputError for invalid combinations (see derive_head_layout).
+Workload build_step(const ScheduleInputs& inputs, const BuildOptions& options = {});
 
 }  // namespace cpsim::sim

@@ -108,7 +108,8 @@ struct StaticMemory {
 };
 
 struct Workload {
-  int ranks = 0;
+  int ranks = 0;              ///< simulated ranks
+  int represented_ranks = 0;  ///< GPUs of the job; > ranks on the representative-rank fast path
   int gpus_per_node = 8;
   std::vector<Op> ops;  ///< program order: every dependency points to an earlier op
   std::vector<Tensor> tensors;

@@ -1,0 +1,328 @@
+// Core attention on head-sharded tensors: one flash-attention call, a ring of K/V blocks, or an
+// all-gather of K/V, over the ring group of `ring` ranks holding n_r = N / ring tokens each.
+//
+// Ring (reference/papers.md §5.1–5.2). K/V blocks rotate with send/recv on the comm stream, double
+// buffered: step k computes on the block received at step k−1 while the next block is in flight,
+// so communication is exposed exactly when a block's attention is shorter than its transfer
+// (the overlap condition c ≥ F/B). Layouts:
+//   zigzag      2R chunks of c = n_r/2; rank i holds i and 2R−1−i. Step 0 is causal on the local
+//               pair; at step k ≥ 1 the block comes from rank j = i − k (mod R): if j < i, both
+//               local chunks see the first half of the block (q = n_r, kv = n_r/2), else only the
+//               second local chunk sees the whole block (q = n_r/2, kv = n_r): equal work per rank.
+//   contiguous  rank i holds chunk i; step 0 causal, step k full when j < i and skipped (masked)
+//               otherwise: rank R−1 computes R blocks, rank 0 one.
+// The forward keeps an fp32 output and LSE accumulator (online softmax); the backward keeps an fp32
+// dQ accumulator and sends an fp32 dK/dV accumulator around the ring with the K/V blocks, as
+// ring-flash-attention does (its "extra fp32 buffers").
+//
+// All-gather (Llama 3, Megatron `all_gather`, PyTorch native rotate "allgather"). K/V of the whole
+// sequence are gathered before attention (exposed), each rank attends its local queries to the
+// visible prefix, and the backward gathers again and reduce-scatters dK/dV. Only the local K/V are
+// kept for backward.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "cpsim/models/units.hpp"
+
+#include "step_builder.hpp"
+
+namespace cpsim::sim::detail {
+
+CoreForward StepBuilder::core_forward(
+    const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv) {
+  if (rg_ > 1) {
+    return in_.parallel.method == models::CpMethod::kAllGather
+               ? allgather_forward(tag, q_h, kv_h, hq, hkv)
+               : ring_forward(tag, q_h, kv_h, hq, hkv);
+  }
+  const std::int64_t d = m_.head_dim;
+  CoreForward out;
+  out.o_h = b_.tensor("attn_out_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
+  out.lse = b_.tensor("lse" + tag, hq * nr_ * kFp32Bytes, MemCategory::kAttention);
+  compute("attn_fwd" + tag, OpKind::kAttentionFwd, cost_.attention_fwd({nr_, nr_, hq, d, true}),
+          {q_h, kv_h}, {out.o_h, out.lse});
+  return out;
+}
+
+CoreBackward StepBuilder::core_backward(const std::string& tag,
+                                        TensorSet q_h,
+                                        TensorSet kv_h,
+                                        TensorSet o_h,
+                                        TensorSet lse,
+                                        TensorSet do_h,
+                                        std::int64_t hq,
+                                        std::int64_t hkv) {
+  if (rg_ > 1) {
+    return in_.parallel.method == models::CpMethod::kAllGather
+               ? allgather_backward(tag, q_h, kv_h, o_h, lse, do_h, hq, hkv)
+               : ring_backward(tag, q_h, kv_h, o_h, lse, do_h, hq, hkv);
+  }
+  const std::int64_t d = m_.head_dim;
+  CoreBackward out;
+  out.dq_h = b_.tensor("dq_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
+  out.dkv_h = b_.tensor("dkv_h" + tag, nr_ * 2 * hkv * d * ab_, MemCategory::kAttention);
+  // FlashAttention backward workspace: fp32 dQ accumulator and softmax row sums (dot(dO, O)).
+  const std::int64_t ws = nr_ * hq * d * kFp32Bytes + nr_ * hq * kFp32Bytes;
+  compute("attn_bwd" + tag, OpKind::kAttentionBwd, cost_.attention_bwd({nr_, nr_, hq, d, true}),
+          {do_h, q_h, kv_h, o_h, lse}, {out.dq_h, out.dkv_h}, {}, ws, MemCategory::kAttention);
+  return out;
+}
+
+std::vector<double> StepBuilder::ring_step_times(int step,
+                                                 std::int64_t hq,
+                                                 bool backward,
+                                                 double* flops) const {
+  const std::int64_t d = m_.head_dim;
+  const bool zigzag = in_.parallel.ring_layout == models::RingLayout::kZigzag;
+  std::vector<double> t(static_cast<std::size_t>(b_.simulated_ranks()), 0.0);
+  for (int rank = 0; rank < b_.simulated_ranks(); ++rank) {
+    const int i = b_.position(Group::kRing, rank);
+    const int j =
+        ((i - step) % static_cast<int>(rg_) + static_cast<int>(rg_)) % static_cast<int>(rg_);
+    AttentionShape shape{nr_, nr_, hq, d, step == 0};
+    bool skip = false;
+    if (step > 0) {
+      if (zigzag) {
+        shape = j < i ? AttentionShape{nr_, nr_ / 2, hq, d, false}
+                      : AttentionShape{nr_ / 2, nr_, hq, d, false};
+      } else {
+        skip = j > i;
+        shape.causal = false;
+      }
+    }
+    double time = 0.0;
+    double f = 0.0;
+    if (!skip) {
+      const KernelCost k = backward ? cost_.attention_bwd(shape) : cost_.attention_fwd(shape);
+      // Online-softmax merge of the block into the fp32 accumulator (forward), or the addition of
+      // the block's dQ/dK/dV into theirs (backward): read and write fp32 accumulators.
+      const KernelCost merge = cost_.memory_bound(3 * nr_ * hq * d * kFp32Bytes);
+      time = k.time_s + merge.time_s;
+      f = k.flops;
+    }
+    t[static_cast<std::size_t>(rank)] = time;
+    if (rank == 0 && flops != nullptr) {
+      *flops = f;
+    }
+  }
+  return t;
+}
+
+CoreForward StepBuilder::ring_forward(
+    const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv) {
+  const std::int64_t d = m_.head_dim;
+  const std::int64_t kv_bytes = nr_ * 2 * hkv * d * ab_;
+  TensorSet acc = b_.tensor("ring_out_acc" + tag, nr_ * hq * d * kFp32Bytes + hq * nr_ * kFp32Bytes,
+                            MemCategory::kAttention);
+  TensorSet cur = kv_h;
+  const auto steps = static_cast<int>(rg_);
+  for (int k = 0; k < steps; ++k) {
+    TensorSet next;
+    if (k + 1 < steps) {
+      next = b_.tensor(fmt::format("kv_block{}{}", k + 1, tag), kv_bytes, MemCategory::kAttention);
+      OpSpec send;
+      send.name = fmt::format("ring_send_kv{}{}", k, tag);
+      send.stream = Stream::kComm;
+      send.inputs = {cur};
+      send.outputs = {next};
+      b_.collective(send, Group::kRing, models::Collective::kSendRecv, cost_,
+                    kv_bytes / ab_ * r_.cp_comm_bytes);
+    }
+    OpSpec step;
+    step.name = fmt::format("ring_attn_fwd{}{}", k, tag);
+    step.kind = OpKind::kAttentionFwd;
+    step.time_s_per_rank = ring_step_times(k, hq, false, &step.flops);
+    step.inputs = {q_h, cur};
+    if (k == 0) {
+      step.outputs = {acc};
+    } else {
+      step.inputs.push_back(acc);
+    }
+    // The block's own output and LSE before they are merged.
+    step.workspace_bytes = nr_ * hq * d * ab_ + hq * nr_ * kFp32Bytes;
+    step.workspace_category = MemCategory::kAttention;
+    b_.op(step);
+    cur = next;
+  }
+  CoreForward out;
+  out.o_h = b_.tensor("attn_out_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
+  out.lse = b_.tensor("lse" + tag, hq * nr_ * kFp32Bytes, MemCategory::kAttention);
+  compute("ring_out_cast" + tag, OpKind::kElementwise, mem(nr_ * hq * d * (kFp32Bytes + ab_)),
+          {acc}, {out.o_h, out.lse});
+  return out;
+}
+
+CoreBackward StepBuilder::ring_backward(const std::string& tag,
+                                        TensorSet q_h,
+                                        TensorSet kv_h,
+                                        TensorSet o_h,
+                                        TensorSet lse,
+                                        TensorSet do_h,
+                                        std::int64_t hq,
+                                        std::int64_t hkv) {
+  const std::int64_t d = m_.head_dim;
+  const std::int64_t kv_bytes = nr_ * 2 * hkv * d * ab_;
+  const std::int64_t dkv_acc_bytes = nr_ * 2 * hkv * d * kFp32Bytes;
+  TensorSet dq_acc =
+      b_.tensor("ring_dq_acc" + tag, nr_ * hq * d * kFp32Bytes, MemCategory::kAttention);
+  TensorSet dkv = b_.tensor("ring_dkv_acc0" + tag, dkv_acc_bytes, MemCategory::kAttention);
+  TensorSet cur = kv_h;
+  const auto steps = static_cast<int>(rg_);
+  for (int k = 0; k < steps; ++k) {
+    TensorSet next;
+    if (k + 1 < steps) {
+      next = b_.tensor(fmt::format("kv_block{}(bwd){}", k + 1, tag), kv_bytes,
+                       MemCategory::kAttention);
+      OpSpec send;
+      send.name = fmt::format("ring_send_kv{}(bwd){}", k, tag);
+      send.stream = Stream::kComm;
+      send.inputs = {cur};
+      send.outputs = {next};
+      b_.collective(send, Group::kRing, models::Collective::kSendRecv, cost_,
+                    kv_bytes / ab_ * r_.cp_comm_bytes);
+    }
+    OpSpec step;
+    step.name = fmt::format("ring_attn_bwd{}{}", k, tag);
+    step.kind = OpKind::kAttentionBwd;
+    step.time_s_per_rank = ring_step_times(k, hq, true, &step.flops);
+    step.inputs = {q_h, cur, o_h, lse, do_h};
+    if (k == 0) {
+      step.outputs = {dq_acc, dkv};
+    } else {
+      step.inputs.push_back(dq_acc);
+      step.inputs.push_back(dkv);
+    }
+    // FlashAttention's fp32 dQ accumulator and row sums, and the block's dQ, dK, dV.
+    step.workspace_bytes =
+        nr_ * hq * d * kFp32Bytes + nr_ * hq * kFp32Bytes + nr_ * (hq + 2 * hkv) * d * ab_;
+    step.workspace_category = MemCategory::kAttention;
+    const OpSet computed = b_.op(step);
+    // The dK/dV accumulator travels with its K/V block: one hop after every step brings it home.
+    TensorSet dkv_next = b_.tensor(fmt::format("ring_dkv_acc{}{}", k + 1, tag), dkv_acc_bytes,
+                                   MemCategory::kAttention);
+    OpSpec send;
+    send.name = fmt::format("ring_send_dkv{}{}", k, tag);
+    send.stream = Stream::kComm;
+    send.inputs = {dkv};
+    send.outputs = {dkv_next};
+    send.deps = {computed};
+    b_.collective(send, Group::kRing, models::Collective::kSendRecv, cost_, dkv_acc_bytes);
+    dkv = dkv_next;
+    cur = next;
+  }
+  CoreBackward out;
+  out.dq_h = b_.tensor("dq_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
+  out.dkv_h = b_.tensor("dkv_h" + tag, kv_bytes, MemCategory::kAttention);
+  compute("ring_grad_cast" + tag, OpKind::kElementwise,
+          mem(nr_ * (hq + 2 * hkv) * d * (kFp32Bytes + ab_)), {dq_acc, dkv}, {out.dq_h, out.dkv_h});
+  return out;
+}
+
+namespace {
+
+// Causal calls of one rank's queries against the gathered prefix (bottom-right aligned).
+std::vector<AttentionShape> allgather_calls(const models::ParallelConfig& p,
+                                            int i,
+                                            std::int64_t n,
+                                            std::int64_t ring,
+                                            std::int64_t hq,
+                                            std::int64_t d) {
+  if (p.ring_layout == models::RingLayout::kZigzag) {
+    const std::int64_t c = n / (2 * ring);
+    return {AttentionShape{c, (i + 1) * c, hq, d, true},
+            AttentionShape{c, (2 * ring - i) * c, hq, d, true}};
+  }
+  const std::int64_t s = n / ring;
+  return {AttentionShape{s, (i + 1) * s, hq, d, true}};
+}
+
+}  // namespace
+
+CoreForward StepBuilder::allgather_forward(
+    const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv) {
+  const std::int64_t d = m_.head_dim;
+  const std::int64_t full_bytes = n_ * 2 * hkv * d * ab_;
+  TensorSet kv_full = b_.tensor("kv_gathered" + tag, full_bytes, MemCategory::kAttention);
+  OpSpec ag;
+  ag.name = "allgather_kv" + tag;
+  ag.stream = Stream::kComm;
+  ag.inputs = {kv_h};
+  ag.outputs = {kv_full};
+  b_.collective(ag, Group::kRing, models::Collective::kAllGather, cost_,
+                full_bytes / ab_ * r_.cp_comm_bytes);
+  CoreForward out;
+  out.o_h = b_.tensor("attn_out_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
+  out.lse = b_.tensor("lse" + tag, hq * nr_ * kFp32Bytes, MemCategory::kAttention);
+  OpSpec fa;
+  fa.name = "attn_fwd" + tag;
+  fa.kind = OpKind::kAttentionFwd;
+  for (int rank = 0; rank < b_.simulated_ranks(); ++rank) {
+    double t = 0.0;
+    for (const AttentionShape& s :
+         allgather_calls(in_.parallel, b_.position(Group::kRing, rank), n_, rg_, hq, d)) {
+      const KernelCost k = cost_.attention_fwd(s);
+      t += k.time_s;
+      if (rank == 0)
+        fa.flops += k.flops;
+    }
+    fa.time_s_per_rank.push_back(t);
+  }
+  fa.inputs = {q_h, kv_full};
+  fa.outputs = {out.o_h, out.lse};
+  b_.op(fa);
+  return out;
+}
+
+CoreBackward StepBuilder::allgather_backward(const std::string& tag,
+                                             TensorSet q_h,
+                                             TensorSet kv_h,
+                                             TensorSet o_h,
+                                             TensorSet lse,
+                                             TensorSet do_h,
+                                             std::int64_t hq,
+                                             std::int64_t hkv) {
+  const std::int64_t d = m_.head_dim;
+  const std::int64_t full_bytes = n_ * 2 * hkv * d * ab_;
+  TensorSet kv_full = b_.tensor("kv_gathered(bwd)" + tag, full_bytes, MemCategory::kAttention);
+  OpSpec ag;
+  ag.name = "allgather_kv(bwd)" + tag;
+  ag.stream = Stream::kComm;
+  ag.inputs = {kv_h};
+  ag.outputs = {kv_full};
+  b_.collective(ag, Group::kRing, models::Collective::kAllGather, cost_,
+                full_bytes / ab_ * r_.cp_comm_bytes);
+  CoreBackward out;
+  out.dq_h = b_.tensor("dq_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
+  TensorSet dkv_full = b_.tensor("dkv_full" + tag, full_bytes, MemCategory::kAttention);
+  OpSpec fa;
+  fa.name = "attn_bwd" + tag;
+  fa.kind = OpKind::kAttentionBwd;
+  for (int rank = 0; rank < b_.simulated_ranks(); ++rank) {
+    double t = 0.0;
+    for (const AttentionShape& s :
+         allgather_calls(in_.parallel, b_.position(Group::kRing, rank), n_, rg_, hq, d)) {
+      const KernelCost k = cost_.attention_bwd(s);
+      t += k.time_s;
+      if (rank == 0)
+        fa.flops += k.flops;
+    }
+    fa.time_s_per_rank.push_back(t);
+  }
+  fa.inputs = {do_h, q_h, kv_full, o_h, lse};
+  fa.outputs = {out.dq_h, dkv_full};
+  fa.workspace_bytes = nr_ * hq * d * kFp32Bytes + nr_ * hq * kFp32Bytes;
+  fa.workspace_category = MemCategory::kAttention;
+  b_.op(fa);
+  out.dkv_h = b_.tensor("dkv_h" + tag, nr_ * 2 * hkv * d * ab_, MemCategory::kAttention);
+  OpSpec rs;
+  rs.name = "reducescatter_dkv" + tag;
+  rs.stream = Stream::kComm;
+  rs.inputs = {dkv_full};
+  rs.outputs = {out.dkv_h};
+  b_.collective(rs, Group::kRing, models::Collective::kReduceScatter, cost_,
+                full_bytes / ab_ * r_.cp_comm_bytes);
+  return out;
+}
+
+}  // namespace cpsim::sim::detail

@@ -1,0 +1,79 @@
+// Ulysses-family attention: Q and K/V projected for all heads, all-to-all over the Ulysses group
+// (sequence-sharded → head-sharded), core attention over the ring group (one call when the ring
+// degree is 1), all-to-all of the output back. This one builder covers
+//   ulysses    u = C, ring 1          usp        u × ring = C (ring across nodes)
+//   ring       u = 1, ring = C        allgather  u = 1, ring = C, K/V all-gathered
+// With u = 1 the all-to-alls vanish (the local tensors are already "head-sharded").
+// Backward: all-to-all dOut, core attention backward from the saved head-sharded Q, K/V, output
+// and LSE, all-to-all dQ and dK/dV back, RoPE backward, projection backward. Nothing attention-
+// related is recomputed unless checkpointing says so (selective: the all-to-alls of Q and K/V and
+// the core forward run again first).
+#include <fmt/format.h>
+
+#include "cpsim/models/units.hpp"
+
+#include "step_builder.hpp"
+
+namespace cpsim::sim::detail {
+
+void StepBuilder::ulysses_forward(SavedLayer& sv, TensorSet params, bool grad) {
+  const std::int64_t h = m_.hidden, d = m_.head_dim;
+  const std::int64_t kv = layout_.kv_heads_eff;
+  const std::int64_t q_bytes = s_ * m_.heads * d * ab_;
+  const std::int64_t kv_bytes = s_ * 2 * kv * d * ab_;
+  // Projection (K/V replicated after the GEMM when H_kv < u: the copy is part of RoPE's traffic).
+  TensorSet q = b_.tensor("q", q_bytes, MemCategory::kAttention);
+  TensorSet kvp = b_.tensor("kv", kv_bytes, MemCategory::kAttention);
+  compute("qkv_proj", OpKind::kGemm, gemm(s_, (m_.heads + 2 * m_.kv_heads) * d, h), {sv.xn, params},
+          {q, kvp});
+  TensorSet q_r = b_.tensor("q_rope", q_bytes, MemCategory::kAttention);
+  TensorSet kv_r = b_.tensor("kv_rope", kv_bytes, MemCategory::kAttention);
+  compute("rope", OpKind::kElementwise, mem(2 * (q_bytes + kv_bytes)), {q, kvp}, {q_r, kv_r});
+  TensorSet q_h = exchange("a2a_q", q_r, q_bytes, MemCategory::kAttention);
+  TensorSet kv_h = exchange("a2a_kv", kv_r, kv_bytes, MemCategory::kAttention);
+  const CoreForward core = core_forward("", q_h, kv_h, m_.heads / u_, kv / u_);
+  sv.o = exchange("a2a_out", core.o_h, q_bytes, MemCategory::kAttention);
+  if (grad) {
+    sv.q_local = q_r;
+    sv.kv_local = kv_r;
+    sv.q_h = q_h;
+    sv.kv_h = kv_h;
+    sv.o_h = core.o_h;
+    sv.lse = core.lse;
+  }
+}
+
+InputGrad StepBuilder::ulysses_backward(const SavedLayer& sv,
+                                        TensorSet d_o,
+                                        TensorSet params,
+                                        TensorSet grads) {
+  const std::int64_t h = m_.hidden, d = m_.head_dim;
+  const std::int64_t kv = layout_.kv_heads_eff;
+  const std::int64_t hq = m_.heads / u_, hkv = kv / u_;
+  const std::int64_t q_bytes = s_ * m_.heads * d * ab_;
+  const std::int64_t kv_bytes = s_ * 2 * kv * d * ab_;
+  TensorSet q_h = sv.q_h, kv_h = sv.kv_h, o_h = sv.o_h, lse = sv.lse;
+  if (!q_h.valid()) {
+    // Selective checkpointing: the attention core runs again from the saved local Q and K/V.
+    q_h = exchange("a2a_q(re)", sv.q_local, q_bytes, MemCategory::kAttention);
+    kv_h = exchange("a2a_kv(re)", sv.kv_local, kv_bytes, MemCategory::kAttention);
+    const CoreForward core = core_forward("(re)", q_h, kv_h, hq, hkv);
+    o_h = core.o_h;
+    lse = core.lse;
+  }
+  TensorSet do_h = exchange("a2a_dout", d_o, q_bytes, MemCategory::kAttention);
+  const CoreBackward g = core_backward("", q_h, kv_h, o_h, lse, do_h, hq, hkv);
+  TensorSet dq = exchange("a2a_dq", g.dq_h, q_bytes, MemCategory::kAttention);
+  TensorSet dkv = exchange("a2a_dkv", g.dkv_h, kv_bytes, MemCategory::kAttention);
+  TensorSet dq_r = b_.tensor("dq_rope", q_bytes, MemCategory::kAttention);
+  TensorSet dkv_r = b_.tensor("dkv_rope", kv_bytes, MemCategory::kAttention);
+  compute("rope_bwd", OpKind::kElementwise, mem(2 * (q_bytes + kv_bytes)), {dq, dkv},
+          {dq_r, dkv_r});
+  TensorSet dxn = b_.tensor("dxn", s_ * h * ab_, MemCategory::kOther);
+  const OpSet ready = compute("qkv_proj_bwd", OpKind::kGemm,
+                              times(gemm(s_, (m_.heads + 2 * m_.kv_heads) * d, h), 2.0),
+                              {dq_r, dkv_r, sv.xn, params, grads}, {dxn});
+  return {dxn, ready};
+}
+
+}  // namespace cpsim::sim::detail

@@ -1,0 +1,130 @@
+// UPipe (Untied Ulysses, headwise chunking; reference/papers.md §1.1). The attention of a block
+// runs in H/U stages of U query heads (U/u per rank after the all-to-all); a GQA-aware order
+// projects and sends K/V once per fetch and reuses them for the stages of the fetch; stage buffers
+// are freed before the next stage. The custom op saves its input xn, the full output final_out [s,
+// H·d] and one LSE per stage. Its backward, per stage, recomputes the Q projection + RoPE +
+// all-to-all (K/V at the start of each fetch), all-to-alls the stage's slice of final_out and of
+// dOut to head- sharded layout, runs core attention backward (a zigzag ring when ring > 1), and
+// all-to-alls dQ (and dK/dV at the end of a fetch) back into the projection backward.
+#include <fmt/format.h>
+
+#include "cpsim/models/units.hpp"
+
+#include "step_builder.hpp"
+
+namespace cpsim::sim::detail {
+
+void StepBuilder::upipe_forward(SavedLayer& sv, TensorSet params) {
+  const std::int64_t h = m_.hidden, d = m_.head_dim;
+  const std::int64_t u = layout_.heads_per_stage;
+  const std::int64_t f = layout_.kv_heads_per_fetch;
+  const std::int64_t q_local = u / u_;
+  const std::int64_t kv_local = f / u_;
+  const std::int64_t kv_bytes = s_ * 2 * f * d * ab_;
+  const std::int64_t q_bytes = s_ * u * d * ab_;
+  // The full output is preallocated by the custom op and filled stage by stage.
+  sv.final_out = b_.tensor("final_out", s_ * m_.heads * d * ab_, MemCategory::kActivations);
+  OpSet alloc = compute("upipe_alloc_out", OpKind::kElementwise, {0.0, 0.0}, {}, {sv.final_out});
+  TensorSet kv_h;
+  std::vector<OpSet> fills;
+  for (std::int64_t st = 0; st < layout_.stages; ++st) {
+    const std::string tag = fmt::format("[s{}]", st);
+    if (st % layout_.stages_per_kv_fetch == 0) {
+      TensorSet kvp = b_.tensor("kv" + tag, kv_bytes, MemCategory::kAttention);
+      compute("kv_proj" + tag, OpKind::kGemm, gemm(s_, 2 * f / layout_.kv_replication * d, h),
+              {sv.xn, params}, {kvp});
+      TensorSet kvr = b_.tensor("kv_rope" + tag, kv_bytes, MemCategory::kAttention);
+      compute("rope_k" + tag, OpKind::kElementwise, mem(kv_bytes), {kvp}, {kvr});
+      kv_h = exchange("a2a_kv" + tag, kvr, kv_bytes, MemCategory::kAttention);
+    }
+    TensorSet q = b_.tensor("q" + tag, q_bytes, MemCategory::kAttention);
+    compute("q_proj" + tag, OpKind::kGemm, gemm(s_, u * d, h), {sv.xn, params}, {q});
+    TensorSet qr = b_.tensor("q_rope" + tag, q_bytes, MemCategory::kAttention);
+    compute("rope_q" + tag, OpKind::kElementwise, mem(2 * q_bytes), {q}, {qr});
+    TensorSet q_h = exchange("a2a_q" + tag, qr, q_bytes, MemCategory::kAttention);
+    const CoreForward core = core_forward(tag, q_h, kv_h, q_local, kv_local);
+    TensorSet o_s = exchange("a2a_out" + tag, core.o_h, q_bytes, MemCategory::kAttention);
+    fills.push_back(
+        compute("fill_out" + tag, OpKind::kElementwise, mem(2 * q_bytes), {o_s}, {}, {alloc}));
+    sv.lses.push_back(core.lse);
+  }
+  // Heads back to their natural order before the output projection (an indexed copy).
+  sv.o = b_.tensor("out_permuted", s_ * m_.heads * d * ab_, MemCategory::kActivations);
+  compute("permute_out", OpKind::kElementwise, mem(2 * s_ * m_.heads * d * ab_), {sv.final_out},
+          {sv.o}, fills);
+}
+
+InputGrad StepBuilder::upipe_backward(const SavedLayer& sv,
+                                      TensorSet d_o,
+                                      TensorSet params,
+                                      TensorSet grads) {
+  const std::int64_t h = m_.hidden, d = m_.head_dim;
+  const std::int64_t u = layout_.heads_per_stage;
+  const std::int64_t f = layout_.kv_heads_per_fetch;
+  const std::int64_t q_local = u / u_;
+  const std::int64_t kv_local = f / u_;
+  const std::int64_t kv_bytes = s_ * 2 * f * d * ab_;
+  const std::int64_t q_bytes = s_ * u * d * ab_;
+  // dX accumulates the contributions of every stage's Q (and each fetch's K/V) projection.
+  TensorSet dxn = b_.tensor("dxn", s_ * h * ab_, MemCategory::kOther);
+  OpSet alloc = compute("upipe_alloc_dx", OpKind::kElementwise, mem(s_ * h * ab_), {}, {dxn});
+  std::vector<OpSet> dx_writes{alloc};
+  TensorSet kv_h, dkv_acc;
+  OpSet dkv_ready;
+  for (std::int64_t st = 0; st < layout_.stages; ++st) {
+    const std::string tag = fmt::format("[s{}]", st);
+    const bool fetch_start = st % layout_.stages_per_kv_fetch == 0;
+    const bool fetch_end = (st + 1) % layout_.stages_per_kv_fetch == 0;
+    if (fetch_start) {
+      TensorSet kvp = b_.tensor("kv(re)" + tag, kv_bytes, MemCategory::kAttention);
+      compute("kv_proj(re)" + tag, OpKind::kGemm, gemm(s_, 2 * f / layout_.kv_replication * d, h),
+              {sv.xn, params}, {kvp});
+      TensorSet kvr = b_.tensor("kv_rope(re)" + tag, kv_bytes, MemCategory::kAttention);
+      compute("rope_k(re)" + tag, OpKind::kElementwise, mem(kv_bytes), {kvp}, {kvr});
+      kv_h = exchange("a2a_kv(re)" + tag, kvr, kv_bytes, MemCategory::kAttention);
+    }
+    TensorSet q = b_.tensor("q(re)" + tag, q_bytes, MemCategory::kAttention);
+    compute("q_proj(re)" + tag, OpKind::kGemm, gemm(s_, u * d, h), {sv.xn, params}, {q});
+    TensorSet qr = b_.tensor("q_rope(re)" + tag, q_bytes, MemCategory::kAttention);
+    compute("rope_q(re)" + tag, OpKind::kElementwise, mem(2 * q_bytes), {q}, {qr});
+    TensorSet q_h = exchange("a2a_q(re)" + tag, qr, q_bytes, MemCategory::kAttention);
+    // The stage's slice of final_out and of dOut, to head-sharded layout.
+    TensorSet o_slice = b_.tensor("out_slice" + tag, q_bytes, MemCategory::kAttention);
+    compute("slice_out" + tag, OpKind::kElementwise, mem(2 * q_bytes), {sv.final_out}, {o_slice});
+    TensorSet o_h = exchange("a2a_out(bwd)" + tag, o_slice, q_bytes, MemCategory::kAttention);
+    TensorSet do_slice = b_.tensor("dout_slice" + tag, q_bytes, MemCategory::kAttention);
+    compute("slice_dout" + tag, OpKind::kElementwise, mem(2 * q_bytes), {d_o}, {do_slice});
+    TensorSet do_h = exchange("a2a_dout" + tag, do_slice, q_bytes, MemCategory::kAttention);
+    // Core attention backward from the saved LSE and the re-sent output. The first stage of a K/V
+    // fetch produces the fetch's dK/dV; later stages add theirs into it.
+    const CoreBackward g = core_backward(tag, q_h, kv_h, o_h, sv.lses[static_cast<std::size_t>(st)],
+                                         do_h, q_local, kv_local);
+    const TensorSet dq_h = g.dq_h;
+    if (fetch_start) {
+      dkv_acc = g.dkv_h;
+      dkv_ready = {};
+    } else {
+      dkv_ready =
+          compute("dkv_accumulate" + tag, OpKind::kElementwise,
+                  mem(3 * nr_ * 2 * kv_local * d * ab_), {g.dkv_h, dkv_acc}, {}, {dkv_ready});
+    }
+    TensorSet dq = exchange("a2a_dq" + tag, dq_h, q_bytes, MemCategory::kAttention);
+    TensorSet dqr = b_.tensor("dq_rope" + tag, q_bytes, MemCategory::kAttention);
+    compute("rope_q_bwd" + tag, OpKind::kElementwise, mem(2 * q_bytes), {dq}, {dqr});
+    dx_writes.push_back(compute("q_proj_bwd" + tag, OpKind::kGemm, times(gemm(s_, u * d, h), 2.0),
+                                {dqr, sv.xn, params, grads}, {}, {dx_writes.back()}));
+    if (fetch_end) {
+      TensorSet dkv =
+          exchange("a2a_dkv" + tag, dkv_acc, kv_bytes, MemCategory::kAttention, {dkv_ready});
+      TensorSet dkvr = b_.tensor("dkv_rope" + tag, kv_bytes, MemCategory::kAttention);
+      compute("rope_k_bwd" + tag, OpKind::kElementwise, mem(kv_bytes), {dkv}, {dkvr});
+      dx_writes.push_back(compute("kv_proj_bwd" + tag, OpKind::kGemm,
+                                  times(gemm(s_, 2 * f / layout_.kv_replication * d, h), 2.0),
+                                  {dkvr, sv.xn, params, grads}, {}, {dx_writes.back()}));
+    }
+  }
+  // dxn is complete when the last projection backward has written it.
+  return {dxn, dx_writes.back()};
+}
+
+}  // namespace cpsim::sim::detail

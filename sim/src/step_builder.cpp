@@ -1,0 +1,497 @@
+// The step: embedding → L blocks forward → final norm + loss → L blocks backward → optimizer,
+// with ZeRO/FSDP sharding, activation checkpointing and checkpoint offload. Attention schemes are
+// in attention_*.cpp; the derivations of what each one saves and recomputes are in schedule.cpp.
+#include "step_builder.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "cpsim/models/units.hpp"
+
+namespace cpsim::sim::detail {
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+
+}  // namespace
+
+StepBuilder::StepBuilder(const ScheduleInputs& in, Workload& w, int simulated_ranks)
+    : in_(in),
+      m_(in.model),
+      r_(in.recipe),
+      layout_(derive_head_layout(in)),
+      cost_(in.hardware, in.recipe.attention_kernel),
+      b_(w,
+         in.parallel.gpus,
+         simulated_ranks,
+         in.parallel.cp_degree,
+         in.parallel.ring_degree,
+         in.parallel.gpus_per_node),
+      w_(w) {
+  params_ = models::count_parameters(m_);
+  n_ = in.parallel.seq_len;
+  c_ = in.parallel.cp_degree;
+  rg_ = in.parallel.ring_degree;
+  u_ = c_ / rg_;
+  s_ = n_ / c_;
+  nr_ = n_ / rg_;
+  ab_ = r_.activation_bytes;
+  shards_ = r_.tiled_mlp_shards > 0 ? r_.tiled_mlp_shards : ceil_div(s_, m_.hidden);
+  tile_ = ceil_div(s_, shards_);
+}
+
+OpSet StepBuilder::compute(const std::string& name,
+                           OpKind kind,
+                           const KernelCost& k,
+                           std::vector<TensorSet> inputs,
+                           std::vector<TensorSet> outputs,
+                           std::vector<OpSet> deps,
+                           std::int64_t workspace,
+                           MemCategory ws_cat) {
+  OpSpec s;
+  s.name = name;
+  s.kind = kind;
+  s.time_s = k.time_s;
+  s.flops = k.flops;
+  s.inputs = std::move(inputs);
+  s.outputs = std::move(outputs);
+  s.deps = std::move(deps);
+  s.workspace_bytes = workspace;
+  s.workspace_category = ws_cat;
+  return b_.op(s);
+}
+
+TensorSet StepBuilder::exchange(const std::string& name,
+                                TensorSet in,
+                                std::int64_t bytes,
+                                MemCategory cat,
+                                std::vector<OpSet> deps) {
+  if (u_ == 1) {
+    return in;
+  }
+  TensorSet out = b_.tensor(name, bytes, cat);
+  OpSpec s;
+  s.name = name;
+  s.stream = Stream::kComm;
+  s.inputs = {in};
+  s.outputs = {out};
+  s.deps = std::move(deps);
+  // Communication in a wider dtype than the activations (DeepSpeed's fp32 default) sends a cast
+  // copy and receives into one: both live while the collective runs.
+  const std::int64_t wire_bytes = bytes / ab_ * r_.cp_comm_bytes;
+  if (r_.cp_comm_bytes != ab_) {
+    s.workspace_bytes = 2 * wire_bytes;
+    s.workspace_category = cat;
+  }
+  b_.collective(s, Group::kUlysses, models::Collective::kAllToAll, cost_, wire_bytes);
+  return out;
+}
+
+OpSet StepBuilder::host_copy(const std::string& name,
+                             bool to_device,
+                             std::int64_t bytes,
+                             TensorSet in,
+                             TensorSet out,
+                             std::vector<OpSet> deps) {
+  OpSpec s;
+  s.name = name;
+  s.stream = to_device ? Stream::kH2D : Stream::kD2H;
+  s.kind = to_device ? OpKind::kCopyH2D : OpKind::kCopyD2H;
+  s.transfer_bytes = bytes;
+  s.time_s = cost_.host_copy_s(bytes, to_device);
+  s.inputs = {in};
+  s.outputs = {out};
+  s.deps = std::move(deps);
+  return b_.op(s);
+}
+
+KernelCost StepBuilder::gemm(std::int64_t m, std::int64_t n, std::int64_t k) const {
+  return cost_.gemm(m, n, k);
+}
+KernelCost StepBuilder::mem(std::int64_t bytes) const {
+  return cost_.memory_bound(bytes);
+}
+KernelCost StepBuilder::times(KernelCost k, double factor) {
+  return {k.time_s * factor, k.flops * factor};
+}
+KernelCost StepBuilder::plus(KernelCost a, KernelCost b) {
+  return {a.time_s + b.time_s, a.flops + b.flops};
+}
+
+std::int64_t StepBuilder::norm_workspace() const {
+  // RMSNorm upcasts to fp32: input copy and normalised result (2 × 4 bytes per element),
+  // tile-sized when the norm is tiled.
+  const std::int64_t rows = r_.tiled_norm ? tile_ : s_;
+  return rows * m_.hidden * 2 * kFp32Bytes;
+}
+
+OpSet StepBuilder::gather_params(const std::string& name,
+                                 std::int64_t params,
+                                 TensorSet out,
+                                 std::vector<OpSet> deps) {
+  OpSpec s;
+  s.name = name;
+  s.stream = Stream::kFsdp;
+  s.outputs = {out};
+  s.deps = std::move(deps);
+  return b_.collective(s, Group::kAll, models::Collective::kAllGather, cost_,
+                       params * r_.param_bytes);
+}
+
+OpSet StepBuilder::reduce_grads(const std::string& name,
+                                std::int64_t params,
+                                TensorSet grads,
+                                std::vector<OpSet> deps) {
+  OpSpec s;
+  s.name = name;
+  s.stream = Stream::kFsdp;
+  s.inputs = {grads};
+  s.deps = std::move(deps);
+  // The gradients are cast to the reduce dtype into the collective's buffer. ZeRO ≥ 2 reduce-
+  // scatters them; ZeRO 0/1 all-reduce into the persistent unsharded gradients.
+  s.workspace_bytes = params * r_.grad_reduce_bytes;
+  s.workspace_category = MemCategory::kParamGather;
+  const auto kind =
+      r_.zero_stage >= 2 ? models::Collective::kReduceScatter : models::Collective::kAllReduce;
+  if (b_.ranks() == 1) {
+    return compute(name + "(local)", OpKind::kElementwise, mem(params * r_.grad_reduce_bytes),
+                   {grads}, {}, s.deps, s.workspace_bytes, s.workspace_category);
+  }
+  return b_.collective(s, Group::kAll, kind, cost_, params * r_.grad_reduce_bytes);
+}
+
+SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) {
+  const std::int64_t h = m_.hidden;
+  const std::int64_t act_bytes = s_ * h * ab_;
+  SavedLayer sv;
+  sv.x = x;
+  sv.xn = b_.tensor("xn", act_bytes, MemCategory::kActivations);
+  sv.first_op = compute("norm1", OpKind::kElementwise, mem(2 * act_bytes), {x}, {sv.xn}, {},
+                        norm_workspace());
+  switch (in_.parallel.method) {
+    case models::CpMethod::kUPipe:
+      upipe_forward(sv, params);
+      break;
+    case models::CpMethod::kFpdt:
+      fpdt_forward(sv, params, grad);
+      break;
+    default:
+      ulysses_forward(sv, params, grad);
+      break;
+  }
+  // Output projection and residual.
+  TensorSet attn_out = b_.tensor("attn_out", act_bytes, MemCategory::kOther);
+  compute("o_proj", OpKind::kGemm, gemm(s_, h, m_.q_width()), {sv.o, params}, {attn_out},
+          {sv.attn_ready});
+  sv.h1 = b_.tensor("h1", act_bytes, MemCategory::kActivations);
+  compute("residual1", OpKind::kElementwise, mem(3 * act_bytes), {x, attn_out}, {sv.h1});
+  sv.h1n = b_.tensor("h1n", act_bytes, MemCategory::kActivations);
+  compute("norm2", OpKind::kElementwise, mem(2 * act_bytes), {sv.h1}, {sv.h1n}, {},
+          norm_workspace());
+  // MLP (SwiGLU): gate/up GEMM [s, h] × [h, 2f], activation, down GEMM [s, f] × [f, h].
+  const std::int64_t f = m_.ffn_hidden;
+  TensorSet mlp_out = b_.tensor("mlp_out", act_bytes, MemCategory::kOther);
+  if (r_.tiled_mlp) {
+    // Tiles of `tile_` tokens; only one tile's intermediates (gate, up, act) are live at a time.
+    const KernelCost one =
+        plus(plus(gemm(tile_, 2 * f, h), mem(4 * tile_ * f * ab_)), gemm(tile_, h, f));
+    compute(fmt::format("mlp_tiled[{}]", shards_), OpKind::kGemm,
+            times(one, static_cast<double>(shards_)), {sv.h1n, params}, {mlp_out}, {},
+            3 * tile_ * f * ab_);
+  } else {
+    TensorSet gate_up = b_.tensor("gate_up", s_ * 2 * f * ab_, MemCategory::kActivations);
+    compute("mlp_gate_up", OpKind::kGemm, gemm(s_, 2 * f, h), {sv.h1n, params}, {gate_up});
+    TensorSet act = b_.tensor("mlp_act", s_ * f * ab_, MemCategory::kActivations);
+    compute("mlp_act", OpKind::kElementwise, mem(3 * s_ * f * ab_), {gate_up}, {act});
+    compute("mlp_down", OpKind::kGemm, gemm(s_, h, f), {act, params}, {mlp_out});
+    if (grad) {
+      sv.gate_up = gate_up;
+      sv.act = act;
+    }
+  }
+  sv.out = b_.tensor("block_out", act_bytes, MemCategory::kActivations);
+  sv.last_op =
+      compute("residual2", OpKind::kElementwise, mem(3 * act_bytes), {sv.h1, mlp_out}, {sv.out});
+  return sv;
+}
+
+TensorSet StepBuilder::layer_backward(const SavedLayer& sv,
+                                      TensorSet dy,
+                                      TensorSet params,
+                                      TensorSet grads) {
+  const std::int64_t h = m_.hidden, f = m_.ffn_hidden;
+  const std::int64_t act_bytes = s_ * h * ab_;
+  // MLP backward.
+  TensorSet dh1n = b_.tensor("dh1n", act_bytes, MemCategory::kOther);
+  if (r_.tiled_mlp) {
+    // Per tile: recompute gate/up and activation, then dgrad and wgrad of both GEMMs.
+    const KernelCost fwd =
+        plus(plus(gemm(tile_, 2 * f, h), mem(4 * tile_ * f * ab_)), gemm(tile_, h, f));
+    const KernelCost bwd =
+        plus(times(plus(gemm(tile_, 2 * f, h), gemm(tile_, h, f)), 2.0), mem(6 * tile_ * f * ab_));
+    compute(fmt::format("mlp_tiled_bwd[{}]", shards_), OpKind::kGemm,
+            times(plus(fwd, bwd), static_cast<double>(shards_)), {dy, sv.h1n, params},
+            {dh1n, grads}, {}, 6 * tile_ * f * ab_);
+  } else {
+    const KernelCost bwd =
+        plus(times(plus(gemm(s_, 2 * f, h), gemm(s_, h, f)), 2.0), mem(6 * s_ * f * ab_));
+    compute("mlp_bwd", OpKind::kGemm, bwd, {dy, sv.h1n, sv.gate_up, sv.act, params}, {dh1n, grads},
+            {}, 3 * s_ * f * ab_);
+  }
+  // norm2 backward plus the residual: dh1 = dy + norm2_bwd(dh1n).
+  TensorSet dh1 = b_.tensor("dh1", act_bytes, MemCategory::kOther);
+  compute("norm2_bwd", OpKind::kElementwise, mem(4 * act_bytes), {dh1n, sv.h1, dy}, {dh1}, {},
+          norm_workspace());
+  // Output projection backward: dO = dh1 · Woᵀ, and its weight gradient.
+  TensorSet d_o = b_.tensor("dout", s_ * m_.q_width() * ab_, MemCategory::kAttention);
+  compute("o_proj_bwd", OpKind::kGemm, times(gemm(s_, h, m_.q_width()), 2.0),
+          {dh1, sv.o, params, grads}, {d_o});
+  InputGrad g;
+  switch (in_.parallel.method) {
+    case models::CpMethod::kUPipe:
+      g = upipe_backward(sv, d_o, params, grads);
+      break;
+    case models::CpMethod::kFpdt:
+      g = fpdt_backward(sv, d_o, params, grads);
+      break;
+    default:
+      g = ulysses_backward(sv, d_o, params, grads);
+      break;
+  }
+  TensorSet dx = b_.tensor("dx", act_bytes, MemCategory::kOther);
+  compute("norm1_bwd", OpKind::kElementwise, mem(4 * act_bytes), {g.dxn, sv.x, dh1}, {dx},
+          {g.ready}, norm_workspace());
+  return dx;
+}
+
+// Model states per rank, P parameters, G ranks sharing the shards, bytes per parameter from the
+// recipe: compute copy p (bf16), fp32 master m, gradients g, optimizer states o (ZeRO paper §5):
+//   ZeRO-0  P·(p + m + g + o)                   nothing sharded
+//   ZeRO-1  P·(p + g) + ⌈P/G⌉·(m + o)           optimizer states (with master) sharded
+//   ZeRO-2  P·p + ⌈P/G⌉·(m + g + o)             + gradients sharded
+//   ZeRO-3  ⌈P/G⌉·(p' + m + g + o)              + parameters sharded, gathered per block;
+//           p' = p with a persistent compute copy (DeepSpeed), 0 for FSDP2 (the fp32 shard is
+//           the master and is cast when gathered). FSDP2 bf16/fp32 gives 4 + 4 + 8 = 16 bytes.
+// With optimizer offload, m and o live in pinned host memory (plus an fp32 gradient copy there).
+void StepBuilder::build() {
+  const std::int64_t h = m_.hidden;
+  const int layers = static_cast<int>(m_.layers);
+  const std::int64_t act_bytes = s_ * h * ab_;
+  const models::CheckpointMode ac = r_.checkpointing;
+  const bool full_ac = ac == models::CheckpointMode::kFull;
+  const bool offload = full_ac && r_.checkpoint_offload;
+  const int zero = r_.zero_stage;
+  const bool gather = zero == 3;
+  const std::int64_t p_layer = params_.per_layer;
+  const std::int64_t p_embed = params_.embedding;
+  const std::int64_t p_head =
+      (params_.lm_head > 0 ? params_.lm_head : params_.embedding) + params_.final_norm;
+  const int gpus = in_.parallel.gpus;
+
+  const std::int64_t total = params_.total;
+  const std::int64_t shard = ceil_div(total, gpus);
+  const std::int64_t p = r_.param_bytes, m = r_.master_param_bytes, g = r_.grad_bytes,
+                     o = r_.optimizer_state_bytes;
+  const bool opt_off = r_.optimizer_offload;
+  const std::int64_t mo_gpu = opt_off ? 0 : (m + o);
+  std::int64_t states = 0;
+  switch (zero) {
+    case 0:
+      states = total * (p + g) + total * mo_gpu;
+      break;
+    case 1:
+      states = total * (p + g) + shard * mo_gpu;
+      break;
+    case 2:
+      states = total * p + shard * (g + mo_gpu);
+      break;
+    default:
+      states = shard * ((r_.persistent_compute_params ? p : 0) + g + mo_gpu);
+      break;
+  }
+  const std::int64_t host_states = opt_off ? (zero == 0 ? total : shard) * (m + o + kFp32Bytes) : 0;
+  for (auto& sm : w_.static_memory) {
+    sm.model_states_bytes = states;
+    sm.fixed_overhead_bytes = in_.hardware.fixed_overhead_bytes();
+  }
+
+  // Per-block buffers: gathered parameters (ZeRO-3) and unsharded gradients (ZeRO ≥ 2).
+  auto param_buffer = [&](const std::string& name, std::int64_t params) {
+    return gather ? b_.tensor(name, params * p, MemCategory::kParamGather) : TensorSet{};
+  };
+  auto grad_buffer = [&](const std::string& name, std::int64_t params) {
+    return zero >= 2 ? b_.tensor(name, params * p, MemCategory::kParamGather) : TensorSet{};
+  };
+  auto gather_into = [&](const std::string& name, std::int64_t params, TensorSet out,
+                         std::vector<OpSet> deps) {
+    return gather ? gather_params(name, params, out, std::move(deps)) : OpSet{};
+  };
+
+  // ---- Forward -------------------------------------------------------------------------------
+  b_.set_phase(Phase::kForward);
+  b_.set_layer(-1);
+  TensorSet host_optimizer;
+  if (host_states > 0) {
+    host_optimizer =
+        b_.tensor("optimizer_states.host", host_states, MemCategory::kModelStates, true);
+    compute("pin_optimizer_states", OpKind::kElementwise, {0.0, 0.0}, {}, {host_optimizer});
+  }
+  TensorSet emb_w = param_buffer("embedding.params", p_embed);
+  OpSet ag_emb = gather_into("allgather.embedding", p_embed, emb_w, {});
+  TensorSet x = b_.tensor("x0", act_bytes, MemCategory::kActivations);
+  compute("embedding", OpKind::kElementwise, mem(2 * act_bytes), {emb_w}, {x});
+
+  const auto n_layers = static_cast<std::size_t>(layers);
+  std::vector<TensorSet> layer_params(n_layers);
+  std::vector<TensorSet> checkpoints(n_layers);  // on GPU
+  std::vector<TensorSet> host_copies(n_layers);  // pinned host
+  std::vector<SavedLayer> saved(n_layers);
+  auto gather_layer = [&](int l, std::vector<OpSet> deps) {
+    const auto li = static_cast<std::size_t>(l);
+    layer_params[li] = param_buffer(fmt::format("layer{}.params", l), p_layer);
+    gather_into(fmt::format("allgather.layer{}", l), p_layer, layer_params[li], std::move(deps));
+  };
+  gather_layer(0, {ag_emb});
+  for (int l = 0; l < layers; ++l) {
+    b_.set_layer(l);
+    const auto li = static_cast<std::size_t>(l);
+    checkpoints[li] = x;
+    const bool keep_on_gpu =
+        !offload || (r_.offload_keep_first_last && (l == 0 || l == layers - 1));
+    if (full_ac && !keep_on_gpu) {
+      host_copies[li] =
+          b_.tensor(fmt::format("ckpt{}.host", l), act_bytes, MemCategory::kActivations, true);
+      host_copy(fmt::format("offload_ckpt{}", l), false, act_bytes, x, host_copies[li]);
+    }
+    SavedLayer sv = layer_forward(x, layer_params[li], /*grad=*/!full_ac);
+    if (l + 1 < layers) {
+      // Prefetch: the next block's gather is issued when this block starts.
+      gather_layer(l + 1, {sv.first_op});
+    }
+    x = sv.out;
+    if (ac == models::CheckpointMode::kSelective) {
+      // The attention core is not saved: backward re-runs it from the local Q and K/V.
+      sv.q_h = {};
+      sv.kv_h = {};
+      sv.o_h = {};
+      sv.lse = {};
+    }
+    if (!full_ac) {
+      saved[li] = std::move(sv);
+    }
+  }
+
+  // ---- Loss ----------------------------------------------------------------------------------
+  b_.set_layer(-1);
+  const std::int64_t v = m_.vocab;
+  TensorSet head_w = param_buffer("head.params", p_head);
+  gather_into("allgather.head", p_head, head_w, {});
+  TensorSet xf = b_.tensor("x_final", act_bytes, MemCategory::kActivations);
+  compute("final_norm", OpKind::kElementwise, mem(2 * act_bytes), {x}, {xf}, {}, norm_workspace());
+  TensorSet dxf = b_.tensor("dx_final", act_bytes, MemCategory::kOther);
+  TensorSet head_grads = grad_buffer("head.grads", p_head);
+  if (r_.fused_loss) {
+    // Fused linear cross-entropy (Liger): chunks of c tokens with c ≈ s·h/V (next power of two),
+    // logits of one chunk [c, V] live at a time; gradients of the input and the head weight are
+    // computed in the forward: 3 GEMMs of s×V×h in total.
+    std::int64_t chunk = 1;
+    while (chunk < ceil_div(s_, ceil_div(v, h))) {
+      chunk *= 2;
+    }
+    chunk = std::min(chunk, s_);
+    const KernelCost k = plus(times(gemm(s_, v, h), 3.0), mem(2 * s_ * v * ab_));
+    compute("fused_linear_ce", OpKind::kLoss, k, {xf, head_w}, {dxf, head_grads}, {},
+            chunk * v * ab_);
+  } else {
+    // Logits [s, V] in bf16 saved, an fp32 upcast for the loss, and an fp32 gradient.
+    TensorSet logits = b_.tensor("logits", s_ * v * ab_, MemCategory::kActivations);
+    compute("lm_head", OpKind::kGemm, gemm(s_, v, h), {xf, head_w}, {logits});
+    TensorSet dlogits = b_.tensor("dlogits", s_ * v * ab_, MemCategory::kOther);
+    compute("cross_entropy", OpKind::kLoss, mem(4 * s_ * v * kFp32Bytes), {logits}, {dlogits}, {},
+            2 * s_ * v * kFp32Bytes);
+    compute("lm_head_bwd", OpKind::kGemm, times(gemm(s_, v, h), 2.0), {dlogits, xf, head_w},
+            {dxf, head_grads});
+  }
+  OpSet last_reduce = reduce_grads("reduce.head", p_head, head_grads, {});
+  TensorSet dy = b_.tensor("dy", act_bytes, MemCategory::kOther);
+  OpSet fn_bwd = compute("final_norm_bwd", OpKind::kElementwise, mem(3 * act_bytes), {dxf, x}, {dy},
+                         {}, norm_workspace());
+
+  // ---- Backward ------------------------------------------------------------------------------
+  b_.set_phase(Phase::kBackward);
+  auto prefetch = [&](int l, OpSet after) {
+    const auto li = static_cast<std::size_t>(l);
+    gather_layer(l, {after});
+    if (host_copies[li].valid()) {
+      checkpoints[li] = b_.tensor(fmt::format("ckpt{}", l), act_bytes, MemCategory::kActivations);
+      host_copy(fmt::format("prefetch_ckpt{}", l), true, act_bytes, host_copies[li],
+                checkpoints[li], {after});
+    }
+  };
+  b_.set_layer(layers - 1);
+  prefetch(layers - 1, fn_bwd);
+  for (int l = layers - 1; l >= 0; --l) {
+    b_.set_layer(l);
+    const auto li = static_cast<std::size_t>(l);
+    SavedLayer sv;
+    if (full_ac) {
+      b_.set_phase(Phase::kRecompute);
+      sv = layer_forward(checkpoints[li], layer_params[li], /*grad=*/true);
+      b_.set_phase(Phase::kBackward);
+    } else {
+      sv = std::move(saved[li]);
+    }
+    if (l > 0) {
+      prefetch(l - 1, full_ac ? sv.first_op : OpSet{});
+    }
+    TensorSet grads = grad_buffer(fmt::format("layer{}.grads", l), p_layer);
+    dy = layer_backward(sv, dy, layer_params[li], grads);
+    last_reduce = reduce_grads(fmt::format("reduce.layer{}", l), p_layer, grads, {});
+  }
+  b_.set_layer(-1);
+  TensorSet emb_grads = grad_buffer("embedding.grads", p_embed);
+  compute("embedding_bwd", OpKind::kElementwise, mem(2 * act_bytes), {dy}, {emb_grads});
+  last_reduce = reduce_grads("reduce.embedding", p_embed, emb_grads, {});
+
+  // ---- Optimizer -----------------------------------------------------------------------------
+  b_.set_phase(Phase::kOptimizer);
+  const std::int64_t updated = zero == 0 ? total : shard;
+  if (!opt_off) {
+    // AdamW on the GPU: reads param, grad, m, v (fp32) and writes param, m, v: 28 bytes/param.
+    compute("adamw", OpKind::kOptimizer, mem(updated * 28), {}, {}, {last_reduce});
+  } else {
+    // Offloaded: gradients to host (fp32), CPU Adam at the node's rate shared by its GPUs,
+    // updated compute-dtype parameters back to the GPU.
+    TensorSet grads_host = b_.tensor("grads.host_copy", 0, MemCategory::kOther, true);
+    OpSet d2h = host_copy("grads_to_host", false, updated * kFp32Bytes, TensorSet{}, grads_host,
+                          {last_reduce});
+    const double rate =
+        in_.hardware.cpu_adam_params_per_s / static_cast<double>(in_.parallel.gpus_per_node);
+    OpSet cpu =
+        compute("cpu_adam (host)", OpKind::kOptimizer, {static_cast<double>(updated) / rate, 0.0},
+                {grads_host, host_optimizer}, {}, {d2h});
+    TensorSet params_back = b_.tensor("params.from_host", 0, MemCategory::kOther);
+    host_copy("params_to_device", true, updated * p, TensorSet{}, params_back, {cpu});
+    w_.notes.push_back("CPU Adam throughput is an assumption of the profile (no published figure)");
+  }
+
+  if (gather) {
+    w_.notes.push_back("unsharded gradients of a block are allocated when its backward starts");
+    w_.notes.push_back("FSDP all-gather and reduce-scatter share one stream (FSDP2 uses two)");
+  }
+  if (in_.hardware.compute_slowdown_under_comm == 0.0) {
+    w_.notes.push_back("compute is not slowed by concurrent NCCL kernels (no calibrated factor)");
+  }
+  if (b_.span_of(Group::kAll) == models::Span::kInterNode ||
+      b_.span_of(Group::kCp) == models::Span::kInterNode) {
+    w_.notes.push_back("inter-node collectives use one NIC per GPU at the NIC's busbw (crude)");
+  }
+  if (!r_.expandable_segments) {
+    w_.notes.push_back("allocator fragmentation without expandable segments is not modelled");
+  }
+}
+
+}  // namespace cpsim::sim::detail

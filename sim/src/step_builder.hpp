@@ -1,0 +1,172 @@
+#pragma once
+// Internal: the builder of one training step. The block structure, FSDP/ZeRO, checkpointing, loss
+// and optimizer live in step_builder.cpp; each attention scheme in its own attention_*.cpp.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpsim/models/transformer.hpp"
+#include "cpsim/sim/cost_model.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+#include "builder.hpp"
+
+namespace cpsim::sim::detail {
+
+/// Tensors saved by the grad-enabled forward of a block and read by its backward.
+struct SavedLayer {
+  TensorSet x;   // block input (checkpoint)
+  TensorSet xn;  // norm1 output (QKV projection input)
+  // Ulysses family (ulysses, usp, ring, allgather): head-sharded Q and K/V, output, LSE; and the
+  // local Q and K/V after RoPE, input of selective recomputation.
+  TensorSet q_local, kv_local;
+  TensorSet q_h, kv_h, o_h, lse;
+  TensorSet o;  // input of the output projection (UPipe: the permuted copy)
+  // UPipe: the full output and one LSE per stage.
+  TensorSet final_out;
+  std::vector<TensorSet> lses;
+  // FPDT: per-chunk tensors kept for backward (on host when offloading).
+  std::vector<TensorSet> chunk_q, chunk_kv, chunk_o, chunk_lse;
+  TensorSet h1;       // after the attention residual
+  TensorSet h1n;      // norm2 output (MLP input)
+  TensorSet gate_up;  // untiled MLP: [s, 2f]
+  TensorSet act;      // untiled MLP: [s, f]
+  TensorSet out;      // block output
+  OpSet attn_ready;   // when set, the output projection waits for it (outputs filled in place)
+  OpSet first_op;
+  OpSet last_op;
+};
+
+/// Output of core attention on head-sharded tensors.
+struct CoreForward {
+  TensorSet o_h;  // [n_r, hq, d] in activation dtype
+  TensorSet lse;  // [hq, n_r] fp32
+};
+struct CoreBackward {
+  TensorSet dq_h;   // [n_r, hq, d]
+  TensorSet dkv_h;  // [n_r, 2·hkv, d]
+};
+
+/// Gradient of the QKV projection input, and the op after which it is complete.
+struct InputGrad {
+  TensorSet dxn;
+  OpSet ready;
+};
+
+class StepBuilder {
+ public:
+  StepBuilder(const ScheduleInputs& in, Workload& w, int simulated_ranks);
+  void build();
+
+ private:
+  // ---- op helpers ----
+  OpSet compute(const std::string& name,
+                OpKind kind,
+                const KernelCost& k,
+                std::vector<TensorSet> inputs,
+                std::vector<TensorSet> outputs,
+                std::vector<OpSet> deps = {},
+                std::int64_t workspace = 0,
+                MemCategory ws_cat = MemCategory::kOther);
+  /// All-to-all of `in` (per-rank send buffer `bytes` in activation dtype) over the Ulysses group;
+  /// returns `in` itself when the group has one rank.
+  TensorSet exchange(const std::string& name,
+                     TensorSet in,
+                     std::int64_t bytes,
+                     MemCategory cat,
+                     std::vector<OpSet> deps = {});
+  OpSet host_copy(const std::string& name,
+                  bool to_device,
+                  std::int64_t bytes,
+                  TensorSet in,
+                  TensorSet out,
+                  std::vector<OpSet> deps = {});
+  KernelCost gemm(std::int64_t m, std::int64_t n, std::int64_t k) const;
+  KernelCost mem(std::int64_t bytes) const;
+  static KernelCost times(KernelCost k, double factor);
+  static KernelCost plus(KernelCost a, KernelCost b);
+  std::int64_t norm_workspace() const;
+  OpSet gather_params(const std::string& name,
+                      std::int64_t params,
+                      TensorSet out,
+                      std::vector<OpSet> deps);
+  OpSet reduce_grads(const std::string& name,
+                     std::int64_t params,
+                     TensorSet grads,
+                     std::vector<OpSet> deps);
+
+  // ---- block ----
+  SavedLayer layer_forward(TensorSet x, TensorSet params, bool grad);
+  TensorSet layer_backward(const SavedLayer& sv, TensorSet dy, TensorSet params, TensorSet grads);
+
+  // ---- attention schemes ----
+  void ulysses_forward(SavedLayer& sv, TensorSet params, bool grad);
+  InputGrad ulysses_backward(const SavedLayer& sv,
+                             TensorSet d_o,
+                             TensorSet params,
+                             TensorSet grads);
+  void upipe_forward(SavedLayer& sv, TensorSet params);
+  InputGrad upipe_backward(const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads);
+  void fpdt_forward(SavedLayer& sv, TensorSet params, bool grad);
+  InputGrad fpdt_backward(const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads);
+
+  /// Core attention over the head-sharded sequence of n_r = N / ring tokens: one flash-attention
+  /// call when the ring degree is 1, else a ring (send/recv) or an all-gather of K/V over the ring
+  /// group. `hq` and `hkv` are local heads. `tag` suffixes op names.
+  CoreForward core_forward(
+      const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv);
+  CoreBackward core_backward(const std::string& tag,
+                             TensorSet q_h,
+                             TensorSet kv_h,
+                             TensorSet o_h,
+                             TensorSet lse,
+                             TensorSet do_h,
+                             std::int64_t hq,
+                             std::int64_t hkv);
+  CoreForward ring_forward(
+      const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv);
+  CoreBackward ring_backward(const std::string& tag,
+                             TensorSet q_h,
+                             TensorSet kv_h,
+                             TensorSet o_h,
+                             TensorSet lse,
+                             TensorSet do_h,
+                             std::int64_t hq,
+                             std::int64_t hkv);
+  CoreForward allgather_forward(
+      const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv);
+  CoreBackward allgather_backward(const std::string& tag,
+                                  TensorSet q_h,
+                                  TensorSet kv_h,
+                                  TensorSet o_h,
+                                  TensorSet lse,
+                                  TensorSet do_h,
+                                  std::int64_t hq,
+                                  std::int64_t hkv);
+  /// Attention shape(s) of ring step `step` on each rank of the ring (zigzag or contiguous layout):
+  /// time of forward or backward per rank, and FLOPs of rank 0.
+  std::vector<double> ring_step_times(int step,
+                                      std::int64_t hq,
+                                      bool backward,
+                                      double* flops) const;
+
+  const ScheduleInputs& in_;
+  const models::TransformerSpec& m_;
+  const models::TrainingRecipe& r_;
+  HeadLayout layout_;
+  CostModel cost_;
+  Builder b_;
+  Workload& w_;
+  models::ParameterCount params_;
+  std::int64_t n_ = 0;   // N
+  std::int64_t c_ = 0;   // CP degree
+  std::int64_t u_ = 1;   // Ulysses degree
+  std::int64_t rg_ = 1;  // ring degree
+  std::int64_t s_ = 0;   // local tokens N / C
+  std::int64_t nr_ = 0;  // tokens after the Ulysses all-to-all: N / ring
+  std::int64_t ab_ = 2;  // activation bytes
+  std::int64_t shards_ = 1, tile_ = 0;
+};
+
+}  // namespace cpsim::sim::detail
