@@ -1,4 +1,5 @@
 // `cpsim simulate`: one training step of one configuration.
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <sstream>
@@ -385,7 +386,8 @@ CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
                 "profile file")
       ->capture_default_str();
   c->add_option("--method", a.method,
-                "context-parallel method: ulysses | upipe | ring | allgather | fpdt | usp")
+                "context-parallel method: ulysses | upipe | ring | allgather | fpdt | usp; a "
+                "comma-separated list or `all` compares them side by side")
       ->capture_default_str();
   c->add_option("--seq", a.seq, "global sequence length in tokens (131072, 128K, 3M)")
       ->capture_default_str();
@@ -429,7 +431,164 @@ CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
   return c;
 }
 
+namespace {
+
+std::vector<std::string> split_methods(const std::string& text) {
+  if (text == "all") {
+    return {"ulysses", "upipe", "ring", "allgather", "fpdt", "usp"};
+  }
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item.empty()) {
+      throw InputError("--method", "empty name in the list");
+    }
+    out.push_back(item);
+    if (comma == std::string::npos) {
+      break;
+    }
+    start = comma + 1;
+  }
+  return out;
+}
+
+/// The arguments for one method of a comparison: knobs of other methods are dropped.
+SimulateArgs for_method(const SimulateArgs& a, const std::string& method) {
+  SimulateArgs m = a;
+  m.method = method;
+  const models::CpMethod cp = models::parse_cp_method(method, "--method");
+  if (cp != models::CpMethod::kUPipe) {
+    m.heads_per_stage = 0;
+  }
+  if (cp != models::CpMethod::kFpdt) {
+    m.fpdt_chunk.clear();
+    m.fpdt_offload.clear();
+  }
+  if (cp == models::CpMethod::kUlysses || cp == models::CpMethod::kFpdt) {
+    m.ring_degree = 0;
+  }
+  if (cp == models::CpMethod::kRing || cp == models::CpMethod::kAllGather) {
+    m.ulysses_degree = 0;
+    m.ring_degree = 0;
+  }
+  return m;
+}
+
+// Side-by-side table of several methods, with what sets each one's peak and time.
+int run_comparison(const SimulateArgs& a, const std::vector<std::string>& methods) {
+  struct Row {
+    std::string method;
+    std::string error;
+    sim::ScheduleInputs in;
+    sim::StepReport rep;
+  };
+  std::vector<Row> rows;
+  for (const std::string& method : methods) {
+    Row row;
+    row.method = method;
+    const SimulateArgs m = for_method(a, method);
+    try {
+      row.in = resolve(m);
+      row.rep = planner::evaluate(row.in).report;
+    } catch (const InputError& e) {
+      // Shared inputs (model, lengths, files) are wrong for every method: stop. A method that
+      // cannot run this configuration (heads vs degree, divisibility) is reported in its row.
+      const std::string f = e.field();
+      if (f == "--seq" && std::string(e.what()).find("divisible") == std::string::npos) {
+        throw;
+      }
+      if (f == "--gpus" || f == "--hardware" || f == "--recipe" || f == "--ac" ||
+          f == "--ac-offload" || f == "--tiled-mlp" || f == "--fused-loss" || f == "--zero" ||
+          f.find(".json") != std::string::npos) {
+        throw;
+      }
+      row.error = e.what();
+    }
+    rows.push_back(std::move(row));
+  }
+  const bool any =
+      std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.error.empty(); });
+  if (!any) {
+    throw InputError("--method", "no method can run this configuration: " + rows.front().error);
+  }
+  if (a.json) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const Row& r : rows) {
+      if (r.error.empty()) {
+        list.push_back(to_json(a, r.in, r.rep));
+      } else {
+        list.push_back({{"config", {{"method", r.method}}}, {"error", r.error}});
+      }
+    }
+    std::cout << nlohmann::json{{"schema_version", kSimulateSchemaVersion},
+                                {"command", "simulate"},
+                                {"comparison", list}}
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+  const Row& first =
+      *std::find_if(rows.begin(), rows.end(), [](const Row& r) { return r.error.empty(); });
+  std::cout << fmt::format("{} on {} x {}, seq {} ({} tokens), recipe {}\n\n", first.in.model.name,
+                           first.in.parallel.gpus, first.in.hardware.name,
+                           format_length(first.in.parallel.seq_len), first.in.parallel.seq_len,
+                           first.in.recipe.name);
+  std::vector<std::vector<std::string>> table;
+  for (const Row& r : rows) {
+    if (!r.error.empty()) {
+      table.push_back({r.method, "-", "-", "-", "-", "-", "-", "-", "cannot run"});
+      continue;
+    }
+    const auto& p = r.rep;
+    table.push_back({r.method, format_seconds(p.step_time_s),
+                     fmt::format("{:.1f}", p.tokens_per_s_per_gpu),
+                     fmt::format("{:.1f}", 100.0 * p.mfu),
+                     format_bytes(static_cast<double>(p.peak_memory_bytes)),
+                     format_bytes(static_cast<double>(
+                         p.category_peak[static_cast<std::size_t>(sim::MemCategory::kAttention)])),
+                     format_bytes(static_cast<double>(p.host_memory_bytes)),
+                     format_seconds(p.exposed_comm_s), p.fits() ? "yes" : "NO"});
+  }
+  std::cout << format_table({"method", "step", "tok/s/GPU", "MFU %", "peak GPU", "attention",
+                             "host/node", "exposed", "fits"},
+                            table, {false, true, true, true, true, true, true, true, false});
+  std::cout << "\nwhy:\n";
+  for (const Row& r : rows) {
+    if (!r.error.empty()) {
+      std::cout << fmt::format("  {:<10} {}\n", r.method, r.error);
+      continue;
+    }
+    const auto& p = r.rep;
+    // The largest sequence-dependent category at the peak (model states and gathered
+    // parameters do not change with the method).
+    std::size_t top = static_cast<std::size_t>(sim::MemCategory::kActivations);
+    for (std::size_t c = top; c < sim::kMemCategoryCount; ++c) {
+      if (p.breakdown_at_peak[c] > p.breakdown_at_peak[top])
+        top = c;
+    }
+    std::cout << fmt::format(
+        "  {:<10} {}; peak at {} (largest: {} {}); {:.0f} % of the step not "
+        "covered by compute\n",
+        r.method, method_label(r.in, p.layout), p.peak_op,
+        sim::to_string(static_cast<sim::MemCategory>(top)),
+        format_bytes(static_cast<double>(p.breakdown_at_peak[top])),
+        p.step_time_s > 0 ? 100.0 * p.exposed_comm_s / p.step_time_s : 0.0);
+  }
+  return 0;
+}
+
+}  // namespace
+
 int run_simulate(const SimulateArgs& a) {
+  if (a.method.find(',') != std::string::npos || a.method == "all") {
+    if (!a.trace.empty()) {
+      throw InputError("--trace", "write a trace for one method at a time");
+    }
+    return run_comparison(a, split_methods(a.method));
+  }
   const sim::ScheduleInputs in = resolve(a);
   planner::EvaluateOptions opts;
   opts.keep_trace = !a.trace.empty();

@@ -176,7 +176,12 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
       upipe_forward(sv, params);
       break;
     case models::CpMethod::kFpdt:
-      fpdt_forward(sv, params, grad);
+      // One chunk is DeepSpeed's GPU-only path with a single chunk: plain Ulysses.
+      if (layout_.fpdt_chunks > 1) {
+        fpdt_forward(sv, params, grad);
+      } else {
+        ulysses_forward(sv, params, grad);
+      }
       break;
     default:
       ulysses_forward(sv, params, grad);
@@ -255,7 +260,8 @@ TensorSet StepBuilder::layer_backward(const SavedLayer& sv,
       g = upipe_backward(sv, d_o, params, grads);
       break;
     case models::CpMethod::kFpdt:
-      g = fpdt_backward(sv, d_o, params, grads);
+      g = layout_.fpdt_chunks > 1 ? fpdt_backward(sv, d_o, params, grads)
+                                  : ulysses_backward(sv, d_o, params, grads);
       break;
     default:
       g = ulysses_backward(sv, d_o, params, grads);

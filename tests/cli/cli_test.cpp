@@ -444,6 +444,28 @@ TEST_F(BadInputTest, FlagErrors) {
       {"unknown flag", {"simulate", "--frobnicate", "--json"}, {"--frobnicate"}},
       {"unknown flag, table output", {"simulate", "--frobnicate"}, {}},
       {"bad input without --json", {"simulate", "--model", "no-such-model"}, {"--model"}},
+      {"ring degree not dividing C",
+       {"simulate", "--method", "usp", "--ring-degree", "3", "--json"},
+       {"--ring-degree"}},
+      {"ring degree for ulysses",
+       {"simulate", "--method", "ulysses", "--ring-degree", "2", "--json"},
+       {"--ring-degree"}},
+      {"fpdt chunk not dividing the sequence",
+       {"simulate", "--method", "fpdt", "--seq", "1M", "--fpdt-chunk", "100000", "--json"},
+       {"--fpdt-chunk"}},
+      {"fpdt chunk for another method",
+       {"simulate", "--method", "ring", "--fpdt-chunk", "64K"},
+       {"--fpdt-chunk"}},
+      {"zero stage 5", {"simulate", "--zero", "5", "--json"}, {"--zero"}},
+      {"comm dtype", {"simulate", "--comm-dtype", "fp8", "--json"}, {"--comm-dtype"}},
+      {"ring layout",
+       {"simulate", "--method", "ring", "--ring-layout", "spiral"},
+       {"--ring-layout"}},
+      {"zigzag needs 2C",
+       {"simulate", "--method", "ring", "--seq", "1048584", "--json"},
+       {"--seq"}},
+      {"empty method in a list", {"simulate", "--method", "ring,,fpdt"}, {"--method"}},
+      {"trace of a comparison", {"simulate", "--method", "all", "--trace", "x.json"}, {"--trace"}},
   };
   for (const auto& c : cases) {
     expect_usage_error(c);
@@ -611,6 +633,36 @@ TEST_F(CliTest, HuggingFaceConfigAsModel) {
   ASSERT_TRUE(j.contains("memory_breakdown_bytes"));
   EXPECT_EQ(j["memory_breakdown_bytes"]["model_states"].get<std::int64_t>(),
             16 * ceil_div(params, 8));
+}
+
+}  // namespace
+
+namespace {
+
+TEST_F(CliTest, EveryMethodRunsAndCompares) {
+  const RunResult r = run({"simulate", "--method", "all", "--seq", "256K", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json j = Json::parse(r.out);
+  ASSERT_EQ(j.at("comparison").size(), 6U);
+  for (const Json& m : j.at("comparison")) {
+    EXPECT_FALSE(m.contains("error")) << m.dump();
+    EXPECT_GT(m.at("step_time_s").get<double>(), 0.0);
+    EXPECT_TRUE(m.at("fits").get<bool>());
+  }
+  const RunResult table = run({"simulate", "--method", "ulysses,ring", "--seq", "256K"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("why:"));
+  EXPECT_THAT(table.out, HasSubstr("Ring attention"));
+}
+
+TEST_F(CliTest, ComparisonReportsMethodsThatCannotRun) {
+  // 12 GPUs: Ulysses cannot split 32 heads 12 ways; the ring can run.
+  const RunResult r = run({"simulate", "--method", "ulysses,ring", "--gpus", "12",
+                           "--gpus-per-node", "12", "--seq", "1536K", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json j = Json::parse(r.out);
+  EXPECT_THAT(j.at("comparison")[0].at("error").get<std::string>(), HasSubstr("heads"));
+  EXPECT_GT(j.at("comparison")[1].at("step_time_s").get<double>(), 0.0);
 }
 
 }  // namespace
