@@ -100,6 +100,31 @@ TEST(ModelStates, SixteenBytesPerParamSharded) {
   EXPECT_EQ(w.static_memory[0].fixed_overhead_bytes, in.hardware.fixed_overhead_bytes());
 }
 
+// ZeRO stages (ZeRO paper §5), P = 8,030,261,248, G = 8, bytes p = 2, m = 4, g = 4, o = 8.
+TEST(ModelStates, ZeroStagesAndOptimizerOffload) {
+  const std::int64_t params = 8030261248, shard = params / 8;
+  auto states = [](int zero, bool offload) {
+    ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 64 * 1024);
+    in.recipe.zero_stage = zero;
+    in.recipe.optimizer_offload = offload;
+    return build_step(in).static_memory[0].model_states_bytes;
+  };
+  EXPECT_EQ(states(0, false), params * (2 + 4 + 4 + 8));
+  EXPECT_EQ(states(1, false), params * (2 + 4) + shard * (4 + 8));
+  EXPECT_EQ(states(2, false), params * 2 + shard * (4 + 4 + 8));
+  EXPECT_EQ(states(3, false), shard * (4 + 4 + 8));
+  EXPECT_EQ(states(3, true), shard * 4);  // master and Adam states on the host
+  // DeepSpeed keeps a bf16 parameter shard besides the fp32 master: 2 + 2 + 12 = 16 bytes/param.
+  ScheduleInputs ds = inputs(CpMethod::kUlysses, "llama3-8b", 8, 64 * 1024);
+  ds.recipe = models::load_recipe("deepspeed-fpdt", testing::data());
+  EXPECT_EQ(build_step(ds).static_memory[0].model_states_bytes, shard * (2 + 2 + 4 + 8));
+  // Offloaded optimizer states are host memory: m + o + an fp32 gradient copy per parameter.
+  ScheduleInputs off = inputs(CpMethod::kUlysses, "llama3-8b", 8, 64 * 1024);
+  off.recipe.optimizer_offload = true;
+  off.recipe.checkpoint_offload = false;
+  EXPECT_EQ(planner::evaluate(off).report.host_memory_bytes, 8 * shard * (4 + 8 + 4));
+}
+
 TEST(ModelStates, GatheredLayerIsBf16OfOneBlock) {
   const ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, kM);
   const Workload w = build_step(in);
