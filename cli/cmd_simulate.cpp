@@ -20,7 +20,9 @@ namespace {
 
 constexpr int kSimulateSchemaVersion = 1;
 
-sim::ScheduleInputs resolve(const SimulateArgs& a) {
+}  // namespace
+
+sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   const models::DataDir data = data_dir();
   sim::ScheduleInputs in;
   if (a.gpus < 1) {
@@ -159,6 +161,8 @@ sim::ScheduleInputs resolve(const SimulateArgs& a) {
   p.heads_per_stage = a.heads_per_stage;
   return in;
 }
+
+namespace {
 
 std::string method_label(const sim::ScheduleInputs& in, const sim::HeadLayout& L) {
   const auto& p = in.parallel;
@@ -374,6 +378,13 @@ std::string human(const sim::ScheduleInputs& in, const sim::StepReport& rep) {
 
 CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
   CLI::App* c = app.add_subcommand("simulate", "Simulate one training step of one configuration");
+  add_config_options(c, a, /*with_seq=*/true);
+  c->add_option("--trace", a.trace, "write a Chrome/Perfetto trace (JSON) of the step to FILE");
+  c->add_flag("--json", a.json, "print one JSON object instead of the table");
+  return c;
+}
+
+void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
   c->add_option("--model", a.model,
                 "built-in model name (see `cpsim models`) or path to a "
                 "Hugging Face config.json")
@@ -389,8 +400,10 @@ CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
                 "context-parallel method: ulysses | upipe | ring | allgather | fpdt | usp; a "
                 "comma-separated list or `all` compares them side by side")
       ->capture_default_str();
-  c->add_option("--seq", a.seq, "global sequence length in tokens (131072, 128K, 3M)")
-      ->capture_default_str();
+  if (with_seq) {
+    c->add_option("--seq", a.seq, "global sequence length in tokens (131072, 128K, 3M)")
+        ->capture_default_str();
+  }
   c->add_option("--recipe", a.recipe, "built-in recipe name or recipe file")->capture_default_str();
   c->add_option(
       "--heads-per-stage", a.heads_per_stage,
@@ -426,56 +439,9 @@ CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
   c->add_option("--attention-kernel", a.attention_kernel,
                 "attention kernel curve of the profile: "
                 "fa3 | fa2 | cudnn | sdpa (default: recipe)");
-  c->add_option("--trace", a.trace, "write a Chrome/Perfetto trace (JSON) of the step to FILE");
-  c->add_flag("--json", a.json, "print one JSON object instead of the table");
-  return c;
 }
 
 namespace {
-
-std::vector<std::string> split_methods(const std::string& text) {
-  if (text == "all") {
-    return {"ulysses", "upipe", "ring", "allgather", "fpdt", "usp"};
-  }
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = text.find(',', start);
-    const std::string item =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (item.empty()) {
-      throw InputError("--method", "empty name in the list");
-    }
-    out.push_back(item);
-    if (comma == std::string::npos) {
-      break;
-    }
-    start = comma + 1;
-  }
-  return out;
-}
-
-/// The arguments for one method of a comparison: knobs of other methods are dropped.
-SimulateArgs for_method(const SimulateArgs& a, const std::string& method) {
-  SimulateArgs m = a;
-  m.method = method;
-  const models::CpMethod cp = models::parse_cp_method(method, "--method");
-  if (cp != models::CpMethod::kUPipe) {
-    m.heads_per_stage = 0;
-  }
-  if (cp != models::CpMethod::kFpdt) {
-    m.fpdt_chunk.clear();
-    m.fpdt_offload.clear();
-  }
-  if (cp == models::CpMethod::kUlysses || cp == models::CpMethod::kFpdt) {
-    m.ring_degree = 0;
-  }
-  if (cp == models::CpMethod::kRing || cp == models::CpMethod::kAllGather) {
-    m.ulysses_degree = 0;
-    m.ring_degree = 0;
-  }
-  return m;
-}
 
 // Side-by-side table of several methods, with what sets each one's peak and time.
 int run_comparison(const SimulateArgs& a, const std::vector<std::string>& methods) {
@@ -489,9 +455,9 @@ int run_comparison(const SimulateArgs& a, const std::vector<std::string>& method
   for (const std::string& method : methods) {
     Row row;
     row.method = method;
-    const SimulateArgs m = for_method(a, method);
+    const SimulateArgs m = config_for_method(a, method);
     try {
-      row.in = resolve(m);
+      row.in = resolve_inputs(m);
       row.rep = planner::evaluate(row.in).report;
     } catch (const InputError& e) {
       // Shared inputs (model, lengths, files) are wrong for every method: stop. A method that
@@ -582,6 +548,50 @@ int run_comparison(const SimulateArgs& a, const std::vector<std::string>& method
 
 }  // namespace
 
+/// The arguments for one method of a comparison: knobs of other methods are dropped.
+SimulateArgs config_for_method(const SimulateArgs& a, const std::string& method) {
+  SimulateArgs m = a;
+  m.method = method;
+  const models::CpMethod cp = models::parse_cp_method(method, "--method");
+  if (cp != models::CpMethod::kUPipe) {
+    m.heads_per_stage = 0;
+  }
+  if (cp != models::CpMethod::kFpdt) {
+    m.fpdt_chunk.clear();
+    m.fpdt_offload.clear();
+  }
+  if (cp == models::CpMethod::kUlysses || cp == models::CpMethod::kFpdt) {
+    m.ring_degree = 0;
+  }
+  if (cp == models::CpMethod::kRing || cp == models::CpMethod::kAllGather) {
+    m.ulysses_degree = 0;
+    m.ring_degree = 0;
+  }
+  return m;
+}
+
+std::vector<std::string> split_methods(const std::string& text) {
+  if (text == "all") {
+    return {"ulysses", "upipe", "ring", "allgather", "fpdt", "usp"};
+  }
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item.empty()) {
+      throw InputError("--method", "empty name in the list");
+    }
+    out.push_back(item);
+    if (comma == std::string::npos) {
+      break;
+    }
+    start = comma + 1;
+  }
+  return out;
+}
+
 int run_simulate(const SimulateArgs& a) {
   if (a.method.find(',') != std::string::npos || a.method == "all") {
     if (!a.trace.empty()) {
@@ -589,7 +599,7 @@ int run_simulate(const SimulateArgs& a) {
     }
     return run_comparison(a, split_methods(a.method));
   }
-  const sim::ScheduleInputs in = resolve(a);
+  const sim::ScheduleInputs in = resolve_inputs(a);
   planner::EvaluateOptions opts;
   opts.keep_trace = !a.trace.empty();
   const planner::Evaluation e = planner::evaluate(in, opts);

@@ -2,8 +2,11 @@
 // Subcommands: each registers its flags on a CLI11 subcommand and runs after parsing.
 
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "cpsim/sim/schedule.hpp"
 
 namespace cpsim::cli {
 
@@ -35,6 +38,41 @@ struct SimulateArgs {
 };
 CLI::App* register_simulate(CLI::App& app, SimulateArgs& args);
 int run_simulate(const SimulateArgs& args);
+/// The flags that describe one configuration (model, hardware, method, degrees, recipe knobs),
+/// shared by simulate, maxlen and plan.
+void add_config_options(CLI::App* command, SimulateArgs& args, bool with_seq);
+/// Loads the model, profile and recipe and applies the flags. @throws InputError naming the flag.
+sim::ScheduleInputs resolve_inputs(const SimulateArgs& args);
+/// The arguments for one method of a comparison: knobs of other methods are dropped.
+SimulateArgs config_for_method(const SimulateArgs& args, const std::string& method);
+/// A method name, a comma-separated list or `all`.
+std::vector<std::string> split_methods(const std::string& text);
+
+struct MaxLenArgs {
+  SimulateArgs config;
+  std::string granularity = "64K";
+  double memory_margin_gib = 0.0;
+  bool json = false;
+};
+CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& args);
+int run_maxlen(const MaxLenArgs& args);
+
+struct PlanArgs {
+  SimulateArgs config;
+  std::string seq;  // empty = longest context
+  bool max_context = false;
+  std::string methods = "all";
+  int top = 5;
+  double memory_margin_gib = 0.0;
+  std::string granularity = "64K";
+  bool fixed_recipe = false;
+  int threads = 2;
+  std::string emit;
+  std::string out;
+  bool json = false;
+};
+CLI::App* register_plan(CLI::App& app, PlanArgs& args);
+int run_plan(const PlanArgs& args);
 
 struct CatalogArgs {
   bool json = false;

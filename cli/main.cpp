@@ -12,8 +12,8 @@
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "cpsim — simulate context-parallel training steps (Ulysses, UPipe) and predict step time,\n"
-      "throughput and peak memory before you book GPUs.",
+      "cpsim — simulate context-parallel training (Ulysses, UPipe, Ring, all-gather, FPDT, USP):\n"
+      "step time, throughput, peak memory, the longest context, and launcher settings.",
       "cpsim"};
   app.set_version_flag("--version", std::string("cpsim ") + CPSIM_VERSION);
   app.require_subcommand(1);
@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
   cpsim::cli::SimulateArgs sim_args;
   cpsim::cli::CatalogArgs models_args, hardware_args;
   CLI::App* simulate = cpsim::cli::register_simulate(app, sim_args);
+  cpsim::cli::MaxLenArgs maxlen_args;
+  CLI::App* maxlen = cpsim::cli::register_maxlen(app, maxlen_args);
+  cpsim::cli::PlanArgs plan_args;
+  CLI::App* plan = cpsim::cli::register_plan(app, plan_args);
   CLI::App* models = cpsim::cli::register_models(app, models_args);
   CLI::App* hardware = cpsim::cli::register_hardware(app, hardware_args);
 
@@ -43,6 +47,12 @@ int main(int argc, char** argv) {
   try {
     if (simulate->parsed()) {
       return cpsim::cli::run_simulate(sim_args);
+    }
+    if (maxlen->parsed()) {
+      return cpsim::cli::run_maxlen(maxlen_args);
+    }
+    if (plan->parsed()) {
+      return cpsim::cli::run_plan(plan_args);
     }
     if (models->parsed()) {
       return cpsim::cli::run_models(models_args);

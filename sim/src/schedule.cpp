@@ -232,6 +232,42 @@ AttentionBuffers attention_buffers(const ScheduleInputs& in, const HeadLayout& L
   return a;
 }
 
+// Model states per rank, P parameters, G ranks sharing the shards, bytes per parameter from the
+// recipe: compute copy p (bf16), fp32 master m, gradients g, optimizer states o (ZeRO paper §5):
+//   ZeRO-0  P·(p + m + g + o)                   nothing sharded
+//   ZeRO-1  P·(p + g) + ⌈P/G⌉·(m + o)           optimizer states (with master) sharded
+//   ZeRO-2  P·p + ⌈P/G⌉·(m + g + o)             + gradients sharded
+//   ZeRO-3  ⌈P/G⌉·(p' + m + g + o)              + parameters sharded, gathered per block;
+//           p' = p with a persistent compute copy (DeepSpeed), 0 for FSDP2 (the fp32 shard is
+//           the master and is cast when gathered). FSDP2 bf16/fp32 gives 4 + 4 + 8 = 16 bytes.
+// With optimizer offload, m and o live in pinned host memory (plus an fp32 gradient copy there).
+ModelStates model_states(const ScheduleInputs& in) {
+  const auto& r = in.recipe;
+  const std::int64_t total = models::count_parameters(in.model).total;
+  const std::int64_t gpus = std::max(1, in.parallel.gpus);
+  const std::int64_t shard = (total + gpus - 1) / gpus;
+  const std::int64_t p = r.param_bytes, m = r.master_param_bytes, g = r.grad_bytes,
+                     o = r.optimizer_state_bytes;
+  const std::int64_t mo_gpu = r.optimizer_offload ? 0 : (m + o);
+  ModelStates s;
+  switch (r.zero_stage) {
+    case 0:
+      s.gpu_bytes = total * (p + g) + total * mo_gpu;
+      break;
+    case 1:
+      s.gpu_bytes = total * (p + g) + shard * mo_gpu;
+      break;
+    case 2:
+      s.gpu_bytes = total * p + shard * (g + mo_gpu);
+      break;
+    default:
+      s.gpu_bytes = shard * ((r.persistent_compute_params ? p : 0) + g + mo_gpu);
+      break;
+  }
+  s.host_bytes = r.optimizer_offload ? (r.zero_stage == 0 ? total : shard) * (m + o + kFp32Bytes) : 0;
+  return s;
+}
+
 bool has_representative_rank(const ScheduleInputs& inputs) {
   // Without a ring every rank runs the same ops with the same durations (Ulysses-type all-to-alls
   // and FSDP collectives are symmetric); ring steps differ per rank (layouts, positions).

@@ -273,15 +273,6 @@ TensorSet StepBuilder::layer_backward(const SavedLayer& sv,
   return dx;
 }
 
-// Model states per rank, P parameters, G ranks sharing the shards, bytes per parameter from the
-// recipe: compute copy p (bf16), fp32 master m, gradients g, optimizer states o (ZeRO paper §5):
-//   ZeRO-0  P·(p + m + g + o)                   nothing sharded
-//   ZeRO-1  P·(p + g) + ⌈P/G⌉·(m + o)           optimizer states (with master) sharded
-//   ZeRO-2  P·p + ⌈P/G⌉·(m + g + o)             + gradients sharded
-//   ZeRO-3  ⌈P/G⌉·(p' + m + g + o)              + parameters sharded, gathered per block;
-//           p' = p with a persistent compute copy (DeepSpeed), 0 for FSDP2 (the fp32 shard is
-//           the master and is cast when gathered). FSDP2 bf16/fp32 gives 4 + 4 + 8 = 16 bytes.
-// With optimizer offload, m and o live in pinned host memory (plus an fp32 gradient copy there).
 void StepBuilder::build() {
   const std::int64_t h = m_.hidden;
   const int layers = static_cast<int>(m_.layers);
@@ -299,26 +290,11 @@ void StepBuilder::build() {
 
   const std::int64_t total = params_.total;
   const std::int64_t shard = ceil_div(total, gpus);
-  const std::int64_t p = r_.param_bytes, m = r_.master_param_bytes, g = r_.grad_bytes,
-                     o = r_.optimizer_state_bytes;
+  const std::int64_t p = r_.param_bytes;
   const bool opt_off = r_.optimizer_offload;
-  const std::int64_t mo_gpu = opt_off ? 0 : (m + o);
-  std::int64_t states = 0;
-  switch (zero) {
-    case 0:
-      states = total * (p + g) + total * mo_gpu;
-      break;
-    case 1:
-      states = total * (p + g) + shard * mo_gpu;
-      break;
-    case 2:
-      states = total * p + shard * (g + mo_gpu);
-      break;
-    default:
-      states = shard * ((r_.persistent_compute_params ? p : 0) + g + mo_gpu);
-      break;
-  }
-  const std::int64_t host_states = opt_off ? (zero == 0 ? total : shard) * (m + o + kFp32Bytes) : 0;
+  const ModelStates ms = model_states(in_);
+  const std::int64_t states = ms.gpu_bytes;
+  const std::int64_t host_states = ms.host_bytes;
   for (auto& sm : w_.static_memory) {
     sm.model_states_bytes = states;
     sm.fixed_overhead_bytes = in_.hardware.fixed_overhead_bytes();

@@ -323,3 +323,25 @@ TEST(Trace, FpdtCopiesOverlapCompute) {
 
 }  // namespace
 }  // namespace cpsim::sim
+
+namespace cpsim::sim {
+namespace {
+
+// Every builder emits an acyclic graph (checked with Boost.Graph's topological sort), for every
+// method on one and two nodes, full and representative ranks.
+TEST(Graph, EveryMethodIsAcyclic) {
+  for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kUPipe, CpMethod::kRing,
+                           CpMethod::kAllGather, CpMethod::kFpdt, CpMethod::kUsp}) {
+    for (const int gpus : {8, 16}) {
+      ScheduleInputs in = inputs(m, "qwen3-4b", gpus, 256 * kK);
+      in.parallel.ring_degree = m == CpMethod::kRing || m == CpMethod::kAllGather ? gpus
+                                : (m == CpMethod::kUsp || m == CpMethod::kUPipe) && gpus == 16 ? 2
+                                                                                                : 1;
+      SCOPED_TRACE(std::string(models::to_string(m)) + " gpus " + std::to_string(gpus));
+      EXPECT_NO_THROW(planner::evaluate(in, {.all_ranks = true, .verify_graph = true}));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cpsim::sim

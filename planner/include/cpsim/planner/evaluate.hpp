@@ -13,6 +13,9 @@ namespace cpsim::planner {
 struct EvaluateOptions {
   bool keep_trace = false;  ///< keep the workload and per-op intervals for a trace file
   bool all_ranks = false;   ///< simulate every rank even when one representative rank suffices
+  /// Check the op graph for cycles with Boost.Graph before simulating (tests; the engine also
+  /// reports a stalled schedule instead of hanging).
+  bool verify_graph = false;
 };
 
 struct Evaluation {

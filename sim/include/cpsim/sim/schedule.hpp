@@ -66,6 +66,14 @@ struct AttentionBuffers {
 };
 AttentionBuffers attention_buffers(const ScheduleInputs& inputs, const HeadLayout& layout);
 
+/// Persistent model states per rank (parameters, gradients, optimizer states; see the derivation
+/// in schedule.cpp), on the GPU and, with optimizer offload, in pinned host memory.
+struct ModelStates {
+  std::int64_t gpu_bytes = 0;
+  std::int64_t host_bytes = 0;
+};
+ModelStates model_states(const ScheduleInputs& inputs);
+
 struct BuildOptions {
   /// Give every rank its ops. Otherwise symmetric schedules (no ring) get one representative
   /// rank whose collectives still cost what their real groups cost (the fast path of design.md;

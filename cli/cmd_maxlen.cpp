@@ -1,0 +1,145 @@
+// `cpsim maxlen`: the longest sequence a configuration trains, and what stops it going longer.
+#include <iostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "cpsim/models/error.hpp"
+#include "cpsim/models/units.hpp"
+#include "cpsim/planner/maxlen.hpp"
+
+namespace cpsim::cli {
+namespace {
+
+constexpr int kMaxLenSchemaVersion = 1;
+
+nlohmann::json binding_json(const planner::BindingConstraint& b) {
+  nlohmann::json j = {{"kind", planner::to_string(b.kind)}, {"text", b.text}, {"seq_len", b.seq_len}};
+  if (b.kind == planner::BindingConstraint::Kind::kGpuMemory) {
+    j["rank"] = b.rank;
+    j["category"] = b.category;
+    j["op"] = b.op;
+  }
+  if (b.used_bytes > 0) {
+    j["used_bytes"] = b.used_bytes;
+    j["limit_bytes"] = b.limit_bytes;
+  }
+  return j;
+}
+
+struct Outcome {
+  std::string method;
+  std::string error;
+  sim::ScheduleInputs in;
+  planner::MaxLenResult res;
+};
+
+nlohmann::json outcome_json(const Outcome& o) {
+  if (!o.error.empty()) {
+    return {{"method", o.method}, {"error", o.error}};
+  }
+  const auto& r = o.res;
+  return {{"method", o.method},
+          {"max_seq_len", r.max_seq_len},
+          {"step_tokens", r.step},
+          {"binding_constraint", binding_json(r.binding)},
+          {"peak_memory_bytes", r.max_seq_len > 0 ? r.at_max.peak_memory_bytes : 0},
+          {"step_time_s", r.max_seq_len > 0 ? r.at_max.step_time_s : 0.0},
+          {"tokens_per_s_per_gpu", r.max_seq_len > 0 ? r.at_max.tokens_per_s_per_gpu : 0.0},
+          {"host_memory_bytes", r.max_seq_len > 0 ? r.at_max.host_memory_bytes : 0},
+          {"headroom_bytes", r.headroom_bytes},
+          {"evaluations", r.evaluations},
+          {"monotone", r.monotone},
+          {"warnings", r.warnings}};
+}
+
+}  // namespace
+
+CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& a) {
+  CLI::App* c = app.add_subcommand(
+      "maxlen", "The longest sequence a configuration can train, and the constraint that binds");
+  add_config_options(c, a.config, /*with_seq=*/false);
+  c->add_option("--granularity", a.granularity,
+                "lengths searched are multiples of this (and of what the method requires)")
+      ->capture_default_str();
+  c->add_option("--memory-margin", a.memory_margin_gib, "GiB kept free on every GPU");
+  c->add_flag("--json", a.json, "print JSON instead of text");
+  return c;
+}
+
+int run_maxlen(const MaxLenArgs& a) {
+  planner::MaxLenOptions opts;
+  opts.granularity = parse_length(a.granularity, "--granularity");
+  if (!(a.memory_margin_gib >= 0.0) || a.memory_margin_gib > 1e6) {
+    throw InputError("--memory-margin", "must be a non-negative number of GiB");
+  }
+  opts.memory_margin_bytes = static_cast<std::int64_t>(a.memory_margin_gib * static_cast<double>(kGiB));
+  const std::vector<std::string> methods = split_methods(a.config.method);
+  std::vector<Outcome> outcomes;
+  for (const std::string& m : methods) {
+    Outcome o;
+    o.method = m;
+    SimulateArgs cfg = methods.size() > 1 ? config_for_method(a.config, m) : a.config;
+    cfg.method = m;
+    cfg.seq = "64K";  // replaced by the search; any valid length resolves the other flags
+    try {
+      o.in = resolve_inputs(cfg);
+      o.res = planner::max_seq_len(o.in, opts);
+    } catch (const InputError& e) {
+      if (methods.size() == 1) throw;
+      o.error = e.what();
+    }
+    outcomes.push_back(std::move(o));
+  }
+  if (a.json) {
+    if (outcomes.size() == 1) {
+      nlohmann::json j = outcome_json(outcomes[0]);
+      j["schema_version"] = kMaxLenSchemaVersion;
+      j["command"] = "maxlen";
+      std::cout << j.dump(2) << "\n";
+    } else {
+      nlohmann::json list = nlohmann::json::array();
+      for (const Outcome& o : outcomes) list.push_back(outcome_json(o));
+      std::cout << nlohmann::json{{"schema_version", kMaxLenSchemaVersion},
+                                  {"command", "maxlen"},
+                                  {"methods", list}}
+                       .dump(2)
+                << "\n";
+    }
+    return 0;
+  }
+  for (const Outcome& o : outcomes) {
+    if (!o.error.empty()) {
+      std::cout << fmt::format("{}: cannot run: {}\n\n", o.method, o.error);
+      continue;
+    }
+    const auto& r = o.res;
+    std::cout << fmt::format("{} on {} x {}, {}, recipe {}\n", o.in.model.name, o.in.parallel.gpus,
+                             o.in.hardware.name, o.method, o.in.recipe.name);
+    if (r.max_seq_len == 0) {
+      std::cout << fmt::format("  not even {} tokens fit\n  binding constraint   {}\n\n",
+                               format_length(r.step), r.binding.text);
+      continue;
+    }
+    std::cout << fmt::format("  longest context      {} ({} tokens; searched in steps of {})\n",
+                             format_length(r.max_seq_len), r.max_seq_len, format_length(r.step));
+    std::cout << fmt::format("  binding constraint   {}\n", r.binding.text);
+    std::cout << fmt::format("  at the longest       peak {} (headroom {}), step {}, {:.1f} "
+                             "tokens/s/GPU, host {} per node\n",
+                             format_bytes(static_cast<double>(r.at_max.peak_memory_bytes)),
+                             format_bytes(static_cast<double>(r.headroom_bytes)),
+                             format_seconds(r.at_max.step_time_s), r.at_max.tokens_per_s_per_gpu,
+                             format_bytes(static_cast<double>(r.at_max.host_memory_bytes)));
+    std::cout << fmt::format("  searched             {} simulations{}\n", r.evaluations,
+                             r.monotone ? ", memory monotone around the limit" : "");
+    for (const auto& w : r.warnings) {
+      std::cout << "  warning: " << w << "\n";
+    }
+    std::cout << "\n";
+  }
+  return 0;
+}
+
+}  // namespace cpsim::cli

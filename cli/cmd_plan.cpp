@@ -1,0 +1,279 @@
+// `cpsim plan`: search methods, degrees and knobs; print the best, the Pareto front and why; emit
+// the winner's settings for a training launcher.
+#include <unistd.h>
+
+#include <chrono>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "cpsim/models/error.hpp"
+#include "cpsim/models/units.hpp"
+#include "cpsim/planner/emit.hpp"
+#include "cpsim/planner/search.hpp"
+
+namespace cpsim::cli {
+namespace {
+
+constexpr int kPlanSchemaVersion = 1;
+
+// Launchers that run each method (reference/launchers.md §0), best first.
+const char* launchers_for(models::CpMethod m) {
+  switch (m) {
+    case models::CpMethod::kUlysses:
+      return "arctic, deepspeed, accelerate, megatron";
+    case models::CpMethod::kUPipe:
+      return "untied-ulysses";
+    case models::CpMethod::kRing:
+      return "torchtitan, megatron, accelerate, untied-ulysses";
+    case models::CpMethod::kAllGather:
+      return "torchtitan, megatron, accelerate";
+    case models::CpMethod::kFpdt:
+      return "deepspeed";
+    case models::CpMethod::kUsp:
+      return "megatron, untied-ulysses";
+  }
+  return "";
+}
+
+nlohmann::json candidate_json(const planner::Candidate& c, bool max_context) {
+  const auto& p = c.inputs.parallel;
+  const auto& r = c.inputs.recipe;
+  nlohmann::json j = {
+      {"label", c.label},
+      {"method", models::to_string(p.method)},
+      {"cp_degree", p.cp_degree},
+      {"ulysses_degree", p.ulysses_degree()},
+      {"ring_degree", p.ring_degree},
+      {"data_parallel", p.data_parallel()},
+      {"heads_per_stage", p.method == models::CpMethod::kUPipe ? c.report.layout.heads_per_stage : 0},
+      {"fpdt_chunk", p.method == models::CpMethod::kFpdt ? p.fpdt_chunk : 0},
+      {"ac", models::to_string(r.checkpointing)},
+      {"ac_offload", r.checkpoint_offload},
+      {"tiled_mlp", r.tiled_mlp},
+      {"fused_loss", r.fused_loss},
+      {"zero_stage", r.zero_stage},
+      {"seq_len", p.seq_len},
+      {"step_time_s", c.report.step_time_s},
+      {"tokens_per_s_per_gpu", c.report.tokens_per_s_per_gpu},
+      {"mfu", c.report.mfu},
+      {"peak_memory_bytes", c.report.peak_memory_bytes},
+      {"host_memory_bytes", c.report.host_memory_bytes},
+      {"launchers", launchers_for(p.method)},
+  };
+  if (max_context) {
+    j["max_seq_len"] = c.max_seq_len;
+    j["binding_constraint"] = c.binding.text;
+  }
+  return j;
+}
+
+std::vector<std::string> row(const planner::Candidate& c, bool max_context) {
+  std::vector<std::string> r;
+  if (max_context) r.push_back(format_length(c.max_seq_len));
+  r.insert(r.end(), {fmt::format("{:.1f}", c.report.tokens_per_s_per_gpu),
+                     format_seconds(c.report.step_time_s),
+                     format_bytes(static_cast<double>(c.report.peak_memory_bytes)), c.label});
+  return r;
+}
+
+}  // namespace
+
+CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
+  CLI::App* c = app.add_subcommand(
+      "plan",
+      "Search methods, degrees and knobs: the fastest configuration at --seq, or the longest "
+      "context (default); emit launcher settings");
+  add_config_options(c, a.config, /*with_seq=*/false);
+  c->add_option("--seq", a.seq, "rank configurations by tokens/s/GPU at this length");
+  c->add_flag("--max-context", a.max_context, "rank by the longest context, then throughput (default)");
+  c->add_option("--methods", a.methods, "methods to search: a comma-separated list or all")
+      ->capture_default_str();
+  c->add_option("--top", a.top, "configurations to list")->capture_default_str();
+  c->add_option("--memory-margin", a.memory_margin_gib, "GiB kept free on every GPU");
+  c->add_option("--granularity", a.granularity, "max-context mode: length step")->capture_default_str();
+  c->add_flag("--fixed-recipe", a.fixed_recipe,
+              "--seq mode: keep the recipe's AC, offload, tiling, loss and ZeRO settings instead of "
+              "searching them");
+  c->add_option("--threads", a.threads, "parallel evaluations")->capture_default_str();
+  c->add_option("--emit", a.emit,
+                "write the best configuration's settings for a launcher: torchtitan, "
+                "untied-ulysses, deepspeed, accelerate, megatron, arctic");
+  c->add_option("--out", a.out, "file for --emit (default: print it)");
+  c->add_flag("--json", a.json, "print JSON instead of text");
+  return c;
+}
+
+int run_plan(const PlanArgs& a) {
+  if (!a.seq.empty() && a.max_context) {
+    throw InputError("--max-context", "give either --seq or --max-context");
+  }
+  if (a.top < 1 || a.top > 1000) {
+    throw InputError("--top", "must be between 1 and 1000");
+  }
+  if (a.threads < 1 || a.threads > 256) {
+    throw InputError("--threads", "must be between 1 and 256");
+  }
+  if (!(a.memory_margin_gib >= 0.0) || a.memory_margin_gib > 1e6) {
+    throw InputError("--memory-margin", "must be a non-negative number of GiB");
+  }
+  if (!a.out.empty() && a.emit.empty()) {
+    throw InputError("--out", "needs --emit FORMAT");
+  }
+  std::optional<planner::LauncherFormat> format;
+  if (!a.emit.empty()) {
+    format = planner::parse_launcher_format(a.emit, "--emit");
+  }
+  planner::PlanOptions opts;
+  for (const std::string& m : split_methods(a.methods)) {
+    opts.methods.push_back(models::parse_cp_method(m, "--methods"));
+  }
+  SimulateArgs cfg = a.config;
+  cfg.method = models::to_string(opts.methods.front());
+  cfg.seq = a.seq.empty() ? "64K" : a.seq;
+  const sim::ScheduleInputs base = resolve_inputs(config_for_method(cfg, cfg.method));
+  if (!a.seq.empty()) {
+    opts.seq_len = parse_length(a.seq, "--seq");
+  }
+  opts.memory_margin_bytes = static_cast<std::int64_t>(a.memory_margin_gib * static_cast<double>(kGiB));
+  opts.granularity = parse_length(a.granularity, "--granularity");
+  opts.vary_recipe = !a.fixed_recipe;
+  opts.threads = a.threads;
+  opts.top = a.top;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (isatty(STDERR_FILENO) != 0) {
+    std::cerr << "cpsim plan: searching...\r" << std::flush;
+  }
+  const planner::PlanResult res = planner::plan(base, opts);
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (isatty(STDERR_FILENO) != 0) {
+    std::cerr << "                         \r" << std::flush;
+  }
+  if (res.ranked.empty()) {
+    throw InputError(a.seq.empty() ? "--methods" : "--seq",
+                     a.seq.empty() ? "no configuration fits even the shortest length searched"
+                                   : "no configuration fits at this length; try `cpsim plan "
+                                     "--max-context`");
+  }
+
+  // Emit the best configuration the chosen launcher can run.
+  std::string emitted_text, emit_note;
+  const planner::Candidate* emitted = nullptr;
+  if (format) {
+    std::string first_refusal;
+    for (const planner::Candidate& c : res.ranked) {
+      try {
+        const planner::EmittedConfig e = planner::emit_launcher_config(*format, c.inputs);
+        emitted = &c;
+        emitted_text = e.text;
+        for (const auto& n : e.notes) emit_note += "  note: " + n + "\n";
+        break;
+      } catch (const InputError& e) {
+        if (first_refusal.empty()) first_refusal = e.what();
+      }
+    }
+    if (emitted == nullptr) {
+      throw InputError("--emit", first_refusal.substr(first_refusal.find(':') + 2));
+    }
+    if (!a.out.empty()) {
+      write_file_atomically(a.out, emitted_text, "--out");
+    }
+  }
+
+  if (a.json) {
+    nlohmann::json top = nlohmann::json::array(), pareto = nlohmann::json::array(),
+                   per_method = nlohmann::json::array();
+    for (std::size_t i = 0; i < res.ranked.size() && static_cast<int>(i) < a.top; ++i) {
+      top.push_back(candidate_json(res.ranked[i], res.max_context));
+    }
+    for (const auto& c : res.pareto) pareto.push_back(candidate_json(c, res.max_context));
+    for (const auto& c : res.best_per_method) per_method.push_back(candidate_json(c, res.max_context));
+    nlohmann::json j = {
+        {"schema_version", kPlanSchemaVersion},
+        {"command", "plan"},
+        {"mode", res.max_context ? "max_context" : "seq"},
+        {"model", base.model.name},
+        {"hardware", base.hardware.name},
+        {"gpus", base.parallel.gpus},
+        {"counts",
+         {{"generated", res.generated},
+          {"refused", res.refused},
+          {"pruned", res.pruned},
+          {"evaluated", res.evaluated},
+          {"simulations", res.simulations}}},
+        {"best", candidate_json(res.ranked.front(), res.max_context)},
+        {"why_best", res.why_best},
+        {"top", top},
+        {"pareto", pareto},
+        {"best_per_method", per_method},
+    };
+    if (opts.seq_len) j["seq_len"] = *opts.seq_len;
+    if (emitted != nullptr) {
+      j["emitted"] = {{"format", a.emit}, {"label", emitted->label}, {"file", a.out},
+                      {"text", a.out.empty() ? emitted_text : ""}};
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+
+  std::cout << fmt::format("plan: {} on {} x {}, {}, base recipe {}\n", base.model.name,
+                           base.parallel.gpus, base.hardware.name,
+                           res.max_context ? "longest context (then throughput)"
+                                           : fmt::format("tokens/s/GPU at {}", format_length(*opts.seq_len)),
+                           base.recipe.name);
+  std::cout << fmt::format("  {} configurations: {} refused (invalid for the model or GPUs), {} pruned "
+                           "by the memory lower bound, {} evaluated ({} simulations, {:.2f} s, {:.0f} "
+                           "simulations/s)\n\n",
+                           res.generated, res.refused, res.pruned, res.evaluated, res.simulations, wall_s,
+                           static_cast<double>(res.simulations) / std::max(wall_s, 1e-9));
+  const bool mc = res.max_context;
+  std::vector<std::string> header;
+  if (mc) header.push_back("max context");
+  header.insert(header.end(), {"tok/s/GPU", "step", "peak", "configuration"});
+  std::vector<bool> numeric(header.size(), true);
+  numeric.back() = false;
+  auto print = [&](const std::string& title, const std::vector<planner::Candidate>& list, int limit) {
+    std::vector<std::vector<std::string>> rows;
+    for (std::size_t i = 0; i < list.size() && static_cast<int>(i) < limit; ++i) {
+      rows.push_back(row(list[i], mc));
+    }
+    std::cout << title << "\n" << format_table(header, rows, numeric) << "\n";
+  };
+  print("best per method:", res.best_per_method, 100);
+  print(fmt::format("top {}:", std::min<int>(a.top, static_cast<int>(res.ranked.size()))), res.ranked,
+        a.top);
+  print(mc ? "Pareto front (max context vs throughput):" : "Pareto front (throughput vs peak memory):",
+        res.pareto, 100);
+  const planner::Candidate& best = res.ranked.front();
+  std::cout << fmt::format("recommended: {}\n", best.label);
+  if (mc) {
+    std::cout << fmt::format("  longest context {}; limited by {}\n", format_length(best.max_seq_len),
+                             best.binding.text);
+  }
+  if (!res.why_best.empty()) {
+    std::cout << "  why: " << res.why_best << "\n";
+  }
+  std::cout << fmt::format("  launchers that run it: {}\n", launchers_for(best.inputs.parallel.method));
+  if (emitted != nullptr) {
+    if (emitted != &best) {
+      std::cout << fmt::format("\n{} cannot run the best configuration; emitted the best it can run: {}\n",
+                               a.emit, emitted->label);
+    }
+    if (a.out.empty()) {
+      std::cout << fmt::format("\n--- {} settings ---\n{}", a.emit, emitted_text);
+      if (!emitted_text.empty() && emitted_text.back() != '\n') std::cout << "\n";
+    } else {
+      std::cout << fmt::format("\n{} settings written to {}\n", a.emit, a.out);
+    }
+    std::cout << emit_note;
+  } else {
+    std::cout << "  add --emit LAUNCHER [--out FILE] for paste-ready settings\n";
+  }
+  return 0;
+}
+
+}  // namespace cpsim::cli

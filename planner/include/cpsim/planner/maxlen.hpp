@@ -1,0 +1,54 @@
+#pragma once
+/// @file The longest sequence a configuration can train: galloping then binary search over
+/// multiples of a granularity, with a check of the neighbours for non-monotone memory.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpsim/planner/evaluate.hpp"
+
+namespace cpsim::planner {
+
+/// What stops a configuration from going one step longer.
+struct BindingConstraint {
+  enum class Kind { kNone, kGpuMemory, kHostMemory, kLengthLimit, kDivisibility };
+  Kind kind = Kind::kNone;
+  std::string text;             ///< one line for humans
+  std::int64_t seq_len = 0;     ///< the length that failed
+  int rank = 0;                 ///< GPU memory: the rank at the peak
+  std::string category;         ///< GPU memory: largest sequence-dependent category at the peak
+  std::string op;               ///< GPU memory: the op at the peak
+  std::int64_t used_bytes = 0;  ///< peak (GPU) or per-node host bytes
+  std::int64_t limit_bytes = 0; ///< capacity minus margin
+};
+const char* to_string(BindingConstraint::Kind k);
+
+struct MaxLenOptions {
+  std::int64_t granularity = 64 * 1024;  ///< tokens
+  std::int64_t memory_margin_bytes = 0;  ///< kept free on every GPU
+  std::int64_t max_tokens = std::int64_t{1} << 30;  ///< search ceiling
+};
+
+struct MaxLenResult {
+  std::int64_t max_seq_len = 0;  ///< 0 when not even one step fits
+  std::int64_t step = 0;         ///< granularity combined with what the method requires
+  sim::StepReport at_max;        ///< the step at max_seq_len (when > 0)
+  BindingConstraint binding;     ///< why max_seq_len + step does not fit
+  std::int64_t headroom_bytes = 0;  ///< GPU capacity − margin − peak at max_seq_len
+  int evaluations = 0;
+  bool monotone = true;
+  std::vector<std::string> warnings;
+};
+
+/// Sequence length multiple a configuration requires: C (CP degree), 2·C for zigzag rings, and
+/// the FPDT chunk.
+std::int64_t required_multiple(const sim::ScheduleInputs& inputs);
+
+/// Whether a report fits under a margin: peak + margin ≤ GPU capacity and host ≤ host capacity.
+bool fits_with_margin(const sim::StepReport& report, std::int64_t margin_bytes);
+
+/// @throws InputError for configurations that cannot run at any length (heads vs degrees, flags).
+MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& options = {});
+
+}  // namespace cpsim::planner

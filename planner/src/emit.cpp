@@ -1,0 +1,1254 @@
+#include "cpsim/planner/emit.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cpsim/models/error.hpp"
+
+// Key names, values and quirks follow reference/launchers.md (sections in the comments below).
+// Every emitter first refuses the methods its launcher cannot run (naming launchers that can),
+// then validates the configuration (sim::derive_head_layout), then checks the launcher's own
+// constraints, and writes what the launcher cannot express into `notes` (and, where the format
+// has comments, into comment lines of the text).
+
+namespace cpsim::planner {
+namespace {
+
+using models::CheckpointMode;
+using models::CpMethod;
+using models::RingLayout;
+
+constexpr const char* kEmitField = "--emit";
+/// The UPipe fork's scripts turn pinned input memory off above 4M tokens (`-gt 4194304`).
+constexpr std::int64_t kPinMemoryLimit = std::int64_t{4} * 1024 * 1024;
+
+constexpr std::array kFormats = {LauncherFormat::kTorchTitan, LauncherFormat::kUntiedUlysses,
+                                 LauncherFormat::kDeepSpeed,  LauncherFormat::kAccelerate,
+                                 LauncherFormat::kMegatron,   LauncherFormat::kArctic};
+
+[[noreturn]] void refuse(const std::string& message) {
+  throw InputError(kEmitField, message);
+}
+
+// ---- Small formatting helpers -------------------------------------------------------------------
+
+/// Integral values print as integers (500000, never 5e+05); others with the shortest exact form.
+std::string number(double v) {
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15) {
+    return fmt::format("{}", static_cast<std::int64_t>(v));
+  }
+  return fmt::format("{}", v);
+}
+
+const char* boolean(bool b) {
+  return b ? "true" : "false";
+}
+
+/// A double-quoted string with the escapes that JSON, TOML basic strings and YAML double-quoted
+/// scalars share.
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    switch (ch) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(ch));
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+/// A shell word: plain when it only holds safe characters, else single-quoted.
+std::string shell_word(const std::string& s) {
+  bool plain = !s.empty();
+  for (const char ch : s) {
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                    (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '.' || ch == '/' ||
+                    ch == ':' || ch == '=' || ch == ',' || ch == '+';
+    plain = plain && ok;
+  }
+  if (plain) {
+    return s;
+  }
+  std::string out = "'";
+  for (const char ch : s) {
+    out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  }
+  return out + "'";
+}
+
+/// Comment lines ("# ...") for text formats that allow them.
+std::string comment_lines(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) {
+    out += l.empty() ? "#\n" : fmt::format("# {}\n", l);
+  }
+  return out;
+}
+
+// ---- What the configuration is ------------------------------------------------------------------
+
+struct Plan {
+  const sim::ScheduleInputs& in;
+  const models::TransformerSpec& model;
+  const models::TrainingRecipe& recipe;
+  const models::ParallelConfig& par;
+  sim::HeadLayout layout;
+  std::int64_t seq = 0;
+  int cp = 1;
+  int ulysses = 1;
+  int ring = 1;
+  int dp = 1;
+  int nodes = 1;
+  std::vector<std::string> notes;
+
+  explicit Plan(const sim::ScheduleInputs& inputs)
+      : in(inputs),
+        model(inputs.model),
+        recipe(inputs.recipe),
+        par(inputs.parallel),
+        layout(sim::derive_head_layout(inputs)),
+        seq(inputs.parallel.seq_len),
+        cp(inputs.parallel.cp_degree),
+        ulysses(inputs.parallel.ulysses_degree()),
+        ring(inputs.parallel.ring_degree),
+        dp(inputs.parallel.data_parallel()),
+        nodes((inputs.parallel.gpus + inputs.parallel.gpus_per_node - 1) /
+              inputs.parallel.gpus_per_node) {}
+
+  CpMethod method() const { return par.method; }
+  bool full_ac() const { return recipe.checkpointing == CheckpointMode::kFull; }
+  /// Block inputs go to host memory only under full checkpointing (that is what cpsim simulates).
+  bool ckpt_offload() const { return recipe.checkpoint_offload && full_ac(); }
+  bool zigzag() const { return par.ring_layout == RingLayout::kZigzag; }
+
+  void note(std::string text) { notes.push_back(std::move(text)); }
+
+  std::string provenance() const {
+    return fmt::format(
+        "generated by cpsim: {} on {} GPUs ({}, {} per node), method {}, CP {} = ulysses {} x ring "
+        "{}, data parallel {}, seq {}, recipe {}",
+        model.name, par.gpus, in.hardware.name, par.gpus_per_node, models::to_string(method()), cp,
+        ulysses, ring, dp, seq, recipe.name.empty() ? std::string("(custom)") : recipe.name);
+  }
+
+  /// Notes shared by launchers that cannot express a recipe knob cpsim simulated.
+  void note_if_ckpt_offload_ignored() {
+    if (recipe.checkpoint_offload && !full_ac()) {
+      note(
+          fmt::format("checkpoint offload is only modelled under full checkpointing; with "
+                      "checkpointing {} nothing is offloaded, so none is emitted",
+                      models::to_string(recipe.checkpointing)));
+    }
+  }
+
+  /// DeepSpeed's `seq_parallel_communication_data_type`.
+  std::string ds_comm_dtype() {
+    if (recipe.cp_comm_bytes == 4) {
+      return "fp32";
+    }
+    if (recipe.cp_comm_bytes != 2) {
+      note(fmt::format("cp_comm_bytes {} has no DeepSpeed data type; emitted bf16",
+                       recipe.cp_comm_bytes));
+    }
+    return "bf16";
+  }
+
+  void note_comm_dtype_fixed(const char* launcher) {
+    if (recipe.cp_comm_bytes != 2) {
+      note(
+          fmt::format("{} communicates CP tensors in the compute dtype (bf16); cp_comm_bytes {} "
+                      "is not expressible",
+                      launcher, recipe.cp_comm_bytes));
+    }
+  }
+};
+
+// ---- Refusals -----------------------------------------------------------------------------------
+
+const char* launcher_title(LauncherFormat f) {
+  switch (f) {
+    case LauncherFormat::kTorchTitan:
+      return "TorchTitan";
+    case LauncherFormat::kUntiedUlysses:
+      return "the UPipe reference code (Untied-Ulysses TorchTitan fork)";
+    case LauncherFormat::kDeepSpeed:
+      return "DeepSpeed / Megatron-DeepSpeed";
+    case LauncherFormat::kAccelerate:
+      return "HF Accelerate";
+    case LauncherFormat::kMegatron:
+      return "Megatron-LM";
+    case LauncherFormat::kArctic:
+      return "ArcticTraining";
+  }
+  return "this launcher";
+}
+
+const char* launcher_scope(LauncherFormat f) {
+  switch (f) {
+    case LauncherFormat::kTorchTitan:
+      return "upstream TorchTitan only has ring-style CP (ring, allgather); no Ulysses, UPipe or "
+             "FPDT";
+    case LauncherFormat::kUntiedUlysses:
+      return "its --model.attn_impl offers upipe, usp (Ulysses x ring) and the torch ring only";
+    case LauncherFormat::kDeepSpeed:
+      return "DeepSpeed only has Ulysses sequence parallelism and FPDT (Megatron-DeepSpeed)";
+    case LauncherFormat::kAccelerate:
+      return "Accelerate has torch ring CP (cp_size) or DeepSpeed Ulysses (sp_size), mutually "
+             "exclusive, and no UPipe or FPDT";
+    case LauncherFormat::kMegatron:
+      return "Megatron-LM CP (Transformer Engine) has p2p, all_gather, a2a and a2a+p2p only";
+    case LauncherFormat::kArctic:
+      return "ArcticTraining only has DeepSpeed Ulysses (sequence_parallel_size)";
+  }
+  return "";
+}
+
+/// Launchers that can run a method (reference/launchers.md §0), as `--emit` values.
+const char* launchers_for(CpMethod m) {
+  switch (m) {
+    case CpMethod::kUlysses:
+      return "--emit deepspeed, accelerate or arctic (or untied-ulysses, megatron with a2a)";
+    case CpMethod::kUPipe:
+      return "--emit untied-ulysses (UPipe exists only in the authors' TorchTitan fork)";
+    case CpMethod::kRing:
+      return "--emit torchtitan, accelerate, megatron or untied-ulysses";
+    case CpMethod::kAllGather:
+      return "--emit torchtitan, accelerate or megatron";
+    case CpMethod::kFpdt:
+      return "--emit deepspeed (Megatron-DeepSpeed flags)";
+    case CpMethod::kUsp:
+      return "--emit untied-ulysses or megatron (a2a+p2p)";
+  }
+  return "";
+}
+
+[[noreturn]] void refuse_method(LauncherFormat f, CpMethod m) {
+  refuse(fmt::format("{} cannot run {} ({}); use {}", launcher_title(f), models::to_string(m),
+                     launcher_scope(f), launchers_for(m)));
+}
+
+void require_method(LauncherFormat f, CpMethod m, std::initializer_list<CpMethod> supported) {
+  for (const CpMethod s : supported) {
+    if (s == m) {
+      return;
+    }
+  }
+  refuse_method(f, m);
+}
+
+void require_seq_multiple_of_2cp(const Plan& p, const char* launcher, const char* why) {
+  const std::int64_t multiple = std::int64_t{2} * p.cp;
+  if (p.seq % multiple != 0) {
+    refuse(fmt::format("{} needs --seq divisible by 2 x CP = {} ({}); {} is not", launcher,
+                       multiple, why, p.seq));
+  }
+}
+
+void require_zero_for_optimizer_offload(const Plan& p, const char* launcher) {
+  if (p.recipe.optimizer_offload && p.recipe.zero_stage < 1) {
+    refuse(
+        fmt::format("{} offloads the optimizer to the CPU only under ZeRO (stage 1 to 3); "
+                    "use --zero 1, 2 or 3 with optimizer offload",
+                    launcher));
+  }
+}
+
+// ---- Model names --------------------------------------------------------------------------------
+
+struct Flavor {
+  const char* name = nullptr;  ///< TorchTitan model name
+  const char* flavor = nullptr;
+};
+
+/// TorchTitan `llama3` flavors whose shapes match the model exactly (torchtitan/models/llama3).
+Flavor llama3_flavor(const models::TransformerSpec& m) {
+  struct Shape {
+    std::int64_t layers, hidden, heads, kv, ffn;
+    const char* flavor;
+  };
+  static constexpr std::array kShapes = {Shape{32, 4096, 32, 8, 14336, "8B"},
+                                         Shape{80, 8192, 64, 8, 28672, "70B"},
+                                         Shape{126, 16384, 128, 8, 53248, "405B"}};
+  for (const Shape& s : kShapes) {
+    if (m.layers == s.layers && m.hidden == s.hidden && m.heads == s.heads && m.kv_heads == s.kv &&
+        m.ffn_hidden == s.ffn && m.head_dim == 128 && m.vocab == 128256 && !m.qk_norm) {
+      return {"llama3", s.flavor};
+    }
+  }
+  return {};
+}
+
+std::string shape_summary(const models::TransformerSpec& m) {
+  return fmt::format("{} layers, hidden {}, {} heads, {} KV heads, head_dim {}, ffn {}, vocab {}",
+                     m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn_hidden, m.vocab);
+}
+
+// ---- TorchTitan v0.2.x TOML (launchers.md 1a) ---------------------------------------------------
+
+EmittedConfig emit_torchtitan(Plan& p) {
+  require_seq_multiple_of_2cp(p, "TorchTitan",
+                              "training.seq_len must be divisible by tp x 2 x cp for CP load "
+                              "balancing");
+  const bool allgather = p.method() == CpMethod::kAllGather;
+  std::string body;
+
+  // [model]
+  const Flavor fl = llama3_flavor(p.model);
+  if (fl.name != nullptr) {
+    body += fmt::format("[model]\nname = {}\nflavor = {}\n\n", quoted(fl.name), quoted(fl.flavor));
+  } else {
+    body +=
+        fmt::format("# [model] name / flavor: pick the TorchTitan model registered for {} ({})\n\n",
+                    p.model.name, shape_summary(p.model));
+    p.note(
+        fmt::format("no TorchTitan llama3 flavor matches {} exactly; set [model] name and "
+                    "flavor yourself",
+                    p.model.name));
+  }
+
+  // [training]
+  body += "[training]\nlocal_batch_size = 1\n";
+  body += fmt::format("seq_len = {}  # divisible by 2 x cp = {}\n", p.seq, 2 * p.cp);
+  body += fmt::format("mixed_precision_param = {}\n",
+                      quoted(p.recipe.param_bytes == 4 ? "float32" : "bfloat16"));
+  body += "mixed_precision_reduce = \"float32\"  # the only value TorchTitan accepts\n";
+  if (p.recipe.grad_reduce_bytes != 4) {
+    p.note(
+        "TorchTitan reduces gradients in float32 only; the recipe's narrower gradient reduce is "
+        "not expressible");
+  }
+  if (p.recipe.optimizer_offload) {
+    body +=
+        "enable_cpu_offload = true  # FSDP CPU offload: parameters, gradients AND optimizer "
+        "states live on the host (more than cpsim's optimizer offload)\n";
+    p.note(
+        "training.enable_cpu_offload offloads parameters, gradients and optimizer states "
+        "(FSDP CPUOffload), not only the optimizer as simulated");
+  }
+
+  // [parallelism]
+  body += "\n[parallelism]\ndata_parallel_replicate_degree = 1\n";
+  body += fmt::format(
+      "data_parallel_shard_degree = -1  # the leftover ranks ({}); FSDP shards over dp_shard x cp "
+      "= {} GPUs\n",
+      p.dp, p.par.gpus);
+  if (p.recipe.zero_stage < 3) {
+    body += fmt::format(
+        "fsdp_reshard_after_forward = \"never\"  # keeps gathered parameters after forward, the "
+        "closest FSDP2 gets to ZeRO-{}\n",
+        p.recipe.zero_stage);
+    p.note(
+        fmt::format("TorchTitan always shards with FSDP2 (ZeRO-3 style); ZeRO-{} is "
+                    "approximated by fsdp_reshard_after_forward = \"never\"",
+                    p.recipe.zero_stage));
+  }
+  body += fmt::format("context_parallel_degree = {}\n", p.cp);
+  if (allgather) {
+    body +=
+        "context_parallel_rotate_method = \"allgather\"  # all-gather K/V after the first "
+        "sub-SDPA (all-gather CP); v0.1.0 to v0.2.2, removed on main\n";
+  } else {
+    body +=
+        "context_parallel_rotate_method = \"alltoall\"  # ring: K/V shards rotate peer to peer "
+        "(TorchTitan's name for ring passing); v0.1.0 to v0.2.2, removed on main\n";
+  }
+  p.note(
+      "context_parallel_rotate_method drives training in v0.2.0 and v0.2.1; in v0.2.2 only the "
+      "validation path reads it (training uses PyTorch's default rotation)");
+  if (p.zigzag()) {
+    body +=
+        "context_parallel_load_balancer = \"headtail\"  # zigzag layout (SDPA); key new in "
+        "v0.2.2: delete this line for v0.2.0 / v0.2.1\n";
+  } else {
+    body +=
+        "# context_parallel_load_balancer: the contiguous layout needs None, which TOML cannot "
+        "write (an empty string is rejected); the default \"headtail\" balances the sequence "
+        "instead\n";
+    p.note(
+        "contiguous layout is not expressible in the TOML (load balancer None); TorchTitan's "
+        "default headtail (zigzag) balancing will run, which evens out causal work");
+  }
+
+  // [activation_checkpoint]
+  body += "\n[activation_checkpoint]\n";
+  switch (p.recipe.checkpointing) {
+    case CheckpointMode::kFull:
+      body += "mode = \"full\"\n";
+      break;
+    case CheckpointMode::kSelective:
+      body +=
+          "mode = \"selective\"\nselective_ac_option = \"op\"  # per-op SAC; cpsim's selective "
+          "(attention core recomputed) has no exact TorchTitan equivalent\n";
+      p.note(
+          "selective checkpointing maps to TorchTitan's per-op SAC, which saves different "
+          "tensors than cpsim's selective model (attention core recomputed)");
+      break;
+    case CheckpointMode::kNone:
+      body += "mode = \"none\"\n";
+      break;
+  }
+
+  // What the TOML cannot say.
+  if (p.ckpt_offload()) {
+    p.note(
+        "checkpoint offload to host (block inputs in pinned memory) has no TorchTitan TOML key; "
+        "it lives in code (e.g. the UPipe fork's \"offload\" attn_impl)");
+  }
+  p.note_if_ckpt_offload_ignored();
+  if (p.recipe.tiled_mlp) {
+    p.note(
+        "tiled MLP / tiled RMSNorm have no TorchTitan TOML key; they live in code (the UPipe "
+        "fork's \"tiled_mlp\" attn_impl)");
+  }
+  if (p.recipe.fused_loss) {
+    p.note(
+        "fused linear cross-entropy (logits never materialised) has no TorchTitan TOML key; it "
+        "lives in code");
+  }
+  if (p.recipe.attention_kernel != "sdpa" && p.recipe.attention_kernel != "cudnn") {
+    p.note(
+        fmt::format("TorchTitan CP runs PyTorch SDPA (flash / cuDNN backends) or flex; the "
+                    "recipe's {} kernel is not selectable",
+                    p.recipe.attention_kernel));
+  }
+  p.note_comm_dtype_fixed("TorchTitan");
+
+  std::vector<std::string> header = {
+      p.provenance(),
+      "TorchTitan v0.2.x TOML job config: CONFIG_FILE=cpsim_torchtitan.toml ./run_train.sh",
+      "(TorchTitan main after 2026-02-23 takes a Python config function instead: no rotate key, "
+      "training.max_context_length)"};
+  if (p.recipe.expandable_segments) {
+    header.emplace_back("environment: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+  }
+  for (const auto& n : p.notes) {
+    header.push_back(fmt::format("note: {}", n));
+  }
+  EmittedConfig out;
+  out.text = fmt::format("{}\n{}", comment_lines(header), body);
+  out.suggested_filename = "cpsim_torchtitan.toml";
+  out.notes = std::move(p.notes);
+  return out;
+}
+
+// ---- UPipe reference code: TorchTitan fork arguments (launchers.md 5a) --------------------------
+
+EmittedConfig emit_untied_ulysses(Plan& p) {
+  const CpMethod m = p.method();
+  if (m == CpMethod::kUPipe && p.par.heads_per_stage != 0 && p.par.heads_per_stage != p.ulysses) {
+    refuse(
+        fmt::format("the UPipe reference code fixes the heads per stage U to the Ulysses degree "
+                    "({}); --heads-per-stage {} cannot be expressed there (no other launcher "
+                    "runs UPipe): use --heads-per-stage {}",
+                    p.ulysses, p.par.heads_per_stage, p.ulysses));
+  }
+  if (p.ring > 1) {
+    require_seq_multiple_of_2cp(p, "the UPipe reference code", "its ring is always zigzag");
+  }
+  const std::string& kernel = p.recipe.attention_kernel;
+  // Ring without an FA kernel runs the torch ring (SDPA); everything else goes through yunchang.
+  const bool torch_ring = m == CpMethod::kRing && kernel != "fa2" && kernel != "fa3";
+  std::string impl;
+  if (torch_ring) {
+    impl = "torch_ring_alltoall";
+  } else {
+    impl = m == CpMethod::kUPipe ? "upipe" : "usp";
+    if (kernel == "fa3") {
+      impl += "_fa3";
+    } else {
+      impl += "_fa2";
+      if (kernel != "fa2") {
+        p.note(
+            fmt::format("the fork's upipe / usp attention runs flash-attn (fa2 or fa3 in "
+                        "attn_impl); the recipe's {} kernel is replaced by fa2",
+                        kernel));
+      }
+    }
+  }
+  if (p.ckpt_offload()) {
+    impl += "_offload";
+  }
+  p.note_if_ckpt_offload_ignored();
+  if (p.recipe.tiled_mlp) {
+    impl += "_tiled_mlp";
+  }
+  if (p.recipe.tiled_mlp != p.recipe.tiled_norm) {
+    p.note(
+        "the fork's tiled_mlp switches on TiledMLP and TiledRMSNorm together; tiled_mlp and "
+        "tiled_norm differ in the recipe");
+  }
+
+  std::vector<std::string> args = {
+      "--parallelism.context_parallel_ulysses_degree", fmt::format("{}", p.ulysses),
+      "--parallelism.context_parallel_degree", fmt::format("{}", p.ring)};
+  if (torch_ring) {
+    args.insert(args.end(), {"--parallelism.context_parallel_rotate_method", "alltoall"});
+  }
+  if (p.recipe.zero_stage < 3) {
+    args.insert(args.end(), {"--parallelism.fsdp_reshard_after_forward", "never"});
+    p.note(
+        fmt::format("the fork shards with FSDP2 (ZeRO-3 style); ZeRO-{} is approximated by "
+                    "--parallelism.fsdp_reshard_after_forward never",
+                    p.recipe.zero_stage));
+  }
+  const Flavor fl = llama3_flavor(p.model);
+  if (fl.name != nullptr) {
+    args.insert(args.end(), {"--model.name", fl.name, "--model.flavor", fl.flavor});
+  } else {
+    p.note(
+        fmt::format("no llama3 flavor of the fork matches {} ({}); pass --model.flavor for a "
+                    "flavor you add to torchtitan/models/llama3/__init__.py",
+                    p.model.name, shape_summary(p.model)));
+  }
+  args.insert(args.end(), {"--model.attn_impl", impl, "--model.ring_comm_heads", "gqa_kv",
+                           "--activation_checkpoint.mode"});
+  switch (p.recipe.checkpointing) {
+    case CheckpointMode::kFull:
+      args.emplace_back("full");
+      break;
+    case CheckpointMode::kSelective:
+      args.insert(args.end(), {"selective", "--activation_checkpoint.selective_ac_option", "op"});
+      p.note(
+          "selective checkpointing maps to the fork's per-op SAC, which saves different tensors "
+          "than cpsim's selective model (attention core recomputed)");
+      break;
+    case CheckpointMode::kNone:
+      args.emplace_back("none");
+      break;
+  }
+  args.insert(args.end(),
+              {"--training.seq_len", fmt::format("{}", p.seq), "--training.batch_size", "1"});
+  if (p.recipe.optimizer_offload) {
+    args.emplace_back("--training.enable_cpu_offload");
+    p.note(
+        "--training.enable_cpu_offload offloads parameters, gradients and optimizer states "
+        "(FSDP CPUOffload), not only the optimizer as simulated");
+  }
+
+  if (m == CpMethod::kUlysses) {
+    p.note("the fork runs Ulysses as usp (yunchang LongContextAttention) with ring degree 1");
+  }
+  if (m == CpMethod::kRing && !torch_ring) {
+    p.note("ring runs as usp with Ulysses degree 1 (yunchang zigzag ring flash attention)");
+  }
+  if (p.ring > 1 && !p.zigzag()) {
+    p.note(
+        "the fork's ring is always load-balanced (zigzag / round robin); the contiguous layout "
+        "is not selectable");
+  }
+  if (!p.recipe.fused_loss) {
+    p.note(
+        "the fork always uses Liger's fused linear cross-entropy; an unfused loss is not "
+        "selectable");
+  }
+  p.note_comm_dtype_fixed("the fork");
+
+  std::vector<std::string> env;
+  if (p.recipe.expandable_segments) {
+    env.emplace_back("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+  }
+  if (p.seq > kPinMemoryLimit) {
+    env.emplace_back("INP_PIN_MEMORY=False");  // the fork's scripts do this above 4M tokens
+  }
+
+  std::vector<std::string> header = {
+      p.provenance(),
+      "Arguments for the UPipe reference code (github.com/togethercomputer/Untied-Ulysses, "
+      "TorchTitan fork). One node, from its torchtitan/ folder:",
+      fmt::format("  source cpsim_untied-ulysses.sh && NGPU={} "
+                  "CONFIG_FILE=./torchtitan/models/llama3/train_configs/llama3_8b_test_2d.toml "
+                  "./run_train.sh \"${{UNTIED_ULYSSES_ARGS[@]}}\"",
+                  p.par.gpus_per_node),
+      fmt::format("  ({} node(s): torch.distributed.run --nnodes {} --nproc_per_node {} ... -m "
+                  "torchtitan.train --job.config_file <toml> \"${{UNTIED_ULYSSES_ARGS[@]}}\")",
+                  p.nodes, p.nodes, p.par.gpus_per_node)};
+  for (const auto& n : p.notes) {
+    header.push_back(fmt::format("note: {}", n));
+  }
+  std::string text = comment_lines(header);
+  for (const auto& e : env) {
+    text += fmt::format("export {}\n", e);
+  }
+  text += "UNTIED_ULYSSES_ARGS=(\n";
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    text += fmt::format("  {}", shell_word(args[i]));
+    // A flag and its value share a line.
+    const bool value_follows = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0;
+    if (value_follows) {
+      text += fmt::format(" {}", shell_word(args[++i]));
+    }
+    text += "\n";
+  }
+  text += ")\n";
+  EmittedConfig out;
+  out.text = std::move(text);
+  out.suggested_filename = "cpsim_untied-ulysses.sh";
+  out.notes = std::move(p.notes);
+  return out;
+}
+
+// ---- DeepSpeed ds_config JSON + Megatron-DeepSpeed FPDT flags (launchers.md 2a-2e) -------------
+
+EmittedConfig emit_deepspeed(Plan& p) {
+  require_zero_for_optimizer_offload(p, "DeepSpeed");
+  const bool fpdt = p.method() == CpMethod::kFpdt;
+  std::vector<std::string> notes = {p.provenance()};
+  const std::string comm = p.ds_comm_dtype();
+
+  std::string j = "{\n";
+  j += "  \"train_micro_batch_size_per_gpu\": 1,\n";
+  j += "  \"gradient_accumulation_steps\": 1,\n";
+  j += fmt::format("  \"bf16\": {{\"enabled\": {}}},\n", boolean(p.recipe.param_bytes == 2));
+  j += fmt::format("  \"zero_optimization\": {{\n    \"stage\": {}", p.recipe.zero_stage);
+  if (p.recipe.optimizer_offload) {
+    j += ",\n    \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}";
+  }
+  j += "\n  },\n";
+  j += fmt::format("  \"sequence_parallel_size\": {},\n", p.ulysses);
+  j += fmt::format("  \"seq_parallel_communication_data_type\": {},\n", quoted(comm));
+  j += fmt::format(
+      "  \"activation_checkpointing\": {{\n    \"partition_activations\": false,\n    "
+      "\"cpu_checkpointing\": {},\n    \"contiguous_memory_optimization\": false\n  }}\n",
+      boolean(p.ckpt_offload()));
+  j += "}\n";
+  p.note_if_ckpt_offload_ignored();
+  if (p.recipe.param_bytes != 2) {
+    p.note("bf16 is off: the recipe computes in a non-bf16 dtype");
+  }
+
+  if (fpdt) {
+    const std::int64_t chunk = p.par.fpdt_chunk;
+    if (chunk / p.ulysses / 32 < 1) {
+      refuse(
+          fmt::format("Megatron-DeepSpeed's FPDT loss splits into chunks of fpdt_chunk / sp / 32 "
+                      "tokens; --fpdt-chunk {} with sequence parallel size {} gives 0 (needs "
+                      "at least {})",
+                      chunk, p.ulysses, 32 * p.ulysses));
+    }
+    const std::int64_t max_pos = std::max(p.model.max_position_embeddings, p.seq);
+    std::vector<std::string> f = {"--deepspeed",
+                                  "--deepspeed_config cpsim_deepspeed.json",
+                                  fmt::format("--zero-stage {}", p.recipe.zero_stage),
+                                  "--no-pipeline-parallel",
+                                  fmt::format("--ds-sequence-parallel-size {}", p.ulysses),
+                                  "--ds-sequence-parallel-fpdt",
+                                  fmt::format("--ds-sequence-parallel-fpdt-chunk-size {}", chunk)};
+    if (p.par.fpdt_offload) {
+      f.emplace_back("--ds-sequence-parallel-fpdt-offloading");
+      if (p.seq / chunk <= 1) {
+        p.note("FPDT offloading only takes effect with more than one chunk (seq / chunk > 1)");
+      }
+    }
+    if (p.recipe.checkpointing != CheckpointMode::kNone) {
+      f.emplace_back("--checkpoint-activations --deepspeed-activation-checkpointing");
+      if (p.ckpt_offload()) {
+        f.emplace_back("--checkpoint-in-cpu");
+      }
+      if (p.recipe.checkpointing == CheckpointMode::kSelective) {
+        p.note(
+            "Megatron-DeepSpeed has no selective recompute flag for FPDT; emitted full "
+            "checkpointing (less memory, more recompute than simulated)");
+      }
+    }
+    if (p.recipe.optimizer_offload) {
+      f.emplace_back("--cpu-optimizer");
+    }
+    f.emplace_back(fmt::format("--num-layers {}", p.model.layers));
+    f.emplace_back(fmt::format("--hidden-size {}", p.model.hidden));
+    f.emplace_back(fmt::format("--ffn-hidden-size {}", p.model.ffn_hidden));
+    f.emplace_back(fmt::format("--num-attention-heads {}", p.model.heads));
+    f.emplace_back(fmt::format("--num-key-value-heads {}", p.model.kv_heads));
+    if (p.model.activation == models::ActivationKind::kSwiGlu) {
+      f.emplace_back("--swiglu");
+    }
+    f.emplace_back(fmt::format("--seq-length {}", p.seq));
+    f.emplace_back(fmt::format("--max-position-embeddings {}", max_pos));
+    f.emplace_back("--use-rotary-position-embeddings");
+    f.emplace_back(
+        fmt::format("--rotary-position-embeddings-theta {}", number(p.model.rope_theta)));
+    f.emplace_back("--micro-batch-size 1");
+    f.emplace_back(p.recipe.param_bytes == 2 ? "--bf16" : "--fp16");
+    f.emplace_back("--use-flash-attn-v2");
+    std::string line = "Megatron-DeepSpeed flags:";
+    for (const auto& s : f) {
+      line += fmt::format(" {}", s);
+    }
+    notes.push_back(std::move(line));
+    if (p.recipe.attention_kernel == "fa3") {
+      p.note(
+          "--use-flash-attn-v3 exists only in the UPipe authors' FPDT fork (Untied-Ulysses "
+          "FPDT/Megatron-DeepSpeed), not upstream; emitted --use-flash-attn-v2");
+    } else if (p.recipe.attention_kernel != "fa2") {
+      p.note(
+          fmt::format("FPDT requires flash-attn; the recipe's {} kernel is replaced by "
+                      "--use-flash-attn-v2",
+                      p.recipe.attention_kernel));
+    }
+    if (chunk % (std::int64_t{p.ulysses} * p.ulysses) != 0) {
+      p.note(
+          fmt::format("the reference FPDT script asks for seq divisible by sp x sp x chunks, "
+                      "i.e. a chunk divisible by sp x sp = {}",
+                      p.ulysses * p.ulysses));
+    }
+    if (p.model.qk_norm) {
+      p.note(
+          "Megatron-DeepSpeed has no q/k RMSNorm (Qwen3); the flags describe the closest Llama "
+          "block");
+    }
+    if (!p.model.tied_embeddings) {
+      p.note(
+          "Megatron-DeepSpeed unties embeddings with --untie-embeddings-and-output-weights "
+          "(add it for untied models; not in launchers.md's flag list)");
+    }
+    if (max_pos != p.model.max_position_embeddings) {
+      p.note(
+          fmt::format("--max-position-embeddings is raised from {} to the sequence length, as "
+                      "the reference FPDT script does",
+                      p.model.max_position_embeddings));
+    }
+    p.note(
+        "add data, tokenizer and optimizer flags; launch with deepspeed pretrain_gpt.py <flags>");
+  } else {
+    p.note(
+        fmt::format("Ulysses: pass this file to deepspeed.initialize with ALST's "
+                    "UlyssesSPAttentionHF.register_with_transformers(..., "
+                    "sequence_parallel_size={}) for HF models, or use it with "
+                    "Megatron-DeepSpeed --ds-sequence-parallel-size {}",
+                    p.ulysses, p.ulysses));
+    if (p.recipe.tiled_mlp) {
+      p.note(
+          "tiled MLP is a code change in DeepSpeed (TiledMLP.apply / sequence_tiled_compute); "
+          "no ds_config key");
+    }
+    if (p.recipe.fused_loss) {
+      p.note(
+          "the fused / tiled loss is a code change (TiledFusedLogitsLoss, "
+          "UlyssesSPFwdLossBwdWithLogits); no ds_config key");
+    }
+    if (p.ckpt_offload()) {
+      p.note(
+          "for HF non-reentrant checkpointing, checkpoint offload also needs "
+          "get_checkpoint_hidden_states_offloading_ctx_manager() around the forward");
+    }
+    if (p.recipe.checkpointing == CheckpointMode::kSelective) {
+      p.note(
+          "selective checkpointing is chosen in the model code (HF gradient checkpointing is "
+          "per block); no ds_config key");
+    }
+  }
+  if (p.recipe.expandable_segments) {
+    p.note("run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+  }
+  for (auto& n : p.notes) {
+    notes.push_back(std::move(n));
+  }
+  EmittedConfig out;
+  out.text = std::move(j);
+  out.suggested_filename = "cpsim_deepspeed.json";
+  out.notes = std::move(notes);
+  return out;
+}
+
+// ---- HF Accelerate config YAML (launchers.md 3a) ------------------------------------------------
+
+std::string accelerate_sp_attention(Plan& p) {
+  const std::string& k = p.recipe.attention_kernel;
+  if (k == "fa3") {
+    return "flash_attention_3";
+  }
+  if (k == "fa2") {
+    return "flash_attention_2";
+  }
+  if (k != "sdpa") {
+    p.note(
+        fmt::format("sp_attn_implementation accepts flash_attention_2 / flash_attention_3 / "
+                    "sdpa; the recipe's {} kernel maps to sdpa",
+                    k));
+  }
+  return "sdpa";
+}
+
+EmittedConfig emit_accelerate(Plan& p) {
+  const bool sp = p.method() == CpMethod::kUlysses;
+  std::string y;
+  y += "compute_environment: LOCAL_MACHINE\n";
+  y += "debug: false\n";
+  if (sp) {
+    require_zero_for_optimizer_offload(p, "DeepSpeed");
+    const std::string comm = p.ds_comm_dtype();
+    y += "distributed_type: DEEPSPEED\n";
+    y += "deepspeed_config:\n";
+    y += fmt::format("  zero_stage: {}\n", p.recipe.zero_stage);
+    if (p.recipe.optimizer_offload) {
+      y += "  offload_optimizer_device: cpu\n";
+    }
+    y += fmt::format("  seq_parallel_communication_data_type: {}\n", comm);
+  } else {
+    require_seq_multiple_of_2cp(p, "Accelerate CP", "torch CP load balancing; TRL docs");
+    y += "distributed_type: FSDP\n";
+    y += "fsdp_config:\n";
+    y += "  fsdp_version: 2\n";
+    y += fmt::format("  fsdp_activation_checkpointing: {}\n",
+                     boolean(p.recipe.checkpointing != CheckpointMode::kNone));
+    y += "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n";
+    y += "  fsdp_cpu_ram_efficient_loading: false\n";
+    y += fmt::format("  fsdp_offload_params: {}\n", boolean(p.recipe.optimizer_offload));
+    y += fmt::format("  fsdp_reshard_after_forward: {}\n", boolean(p.recipe.zero_stage >= 3));
+    y += "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
+    if (p.recipe.optimizer_offload) {
+      p.note(
+          "fsdp_offload_params offloads parameters, gradients and optimizer states (FSDP2 "
+          "CPUOffload), not only the optimizer as simulated");
+    }
+    if (p.recipe.zero_stage < 3) {
+      p.note(
+          fmt::format("FSDP2 always shards; ZeRO-{} is approximated by "
+                      "fsdp_reshard_after_forward: false",
+                      p.recipe.zero_stage));
+    }
+    if (p.recipe.checkpointing == CheckpointMode::kSelective) {
+      p.note(
+          "fsdp_activation_checkpointing is full per block; selective checkpointing is not "
+          "expressible (emitted full: less memory, more recompute than simulated)");
+    }
+    if (p.recipe.attention_kernel != "sdpa") {
+      p.note(
+          fmt::format("Accelerate's torch CP runs SDPA only (load the model with "
+                      "attn_implementation=\"sdpa\"); the recipe's {} kernel is not available",
+                      p.recipe.attention_kernel));
+    }
+    if (!p.zigzag()) {
+      p.note(
+          "torch CP load-balances the sequence (head-tail); the contiguous layout is not "
+          "selectable");
+    }
+    p.note_comm_dtype_fixed("Accelerate's torch CP");
+    p.note(
+        fmt::format("pad sequences to a multiple of 2 x cp_size = {} (TRL: "
+                    "pad_to_multiple_of)",
+                    2 * p.cp));
+  }
+  y += "downcast_bf16: 'no'\n";
+  y += "machine_rank: 0\n";
+  y += "main_training_function: main\n";
+  y += fmt::format("mixed_precision: {}\n", p.recipe.param_bytes == 2 ? "bf16" : "'no'");
+  y += fmt::format("num_machines: {}\n", p.nodes);
+  y += fmt::format("num_processes: {}\n", p.par.gpus);
+  y += "parallelism_config:\n";
+  y += "  parallelism_config_dp_replicate_size: 1\n";
+  y += fmt::format("  parallelism_config_dp_shard_size: {}\n", p.dp);
+  if (sp) {
+    y += fmt::format("  parallelism_config_sp_size: {}\n", p.ulysses);
+    y += "  parallelism_config_sp_backend: deepspeed\n";
+    y += "  parallelism_config_sp_seq_length_is_variable: true\n";
+    y += fmt::format("  parallelism_config_sp_attn_implementation: {}\n",
+                     accelerate_sp_attention(p));
+  } else {
+    y += fmt::format("  parallelism_config_cp_size: {}\n", p.cp);
+    y += "  parallelism_config_cp_backend: torch\n";
+    y += fmt::format("  parallelism_config_cp_comm_strategy: {}\n",
+                     p.method() == CpMethod::kAllGather ? "allgather" : "alltoall");
+  }
+  y += "  parallelism_config_tp_size: 1\n";
+  y += "rdzv_backend: static\n";
+  y += "same_network: true\n";
+  y += "use_cpu: false\n";
+
+  if (sp && p.recipe.checkpointing != CheckpointMode::kNone) {
+    p.note(
+        "activation checkpointing is a trainer argument (TrainingArguments / SFTConfig "
+        "gradient_checkpointing=True), not an accelerate config key");
+  }
+  if (p.nodes > 1) {
+    p.note(
+        fmt::format("{} machines: set machine_rank, main_process_ip and main_process_port per "
+                    "node",
+                    p.nodes));
+  }
+  if (p.ckpt_offload()) {
+    p.note("checkpoint offload to host is not available in Accelerate / Transformers");
+  }
+  p.note_if_ckpt_offload_ignored();
+  if (p.recipe.tiled_mlp) {
+    p.note("tiled MLP is not available in Accelerate / Transformers");
+  }
+  if (p.recipe.fused_loss) {
+    p.note(
+        "a fused linear cross-entropy needs Liger (TRL use_liger_kernel=True); not an "
+        "accelerate key");
+  }
+  std::vector<std::string> header = {
+      p.provenance(),
+      "HF Accelerate config: accelerate launch --config_file cpsim_accelerate.yaml train.py ..."};
+  if (p.recipe.expandable_segments) {
+    header.emplace_back("environment: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+  }
+  for (const auto& n : p.notes) {
+    header.push_back(fmt::format("note: {}", n));
+  }
+  EmittedConfig out;
+  out.text = fmt::format("{}{}", comment_lines(header), y);
+  out.suggested_filename = "cpsim_accelerate.yaml";
+  out.notes = std::move(p.notes);
+  return out;
+}
+
+// ---- Megatron-LM arguments (launchers.md 4) -----------------------------------------------------
+
+EmittedConfig emit_megatron(Plan& p) {
+  const CpMethod m = p.method();
+  require_seq_multiple_of_2cp(p, "Megatron-LM", "Transformer Engine's DualChunkSwap layout");
+  int a2a = 0;  // size of the all-to-all (Ulysses) part
+  std::string comm;
+  switch (m) {
+    case CpMethod::kRing:
+      comm = "p2p";
+      break;
+    case CpMethod::kAllGather:
+      comm = "all_gather";  // TE accepts only this spelling (the argparse help says allgather)
+      break;
+    case CpMethod::kUlysses:
+      comm = "a2a";
+      a2a = p.cp;
+      break;
+    case CpMethod::kUsp:
+      if (p.ring == 1) {
+        comm = "a2a";
+        a2a = p.cp;
+        p.note("usp with ring degree 1 is plain a2a");
+      } else if (p.ulysses == 1) {
+        comm = "p2p";
+        p.note("usp with Ulysses degree 1 is plain p2p");
+      } else {
+        comm = "a2a+p2p";
+        a2a = p.ulysses;
+      }
+      break;
+    default:
+      refuse_method(LauncherFormat::kMegatron, m);
+  }
+  if (a2a > 1 && (p.model.kv_heads % a2a != 0 || p.model.heads % a2a != 0)) {
+    refuse(fmt::format(
+        "Megatron-LM's a2a CP splits query and KV heads across the {} all-to-all ranks "
+        "(Transformer "
+        "Engine does not replicate KV heads): {} has {} KV heads, so the a2a size must divide {}; "
+        "use --emit deepspeed, accelerate or arctic (they replicate KV heads), or --method usp "
+        "with a smaller Ulysses degree",
+        a2a, p.model.name, p.model.kv_heads, p.model.kv_heads));
+  }
+
+  const std::int64_t max_pos = std::max(p.model.max_position_embeddings, p.seq);
+  std::vector<std::vector<std::string>> a;  // one flag with its values per line
+  a.push_back({"--num-layers", fmt::format("{}", p.model.layers)});
+  a.push_back({"--hidden-size", fmt::format("{}", p.model.hidden)});
+  a.push_back({"--ffn-hidden-size", fmt::format("{}", p.model.ffn_hidden)});
+  a.push_back({"--num-attention-heads", fmt::format("{}", p.model.heads)});
+  if (p.model.kv_heads != p.model.heads) {
+    a.push_back({"--group-query-attention"});
+    a.push_back({"--num-query-groups", fmt::format("{}", p.model.kv_heads)});
+  }
+  a.push_back({"--kv-channels", fmt::format("{}", p.model.head_dim)});
+  a.push_back({"--seq-length", fmt::format("{}", p.seq)});
+  a.push_back({"--max-position-embeddings", fmt::format("{}", max_pos)});
+  a.push_back({"--position-embedding-type", "rope"});
+  a.push_back({"--rotary-base", number(p.model.rope_theta)});
+  a.push_back(
+      {"--normalization", p.model.norm == models::NormKind::kRmsNorm ? "RMSNorm" : "LayerNorm"});
+  if (p.model.activation == models::ActivationKind::kSwiGlu) {
+    a.push_back({"--swiglu"});
+  }
+  a.push_back({"--disable-bias-linear"});
+  if (p.model.attention_bias) {
+    a.push_back({"--add-qkv-bias"});
+  }
+  if (!p.model.tied_embeddings) {
+    a.push_back({"--untie-embeddings-and-output-weights"});
+  }
+  if (p.model.qk_norm) {
+    a.push_back({"--qk-layernorm"});
+  }
+  a.push_back({"--tensor-model-parallel-size", "1"});
+  a.push_back({"--pipeline-model-parallel-size", "1"});
+  a.push_back({"--context-parallel-size", fmt::format("{}", p.cp)});
+  a.push_back({"--cp-comm-type", comm});
+  if (comm == "a2a+p2p") {
+    a.push_back({"--hierarchical-context-parallel-sizes", fmt::format("{}", p.ulysses),
+                 fmt::format("{}", p.ring)});
+  }
+  a.push_back({"--micro-batch-size", "1"});
+  a.push_back({p.recipe.param_bytes == 2 ? "--bf16" : "--fp16"});
+  if (p.recipe.zero_stage >= 1) {
+    a.push_back({"--use-distributed-optimizer"});
+  }
+  switch (p.recipe.checkpointing) {
+    case CheckpointMode::kFull:
+      a.push_back({"--recompute-granularity", "full"});
+      a.push_back({"--recompute-method", "uniform"});
+      a.push_back({"--recompute-num-layers", "1"});
+      break;
+    case CheckpointMode::kSelective:
+      a.push_back({"--recompute-granularity", "selective"});
+      a.push_back({"--recompute-modules", "core_attn"});
+      break;
+    case CheckpointMode::kNone:
+      break;
+  }
+  const std::string& kernel = p.recipe.attention_kernel;
+  if (kernel == "cudnn") {
+    a.push_back({"--attention-backend", "fused"});  // cuDNN fused attention inside TE
+  } else {
+    a.push_back({"--attention-backend", "flash"});
+    if (kernel == "fa3") {
+      p.note(
+          "--attention-backend flash runs FlashAttention through Transformer Engine (FA3 when "
+          "flash-attn 3 is installed on Hopper; recent Megatron can pin it with "
+          "--flash-attention-version 3)");
+    } else if (kernel != "fa2") {
+      p.note(
+          fmt::format("Megatron-LM has no SDPA backend in TE; the recipe's {} kernel is "
+                      "replaced by flash",
+                      kernel));
+    }
+  }
+
+  if (p.recipe.zero_stage >= 2) {
+    p.note(
+        fmt::format("--use-distributed-optimizer shards optimizer states (and gradients in the "
+                    "reduce-scatter) but not parameters; ZeRO-{} parameter sharding needs "
+                    "Megatron FSDP, not emitted: memory will be higher than simulated",
+                    p.recipe.zero_stage));
+  }
+  if (p.recipe.optimizer_offload) {
+    p.note(
+        "optimizer offload is not emitted (Megatron-Core's optimizer CPU offload is outside "
+        "launchers.md; check your version)");
+  }
+  if (p.ckpt_offload()) {
+    p.note(
+        "checkpoint offload is not emitted: --cpu-offloading-num-layers is incompatible with "
+        "recompute");
+  }
+  p.note_if_ckpt_offload_ignored();
+  if (p.recipe.tiled_mlp) {
+    p.note("tiled MLP has no Megatron-LM flag");
+  }
+  if (p.recipe.fused_loss) {
+    p.note(
+        "fused linear cross-entropy (no logits) has no Megatron-LM flag "
+        "(--cross-entropy-loss-fusion still materialises the logits)");
+  }
+  if (!p.zigzag() && comm != "a2a") {
+    p.note(
+        "Transformer Engine always uses the load-balanced DualChunkSwap (zigzag) layout; the "
+        "contiguous layout is not selectable");
+  }
+  if (max_pos != p.model.max_position_embeddings) {
+    p.note(
+        fmt::format("--max-position-embeddings raised from {} to the sequence length; training "
+                    "past the model's native context needs RoPE scaling",
+                    p.model.max_position_embeddings));
+  }
+  p.note_comm_dtype_fixed("Megatron-LM (TE)");
+
+  std::vector<std::string> header = {
+      p.provenance(),
+      "Megatron-LM arguments; add data, tokenizer, optimizer and schedule flags, then:",
+      fmt::format("  source cpsim_megatron.sh && torchrun --nnodes {} --nproc_per_node {} ... "
+                  "pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" ...",
+                  p.nodes, p.par.gpus_per_node)};
+  for (const auto& n : p.notes) {
+    header.push_back(fmt::format("note: {}", n));
+  }
+  std::string text = comment_lines(header);
+  if (p.recipe.expandable_segments) {
+    text += "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n";
+  }
+  text += "MEGATRON_ARGS=(\n";
+  for (const auto& line : a) {
+    text += " ";
+    for (const auto& w : line) {
+      text += fmt::format(" {}", shell_word(w));
+    }
+    text += "\n";
+  }
+  text += ")\n";
+  EmittedConfig out;
+  out.text = std::move(text);
+  out.suggested_filename = "cpsim_megatron.sh";
+  out.notes = std::move(p.notes);
+  return out;
+}
+
+// ---- ArcticTraining recipe YAML (launchers.md 3d) -----------------------------------------------
+
+EmittedConfig emit_arctic(Plan& p) {
+  require_zero_for_optimizer_offload(p, "ArcticTraining (DeepSpeed)");
+  const std::string comm = p.ds_comm_dtype();
+  const std::string& k = p.recipe.attention_kernel;
+  std::string attn = "flash_attention_2";
+  if (k == "sdpa" || k == "cudnn") {
+    attn = "sdpa";
+  } else if (k == "fa3") {
+    p.note(
+        "ArcticTraining's recipes use flash_attention_2; FA3 would need "
+        "attn_implementation flash_attention_3 support in your transformers version");
+  } else if (k != "fa2") {
+    p.note(fmt::format("the recipe's {} kernel maps to flash_attention_2", k));
+  }
+  std::string y;
+  y += "type: sft\n";
+  y += "micro_batch_size: 1\n";
+  y += fmt::format("sequence_parallel_size: {}\n", p.ulysses);
+  y += fmt::format("activation_checkpoint_cpu_offload: {}\n", boolean(p.ckpt_offload()));
+  y += fmt::format("tiled_mlp_compute: {}\n", boolean(p.recipe.tiled_mlp));
+  y += "model:\n";
+  y += "  type: liger\n";
+  y += fmt::format("  name_or_path: {}  # a Hugging Face id or local path of this model\n",
+                   quoted(p.model.name));
+  y += fmt::format("  attn_implementation: {}\n", attn);
+  if (p.recipe.checkpointing == CheckpointMode::kNone) {
+    y += "  disable_activation_checkpoint: true\n";
+  }
+  y += "data:\n";
+  y += fmt::format("  max_length: {}\n", p.seq);
+  y += "  # sources: add your training data sources here\n";
+  y += "deepspeed:\n";
+  y += "  zero_optimization:\n";
+  y += fmt::format("    stage: {}\n", p.recipe.zero_stage);
+  if (p.recipe.optimizer_offload) {
+    y += "    offload_optimizer:\n      device: cpu\n";
+  }
+  y += fmt::format("  seq_parallel_communication_data_type: {}\n", comm);
+  if (p.recipe.optimizer_offload) {
+    y += "optimizer:\n  type: cpu_adam\n";
+  }
+
+  p.note_if_ckpt_offload_ignored();
+  if (p.recipe.checkpointing == CheckpointMode::kSelective) {
+    p.note(
+        "ArcticTraining checkpoints whole blocks (HF gradient checkpointing); selective is not "
+        "expressible (runs full: less memory, more recompute than simulated)");
+  }
+  if (!p.recipe.fused_loss) {
+    p.note(
+        "the liger model fuses the loss (and SP tiles logits + loss); an unfused loss is not "
+        "expressible");
+  }
+  if (p.seq % (std::int64_t{256} * p.ulysses) != 0) {
+    p.note(fmt::format("ArcticTraining's guidance: seq ideally divisible by 256 x sp = {}",
+                       256 * p.ulysses));
+  }
+  std::vector<std::string> header = {
+      p.provenance(), fmt::format("ArcticTraining recipe: arctic_training cpsim_arctic.yaml "
+                                  "--num_gpus {}{}",
+                                  p.par.gpus, p.nodes > 1 ? " -H <hostfile>" : "")};
+  if (p.recipe.expandable_segments) {
+    header.emplace_back("environment: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+  }
+  for (const auto& n : p.notes) {
+    header.push_back(fmt::format("note: {}", n));
+  }
+  EmittedConfig out;
+  out.text = fmt::format("{}{}", comment_lines(header), y);
+  out.suggested_filename = "cpsim_arctic.yaml";
+  out.notes = std::move(p.notes);
+  return out;
+}
+
+}  // namespace
+
+const char* to_string(LauncherFormat f) {
+  switch (f) {
+    case LauncherFormat::kTorchTitan:
+      return "torchtitan";
+    case LauncherFormat::kUntiedUlysses:
+      return "untied-ulysses";
+    case LauncherFormat::kDeepSpeed:
+      return "deepspeed";
+    case LauncherFormat::kAccelerate:
+      return "accelerate";
+    case LauncherFormat::kMegatron:
+      return "megatron";
+    case LauncherFormat::kArctic:
+      return "arctic";
+  }
+  return "unknown";
+}
+
+LauncherFormat parse_launcher_format(const std::string& text, const std::string& field) {
+  std::string known;
+  for (const LauncherFormat f : kFormats) {
+    if (text == to_string(f)) {
+      return f;
+    }
+    known += known.empty() ? to_string(f) : fmt::format(", {}", to_string(f));
+  }
+  throw InputError(field, fmt::format("unknown launcher format '{}'; known: {}", text, known));
+}
+
+EmittedConfig emit_launcher_config(LauncherFormat format, const sim::ScheduleInputs& config) {
+  const CpMethod m = config.parallel.method;
+  switch (format) {
+    case LauncherFormat::kTorchTitan:
+      require_method(format, m, {CpMethod::kRing, CpMethod::kAllGather});
+      break;
+    case LauncherFormat::kUntiedUlysses:
+      require_method(format, m,
+                     {CpMethod::kUPipe, CpMethod::kUsp, CpMethod::kUlysses, CpMethod::kRing});
+      break;
+    case LauncherFormat::kDeepSpeed:
+      require_method(format, m, {CpMethod::kUlysses, CpMethod::kFpdt});
+      break;
+    case LauncherFormat::kAccelerate:
+      require_method(format, m, {CpMethod::kUlysses, CpMethod::kRing, CpMethod::kAllGather});
+      break;
+    case LauncherFormat::kMegatron:
+      require_method(format, m,
+                     {CpMethod::kRing, CpMethod::kAllGather, CpMethod::kUlysses, CpMethod::kUsp});
+      break;
+    case LauncherFormat::kArctic:
+      require_method(format, m, {CpMethod::kUlysses});
+      break;
+  }
+  Plan plan(config);  // validates the configuration (throws InputError naming the flag)
+  switch (format) {
+    case LauncherFormat::kTorchTitan:
+      return emit_torchtitan(plan);
+    case LauncherFormat::kUntiedUlysses:
+      return emit_untied_ulysses(plan);
+    case LauncherFormat::kDeepSpeed:
+      return emit_deepspeed(plan);
+    case LauncherFormat::kAccelerate:
+      return emit_accelerate(plan);
+    case LauncherFormat::kMegatron:
+      return emit_megatron(plan);
+    case LauncherFormat::kArctic:
+      return emit_arctic(plan);
+  }
+  refuse(fmt::format("unknown launcher format {}", static_cast<int>(format)));
+}
+
+}  // namespace cpsim::planner

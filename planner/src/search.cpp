@@ -1,0 +1,336 @@
+#include "cpsim/planner/search.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <numeric>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cpsim/models/error.hpp"
+#include "cpsim/models/units.hpp"
+
+namespace cpsim::planner {
+namespace {
+
+using models::CheckpointMode;
+using models::CpMethod;
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i) {
+    if (n % i == 0) d.push_back(i);
+  }
+  return d;
+}
+
+constexpr CpMethod kAllMethods[] = {CpMethod::kUlysses, CpMethod::kUPipe, CpMethod::kRing,
+                                    CpMethod::kAllGather, CpMethod::kFpdt, CpMethod::kUsp};
+
+std::string recipe_label(const models::TrainingRecipe& r) {
+  std::string ac = models::to_string(r.checkpointing);
+  if (r.checkpointing == CheckpointMode::kFull && r.checkpoint_offload) ac += "+offload";
+  return fmt::format("ac {}, {}, {}, zero{}{}", ac, r.tiled_mlp ? "tiled mlp" : "untiled mlp",
+                     r.fused_loss ? "fused loss" : "logits", r.zero_stage,
+                     r.optimizer_offload ? "+opt offload" : "");
+}
+
+std::string structure_label(const sim::ScheduleInputs& in) {
+  const auto& p = in.parallel;
+  std::string s = models::to_string(p.method);
+  s += fmt::format(" C{}", p.cp_degree);
+  if (p.method == CpMethod::kUsp || p.method == CpMethod::kUPipe) {
+    s += fmt::format(" (u{} x r{})", p.ulysses_degree(), p.ring_degree);
+  }
+  if (p.method == CpMethod::kUPipe) {
+    s += fmt::format(" U{}", p.heads_per_stage == 0 ? p.ulysses_degree() : p.heads_per_stage);
+  }
+  if (p.method == CpMethod::kFpdt) {
+    s += fmt::format(" chunk {}", format_length(p.fpdt_chunk));
+  }
+  if (p.data_parallel() > 1) {
+    s += fmt::format(" dp{}", p.data_parallel());
+  }
+  return s;
+}
+
+}  // namespace
+
+std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
+  const auto& m = in.model;
+  const auto& r = in.recipe;
+  const std::int64_t s = in.parallel.seq_len / in.parallel.cp_degree;
+  const std::int64_t ab = r.activation_bytes;
+  const std::int64_t act = s * m.hidden * ab;
+  std::int64_t saved = 0;
+  if (r.checkpointing == CheckpointMode::kFull) {
+    // Block inputs stay on the GPU unless offloaded (then the first and last stay).
+    saved = r.checkpoint_offload ? (r.offload_keep_first_last ? std::min<std::int64_t>(2, m.layers) : 0) * act
+                                 : m.layers * act;
+  } else {
+    // Block input, norm1 output, attention residual, norm2 output of every block.
+    saved = m.layers * 4 * act;
+    if (!r.tiled_mlp) {
+      saved += m.layers * 3 * s * m.ffn_hidden * ab;  // gate/up and activation
+    }
+  }
+  std::int64_t logits = r.fused_loss ? 0 : s * m.vocab * ab;
+  return sim::model_states(in).gpu_bytes + in.hardware.fixed_overhead_bytes() + saved + logits;
+}
+
+std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
+                                            const PlanOptions& options) {
+  std::vector<CpMethod> methods = options.methods;
+  if (methods.empty()) {
+    methods.assign(std::begin(kAllMethods), std::end(kAllMethods));
+  }
+  const int gpus = base.parallel.gpus;
+  const bool max_context = !options.seq_len.has_value();
+  // The longest context uses every GPU in one CP group: activations shrink with C while model
+  // states are sharded over all GPUs anyway, so data parallelism never lengthens the context.
+  const std::vector<int> cps = max_context ? std::vector<int>{gpus} : divisors(gpus);
+
+  std::vector<models::TrainingRecipe> recipes{base.recipe};
+  if (!max_context && options.vary_recipe) {
+    recipes.clear();
+    for (const int zero : {3, 2}) {
+      for (const auto& [ac, offload] : {std::pair{CheckpointMode::kFull, true},
+                                        std::pair{CheckpointMode::kFull, false},
+                                        std::pair{CheckpointMode::kSelective, false},
+                                        std::pair{CheckpointMode::kNone, false}}) {
+        for (const bool tiled : {true, false}) {
+          for (const bool fused : {true, false}) {
+            models::TrainingRecipe r = base.recipe;
+            r.zero_stage = zero;
+            r.checkpointing = ac;
+            r.checkpoint_offload = offload;
+            r.tiled_mlp = tiled;
+            r.tiled_norm = tiled ? base.recipe.tiled_norm || tiled : base.recipe.tiled_norm;
+            r.fused_loss = fused;
+            recipes.push_back(r);
+          }
+        }
+      }
+    }
+  }
+  const std::int64_t probe_len = options.seq_len.value_or(0);
+
+  std::vector<sim::ScheduleInputs> structures;
+  auto add = [&](sim::ScheduleInputs in) { structures.push_back(std::move(in)); };
+  for (const CpMethod method : methods) {
+    for (const int c : cps) {
+      sim::ScheduleInputs in = base;
+      in.parallel.method = method;
+      in.parallel.cp_degree = c;
+      in.parallel.heads_per_stage = 0;
+      in.parallel.ring_layout = models::RingLayout::kZigzag;
+      switch (method) {
+        case CpMethod::kUlysses:
+          in.parallel.ring_degree = 1;
+          add(in);
+          break;
+        case CpMethod::kRing:
+        case CpMethod::kAllGather:
+          if (c > 1) {
+            in.parallel.ring_degree = c;
+            add(in);
+          }
+          break;
+        case CpMethod::kUsp:
+          for (const int r : divisors(c)) {
+            if (r > 1 && r < c) {
+              in.parallel.ring_degree = r;
+              add(in);
+            }
+          }
+          break;
+        case CpMethod::kUPipe:
+          for (const int r : divisors(c)) {
+            if (r == c && c > 1) continue;  // u = 1: no headwise all-to-all left
+            in.parallel.ring_degree = r;
+            const int u = c / r;
+            for (std::int64_t heads = u; heads <= base.model.heads; heads += u) {
+              if (base.model.heads % heads == 0) {
+                in.parallel.heads_per_stage = heads;
+                add(in);
+              }
+            }
+          }
+          break;
+        case CpMethod::kFpdt:
+          in.parallel.ring_degree = 1;
+          for (const std::int64_t k : {32 * 1024, 64 * 1024, 128 * 1024, 256 * 1024}) {
+            if (k % c != 0) continue;
+            if (!max_context && (probe_len % k != 0 || k == probe_len)) continue;
+            in.parallel.fpdt_chunk = k;
+            add(in);
+          }
+          break;
+      }
+    }
+  }
+  std::vector<Candidate> out;
+  for (const sim::ScheduleInputs& st : structures) {
+    for (const models::TrainingRecipe& r : recipes) {
+      Candidate c;
+      c.inputs = st;
+      c.inputs.recipe = r;
+      c.label = structure_label(st) + " | " + recipe_label(r);
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+namespace {
+
+bool dominates_seq(const Candidate& a, const Candidate& b) {
+  return a.report.tokens_per_s_per_gpu >= b.report.tokens_per_s_per_gpu &&
+         a.report.peak_memory_bytes <= b.report.peak_memory_bytes &&
+         (a.report.tokens_per_s_per_gpu > b.report.tokens_per_s_per_gpu ||
+          a.report.peak_memory_bytes < b.report.peak_memory_bytes);
+}
+
+bool dominates_ctx(const Candidate& a, const Candidate& b) {
+  return a.max_seq_len >= b.max_seq_len &&
+         a.report.tokens_per_s_per_gpu >= b.report.tokens_per_s_per_gpu &&
+         (a.max_seq_len > b.max_seq_len ||
+          a.report.tokens_per_s_per_gpu > b.report.tokens_per_s_per_gpu);
+}
+
+std::string explain(const Candidate& best, const Candidate& second, bool max_context) {
+  const sim::StepReport& a = best.report;
+  const sim::StepReport& b = second.report;
+  const auto compute = static_cast<std::size_t>(sim::Stream::kCompute);
+  if (max_context && best.max_seq_len != second.max_seq_len) {
+    return fmt::format(
+        "{} reaches {} vs {} for {}: one step longer the runner-up is stopped by {}; at its own "
+        "limit the best has {} of headroom",
+        best.label, format_length(best.max_seq_len), format_length(second.max_seq_len), second.label,
+        second.binding.text,
+        format_bytes(static_cast<double>(a.gpu_capacity_bytes - a.peak_memory_bytes)));
+  }
+  const double gain = b.tokens_per_s_per_gpu > 0
+                          ? 100.0 * (a.tokens_per_s_per_gpu / b.tokens_per_s_per_gpu - 1.0)
+                          : 0.0;
+  return fmt::format(
+      "{} is {:.1f} % faster than {}: compute {} vs {} per step (kernel efficiency and "
+      "recomputation), time not covered by compute {} vs {} (exposed communication and copies); "
+      "peak memory {} vs {}",
+      best.label, gain, second.label, format_seconds(a.stream_busy_s[compute]),
+      format_seconds(b.stream_busy_s[compute]), format_seconds(a.exposed_comm_s),
+      format_seconds(b.exposed_comm_s), format_bytes(static_cast<double>(a.peak_memory_bytes)),
+      format_bytes(static_cast<double>(b.peak_memory_bytes)));
+}
+
+}  // namespace
+
+PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
+  PlanResult res;
+  res.max_context = !options.seq_len.has_value();
+  std::vector<Candidate> cands = enumerate_candidates(base, options);
+  res.generated = static_cast<std::int64_t>(cands.size());
+  const std::int64_t capacity = base.hardware.hbm_capacity_bytes - options.memory_margin_bytes;
+
+  // Cheap checks first: invalid combinations and memory lower bounds.
+  for (Candidate& c : cands) {
+    if (options.seq_len) {
+      c.inputs.parallel.seq_len = *options.seq_len;
+    } else {
+      c.inputs.parallel.seq_len = std::lcm(options.granularity, required_multiple(c.inputs));
+    }
+    try {
+      (void)sim::derive_head_layout(c.inputs);
+      c.inputs.recipe.validate();
+    } catch (const InputError& e) {
+      c.error = e.what();
+      continue;
+    }
+    if (options.seq_len && memory_lower_bound(c.inputs) > capacity) {
+      c.pruned = true;
+      c.prune_reason = "memory lower bound exceeds the GPU";
+    }
+  }
+  std::vector<std::size_t> todo;
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    if (cands[i].error.empty() && !cands[i].pruned) todo.push_back(i);
+  }
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::int64_t> simulations{0};
+  auto worker = [&]() {
+    for (std::size_t k = next++; k < todo.size(); k = next++) {
+      Candidate& c = cands[todo[k]];
+      try {
+        if (options.seq_len) {
+          c.report = evaluate(c.inputs).report;
+          c.fits = fits_with_margin(c.report, options.memory_margin_bytes);
+          simulations += 1;
+        } else {
+          MaxLenOptions mo;
+          mo.granularity = options.granularity;
+          mo.memory_margin_bytes = options.memory_margin_bytes;
+          const MaxLenResult m = max_seq_len(c.inputs, mo);
+          simulations += m.evaluations;
+          c.max_seq_len = m.max_seq_len;
+          c.binding = m.binding;
+          c.fits = m.max_seq_len > 0;
+          if (c.fits) {
+            c.report = m.at_max;
+            c.inputs.parallel.seq_len = m.max_seq_len;
+          }
+        }
+        c.evaluated = true;
+      } catch (const InputError& e) {
+        c.error = e.what();
+      }
+    }
+  };
+  const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(todo.size())));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  res.simulations = simulations;
+
+  for (const Candidate& c : cands) {
+    res.pruned += c.pruned ? 1 : 0;
+    res.refused += c.error.empty() ? 0 : 1;
+    res.evaluated += c.evaluated ? 1 : 0;
+    if (c.evaluated && c.fits) res.ranked.push_back(c);
+  }
+  auto better = [&](const Candidate& a, const Candidate& b) {
+    if (res.max_context && a.max_seq_len != b.max_seq_len) return a.max_seq_len > b.max_seq_len;
+    if (a.report.tokens_per_s_per_gpu != b.report.tokens_per_s_per_gpu)
+      return a.report.tokens_per_s_per_gpu > b.report.tokens_per_s_per_gpu;
+    if (a.report.peak_memory_bytes != b.report.peak_memory_bytes)
+      return a.report.peak_memory_bytes < b.report.peak_memory_bytes;
+    return a.label < b.label;
+  };
+  std::stable_sort(res.ranked.begin(), res.ranked.end(), better);
+  for (const Candidate& c : res.ranked) {
+    bool dominated = false;
+    for (const Candidate& d : res.ranked) {
+      if (res.max_context ? dominates_ctx(d, c) : dominates_seq(d, c)) {
+        dominated = true;
+        break;
+      }
+    }
+    if (!dominated) res.pareto.push_back(c);
+  }
+  std::vector<CpMethod> methods = options.methods;
+  if (methods.empty()) methods.assign(std::begin(kAllMethods), std::end(kAllMethods));
+  for (const CpMethod m : methods) {
+    for (const Candidate& c : res.ranked) {
+      if (c.inputs.parallel.method == m) {
+        res.best_per_method.push_back(c);
+        break;
+      }
+    }
+  }
+  if (res.ranked.size() >= 2) {
+    res.why_best = explain(res.ranked[0], res.ranked[1], res.max_context);
+  }
+  return res;
+}
+
+}  // namespace cpsim::planner

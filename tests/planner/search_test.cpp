@@ -1,0 +1,169 @@
+// maxlen against a brute-force scan, the binding constraint one step above, the plan against
+// exhaustive simulation, and the memory lower bound against the simulator — on small models and
+// a small GPU so that brute force is cheap.
+#include <gtest/gtest.h>
+
+#include "cpsim/models/error.hpp"
+#include "cpsim/models/io.hpp"
+#include "cpsim/planner/maxlen.hpp"
+#include "cpsim/planner/search.hpp"
+
+namespace cpsim::planner {
+namespace {
+
+using models::CpMethod;
+
+const models::DataDir kData{CPSIM_TEST_DATA_DIR};
+
+// A 0.3B-parameter Llama-style model on a GPU with 3 GiB so that limits fall at short lengths.
+sim::ScheduleInputs small(CpMethod method, int gpus) {
+  sim::ScheduleInputs in;
+  in.model.name = "tiny";
+  in.model.layers = 8;
+  in.model.hidden = 1024;
+  in.model.heads = 16;
+  in.model.kv_heads = 8;
+  in.model.head_dim = 64;
+  in.model.ffn_hidden = 2816;
+  in.model.vocab = 32000;
+  in.model.max_position_embeddings = 1 << 20;
+  in.hardware = models::load_hardware("h100-sxm-80g", kData);
+  in.hardware.hbm_capacity_bytes = 3LL << 30;
+  in.hardware.attention_kernels["fa3"].head_dim = 64;
+  in.recipe = models::load_recipe("alst", kData);
+  in.parallel.method = method;
+  in.parallel.gpus = gpus;
+  in.parallel.gpus_per_node = 8;
+  in.parallel.cp_degree = gpus;
+  in.parallel.ring_degree =
+      method == CpMethod::kRing || method == CpMethod::kAllGather ? gpus : 1;
+  in.parallel.fpdt_chunk = 16 * 1024;
+  in.parallel.seq_len = 16 * 1024;
+  return in;
+}
+
+bool fits_at(sim::ScheduleInputs in, std::int64_t n) {
+  in.parallel.seq_len = n;
+  return fits_with_margin(evaluate(in).report, 0);
+}
+
+TEST(MaxLen, MatchesBruteForceForEveryMethod) {
+  for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kUPipe, CpMethod::kRing,
+                           CpMethod::kAllGather, CpMethod::kFpdt, CpMethod::kUsp}) {
+    SCOPED_TRACE(models::to_string(m));
+    sim::ScheduleInputs in = small(m, 4);
+    if (m == CpMethod::kUsp) in.parallel.ring_degree = 2;
+    MaxLenOptions o;
+    o.granularity = 16 * 1024;
+    const MaxLenResult r = max_seq_len(in, o);
+    ASSERT_GT(r.max_seq_len, 0);
+    // Brute force: every multiple of the step up to twice the answer.
+    std::int64_t brute = 0;
+    for (std::int64_t n = r.step; n <= 2 * r.max_seq_len + r.step; n += r.step) {
+      if (fits_at(in, n)) brute = n;
+    }
+    EXPECT_EQ(r.max_seq_len, brute);
+    EXPECT_TRUE(r.monotone);
+    // The binding constraint is what fails one step above.
+    sim::ScheduleInputs above = in;
+    above.parallel.seq_len = r.max_seq_len + r.step;
+    const sim::StepReport rep = evaluate(above).report;
+    ASSERT_EQ(r.binding.seq_len, r.max_seq_len + r.step);
+    if (r.binding.kind == BindingConstraint::Kind::kGpuMemory) {
+      EXPECT_GT(rep.peak_memory_bytes, rep.gpu_capacity_bytes);
+      EXPECT_EQ(r.binding.used_bytes, rep.peak_memory_bytes);
+      EXPECT_EQ(r.binding.op, rep.peak_op);
+    } else {
+      EXPECT_EQ(r.binding.kind, BindingConstraint::Kind::kHostMemory);
+      EXPECT_FALSE(rep.fits_host);
+    }
+    EXPECT_EQ(r.headroom_bytes, r.at_max.gpu_capacity_bytes - r.at_max.peak_memory_bytes);
+  }
+}
+
+TEST(MaxLen, HostMemoryCanBind) {
+  sim::ScheduleInputs in = small(CpMethod::kUlysses, 4);
+  in.hardware.hbm_capacity_bytes = 80LL << 30;
+  in.hardware.host_memory_bytes_per_node = 4LL << 30;  // checkpoints offloaded to a small host
+  const MaxLenResult r = max_seq_len(in, {.granularity = 16 * 1024});
+  EXPECT_EQ(r.binding.kind, BindingConstraint::Kind::kHostMemory);
+  EXPECT_GT(r.max_seq_len, 0);
+}
+
+TEST(MaxLen, MarginAndRequiredMultiple) {
+  sim::ScheduleInputs in = small(CpMethod::kRing, 4);
+  EXPECT_EQ(required_multiple(in), 8);  // zigzag: 2·C
+  const MaxLenResult plain = max_seq_len(in, {.granularity = 16 * 1024});
+  const MaxLenResult margin =
+      max_seq_len(in, {.granularity = 16 * 1024, .memory_margin_bytes = 512LL << 20});
+  EXPECT_LT(margin.max_seq_len, plain.max_seq_len);
+  EXPECT_GE(margin.headroom_bytes, 0);
+}
+
+TEST(LowerBound, NeverAboveTheSimulatedPeak) {
+  for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kUPipe, CpMethod::kRing, CpMethod::kFpdt}) {
+    for (const auto ac : {models::CheckpointMode::kNone, models::CheckpointMode::kSelective,
+                          models::CheckpointMode::kFull}) {
+      for (const bool offload : {false, true}) {
+        for (const bool tiled : {false, true}) {
+          sim::ScheduleInputs in = small(m, 4);
+          in.parallel.seq_len = 64 * 1024;
+          in.recipe.checkpointing = ac;
+          in.recipe.checkpoint_offload = offload && ac == models::CheckpointMode::kFull;
+          in.recipe.tiled_mlp = tiled;
+          in.recipe.fused_loss = tiled;
+          EXPECT_LE(memory_lower_bound(in), evaluate(in).report.peak_memory_bytes)
+              << models::to_string(m) << " " << models::to_string(ac) << offload << tiled;
+        }
+      }
+    }
+  }
+}
+
+// The plan's best at a fixed length equals the best of simulating every candidate.
+TEST(Plan, SameOptimumAsExhaustiveSimulation) {
+  const sim::ScheduleInputs base = small(CpMethod::kUlysses, 4);
+  PlanOptions o;
+  o.seq_len = 64 * 1024;
+  o.threads = 2;
+  const PlanResult res = plan(base, o);
+  ASSERT_FALSE(res.ranked.empty());
+  EXPECT_GT(res.pruned, 0);
+  double best = 0.0;
+  std::string best_label;
+  for (Candidate c : enumerate_candidates(base, o)) {
+    c.inputs.parallel.seq_len = 64 * 1024;
+    try {
+      const sim::StepReport r = evaluate(c.inputs).report;
+      if (fits_with_margin(r, 0) && r.tokens_per_s_per_gpu > best) {
+        best = r.tokens_per_s_per_gpu;
+        best_label = c.label;
+      }
+    } catch (const InputError&) {
+    }
+  }
+  EXPECT_EQ(res.ranked.front().report.tokens_per_s_per_gpu, best);
+  EXPECT_EQ(res.ranked.front().label, best_label);
+  EXPECT_EQ(res.generated, res.refused + res.pruned + res.evaluated);
+  // Pareto front members are not dominated; the best is on it.
+  EXPECT_EQ(res.pareto.front().label, res.ranked.front().label);
+  EXPECT_FALSE(res.why_best.empty());
+}
+
+TEST(Plan, MaxContextPicksTheLongest) {
+  const sim::ScheduleInputs base = small(CpMethod::kUlysses, 4);
+  PlanOptions o;
+  o.granularity = 16 * 1024;
+  o.methods = {CpMethod::kUlysses, CpMethod::kUPipe, CpMethod::kRing};
+  const PlanResult res = plan(base, o);
+  ASSERT_FALSE(res.ranked.empty());
+  for (const Candidate& c : res.ranked) {
+    EXPECT_LE(c.max_seq_len, res.ranked.front().max_seq_len);
+    // Each candidate's maximum is its own maxlen.
+    EXPECT_EQ(c.max_seq_len, max_seq_len(c.inputs, {.granularity = 16 * 1024}).max_seq_len);
+  }
+  EXPECT_EQ(res.best_per_method.size(), 3U);
+}
+
+}  // namespace
+}  // namespace cpsim::planner
