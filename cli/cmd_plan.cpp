@@ -1,19 +1,19 @@
 // `cpsim plan`: search methods, degrees and knobs; print the best, the Pareto front and why; emit
 // the winner's settings for a training launcher.
-#include <unistd.h>
-
 #include <chrono>
 #include <iostream>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "commands.hpp"
-#include "common.hpp"
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
 #include "cpsim/planner/emit.hpp"
 #include "cpsim/planner/search.hpp"
+
+#include "commands.hpp"
+#include "common.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -49,7 +49,8 @@ nlohmann::json candidate_json(const planner::Candidate& c, bool max_context) {
       {"ulysses_degree", p.ulysses_degree()},
       {"ring_degree", p.ring_degree},
       {"data_parallel", p.data_parallel()},
-      {"heads_per_stage", p.method == models::CpMethod::kUPipe ? c.report.layout.heads_per_stage : 0},
+      {"heads_per_stage",
+       p.method == models::CpMethod::kUPipe ? c.report.layout.heads_per_stage : 0},
       {"fpdt_chunk", p.method == models::CpMethod::kFpdt ? p.fpdt_chunk : 0},
       {"ac", models::to_string(r.checkpointing)},
       {"ac_offload", r.checkpoint_offload},
@@ -73,7 +74,8 @@ nlohmann::json candidate_json(const planner::Candidate& c, bool max_context) {
 
 std::vector<std::string> row(const planner::Candidate& c, bool max_context) {
   std::vector<std::string> r;
-  if (max_context) r.push_back(format_length(c.max_seq_len));
+  if (max_context)
+    r.push_back(format_length(c.max_seq_len));
   r.insert(r.end(), {fmt::format("{:.1f}", c.report.tokens_per_s_per_gpu),
                      format_seconds(c.report.step_time_s),
                      format_bytes(static_cast<double>(c.report.peak_memory_bytes)), c.label});
@@ -89,15 +91,18 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
       "context (default); emit launcher settings");
   add_config_options(c, a.config, /*with_seq=*/false);
   c->add_option("--seq", a.seq, "rank configurations by tokens/s/GPU at this length");
-  c->add_flag("--max-context", a.max_context, "rank by the longest context, then throughput (default)");
+  c->add_flag("--max-context", a.max_context,
+              "rank by the longest context, then throughput (default)");
   c->add_option("--methods", a.methods, "methods to search: a comma-separated list or all")
       ->capture_default_str();
   c->add_option("--top", a.top, "configurations to list")->capture_default_str();
   c->add_option("--memory-margin", a.memory_margin_gib, "GiB kept free on every GPU");
-  c->add_option("--granularity", a.granularity, "max-context mode: length step")->capture_default_str();
-  c->add_flag("--fixed-recipe", a.fixed_recipe,
-              "--seq mode: keep the recipe's AC, offload, tiling, loss and ZeRO settings instead of "
-              "searching them");
+  c->add_option("--granularity", a.granularity, "max-context mode: length step")
+      ->capture_default_str();
+  c->add_flag(
+      "--fixed-recipe", a.fixed_recipe,
+      "--seq mode: keep the recipe's AC, offload, tiling, loss and ZeRO settings instead of "
+      "searching them");
   c->add_option("--threads", a.threads, "parallel evaluations")->capture_default_str();
   c->add_option("--emit", a.emit,
                 "write the best configuration's settings for a launcher: torchtitan, "
@@ -138,7 +143,8 @@ int run_plan(const PlanArgs& a) {
   if (!a.seq.empty()) {
     opts.seq_len = parse_length(a.seq, "--seq");
   }
-  opts.memory_margin_bytes = static_cast<std::int64_t>(a.memory_margin_gib * static_cast<double>(kGiB));
+  opts.memory_margin_bytes =
+      static_cast<std::int64_t>(a.memory_margin_gib * static_cast<double>(kGiB));
   opts.granularity = parse_length(a.granularity, "--granularity");
   opts.vary_recipe = !a.fixed_recipe;
   opts.threads = a.threads;
@@ -170,10 +176,12 @@ int run_plan(const PlanArgs& a) {
         const planner::EmittedConfig e = planner::emit_launcher_config(*format, c.inputs);
         emitted = &c;
         emitted_text = e.text;
-        for (const auto& n : e.notes) emit_note += "  note: " + n + "\n";
+        for (const auto& n : e.notes)
+          emit_note += "  note: " + n + "\n";
         break;
       } catch (const InputError& e) {
-        if (first_refusal.empty()) first_refusal = e.what();
+        if (first_refusal.empty())
+          first_refusal = e.what();
       }
     }
     if (emitted == nullptr) {
@@ -190,8 +198,10 @@ int run_plan(const PlanArgs& a) {
     for (std::size_t i = 0; i < res.ranked.size() && static_cast<int>(i) < a.top; ++i) {
       top.push_back(candidate_json(res.ranked[i], res.max_context));
     }
-    for (const auto& c : res.pareto) pareto.push_back(candidate_json(c, res.max_context));
-    for (const auto& c : res.best_per_method) per_method.push_back(candidate_json(c, res.max_context));
+    for (const auto& c : res.pareto)
+      pareto.push_back(candidate_json(c, res.max_context));
+    for (const auto& c : res.best_per_method)
+      per_method.push_back(candidate_json(c, res.max_context));
     nlohmann::json j = {
         {"schema_version", kPlanSchemaVersion},
         {"command", "plan"},
@@ -211,9 +221,12 @@ int run_plan(const PlanArgs& a) {
         {"pareto", pareto},
         {"best_per_method", per_method},
     };
-    if (opts.seq_len) j["seq_len"] = *opts.seq_len;
+    if (opts.seq_len)
+      j["seq_len"] = *opts.seq_len;
     if (emitted != nullptr) {
-      j["emitted"] = {{"format", a.emit}, {"label", emitted->label}, {"file", a.out},
+      j["emitted"] = {{"format", a.emit},
+                      {"label", emitted->label},
+                      {"file", a.out},
                       {"text", a.out.empty() ? emitted_text : ""}};
     }
     std::cout << j.dump(2) << "\n";
@@ -222,21 +235,25 @@ int run_plan(const PlanArgs& a) {
 
   std::cout << fmt::format("plan: {} on {} x {}, {}, base recipe {}\n", base.model.name,
                            base.parallel.gpus, base.hardware.name,
-                           res.max_context ? "longest context (then throughput)"
-                                           : fmt::format("tokens/s/GPU at {}", format_length(*opts.seq_len)),
+                           res.max_context
+                               ? "longest context (then throughput)"
+                               : fmt::format("tokens/s/GPU at {}", format_length(*opts.seq_len)),
                            base.recipe.name);
-  std::cout << fmt::format("  {} configurations: {} refused (invalid for the model or GPUs), {} pruned "
-                           "by the memory lower bound, {} evaluated ({} simulations, {:.2f} s, {:.0f} "
-                           "simulations/s)\n\n",
-                           res.generated, res.refused, res.pruned, res.evaluated, res.simulations, wall_s,
-                           static_cast<double>(res.simulations) / std::max(wall_s, 1e-9));
+  std::cout << fmt::format(
+      "  {} configurations: {} refused (invalid for the model or GPUs), {} pruned "
+      "by the memory lower bound, {} evaluated ({} simulations, {:.2f} s, {:.0f} "
+      "simulations/s)\n\n",
+      res.generated, res.refused, res.pruned, res.evaluated, res.simulations, wall_s,
+      static_cast<double>(res.simulations) / std::max(wall_s, 1e-9));
   const bool mc = res.max_context;
   std::vector<std::string> header;
-  if (mc) header.push_back("max context");
+  if (mc)
+    header.push_back("max context");
   header.insert(header.end(), {"tok/s/GPU", "step", "peak", "configuration"});
   std::vector<bool> numeric(header.size(), true);
   numeric.back() = false;
-  auto print = [&](const std::string& title, const std::vector<planner::Candidate>& list, int limit) {
+  auto print = [&](const std::string& title, const std::vector<planner::Candidate>& list,
+                   int limit) {
     std::vector<std::vector<std::string>> rows;
     for (std::size_t i = 0; i < list.size() && static_cast<int>(i) < limit; ++i) {
       rows.push_back(row(list[i], mc));
@@ -244,34 +261,61 @@ int run_plan(const PlanArgs& a) {
     std::cout << title << "\n" << format_table(header, rows, numeric) << "\n";
   };
   print("best per method:", res.best_per_method, 100);
-  print(fmt::format("top {}:", std::min<int>(a.top, static_cast<int>(res.ranked.size()))), res.ranked,
-        a.top);
-  print(mc ? "Pareto front (max context vs throughput):" : "Pareto front (throughput vs peak memory):",
+  print(fmt::format("top {}:", std::min<int>(a.top, static_cast<int>(res.ranked.size()))),
+        res.ranked, a.top);
+  print(mc ? "Pareto front (max context vs throughput):"
+           : "Pareto front (throughput vs peak memory):",
         res.pareto, 100);
   const planner::Candidate& best = res.ranked.front();
   std::cout << fmt::format("recommended: {}\n", best.label);
   if (mc) {
-    std::cout << fmt::format("  longest context {}; limited by {}\n", format_length(best.max_seq_len),
-                             best.binding.text);
+    std::cout << fmt::format("  longest context {}; limited by {}\n",
+                             format_length(best.max_seq_len), best.binding.text);
   }
   if (!res.why_best.empty()) {
     std::cout << "  why: " << res.why_best << "\n";
   }
-  std::cout << fmt::format("  launchers that run it: {}\n", launchers_for(best.inputs.parallel.method));
+  std::cout << fmt::format("  launchers that run it: {}\n",
+                           launchers_for(best.inputs.parallel.method));
   if (emitted != nullptr) {
     if (emitted != &best) {
-      std::cout << fmt::format("\n{} cannot run the best configuration; emitted the best it can run: {}\n",
-                               a.emit, emitted->label);
+      std::cout << fmt::format(
+          "\n{} cannot run the best configuration; emitted the best it can run: {}\n", a.emit,
+          emitted->label);
     }
     if (a.out.empty()) {
       std::cout << fmt::format("\n--- {} settings ---\n{}", a.emit, emitted_text);
-      if (!emitted_text.empty() && emitted_text.back() != '\n') std::cout << "\n";
+      if (!emitted_text.empty() && emitted_text.back() != '\n')
+        std::cout << "\n";
     } else {
       std::cout << fmt::format("\n{} settings written to {}\n", a.emit, a.out);
     }
     std::cout << emit_note;
   } else {
-    std::cout << "  add --emit LAUNCHER [--out FILE] for paste-ready settings\n";
+    // Settings of the recommended configuration for the first launcher that runs it.
+    std::string names = launchers_for(best.inputs.parallel.method);
+    std::size_t start = 0;
+    while (start < names.size()) {
+      const std::size_t comma = names.find(',', start);
+      const std::string name =
+          names.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      start = comma == std::string::npos ? names.size() : comma + 2;
+      try {
+        const planner::EmittedConfig e = planner::emit_launcher_config(
+            planner::parse_launcher_format(name, "--emit"), best.inputs);
+        std::cout << fmt::format("\n--- {} settings for the recommended configuration ---\n{}",
+                                 name, e.text);
+        if (!e.text.empty() && e.text.back() != '\n')
+          std::cout << "\n";
+        for (const auto& n : e.notes)
+          std::cout << "  note: " << n << "\n";
+        std::cout << fmt::format(
+            "(other launchers: cpsim plan ... --emit LAUNCHER [--out FILE])\n");
+        break;
+      } catch (const InputError&) {
+        continue;  // this launcher cannot express the configuration: try the next
+      }
+    }
   }
   return 0;
 }

@@ -515,8 +515,17 @@ EmittedConfig emit_untied_ulysses(Plan& p) {
                     p.recipe.zero_stage));
   }
   const Flavor fl = llama3_flavor(p.model);
+  // The fork's llama3 "32B" flavor is the Qwen3-32B shape run as a Llama block.
+  const auto& md = p.model;
+  const bool qwen32 = md.layers == 64 && md.hidden == 5120 && md.heads == 64 && md.kv_heads == 8 &&
+                      md.head_dim == 128 && md.ffn_hidden == 25600;
   if (fl.name != nullptr) {
     args.insert(args.end(), {"--model.name", fl.name, "--model.flavor", fl.flavor});
+  } else if (qwen32) {
+    args.insert(args.end(), {"--model.name", "llama3", "--model.flavor", "32B"});
+    p.note(
+        "the fork's llama3 32B flavor has Qwen3-32B's shape as a Llama block (no q/k RMSNorm, "
+        "the tokenizer of the TOML decides the vocabulary)");
   } else {
     p.note(
         fmt::format("no llama3 flavor of the fork matches {} ({}); pass --model.flavor for a "
@@ -577,14 +586,20 @@ EmittedConfig emit_untied_ulysses(Plan& p) {
   std::vector<std::string> header = {
       p.provenance(),
       "Arguments for the UPipe reference code (github.com/togethercomputer/Untied-Ulysses, "
-      "TorchTitan fork). One node, from its torchtitan/ folder:",
-      fmt::format("  source cpsim_untied-ulysses.sh && NGPU={} "
-                  "CONFIG_FILE=./torchtitan/models/llama3/train_configs/llama3_8b_test_2d.toml "
-                  "./run_train.sh \"${{UNTIED_ULYSSES_ARGS[@]}}\"",
-                  p.par.gpus_per_node),
-      fmt::format("  ({} node(s): torch.distributed.run --nnodes {} --nproc_per_node {} ... -m "
-                  "torchtitan.train --job.config_file <toml> \"${{UNTIED_ULYSSES_ARGS[@]}}\")",
-                  p.nodes, p.nodes, p.par.gpus_per_node)};
+      "TorchTitan fork); from its torchtitan/ folder:"};
+  const char* toml = "./torchtitan/models/llama3/train_configs/llama3_8b_test_2d.toml";
+  if (p.nodes == 1) {
+    header.push_back(
+        fmt::format("  source cpsim_untied-ulysses.sh && NGPU={} CONFIG_FILE={} "
+                    "./run_train.sh \"${{UNTIED_ULYSSES_ARGS[@]}}\"",
+                    p.par.gpus, toml));
+  } else {
+    header.push_back(fmt::format(
+        "  source cpsim_untied-ulysses.sh && python -m torch.distributed.run --nnodes {} "
+        "--nproc_per_node {} --node_rank <rank> --rdzv_endpoint <host:port> -m torchtitan.train "
+        "--job.config_file {} \"${{UNTIED_ULYSSES_ARGS[@]}}\"",
+        p.nodes, p.par.gpus_per_node, toml));
+  }
   for (const auto& n : p.notes) {
     header.push_back(fmt::format("note: {}", n));
   }
@@ -681,14 +696,25 @@ EmittedConfig emit_deepspeed(Plan& p) {
     f.emplace_back(fmt::format("--ffn-hidden-size {}", p.model.ffn_hidden));
     f.emplace_back(fmt::format("--num-attention-heads {}", p.model.heads));
     f.emplace_back(fmt::format("--num-key-value-heads {}", p.model.kv_heads));
+    f.emplace_back(fmt::format("--kv-channels {}", p.model.head_dim));
     if (p.model.activation == models::ActivationKind::kSwiGlu) {
       f.emplace_back("--swiglu");
     }
+    if (p.model.norm == models::NormKind::kRmsNorm) {
+      f.emplace_back("--normalization rmsnorm");  // Megatron-DeepSpeed spells it in lower case
+    }
+    if (!p.model.attention_bias) {
+      f.emplace_back("--disable-bias-linear");
+    }
+    if (!p.model.tied_embeddings) {
+      f.emplace_back("--untie-embeddings-and-output-weights");
+    }
     f.emplace_back(fmt::format("--seq-length {}", p.seq));
     f.emplace_back(fmt::format("--max-position-embeddings {}", max_pos));
-    f.emplace_back("--use-rotary-position-embeddings");
-    f.emplace_back(
-        fmt::format("--rotary-position-embeddings-theta {}", number(p.model.rope_theta)));
+    f.emplace_back("--use-rotary-position-embeddings --no-position-embedding");
+    // An int in Megatron-DeepSpeed's argparse.
+    f.emplace_back(fmt::format("--rotary-position-embeddings-theta {}",
+                               static_cast<std::int64_t>(std::llround(p.model.rope_theta))));
     f.emplace_back("--micro-batch-size 1");
     f.emplace_back(p.recipe.param_bytes == 2 ? "--bf16" : "--fp16");
     f.emplace_back("--use-flash-attn-v2");
@@ -713,20 +739,21 @@ EmittedConfig emit_deepspeed(Plan& p) {
                       "i.e. a chunk divisible by sp x sp = {}",
                       p.ulysses * p.ulysses));
     }
+    if (p.model.attention_bias) {
+      p.note(
+          "the model's q/k/v biases have no Megatron-DeepSpeed flag (biases stay on in every "
+          "linear without --disable-bias-linear)");
+    }
     if (p.model.qk_norm) {
       p.note(
           "Megatron-DeepSpeed has no q/k RMSNorm (Qwen3); the flags describe the closest Llama "
           "block");
     }
-    if (!p.model.tied_embeddings) {
-      p.note(
-          "Megatron-DeepSpeed unties embeddings with --untie-embeddings-and-output-weights "
-          "(add it for untied models; not in launchers.md's flag list)");
-    }
     if (max_pos != p.model.max_position_embeddings) {
       p.note(
           fmt::format("--max-position-embeddings is raised from {} to the sequence length, as "
-                      "the reference FPDT script does",
+                      "the reference FPDT script does (Megatron-DeepSpeed asserts "
+                      "max_position_embeddings >= seq_length)",
                       p.model.max_position_embeddings));
     }
     p.note(

@@ -19,17 +19,19 @@ using models::CpMethod;
 std::vector<int> divisors(int n) {
   std::vector<int> d;
   for (int i = 1; i <= n; ++i) {
-    if (n % i == 0) d.push_back(i);
+    if (n % i == 0)
+      d.push_back(i);
   }
   return d;
 }
 
-constexpr CpMethod kAllMethods[] = {CpMethod::kUlysses, CpMethod::kUPipe, CpMethod::kRing,
-                                    CpMethod::kAllGather, CpMethod::kFpdt, CpMethod::kUsp};
+constexpr CpMethod kAllMethods[] = {CpMethod::kUlysses,   CpMethod::kUPipe, CpMethod::kRing,
+                                    CpMethod::kAllGather, CpMethod::kFpdt,  CpMethod::kUsp};
 
 std::string recipe_label(const models::TrainingRecipe& r) {
   std::string ac = models::to_string(r.checkpointing);
-  if (r.checkpointing == CheckpointMode::kFull && r.checkpoint_offload) ac += "+offload";
+  if (r.checkpointing == CheckpointMode::kFull && r.checkpoint_offload)
+    ac += "+offload";
   return fmt::format("ac {}, {}, {}, zero{}{}", ac, r.tiled_mlp ? "tiled mlp" : "untiled mlp",
                      r.fused_loss ? "fused loss" : "logits", r.zero_stage,
                      r.optimizer_offload ? "+opt offload" : "");
@@ -65,8 +67,9 @@ std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
   std::int64_t saved = 0;
   if (r.checkpointing == CheckpointMode::kFull) {
     // Block inputs stay on the GPU unless offloaded (then the first and last stay).
-    saved = r.checkpoint_offload ? (r.offload_keep_first_last ? std::min<std::int64_t>(2, m.layers) : 0) * act
-                                 : m.layers * act;
+    saved = r.checkpoint_offload
+                ? (r.offload_keep_first_last ? std::min<std::int64_t>(2, m.layers) : 0) * act
+                : m.layers * act;
   } else {
     // Block input, norm1 output, attention residual, norm2 output of every block.
     saved = m.layers * 4 * act;
@@ -94,10 +97,10 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
   if (!max_context && options.vary_recipe) {
     recipes.clear();
     for (const int zero : {3, 2}) {
-      for (const auto& [ac, offload] : {std::pair{CheckpointMode::kFull, true},
-                                        std::pair{CheckpointMode::kFull, false},
-                                        std::pair{CheckpointMode::kSelective, false},
-                                        std::pair{CheckpointMode::kNone, false}}) {
+      for (const auto& [ac, offload] :
+           {std::pair{CheckpointMode::kFull, true}, std::pair{CheckpointMode::kFull, false},
+            std::pair{CheckpointMode::kSelective, false},
+            std::pair{CheckpointMode::kNone, false}}) {
         for (const bool tiled : {true, false}) {
           for (const bool fused : {true, false}) {
             models::TrainingRecipe r = base.recipe;
@@ -146,7 +149,8 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
           break;
         case CpMethod::kUPipe:
           for (const int r : divisors(c)) {
-            if (r == c && c > 1) continue;  // u = 1: no headwise all-to-all left
+            if (r == c && c > 1)
+              continue;  // u = 1: no headwise all-to-all left
             in.parallel.ring_degree = r;
             const int u = c / r;
             for (std::int64_t heads = u; heads <= base.model.heads; heads += u) {
@@ -160,8 +164,10 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
         case CpMethod::kFpdt:
           in.parallel.ring_degree = 1;
           for (const std::int64_t k : {32 * 1024, 64 * 1024, 128 * 1024, 256 * 1024}) {
-            if (k % c != 0) continue;
-            if (!max_context && (probe_len % k != 0 || k == probe_len)) continue;
+            if (k % c != 0)
+              continue;
+            if (!max_context && (probe_len % k != 0 || k == probe_len))
+              continue;
             in.parallel.fpdt_chunk = k;
             add(in);
           }
@@ -206,8 +212,8 @@ std::string explain(const Candidate& best, const Candidate& second, bool max_con
     return fmt::format(
         "{} reaches {} vs {} for {}: one step longer the runner-up is stopped by {}; at its own "
         "limit the best has {} of headroom",
-        best.label, format_length(best.max_seq_len), format_length(second.max_seq_len), second.label,
-        second.binding.text,
+        best.label, format_length(best.max_seq_len), format_length(second.max_seq_len),
+        second.label, second.binding.text,
         format_bytes(static_cast<double>(a.gpu_capacity_bytes - a.peak_memory_bytes)));
   }
   const double gain = b.tokens_per_s_per_gpu > 0
@@ -253,7 +259,8 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   }
   std::vector<std::size_t> todo;
   for (std::size_t i = 0; i < cands.size(); ++i) {
-    if (cands[i].error.empty() && !cands[i].pruned) todo.push_back(i);
+    if (cands[i].error.empty() && !cands[i].pruned)
+      todo.push_back(i);
   }
   std::atomic<std::size_t> next{0};
   std::atomic<std::int64_t> simulations{0};
@@ -287,19 +294,23 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   };
   const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(todo.size())));
   std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  for (int t = 1; t < threads; ++t)
+    pool.emplace_back(worker);
   worker();
-  for (auto& t : pool) t.join();
+  for (auto& t : pool)
+    t.join();
   res.simulations = simulations;
 
   for (const Candidate& c : cands) {
     res.pruned += c.pruned ? 1 : 0;
     res.refused += c.error.empty() ? 0 : 1;
     res.evaluated += c.evaluated ? 1 : 0;
-    if (c.evaluated && c.fits) res.ranked.push_back(c);
+    if (c.evaluated && c.fits)
+      res.ranked.push_back(c);
   }
   auto better = [&](const Candidate& a, const Candidate& b) {
-    if (res.max_context && a.max_seq_len != b.max_seq_len) return a.max_seq_len > b.max_seq_len;
+    if (res.max_context && a.max_seq_len != b.max_seq_len)
+      return a.max_seq_len > b.max_seq_len;
     if (a.report.tokens_per_s_per_gpu != b.report.tokens_per_s_per_gpu)
       return a.report.tokens_per_s_per_gpu > b.report.tokens_per_s_per_gpu;
     if (a.report.peak_memory_bytes != b.report.peak_memory_bytes)
@@ -315,10 +326,12 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
         break;
       }
     }
-    if (!dominated) res.pareto.push_back(c);
+    if (!dominated)
+      res.pareto.push_back(c);
   }
   std::vector<CpMethod> methods = options.methods;
-  if (methods.empty()) methods.assign(std::begin(kAllMethods), std::end(kAllMethods));
+  if (methods.empty())
+    methods.assign(std::begin(kAllMethods), std::end(kAllMethods));
   for (const CpMethod m : methods) {
     for (const Candidate& c : res.ranked) {
       if (c.inputs.parallel.method == m) {
@@ -327,8 +340,17 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
       }
     }
   }
+  // The runner-up is the best configuration of another method when there is one: "why this
+  // method" is the question; variants of the winner differ by little.
   if (res.ranked.size() >= 2) {
-    res.why_best = explain(res.ranked[0], res.ranked[1], res.max_context);
+    const Candidate* runner = &res.ranked[1];
+    for (const Candidate& c : res.ranked) {
+      if (c.inputs.parallel.method != res.ranked[0].inputs.parallel.method) {
+        runner = &c;
+        break;
+      }
+    }
+    res.why_best = explain(res.ranked[0], *runner, res.max_context);
   }
   return res;
 }

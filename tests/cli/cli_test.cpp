@@ -666,3 +666,54 @@ TEST_F(CliTest, ComparisonReportsMethodsThatCannotRun) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(CliTest, MaxlenJsonContract) {
+  const RunResult r =
+      run({"maxlen", "--model", "llama3-8b", "--gpus", "8", "--method", "upipe", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json j = Json::parse(r.out);
+  EXPECT_GT(j.at("max_seq_len").get<std::int64_t>(), 0);
+  EXPECT_EQ(j.at("max_seq_len").get<std::int64_t>() % 65536, 0);
+  EXPECT_EQ(j.at("binding_constraint").at("kind"), "gpu_memory");
+  EXPECT_GT(j.at("peak_memory_bytes").get<std::int64_t>(), 0);
+  EXPECT_GT(j.at("step_time_s").get<double>(), 0.0);
+  EXPECT_GE(j.at("headroom_bytes").get<std::int64_t>(), 0);
+}
+
+TEST_F(CliTest, PlanEmitsAParsableFile) {
+  const std::string out = path("plan.toml").string();
+  const RunResult r =
+      run({"plan", "--model", "llama3-8b", "--gpus", "8", "--seq", "256K", "--methods",
+           "ring,allgather", "--emit", "torchtitan", "--out", out, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json j = Json::parse(r.out);
+  EXPECT_EQ(j.at("mode"), "seq");
+  EXPECT_GT(j.at("counts").at("evaluated").get<int>(), 0);
+  EXPECT_FALSE(j.at("pareto").empty());
+  EXPECT_FALSE(j.at("why_best").get<std::string>().empty());
+  EXPECT_THAT(read_file(out), HasSubstr("context_parallel_degree"));
+}
+
+TEST_F(BadInputTest, PlannerErrors) {
+  const std::vector<BadInput> cases = {
+      {"emit a method the launcher cannot run",
+       {"plan", "--methods", "upipe", "--seq", "256K", "--emit", "torchtitan"},
+       {"--emit"}},
+      {"unknown launcher", {"plan", "--seq", "256K", "--emit", "slurm"}, {"--emit"}},
+      {"seq and max-context", {"plan", "--seq", "1M", "--max-context"}, {"--max-context"}},
+      {"out without emit", {"plan", "--seq", "1M", "--out", "x.toml"}, {"--out"}},
+      {"unknown method in plan", {"plan", "--methods", "ring,warp"}, {"--methods"}},
+      {"zero granularity", {"maxlen", "--granularity", "0"}, {"--granularity"}},
+      {"negative margin", {"maxlen", "--memory-margin", "-1"}, {"--memory-margin"}},
+      {"maxlen heads",
+       {"maxlen", "--method", "ulysses", "--gpus", "12", "--gpus-per-node", "12"},
+       {"--model"}},
+  };
+  for (const auto& c : cases) {
+    expect_usage_error(c);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,862 @@
+// Launcher emitters: every emitted file is read back with a real parser (Python's tomllib, json,
+// yaml.safe_load, shlex and bash itself), and its keys and values are checked against
+// reference/launchers.md. Refusals must name a launcher that can run the method.
+#include "cpsim/planner/emit.hpp"
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <spawn.h>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cpsim/models/error.hpp"
+#include "cpsim/models/io.hpp"
+
+namespace cpsim::planner {
+namespace {
+
+using models::CheckpointMode;
+using models::CpMethod;
+using nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+namespace fs = std::filesystem;
+
+constexpr const char* kPython = "/usr/bin/python3";
+constexpr std::int64_t kK = 1024;
+constexpr std::int64_t kM = 1024 * 1024;
+
+constexpr std::array kAllMethods = {CpMethod::kUlysses,   CpMethod::kUPipe, CpMethod::kRing,
+                                    CpMethod::kAllGather, CpMethod::kFpdt,  CpMethod::kUsp};
+constexpr std::array kAllFormats = {LauncherFormat::kTorchTitan, LauncherFormat::kUntiedUlysses,
+                                    LauncherFormat::kDeepSpeed,  LauncherFormat::kAccelerate,
+                                    LauncherFormat::kMegatron,   LauncherFormat::kArctic};
+
+const models::DataDir& data() {
+  static const models::DataDir d{CPSIM_TEST_DATA_DIR};
+  return d;
+}
+
+/// Built-in model, H100 profile and recipe; C = gpus / dp, ring part `ring`.
+sim::ScheduleInputs inputs(CpMethod method,
+                           int gpus,
+                           int cp,
+                           int ring,
+                           std::int64_t seq,
+                           const char* model = "llama3-8b",
+                           const char* recipe = "alst") {
+  sim::ScheduleInputs in;
+  in.model = models::load_model(model, data());
+  in.hardware = models::load_hardware("h100-sxm-80g", data());
+  in.recipe = models::load_recipe(recipe, data());
+  in.parallel.method = method;
+  in.parallel.gpus = gpus;
+  in.parallel.gpus_per_node = 8;
+  in.parallel.cp_degree = cp;
+  in.parallel.ring_degree = ring;
+  in.parallel.seq_len = seq;
+  return in;
+}
+
+/// A default valid layout per method on 8 GPUs (16 for usp, to have both parts).
+sim::ScheduleInputs default_inputs(CpMethod m) {
+  switch (m) {
+    case CpMethod::kRing:
+    case CpMethod::kAllGather:
+      return inputs(m, 8, 8, 8, 256 * kK);
+    case CpMethod::kUsp:
+      return inputs(m, 16, 16, 2, 512 * kK);
+    case CpMethod::kFpdt:
+      return inputs(m, 8, 8, 1, 256 * kK, "llama3-8b", "deepspeed-fpdt");
+    default:
+      return inputs(m, 8, 8, 1, 256 * kK);
+  }
+}
+
+// ---- Running the real parsers -------------------------------------------------------------------
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) {
+    out += l;
+    out += '\n';
+  }
+  return out;
+}
+
+bool have_python() {
+  return ::access(kPython, X_OK) == 0;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = fs::temp_directory_path() /
+            fmt::format("cpsim_emit_test_{}_{}", ::getpid(), counter.fetch_add(1));
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+/// Runs `python3 -c script args...` (no shell in between) and parses its stdout as JSON.
+json run_python(const std::string& script, const std::string& text, const std::string& extra = "") {
+  const TempDir dir;
+  const fs::path input = dir.path() / "input";
+  const fs::path out = dir.path() / "stdout";
+  const fs::path err = dir.path() / "stderr";
+  {
+    std::ofstream f(input);
+    f << text;
+  }
+  std::vector<std::string> args = {kPython, "-c", script, input.string()};
+  if (!extra.empty()) {
+    args.push_back(extra);
+  }
+  std::vector<char*> argv;
+  for (auto& a : args) {
+    argv.push_back(a.data());
+  }
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = 0;
+  const int spawn_rc = posix_spawn(&pid, kPython, &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawn_rc != 0) {
+    ADD_FAILURE() << "cannot start " << kPython;
+    return json();
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    ADD_FAILURE() << "parser failed:\n" << read_file(err) << "\non input:\n" << text;
+    return json();
+  }
+  return json::parse(read_file(out));
+}
+
+json parse_toml(const std::string& text) {
+  return run_python(
+      "import json, sys, tomllib\n"
+      "with open(sys.argv[1], 'rb') as f:\n"
+      "    print(json.dumps(tomllib.load(f)))\n",
+      text);
+}
+
+json parse_json(const std::string& text) {
+  return run_python(
+      "import json, sys\n"
+      "with open(sys.argv[1]) as f:\n"
+      "    print(json.dumps(json.load(f)))\n",
+      text);
+}
+
+json parse_yaml(const std::string& text) {
+  return run_python(
+      "import json, sys, yaml\n"
+      "with open(sys.argv[1]) as f:\n"
+      "    print(json.dumps(yaml.safe_load(f)))\n",
+      text);
+}
+
+/// A shell file holding `export VAR=...` lines and one array `NAME=( ... )`: shlex tokens, the
+/// array as bash itself sees it after `source`, and the exported variables.
+json parse_shell(const std::string& text, const std::string& array_name) {
+  return run_python(
+      "import json, shlex, subprocess, sys\n"
+      "path, name = sys.argv[1], sys.argv[2]\n"
+      "with open(path) as f:\n"
+      "    tokens = shlex.split(f.read(), comments=True)\n"
+      "def bash(expr):\n"
+      "    r = subprocess.run(['bash', '-c', 'set -eu; source \"$1\"; printf \"%s\\\\0\" ' + "
+      "expr,\n"
+      "                        '_', path], check=True, capture_output=True, text=True)\n"
+      "    return r.stdout.split('\\0')[:-1]\n"
+      "array = bash('\"${' + name + '[@]}\"')\n"
+      "env = bash('\"${PYTORCH_CUDA_ALLOC_CONF-}\" \"${INP_PIN_MEMORY-}\"')\n"
+      "print(json.dumps({'tokens': tokens, 'array': array,\n"
+      "                  'env': {'PYTORCH_CUDA_ALLOC_CONF': env[0], 'INP_PIN_MEMORY': env[1]}}))\n",
+      text, array_name);
+}
+
+json shlex_split(const std::string& line) {
+  return run_python(
+      "import json, shlex, sys\n"
+      "with open(sys.argv[1]) as f:\n"
+      "    print(json.dumps(shlex.split(f.read())))\n",
+      line);
+}
+
+/// Flags of an argument list: each `--flag` with the values that follow it.
+using Flags = std::map<std::string, std::vector<std::string>>;
+Flags flags_of(const json& words) {
+  Flags f;
+  std::string last;
+  for (const auto& w : words) {
+    const std::string s = w.get<std::string>();
+    if (s.rfind("--", 0) == 0) {
+      last = s;
+      f[s];
+    } else if (!last.empty()) {
+      f[last].push_back(s);
+    }
+  }
+  return f;
+}
+
+std::string value(const Flags& f, const std::string& flag) {
+  const auto it = f.find(flag);
+  if (it == f.end() || it->second.size() != 1) {
+    return "<missing or not one value>";
+  }
+  return it->second[0];
+}
+
+/// The argument array as bash sees it, checked against the shlex tokens between `NAME=(` and `)`.
+Flags shell_flags(const std::string& text, const std::string& array_name, json* env = nullptr) {
+  const json parsed = parse_shell(text, array_name);
+  if (parsed.is_null()) {
+    return {};
+  }
+  const json& tokens = parsed["tokens"];
+  json inner = json::array();
+  bool inside = false;
+  for (const auto& t : tokens) {
+    const std::string s = t.get<std::string>();
+    if (s == array_name + "=(") {
+      inside = true;
+    } else if (inside && s == ")") {
+      inside = false;
+    } else if (inside) {
+      inner.push_back(s);
+    }
+  }
+  EXPECT_EQ(inner, parsed["array"]) << "shlex and bash disagree";
+  if (env != nullptr) {
+    *env = parsed["env"];
+  }
+  return flags_of(parsed["array"]);
+}
+
+/// Expects emit_launcher_config to refuse with field --emit, naming `launcher` in the message.
+void expect_refusal(LauncherFormat f,
+                    const sim::ScheduleInputs& in,
+                    const std::string& launcher,
+                    const std::string& also = "") {
+  try {
+    (void)emit_launcher_config(f, in);
+    ADD_FAILURE() << to_string(f) << " accepted " << models::to_string(in.parallel.method);
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "--emit");
+    EXPECT_THAT(e.what(), HasSubstr(launcher));
+    if (!also.empty()) {
+      EXPECT_THAT(e.what(), HasSubstr(also));
+    }
+  }
+}
+
+// ---- Format names -------------------------------------------------------------------------------
+
+TEST(LauncherFormat, NamesRoundTrip) {
+  for (const LauncherFormat f : kAllFormats) {
+    EXPECT_EQ(parse_launcher_format(to_string(f), "--emit"), f);
+  }
+  EXPECT_STREQ(to_string(LauncherFormat::kUntiedUlysses), "untied-ulysses");
+}
+
+TEST(LauncherFormat, UnknownNameListsTheKnownOnes) {
+  try {
+    (void)parse_launcher_format("titan", "--emit");
+    FAIL() << "accepted an unknown format";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "--emit");
+    EXPECT_THAT(e.what(), HasSubstr("titan"));
+    for (const LauncherFormat f : kAllFormats) {
+      EXPECT_THAT(e.what(), HasSubstr(to_string(f)));
+    }
+  }
+  EXPECT_THROW((void)parse_launcher_format("", "--emit"), InputError);
+  EXPECT_THROW((void)parse_launcher_format("TorchTitan", "--emit"), InputError);
+}
+
+// ---- TorchTitan ---------------------------------------------------------------------------------
+
+class EmitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_python()) {
+      GTEST_SKIP() << kPython << " is missing";
+    }
+  }
+};
+
+TEST_F(EmitTest, TorchTitanRing) {
+  const EmittedConfig e =
+      emit_launcher_config(LauncherFormat::kTorchTitan, default_inputs(CpMethod::kRing));
+  EXPECT_EQ(e.suggested_filename, "cpsim_torchtitan.toml");
+  EXPECT_THAT(e.text, StartsWith("# generated by cpsim"));
+  const json t = parse_toml(e.text);
+  EXPECT_EQ(t["training"]["seq_len"], 256 * kK);
+  EXPECT_EQ(t["training"]["local_batch_size"], 1);
+  EXPECT_EQ(t["training"]["mixed_precision_param"], "bfloat16");
+  EXPECT_EQ(t["training"]["mixed_precision_reduce"], "float32");
+  EXPECT_FALSE(t["training"].contains("enable_cpu_offload"));
+  EXPECT_EQ(t["parallelism"]["data_parallel_shard_degree"], -1);
+  EXPECT_EQ(t["parallelism"]["context_parallel_degree"], 8);
+  EXPECT_EQ(t["parallelism"]["context_parallel_rotate_method"], "alltoall");
+  EXPECT_EQ(t["parallelism"]["context_parallel_load_balancer"], "headtail");
+  EXPECT_FALSE(t["parallelism"].contains("fsdp_reshard_after_forward"));  // ZeRO-3
+  EXPECT_EQ(t["activation_checkpoint"]["mode"], "full");
+  EXPECT_EQ(t["model"]["name"], "llama3");
+  EXPECT_EQ(t["model"]["flavor"], "8B");
+  // What the TOML cannot hold is said, in notes and in comments.
+  const std::string notes = joined(e.notes);
+  EXPECT_THAT(notes, HasSubstr("tiled MLP"));
+  EXPECT_THAT(notes, HasSubstr("checkpoint offload"));
+  EXPECT_THAT(notes, HasSubstr("fused linear cross-entropy"));
+  EXPECT_THAT(e.text, HasSubstr("# note: tiled MLP"));
+  EXPECT_THAT(e.text, HasSubstr("expandable_segments:True"));
+}
+
+TEST_F(EmitTest, TorchTitanAllGatherContiguousSelectiveOffload) {
+  sim::ScheduleInputs in = inputs(CpMethod::kAllGather, 16, 8, 8, 128 * kK, "qwen3-8b");
+  in.parallel.ring_layout = models::RingLayout::kContiguous;
+  in.recipe.checkpointing = CheckpointMode::kSelective;
+  in.recipe.optimizer_offload = true;
+  in.recipe.zero_stage = 2;
+  const EmittedConfig e = emit_launcher_config(LauncherFormat::kTorchTitan, in);
+  const json t = parse_toml(e.text);
+  EXPECT_EQ(t["parallelism"]["context_parallel_degree"], 8);
+  EXPECT_EQ(t["parallelism"]["context_parallel_rotate_method"], "allgather");
+  EXPECT_FALSE(t["parallelism"].contains("context_parallel_load_balancer"));
+  EXPECT_EQ(t["parallelism"]["fsdp_reshard_after_forward"], "never");
+  EXPECT_EQ(t["activation_checkpoint"]["mode"], "selective");
+  EXPECT_EQ(t["training"]["enable_cpu_offload"], true);
+  EXPECT_FALSE(t.contains("model"));  // no llama3 flavor has Qwen3's shape
+  const std::string notes = joined(e.notes);
+  EXPECT_THAT(notes, HasSubstr("parameters, gradients and optimizer states"));
+  EXPECT_THAT(notes, HasSubstr("contiguous"));
+}
+
+TEST_F(EmitTest, TorchTitanRefusesUlyssesFamilyNamingOtherLaunchers) {
+  expect_refusal(LauncherFormat::kTorchTitan, default_inputs(CpMethod::kUlysses), "deepspeed",
+                 "TorchTitan cannot run ulysses");
+  expect_refusal(LauncherFormat::kTorchTitan, default_inputs(CpMethod::kUPipe), "untied-ulysses",
+                 "TorchTitan cannot run upipe");
+  expect_refusal(LauncherFormat::kTorchTitan, default_inputs(CpMethod::kUsp), "untied-ulysses",
+                 "TorchTitan cannot run usp");
+  expect_refusal(LauncherFormat::kTorchTitan, default_inputs(CpMethod::kFpdt), "deepspeed",
+                 "TorchTitan cannot run fpdt");
+}
+
+TEST_F(EmitTest, TorchTitanNeedsSeqDivisibleByTwiceCp) {
+  sim::ScheduleInputs in = inputs(CpMethod::kRing, 8, 8, 8, 8 * 32769);  // divisible by 8, not 16
+  in.parallel.ring_layout = models::RingLayout::kContiguous;
+  expect_refusal(LauncherFormat::kTorchTitan, in, "2 x CP = 16");
+}
+
+// ---- UPipe reference code (Untied-Ulysses fork) -------------------------------------------------
+
+TEST_F(EmitTest, UntiedUlyssesUPipe) {
+  const EmittedConfig e =
+      emit_launcher_config(LauncherFormat::kUntiedUlysses, default_inputs(CpMethod::kUPipe));
+  EXPECT_EQ(e.suggested_filename, "cpsim_untied-ulysses.sh");
+  EXPECT_THAT(e.text, StartsWith("# generated by cpsim"));
+  json env;
+  const Flags f = shell_flags(e.text, "UNTIED_ULYSSES_ARGS", &env);
+  EXPECT_EQ(value(f, "--parallelism.context_parallel_ulysses_degree"), "8");
+  EXPECT_EQ(value(f, "--parallelism.context_parallel_degree"), "1");
+  EXPECT_EQ(value(f, "--model.attn_impl"), "upipe_fa3_offload_tiled_mlp");
+  EXPECT_EQ(value(f, "--model.ring_comm_heads"), "gqa_kv");
+  EXPECT_EQ(value(f, "--model.flavor"), "8B");
+  EXPECT_EQ(value(f, "--activation_checkpoint.mode"), "full");
+  EXPECT_EQ(value(f, "--training.seq_len"), "262144");
+  EXPECT_EQ(value(f, "--training.batch_size"), "1");
+  EXPECT_EQ(f.count("--training.enable_cpu_offload"), 0U);
+  EXPECT_EQ(f.count("--parallelism.context_parallel_rotate_method"), 0U);
+  EXPECT_EQ(env["PYTORCH_CUDA_ALLOC_CONF"], "expandable_segments:True");
+  EXPECT_EQ(env["INP_PIN_MEMORY"], "");  // only above 4M tokens
+}
+
+TEST_F(EmitTest, UntiedUlyssesLongSequenceTurnsInputPinningOff) {
+  sim::ScheduleInputs in = inputs(CpMethod::kUPipe, 8, 8, 1, 8 * kM);
+  in.recipe.attention_kernel = "fa2";
+  in.recipe.tiled_mlp = false;
+  in.recipe.tiled_norm = false;
+  in.recipe.checkpoint_offload = false;
+  in.recipe.optimizer_offload = true;
+  json env;
+  const Flags f = shell_flags(emit_launcher_config(LauncherFormat::kUntiedUlysses, in).text,
+                              "UNTIED_ULYSSES_ARGS", &env);
+  EXPECT_EQ(value(f, "--model.attn_impl"), "upipe_fa2");
+  EXPECT_EQ(value(f, "--training.seq_len"), "8388608");
+  EXPECT_EQ(f.count("--training.enable_cpu_offload"), 1U);
+  EXPECT_EQ(env["INP_PIN_MEMORY"], "False");
+}
+
+TEST_F(EmitTest, UntiedUlyssesUspUlyssesAndRing) {
+  {
+    const Flags f = shell_flags(
+        emit_launcher_config(LauncherFormat::kUntiedUlysses, default_inputs(CpMethod::kUsp)).text,
+        "UNTIED_ULYSSES_ARGS");
+    EXPECT_EQ(value(f, "--parallelism.context_parallel_ulysses_degree"), "8");
+    EXPECT_EQ(value(f, "--parallelism.context_parallel_degree"), "2");
+    EXPECT_EQ(value(f, "--model.attn_impl"), "usp_fa3_offload_tiled_mlp");
+    EXPECT_EQ(value(f, "--model.flavor"), "8B");
+  }
+  {
+    // Qwen3-32B runs as the fork's llama3 "32B" flavor (its shape as a Llama block).
+    const EmittedConfig e = emit_launcher_config(
+        LauncherFormat::kUntiedUlysses, inputs(CpMethod::kUsp, 16, 16, 2, 512 * kK, "qwen3-32b"));
+    const Flags f = shell_flags(e.text, "UNTIED_ULYSSES_ARGS");
+    EXPECT_EQ(value(f, "--model.name"), "llama3");
+    EXPECT_EQ(value(f, "--model.flavor"), "32B");
+    EXPECT_THAT(joined(e.notes), HasSubstr("q/k RMSNorm"));
+  }
+  {
+    const Flags f = shell_flags(
+        emit_launcher_config(LauncherFormat::kUntiedUlysses, default_inputs(CpMethod::kUlysses))
+            .text,
+        "UNTIED_ULYSSES_ARGS");
+    EXPECT_EQ(value(f, "--parallelism.context_parallel_ulysses_degree"), "8");
+    EXPECT_EQ(value(f, "--parallelism.context_parallel_degree"), "1");
+    EXPECT_EQ(value(f, "--model.attn_impl"), "usp_fa3_offload_tiled_mlp");
+  }
+  {
+    const Flags f = shell_flags(
+        emit_launcher_config(LauncherFormat::kUntiedUlysses, default_inputs(CpMethod::kRing)).text,
+        "UNTIED_ULYSSES_ARGS");
+    EXPECT_EQ(value(f, "--parallelism.context_parallel_ulysses_degree"), "1");
+    EXPECT_EQ(value(f, "--parallelism.context_parallel_degree"), "8");
+    EXPECT_EQ(value(f, "--model.attn_impl"), "usp_fa3_offload_tiled_mlp");
+  }
+  {
+    sim::ScheduleInputs in = default_inputs(CpMethod::kRing);
+    in.recipe.attention_kernel = "sdpa";
+    in.recipe.checkpointing = CheckpointMode::kNone;
+    const Flags f = shell_flags(emit_launcher_config(LauncherFormat::kUntiedUlysses, in).text,
+                                "UNTIED_ULYSSES_ARGS");
+    EXPECT_EQ(value(f, "--model.attn_impl"), "torch_ring_alltoall_tiled_mlp");
+    EXPECT_EQ(value(f, "--parallelism.context_parallel_rotate_method"), "alltoall");
+    EXPECT_EQ(value(f, "--activation_checkpoint.mode"), "none");
+  }
+}
+
+TEST_F(EmitTest, UntiedUlyssesStageSizeIsTheUlyssesDegree) {
+  sim::ScheduleInputs in = default_inputs(CpMethod::kUPipe);
+  in.parallel.heads_per_stage = 8;  // == Ulysses degree: fine
+  EXPECT_NO_THROW((void)emit_launcher_config(LauncherFormat::kUntiedUlysses, in));
+  in.parallel.heads_per_stage = 16;
+  try {
+    (void)emit_launcher_config(LauncherFormat::kUntiedUlysses, in);
+    FAIL() << "accepted U = 16 with Ulysses degree 8";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "--emit");
+    EXPECT_THAT(e.what(), HasSubstr("--heads-per-stage 16"));
+    EXPECT_THAT(e.what(), HasSubstr("Ulysses degree"));
+  }
+}
+
+TEST_F(EmitTest, UntiedUlyssesRefusesAllGatherAndFpdt) {
+  expect_refusal(LauncherFormat::kUntiedUlysses, default_inputs(CpMethod::kAllGather),
+                 "torchtitan");
+  expect_refusal(LauncherFormat::kUntiedUlysses, default_inputs(CpMethod::kFpdt), "deepspeed");
+}
+
+// ---- DeepSpeed ----------------------------------------------------------------------------------
+
+TEST_F(EmitTest, DeepSpeedUlysses) {
+  const EmittedConfig e =
+      emit_launcher_config(LauncherFormat::kDeepSpeed, default_inputs(CpMethod::kUlysses));
+  EXPECT_EQ(e.suggested_filename, "cpsim_deepspeed.json");
+  ASSERT_FALSE(e.notes.empty());
+  EXPECT_THAT(e.notes[0], StartsWith("generated by cpsim"));
+  const json j = parse_json(e.text);
+  EXPECT_EQ(j["train_micro_batch_size_per_gpu"], 1);
+  EXPECT_EQ(j["bf16"]["enabled"], true);
+  EXPECT_EQ(j["zero_optimization"]["stage"], 3);
+  EXPECT_FALSE(j["zero_optimization"].contains("offload_optimizer"));
+  EXPECT_EQ(j["sequence_parallel_size"], 8);
+  EXPECT_EQ(j["seq_parallel_communication_data_type"], "bf16");
+  EXPECT_EQ(j["activation_checkpointing"]["cpu_checkpointing"], true);
+  for (const auto& n : e.notes) {
+    EXPECT_THAT(n, ::testing::Not(StartsWith("Megatron-DeepSpeed flags: ")));
+  }
+}
+
+TEST_F(EmitTest, DeepSpeedOffloadAndFp32Communication) {
+  sim::ScheduleInputs in = default_inputs(CpMethod::kUlysses);
+  in.recipe.optimizer_offload = true;
+  in.recipe.cp_comm_bytes = 4;
+  in.recipe.checkpoint_offload = false;
+  const json j = parse_json(emit_launcher_config(LauncherFormat::kDeepSpeed, in).text);
+  EXPECT_EQ(j["zero_optimization"]["offload_optimizer"]["device"], "cpu");
+  EXPECT_EQ(j["seq_parallel_communication_data_type"], "fp32");
+  EXPECT_EQ(j["activation_checkpointing"]["cpu_checkpointing"], false);
+
+  in.recipe.zero_stage = 0;  // no ZeRO, no optimizer offload
+  expect_refusal(LauncherFormat::kDeepSpeed, in, "--zero");
+}
+
+TEST_F(EmitTest, DeepSpeedFpdtCarriesMegatronDeepSpeedFlags) {
+  sim::ScheduleInputs in = default_inputs(CpMethod::kFpdt);
+  in.parallel.fpdt_chunk = 32 * kK;
+  const EmittedConfig e = emit_launcher_config(LauncherFormat::kDeepSpeed, in);
+  const json j = parse_json(e.text);
+  EXPECT_EQ(j["sequence_parallel_size"], 8);
+  EXPECT_EQ(j["zero_optimization"]["stage"], 3);
+  std::string line;
+  for (const auto& n : e.notes) {
+    if (n.rfind("Megatron-DeepSpeed flags: ", 0) == 0) {
+      line = n.substr(std::string("Megatron-DeepSpeed flags: ").size());
+    }
+  }
+  ASSERT_FALSE(line.empty());
+  const Flags f = flags_of(shlex_split(line));
+  EXPECT_EQ(value(f, "--ds-sequence-parallel-size"), "8");
+  EXPECT_EQ(f.count("--ds-sequence-parallel-fpdt"), 1U);
+  EXPECT_EQ(value(f, "--ds-sequence-parallel-fpdt-chunk-size"), "32768");
+  EXPECT_EQ(f.count("--ds-sequence-parallel-fpdt-offloading"), 1U);
+  EXPECT_EQ(f.count("--checkpoint-activations"), 1U);
+  EXPECT_EQ(f.count("--deepspeed-activation-checkpointing"), 1U);
+  EXPECT_EQ(f.count("--checkpoint-in-cpu"), 1U);
+  EXPECT_EQ(value(f, "--zero-stage"), "3");
+  EXPECT_EQ(value(f, "--seq-length"), "262144");
+  EXPECT_EQ(value(f, "--rotary-position-embeddings-theta"), "500000");
+  EXPECT_EQ(value(f, "--num-key-value-heads"), "8");
+  EXPECT_EQ(value(f, "--kv-channels"), "128");
+  EXPECT_EQ(value(f, "--normalization"), "rmsnorm");  // lower case in Megatron-DeepSpeed
+  EXPECT_EQ(f.count("--untie-embeddings-and-output-weights"), 1U);
+  EXPECT_EQ(f.count("--use-rotary-position-embeddings"), 1U);
+  EXPECT_EQ(f.count("--use-flash-attn-v2"), 1U);
+  EXPECT_EQ(f.count("--use-flash-attn-v3"), 0U);
+  const std::string notes = joined(e.notes);
+  EXPECT_THAT(notes, HasSubstr("--use-flash-attn-v3 exists only in the UPipe authors'"));
+
+  in.parallel.fpdt_offload = false;
+  in.recipe.checkpointing = CheckpointMode::kNone;
+  const EmittedConfig plain = emit_launcher_config(LauncherFormat::kDeepSpeed, in);
+  for (const auto& n : plain.notes) {
+    if (n.rfind("Megatron-DeepSpeed flags: ", 0) == 0) {
+      const Flags g = flags_of(shlex_split(n.substr(26)));
+      EXPECT_EQ(g.count("--ds-sequence-parallel-fpdt-offloading"), 0U);
+      EXPECT_EQ(g.count("--checkpoint-activations"), 0U);
+    }
+  }
+}
+
+TEST_F(EmitTest, DeepSpeedRefusesRingFamily) {
+  expect_refusal(LauncherFormat::kDeepSpeed, default_inputs(CpMethod::kRing), "megatron");
+  expect_refusal(LauncherFormat::kDeepSpeed, default_inputs(CpMethod::kAllGather), "torchtitan");
+  expect_refusal(LauncherFormat::kDeepSpeed, default_inputs(CpMethod::kUsp), "untied-ulysses");
+  expect_refusal(LauncherFormat::kDeepSpeed, default_inputs(CpMethod::kUPipe), "untied-ulysses");
+}
+
+// ---- HF Accelerate ------------------------------------------------------------------------------
+
+TEST_F(EmitTest, AccelerateUlysses) {
+  const EmittedConfig e = emit_launcher_config(LauncherFormat::kAccelerate,
+                                               inputs(CpMethod::kUlysses, 16, 8, 1, 256 * kK));
+  EXPECT_EQ(e.suggested_filename, "cpsim_accelerate.yaml");
+  EXPECT_THAT(e.text, StartsWith("# generated by cpsim"));
+  const json y = parse_yaml(e.text);
+  EXPECT_EQ(y["distributed_type"], "DEEPSPEED");
+  EXPECT_EQ(y["deepspeed_config"]["zero_stage"], 3);
+  EXPECT_EQ(y["deepspeed_config"]["seq_parallel_communication_data_type"], "bf16");
+  EXPECT_FALSE(y["deepspeed_config"].contains("offload_optimizer_device"));
+  EXPECT_EQ(y["num_processes"], 16);
+  EXPECT_EQ(y["num_machines"], 2);
+  EXPECT_EQ(y["mixed_precision"], "bf16");
+  const json& pc = y["parallelism_config"];
+  EXPECT_EQ(pc["parallelism_config_sp_size"], 8);
+  EXPECT_EQ(pc["parallelism_config_sp_backend"], "deepspeed");
+  EXPECT_EQ(pc["parallelism_config_dp_shard_size"], 2);
+  EXPECT_EQ(pc["parallelism_config_sp_seq_length_is_variable"], true);
+  EXPECT_EQ(pc["parallelism_config_sp_attn_implementation"], "flash_attention_3");
+  EXPECT_FALSE(pc.contains("parallelism_config_cp_size"));
+  const std::string notes = joined(e.notes);
+  EXPECT_THAT(notes, HasSubstr("tiled MLP is not available"));
+  EXPECT_THAT(notes, HasSubstr("checkpoint offload to host is not available"));
+
+  sim::ScheduleInputs in = default_inputs(CpMethod::kUlysses);
+  in.recipe.optimizer_offload = true;
+  in.recipe.attention_kernel = "sdpa";
+  const json z = parse_yaml(emit_launcher_config(LauncherFormat::kAccelerate, in).text);
+  EXPECT_EQ(z["deepspeed_config"]["offload_optimizer_device"], "cpu");
+  EXPECT_EQ(z["parallelism_config"]["parallelism_config_sp_attn_implementation"], "sdpa");
+}
+
+TEST_F(EmitTest, AccelerateTorchCp) {
+  const json ring = parse_yaml(
+      emit_launcher_config(LauncherFormat::kAccelerate, default_inputs(CpMethod::kRing)).text);
+  EXPECT_EQ(ring["distributed_type"], "FSDP");
+  EXPECT_EQ(ring["fsdp_config"]["fsdp_version"], 2);
+  EXPECT_EQ(ring["fsdp_config"]["fsdp_activation_checkpointing"], true);
+  EXPECT_EQ(ring["fsdp_config"]["fsdp_reshard_after_forward"], true);
+  EXPECT_EQ(ring["fsdp_config"]["fsdp_offload_params"], false);
+  EXPECT_EQ(ring["parallelism_config"]["parallelism_config_cp_size"], 8);
+  EXPECT_EQ(ring["parallelism_config"]["parallelism_config_dp_shard_size"], 1);
+  EXPECT_EQ(ring["parallelism_config"]["parallelism_config_cp_comm_strategy"], "alltoall");
+  EXPECT_FALSE(ring["parallelism_config"].contains("parallelism_config_sp_size"));
+  EXPECT_FALSE(ring.contains("deepspeed_config"));
+
+  const EmittedConfig ag =
+      emit_launcher_config(LauncherFormat::kAccelerate, default_inputs(CpMethod::kAllGather));
+  const json a = parse_yaml(ag.text);
+  EXPECT_EQ(a["parallelism_config"]["parallelism_config_cp_comm_strategy"], "allgather");
+  EXPECT_THAT(joined(ag.notes), HasSubstr("SDPA only"));
+}
+
+TEST_F(EmitTest, AccelerateRefusals) {
+  expect_refusal(LauncherFormat::kAccelerate, default_inputs(CpMethod::kUPipe), "untied-ulysses");
+  expect_refusal(LauncherFormat::kAccelerate, default_inputs(CpMethod::kFpdt), "deepspeed");
+  expect_refusal(LauncherFormat::kAccelerate, default_inputs(CpMethod::kUsp), "megatron");
+}
+
+// ---- Megatron-LM --------------------------------------------------------------------------------
+
+TEST_F(EmitTest, MegatronRing) {
+  const EmittedConfig e =
+      emit_launcher_config(LauncherFormat::kMegatron, default_inputs(CpMethod::kRing));
+  EXPECT_EQ(e.suggested_filename, "cpsim_megatron.sh");
+  EXPECT_THAT(e.text, StartsWith("# generated by cpsim"));
+  json env;
+  const Flags f = shell_flags(e.text, "MEGATRON_ARGS", &env);
+  EXPECT_EQ(env["PYTORCH_CUDA_ALLOC_CONF"], "expandable_segments:True");
+  EXPECT_EQ(value(f, "--num-layers"), "32");
+  EXPECT_EQ(value(f, "--hidden-size"), "4096");
+  EXPECT_EQ(value(f, "--ffn-hidden-size"), "14336");
+  EXPECT_EQ(value(f, "--num-attention-heads"), "32");
+  EXPECT_EQ(f.count("--group-query-attention"), 1U);
+  EXPECT_EQ(value(f, "--num-query-groups"), "8");
+  EXPECT_EQ(value(f, "--kv-channels"), "128");
+  EXPECT_EQ(value(f, "--seq-length"), "262144");
+  EXPECT_EQ(value(f, "--max-position-embeddings"), "262144");  // raised to the sequence
+  EXPECT_EQ(value(f, "--position-embedding-type"), "rope");
+  EXPECT_EQ(value(f, "--rotary-base"), "500000");
+  EXPECT_EQ(value(f, "--normalization"), "RMSNorm");
+  EXPECT_EQ(f.count("--swiglu"), 1U);
+  EXPECT_EQ(f.count("--disable-bias-linear"), 1U);
+  EXPECT_EQ(f.count("--untie-embeddings-and-output-weights"), 1U);
+  EXPECT_EQ(f.count("--qk-layernorm"), 0U);
+  EXPECT_EQ(value(f, "--context-parallel-size"), "8");
+  EXPECT_EQ(value(f, "--cp-comm-type"), "p2p");
+  EXPECT_EQ(f.count("--hierarchical-context-parallel-sizes"), 0U);
+  EXPECT_EQ(value(f, "--recompute-granularity"), "full");
+  EXPECT_EQ(value(f, "--recompute-method"), "uniform");
+  EXPECT_EQ(value(f, "--recompute-num-layers"), "1");
+  EXPECT_EQ(f.count("--bf16"), 1U);
+  EXPECT_EQ(f.count("--use-distributed-optimizer"), 1U);
+  EXPECT_EQ(value(f, "--attention-backend"), "flash");
+}
+
+TEST_F(EmitTest, MegatronCommTypes) {
+  {
+    const Flags f = shell_flags(
+        emit_launcher_config(LauncherFormat::kMegatron, default_inputs(CpMethod::kAllGather)).text,
+        "MEGATRON_ARGS");
+    EXPECT_EQ(value(f, "--cp-comm-type"), "all_gather");  // not "allgather": TE rejects that
+  }
+  {
+    const Flags f = shell_flags(
+        emit_launcher_config(LauncherFormat::kMegatron, default_inputs(CpMethod::kUlysses)).text,
+        "MEGATRON_ARGS");
+    EXPECT_EQ(value(f, "--cp-comm-type"), "a2a");
+    EXPECT_EQ(value(f, "--context-parallel-size"), "8");
+  }
+  {
+    const Flags f = shell_flags(
+        emit_launcher_config(LauncherFormat::kMegatron, default_inputs(CpMethod::kUsp)).text,
+        "MEGATRON_ARGS");
+    EXPECT_EQ(value(f, "--cp-comm-type"), "a2a+p2p");
+    EXPECT_EQ(value(f, "--context-parallel-size"), "16");
+    EXPECT_EQ(f.at("--hierarchical-context-parallel-sizes"), (std::vector<std::string>{"8", "2"}));
+  }
+}
+
+TEST_F(EmitTest, MegatronQwenSelective) {
+  sim::ScheduleInputs in = inputs(CpMethod::kRing, 8, 8, 8, 128 * kK, "qwen3-8b");
+  in.recipe.checkpointing = CheckpointMode::kSelective;
+  in.recipe.zero_stage = 0;
+  const Flags f =
+      shell_flags(emit_launcher_config(LauncherFormat::kMegatron, in).text, "MEGATRON_ARGS");
+  EXPECT_EQ(f.count("--qk-layernorm"), 1U);
+  EXPECT_EQ(value(f, "--rotary-base"), "1000000");
+  EXPECT_EQ(value(f, "--num-layers"), "36");
+  EXPECT_EQ(value(f, "--recompute-granularity"), "selective");
+  EXPECT_EQ(value(f, "--recompute-modules"), "core_attn");
+  EXPECT_EQ(f.count("--recompute-method"), 0U);
+  EXPECT_EQ(f.count("--recompute-num-layers"), 0U);
+  EXPECT_EQ(f.count("--use-distributed-optimizer"), 0U);
+}
+
+TEST_F(EmitTest, MegatronConstraints) {
+  // a2a splits KV heads: 16 ranks over Llama-3-8B's 8 KV heads cannot work in TE.
+  expect_refusal(LauncherFormat::kMegatron, inputs(CpMethod::kUlysses, 16, 16, 1, 256 * kK),
+                 "deepspeed", "8 KV heads");
+  // seq divisible by C (Ulysses) but not by 2C.
+  expect_refusal(LauncherFormat::kMegatron, inputs(CpMethod::kUlysses, 8, 8, 1, 8 * 32769),
+                 "2 x CP = 16");
+  expect_refusal(LauncherFormat::kMegatron, default_inputs(CpMethod::kUPipe), "untied-ulysses");
+  expect_refusal(LauncherFormat::kMegatron, default_inputs(CpMethod::kFpdt), "deepspeed");
+}
+
+// ---- ArcticTraining -----------------------------------------------------------------------------
+
+TEST_F(EmitTest, ArcticUlysses) {
+  sim::ScheduleInputs in = inputs(CpMethod::kUlysses, 8, 8, 1, 3 * kM);
+  in.recipe.optimizer_offload = true;
+  const EmittedConfig e = emit_launcher_config(LauncherFormat::kArctic, in);
+  EXPECT_EQ(e.suggested_filename, "cpsim_arctic.yaml");
+  EXPECT_THAT(e.text, StartsWith("# generated by cpsim"));
+  const json y = parse_yaml(e.text);
+  EXPECT_EQ(y["type"], "sft");
+  EXPECT_EQ(y["micro_batch_size"], 1);
+  EXPECT_EQ(y["sequence_parallel_size"], 8);
+  EXPECT_EQ(y["activation_checkpoint_cpu_offload"], true);
+  EXPECT_EQ(y["tiled_mlp_compute"], true);
+  EXPECT_EQ(y["model"]["type"], "liger");
+  EXPECT_EQ(y["model"]["name_or_path"], "llama3-8b");
+  EXPECT_EQ(y["model"]["attn_implementation"], "flash_attention_2");
+  EXPECT_FALSE(y["model"].contains("disable_activation_checkpoint"));
+  EXPECT_EQ(y["data"]["max_length"], 3 * kM);
+  EXPECT_EQ(y["deepspeed"]["zero_optimization"]["stage"], 3);
+  EXPECT_EQ(y["deepspeed"]["zero_optimization"]["offload_optimizer"]["device"], "cpu");
+  EXPECT_EQ(y["deepspeed"]["seq_parallel_communication_data_type"], "bf16");
+  EXPECT_EQ(y["optimizer"]["type"], "cpu_adam");
+
+  in.recipe.optimizer_offload = false;
+  in.recipe.checkpointing = CheckpointMode::kNone;
+  in.recipe.tiled_mlp = false;
+  in.recipe.attention_kernel = "sdpa";
+  const json z = parse_yaml(emit_launcher_config(LauncherFormat::kArctic, in).text);
+  EXPECT_EQ(z["activation_checkpoint_cpu_offload"], false);
+  EXPECT_EQ(z["tiled_mlp_compute"], false);
+  EXPECT_EQ(z["model"]["disable_activation_checkpoint"], true);
+  EXPECT_EQ(z["model"]["attn_implementation"], "sdpa");
+  EXPECT_FALSE(z["deepspeed"]["zero_optimization"].contains("offload_optimizer"));
+  EXPECT_FALSE(z.contains("optimizer"));
+}
+
+TEST_F(EmitTest, ArcticRefusesAllButUlysses) {
+  expect_refusal(LauncherFormat::kArctic, default_inputs(CpMethod::kRing), "torchtitan");
+  expect_refusal(LauncherFormat::kArctic, default_inputs(CpMethod::kAllGather), "megatron");
+  expect_refusal(LauncherFormat::kArctic, default_inputs(CpMethod::kUPipe), "untied-ulysses");
+  expect_refusal(LauncherFormat::kArctic, default_inputs(CpMethod::kUsp), "untied-ulysses");
+  expect_refusal(LauncherFormat::kArctic, default_inputs(CpMethod::kFpdt), "deepspeed");
+}
+
+// ---- Every format x every method ----------------------------------------------------------------
+
+/// Parses one emitted config with the parser of its format; returns false on parse failure.
+bool parses(LauncherFormat f, const EmittedConfig& e) {
+  switch (f) {
+    case LauncherFormat::kTorchTitan:
+      return parse_toml(e.text).is_object();
+    case LauncherFormat::kDeepSpeed:
+      return parse_json(e.text).is_object();
+    case LauncherFormat::kAccelerate:
+    case LauncherFormat::kArctic:
+      return parse_yaml(e.text).is_object();
+    case LauncherFormat::kUntiedUlysses:
+      return !shell_flags(e.text, "UNTIED_ULYSSES_ARGS").empty();
+    case LauncherFormat::kMegatron:
+      return !shell_flags(e.text, "MEGATRON_ARGS").empty();
+  }
+  return false;
+}
+
+TEST_F(EmitTest, EveryFormatEitherParsesOrRefusesNamingAnotherLauncher) {
+  const std::regex exponent("[0-9]e[+-]?[0-9]");
+  int emitted = 0;
+  for (const LauncherFormat f : kAllFormats) {
+    for (const CpMethod m : kAllMethods) {
+      SCOPED_TRACE(fmt::format("{} / {}", to_string(f), models::to_string(m)));
+      const sim::ScheduleInputs in = default_inputs(m);
+      try {
+        const EmittedConfig e = emit_launcher_config(f, in);
+        ++emitted;
+        EXPECT_TRUE(parses(f, e));
+        EXPECT_THAT(e.suggested_filename, StartsWith(fmt::format("cpsim_{}.", to_string(f))));
+        EXPECT_FALSE(std::regex_search(e.text, exponent)) << e.text;
+        for (const auto& n : e.notes) {
+          EXPECT_FALSE(std::regex_search(n, exponent)) << n;
+        }
+        const std::string provenance =
+            f == LauncherFormat::kDeepSpeed ? e.notes.at(0) : e.text.substr(0, e.text.find('\n'));
+        EXPECT_THAT(provenance, HasSubstr("generated by cpsim"));
+        EXPECT_THAT(provenance, HasSubstr(fmt::format("method {}", models::to_string(m))));
+        // Deterministic.
+        const EmittedConfig again = emit_launcher_config(f, in);
+        EXPECT_EQ(again.text, e.text);
+        EXPECT_EQ(again.notes, e.notes);
+      } catch (const InputError& e) {
+        EXPECT_EQ(e.field(), "--emit") << e.what();
+        const std::string msg = e.what();
+        EXPECT_THAT(msg, HasSubstr(fmt::format("cannot run {}", models::to_string(m))));
+        bool names_other = false;
+        for (const LauncherFormat g : kAllFormats) {
+          names_other = names_other || (g != f && msg.find(to_string(g)) != std::string::npos);
+        }
+        EXPECT_TRUE(names_other) << msg;
+      }
+    }
+  }
+  EXPECT_EQ(emitted, 2 + 4 + 2 + 3 + 4 + 1);  // methods per launcher (launchers.md §0)
+}
+
+TEST_F(EmitTest, InvalidConfigurationsKeepTheirOwnField) {
+  sim::ScheduleInputs in = default_inputs(CpMethod::kUlysses);
+  in.parallel.ring_degree = 2;  // Ulysses has no ring
+  try {
+    (void)emit_launcher_config(LauncherFormat::kDeepSpeed, in);
+    FAIL() << "accepted a ring degree for Ulysses";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "--ring-degree");
+  }
+  in = default_inputs(CpMethod::kRing);
+  in.parallel.seq_len = 1000;
+  try {
+    (void)emit_launcher_config(LauncherFormat::kMegatron, in);
+    FAIL() << "accepted seq 1000 for CP 8";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "--seq");
+  }
+}
+
+}  // namespace
+}  // namespace cpsim::planner
