@@ -74,6 +74,13 @@ struct PlanArgs {
 CLI::App* register_plan(CLI::App& app, PlanArgs& args);
 int run_plan(const PlanArgs& args);
 
+struct ValidateArgs {
+  std::string only;
+  bool json = false;
+};
+CLI::App* register_validate(CLI::App& app, ValidateArgs& args);
+int run_validate(const ValidateArgs& args);
+
 struct CatalogArgs {
   bool json = false;
   std::string name;  // hardware: show one profile in full

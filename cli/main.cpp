@@ -29,6 +29,8 @@ int main(int argc, char** argv) {
   CLI::App* maxlen = cpsim::cli::register_maxlen(app, maxlen_args);
   cpsim::cli::PlanArgs plan_args;
   CLI::App* plan = cpsim::cli::register_plan(app, plan_args);
+  cpsim::cli::ValidateArgs validate_args;
+  CLI::App* validate = cpsim::cli::register_validate(app, validate_args);
   CLI::App* models = cpsim::cli::register_models(app, models_args);
   CLI::App* hardware = cpsim::cli::register_hardware(app, hardware_args);
 
@@ -53,6 +55,9 @@ int main(int argc, char** argv) {
     }
     if (plan->parsed()) {
       return cpsim::cli::run_plan(plan_args);
+    }
+    if (validate->parsed()) {
+      return cpsim::cli::run_validate(validate_args);
     }
     if (models->parsed()) {
       return cpsim::cli::run_models(models_args);

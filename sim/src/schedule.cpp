@@ -240,7 +240,8 @@ AttentionBuffers attention_buffers(const ScheduleInputs& in, const HeadLayout& L
 //   ZeRO-3  ⌈P/G⌉·(p' + m + g + o)              + parameters sharded, gathered per block;
 //           p' = p with a persistent compute copy (DeepSpeed), 0 for FSDP2 (the fp32 shard is
 //           the master and is cast when gathered). FSDP2 bf16/fp32 gives 4 + 4 + 8 = 16 bytes.
-// With optimizer offload, m and o live in pinned host memory (plus an fp32 gradient copy there).
+// With optimizer offload, m and o live in pinned host memory with an fp32 gradient copy, and from
+// ZeRO-2 on the GPU keeps no gradient partition (it is streamed to host as it is reduced).
 ModelStates model_states(const ScheduleInputs& in) {
   const auto& r = in.recipe;
   const std::int64_t total = models::count_parameters(in.model).total;
@@ -249,6 +250,9 @@ ModelStates model_states(const ScheduleInputs& in) {
   const std::int64_t p = r.param_bytes, m = r.master_param_bytes, g = r.grad_bytes,
                      o = r.optimizer_state_bytes;
   const std::int64_t mo_gpu = r.optimizer_offload ? 0 : (m + o);
+  // With optimizer offload the gradient partitions also go to host as they are reduced (ZeRO-Offload,
+  // FSDP CPU offload) from ZeRO-2 on; ZeRO-0/1 keep full gradients on the GPU.
+  const std::int64_t g_sharded = r.optimizer_offload ? 0 : g;
   ModelStates s;
   switch (r.zero_stage) {
     case 0:
@@ -258,10 +262,10 @@ ModelStates model_states(const ScheduleInputs& in) {
       s.gpu_bytes = total * (p + g) + shard * mo_gpu;
       break;
     case 2:
-      s.gpu_bytes = total * p + shard * (g + mo_gpu);
+      s.gpu_bytes = total * p + shard * (g_sharded + mo_gpu);
       break;
     default:
-      s.gpu_bytes = shard * ((r.persistent_compute_params ? p : 0) + g + mo_gpu);
+      s.gpu_bytes = shard * ((r.persistent_compute_params ? p : 0) + g_sharded + mo_gpu);
       break;
   }
   s.host_bytes = r.optimizer_offload ? (r.zero_stage == 0 ? total : shard) * (m + o + kFp32Bytes) : 0;

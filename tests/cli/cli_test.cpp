@@ -717,3 +717,30 @@ TEST_F(BadInputTest, PlannerErrors) {
 }
 
 }  // namespace
+
+namespace {
+
+// Validation: the cases that agree with their published values today must keep agreeing; the
+// report lists every case (skipped ones with a reason).
+TEST_F(CliTest, ValidateReportsEveryCase) {
+  const RunResult r = run({"validate", "--json"});
+  ASSERT_TRUE(r.exit_code == 0 || r.exit_code == 1) << r.err;
+  const Json j = Json::parse(r.out);
+  EXPECT_EQ(j.at("passed").get<int>() + j.at("failed").get<int>() + j.at("skipped").get<int>(),
+            static_cast<int>(j.at("cases").size()));
+  for (const Json& c : j.at("cases")) {
+    if (c.at("status") == "skipped") {
+      EXPECT_FALSE(c.at("reason").get<std::string>().empty());
+    } else {
+      EXPECT_GT(c.at("predicted").get<double>(), 0.0) << c.at("id");
+    }
+  }
+  for (const char* id : {"alst-llama8b-1xh100-maxlen", "alst-llama8b-1xh200-baseline",
+                         "alst-llama8b-1xh200-liger", "alst-llama8b-1xh200-tiled",
+                         "alst-llama8b-8xh100-liger-only", "alst-llama8b-8xh100-offload-no-tiling"}) {
+    const RunResult one = run({"validate", "--case", id});
+    EXPECT_EQ(one.exit_code, 0) << id << "\n" << one.out;
+  }
+}
+
+}  // namespace
