@@ -4,11 +4,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "commands.hpp"
-#include "common.hpp"
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
 #include "cpsim/planner/maxlen.hpp"
+
+#include "commands.hpp"
+#include "common.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -16,7 +17,8 @@ namespace {
 constexpr int kMaxLenSchemaVersion = 1;
 
 nlohmann::json binding_json(const planner::BindingConstraint& b) {
-  nlohmann::json j = {{"kind", planner::to_string(b.kind)}, {"text", b.text}, {"seq_len", b.seq_len}};
+  nlohmann::json j = {
+      {"kind", planner::to_string(b.kind)}, {"text", b.text}, {"seq_len", b.seq_len}};
   if (b.kind == planner::BindingConstraint::Kind::kGpuMemory) {
     j["rank"] = b.rank;
     j["category"] = b.category;
@@ -75,7 +77,8 @@ int run_maxlen(const MaxLenArgs& a) {
   if (!(a.memory_margin_gib >= 0.0) || a.memory_margin_gib > 1e6) {
     throw InputError("--memory-margin", "must be a non-negative number of GiB");
   }
-  opts.memory_margin_bytes = static_cast<std::int64_t>(a.memory_margin_gib * static_cast<double>(kGiB));
+  opts.memory_margin_bytes =
+      static_cast<std::int64_t>(a.memory_margin_gib * static_cast<double>(kGiB));
   const std::vector<std::string> methods = split_methods(a.config.method);
   std::vector<Outcome> outcomes;
   for (const std::string& m : methods) {
@@ -88,7 +91,8 @@ int run_maxlen(const MaxLenArgs& a) {
       o.in = resolve_inputs(cfg);
       o.res = planner::max_seq_len(o.in, opts);
     } catch (const InputError& e) {
-      if (methods.size() == 1) throw;
+      if (methods.size() == 1)
+        throw;
       o.error = e.what();
     }
     outcomes.push_back(std::move(o));
@@ -101,7 +105,8 @@ int run_maxlen(const MaxLenArgs& a) {
       std::cout << j.dump(2) << "\n";
     } else {
       nlohmann::json list = nlohmann::json::array();
-      for (const Outcome& o : outcomes) list.push_back(outcome_json(o));
+      for (const Outcome& o : outcomes)
+        list.push_back(outcome_json(o));
       std::cout << nlohmann::json{{"schema_version", kMaxLenSchemaVersion},
                                   {"command", "maxlen"},
                                   {"methods", list}}
@@ -126,12 +131,13 @@ int run_maxlen(const MaxLenArgs& a) {
     std::cout << fmt::format("  longest context      {} ({} tokens; searched in steps of {})\n",
                              format_length(r.max_seq_len), r.max_seq_len, format_length(r.step));
     std::cout << fmt::format("  binding constraint   {}\n", r.binding.text);
-    std::cout << fmt::format("  at the longest       peak {} (headroom {}), step {}, {:.1f} "
-                             "tokens/s/GPU, host {} per node\n",
-                             format_bytes(static_cast<double>(r.at_max.peak_memory_bytes)),
-                             format_bytes(static_cast<double>(r.headroom_bytes)),
-                             format_seconds(r.at_max.step_time_s), r.at_max.tokens_per_s_per_gpu,
-                             format_bytes(static_cast<double>(r.at_max.host_memory_bytes)));
+    std::cout << fmt::format(
+        "  at the longest       peak {} (headroom {}), step {}, {:.1f} "
+        "tokens/s/GPU, host {} per node\n",
+        format_bytes(static_cast<double>(r.at_max.peak_memory_bytes)),
+        format_bytes(static_cast<double>(r.headroom_bytes)), format_seconds(r.at_max.step_time_s),
+        r.at_max.tokens_per_s_per_gpu,
+        format_bytes(static_cast<double>(r.at_max.host_memory_bytes)));
     std::cout << fmt::format("  searched             {} simulations{}\n", r.evaluations,
                              r.monotone ? ", memory monotone around the limit" : "");
     for (const auto& w : r.warnings) {

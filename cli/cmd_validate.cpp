@@ -1,20 +1,20 @@
 // `cpsim validate`: predictions against published results (data/validation/*.json).
-#include <unistd.h>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "commands.hpp"
-#include "common.hpp"
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
 #include "cpsim/planner/maxlen.hpp"
+
+#include "commands.hpp"
+#include "common.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -59,32 +59,56 @@ SimulateArgs parse_setup(const nlohmann::json& s, const std::string& origin) {
     const std::string field = origin + ":setup." + key;
     const std::string text = as_text(value);
     auto integer = [&]() {
-      if (!value.is_number_integer()) throw InputError(field, "must be an integer");
+      if (!value.is_number_integer())
+        throw InputError(field, "must be an integer");
       return value.get<int>();
     };
-    if (key == "model") a.model = text;
-    else if (key == "gpus") a.gpus = integer();
-    else if (key == "gpus-per-node") a.gpus_per_node = integer();
-    else if (key == "hardware") a.hardware = text;
-    else if (key == "method") a.method = text;
-    else if (key == "seq") a.seq = text;
-    else if (key == "recipe") a.recipe = text;
-    else if (key == "heads-per-stage") a.heads_per_stage = integer();
-    else if (key == "cp-degree") a.cp_degree = integer();
-    else if (key == "ulysses-degree") a.ulysses_degree = integer();
-    else if (key == "ring-degree") a.ring_degree = integer();
-    else if (key == "ring-layout") a.ring_layout = text;
-    else if (key == "fpdt-chunk") a.fpdt_chunk = text;
-    else if (key == "fpdt-offload") a.fpdt_offload = text;
-    else if (key == "ac") a.ac = text;
-    else if (key == "ac-offload") a.ac_offload = text;
-    else if (key == "tiled-mlp") a.tiled_mlp = text;
-    else if (key == "fused-loss") a.fused_loss = text;
-    else if (key == "attention-kernel") a.attention_kernel = text;
-    else if (key == "zero") a.zero = integer();
-    else if (key == "optimizer-offload") a.optimizer_offload = text;
-    else if (key == "comm-dtype") a.comm_dtype = text;
-    else throw InputError(field, "unknown setup key (use the flags of `cpsim simulate`)");
+    if (key == "model")
+      a.model = text;
+    else if (key == "gpus")
+      a.gpus = integer();
+    else if (key == "gpus-per-node")
+      a.gpus_per_node = integer();
+    else if (key == "hardware")
+      a.hardware = text;
+    else if (key == "method")
+      a.method = text;
+    else if (key == "seq")
+      a.seq = text;
+    else if (key == "recipe")
+      a.recipe = text;
+    else if (key == "heads-per-stage")
+      a.heads_per_stage = integer();
+    else if (key == "cp-degree")
+      a.cp_degree = integer();
+    else if (key == "ulysses-degree")
+      a.ulysses_degree = integer();
+    else if (key == "ring-degree")
+      a.ring_degree = integer();
+    else if (key == "ring-layout")
+      a.ring_layout = text;
+    else if (key == "fpdt-chunk")
+      a.fpdt_chunk = text;
+    else if (key == "fpdt-offload")
+      a.fpdt_offload = text;
+    else if (key == "ac")
+      a.ac = text;
+    else if (key == "ac-offload")
+      a.ac_offload = text;
+    else if (key == "tiled-mlp")
+      a.tiled_mlp = text;
+    else if (key == "fused-loss")
+      a.fused_loss = text;
+    else if (key == "attention-kernel")
+      a.attention_kernel = text;
+    else if (key == "zero")
+      a.zero = integer();
+    else if (key == "optimizer-offload")
+      a.optimizer_offload = text;
+    else if (key == "comm-dtype")
+      a.comm_dtype = text;
+    else
+      throw InputError(field, "unknown setup key (use the flags of `cpsim simulate`)");
   }
   return a;
 }
@@ -121,17 +145,20 @@ Case parse_case(const std::filesystem::path& path) {
     c.published = need("published").get<double>();
     c.tolerance = need("tolerance").at("relative").get<double>();
     c.tolerance_why = need("tolerance").at("why").get<std::string>();
-    if (j.contains("row") && !j.at("row").is_null()) c.row = j.at("row").get<int>();
-    if (j.contains("skip")) c.skip = j.at("skip").get<std::string>();
-    if (j.contains("granularity")) c.granularity = j.at("granularity").get<std::string>();
+    if (j.contains("row") && !j.at("row").is_null())
+      c.row = j.at("row").get<int>();
+    if (j.contains("skip"))
+      c.skip = j.at("skip").get<std::string>();
+    if (j.contains("granularity"))
+      c.granularity = j.at("granularity").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     throw InputError(origin, fmt::format("wrong type: {}", e.what()));
   }
   if (!(c.published > 0.0) || !(c.tolerance > 0.0) || c.tolerance > 1.0) {
     throw InputError(origin + ":published", "published value and tolerance must be positive");
   }
-  const std::vector<std::string> quantities = {"max_seq_len", "peak_memory_bytes",
-                                               "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu"};
+  const std::vector<std::string> quantities = {
+      "max_seq_len", "peak_memory_bytes", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu"};
   if (std::find(quantities.begin(), quantities.end(), c.quantity) == quantities.end()) {
     throw InputError(origin + ":quantity", fmt::format("unknown quantity '{}'", c.quantity));
   }
@@ -158,10 +185,14 @@ Outcome run_case(const Case& c) {
   } else {
     const sim::ScheduleInputs in = resolve_inputs(a);
     const sim::StepReport r = planner::evaluate(in).report;
-    if (c.quantity == "peak_memory_bytes") o.predicted = static_cast<double>(r.peak_memory_bytes);
-    if (c.quantity == "tokens_per_s_per_gpu") o.predicted = r.tokens_per_s_per_gpu;
-    if (c.quantity == "model_tflops_per_gpu") o.predicted = r.model_tflops_per_gpu;
-    if (c.quantity == "mfu") o.predicted = r.mfu;
+    if (c.quantity == "peak_memory_bytes")
+      o.predicted = static_cast<double>(r.peak_memory_bytes);
+    if (c.quantity == "tokens_per_s_per_gpu")
+      o.predicted = r.tokens_per_s_per_gpu;
+    if (c.quantity == "model_tflops_per_gpu")
+      o.predicted = r.model_tflops_per_gpu;
+    if (c.quantity == "mfu")
+      o.predicted = r.mfu;
     o.note = fmt::format("peak at {}", r.peak_op);
   }
   o.error = o.predicted / c.published - 1.0;
@@ -170,9 +201,12 @@ Outcome run_case(const Case& c) {
 }
 
 std::string show(const std::string& quantity, double v) {
-  if (quantity == "max_seq_len") return format_length(static_cast<std::int64_t>(v));
-  if (quantity == "peak_memory_bytes") return fmt::format("{:.1f} GB", v / 1e9);
-  if (quantity == "mfu") return fmt::format("{:.1f} %", 100 * v);
+  if (quantity == "max_seq_len")
+    return format_length(static_cast<std::int64_t>(v));
+  if (quantity == "peak_memory_bytes")
+    return fmt::format("{:.1f} GB", v / 1e9);
+  if (quantity == "mfu")
+    return fmt::format("{:.1f} %", 100 * v);
   return fmt::format("{:.1f}", v);
 }
 
@@ -191,7 +225,8 @@ int run_validate(const ValidateArgs& a) {
   std::vector<std::filesystem::path> files;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    if (e.path().extension() == ".json") files.push_back(e.path());
+    if (e.path().extension() == ".json")
+      files.push_back(e.path());
   }
   if (ec || files.empty()) {
     throw InputError("validation", fmt::format("no cases found in {}", dir.string()));
@@ -201,11 +236,14 @@ int run_validate(const ValidateArgs& a) {
   const bool tty = isatty(STDERR_FILENO) != 0;
   for (std::size_t i = 0; i < files.size(); ++i) {
     const Case c = parse_case(files[i]);
-    if (!a.only.empty() && c.id != a.only) continue;
-    if (tty) std::cerr << fmt::format("\rvalidate: {}/{} {:<50}", i + 1, files.size(), c.id) << std::flush;
+    if (!a.only.empty() && c.id != a.only)
+      continue;
+    if (tty)
+      std::cerr << fmt::format("\rvalidate: {}/{} {:<50}", i + 1, files.size(), c.id) << std::flush;
     outcomes.push_back(run_case(c));
   }
-  if (tty) std::cerr << "\r" << std::string(70, ' ') << "\r" << std::flush;
+  if (tty)
+    std::cerr << "\r" << std::string(70, ' ') << "\r" << std::flush;
   if (outcomes.empty()) {
     throw InputError("--case", fmt::format("no case with id '{}'", a.only));
   }
@@ -216,9 +254,13 @@ int run_validate(const ValidateArgs& a) {
   if (a.json) {
     nlohmann::json list = nlohmann::json::array();
     for (const Outcome& o : outcomes) {
-      nlohmann::json j = {{"id", o.c.id}, {"title", o.c.title}, {"quantity", o.c.quantity},
-                          {"published", o.c.published}, {"source", o.c.source}};
-      if (o.c.row > 0) j["row"] = o.c.row;
+      nlohmann::json j = {{"id", o.c.id},
+                          {"title", o.c.title},
+                          {"quantity", o.c.quantity},
+                          {"published", o.c.published},
+                          {"source", o.c.source}};
+      if (o.c.row > 0)
+        j["row"] = o.c.row;
       if (o.skipped) {
         j["status"] = "skipped";
         j["reason"] = o.c.skip;
@@ -250,13 +292,15 @@ int run_validate(const ValidateArgs& a) {
                         fmt::format("±{:.0f} %", 100 * o.c.tolerance), o.passed ? "pass" : "FAIL"});
       }
     }
-    std::cout << format_table({"case", "published", "predicted", "error", "tolerance", "result"}, rows,
-                              {false, true, true, true, true, false});
+    std::cout << format_table({"case", "published", "predicted", "error", "tolerance", "result"},
+                              rows, {false, true, true, true, true, false});
     std::cout << "\nskipped:\n";
     for (const Outcome& o : outcomes) {
-      if (o.skipped) std::cout << fmt::format("  {}: {}\n", o.c.id, o.c.skip);
+      if (o.skipped)
+        std::cout << fmt::format("  {}: {}\n", o.c.id, o.c.skip);
     }
-    std::cout << fmt::format("\nvalidate: {} passed, {} failed, {} skipped\n", passed, failed, skipped);
+    std::cout << fmt::format("\nvalidate: {} passed, {} failed, {} skipped\n", passed, failed,
+                             skipped);
   }
   return failed == 0 ? 0 : 1;
 }

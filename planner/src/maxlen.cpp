@@ -68,14 +68,16 @@ BindingConstraint binding_of(const Probe& p, std::int64_t seq, std::int64_t marg
     b.limit_bytes = r.gpu_capacity_bytes - margin;
     std::size_t top = static_cast<std::size_t>(sim::MemCategory::kActivations);
     for (std::size_t c = top; c < sim::kMemCategoryCount; ++c) {
-      if (r.breakdown_at_peak[c] > r.breakdown_at_peak[top]) top = c;
+      if (r.breakdown_at_peak[c] > r.breakdown_at_peak[top])
+        top = c;
     }
     b.category = sim::to_string(static_cast<sim::MemCategory>(top));
-    b.text = fmt::format("GPU memory at {}: {} needed of {} on rank {}, at {}; largest "
-                         "sequence-dependent category {} ({})",
-                         format_length(seq), format_bytes(static_cast<double>(b.used_bytes)),
-                         format_bytes(static_cast<double>(b.limit_bytes)), b.rank, b.op, b.category,
-                         format_bytes(static_cast<double>(r.breakdown_at_peak[top])));
+    b.text = fmt::format(
+        "GPU memory at {}: {} needed of {} on rank {}, at {}; largest "
+        "sequence-dependent category {} ({})",
+        format_length(seq), format_bytes(static_cast<double>(b.used_bytes)),
+        format_bytes(static_cast<double>(b.limit_bytes)), b.rank, b.op, b.category,
+        format_bytes(static_cast<double>(r.breakdown_at_peak[top])));
   } else {
     b.kind = BindingConstraint::Kind::kHostMemory;
     b.used_bytes = r.host_memory_bytes;
@@ -96,8 +98,8 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
   MaxLenResult res;
   res.step = std::lcm(options.granularity, required_multiple(base));
   if (res.step > options.max_tokens) {
-    throw InputError("--granularity", fmt::format("a step of {} tokens exceeds the search ceiling",
-                                                  res.step));
+    throw InputError("--granularity",
+                     fmt::format("a step of {} tokens exceeds the search ceiling", res.step));
   }
   // Anything other than the length must be valid: check once at the smallest length.
   {
@@ -169,16 +171,16 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
   }
   if (lo >= 2 && !probe(lo - 1).fits) {
     res.monotone = false;
-    res.warnings.push_back(fmt::format("memory is not monotone in the length: {} fits but {} does not",
-                                       format_length(lo * res.step),
-                                       format_length((lo - 1) * res.step)));
+    res.warnings.push_back(
+        fmt::format("memory is not monotone in the length: {} fits but {} does not",
+                    format_length(lo * res.step), format_length((lo - 1) * res.step)));
   }
   res.max_seq_len = lo * res.step;
   if (hi > k_max) {
     res.binding.kind = BindingConstraint::Kind::kLengthLimit;
     res.binding.seq_len = (k_max + 1) * res.step;
-    res.binding.text = fmt::format("search ceiling of {} tokens reached",
-                                   format_length(options.max_tokens));
+    res.binding.text =
+        fmt::format("search ceiling of {} tokens reached", format_length(options.max_tokens));
   } else {
     res.binding = binding_of(probe(hi), hi * res.step, options.memory_margin_bytes);
   }

@@ -7,10 +7,10 @@
 // offloading, every chunk's K/V goes to pinned host memory as soon as it is made and comes back
 // for the later chunks through two GPU buffers (double buffering); the chunks saved for backward
 // (Q, output + LSE, dOut) are offloaded too and dQ accumulates in pinned fp32 host buffers.
-// Backward: K/V chunks outer, query chunks inner (i ≥ j): the query chunk's Q, output, dOut, LSE and
-// fp32 dQ come from host, attention backward adds into the GPU's fp32 dK/dV of chunk j, dQ goes back
-// to host. dK/dV of chunk j are complete after its inner loop, dQ of chunk j after outer iteration
-// j: both are then sent back (all-to-all) into the projection backward.
+// Backward: K/V chunks outer, query chunks inner (i ≥ j): the query chunk's Q, output, dOut, LSE
+// and fp32 dQ come from host, attention backward adds into the GPU's fp32 dK/dV of chunk j, dQ goes
+// back to host. dK/dV of chunk j are complete after its inner loop, dQ of chunk j after outer
+// iteration j: both are then sent back (all-to-all) into the projection backward.
 //
 // Granularity: the blocks of one inner loop share one shape, so each inner loop is simulated as
 // one fetch of its first block, one fetch of the rest (on the copy stream, sharing PCIe with the
@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "cpsim/models/units.hpp"
+
 #include "step_builder.hpp"
 
 namespace cpsim::sim::detail {
@@ -93,9 +94,10 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
       } else {
         ins.insert(ins.end(), kv_store.begin(), kv_store.begin() + i);
       }
-      const OpSet prev = compute(fmt::format("attn_fwd[k0..{}]{}", i - 1, tag), OpKind::kAttentionFwd,
-                                 times(full_block, static_cast<double>(i)), ins, {acc}, {},
-                                 chunk * hq * d * ab_ + lse_bytes, MemCategory::kAttention);
+      const OpSet prev =
+          compute(fmt::format("attn_fwd[k0..{}]{}", i - 1, tag), OpKind::kAttentionFwd,
+                  times(full_block, static_cast<double>(i)), ins, {acc}, {},
+                  chunk * hq * d * ab_ + lse_bytes, MemCategory::kAttention);
       join = compute("fetch_join" + tag, OpKind::kElementwise, {0.0, 0.0}, {rest}, {},
                      {prev, fetch_rest});
     }
@@ -227,8 +229,8 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
         r.time_s = cost_.host_copy_s(r.transfer_bytes, true);
         r.inputs.clear();
         for (std::int64_t i = j + 1; i < nc; ++i) {
-          r.inputs.insert(r.inputs.end(),
-                          {at(sv.chunk_q, i), at(sv.chunk_o, i), dout[static_cast<std::size_t>(i)]});
+          r.inputs.insert(r.inputs.end(), {at(sv.chunk_q, i), at(sv.chunk_o, i),
+                                           dout[static_cast<std::size_t>(i)]});
         }
         r.outputs = {rest};
         r.deps = {load_first};
@@ -241,9 +243,9 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
       }
     }
     const KernelCost k = plus(diag_block, times(full_block, static_cast<double>(pairs - 1)));
-    const OpSet bwd = compute(fmt::format("attn_bwd[q{}..{}]{}", j, nc - 1, ktag),
-                              OpKind::kAttentionBwd, k, ins, {dkv_acc, dq_block}, {}, ws,
-                              MemCategory::kAttention);
+    const OpSet bwd =
+        compute(fmt::format("attn_bwd[q{}..{}]{}", j, nc - 1, ktag), OpKind::kAttentionBwd, k, ins,
+                {dkv_acc, dq_block}, {}, ws, MemCategory::kAttention);
     if (offload) {
       // dQ of each inner step goes back to its pinned buffer while the next step computes.
       OpSpec back;
@@ -270,8 +272,8 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
       compute("dq_slice" + ktag, OpKind::kElementwise, mem(2 * dq_bytes), {dq_all}, {dq_j}, {join});
     }
     TensorSet dq_h = b_.tensor("dq_h" + ktag, q_h_bytes, MemCategory::kAttention);
-    compute("dq_cast" + ktag, OpKind::kElementwise, mem(chunk * hq * d * (kFp32Bytes + ab_)), {dq_j},
-            {dq_h});
+    compute("dq_cast" + ktag, OpKind::kElementwise, mem(chunk * hq * d * (kFp32Bytes + ab_)),
+            {dq_j}, {dq_h});
     TensorSet dqs = exchange("a2a_dq" + ktag, dq_h, q_local_bytes, MemCategory::kAttention);
     TensorSet dq_r = b_.tensor("dq_rope" + ktag, q_local_bytes, MemCategory::kAttention);
     TensorSet dkv_r = b_.tensor("dkv_rope" + ktag, kv_local_bytes, MemCategory::kAttention);

@@ -250,8 +250,8 @@ ModelStates model_states(const ScheduleInputs& in) {
   const std::int64_t p = r.param_bytes, m = r.master_param_bytes, g = r.grad_bytes,
                      o = r.optimizer_state_bytes;
   const std::int64_t mo_gpu = r.optimizer_offload ? 0 : (m + o);
-  // With optimizer offload the gradient partitions also go to host as they are reduced (ZeRO-Offload,
-  // FSDP CPU offload) from ZeRO-2 on; ZeRO-0/1 keep full gradients on the GPU.
+  // With optimizer offload the gradient partitions also go to host as they are reduced
+  // (ZeRO-Offload, FSDP CPU offload) from ZeRO-2 on; ZeRO-0/1 keep full gradients on the GPU.
   const std::int64_t g_sharded = r.optimizer_offload ? 0 : g;
   ModelStates s;
   switch (r.zero_stage) {
@@ -268,7 +268,8 @@ ModelStates model_states(const ScheduleInputs& in) {
       s.gpu_bytes = shard * ((r.persistent_compute_params ? p : 0) + g_sharded + mo_gpu);
       break;
   }
-  s.host_bytes = r.optimizer_offload ? (r.zero_stage == 0 ? total : shard) * (m + o + kFp32Bytes) : 0;
+  s.host_bytes =
+      r.optimizer_offload ? (r.zero_stage == 0 ? total : shard) * (m + o + kFp32Bytes) : 0;
   return s;
 }
 

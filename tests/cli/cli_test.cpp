@@ -735,9 +735,10 @@ TEST_F(CliTest, ValidateReportsEveryCase) {
       EXPECT_GT(c.at("predicted").get<double>(), 0.0) << c.at("id");
     }
   }
-  for (const char* id : {"alst-llama8b-1xh100-maxlen", "alst-llama8b-1xh200-baseline",
-                         "alst-llama8b-1xh200-liger", "alst-llama8b-1xh200-tiled",
-                         "alst-llama8b-8xh100-liger-only", "alst-llama8b-8xh100-offload-no-tiling"}) {
+  for (const char* id :
+       {"alst-llama8b-1xh100-maxlen", "alst-llama8b-1xh200-baseline", "alst-llama8b-1xh200-liger",
+        "alst-llama8b-1xh200-tiled", "alst-llama8b-8xh100-liger-only",
+        "alst-llama8b-8xh100-offload-no-tiling"}) {
     const RunResult one = run({"validate", "--case", id});
     EXPECT_EQ(one.exit_code, 0) << id << "\n" << one.out;
   }

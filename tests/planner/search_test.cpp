@@ -1,12 +1,13 @@
 // maxlen against a brute-force scan, the binding constraint one step above, the plan against
 // exhaustive simulation, and the memory lower bound against the simulator — on small models and
 // a small GPU so that brute force is cheap.
+#include "cpsim/planner/search.hpp"
+
 #include <gtest/gtest.h>
 
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/io.hpp"
 #include "cpsim/planner/maxlen.hpp"
-#include "cpsim/planner/search.hpp"
 
 namespace cpsim::planner {
 namespace {
@@ -35,8 +36,7 @@ sim::ScheduleInputs small(CpMethod method, int gpus) {
   in.parallel.gpus = gpus;
   in.parallel.gpus_per_node = 8;
   in.parallel.cp_degree = gpus;
-  in.parallel.ring_degree =
-      method == CpMethod::kRing || method == CpMethod::kAllGather ? gpus : 1;
+  in.parallel.ring_degree = method == CpMethod::kRing || method == CpMethod::kAllGather ? gpus : 1;
   in.parallel.fpdt_chunk = 16 * 1024;
   in.parallel.seq_len = 16 * 1024;
   return in;
@@ -52,7 +52,8 @@ TEST(MaxLen, MatchesBruteForceForEveryMethod) {
                            CpMethod::kAllGather, CpMethod::kFpdt, CpMethod::kUsp}) {
     SCOPED_TRACE(models::to_string(m));
     sim::ScheduleInputs in = small(m, 4);
-    if (m == CpMethod::kUsp) in.parallel.ring_degree = 2;
+    if (m == CpMethod::kUsp)
+      in.parallel.ring_degree = 2;
     MaxLenOptions o;
     o.granularity = 16 * 1024;
     const MaxLenResult r = max_seq_len(in, o);
@@ -60,7 +61,8 @@ TEST(MaxLen, MatchesBruteForceForEveryMethod) {
     // Brute force: every multiple of the step up to twice the answer.
     std::int64_t brute = 0;
     for (std::int64_t n = r.step; n <= 2 * r.max_seq_len + r.step; n += r.step) {
-      if (fits_at(in, n)) brute = n;
+      if (fits_at(in, n))
+        brute = n;
     }
     EXPECT_EQ(r.max_seq_len, brute);
     EXPECT_TRUE(r.monotone);
@@ -101,7 +103,8 @@ TEST(MaxLen, MarginAndRequiredMultiple) {
 }
 
 TEST(LowerBound, NeverAboveTheSimulatedPeak) {
-  for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kUPipe, CpMethod::kRing, CpMethod::kFpdt}) {
+  for (const CpMethod m :
+       {CpMethod::kUlysses, CpMethod::kUPipe, CpMethod::kRing, CpMethod::kFpdt}) {
     for (const auto ac : {models::CheckpointMode::kNone, models::CheckpointMode::kSelective,
                           models::CheckpointMode::kFull}) {
       for (const bool offload : {false, true}) {

@@ -336,7 +336,7 @@ TEST(Graph, EveryMethodIsAcyclic) {
       ScheduleInputs in = inputs(m, "qwen3-4b", gpus, 256 * kK);
       in.parallel.ring_degree = m == CpMethod::kRing || m == CpMethod::kAllGather ? gpus
                                 : (m == CpMethod::kUsp || m == CpMethod::kUPipe) && gpus == 16 ? 2
-                                                                                                : 1;
+                                                                                               : 1;
       SCOPED_TRACE(std::string(models::to_string(m)) + " gpus " + std::to_string(gpus));
       EXPECT_NO_THROW(planner::evaluate(in, {.all_ranks = true, .verify_graph = true}));
     }

@@ -14,27 +14,27 @@ namespace cpsim::planner {
 struct BindingConstraint {
   enum class Kind { kNone, kGpuMemory, kHostMemory, kLengthLimit, kDivisibility };
   Kind kind = Kind::kNone;
-  std::string text;             ///< one line for humans
-  std::int64_t seq_len = 0;     ///< the length that failed
-  int rank = 0;                 ///< GPU memory: the rank at the peak
-  std::string category;         ///< GPU memory: largest sequence-dependent category at the peak
-  std::string op;               ///< GPU memory: the op at the peak
-  std::int64_t used_bytes = 0;  ///< peak (GPU) or per-node host bytes
-  std::int64_t limit_bytes = 0; ///< capacity minus margin
+  std::string text;              ///< one line for humans
+  std::int64_t seq_len = 0;      ///< the length that failed
+  int rank = 0;                  ///< GPU memory: the rank at the peak
+  std::string category;          ///< GPU memory: largest sequence-dependent category at the peak
+  std::string op;                ///< GPU memory: the op at the peak
+  std::int64_t used_bytes = 0;   ///< peak (GPU) or per-node host bytes
+  std::int64_t limit_bytes = 0;  ///< capacity minus margin
 };
 const char* to_string(BindingConstraint::Kind k);
 
 struct MaxLenOptions {
-  std::int64_t granularity = 64 * 1024;  ///< tokens
-  std::int64_t memory_margin_bytes = 0;  ///< kept free on every GPU
+  std::int64_t granularity = 64 * 1024;             ///< tokens
+  std::int64_t memory_margin_bytes = 0;             ///< kept free on every GPU
   std::int64_t max_tokens = std::int64_t{1} << 30;  ///< search ceiling
 };
 
 struct MaxLenResult {
-  std::int64_t max_seq_len = 0;  ///< 0 when not even one step fits
-  std::int64_t step = 0;         ///< granularity combined with what the method requires
-  sim::StepReport at_max;        ///< the step at max_seq_len (when > 0)
-  BindingConstraint binding;     ///< why max_seq_len + step does not fit
+  std::int64_t max_seq_len = 0;     ///< 0 when not even one step fits
+  std::int64_t step = 0;            ///< granularity combined with what the method requires
+  sim::StepReport at_max;           ///< the step at max_seq_len (when > 0)
+  BindingConstraint binding;        ///< why max_seq_len + step does not fit
   std::int64_t headroom_bytes = 0;  ///< GPU capacity − margin − peak at max_seq_len
   int evaluations = 0;
   bool monotone = true;
