@@ -81,6 +81,43 @@ struct ValidateArgs {
 CLI::App* register_validate(CLI::App& app, ValidateArgs& args);
 int run_validate(const ValidateArgs& args);
 
+/// `cpsim sweep` and `cpsim report`: every method over a range of lengths.
+struct ReportArgs {
+  SimulateArgs config;
+  std::string methods = "all";
+  std::string seq;               // one length instead of a sweep
+  std::string sweep;             // LO..HI, powers of two between; empty = 128K..8M without --seq
+  std::string format = "table";  // sweep: table | csv | json
+  std::string html;              // report: the file to write
+  std::string detail_method;     // report: method of the memory and timeline charts
+  std::string detail_seq;        // report: length of those charts
+};
+CLI::App* register_sweep(CLI::App& app, ReportArgs& args);
+int run_sweep(const ReportArgs& args);
+CLI::App* register_report(CLI::App& app, ReportArgs& args);
+int run_report(const ReportArgs& args);
+
+/// `cpsim calibrate run` and `cpsim calibrate fit` (docs/CALIBRATION.md).
+struct CalibrateArgs {
+  CLI::App* run_command = nullptr;
+  CLI::App* fit_command = nullptr;
+  std::vector<std::string> argv;  // the whole command line, recorded in the raw file
+  // run
+  std::string out;
+  bool quick = false;
+  int gpus = 0;  // 0 = all visible
+  std::string max_seq;
+  // fit
+  std::string raw;
+  std::string fit_out;
+  std::string base = "h100-sxm-80g";
+  double max_mape = 0.15;
+  bool force = false;
+  std::string name;
+};
+CLI::App* register_calibrate(CLI::App& app, CalibrateArgs& args);
+int run_calibrate(const CalibrateArgs& args);
+
 struct CatalogArgs {
   bool json = false;
   std::string name;  // hardware: show one profile in full

@@ -31,6 +31,12 @@ int main(int argc, char** argv) {
   CLI::App* plan = cpsim::cli::register_plan(app, plan_args);
   cpsim::cli::ValidateArgs validate_args;
   CLI::App* validate = cpsim::cli::register_validate(app, validate_args);
+  cpsim::cli::ReportArgs sweep_args, report_args;
+  CLI::App* sweep = cpsim::cli::register_sweep(app, sweep_args);
+  CLI::App* report = cpsim::cli::register_report(app, report_args);
+  cpsim::cli::CalibrateArgs calibrate_args;
+  calibrate_args.argv.assign(argv, argv + argc);
+  CLI::App* calibrate = cpsim::cli::register_calibrate(app, calibrate_args);
   CLI::App* models = cpsim::cli::register_models(app, models_args);
   CLI::App* hardware = cpsim::cli::register_hardware(app, hardware_args);
 
@@ -58,6 +64,15 @@ int main(int argc, char** argv) {
     }
     if (validate->parsed()) {
       return cpsim::cli::run_validate(validate_args);
+    }
+    if (sweep->parsed()) {
+      return cpsim::cli::run_sweep(sweep_args);
+    }
+    if (report->parsed()) {
+      return cpsim::cli::run_report(report_args);
+    }
+    if (calibrate->parsed()) {
+      return cpsim::cli::run_calibrate(calibrate_args);
     }
     if (models->parsed()) {
       return cpsim::cli::run_models(models_args);

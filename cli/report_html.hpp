@@ -26,7 +26,7 @@ struct MethodSweep {
   std::string method;  ///< ulysses, upipe, ring, allgather, fpdt, usp
   std::string error;   ///< non-empty: the method cannot run this configuration at any length
   sim::ScheduleInputs inputs;
-  std::string degrees;  ///< "Ulysses 8, U=8 (4 stages)"
+  std::string degrees;             ///< "Ulysses 8, U=8 (4 stages)"
   std::vector<SweepPoint> points;  ///< one per length of the sweep, in order
   bool has_max = false;            ///< max context searched
   std::string max_error;           ///< the search could not run (the reason)
@@ -42,9 +42,8 @@ struct StepDetail {
 
 struct ReportPage {
   std::string title;
-  std::string version;                                     ///< "cpsim 0.1.0"
-  std::vector<std::pair<std::string, std::string>> setup;  ///< rows of the setup table
-  std::vector<std::int64_t> lengths;                       ///< swept lengths, increasing
+  std::string version;                ///< "cpsim 0.1.0"
+  std::vector<std::int64_t> lengths;  ///< swept lengths, increasing
   std::vector<MethodSweep> methods;
   std::int64_t max_granularity = 0;  ///< length step of the max-context search
   std::optional<StepDetail> detail;  ///< absent when no method runs at any length

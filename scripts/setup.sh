@@ -6,7 +6,8 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libboost-graph-dev libeigen3-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  clang-format python3 python3-yaml
+  clang-format python3 python3-yaml clang libclang-rt-14-dev
+  chromium fonts-dejavu-core  # headless rendering of `cpsim report` pages in the tests
 )
 
 missing=()

@@ -75,36 +75,43 @@ std::vector<double> StepBuilder::ring_step_times(int step,
                                                  double* flops) const {
   const std::int64_t d = m_.head_dim;
   const bool zigzag = in_.parallel.ring_layout == models::RingLayout::kZigzag;
-  std::vector<double> t(static_cast<std::size_t>(b_.simulated_ranks()), 0.0);
-  for (int rank = 0; rank < b_.simulated_ranks(); ++rank) {
-    const int i = b_.position(Group::kRing, rank);
+  // Online-softmax merge of the block into the fp32 accumulator (forward), or the addition of the
+  // block's dQ/dK/dV into theirs (backward): read and write fp32 accumulators.
+  const double merge_s = cost_.memory_bound(3 * nr_ * hq * d * kFp32Bytes).time_s;
+  auto cost = [&](const AttentionShape& shape) {
+    return backward ? cost_.attention_bwd(shape) : cost_.attention_fwd(shape);
+  };
+  // The three shapes a step can have: causal (step 0), "source before me", "source after me".
+  const KernelCost diagonal = cost({nr_, nr_, hq, d, true});
+  const KernelCost before =
+      zigzag ? cost({nr_, nr_ / 2, hq, d, false}) : cost({nr_, nr_, hq, d, false});
+  const KernelCost after = zigzag ? cost({nr_ / 2, nr_, hq, d, false}) : KernelCost{};
+  auto of_position = [&](int i) -> KernelCost {
+    if (step == 0)
+      return diagonal;
     const int j =
         ((i - step) % static_cast<int>(rg_) + static_cast<int>(rg_)) % static_cast<int>(rg_);
-    AttentionShape shape{nr_, nr_, hq, d, step == 0};
-    bool skip = false;
-    if (step > 0) {
-      if (zigzag) {
-        shape = j < i ? AttentionShape{nr_, nr_ / 2, hq, d, false}
-                      : AttentionShape{nr_ / 2, nr_, hq, d, false};
-      } else {
-        skip = j > i;
-        shape.causal = false;
-      }
+    return j < i ? before : after;
+  };
+  auto seconds = [&](const KernelCost& k) { return k.flops > 0 ? k.time_s + merge_s : 0.0; };
+  if (flops != nullptr) {
+    *flops = of_position(b_.position(Group::kRing, 0)).flops;
+  }
+  if (b_.simulated_ranks() < b_.ranks()) {
+    // Representative rank: each step takes as long as its slowest ring position (the rendezvous
+    // of the next collective waits for it). Exact for the contiguous layout, whose slowest rank
+    // computes every step; for zigzag the two shapes differ by a few percent.
+    double slowest = 0.0;
+    for (int i = 0; i < static_cast<int>(rg_); ++i) {
+      slowest = std::max(slowest, seconds(of_position(i)));
+      if (step == 0)
+        break;
     }
-    double time = 0.0;
-    double f = 0.0;
-    if (!skip) {
-      const KernelCost k = backward ? cost_.attention_bwd(shape) : cost_.attention_fwd(shape);
-      // Online-softmax merge of the block into the fp32 accumulator (forward), or the addition of
-      // the block's dQ/dK/dV into theirs (backward): read and write fp32 accumulators.
-      const KernelCost merge = cost_.memory_bound(3 * nr_ * hq * d * kFp32Bytes);
-      time = k.time_s + merge.time_s;
-      f = k.flops;
-    }
-    t[static_cast<std::size_t>(rank)] = time;
-    if (rank == 0 && flops != nullptr) {
-      *flops = f;
-    }
+    return {slowest};
+  }
+  std::vector<double> t;
+  for (int rank = 0; rank < b_.simulated_ranks(); ++rank) {
+    t.push_back(seconds(of_position(b_.position(Group::kRing, rank))));
   }
   return t;
 }
@@ -239,6 +246,35 @@ std::vector<AttentionShape> allgather_calls(const models::ParallelConfig& p,
 
 }  // namespace
 
+std::vector<double> StepBuilder::allgather_times(std::int64_t hq,
+                                                 bool backward,
+                                                 double* flops) const {
+  const std::int64_t d = m_.head_dim;
+  auto seconds = [&](int position, double* f) {
+    double t = 0.0;
+    for (const AttentionShape& s : allgather_calls(in_.parallel, position, n_, rg_, hq, d)) {
+      const KernelCost k = backward ? cost_.attention_bwd(s) : cost_.attention_fwd(s);
+      t += k.time_s;
+      if (f != nullptr)
+        *f += k.flops;
+    }
+    return t;
+  };
+  *flops = 0.0;
+  (void)seconds(b_.position(Group::kRing, 0), flops);
+  if (b_.simulated_ranks() < b_.ranks()) {
+    double slowest = 0.0;  // representative rank: the slowest position (see ring_step_times)
+    for (int i = 0; i < static_cast<int>(rg_); ++i)
+      slowest = std::max(slowest, seconds(i, nullptr));
+    return {slowest};
+  }
+  std::vector<double> t;
+  for (int rank = 0; rank < b_.simulated_ranks(); ++rank) {
+    t.push_back(seconds(b_.position(Group::kRing, rank), nullptr));
+  }
+  return t;
+}
+
 CoreForward StepBuilder::allgather_forward(
     const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv) {
   const std::int64_t d = m_.head_dim;
@@ -257,17 +293,7 @@ CoreForward StepBuilder::allgather_forward(
   OpSpec fa;
   fa.name = "attn_fwd" + tag;
   fa.kind = OpKind::kAttentionFwd;
-  for (int rank = 0; rank < b_.simulated_ranks(); ++rank) {
-    double t = 0.0;
-    for (const AttentionShape& s :
-         allgather_calls(in_.parallel, b_.position(Group::kRing, rank), n_, rg_, hq, d)) {
-      const KernelCost k = cost_.attention_fwd(s);
-      t += k.time_s;
-      if (rank == 0)
-        fa.flops += k.flops;
-    }
-    fa.time_s_per_rank.push_back(t);
-  }
+  fa.time_s_per_rank = allgather_times(hq, false, &fa.flops);
   fa.inputs = {q_h, kv_full};
   fa.outputs = {out.o_h, out.lse};
   b_.op(fa);
@@ -298,17 +324,7 @@ CoreBackward StepBuilder::allgather_backward(const std::string& tag,
   OpSpec fa;
   fa.name = "attn_bwd" + tag;
   fa.kind = OpKind::kAttentionBwd;
-  for (int rank = 0; rank < b_.simulated_ranks(); ++rank) {
-    double t = 0.0;
-    for (const AttentionShape& s :
-         allgather_calls(in_.parallel, b_.position(Group::kRing, rank), n_, rg_, hq, d)) {
-      const KernelCost k = cost_.attention_bwd(s);
-      t += k.time_s;
-      if (rank == 0)
-        fa.flops += k.flops;
-    }
-    fa.time_s_per_rank.push_back(t);
-  }
+  fa.time_s_per_rank = allgather_times(hq, true, &fa.flops);
   fa.inputs = {do_h, q_h, kv_full, o_h, lse};
   fa.outputs = {out.dq_h, dkv_full};
   fa.workspace_bytes = nr_ * hq * d * kFp32Bytes + nr_ * hq * kFp32Bytes;

@@ -146,6 +146,7 @@ class StepBuilder {
                                   std::int64_t hkv);
   /// Attention shape(s) of ring step `step` on each rank of the ring (zigzag or contiguous layout):
   /// time of forward or backward per rank, and FLOPs of rank 0.
+  std::vector<double> allgather_times(std::int64_t hq, bool backward, double* flops) const;
   std::vector<double> ring_step_times(int step,
                                       std::int64_t hq,
                                       bool backward,

@@ -745,3 +745,86 @@ TEST_F(CliTest, ValidateReportsEveryCase) {
 }
 
 }  // namespace
+
+namespace {
+
+// Bad files and more bad flags: each exits 2 with one line naming the file's field or the flag.
+TEST_F(BadInputTest, BadFilesAndFlags) {
+  const std::string profile =
+      read_file(fs::path(CPSIM_TEST_DATA_DIR) / "hardware" / "h100-sxm-80g.json");
+  write_file(path("truncated.json"), profile.substr(0, 500));
+  write_file(path("recipe_type.json"),
+             R"({"schema": "cpsim.recipe/1", "tiled_mlp": {"enabled": "yes"}})");
+  write_file(path("recipe_unknown.json"), R"({"schema": "cpsim.recipe/1", "tiled_mpl": {}})");
+  const std::string llama = R"({"hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "vocab_size": 128256)";
+  write_file(path("moe.json"), llama + R"(, "num_local_experts": 8})");
+  write_file(path("mla.json"), llama + R"(, "kv_lora_rank": 512})");
+  write_file(path("gqa.json"), R"({"hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 5,
+    "vocab_size": 128256})");
+  write_file(path("negative.json"), llama + R"(, "num_hidden_layers": -4})");
+  const std::vector<BadInput> cases = {
+      {"truncated profile",
+       {"simulate", "--hardware", path("truncated.json").string()},
+       {"truncated.json"}},
+      {"recipe field of the wrong type",
+       {"simulate", "--recipe", path("recipe_type.json").string()},
+       {"tiled_mlp.enabled"}},
+      {"recipe with a misspelt key",
+       {"simulate", "--recipe", path("recipe_unknown.json").string()},
+       {"tiled_mpl"}},
+      {"MoE config refused",
+       {"simulate", "--model", path("moe.json").string()},
+       {"num_local_experts"}},
+      {"MLA config refused", {"simulate", "--model", path("mla.json").string()}, {"kv_lora_rank"}},
+      {"heads not divisible by KV heads",
+       {"simulate", "--model", path("gqa.json").string()},
+       {"num_key_value_heads", "heads"}},
+      {"negative layer count",
+       {"simulate", "--model", path("negative.json").string()},
+       {"num_hidden_layers"}},
+      {"missing file", {"simulate", "--model", "/nonexistent/config.json"}, {"--model"}},
+      {"directory as recipe", {"simulate", "--recipe", path("").string()}, {"--recipe"}},
+      {"trace into a missing folder",
+       {"simulate", "--seq", "64K", "--trace", "/nonexistent/t.json"},
+       {"--trace"}},
+      {"emit into a missing folder",
+       {"plan", "--seq", "64K", "--methods", "ring", "--emit", "torchtitan", "--out",
+        "/nonexistent/x.toml"},
+       {"--out"}},
+      {"too many GPUs", {"simulate", "--gpus", "100000"}, {"--gpus"}},
+      {"negative GPUs per node", {"simulate", "--gpus-per-node", "-8"}, {"--gpus-per-node"}},
+      {"zero MLP shards", {"simulate", "--tiled-mlp", "0"}, {"--tiled-mlp"}},
+      {"bad granularity", {"maxlen", "--granularity", "abc"}, {"--granularity"}},
+      {"top zero", {"plan", "--top", "0"}, {"--top"}},
+      {"unknown attention kernel",
+       {"simulate", "--attention-kernel", "fa9"},
+       {"--attention-kernel"}},
+      {"ulysses degree not dividing GPUs",
+       {"simulate", "--ulysses-degree", "3"},
+       {"--ulysses-degree"}},
+  };
+  for (const auto& c : cases) {
+    expect_usage_error(c);
+  }
+}
+
+// 100M tokens on 1024 GPUs (CP 8 × 128 data-parallel replicas): byte and FLOP counts stay in range.
+TEST_F(CliTest, HugeContextsStayInRange) {
+  const RunResult r = run({"simulate", "--model", "llama3-8b", "--gpus", "1024", "--method",
+                           "ulysses", "--cp-degree", "8", "--seq", "100000000", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json j = Json::parse(r.out);
+  EXPECT_EQ(j.at("tokens_per_step").get<std::int64_t>(), 100000000LL * 128);
+  EXPECT_GT(j.at("step_time_s").get<double>(), 0.0);
+  EXPECT_GT(j.at("peak_memory_bytes").get<std::int64_t>(), 100LL << 30);  // far beyond a GPU
+  EXPECT_FALSE(j.at("fits").get<bool>());
+  // A 1024-GPU ring runs on the representative-rank path in well under the test's time-out.
+  const RunResult ring = run({"simulate", "--model", "llama3-8b", "--gpus", "1024", "--method",
+                              "ring", "--seq", "64M", "--json"});
+  ASSERT_EQ(ring.exit_code, 0) << ring.err;
+}
+
+}  // namespace

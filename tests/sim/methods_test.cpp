@@ -49,7 +49,7 @@ std::vector<const Collective*> collectives(const Workload& w,
 // s·2·H_kv·d·2 = 131072·2·8·128·2 bytes, to the next rank; C − 1 steps forward.
 TEST(Ring, PerStepTransferBytes) {
   const ScheduleInputs in = with_ring(inputs(CpMethod::kRing, "llama3-8b", 8, kM), 8);
-  const Workload w = build_step(in);
+  const Workload w = build_step(in, {.all_ranks = true});
   const std::int64_t block = 131072LL * 2 * 8 * 128 * 2;
   EXPECT_EQ(attention_buffers(in, derive_head_layout(in)).ring_block_bytes, block);
   const auto fwd = collectives(w, 2, Phase::kForward, "ring_send_kv");
@@ -146,7 +146,7 @@ TEST(Ring, ZigzagBalancesCausalWork) {
 // again and reduce-scatters dK/dV of the same size. (C−1)/C of it crosses the links.
 TEST(AllGather, Volumes) {
   const ScheduleInputs in = with_ring(inputs(CpMethod::kAllGather, "llama3-8b", 8, kM), 8);
-  const Workload w = build_step(in);
+  const Workload w = build_step(in, {.all_ranks = true});
   const std::int64_t full = kM * 2 * 8 * 128 * 2;
   EXPECT_EQ(attention_buffers(in, derive_head_layout(in)).allgather_kv_bytes, full);
   const auto ag = collectives(w, 4, Phase::kForward, "allgather_kv");
@@ -168,7 +168,7 @@ TEST(Fpdt, ChunksAndOffloadedBytes) {
   in.parallel.fpdt_chunk = 64 * kK;
   const HeadLayout L = derive_head_layout(in);
   EXPECT_EQ(L.fpdt_chunks, 8);
-  const Workload w = build_step(in);
+  const Workload w = build_step(in, {.all_ranks = true});
   const std::int64_t kv_chunk = 65536LL * 2 * 1 * 128 * 2;
   const std::int64_t q_chunk = 65536LL * 4 * 128 * 2;
   const std::int64_t lse_chunk = 4 * 65536LL * 4;
@@ -197,7 +197,7 @@ TEST(Fpdt, ChunksAndOffloadedBytes) {
 // groups pair rank i with rank i + 8 across the nodes.
 TEST(Usp, GroupMembershipAndLinks) {
   ScheduleInputs in = with_ring(inputs(CpMethod::kUsp, "llama3-8b", 16, kM), 2);
-  const Workload w = build_step(in);
+  const Workload w = build_step(in, {.all_ranks = true});
   const Collective* a2a = nullptr;
   const Collective* send = nullptr;
   for (const Op& o : w.ops) {
@@ -269,6 +269,24 @@ TEST(FastPath, AgreesWithAllRanks) {
     EXPECT_EQ(fast.report.simulated_ranks, 1);
     EXPECT_EQ(full.report.simulated_ranks, in.parallel.gpus);
     expect_same_step(fast, full);
+  }
+}
+
+// With a ring the representative rank takes each step's slowest position: exact for contiguous
+// rings (the last rank computes every block), within a few percent for zigzag.
+TEST(FastPath, RingWithinTolerance) {
+  for (const auto layout : {models::RingLayout::kZigzag, models::RingLayout::kContiguous}) {
+    for (const CpMethod m : {CpMethod::kRing, CpMethod::kAllGather, CpMethod::kUsp}) {
+      ScheduleInputs in = with_ring(inputs(m, "llama3-8b", 16, kM), m == CpMethod::kUsp ? 2 : 16);
+      in.parallel.ring_layout = layout;
+      const auto fast = planner::evaluate(in).report;
+      const auto full = planner::evaluate(in, {.all_ranks = true}).report;
+      SCOPED_TRACE(std::string(models::to_string(m)) + " " + models::to_string(layout));
+      EXPECT_EQ(fast.simulated_ranks, 1);
+      EXPECT_NEAR(fast.step_time_s, full.step_time_s, 0.03 * full.step_time_s);
+      EXPECT_GE(fast.step_time_s, full.step_time_s * 0.999);  // never optimistic
+      EXPECT_EQ(fast.peak_memory_bytes, full.peak_memory_bytes);
+    }
   }
 }
 

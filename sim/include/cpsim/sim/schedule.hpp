@@ -75,13 +75,15 @@ struct ModelStates {
 ModelStates model_states(const ScheduleInputs& inputs);
 
 struct BuildOptions {
-  /// Give every rank its ops. Otherwise symmetric schedules (no ring) get one representative
-  /// rank whose collectives still cost what their real groups cost (the fast path of design.md;
-  /// tests hold it equal to the full simulation).
+  /// Give every rank its ops. Otherwise one representative rank is simulated whose collectives
+  /// still cost what their real groups cost (the fast path of design.md): exact when no ring part
+  /// exists; with a ring each step lasts as long as its slowest ring position (tested within a few
+  /// percent of the full simulation).
   bool all_ranks = false;
 };
 
-/// True when every rank runs the same ops with the same durations (no ring part).
+/// True when every rank runs the same ops with the same durations (no ring part), so the
+/// representative-rank fast path is exact.
 bool has_representative_rank(const ScheduleInputs& inputs);
 
 /// Builds the step. @throws InputError for invalid combinations (see derive_head_layout).

@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""Time attention kernels of your own PyTorch stack and write cpsim raw calibration data.
+
+Times the same grid as `cpsim calibrate run` (bf16, causal and not, head_dim 128/64, heads per
+launch 1..32, lengths 1K.. up to what fits a time cap, plus unequal query/key lengths), forward
+and backward, with warm-up, CUDA-event timing, the median of several repetitions and rotated
+buffers (>= 2 x L2), and writes the raw format "cpsim.calibration/1" (docs/CALIBRATION.md) with
+kernel names:
+
+  sdpa  torch.nn.functional.scaled_dot_product_attention (the backend PyTorch picks)
+  fa2   flash_attn.flash_attn_func (FlashAttention-2), when installed
+  fa3   flash_attn_interface.flash_attn_func (FlashAttention-3, Hopper), when installed
+
+Then: cpsim calibrate fit RAW.json --out PROFILE.json  (the kernels replace the base profile's
+entries of the same name; everything else stays the base's).
+
+  python3 torch_attention_timing.py --out attention.json [--quick] [--kernels sdpa,fa2,fa3]
+
+`--selftest` writes a small file with made-up timings without importing torch (format check).
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+
+SCHEMA = "cpsim.calibration/1"
+
+
+# ------------------------------------------------------------------------------------------------
+# Output
+
+
+def write_atomically(path, text):
+    """Write through a temporary file and a rename: never a half-written output."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".cpsim-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def driver_release():
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            words = f.readline().split("Kernel Module")
+            return words[1].split()[0] if len(words) > 1 else "unknown"
+    except (OSError, IndexError):
+        return "unknown"
+
+
+def raw_document(context, samples):
+    return json.dumps({"schema": SCHEMA, "context": context,
+                       "samples": {"attention": samples}}, indent=2) + "\n"
+
+
+def make_context(device, gpu_count, device_count, runtime, nccl, sm_count, memory, l2, quick,
+                 warmup, repetitions, rotation_bytes, notes):
+    return {
+        "device": device,
+        "gpu_count": gpu_count,
+        "device_count": device_count,
+        "driver_version": driver_release(),
+        "cuda_driver_version": "unknown",
+        "cuda_runtime_version": runtime or "unknown",
+        "nccl_version": nccl or "none",
+        "cublaslt_version": "unknown",
+        "sm_count": int(sm_count),
+        "hbm_capacity_bytes": int(memory),
+        "l2_cache_bytes": int(l2),
+        "sm_clock_max_mhz": 0.0,
+        "memory_clock_max_mhz": 0.0,
+        "sm_clock_measured_mhz": 0.0,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "cpsim_version": "calibrate/scripts/torch_attention_timing.py",
+        "argv": list(sys.argv),
+        "quick": bool(quick),
+        "method": {"timer": "torch-cuda-event", "statistic": "median", "warmup": int(warmup),
+                   "repetitions": int(repetitions), "rotation_bytes": int(rotation_bytes)},
+        "notes": list(notes),
+    }
+
+
+def sample(kernel, pass_, causal, head_dim, heads, q_len, kv_len, time_s):
+    return {"kernel": kernel, "pass": pass_, "causal": bool(causal), "head_dim": int(head_dim),
+            "heads": int(heads), "q_len": int(q_len), "kv_len": int(kv_len),
+            "time_s": float(time_s)}
+
+
+# ------------------------------------------------------------------------------------------------
+# The grid (the same as calibrate/cuda/sweeps_compute.cpp)
+
+
+def grid(quick, max_seq):
+    head_dims = [128] if quick else [128, 64]
+    heads = [1, 4, 16, 32] if quick else [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+    cap = max_seq or (16384 if quick else 1048576)
+    lengths = []
+    s = 1024
+    while s <= cap:
+        lengths.append(s)
+        s *= 2
+    rect = []
+    for s in ([2048] if quick else [1024, 4096, 16384]):
+        rect += [(s, 2 * s), (2 * s, s), (s, 4 * s)]
+    return head_dims, heads, lengths, rect
+
+
+def fwd_flops(q_len, kv_len, heads, head_dim, causal):
+    visible = (max(0, kv_len - q_len) + kv_len) / 2.0 if causal else float(kv_len)
+    return 4.0 * q_len * visible * heads * head_dim
+
+
+# ------------------------------------------------------------------------------------------------
+# Timing with PyTorch
+
+
+class Timer:
+    def __init__(self, torch, warmup, repetitions, target_rep_s=2e-3, max_inner=64):
+        self.torch = torch
+        self.warmup = warmup
+        self.repetitions = repetitions
+        self.target_rep_s = target_rep_s
+        self.max_inner = max_inner
+
+    def median_s(self, launch):
+        """Median seconds per call of launch(i), i counting calls (for buffer rotation)."""
+        torch = self.torch
+        start = torch.cuda.Event(enable_timing=True)
+        stop = torch.cuda.Event(enable_timing=True)
+        i = 0
+        start.record()
+        launch(i)
+        i += 1
+        stop.record()
+        stop.synchronize()
+        estimate = max(start.elapsed_time(stop) * 1e-3, 1e-7)
+        if estimate < 0.05:
+            for _ in range(1, self.warmup):
+                launch(i)
+                i += 1
+        inner = int(min(max(math.ceil(self.target_rep_s / estimate), 1), self.max_inner))
+        reps = 3 if estimate > 0.25 else (5 if estimate > 0.05 else self.repetitions)
+        times = []
+        for _ in range(reps):
+            start.record()
+            for _ in range(inner):
+                launch(i)
+                i += 1
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop) * 1e-3 / inner)
+        return statistics.median(times)
+
+
+def kernels_available(torch, wanted):
+    out = {}
+    import torch.nn.functional as F
+
+    if "sdpa" in wanted:
+        try:
+            from torch.nn.attention.bias import causal_lower_right
+        except ImportError:  # older PyTorch: no bottom-right mask for q_len != kv_len
+            causal_lower_right = None
+
+        def sdpa(q, k, v, causal):
+            # (1, heads, len, d); PyTorch's is_causal is top-left aligned: use the bottom-right
+            # bias when the lengths differ, as cpsim and FlashAttention do.
+            if causal and q.shape[2] != k.shape[2]:
+                if causal_lower_right is None:
+                    return None
+                return F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]))
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        out["sdpa"] = (sdpa, "bhsd")
+    if "fa2" in wanted:
+        try:
+            from flash_attn import flash_attn_func as fa2
+
+            out["fa2"] = (lambda q, k, v, causal: fa2(q, k, v, causal=causal), "bshd")
+        except ImportError:
+            pass
+    if "fa3" in wanted:
+        try:
+            from flash_attn_interface import flash_attn_func as fa3
+
+            def fa3_call(q, k, v, causal):
+                r = fa3(q, k, v, causal=causal)
+                return r[0] if isinstance(r, tuple) else r
+
+            out["fa3"] = (fa3_call, "bshd")
+        except ImportError:
+            pass
+    return out
+
+
+def measure(args):
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("torch_attention_timing.py: no CUDA device")
+    dev = torch.device(args.device)
+    torch.cuda.set_device(dev)
+    props = torch.cuda.get_device_properties(dev)
+    l2 = getattr(props, "L2_cache_size", 50 * 1024 * 1024)
+    rotation = max(2 * l2, 100 * 1024 * 1024)
+    warmup, repetitions = (2, 5) if args.quick else (3, 10)
+    timer = Timer(torch, warmup, repetitions, 1e-3 if args.quick else 2e-3)
+    cap_s = 0.05 if args.quick else 0.6
+    kernels = kernels_available(torch, args.kernels.split(","))
+    if not kernels:
+        sys.exit("torch_attention_timing.py: none of the requested kernels is available")
+    head_dims, heads_list, lengths, rect = grid(args.quick, args.max_seq)
+    samples = []
+    notes = ["torch " + torch.__version__, "kernels: " + ", ".join(sorted(kernels))]
+    try:
+        import flash_attn
+
+        notes.append("flash_attn " + getattr(flash_attn, "__version__", "?"))
+    except ImportError:
+        pass
+
+    def run_shape(name, fn, layout, d, h, q_len, kv_len, causal):
+        per_set = 2 * d * h * (3 * q_len + 2 * kv_len) * 2  # q, k, v, o, do (+ grads)
+        sets = max(1, min(64, math.ceil(rotation / per_set)))
+        shape_q = (1, h, q_len, d) if layout == "bhsd" else (1, q_len, h, d)
+        shape_k = (1, h, kv_len, d) if layout == "bhsd" else (1, kv_len, h, d)
+        bufs = []
+        for _ in range(sets):
+            q = torch.randn(shape_q, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            k = torch.randn(shape_k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            v = torch.randn(shape_k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            bufs.append((q, k, v, torch.randn(shape_q, device=dev, dtype=torch.bfloat16)))
+        if fn(*bufs[0][:3], causal) is None:
+            return None
+        with torch.no_grad():
+            t_fwd = timer.median_s(lambda i: fn(*bufs[i % sets][:3], causal))
+        outs = [fn(q, k, v, causal) for (q, k, v, _) in bufs]
+
+        def bwd(i):
+            q, k, v, do = bufs[i % sets]
+            torch.autograd.grad(outs[i % sets], (q, k, v), do, retain_graph=True)
+
+        t_bwd = timer.median_s(bwd)
+        del outs, bufs
+        return t_fwd, t_bwd
+
+    total = len(kernels) * len(head_dims) * 2 * len(lengths) * len(heads_list)
+    done = 0
+    for name, (fn, layout) in sorted(kernels.items()):
+        for d in head_dims:
+            for causal in (False, True):
+                rate = 50e12
+                stop = False
+                for s in lengths:
+                    for hi, h in enumerate(heads_list):
+                        done += 1
+                        if stop or 5.0 * fwd_flops(s, s, h, d, causal) / rate > cap_s:
+                            stop = stop or hi == 0
+                            break
+                        print(f"\r[{done}/{total}] {name} d{d} {'causal' if causal else 'full'} "
+                              f"h{h} S {s}   ", end="", file=sys.stderr, flush=True)
+                        try:
+                            r = run_shape(name, fn, layout, d, h, s, s, causal)
+                        except torch.cuda.OutOfMemoryError:
+                            stop = stop or hi == 0
+                            torch.cuda.empty_cache()
+                            break
+                        if r is None:
+                            continue
+                        t_fwd, t_bwd = r
+                        rate = max(1e12, fwd_flops(s, s, h, d, causal) / t_fwd)
+                        samples.append(sample(name, "fwd", causal, d, h, s, s, t_fwd))
+                        samples.append(sample(name, "bwd", causal, d, h, s, s, t_bwd))
+        for (q_len, kv_len) in rect:
+            for causal in (False, True):
+                try:
+                    r = run_shape(name, fn, layout, 128, 16, q_len, kv_len, causal)
+                except torch.cuda.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+                    continue
+                if r is not None:
+                    samples.append(sample(name, "fwd", causal, 128, 16, q_len, kv_len, r[0]))
+                    samples.append(sample(name, "bwd", causal, 128, 16, q_len, kv_len, r[1]))
+    print(file=sys.stderr)
+    nccl = None
+    try:
+        v = torch.cuda.nccl.version()
+        nccl = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    except Exception:  # noqa: BLE001 - NCCL is optional here
+        nccl = None
+    context = make_context(props.name, 1, torch.cuda.device_count(), torch.version.cuda, nccl,
+                           props.multi_processor_count, props.total_memory, l2, args.quick,
+                           warmup, repetitions, rotation, notes)
+    return raw_document(context, samples)
+
+
+def selftest_document():
+    """A small document with made-up timings, for checking the format without a GPU."""
+    context = make_context("selftest device (made-up timings)", 1, 1, "0.0", None, 132,
+                           80 * 2**30, 50 * 2**20, True, 2, 5, 100 * 2**20,
+                           ["--selftest: timings are invented, not measured"])
+    samples = []
+    for pass_, rate in (("fwd", 400e12), ("bwd", 300e12)):
+        for causal in (False, True):
+            for s in (1024, 2048, 4096, 8192):
+                for h in (1, 16, 32):
+                    flops = fwd_flops(s, s, h, 128, causal) * (1.0 if pass_ == "fwd" else 2.5)
+                    samples.append(sample("sdpa", pass_, causal, 128, h, s, s, 5e-6 + flops / rate))
+    return raw_document(context, samples)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="raw calibration file to write (JSON)")
+    p.add_argument("--quick", action="store_true", help="fewer points")
+    p.add_argument("--kernels", default="sdpa,fa2,fa3", help="comma-separated: sdpa,fa2,fa3")
+    p.add_argument("--max-seq", type=int, default=0, help="longest length (tokens) to try")
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--selftest", action="store_true", help="write made-up timings, no torch")
+    args = p.parse_args()
+    text = selftest_document() if args.selftest else measure(args)
+    write_atomically(args.out, text)
+    print(f"wrote {args.out}; next: cpsim calibrate fit {args.out} --out PROFILE.json")
+
+
+if __name__ == "__main__":
+    main()

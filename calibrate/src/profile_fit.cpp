@@ -1,0 +1,1015 @@
+#include "cpsim/calibrate/profile_fit.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cpsim/calibrate/fit.hpp"
+#include "cpsim/models/error.hpp"
+#include "cpsim/models/units.hpp"
+
+namespace cpsim::calibrate {
+namespace {
+
+using models::Collective;
+using models::LogCurve;
+
+// ---------------------------------------------------------------------------------------------
+// Small statistics
+
+double median(std::vector<double> v) {
+  if (v.empty()) {
+    return 0.0;
+  }
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct ErrorStats {
+  double sum = 0.0;
+  double max = 0.0;
+  std::size_t n = 0;
+  void add(double predicted, double measured) {
+    const double rel = std::abs(predicted - measured) / measured;
+    sum += rel;
+    max = std::max(max, rel);
+    ++n;
+  }
+  double mape() const { return n == 0 ? 0.0 : sum / static_cast<double>(n); }
+};
+
+std::string percent(double fraction) {
+  return fmt::format("{:.1f}%", fraction * 100.0);
+}
+
+/// "1K", "16K", "1M" for powers of two and their multiples, else the number.
+std::string short_length(double x) {
+  const auto v = static_cast<std::int64_t>(std::llround(x));
+  return format_length(v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Curves fitted by grouping samples on a key, with a hold-out over whole groups.
+
+/// Sorted distinct keys and, per sample, the index of its key.
+struct Groups {
+  std::vector<double> keys;
+  std::vector<std::size_t> of_sample;
+};
+
+Groups make_groups(const std::vector<double>& sample_keys) {
+  Groups g;
+  g.keys = sample_keys;
+  std::sort(g.keys.begin(), g.keys.end());
+  g.keys.erase(std::unique(g.keys.begin(), g.keys.end()), g.keys.end());
+  g.of_sample.reserve(sample_keys.size());
+  for (const double k : sample_keys) {
+    g.of_sample.push_back(static_cast<std::size_t>(
+        std::lower_bound(g.keys.begin(), g.keys.end(), k) - g.keys.begin()));
+  }
+  return g;
+}
+
+/// Fits a model on all samples and on the samples of all but every k-th key (never the last key),
+/// and measures the time errors of both. `fit(mask)` returns a model fitted to the samples whose
+/// mask entry is true; `predict(model, i)` the time of sample i.
+template <typename Fit, typename Predict>
+auto assess(CurveFit& row,
+            const std::vector<double>& keys,
+            const std::vector<double>& times,
+            std::size_t every_k,
+            Fit&& fit,
+            Predict&& predict) {
+  const Groups groups = make_groups(keys);
+  const std::size_t n = times.size();
+  row.samples = n;
+  if (groups.keys.size() >= std::max<std::size_t>(3, every_k)) {
+    std::vector<bool> held_key(groups.keys.size(), false);
+    for (std::size_t j = 0; j + 1 < groups.keys.size(); ++j) {
+      held_key[j] = (j + 1) % every_k == 0;
+    }
+    std::vector<bool> train(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      train[i] = !held_key[groups.of_sample[i]];
+    }
+    const auto model = fit(train);
+    ErrorStats held;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!train[i]) {
+        held.add(predict(model, i), times[i]);
+      }
+    }
+    row.held_out = held.n;
+    row.holdout_mape = held.mape();
+    row.holdout_max = held.max;
+  }
+  const auto model = fit(std::vector<bool>(n, true));
+  ErrorStats all;
+  for (std::size_t i = 0; i < n; ++i) {
+    all.add(predict(model, i), times[i]);
+  }
+  row.fit_mape = all.mape();
+  row.fit_max = all.max;
+  return model;
+}
+
+/// Curve through (x, median y) per group of the used samples; x is the geometric mean of the
+/// group's x values (the x itself when the group holds one x).
+LogCurve group_curve(const Groups& groups,
+                     const std::vector<double>& xs,
+                     const std::vector<double>& ys,
+                     const std::vector<bool>& use) {
+  std::vector<std::vector<double>> group_x(groups.keys.size());
+  std::vector<std::vector<double>> group_y(groups.keys.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    if (use[i] && std::isfinite(ys[i]) && ys[i] > 0.0) {
+      group_x[groups.of_sample[i]].push_back(std::log2(xs[i]));
+      group_y[groups.of_sample[i]].push_back(ys[i]);
+    }
+  }
+  std::vector<std::pair<double, double>> points;
+  for (std::size_t g = 0; g < groups.keys.size(); ++g) {
+    if (group_y[g].empty()) {
+      continue;
+    }
+    double mean_log = 0.0;
+    for (const double lx : group_x[g]) {
+      mean_log += lx;
+    }
+    mean_log /= static_cast<double>(group_x[g].size());
+    const double x = std::exp2(mean_log);
+    if (!points.empty() && x <= points.back().first) {
+      continue;  // keys are increasing, so this cannot happen except by rounding
+    }
+    points.emplace_back(x, median(group_y[g]));
+  }
+  return LogCurve(std::move(points));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Provenance strings
+
+class Sources {
+ public:
+  Sources(const RawContext& c, std::string base_name) : c_(c), base_(std::move(base_name)) {}
+
+  /// "measured: <device>, driver <v>, <date>, cpsim calibrate, N samples, MAPE x%; <detail>"
+  std::string measured(const CurveFit& row, const std::string& detail) const {
+    std::string s =
+        fmt::format("measured: {}, driver {}, {}, cpsim calibrate, {} samples, MAPE {}", c_.device,
+                    c_.driver_version, c_.date, row.samples, percent(row.fit_mape));
+    if (row.held_out > 0) {
+      s += fmt::format(" (hold-out {} on {} points)", percent(row.holdout_mape), row.held_out);
+    }
+    if (!detail.empty()) {
+      s += "; " + detail;
+    }
+    return s;
+  }
+
+  std::string read(const std::string& what) const {
+    return fmt::format("measured: {}, driver {}, {}, cpsim calibrate, (read) {}", c_.device,
+                       c_.driver_version, c_.date, what);
+  }
+
+ private:
+  const RawContext& c_;
+  std::string base_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Fitting context shared by the parts
+
+struct Fitter {
+  const RawCalibration& raw;
+  const models::HardwareProfile& base;
+  const FitOptions& options;
+  Sources sources;
+  ProfileFit out;
+
+  models::HardwareProfile& p() { return out.profile; }
+  void set_source(const std::string& path, std::string source) {
+    out.profile.provenance[path] = std::move(source);
+  }
+  CurveFit& add_row(std::string name, bool checked = true) {
+    CurveFit row;
+    row.curve = std::move(name);
+    row.checked = checked;
+    out.curves.push_back(std::move(row));
+    return out.curves.back();
+  }
+  void note(std::string text) { out.notes.push_back(std::move(text)); }
+
+  void fit_context();
+  void fit_launch();
+  void fit_memory();
+  void fit_gemm();
+  void fit_attention();
+  void fit_attention_kernel(const std::string& kernel);
+  void fit_host_link();
+  void fit_collectives();
+  void fit_interference();
+};
+
+void Fitter::fit_context() {
+  const RawContext& c = raw.context;
+  p().name = options.profile_name;
+  p().gpu_name = c.device;
+  p().description = fmt::format(
+      "Measured by cpsim calibrate on {} x {} ({}); coefficients the measurement does not cover "
+      "are from the base profile '{}' with their original source.",
+      c.gpu_count, c.device, c.date, options.base_name.empty() ? base.name : options.base_name);
+  if (c.sm_count > 0) {
+    if (c.sm_count != base.sm_count) {
+      note(
+          fmt::format("the device has {} SMs, the base profile '{}' {} ({}): peak FLOP/s and HBM "
+                      "bandwidth are the base's spec values; pick a matching --base",
+                      c.sm_count, base.name, base.sm_count, base.gpu_name));
+    }
+    p().sm_count = c.sm_count;
+    set_source("gpu.sm_count", sources.read("cudaDeviceProp::multiProcessorCount"));
+  }
+  if (c.hbm_capacity_bytes > 0) {
+    p().hbm_capacity_bytes = c.hbm_capacity_bytes;
+    set_source("gpu.hbm_capacity_bytes", sources.read("cudaDeviceProp::totalGlobalMem"));
+  }
+  if (c.device_count > 0 && !raw.samples.collectives.empty()) {
+    p().gpus_per_node = c.device_count;
+    set_source("node.gpus_per_node", sources.read("cudaGetDeviceCount on one node"));
+  }
+}
+
+void Fitter::fit_launch() {
+  const auto& samples = raw.samples.launch;
+  if (samples.empty()) {
+    note("compute.kernel_launch_s: no launch samples; kept from the base");
+    return;
+  }
+  std::vector<double> per_launch;
+  for (const LaunchSample& s : samples) {
+    per_launch.push_back(s.device_time_s);
+  }
+  const double value = median(per_launch);
+  CurveFit& row = add_row("compute.kernel_launch_s", false);
+  ErrorStats e;
+  for (const double t : per_launch) {
+    e.add(value, t);
+  }
+  row.samples = per_launch.size();
+  row.fit_mape = e.mape();
+  row.fit_max = e.max;
+  row.note = fmt::format("{:.2f} us per launch (device), median", value * 1e6);
+  p().kernel_launch_s = value;
+  set_source("compute.kernel_launch_s",
+             sources.measured(row,
+                              "device time per back-to-back empty kernel, CUDA events "
+                              "around the loop, median over loops"));
+}
+
+void Fitter::fit_memory() {
+  std::vector<TimingSample> samples;
+  for (const MemorySample& s : raw.samples.memory) {
+    samples.push_back({static_cast<double>(s.bytes), s.time_s});
+  }
+  if (samples.empty()) {
+    note("compute.memory_bound_efficiency: no memory samples; kept from the base");
+    return;
+  }
+  std::sort(samples.begin(), samples.end(),
+            [](const TimingSample& a, const TimingSample& b) { return a.bytes < b.bytes; });
+  CurveFit& row = add_row("compute.memory_bound_efficiency");
+  AlphaBetaFit fit;
+  try {
+    fit = fit_alpha_beta(samples);
+  } catch (const InputError& e) {
+    throw InputError("samples.memory", e.what());
+  }
+  row.samples = fit.samples;
+  row.fit_mape = fit.mape;
+  row.fit_max = fit.max_abs_rel_error;
+  if (samples.size() >= std::max<std::size_t>(3, options.holdout_every)) {
+    const HoldoutError h = holdout_error(samples, options.holdout_every);
+    row.held_out = h.held_out;
+    row.holdout_mape = h.mape;
+    row.holdout_max = h.max_abs_rel_error;
+  }
+  double eff = fit.bandwidth_bytes_per_s / p().hbm_bandwidth_bytes_per_s;
+  row.note = fmt::format("{:.0f} GB/s achieved of {:.0f} GB/s", fit.bandwidth_bytes_per_s / 1e9,
+                         p().hbm_bandwidth_bytes_per_s / 1e9);
+  if (eff > 1.0) {
+    note(
+        fmt::format("memory: measured {:.0f} GB/s exceeds the base's HBM bandwidth {:.0f} GB/s; "
+                    "efficiency capped at 1 (is --base the right GPU?)",
+                    fit.bandwidth_bytes_per_s / 1e9, p().hbm_bandwidth_bytes_per_s / 1e9));
+    eff = 1.0;
+  }
+  p().memory_bound_efficiency = eff;
+  set_source("compute.memory_bound_efficiency",
+             sources.measured(row, fmt::format("copy kernel, alpha-beta fit {:.0f} GB/s (read + "
+                                               "written bytes) / spec {:.0f} GB/s",
+                                               fit.bandwidth_bytes_per_s / 1e9,
+                                               p().hbm_bandwidth_bytes_per_s / 1e9)));
+}
+
+void Fitter::fit_gemm() {
+  const auto& samples = raw.samples.gemm;
+  if (samples.empty()) {
+    note("compute.gemm_*: no GEMM samples; kept from the base");
+    return;
+  }
+  const double peak = p().peak_bf16_flops_per_s;
+  const double launch = p().kernel_launch_s;
+  const double hbm = p().hbm_bandwidth_bytes_per_s * p().memory_bound_efficiency;
+  std::vector<double> flops, bytes, keys, times, eff;
+  for (const GemmSample& s : samples) {
+    const double m = static_cast<double>(s.m);
+    const double n = static_cast<double>(s.n);
+    const double k = static_cast<double>(s.k);
+    const double f = 2.0 * m * n * k;
+    flops.push_back(f);
+    bytes.push_back(2.0 * (m * k + k * n + m * n));
+    keys.push_back(std::round(std::log2(f) * 4.0) / 4.0);  // quarter-octave bins of FLOPs
+    times.push_back(s.time_s);
+    const double busy = std::max(s.time_s - launch, 0.5 * s.time_s);
+    eff.push_back(f / (busy * peak));
+  }
+  const Groups groups = make_groups(keys);
+  CurveFit& row = add_row("compute.gemm_efficiency_by_flops");
+  const LogCurve curve = assess(
+      row, keys, times, options.holdout_every,
+      [&](const std::vector<bool>& use) { return group_curve(groups, flops, eff, use); },
+      [&](const LogCurve& c, std::size_t i) {
+        const double e = std::min(1.0, c(flops[i], 1.0));
+        return launch + std::max(flops[i] / (peak * e), bytes[i] / hbm);
+      });
+  double best = 0.0;
+  for (const auto& [x, y] : curve.points()) {
+    best = std::max(best, y);
+  }
+  std::vector<std::pair<double, double>> normalized;
+  for (const auto& [x, y] : curve.points()) {
+    normalized.emplace_back(x, y / best);
+  }
+  double max_eff = best;
+  if (max_eff > 1.0) {
+    note(
+        fmt::format("gemm: measured {:.0f} TFLOP/s exceeds the base's peak {:.0f} TFLOP/s; "
+                    "efficiency capped at 1 (is --base the right GPU?)",
+                    best * peak / 1e12, peak / 1e12));
+    max_eff = 1.0;
+  }
+  row.note = fmt::format("best {:.0f} TFLOP/s = {:.1f}% of peak", best * peak / 1e12, best * 100);
+  p().gemm_max_efficiency = max_eff;
+  p().gemm_efficiency_by_flops = LogCurve(std::move(normalized));
+  const std::string detail = fmt::format(
+      "cuBLASLt bf16 (fp32 accumulate), {} shapes in {} quarter-octave FLOP bins, median per bin",
+      samples.size(), curve.points().size());
+  set_source(
+      "compute.gemm_max_efficiency",
+      sources.measured(row, "best bin of the GEMM sweep / peak_bf16_flops_per_s; " + detail));
+  set_source("compute.gemm_efficiency_by_flops",
+             sources.measured(row, "efficiency per FLOP bin / gemm_max_efficiency; " + detail));
+}
+
+void Fitter::fit_attention() {
+  std::set<std::string> kernels;
+  for (const AttentionSample& s : raw.samples.attention) {
+    kernels.insert(s.kernel);
+  }
+  if (kernels.empty()) {
+    note("compute.attention_kernels: no attention samples; kept from the base");
+    return;
+  }
+  for (const std::string& k : kernels) {
+    fit_attention_kernel(k);
+  }
+}
+
+void Fitter::fit_attention_kernel(const std::string& kernel) {
+  const std::string path = "compute.attention_kernels." + kernel;
+  std::vector<const AttentionSample*> all;
+  std::map<std::int64_t, std::size_t> head_dims;
+  for (const AttentionSample& s : raw.samples.attention) {
+    if (s.kernel == kernel) {
+      all.push_back(&s);
+      ++head_dims[s.head_dim];
+    }
+  }
+  // The curves are for one head dim: 128 (the published curves' and most models') when measured.
+  std::int64_t head_dim = head_dims.count(128) != 0 ? 128 : 0;
+  if (head_dim == 0) {
+    std::size_t most = 0;
+    for (const auto& [d, count] : head_dims) {
+      if (count > most) {
+        most = count;
+        head_dim = d;
+      }
+    }
+  }
+
+  const auto base_it = base.attention_kernels.find(kernel);
+  const bool in_base = base_it != base.attention_kernels.end();
+  models::AttentionKernelModel model;
+  if (in_base) {
+    model = base_it->second;
+  } else if (kernel == "cpsim-flash") {
+    model.fwd_block_m = kCpsimFlashBlockM;
+    model.bwd_block_n = kCpsimFlashBlockN;
+    set_source(path + ".fwd_block_m",
+               "(read) cpsim-flash forward tile: 64 query rows per CTA; "
+               "calibrate/cuda/flash_attention.cu");
+    set_source(path + ".bwd_block_n",
+               "(read) cpsim-flash backward tile: 64 key rows per CTA; "
+               "calibrate/cuda/flash_attention.cu");
+  } else {
+    const auto fa3 = base.attention_kernels.find("fa3");
+    if (fa3 != base.attention_kernels.end()) {
+      model.fwd_block_m = fa3->second.fwd_block_m;
+      model.bwd_block_n = fa3->second.bwd_block_n;
+      for (const char* key : {".fwd_block_m", ".bwd_block_n"}) {
+        const auto it = base.provenance.find("compute.attention_kernels.fa3" + std::string(key));
+        set_source(path + key,
+                   "(inferred) copied from the base's fa3 entry: " +
+                       (it != base.provenance.end() ? it->second : std::string("no source")));
+      }
+    } else {
+      set_source(path + ".fwd_block_m", "assumption: 128-row tiles (no base entry to copy)");
+      set_source(path + ".bwd_block_n", "assumption: 128-row tiles (no base entry to copy)");
+    }
+  }
+  model.head_dim = head_dim;
+  set_source(path + ".head_dim", sources.read(fmt::format(
+                                     "head_dim of the measured {} points the curves use", kernel)));
+
+  const auto fa3_it = base.attention_kernels.find("fa3");
+  const bool compare_fa3 = kernel != "fa3" && fa3_it != base.attention_kernels.end();
+  const double launch = p().kernel_launch_s;
+  const std::int64_t sms = p().sm_count;
+  const std::int64_t ref_block = model.fwd_block_m;
+
+  struct Variant {
+    AttentionPass pass;
+    bool causal;
+    const char* key;
+    LogCurve models::AttentionKernelModel::*curve;
+  };
+  const Variant variants[] = {
+      {AttentionPass::kForward, true, "fwd_causal_flops_per_s",
+       &models::AttentionKernelModel::fwd_causal_flops_per_s},
+      {AttentionPass::kForward, false, "fwd_full_flops_per_s",
+       &models::AttentionKernelModel::fwd_full_flops_per_s},
+      {AttentionPass::kBackward, true, "bwd_causal_flops_per_s",
+       &models::AttentionKernelModel::bwd_causal_flops_per_s},
+      {AttentionPass::kBackward, false, "bwd_full_flops_per_s",
+       &models::AttentionKernelModel::bwd_full_flops_per_s},
+  };
+
+  bool complete = true;
+  std::vector<std::pair<std::string, std::string>> new_sources;
+  for (const Variant& v : variants) {
+    const std::string curve_path = path + "." + v.key;
+    const bool fwd = v.pass == AttentionPass::kForward;
+    const std::int64_t block = fwd ? model.fwd_block_m : model.bwd_block_n;
+    auto axis = [fwd](const AttentionSample& s) { return fwd ? s.q_len : s.kv_len; };
+    auto occupancy = [&](const AttentionSample& s) {
+      const std::int64_t len = axis(s);
+      return attention_occupancy_factor(s.heads * ((len + block - 1) / block), sms, ref_block);
+    };
+    std::vector<const AttentionSample*> square, rect;
+    std::map<std::int64_t, std::int64_t> max_heads;  // per length, square shapes
+    for (const AttentionSample* s : all) {
+      if (s->pass != v.pass || s->causal != v.causal || s->head_dim != head_dim) {
+        continue;
+      }
+      if (s->q_len == s->kv_len) {
+        square.push_back(s);
+        auto& h = max_heads[s->q_len];
+        h = std::max(h, s->heads);
+      } else {
+        rect.push_back(s);
+      }
+    }
+    std::vector<const AttentionSample*> many;  // the most heads measured at each length
+    for (const AttentionSample* s : square) {
+      if (s->heads == max_heads[s->q_len]) {
+        many.push_back(s);
+      }
+    }
+    if (many.empty()) {
+      complete = false;
+      note(fmt::format("{}: no square {} samples at head_dim {}; {}", curve_path, v.key, head_dim,
+                       in_base ? "kept from the base" : "kernel skipped"));
+      continue;
+    }
+
+    std::vector<double> xs, ys, times, flops, occ;
+    for (const AttentionSample* s : many) {
+      const double f = attention_flops(*s);
+      const double o = occupancy(*s);
+      const double busy = std::max(s->time_s - launch, 0.5 * s->time_s);
+      xs.push_back(static_cast<double>(axis(*s)));
+      ys.push_back(f / (busy * o));
+      times.push_back(s->time_s);
+      flops.push_back(f);
+      occ.push_back(o);
+    }
+    const Groups groups = make_groups(xs);
+    CurveFit& row = add_row(curve_path);
+    const LogCurve curve = assess(
+        row, xs, times, options.holdout_every,
+        [&](const std::vector<bool>& use) { return group_curve(groups, xs, ys, use); },
+        [&](const LogCurve& c, std::size_t i) {
+          return launch + flops[i] / (c(xs[i], 1.0) * occ[i]);
+        });
+    std::string detail = fmt::format(
+        "{} {} bf16 d={}, the most heads per launch at each length, through the occupancy model "
+        "(fwd_block_m {}, bwd_block_n {}, {} SMs)",
+        kernel, v.key, head_dim, model.fwd_block_m, model.bwd_block_n, sms);
+    if (compare_fa3) {
+      const LogCurve& published = fa3_it->second.*(v.curve);
+      std::string ratios;
+      double ratio_sum = 0.0;
+      for (const auto& [x, y] : curve.points()) {
+        const double r = y / published(x, y);
+        ratio_sum += r;
+        ratios += fmt::format("{}{:.2f} @{}", ratios.empty() ? "" : ", ", r, short_length(x));
+      }
+      const double mean_ratio = ratio_sum / static_cast<double>(curve.points().size());
+      detail += fmt::format(
+          "; kernel efficiency vs the base's published fa3 curve at the same "
+          "length: {} (mean {:.2f})",
+          ratios, mean_ratio);
+      row.note = fmt::format("{:.2f} x fa3", mean_ratio);
+    }
+    model.*(v.curve) = curve;
+    new_sources.emplace_back(curve_path, sources.measured(row, detail));
+
+    // Cross-checks of the occupancy model and of the length axis (printed, not gated).
+    {
+      ErrorStats e;
+      for (const AttentionSample* s : square) {
+        if (s->heads != max_heads[s->q_len]) {
+          e.add(launch + attention_flops(*s) /
+                             (curve(static_cast<double>(axis(*s)), 1.0) * occupancy(*s)),
+                s->time_s);
+        }
+      }
+      if (e.n > 0) {
+        CurveFit& check = add_row(curve_path + " [fewer heads]", false);
+        check.samples = e.n;
+        check.fit_mape = e.mape();
+        check.fit_max = e.max;
+        check.note = "occupancy model on the few-head launches";
+      }
+    }
+    {
+      ErrorStats e;
+      for (const AttentionSample* s : rect) {
+        e.add(launch +
+                  attention_flops(*s) / (curve(static_cast<double>(axis(*s)), 1.0) * occupancy(*s)),
+              s->time_s);
+      }
+      if (e.n > 0) {
+        CurveFit& check = add_row(curve_path + " [q_len != kv_len]", false);
+        check.samples = e.n;
+        check.fit_mape = e.mape();
+        check.fit_max = e.max;
+        check.note = "unequal lengths (ring steps, FPDT chunks)";
+      }
+    }
+  }
+  if (!complete && !in_base) {
+    // A new kernel needs all four curves: drop the sources recorded for it above.
+    auto& prov = p().provenance;
+    for (auto it = prov.lower_bound(path + ".");
+         it != prov.end() && it->first.rfind(path + ".", 0) == 0;) {
+      it = prov.erase(it);
+    }
+    return;
+  }
+  for (auto& [curve_path, source] : new_sources) {
+    set_source(curve_path, std::move(source));
+  }
+  p().attention_kernels[kernel] = std::move(model);
+}
+
+void Fitter::fit_host_link() {
+  struct Direction {
+    CopyDirection direction;
+    const char* key;
+    double models::HostLinkModel::*field;
+    double bytes_factor;  // duplex: both directions move `bytes`
+  };
+  const Direction directions[] = {
+      {CopyDirection::kHostToDevice, "h2d_bytes_per_s", &models::HostLinkModel::h2d_bytes_per_s,
+       1.0},
+      {CopyDirection::kDeviceToHost, "d2h_bytes_per_s", &models::HostLinkModel::d2h_bytes_per_s,
+       1.0},
+      {CopyDirection::kDuplex, "duplex_total_bytes_per_s",
+       &models::HostLinkModel::duplex_total_bytes_per_s, 2.0},
+  };
+  std::vector<double> alphas;
+  for (const Direction& d : directions) {
+    const std::string path = fmt::format("node.host_link.{}", d.key);
+    std::vector<TimingSample> samples;
+    std::map<int, double> per_gpu_largest;
+    std::int64_t largest = 0;
+    for (const HostCopySample& s : raw.samples.host_copies) {
+      if (s.direction == d.direction && s.gpus == 1) {
+        samples.push_back({d.bytes_factor * static_cast<double>(s.bytes), s.time_s});
+        largest = std::max(largest, s.bytes);
+      }
+    }
+    if (samples.empty()) {
+      note(path + ": no single-GPU samples; kept from the base");
+      continue;
+    }
+    for (const HostCopySample& s : raw.samples.host_copies) {
+      if (s.direction == d.direction && s.gpus == 1 && s.bytes == largest) {
+        per_gpu_largest[s.gpu] = d.bytes_factor * static_cast<double>(s.bytes) / s.time_s;
+      }
+    }
+    std::sort(samples.begin(), samples.end(),
+              [](const TimingSample& a, const TimingSample& b) { return a.bytes < b.bytes; });
+    AlphaBetaFit fit;
+    try {
+      fit = fit_alpha_beta(samples);
+    } catch (const InputError& e) {
+      throw InputError("samples.host_copies", fmt::format("{}: {}", d.key, e.what()));
+    }
+    CurveFit& row = add_row(path);
+    row.samples = fit.samples;
+    row.fit_mape = fit.mape;
+    row.fit_max = fit.max_abs_rel_error;
+    if (samples.size() >= std::max<std::size_t>(3, options.holdout_every)) {
+      const HoldoutError h = holdout_error(samples, options.holdout_every);
+      row.held_out = h.held_out;
+      row.holdout_mape = h.mape;
+      row.holdout_max = h.max_abs_rel_error;
+    }
+    row.note = fmt::format("{:.1f} GB/s", fit.bandwidth_bytes_per_s / 1e9);
+    std::string per_gpu;
+    double slowest = fit.bandwidth_bytes_per_s;
+    for (const auto& [gpu, bw] : per_gpu_largest) {
+      per_gpu += fmt::format("{}{}: {:.1f}", per_gpu.empty() ? "" : ", ", gpu, bw / 1e9);
+      slowest = std::min(slowest, bw);
+    }
+    if (per_gpu_largest.size() > 1 && slowest < 0.8 * fit.bandwidth_bytes_per_s) {
+      note(
+          fmt::format("{}: one GPU reaches only {:.1f} GB/s at {} (others up to {:.1f} GB/s); "
+                      "the profile uses the pooled fit",
+                      path, slowest / 1e9, format_bytes(static_cast<double>(largest)),
+                      fit.bandwidth_bytes_per_s / 1e9));
+    }
+    (p().host_link.*(d.field)) = fit.bandwidth_bytes_per_s;
+    if (d.direction != CopyDirection::kDuplex) {
+      alphas.push_back(fit.alpha_s);
+    }
+    set_source(path, sources.measured(
+                         row, fmt::format("pinned cudaMemcpyAsync (copy engines), alpha-beta fit "
+                                          "pooled over single GPUs; GB/s per GPU at {}: {}",
+                                          format_bytes(static_cast<double>(largest)), per_gpu)));
+  }
+  if (!alphas.empty()) {
+    double alpha = 0.0;
+    for (const double a : alphas) {
+      alpha += a;
+    }
+    alpha = std::max(0.0, alpha / static_cast<double>(alphas.size()));
+    p().host_link.alpha_s = alpha;
+    set_source(
+        "node.host_link.alpha_s",
+        fmt::format("measured: {}, driver {}, {}, cpsim calibrate, mean intercept of the "
+                    "h2d/d2h alpha-beta fits ({:.2f} us)",
+                    raw.context.device, raw.context.driver_version, raw.context.date, alpha * 1e6));
+  }
+  // All GPUs at once: no profile field; reported.
+  std::map<std::pair<CopyDirection, std::int64_t>, std::pair<double, int>> all_at_once;
+  for (const HostCopySample& s : raw.samples.host_copies) {
+    if (s.gpus > 1) {
+      auto& entry = all_at_once[{s.direction, s.bytes}];
+      entry = {static_cast<double>(s.bytes) / s.time_s *
+                   (s.direction == CopyDirection::kDuplex ? 2.0 : 1.0),
+               s.gpus};
+    }
+  }
+  std::map<CopyDirection, std::pair<std::int64_t, std::pair<double, int>>> largest_all;
+  for (const auto& [key, value] : all_at_once) {
+    largest_all[key.first] = {key.second, value};
+  }
+  for (const auto& [direction, entry] : largest_all) {
+    note(
+        fmt::format("host copies, {} GPUs at once, {} at {}: {:.1f} GB/s per GPU (not in the "
+                    "profile, which models one host link per GPU)",
+                    entry.second.second, to_string(direction),
+                    format_bytes(static_cast<double>(entry.first)), entry.second.first / 1e9));
+  }
+}
+
+/// Bytes on the wire per rank as the simulator counts them (sim/src/cost_model.cpp).
+double wire_bytes(Collective op, int ranks, std::int64_t size) {
+  const std::int64_t n = std::max(1, ranks);
+  switch (op) {
+    case Collective::kSendRecv:
+      return static_cast<double>(size);
+    case Collective::kAllReduce:
+      return static_cast<double>(2 * (size / n) * (n - 1));
+    case Collective::kAllToAll:
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+      return static_cast<double>((size / n) * (n - 1));
+  }
+  return static_cast<double>(size);
+}
+
+struct CollectiveModelFit {
+  double alpha_s = 0.0;        ///< profile alpha (without collective_launch_s)
+  double total_alpha_s = 0.0;  ///< alpha + collective_launch_s
+  double peak = 0.0;
+  LogCurve efficiency;
+  AlphaBetaFit alpha_beta{};
+};
+
+void Fitter::fit_collectives() {
+  const auto& samples = raw.samples.collectives;
+  if (samples.empty()) {
+    note(raw.context.gpu_count < 2
+             ? "collectives: one GPU measured, no collectives; all kept from the base"
+             : "collectives: no samples; all kept from the base");
+    return;
+  }
+  note("collectives.inter_node: one process measures one node; kept from the base");
+  const double launch = p().collective_launch_s;
+  const Collective ops[] = {Collective::kAllToAll, Collective::kAllGather,
+                            Collective::kReduceScatter, Collective::kAllReduce,
+                            Collective::kSendRecv};
+  for (const Collective op : ops) {
+    const std::string path = fmt::format("collectives.intra_node.{}", models::to_string(op));
+    int ranks = 0;
+    std::map<int, std::vector<TimingSample>> by_ranks;
+    for (const CollectiveSample& s : samples) {
+      if (s.op == op) {
+        ranks = std::max(ranks, s.ranks);
+        by_ranks[s.ranks].push_back(
+            {std::max(1.0, wire_bytes(op, s.ranks, s.size_bytes)), s.time_s});
+      }
+    }
+    if (ranks == 0) {
+      note(path + ": no samples; kept from the base");
+      continue;
+    }
+    // α-β per group size, for the report.
+    std::string per_ranks;
+    for (const auto& [n, ts] : by_ranks) {
+      try {
+        const AlphaBetaFit f = fit_alpha_beta(ts);
+        per_ranks += fmt::format("{}{} GPUs: alpha {:.1f} us, busbw {:.0f} GB/s",
+                                 per_ranks.empty() ? "" : "; ", n, f.alpha_s * 1e6,
+                                 f.bandwidth_bytes_per_s / 1e9);
+      } catch (const InputError&) {
+        per_ranks += fmt::format("{}{} GPUs: not fitted", per_ranks.empty() ? "" : "; ", n);
+      }
+    }
+    note(fmt::format("{} alpha-beta by group size: {}", models::to_string(op), per_ranks));
+
+    std::vector<double> sizes, wires, times;
+    for (const CollectiveSample& s : samples) {
+      if (s.op == op && s.ranks == ranks) {
+        sizes.push_back(static_cast<double>(s.size_bytes));
+        wires.push_back(std::max(1.0, wire_bytes(op, ranks, s.size_bytes)));
+        times.push_back(s.time_s);
+      }
+    }
+    const Groups groups = make_groups(sizes);
+    auto fit = [&](const std::vector<bool>& use) {
+      std::vector<TimingSample> ts;
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        if (use[i]) {
+          ts.push_back({wires[i], times[i]});
+        }
+      }
+      CollectiveModelFit m;
+      try {
+        m.alpha_beta = fit_alpha_beta(ts);
+      } catch (const InputError& e) {
+        throw InputError("samples.collectives",
+                         fmt::format("{} on {} GPUs: {}", models::to_string(op), ranks, e.what()));
+      }
+      // The fixed cost cannot exceed the fastest measurement: clamp the intercept just below it,
+      // so that every size keeps a positive transfer time.
+      double min_time = 0.0;
+      for (const TimingSample& t : ts) {
+        min_time = min_time == 0.0 ? t.time_s : std::min(min_time, t.time_s);
+      }
+      double total = std::max(m.alpha_beta.alpha_s, launch);
+      if (total >= min_time) {
+        total = (1.0 - 1e-3) * min_time;
+      }
+      m.alpha_s = std::max(0.0, total - launch);
+      m.total_alpha_s = m.alpha_s + launch;
+      std::vector<double> bw(sizes.size(), 0.0);
+      std::vector<bool> usable(sizes.size(), false);
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const double busy = times[i] - m.total_alpha_s;
+        if (use[i] && busy > 0.0) {
+          bw[i] = wires[i] / busy;
+          usable[i] = true;
+        }
+      }
+      const LogCurve absolute = group_curve(groups, sizes, bw, usable);
+      // Peak: the best bandwidth among sizes where moving bytes takes at least half the time.
+      double peak = 0.0;
+      double any_peak = 0.0;
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        if (!usable[i]) {
+          continue;
+        }
+        const double b = absolute(sizes[i], 0.0);
+        any_peak = std::max(any_peak, b);
+        if (times[i] - m.total_alpha_s >= 0.5 * times[i]) {
+          peak = std::max(peak, b);
+        }
+      }
+      if (peak <= 0.0) {
+        peak = any_peak > 0.0 ? any_peak : m.alpha_beta.bandwidth_bytes_per_s;
+      }
+      std::vector<std::pair<double, double>> eff;
+      for (const auto& [x, b] : absolute.points()) {
+        eff.emplace_back(x, std::min(1.0, b / peak));
+      }
+      if (eff.empty()) {
+        eff.emplace_back(*std::max_element(sizes.begin(), sizes.end()), 1.0);
+      }
+      m.peak = peak;
+      m.efficiency = LogCurve(std::move(eff));
+      return m;
+    };
+    CurveFit& row = add_row(path);
+    const CollectiveModelFit m = assess(
+        row, sizes, times, options.holdout_every, fit,
+        [&](const CollectiveModelFit& model, std::size_t i) {
+          return model.total_alpha_s + wires[i] / (model.peak * model.efficiency(sizes[i], 1.0));
+        });
+    row.note = fmt::format("{} GPUs, alpha {:.1f} us, peak busbw {:.0f} GB/s", ranks,
+                           m.alpha_s * 1e6, m.peak / 1e9);
+    models::CollectiveModel& target = p().collectives[models::Span::kIntraNode][op];
+    target.alpha_s = m.alpha_s;
+    target.peak_busbw_bytes_per_s = m.peak;
+    target.efficiency_by_size = m.efficiency;
+    const std::string detail = fmt::format(
+        "NCCL {} on {} GPUs, nccl-tests size and busbw conventions; weighted alpha-beta fit alpha "
+        "{:.2f} us, {:.1f} GB/s",
+        models::to_string(op), ranks, m.alpha_beta.alpha_s * 1e6,
+        m.alpha_beta.bandwidth_bytes_per_s / 1e9);
+    set_source(path + ".alpha_s",
+               sources.measured(row, detail + "; alpha here excludes compute.collective_launch_s"));
+    set_source(path + ".peak_busbw_bytes_per_s",
+               sources.measured(row, detail + "; best busbw among sizes that are bandwidth-bound"));
+    set_source(path + ".efficiency_by_size",
+               sources.measured(row, detail + "; busbw per size / peak"));
+  }
+}
+
+void Fitter::fit_interference() {
+  std::vector<double> comm, copies;
+  for (const InterferenceSample& s : raw.samples.interference) {
+    (s.background == "all_to_all" ? comm : copies)
+        .push_back(s.time_concurrent_s / s.time_alone_s - 1.0);
+  }
+  if (!copies.empty()) {
+    note(
+        fmt::format("attention under concurrent host copies: {:+.1f}% (median of {}; not in the "
+                    "profile)",
+                    median(copies) * 100.0, copies.size()));
+  }
+  if (comm.empty()) {
+    note(
+        "compute.compute_slowdown_under_comm: no all-to-all interference samples; kept from the "
+        "base");
+    return;
+  }
+  const double f = median(comm);
+  CurveFit& row = add_row("compute.compute_slowdown_under_comm", false);
+  row.samples = comm.size();
+  ErrorStats e;
+  for (const double x : comm) {
+    e.add(1.0 + f, 1.0 + x);
+  }
+  row.fit_mape = e.mape();
+  row.fit_max = e.max;
+  row.note = fmt::format("{:+.1f}% under all-to-all", f * 100.0);
+  p().compute_slowdown_under_comm = std::max(0.0, f);
+  set_source("compute.compute_slowdown_under_comm",
+             sources.measured(row,
+                              "median of (time with a concurrent NCCL all-to-all / time "
+                              "alone) - 1, attention forward; clamped at 0"));
+}
+
+}  // namespace
+
+double attention_occupancy_factor(std::int64_t tiles, std::int64_t sm_count, std::int64_t block) {
+  constexpr std::int64_t kReferenceTokensTimesHeads = 16 * 16384;
+  const std::int64_t sms = std::max<std::int64_t>(1, sm_count);
+  auto occ = [sms](std::int64_t t) {
+    t = std::max<std::int64_t>(1, t);
+    return static_cast<double>(t) / static_cast<double>(sms * ((t + sms - 1) / sms));
+  };
+  const std::int64_t ref_tiles = kReferenceTokensTimesHeads / std::max<std::int64_t>(1, block);
+  return std::min(1.0, occ(tiles) / occ(ref_tiles));
+}
+
+double attention_flops(const AttentionSample& s) {
+  double visible = static_cast<double>(s.kv_len);
+  if (s.causal) {
+    const double extra = static_cast<double>(std::max<std::int64_t>(0, s.kv_len - s.q_len));
+    visible = (extra + static_cast<double>(s.kv_len)) / 2.0;
+  }
+  const double fwd = 4.0 * static_cast<double>(s.q_len) * visible * static_cast<double>(s.heads) *
+                     static_cast<double>(s.head_dim);
+  return s.pass == AttentionPass::kForward ? fwd : 2.5 * fwd;
+}
+
+ProfileFit fit_profile(const RawCalibration& raw,
+                       const models::HardwareProfile& base,
+                       const FitOptions& options) {
+  if (options.holdout_every < 2) {
+    throw InputError("holdout_every", "must be at least 2");
+  }
+  Fitter f{raw, base, options, Sources(raw.context, base.name), ProfileFit{}};
+  f.out.profile = base;
+  // Order matters: launch overhead and memory efficiency enter the GEMM and attention inversions.
+  f.fit_context();
+  f.fit_launch();
+  f.fit_memory();
+  f.fit_gemm();
+  f.fit_attention();
+  f.fit_host_link();
+  f.fit_collectives();
+  f.fit_interference();
+  return std::move(f.out);
+}
+
+void check_fit_quality(const ProfileFit& fit, double max_mape) {
+  for (const CurveFit& row : fit.curves) {
+    if (row.checked && row.gate_error() > max_mape) {
+      throw InputError(
+          row.curve,
+          fmt::format("{} MAPE {} exceeds --max-mape {} ({} samples); measure again or pass "
+                      "--force to write the profile anyway",
+                      row.held_out > 0 ? "hold-out" : "fit", percent(row.gate_error()),
+                      percent(max_mape), row.samples));
+    }
+  }
+}
+
+std::string format_fit_report(const ProfileFit& fit, double max_mape) {
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({"curve", "samples", "fit MAPE", "fit max", "held out", "hold-out MAPE",
+                  "hold-out max", "status", "note"});
+  for (const CurveFit& r : fit.curves) {
+    const std::string status = !r.checked ? "info" : (r.gate_error() > max_mape ? "EXCEEDS" : "ok");
+    rows.push_back({r.curve, std::to_string(r.samples), percent(r.fit_mape), percent(r.fit_max),
+                    r.held_out > 0 ? std::to_string(r.held_out) : "-",
+                    r.held_out > 0 ? percent(r.holdout_mape) : "-",
+                    r.held_out > 0 ? percent(r.holdout_max) : "-", status, r.note});
+  }
+  std::vector<std::size_t> width(rows.front().size(), 0);
+  for (const auto& row : rows) {
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+    }
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      const bool numeric = c >= 1 && c <= 6;
+      line += numeric ? fmt::format("{:>{}}", row[c], width[c])
+                      : fmt::format("{:<{}}", row[c], width[c]);
+      if (c + 1 < row.size()) {
+        line += "  ";
+      }
+    }
+    while (!line.empty() && line.back() == ' ') {
+      line.pop_back();
+    }
+    out += line + "\n";
+  }
+  if (!fit.notes.empty()) {
+    out += "\nnotes:\n";
+    for (const std::string& n : fit.notes) {
+      out += "  - " + n + "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace cpsim::calibrate

@@ -1,0 +1,298 @@
+// End-to-end tests of `cpsim calibrate`: run without a GPU (or without CUDA) exits 2 with the
+// reason; fit writes a profile that `cpsim simulate --hardware` uses unchanged; bad raw files and
+// bad fits exit 2 naming the field or curve.
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cpsim/calibrate/measure.hpp"
+#include "cpsim/calibrate/raw.hpp"
+#include "cpsim/models/io.hpp"
+
+#include "synthetic.hpp"
+
+namespace cpsim::calibrate {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+constexpr int kTimeoutSeconds = 120;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class CalibrateCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "cpsim_calibrate_cli_XXXXXX").string();
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    ASSERT_NE(::mkdtemp(buf.data()), nullptr) << std::strerror(errno);
+    dir_ = fs::path(buf.data());
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  fs::path path(const std::string& name) const { return dir_ / name; }
+
+  void write(const fs::path& p, const std::string& text) {
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out << text;
+    ASSERT_TRUE(out.good());
+  }
+
+  RunResult run(const std::vector<std::string>& args) {
+    std::vector<std::string> command{CPSIM_BINARY};
+    command.insert(command.end(), args.begin(), args.end());
+    return run_program(command);
+  }
+
+  /// Runs argv[0] (an absolute path) with the arguments, without a shell.
+  RunResult run_program(std::vector<std::string> storage) {
+    const fs::path out_path = dir_ / "stdout";
+    const fs::path err_path = dir_ / "stderr";
+    std::vector<char*> argv;
+    for (auto& a : storage) {
+      argv.push_back(a.data());
+    }
+    argv.push_back(nullptr);
+    RunResult result;
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      ADD_FAILURE() << "fork: " << std::strerror(errno);
+      return result;
+    }
+    if (pid == 0) {
+      const int out_fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (out_fd < 0 || err_fd < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0) {
+        ::_exit(127);
+      }
+      ::setenv("CPSIM_DATA_DIR", CPSIM_TEST_DATA_DIR, 1);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kTimeoutSeconds);
+    int status = 0;
+    for (;;) {
+      const pid_t r = ::waitpid(pid, &status, WNOHANG);
+      if (r == pid) {
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        ADD_FAILURE() << "cpsim still running after " << kTimeoutSeconds << " s; killed";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (WIFEXITED(status)) {
+      result.exit_code = WEXITSTATUS(status);
+    }
+    result.out = read_file(out_path);
+    result.err = read_file(err_path);
+    return result;
+  }
+
+  /// A synthetic raw file (see synthetic.hpp) at `name`.
+  fs::path synthetic_raw_file(const std::string& name, double noise = 0.01) {
+    const fs::path p = path(name);
+    write(p, write_raw(testing::synthetic_raw(testing::truth_profile(), noise, 5)));
+    return p;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CalibrateCli, RunWithoutADeviceExitsTwoWithTheReason) {
+  const auto backend = make_measure_backend();
+  const auto reason = backend->unavailable_reason();
+  if (!reason) {
+    GTEST_SKIP() << "a CUDA device is present: `calibrate run` would measure for real";
+  }
+  const RunResult r = run({"calibrate", "run", "--out", path("raw.json").string(), "--quick"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  if (CPSIM_HAVE_CUDA) {
+    EXPECT_THAT(r.err, HasSubstr("no CUDA device"));
+  } else {
+    EXPECT_THAT(r.err, HasSubstr("built without CUDA"));
+  }
+  EXPECT_THAT(r.err, HasSubstr("cpsim: error: calibrate: "));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;  // one line
+  EXPECT_FALSE(fs::exists(path("raw.json")));
+  EXPECT_FALSE(fs::exists(path("raw.json.tmp")));
+}
+
+TEST_F(CalibrateCli, RunNeedsOut) {
+  const RunResult r = run({"calibrate", "run"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--out"));
+}
+
+TEST_F(CalibrateCli, FitWritesAProfileThatDrivesSimulate) {
+  const fs::path raw = synthetic_raw_file("raw.json");
+  const fs::path profile = path("my-node.json");
+  const RunResult fit = run({"calibrate", "fit", raw.string(), "--out", profile.string()});
+  ASSERT_EQ(fit.exit_code, 0) << fit.err << fit.out;
+  EXPECT_THAT(fit.out, HasSubstr("collectives.intra_node.all_to_all"));
+  EXPECT_THAT(fit.out, HasSubstr("hold-out MAPE"));
+  ASSERT_TRUE(fs::exists(profile));
+
+  const models::HardwareProfile p =
+      models::parse_hardware_profile(read_file(profile), profile.string());
+  EXPECT_EQ(p.name, "my-node");
+  EXPECT_EQ(p.attention_kernels.count("cpsim-flash"), 1U);
+
+  const RunResult sim = run({"simulate", "--hardware", profile.string(), "--model", "llama3-8b",
+                             "--gpus", "8", "--method", "ulysses", "--seq", "256K", "--json"});
+  ASSERT_EQ(sim.exit_code, 0) << sim.err;
+  const Json j = Json::parse(sim.out);
+  EXPECT_GT(j.at("step_time_s").get<double>(), 0.0);
+
+  // The measured kernel can be chosen by name.
+  const RunResult flash =
+      run({"simulate", "--hardware", profile.string(), "--model", "llama3-8b", "--gpus", "8",
+           "--method", "ulysses", "--seq", "256K", "--attention-kernel", "cpsim-flash", "--json"});
+  ASSERT_EQ(flash.exit_code, 0) << flash.err;
+  EXPECT_GT(Json::parse(flash.out).at("step_time_s").get<double>(),
+            j.at("step_time_s").get<double>());  // slower than the published fa3
+}
+
+TEST_F(CalibrateCli, TheDefaultProfileStillDrivesSimulate) {
+  const RunResult sim = run({"simulate", "--model", "llama3-8b", "--gpus", "8", "--method",
+                             "ulysses", "--seq", "128K", "--json"});
+  ASSERT_EQ(sim.exit_code, 0) << sim.err;
+}
+
+TEST_F(CalibrateCli, CorruptedRawExitsTwoNamingTheField) {
+  Json j = Json::parse(write_raw(testing::synthetic_raw(testing::truth_profile())));
+  j["samples"]["gemm"][3]["time_s"] = "slow";
+  const fs::path raw = path("raw.json");
+  write(raw, j.dump());
+  const RunResult r = run({"calibrate", "fit", raw.string(), "--out", path("p.json").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr(raw.string() + ":samples.gemm[3].time_s"));
+  EXPECT_FALSE(fs::exists(path("p.json")));
+}
+
+TEST_F(CalibrateCli, MissingRawFileExitsTwo) {
+  const RunResult r =
+      run({"calibrate", "fit", path("absent.json").string(), "--out", path("p.json").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("cannot open"));
+}
+
+TEST_F(CalibrateCli, ABadFitIsRefusedUnlessForced) {
+  RawCalibration raw = testing::synthetic_raw(testing::truth_profile());
+  for (CollectiveSample& s : raw.samples.collectives) {
+    if (s.op == models::Collective::kReduceScatter &&
+        static_cast<int>(std::log2(s.size_bytes)) % 2 == 1) {
+      s.time_s *= 3.0;
+    }
+  }
+  const fs::path raw_path = path("raw.json");
+  write(raw_path, write_raw(raw));
+  const fs::path profile = path("p.json");
+  const RunResult refused = run({"calibrate", "fit", raw_path.string(), "--out", profile.string()});
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_THAT(refused.err, HasSubstr("collectives.intra_node.reduce_scatter"));
+  EXPECT_THAT(refused.out, HasSubstr("EXCEEDS"));
+  EXPECT_FALSE(fs::exists(profile));
+
+  const RunResult loose =
+      run({"calibrate", "fit", raw_path.string(), "--out", profile.string(), "--max-mape", "5"});
+  EXPECT_EQ(loose.exit_code, 0) << loose.err;
+
+  fs::remove(profile);
+  const RunResult forced =
+      run({"calibrate", "fit", raw_path.string(), "--out", profile.string(), "--force"});
+  EXPECT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_TRUE(fs::exists(profile));
+}
+
+TEST_F(CalibrateCli, TheTorchScriptWritesTheRawFormat) {
+  // calibrate/scripts/torch_attention_timing.py --selftest needs Python 3, not PyTorch.
+  const fs::path script =
+      fs::path(CPSIM_TEST_DATA_DIR).parent_path() / "calibrate/scripts/torch_attention_timing.py";
+  ASSERT_TRUE(fs::exists(script)) << script;
+  std::string python;
+  for (const char* candidate : {"/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3"}) {
+    if (fs::exists(candidate)) {
+      python = candidate;
+      break;
+    }
+  }
+  if (python.empty()) {
+    GTEST_SKIP() << "no python3";
+  }
+  const fs::path raw = path("torch.json");
+  const RunResult r = run_program({python, script.string(), "--selftest", "--out", raw.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const RawCalibration parsed = load_raw(raw, "RAW");
+  EXPECT_FALSE(parsed.samples.attention.empty());
+  EXPECT_EQ(parsed.samples.attention.front().kernel, "sdpa");
+  EXPECT_EQ(parsed.context.method.timer, "torch-cuda-event");
+  const RunResult fit = run({"calibrate", "fit", raw.string(), "--out", path("p.json").string()});
+  EXPECT_EQ(fit.exit_code, 0) << fit.err;
+  EXPECT_THAT(fit.out, HasSubstr("compute.attention_kernels.sdpa.bwd_full_flops_per_s"));
+}
+
+TEST_F(CalibrateCli, FitChecksItsFlags) {
+  const fs::path raw = synthetic_raw_file("raw.json");
+  RunResult r = run({"calibrate", "fit", raw.string(), "--out", path("p.json").string(), "--base",
+                     "no-such-gpu"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--base"));
+  r = run({"calibrate", "fit", raw.string(), "--out", path("p.json").string(), "--max-mape", "0"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--max-mape"));
+  r = run({"calibrate"});
+  EXPECT_EQ(r.exit_code, 2);
+}
+
+TEST_F(CalibrateCli, FitOntoAnotherBase) {
+  const fs::path raw = synthetic_raw_file("raw.json");
+  const fs::path profile = path("on-h200.json");
+  const RunResult r = run({"calibrate", "fit", raw.string(), "--out", profile.string(), "--base",
+                           "h200-141g", "--name", "node-a"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const models::HardwareProfile p =
+      models::parse_hardware_profile(read_file(profile), profile.string());
+  EXPECT_EQ(p.name, "node-a");
+  EXPECT_THAT(p.description, HasSubstr("h200-141g"));
+}
+
+}  // namespace
+}  // namespace cpsim::calibrate
