@@ -101,11 +101,10 @@ std::vector<double> StepBuilder::ring_step_times(int step,
     // Representative rank: each step takes as long as its slowest ring position (the rendezvous
     // of the next collective waits for it). Exact for the contiguous layout, whose slowest rank
     // computes every step; for zigzag the two shapes differ by a few percent.
-    double slowest = 0.0;
-    for (int i = 0; i < static_cast<int>(rg_); ++i) {
-      slowest = std::max(slowest, seconds(of_position(i)));
-      if (step == 0)
-        break;
+    // At step k ≥ 1 positions i ≥ k receive from a lower position and i < k from a higher one.
+    double slowest = seconds(diagonal);
+    if (step > 0) {
+      slowest = zigzag ? std::max(seconds(before), seconds(after)) : seconds(before);
     }
     return {slowest};
   }

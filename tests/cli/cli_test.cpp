@@ -821,8 +821,9 @@ TEST_F(CliTest, HugeContextsStayInRange) {
   EXPECT_GT(j.at("step_time_s").get<double>(), 0.0);
   EXPECT_GT(j.at("peak_memory_bytes").get<std::int64_t>(), 100LL << 30);  // far beyond a GPU
   EXPECT_FALSE(j.at("fits").get<bool>());
-  // A 1024-GPU ring runs on the representative-rank path in well under the test's time-out.
-  const RunResult ring = run({"simulate", "--model", "llama3-8b", "--gpus", "1024", "--method",
+  // A 256-GPU ring (32 nodes) runs on the representative-rank path well inside the time-out,
+  // also under the sanitizers.
+  const RunResult ring = run({"simulate", "--model", "llama3-8b", "--gpus", "256", "--method",
                               "ring", "--seq", "64M", "--json"});
   ASSERT_EQ(ring.exit_code, 0) << ring.err;
 }
