@@ -155,7 +155,8 @@ CLI::App* register_calibrate(CLI::App& app, CalibrateArgs& a) {
       "Microbenchmarks on the local GPUs: attention, GEMM, HBM, NCCL collectives, host copies, "
       "interference, launch overhead -> raw JSON (needs a CUDA build and a GPU)");
   a.run_command->add_option("--out", a.out, "raw measurements file to write (JSON)")->required();
-  a.run_command->add_flag("--quick", a.quick, "fewer points per sweep (minutes, not an hour)");
+  a.run_command->add_flag("--quick", a.quick,
+                          "fewer points per sweep (minutes instead of tens of minutes)");
   a.run_command->add_option("--gpus", a.gpus, "GPUs to use (default: all visible)");
   a.run_command->add_option("--max-seq", a.max_seq,
                             "longest attention length to try (default: up to what fits the "

@@ -159,7 +159,7 @@ LogCurve group_curve(const Groups& groups,
 
 class Sources {
  public:
-  Sources(const RawContext& c, std::string base_name) : c_(c), base_(std::move(base_name)) {}
+  explicit Sources(const RawContext& c) : c_(c) {}
 
   /// "measured: <device>, driver <v>, <date>, cpsim calibrate, N samples, MAPE x%; <detail>"
   std::string measured(const CurveFit& row, const std::string& detail) const {
@@ -182,7 +182,6 @@ class Sources {
 
  private:
   const RawContext& c_;
-  std::string base_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -451,6 +450,7 @@ void Fitter::fit_attention_kernel(const std::string& kernel) {
 
   const auto fa3_it = base.attention_kernels.find("fa3");
   const bool compare_fa3 = kernel != "fa3" && fa3_it != base.attention_kernels.end();
+  const auto cudnn_it = base.attention_kernels.find("cudnn");
   const double launch = p().kernel_launch_s;
   const std::int64_t sms = p().sm_count;
   const std::int64_t ref_block = model.fwd_block_m;
@@ -548,6 +548,16 @@ void Fitter::fit_attention_kernel(const std::string& kernel) {
           "length: {} (mean {:.2f})",
           ratios, mean_ratio);
       row.note = fmt::format("{:.2f} x fa3", mean_ratio);
+    }
+    if (cudnn_it != base.attention_kernels.end() && kernel != "cudnn") {
+      const LogCurve& published = cudnn_it->second.*(v.curve);
+      double ratio_sum = 0.0;
+      for (const auto& [x, y] : curve.points()) {
+        ratio_sum += y / published(x, y);
+      }
+      const double mean_ratio = ratio_sum / static_cast<double>(curve.points().size());
+      detail += fmt::format("; vs the base's published cudnn curve: mean {:.2f}", mean_ratio);
+      row.note += fmt::format("{}{:.2f} x cudnn", row.note.empty() ? "" : ", ", mean_ratio);
     }
     model.*(v.curve) = curve;
     new_sources.emplace_back(curve_path, sources.measured(row, detail));
@@ -943,7 +953,7 @@ ProfileFit fit_profile(const RawCalibration& raw,
   if (options.holdout_every < 2) {
     throw InputError("holdout_every", "must be at least 2");
   }
-  Fitter f{raw, base, options, Sources(raw.context, base.name), ProfileFit{}};
+  Fitter f{raw, base, options, Sources(raw.context), ProfileFit{}};
   f.out.profile = base;
   // Order matters: launch overhead and memory efficiency enter the GEMM and attention inversions.
   f.fit_context();

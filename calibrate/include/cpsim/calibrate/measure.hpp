@@ -31,9 +31,9 @@ struct GemmWidth {
 std::vector<GemmWidth> model_gemm_widths(const std::vector<models::TransformerSpec>& models);
 
 struct MeasureOptions {
-  bool quick = false;        ///< fewer points per sweep (minutes instead of about an hour)
-  int gpus = 0;              ///< GPUs to use, 0 = all visible
-  std::int64_t max_seq = 0;  ///< longest attention length to try, 0 = up to what fits
+  bool quick = false;                  ///< fewer points per sweep (minutes, not tens of minutes)
+  int gpus = 0;                        ///< GPUs to use, 0 = all visible
+  std::int64_t max_seq = 0;            ///< longest attention length to try, 0 = up to what fits
   std::vector<GemmWidth> gemm_widths;  ///< (n, k) shapes of the GEMM sweep
   std::vector<std::string> argv;       ///< recorded in the raw file
   std::string cpsim_version;           ///< recorded in the raw file
