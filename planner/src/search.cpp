@@ -257,16 +257,16 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
       c.prune_reason = "memory lower bound exceeds the GPU";
     }
   }
-  std::vector<std::size_t> todo;
+  std::vector<std::size_t> pending;
   for (std::size_t i = 0; i < cands.size(); ++i) {
     if (cands[i].error.empty() && !cands[i].pruned)
-      todo.push_back(i);
+      pending.push_back(i);
   }
   std::atomic<std::size_t> next{0};
   std::atomic<std::int64_t> simulations{0};
   auto worker = [&]() {
-    for (std::size_t k = next++; k < todo.size(); k = next++) {
-      Candidate& c = cands[todo[k]];
+    for (std::size_t k = next++; k < pending.size(); k = next++) {
+      Candidate& c = cands[pending[k]];
       try {
         if (options.seq_len) {
           c.report = evaluate(c.inputs).report;
@@ -292,7 +292,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
       }
     }
   };
-  const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(todo.size())));
+  const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(pending.size())));
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t)
     pool.emplace_back(worker);
