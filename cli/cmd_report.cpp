@@ -81,9 +81,11 @@ std::vector<std::string> sweep_methods(const ReportArgs& a) {
 // Errors in flags every method shares stop the command; the others are one method's problem.
 bool is_shared_field(const std::string& f) {
   static const std::vector<std::string> kShared = {
-      "--gpus",       "--gpus-per-node",    "--hardware",   "--recipe",     "--ac",
-      "--ac-offload", "--tiled-mlp",        "--fused-loss", "--zero",       "--optimizer-offload",
-      "--comm-dtype", "--attention-kernel", "--cp-degree",  "--ring-layout"};
+      "--gpus",       "--gpus-per-node",     "--hardware",      "--recipe",
+      "--ac",         "--ac-offload",        "--tiled-mlp",     "--fused-loss",
+      "--zero",       "--optimizer-offload", "--comm-dtype",    "--attention-kernel",
+      "--cp-degree",  "--ring-layout",       "--param-offload", "--norm-kernel",
+      "--mlp-kernel", "--int32-indexing"};
   return std::find(kShared.begin(), kShared.end(), f) != kShared.end() ||
          f.find(".json") != std::string::npos;
 }

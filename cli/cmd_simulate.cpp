@@ -58,6 +58,15 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   if (!a.fused_loss.empty()) {
     r.fused_loss = parse_switch(a.fused_loss, "--fused-loss");
   }
+  if (!a.norm_kernel.empty()) {
+    r.norm_kernel = models::parse_norm_kernel(a.norm_kernel, "--norm-kernel");
+  }
+  if (!a.mlp_kernel.empty()) {
+    r.mlp_kernel = models::parse_mlp_kernel(a.mlp_kernel, "--mlp-kernel");
+  }
+  if (!a.int32_indexing.empty()) {
+    r.int32_kernel_indexing = parse_switch(a.int32_indexing, "--int32-indexing");
+  }
   if (!a.attention_kernel.empty()) {
     r.attention_kernel = a.attention_kernel;
   }
@@ -71,6 +80,13 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   }
   if (!a.optimizer_offload.empty()) {
     r.optimizer_offload = parse_switch(a.optimizer_offload, "--optimizer-offload");
+  }
+  if (!a.param_offload.empty()) {
+    r.param_offload = parse_switch(a.param_offload, "--param-offload");
+    if (r.param_offload && r.zero_stage != 3) {
+      throw InputError("--param-offload",
+                       fmt::format("parameter offload needs ZeRO stage 3, got {}", r.zero_stage));
+    }
   }
   if (!a.comm_dtype.empty()) {
     if (a.comm_dtype == "bf16" || a.comm_dtype == "fp16") {
@@ -208,6 +224,12 @@ std::string recipe_label(const models::TrainingRecipe& r,
     s += ", untiled MLP";
   }
   s += r.fused_loss ? ", fused loss" : ", materialised logits";
+  if (r.norm_kernel != models::NormKernel::kUpcast) {
+    s += fmt::format(", {} RMSNorm", models::to_string(r.norm_kernel));
+  }
+  if (r.param_offload) {
+    s += ", parameters offloaded";
+  }
   s += fmt::format(", {} attention", r.attention_kernel);
   (void)rep;
   return s;
@@ -249,6 +271,7 @@ nlohmann::json to_json(const SimulateArgs& a,
         {"fpdt_chunk", in.parallel.fpdt_chunk},
         {"fpdt_offload", in.parallel.fpdt_offload},
         {"optimizer_offload", r.optimizer_offload},
+        {"param_offload", r.param_offload},
         {"comm_dtype", r.cp_comm_bytes == 4 ? "fp32" : "bf16"},
         {"data_parallel", in.parallel.data_parallel()},
         {"heads_per_stage", L.heads_per_stage},
@@ -259,6 +282,9 @@ nlohmann::json to_json(const SimulateArgs& a,
         {"ac_offload", r.checkpoint_offload},
         {"tiled_mlp", r.tiled_mlp},
         {"fused_loss", r.fused_loss},
+        {"norm_kernel", models::to_string(r.norm_kernel)},
+        {"mlp_kernel", models::to_string(r.mlp_kernel)},
+        {"int32_kernel_indexing", r.int32_kernel_indexing},
         {"attention_kernel", r.attention_kernel}}},
       {"step_time_s", rep.step_time_s},
       {"tokens_per_step", rep.tokens_per_step},
@@ -426,6 +452,9 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
   c->add_option("--zero", a.zero, "ZeRO stage 0-3 (3 = FSDP full shard; default: recipe)");
   c->add_option("--optimizer-offload", a.optimizer_offload,
                 "fp32 master weights and optimizer states in host memory, CPU Adam: on | off");
+  c->add_option("--param-offload", a.param_offload,
+                "ZeRO-3 parameter shards in host memory, copied to the GPU block by block: "
+                "on | off");
   c->add_option("--comm-dtype", a.comm_dtype,
                 "dtype of context-parallel communication: bf16 | fp32 (default: recipe)");
   c->add_option("--ac", a.ac,
@@ -436,6 +465,15 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
                 "tiled MLP: on | off | SHARDS (default shards: "
                 "ceil(local_seq / hidden))");
   c->add_option("--fused-loss", a.fused_loss, "fused linear cross-entropy: on | off");
+  c->add_option("--norm-kernel", a.norm_kernel,
+                "RMSNorm implementation: upcast (fp32 copies while it runs) | fused (Liger) | "
+                "eager (Hugging Face eager: keeps fp32 input for backward)");
+  c->add_option("--mlp-kernel", a.mlp_kernel,
+                "untiled SwiGLU MLP: unfused | fused (Liger: gradients in place) | eager (Hugging "
+                "Face: keeps silu(gate) too)");
+  c->add_option("--int32-indexing", a.int32_indexing,
+                "kernels with 32-bit offsets (Liger RMSNorm before PR #804, FlashAttention-2): "
+                "tensors of 2^31 elements do not run: on | off (default: recipe)");
   c->add_option("--attention-kernel", a.attention_kernel,
                 "attention kernel curve of the profile: "
                 "fa3 | fa2 | cudnn | sdpa (default: recipe)");
@@ -468,7 +506,8 @@ int run_comparison(const SimulateArgs& a, const std::vector<std::string>& method
       }
       if (f == "--gpus" || f == "--hardware" || f == "--recipe" || f == "--ac" ||
           f == "--ac-offload" || f == "--tiled-mlp" || f == "--fused-loss" || f == "--zero" ||
-          f.find(".json") != std::string::npos) {
+          f == "--param-offload" || f == "--norm-kernel" || f == "--mlp-kernel" ||
+          f == "--int32-indexing" || f.find(".json") != std::string::npos) {
         throw;
       }
       row.error = e.what();

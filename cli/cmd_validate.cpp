@@ -1,9 +1,7 @@
 // `cpsim validate`: predictions against published results (data/validation/*.json).
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -12,6 +10,7 @@
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
 #include "cpsim/planner/maxlen.hpp"
+#include "cpsim/planner/validation_case.hpp"
 
 #include "commands.hpp"
 #include "common.hpp"
@@ -21,19 +20,7 @@ namespace {
 
 constexpr int kValidateSchemaVersion = 1;
 
-struct Case {
-  std::string id;
-  std::string title;
-  std::string quantity;
-  std::string source;
-  std::string skip;
-  std::string tolerance_why;
-  std::string granularity = "64K";
-  double published = 0.0;
-  double tolerance = 0.0;
-  int row = 0;
-  SimulateArgs setup;
-};
+using Case = planner::ValidationCase;
 
 struct Outcome {
   Case c;
@@ -44,126 +31,40 @@ struct Outcome {
   std::string note;
 };
 
-std::string as_text(const nlohmann::json& v) {
-  return v.is_string() ? v.get<std::string>() : v.dump();
-}
-
-// Setup keys are the flags of `cpsim simulate` without their dashes.
-SimulateArgs parse_setup(const nlohmann::json& s, const std::string& origin) {
-  if (!s.is_object()) {
-    throw InputError(origin + ":setup", "must be an object of simulate flags");
-  }
+// The case's set-up as the flags of `cpsim simulate`; keys it does not give keep their defaults.
+SimulateArgs simulate_args(const planner::ValidationSetup& s) {
   SimulateArgs a;
-  a.method = "ulysses";
-  for (const auto& [key, value] : s.items()) {
-    const std::string field = origin + ":setup." + key;
-    const std::string text = as_text(value);
-    auto integer = [&]() {
-      if (!value.is_number_integer())
-        throw InputError(field, "must be an integer");
-      return value.get<int>();
-    };
-    if (key == "model")
-      a.model = text;
-    else if (key == "gpus")
-      a.gpus = integer();
-    else if (key == "gpus-per-node")
-      a.gpus_per_node = integer();
-    else if (key == "hardware")
-      a.hardware = text;
-    else if (key == "method")
-      a.method = text;
-    else if (key == "seq")
-      a.seq = text;
-    else if (key == "recipe")
-      a.recipe = text;
-    else if (key == "heads-per-stage")
-      a.heads_per_stage = integer();
-    else if (key == "cp-degree")
-      a.cp_degree = integer();
-    else if (key == "ulysses-degree")
-      a.ulysses_degree = integer();
-    else if (key == "ring-degree")
-      a.ring_degree = integer();
-    else if (key == "ring-layout")
-      a.ring_layout = text;
-    else if (key == "fpdt-chunk")
-      a.fpdt_chunk = text;
-    else if (key == "fpdt-offload")
-      a.fpdt_offload = text;
-    else if (key == "ac")
-      a.ac = text;
-    else if (key == "ac-offload")
-      a.ac_offload = text;
-    else if (key == "tiled-mlp")
-      a.tiled_mlp = text;
-    else if (key == "fused-loss")
-      a.fused_loss = text;
-    else if (key == "attention-kernel")
-      a.attention_kernel = text;
-    else if (key == "zero")
-      a.zero = integer();
-    else if (key == "optimizer-offload")
-      a.optimizer_offload = text;
-    else if (key == "comm-dtype")
-      a.comm_dtype = text;
-    else
-      throw InputError(field, "unknown setup key (use the flags of `cpsim simulate`)");
-  }
-  return a;
-}
-
-Case parse_case(const std::filesystem::path& path) {
-  const std::string origin = path.filename().string();
-  std::ifstream in(path);
-  if (!in) {
-    throw InputError(origin, "cannot read the file");
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(buffer.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    throw InputError(origin, fmt::format("malformed JSON at byte {}", e.byte));
-  }
-  auto need = [&](const char* key) -> const nlohmann::json& {
-    if (!j.is_object() || !j.contains(key)) {
-      throw InputError(origin + ":" + key, "missing");
-    }
-    return j.at(key);
+  auto set = [](auto& to, const auto& from) {
+    if (from)
+      to = *from;
   };
-  if (need("schema") != "cpsim.validation/1") {
-    throw InputError(origin + ":schema", "expected \"cpsim.validation/1\"");
-  }
-  Case c;
-  try {
-    c.id = need("id").get<std::string>();
-    c.title = need("title").get<std::string>();
-    c.quantity = need("quantity").get<std::string>();
-    c.source = need("source").get<std::string>();
-    c.published = need("published").get<double>();
-    c.tolerance = need("tolerance").at("relative").get<double>();
-    c.tolerance_why = need("tolerance").at("why").get<std::string>();
-    if (j.contains("row") && !j.at("row").is_null())
-      c.row = j.at("row").get<int>();
-    if (j.contains("skip"))
-      c.skip = j.at("skip").get<std::string>();
-    if (j.contains("granularity"))
-      c.granularity = j.at("granularity").get<std::string>();
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(origin, fmt::format("wrong type: {}", e.what()));
-  }
-  if (!(c.published > 0.0) || !(c.tolerance > 0.0) || c.tolerance > 1.0) {
-    throw InputError(origin + ":published", "published value and tolerance must be positive");
-  }
-  const std::vector<std::string> quantities = {
-      "max_seq_len", "peak_memory_bytes", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu"};
-  if (std::find(quantities.begin(), quantities.end(), c.quantity) == quantities.end()) {
-    throw InputError(origin + ":quantity", fmt::format("unknown quantity '{}'", c.quantity));
-  }
-  c.setup = parse_setup(need("setup"), origin);
-  return c;
+  a.method = s.method;
+  set(a.model, s.model);
+  set(a.gpus, s.gpus);
+  set(a.gpus_per_node, s.gpus_per_node);
+  set(a.hardware, s.hardware);
+  set(a.seq, s.seq);
+  set(a.recipe, s.recipe);
+  set(a.heads_per_stage, s.heads_per_stage);
+  set(a.cp_degree, s.cp_degree);
+  set(a.ulysses_degree, s.ulysses_degree);
+  set(a.ring_degree, s.ring_degree);
+  set(a.ring_layout, s.ring_layout);
+  set(a.fpdt_chunk, s.fpdt_chunk);
+  set(a.fpdt_offload, s.fpdt_offload);
+  set(a.ac, s.ac);
+  set(a.ac_offload, s.ac_offload);
+  set(a.tiled_mlp, s.tiled_mlp);
+  set(a.fused_loss, s.fused_loss);
+  set(a.attention_kernel, s.attention_kernel);
+  set(a.zero, s.zero);
+  set(a.optimizer_offload, s.optimizer_offload);
+  set(a.comm_dtype, s.comm_dtype);
+  set(a.param_offload, s.param_offload);
+  set(a.norm_kernel, s.norm_kernel);
+  set(a.mlp_kernel, s.mlp_kernel);
+  set(a.int32_indexing, s.int32_indexing);
+  return a;
 }
 
 Outcome run_case(const Case& c) {
@@ -173,7 +74,7 @@ Outcome run_case(const Case& c) {
     o.skipped = true;
     return o;
   }
-  SimulateArgs a = c.setup;
+  SimulateArgs a = simulate_args(c.setup);
   if (c.quantity == "max_seq_len") {
     a.seq = a.seq.empty() ? "64K" : a.seq;
     const sim::ScheduleInputs in = resolve_inputs(a);
@@ -196,7 +97,7 @@ Outcome run_case(const Case& c) {
     o.note = fmt::format("peak at {}", r.peak_op);
   }
   o.error = o.predicted / c.published - 1.0;
-  o.passed = std::abs(o.error) <= c.tolerance;
+  o.passed = c.bound == "lower" ? o.error >= -c.tolerance : std::abs(o.error) <= c.tolerance;
   return o;
 }
 
@@ -235,7 +136,7 @@ int run_validate(const ValidateArgs& a) {
   std::vector<Outcome> outcomes;
   const bool tty = isatty(STDERR_FILENO) != 0;
   for (std::size_t i = 0; i < files.size(); ++i) {
-    const Case c = parse_case(files[i]);
+    const Case c = planner::load_validation_case(files[i]);
     if (!a.only.empty() && c.id != a.only)
       continue;
     if (tty)
@@ -269,6 +170,7 @@ int run_validate(const ValidateArgs& a) {
         j["predicted"] = o.predicted;
         j["relative_error"] = o.error;
         j["tolerance"] = o.c.tolerance;
+        j["bound"] = o.c.bound;
         j["note"] = o.note;
       }
       list.push_back(j);
@@ -289,7 +191,9 @@ int run_validate(const ValidateArgs& a) {
       } else {
         rows.push_back({o.c.id, show(o.c.quantity, o.c.published), show(o.c.quantity, o.predicted),
                         fmt::format("{:+.1f} %", 100 * o.error),
-                        fmt::format("±{:.0f} %", 100 * o.c.tolerance), o.passed ? "pass" : "FAIL"});
+                        o.c.bound == "lower" ? fmt::format("≥ −{:.0f} %", 100 * o.c.tolerance)
+                                             : fmt::format("±{:.0f} %", 100 * o.c.tolerance),
+                        o.passed ? "pass" : "FAIL"});
       }
     }
     std::cout << format_table({"case", "published", "predicted", "error", "tolerance", "result"},

@@ -27,11 +27,15 @@ struct SimulateArgs {
   std::string fpdt_offload;
   int zero = -1;  // -1 = recipe
   std::string optimizer_offload;
+  std::string param_offload;
   std::string comm_dtype;
   std::string ac;  // empty = recipe
   std::string ac_offload;
   std::string tiled_mlp;
   std::string fused_loss;
+  std::string norm_kernel;
+  std::string mlp_kernel;
+  std::string int32_indexing;
   std::string attention_kernel;
   std::string trace;
   bool json = false;

@@ -740,11 +740,12 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
     throw InputError(origin, fmt::format("a recipe must be a JSON object, got {}", describe(root)));
   }
   check_schema(root, kRecipeSchema, origin);
-  reject_unknown_keys(root,
-                      {"schema", "name", "description", "precision", "optimizer", "sharding",
-                       "activation_checkpointing", "tiled_mlp", "tiled_norm", "fused_loss",
-                       "allocator", "attention_kernel"},
-                      origin, "");
+  reject_unknown_keys(
+      root,
+      {"schema", "name", "description", "precision", "optimizer", "sharding",
+       "activation_checkpointing", "tiled_mlp", "tiled_norm", "norm_kernel", "mlp_kernel",
+       "fused_loss", "allocator", "attention_kernel", "int32_kernel_indexing"},
+      origin, "");
 
   // Every key but `schema` is optional; absent keys keep the defaults of TrainingRecipe (alst).
   TrainingRecipe recipe;
@@ -810,11 +811,12 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
     recipe.optimizer = as_string(*optimizer, field("optimizer"));
   }
 
-  const Json* sharding =
-      section("sharding", {"zero_stage", "fsdp_prefetch_layers", "optimizer_offload"});
+  const Json* sharding = section(
+      "sharding", {"zero_stage", "fsdp_prefetch_layers", "optimizer_offload", "param_offload"});
   read_int(sharding, "sharding", "zero_stage", recipe.zero_stage);
   read_int(sharding, "sharding", "fsdp_prefetch_layers", recipe.fsdp_prefetch_layers);
   read_bool(sharding, "sharding", "optimizer_offload", recipe.optimizer_offload);
+  read_bool(sharding, "sharding", "param_offload", recipe.param_offload);
 
   const Json* ac =
       section("activation_checkpointing", {"mode", "offload_to_host", "keep_first_last_on_gpu"});
@@ -834,6 +836,17 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
 
   if (const Json* tiled_norm = find_member(root, "tiled_norm")) {
     recipe.tiled_norm = as_bool(*tiled_norm, field("tiled_norm"));
+  }
+  if (const Json* norm = find_member(root, "norm_kernel")) {
+    const std::string f = field("norm_kernel");
+    recipe.norm_kernel = parse_norm_kernel(as_string(*norm, f), f);
+  }
+  if (const Json* mlp = find_member(root, "mlp_kernel")) {
+    const std::string f = field("mlp_kernel");
+    recipe.mlp_kernel = parse_mlp_kernel(as_string(*mlp, f), f);
+  }
+  if (const Json* int32 = find_member(root, "int32_kernel_indexing")) {
+    recipe.int32_kernel_indexing = as_bool(*int32, field("int32_kernel_indexing"));
   }
   if (const Json* fused_loss = find_member(root, "fused_loss")) {
     recipe.fused_loss = as_bool(*fused_loss, field("fused_loss"));

@@ -63,6 +63,50 @@ CheckpointMode parse_checkpoint_mode(const std::string& text, const std::string&
       field, fmt::format("unknown checkpointing mode '{}'; known: none, selective, full", text));
 }
 
+const char* to_string(NormKernel k) {
+  switch (k) {
+    case NormKernel::kUpcast:
+      return "upcast";
+    case NormKernel::kFused:
+      return "fused";
+    case NormKernel::kEager:
+      return "eager";
+  }
+  return "unknown";
+}
+
+NormKernel parse_norm_kernel(const std::string& text, const std::string& field) {
+  for (const NormKernel k : {NormKernel::kUpcast, NormKernel::kFused, NormKernel::kEager}) {
+    if (text == to_string(k)) {
+      return k;
+    }
+  }
+  throw InputError(field,
+                   fmt::format("unknown norm kernel '{}'; known: upcast, fused, eager", text));
+}
+
+const char* to_string(MlpKernel k) {
+  switch (k) {
+    case MlpKernel::kUnfused:
+      return "unfused";
+    case MlpKernel::kFused:
+      return "fused";
+    case MlpKernel::kEager:
+      return "eager";
+  }
+  return "unknown";
+}
+
+MlpKernel parse_mlp_kernel(const std::string& text, const std::string& field) {
+  for (const MlpKernel k : {MlpKernel::kUnfused, MlpKernel::kFused, MlpKernel::kEager}) {
+    if (text == to_string(k)) {
+      return k;
+    }
+  }
+  throw InputError(field,
+                   fmt::format("unknown MLP kernel '{}'; known: unfused, fused, eager", text));
+}
+
 void TrainingRecipe::validate() const {
   check_one_of(param_bytes, {1, 2, 4}, "precision.param_bytes");
   check_one_of(activation_bytes, {1, 2, 4}, "precision.activation_bytes");
@@ -76,6 +120,10 @@ void TrainingRecipe::validate() const {
   }
   check_range(zero_stage, 0, 3, "sharding.zero_stage");
   check_range(fsdp_prefetch_layers, 0, 64, "sharding.fsdp_prefetch_layers");
+  if (param_offload && zero_stage != 3) {
+    throw InputError("recipe.sharding.param_offload",
+                     fmt::format("parameter offload needs ZeRO stage 3, got stage {}", zero_stage));
+  }
   check_range(tiled_mlp_shards, 0, std::int64_t{1} << 20, "tiled_mlp.shards");
   if (attention_kernel.empty()) {
     throw InputError("recipe.attention_kernel", "must not be empty");

@@ -23,6 +23,8 @@ const char* to_string(BindingConstraint::Kind k) {
       return "length_limit";
     case BindingConstraint::Kind::kDivisibility:
       return "divisibility";
+    case BindingConstraint::Kind::kKernelLimit:
+      return "kernel_limit";
   }
   return "?";
 }
@@ -40,7 +42,7 @@ std::int64_t required_multiple(const sim::ScheduleInputs& in) {
 }
 
 bool fits_with_margin(const sim::StepReport& r, std::int64_t margin) {
-  return r.peak_memory_bytes + margin <= r.gpu_capacity_bytes && r.fits_host;
+  return r.peak_memory_bytes + margin <= r.gpu_capacity_bytes && r.fits_host && r.fits_kernels;
 }
 
 namespace {
@@ -60,6 +62,11 @@ BindingConstraint binding_of(const Probe& p, std::int64_t seq, std::int64_t marg
     return b;
   }
   const sim::StepReport& r = *p.report;
+  if (!r.fits_kernels) {
+    b.kind = BindingConstraint::Kind::kKernelLimit;
+    b.text = fmt::format("at {}: {}", format_length(seq), r.kernel_limit);
+    return b;
+  }
   if (r.peak_memory_bytes + margin > r.gpu_capacity_bytes) {
     b.kind = BindingConstraint::Kind::kGpuMemory;
     b.rank = r.peak_rank;

@@ -15,6 +15,15 @@
 // dQ accumulator and sends an fp32 dK/dV accumulator around the ring with the K/V blocks, as
 // ring-flash-attention does (its "extra fp32 buffers").
 //
+// FlashAttention backward workspace, per call over nq queries and nkv keys, hq/hkv local heads:
+//   every kernel   fp32 dQ accumulator nq·hq·d·4 and fp32 row sums dot(dO, O) nq·hq·4
+//   fa2, GQA       dK and dV expanded to the query heads, 2·nkv·hq·d·2, summed over each group
+//                  after the kernel (flash_api.cpp mha_bwd / mha_varlen_bwd: dk_expanded)
+//   fa3, GQA       fp32 dK and dV accumulators at the K/V heads, 2·nkv·hkv·d·4
+//   sdpa           PyTorch's SDPA gets K/V already repeated to the query heads (HF and TorchTitan
+//                  call repeat_kv first), so the kernel itself sees hkv = hq; the repeated K/V
+//                  are tensors of the forward (core_forward), not workspace.
+//
 // All-gather (Llama 3, Megatron `all_gather`, PyTorch native rotate "allgather"). K/V of the whole
 // sequence are gathered before attention (exposed), each rank attends its local queries to the
 // visible prefix, and the backward gathers again and reduce-scatters dK/dV. Only the local K/V are
@@ -29,6 +38,22 @@
 
 namespace cpsim::sim::detail {
 
+std::int64_t StepBuilder::flash_bwd_workspace(std::int64_t nq,
+                                              std::int64_t nkv,
+                                              std::int64_t hq,
+                                              std::int64_t hkv) const {
+  const std::int64_t d = m_.head_dim;
+  std::int64_t ws = nq * hq * d * kFp32Bytes + nq * hq * kFp32Bytes;
+  if (hkv < hq) {
+    if (r_.attention_kernel == "fa2") {
+      ws += 2 * nkv * hq * d * ab_;
+    } else if (r_.attention_kernel == "fa3") {
+      ws += 2 * nkv * hkv * d * kFp32Bytes;
+    }
+  }
+  return ws;
+}
+
 CoreForward StepBuilder::core_forward(
     const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv) {
   if (rg_ > 1) {
@@ -37,7 +62,20 @@ CoreForward StepBuilder::core_forward(
                : ring_forward(tag, q_h, kv_h, hq, hkv);
   }
   const std::int64_t d = m_.head_dim;
+  if (r_.attention_kernel == "sdpa" && hkv < hq) {
+    // repeat_kv before SDPA: K/V expanded to the query heads, kept for backward in place of the
+    // unexpanded ones (the expansion's backward sums the groups).
+    TensorSet expanded =
+        b_.tensor("kv_repeated" + tag, nr_ * 2 * hq * d * ab_, MemCategory::kAttention);
+    compute("repeat_kv" + tag, OpKind::kElementwise, mem(nr_ * 2 * (hq + hkv) * d * ab_), {kv_h},
+            {expanded});
+    kv_h = expanded;
+    hkv = hq;
+  }
   CoreForward out;
+  if (hkv == hq) {
+    out.kv_used = kv_h;
+  }
   out.o_h = b_.tensor("attn_out_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
   out.lse = b_.tensor("lse" + tag, hq * nr_ * kFp32Bytes, MemCategory::kAttention);
   compute("attn_fwd" + tag, OpKind::kAttentionFwd, cost_.attention_fwd({nr_, nr_, hq, d, true}),
@@ -62,8 +100,10 @@ CoreBackward StepBuilder::core_backward(const std::string& tag,
   CoreBackward out;
   out.dq_h = b_.tensor("dq_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
   out.dkv_h = b_.tensor("dkv_h" + tag, nr_ * 2 * hkv * d * ab_, MemCategory::kAttention);
-  // FlashAttention backward workspace: fp32 dQ accumulator and softmax row sums (dot(dO, O)).
-  const std::int64_t ws = nr_ * hq * d * kFp32Bytes + nr_ * hq * kFp32Bytes;
+  std::int64_t ws = flash_bwd_workspace(nr_, nr_, hq, hkv);
+  if (r_.attention_kernel == "sdpa" && hkv < hq) {
+    ws += nr_ * 2 * hq * d * ab_;  // gradient of the repeated K/V before the group sum
+  }
   compute("attn_bwd" + tag, OpKind::kAttentionBwd, cost_.attention_bwd({nr_, nr_, hq, d, true}),
           {do_h, q_h, kv_h, o_h, lse}, {out.dq_h, out.dkv_h}, {}, ws, MemCategory::kAttention);
   return out;
@@ -200,8 +240,7 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
       step.inputs.push_back(dkv);
     }
     // FlashAttention's fp32 dQ accumulator and row sums, and the block's dQ, dK, dV.
-    step.workspace_bytes =
-        nr_ * hq * d * kFp32Bytes + nr_ * hq * kFp32Bytes + nr_ * (hq + 2 * hkv) * d * ab_;
+    step.workspace_bytes = flash_bwd_workspace(nr_, nr_, hq, hkv) + nr_ * (hq + 2 * hkv) * d * ab_;
     step.workspace_category = MemCategory::kAttention;
     const OpSet computed = b_.op(step);
     // The dK/dV accumulator travels with its K/V block: one hop after every step brings it home.
@@ -326,7 +365,7 @@ CoreBackward StepBuilder::allgather_backward(const std::string& tag,
   fa.time_s_per_rank = allgather_times(hq, true, &fa.flops);
   fa.inputs = {do_h, q_h, kv_full, o_h, lse};
   fa.outputs = {out.dq_h, dkv_full};
-  fa.workspace_bytes = nr_ * hq * d * kFp32Bytes + nr_ * hq * kFp32Bytes;
+  fa.workspace_bytes = flash_bwd_workspace(nr_, n_, hq, hkv);
   fa.workspace_category = MemCategory::kAttention;
   b_.op(fa);
   out.dkv_h = b_.tensor("dkv_h" + tag, nr_ * 2 * hkv * d * ab_, MemCategory::kAttention);

@@ -26,18 +26,37 @@ void StepBuilder::ulysses_forward(SavedLayer& sv, TensorSet params, bool grad) {
   TensorSet kvp = b_.tensor("kv", kv_bytes, MemCategory::kAttention);
   compute("qkv_proj", OpKind::kGemm, gemm(s_, (m_.heads + 2 * m_.kv_heads) * d, h), {sv.xn, params},
           {q, kvp});
+  TensorSet q_in = q, kv_in = kvp;
+  if (m_.qk_norm) {
+    // Qwen3: RMSNorm per head on Q and K before RoPE. Its backward reads its input, the projection
+    // output, which nothing else keeps: s·(H + H_kv)·d elements (more for an eager norm).
+    const std::int64_t qk_elems = s_ * (m_.heads + m_.kv_heads) * d;
+    q_in = b_.tensor("q_normed", q_bytes, MemCategory::kAttention);
+    kv_in = b_.tensor("kv_normed", kv_bytes, MemCategory::kAttention);
+    std::vector<TensorSet> outs = {q_in, kv_in};
+    if (grad) {
+      const std::int64_t kept = qk_elems * ab_ + norm_saved_bytes(qk_elems, 1);
+      sv.qk_norm_saved = b_.tensor("qk_norm_saved", kept, MemCategory::kActivations);
+      outs.push_back(sv.qk_norm_saved);
+    }
+    compute("qk_norm", OpKind::kElementwise, mem(2 * qk_elems * ab_), {q, kvp}, std::move(outs));
+  }
   TensorSet q_r = b_.tensor("q_rope", q_bytes, MemCategory::kAttention);
   TensorSet kv_r = b_.tensor("kv_rope", kv_bytes, MemCategory::kAttention);
-  compute("rope", OpKind::kElementwise, mem(2 * (q_bytes + kv_bytes)), {q, kvp}, {q_r, kv_r});
+  compute("rope", OpKind::kElementwise, mem(2 * (q_bytes + kv_bytes)), {q_in, kv_in}, {q_r, kv_r});
   TensorSet q_h = exchange("a2a_q", q_r, q_bytes, MemCategory::kAttention);
   TensorSet kv_h = exchange("a2a_kv", kv_r, kv_bytes, MemCategory::kAttention);
   const CoreForward core = core_forward("", q_h, kv_h, m_.heads / u_, kv / u_);
   sv.o = exchange("a2a_out", core.o_h, q_bytes, MemCategory::kAttention);
   if (grad) {
-    sv.q_local = q_r;
-    sv.kv_local = kv_r;
+    // The all-to-alls keep nothing for backward (theirs is the reverse all-to-all of the
+    // gradient); the local Q and K/V are kept only as the input of selective recomputation.
+    if (r_.checkpointing == models::CheckpointMode::kSelective || u_ == 1) {
+      sv.q_local = q_r;
+      sv.kv_local = kv_r;
+    }
     sv.q_h = q_h;
-    sv.kv_h = kv_h;
+    sv.kv_h = core.kv_used.valid() ? core.kv_used : kv_h;
     sv.o_h = core.o_h;
     sv.lse = core.lse;
   }
@@ -69,6 +88,14 @@ InputGrad StepBuilder::ulysses_backward(const SavedLayer& sv,
   TensorSet dkv_r = b_.tensor("dkv_rope", kv_bytes, MemCategory::kAttention);
   compute("rope_bwd", OpKind::kElementwise, mem(2 * (q_bytes + kv_bytes)), {dq, dkv},
           {dq_r, dkv_r});
+  if (sv.qk_norm_saved.valid()) {
+    TensorSet dq_n = b_.tensor("dq_normbwd", q_bytes, MemCategory::kAttention);
+    TensorSet dkv_n = b_.tensor("dkv_normbwd", kv_bytes, MemCategory::kAttention);
+    compute("qk_norm_bwd", OpKind::kElementwise, mem(2 * (q_bytes + kv_bytes)),
+            {dq_r, dkv_r, sv.qk_norm_saved}, {dq_n, dkv_n});
+    dq_r = dq_n;
+    dkv_r = dkv_n;
+  }
   TensorSet dxn = b_.tensor("dxn", s_ * h * ab_, MemCategory::kOther);
   const OpSet ready = compute("qkv_proj_bwd", OpKind::kGemm,
                               times(gemm(s_, (m_.heads + 2 * m_.kv_heads) * d, h), 2.0),

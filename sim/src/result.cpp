@@ -72,12 +72,16 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
   }
   rep.host_capacity_bytes = in.hardware.host_memory_bytes_per_node;
   rep.fits_host = rep.host_memory_bytes <= rep.host_capacity_bytes;
+  rep.layout = derive_head_layout(in);
+  rep.kernel_limit = int32_index_violation(in, rep.layout);
+  rep.fits_kernels = rep.kernel_limit.empty();
   if (!rep.fits_gpu) {
     rep.binding = fmt::format("GPU memory on rank {} at {}", rep.peak_rank, rep.peak_op);
   } else if (!rep.fits_host) {
     rep.binding = "host memory (pinned checkpoint offload)";
+  } else if (!rep.fits_kernels) {
+    rep.binding = rep.kernel_limit;
   }
-  rep.layout = derive_head_layout(in);
   rep.attention = attention_buffers(in, rep.layout);
   rep.ops = static_cast<std::int64_t>(w.ops.size());
   rep.simulated_ranks = w.ranks;

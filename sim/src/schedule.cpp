@@ -15,6 +15,7 @@
 #include "cpsim/sim/schedule.hpp"
 
 #include <algorithm>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -232,6 +233,42 @@ AttentionBuffers attention_buffers(const ScheduleInputs& in, const HeadLayout& L
   return a;
 }
 
+// 32-bit element offsets (recipe.int32_kernel_indexing). A kernel that computes row × stride in
+// int32 addresses garbage once a tensor holds 2^31 elements: Liger's RMSNorm and RoPE index rows
+// of [s, h] and [s, H·d] (Liger issue #803: Llama-8B crashes just above 500K tokens per GPU,
+// 500_000 × 4096 ≈ 2^31), and FlashAttention-2 its head-sharded Q/O/dQ of n_r × (H/u) × d per
+// call ("FA2 as well, but FA3 solves it"). The limit is what the kernels of the recipe can address,
+// not memory: it binds whatever the GPU's size.
+std::string int32_index_violation(const ScheduleInputs& in, const HeadLayout& L) {
+  if (!in.recipe.int32_kernel_indexing) {
+    return {};
+  }
+  constexpr std::int64_t kLimit = std::int64_t{1} << 31;
+  const auto& m = in.model;
+  const std::int64_t s = in.parallel.seq_len / L.cp;
+  struct Indexed {
+    const char* what;
+    std::int64_t rows, cols;
+  };
+  std::vector<Indexed> tensors = {{"RMSNorm input", s, m.hidden},
+                                  {"RoPE query", s, m.heads * m.head_dim}};
+  if (in.recipe.attention_kernel == "fa2") {
+    const AttentionBuffers a = attention_buffers(in, L);
+    const std::int64_t width = (L.heads_per_stage / L.ulysses) * m.head_dim;
+    tensors.push_back({"FlashAttention-2 query",
+                       a.out_headsharded_bytes / in.recipe.activation_bytes / width, width});
+  }
+  for (const Indexed& t : tensors) {
+    if (t.rows * t.cols >= kLimit) {
+      return fmt::format(
+          "32-bit kernel indexing: the {} [{} × {}] has {} elements, at or above 2^31 (recipe "
+          "{}: kernels with int32 offsets crash with an illegal memory access)",
+          t.what, t.rows, t.cols, t.rows * t.cols, in.recipe.name);
+    }
+  }
+  return {};
+}
+
 // Model states per rank, P parameters, G ranks sharing the shards, bytes per parameter from the
 // recipe: compute copy p (bf16), fp32 master m, gradients g, optimizer states o (ZeRO paper §5):
 //   ZeRO-0  P·(p + m + g + o)                   nothing sharded
@@ -242,6 +279,8 @@ AttentionBuffers attention_buffers(const ScheduleInputs& in, const HeadLayout& L
 //           the master and is cast when gathered). FSDP2 bf16/fp32 gives 4 + 4 + 8 = 16 bytes.
 // With optimizer offload, m and o live in pinned host memory with an fp32 gradient copy, and from
 // ZeRO-2 on the GPU keeps no gradient partition (it is streamed to host as it is reduced).
+// With parameter offload (ZeRO-3 offload_param) the compute-dtype shard p' moves to host too:
+// the GPU keeps no model state at all between block gathers.
 ModelStates model_states(const ScheduleInputs& in) {
   const auto& r = in.recipe;
   const std::int64_t total = models::count_parameters(in.model).total;
@@ -265,11 +304,15 @@ ModelStates model_states(const ScheduleInputs& in) {
       s.gpu_bytes = total * p + shard * (g_sharded + mo_gpu);
       break;
     default:
-      s.gpu_bytes = shard * ((r.persistent_compute_params ? p : 0) + g_sharded + mo_gpu);
+      s.gpu_bytes =
+          shard * ((r.persistent_compute_params && !r.param_offload ? p : 0) + g_sharded + mo_gpu);
       break;
   }
   s.host_bytes =
       r.optimizer_offload ? (r.zero_stage == 0 ? total : shard) * (m + o + kFp32Bytes) : 0;
+  if (r.param_offload && r.zero_stage == 3) {
+    s.host_bytes += shard * p;
+  }
   return s;
 }
 

@@ -122,10 +122,25 @@ KernelCost StepBuilder::plus(KernelCost a, KernelCost b) {
 }
 
 std::int64_t StepBuilder::norm_workspace() const {
-  // RMSNorm upcasts to fp32: input copy and normalised result (2 × 4 bytes per element),
-  // tile-sized when the norm is tiled.
+  // Upcasting RMSNorm (torch.nn.RMSNorm unfused, HF eager): fp32 input copy and fp32 normalised
+  // result while it runs (2 × 4 bytes per element; in eager mode the fp32 input is the saved
+  // tensor and the second temporary is the fp32 gradient of the backward), tile-sized when the
+  // norm is tiled. A fused kernel (Liger) needs one fp32 rstd per row: nothing at this scale.
+  if (r_.norm_kernel == models::NormKernel::kFused) {
+    return 0;
+  }
   const std::int64_t rows = r_.tiled_norm ? tile_ : s_;
   return rows * m_.hidden * 2 * kFp32Bytes;
+}
+
+std::int64_t StepBuilder::norm_saved_bytes(std::int64_t rows, std::int64_t width) const {
+  // HF eager LlamaRMSNorm keeps the fp32 input (read by pow and by the rsqrt product) and the bf16
+  // normalised tensor (read by the weight product): 4 + 2 bytes per element. A tiled norm
+  // recomputes per tile and keeps nothing; upcast and fused norms keep only their input.
+  if (r_.norm_kernel != models::NormKernel::kEager || r_.tiled_norm) {
+    return 0;
+  }
+  return rows * width * (kFp32Bytes + ab_);
 }
 
 OpSet StepBuilder::gather_params(const std::string& name,
@@ -136,6 +151,18 @@ OpSet StepBuilder::gather_params(const std::string& name,
   s.name = name;
   s.stream = Stream::kFsdp;
   s.outputs = {out};
+  if (r_.param_offload) {
+    // ZeRO-3 offload_param: the rank's shard comes from host memory first, then the all-gather
+    // (on one GPU the copy fills the whole buffer).
+    const std::int64_t shard_bytes = ceil_div(params, b_.ranks()) * r_.param_bytes;
+    if (b_.ranks() == 1) {
+      return host_copy(name + "(from host)", true, shard_bytes, TensorSet{}, out, std::move(deps));
+    }
+    TensorSet staged = b_.tensor(name + ".shard", shard_bytes, MemCategory::kParamGather);
+    deps = {
+        host_copy(name + "(from host)", true, shard_bytes, TensorSet{}, staged, std::move(deps))};
+    s.inputs = {staged};
+  }
   s.deps = std::move(deps);
   return b_.collective(s, Group::kAll, models::Collective::kAllGather, cost_,
                        params * r_.param_bytes);
@@ -169,7 +196,12 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
   SavedLayer sv;
   sv.x = x;
   sv.xn = b_.tensor("xn", act_bytes, MemCategory::kActivations);
-  sv.first_op = compute("norm1", OpKind::kElementwise, mem(2 * act_bytes), {x}, {sv.xn}, {},
+  std::vector<TensorSet> norm1_out = {sv.xn};
+  if (const std::int64_t saved = norm_saved_bytes(s_, h); saved > 0 && grad) {
+    sv.norm1_saved = b_.tensor("norm1_saved", saved, MemCategory::kActivations);
+    norm1_out.push_back(sv.norm1_saved);
+  }
+  sv.first_op = compute("norm1", OpKind::kElementwise, mem(2 * act_bytes), {x}, norm1_out, {},
                         norm_workspace());
   switch (in_.parallel.method) {
     case models::CpMethod::kUPipe:
@@ -194,7 +226,12 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
   sv.h1 = b_.tensor("h1", act_bytes, MemCategory::kActivations);
   compute("residual1", OpKind::kElementwise, mem(3 * act_bytes), {x, attn_out}, {sv.h1});
   sv.h1n = b_.tensor("h1n", act_bytes, MemCategory::kActivations);
-  compute("norm2", OpKind::kElementwise, mem(2 * act_bytes), {sv.h1}, {sv.h1n}, {},
+  std::vector<TensorSet> norm2_out = {sv.h1n};
+  if (const std::int64_t saved = norm_saved_bytes(s_, h); saved > 0 && grad) {
+    sv.norm2_saved = b_.tensor("norm2_saved", saved, MemCategory::kActivations);
+    norm2_out.push_back(sv.norm2_saved);
+  }
+  compute("norm2", OpKind::kElementwise, mem(2 * act_bytes), {sv.h1}, norm2_out, {},
           norm_workspace());
   // MLP (SwiGLU): gate/up GEMM [s, h] × [h, 2f], activation, down GEMM [s, f] × [f, h].
   const std::int64_t f = m_.ffn_hidden;
@@ -210,7 +247,13 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
     TensorSet gate_up = b_.tensor("gate_up", s_ * 2 * f * ab_, MemCategory::kActivations);
     compute("mlp_gate_up", OpKind::kGemm, gemm(s_, 2 * f, h), {sv.h1n, params}, {gate_up});
     TensorSet act = b_.tensor("mlp_act", s_ * f * ab_, MemCategory::kActivations);
-    compute("mlp_act", OpKind::kElementwise, mem(3 * s_ * f * ab_), {gate_up}, {act});
+    std::vector<TensorSet> act_out = {act};
+    if (grad && r_.mlp_kernel == models::MlpKernel::kEager) {
+      // silu(gate), kept by the product for its backward.
+      sv.mlp_silu = b_.tensor("mlp_silu", s_ * f * ab_, MemCategory::kActivations);
+      act_out.push_back(sv.mlp_silu);
+    }
+    compute("mlp_act", OpKind::kElementwise, mem(3 * s_ * f * ab_), {gate_up}, std::move(act_out));
     compute("mlp_down", OpKind::kGemm, gemm(s_, h, f), {act, params}, {mlp_out});
     if (grad) {
       sv.gate_up = gate_up;
@@ -243,12 +286,23 @@ TensorSet StepBuilder::layer_backward(const SavedLayer& sv,
   } else {
     const KernelCost bwd =
         plus(times(plus(gemm(s_, 2 * f, h), gemm(s_, h, f)), 2.0), mem(6 * s_ * f * ab_));
-    compute("mlp_bwd", OpKind::kGemm, bwd, {dy, sv.h1n, sv.gate_up, sv.act, params}, {dh1n, grads},
-            {}, 3 * s_ * f * ab_);
+    std::vector<TensorSet> kept = {dy, sv.h1n, sv.gate_up, sv.act, params};
+    if (sv.mlp_silu.valid()) {
+      kept.push_back(sv.mlp_silu);
+    }
+    // Gradients held at once: the product's, then dgate and dup (3f); Liger writes the latter two
+    // over gate and up, leaving only the product's (f).
+    const std::int64_t grads_f = r_.mlp_kernel == models::MlpKernel::kFused ? 1 : 3;
+    compute("mlp_bwd", OpKind::kGemm, bwd, std::move(kept), {dh1n, grads}, {},
+            grads_f * s_ * f * ab_);
   }
   // norm2 backward plus the residual: dh1 = dy + norm2_bwd(dh1n).
   TensorSet dh1 = b_.tensor("dh1", act_bytes, MemCategory::kOther);
-  compute("norm2_bwd", OpKind::kElementwise, mem(4 * act_bytes), {dh1n, sv.h1, dy}, {dh1}, {},
+  std::vector<TensorSet> norm2_in = {dh1n, sv.h1, dy};
+  if (sv.norm2_saved.valid()) {
+    norm2_in.push_back(sv.norm2_saved);
+  }
+  compute("norm2_bwd", OpKind::kElementwise, mem(4 * act_bytes), std::move(norm2_in), {dh1}, {},
           norm_workspace());
   // Output projection backward: dO = dh1 · Woᵀ, and its weight gradient.
   TensorSet d_o = b_.tensor("dout", s_ * m_.q_width() * ab_, MemCategory::kAttention);
@@ -268,7 +322,11 @@ TensorSet StepBuilder::layer_backward(const SavedLayer& sv,
       break;
   }
   TensorSet dx = b_.tensor("dx", act_bytes, MemCategory::kOther);
-  compute("norm1_bwd", OpKind::kElementwise, mem(4 * act_bytes), {g.dxn, sv.x, dh1}, {dx},
+  std::vector<TensorSet> norm1_in = {g.dxn, sv.x, dh1};
+  if (sv.norm1_saved.valid()) {
+    norm1_in.push_back(sv.norm1_saved);
+  }
+  compute("norm1_bwd", OpKind::kElementwise, mem(4 * act_bytes), std::move(norm1_in), {dx},
           {g.ready}, norm_workspace());
   return dx;
 }
@@ -372,7 +430,14 @@ void StepBuilder::build() {
   TensorSet head_w = param_buffer("head.params", p_head);
   gather_into("allgather.head", p_head, head_w, {});
   TensorSet xf = b_.tensor("x_final", act_bytes, MemCategory::kActivations);
-  compute("final_norm", OpKind::kElementwise, mem(2 * act_bytes), {x}, {xf}, {}, norm_workspace());
+  std::vector<TensorSet> final_norm_out = {xf};
+  TensorSet final_norm_saved;
+  if (const std::int64_t kept = norm_saved_bytes(s_, h); kept > 0) {
+    final_norm_saved = b_.tensor("final_norm_saved", kept, MemCategory::kActivations);
+    final_norm_out.push_back(final_norm_saved);
+  }
+  compute("final_norm", OpKind::kElementwise, mem(2 * act_bytes), {x}, final_norm_out, {},
+          norm_workspace());
   TensorSet dxf = b_.tensor("dx_final", act_bytes, MemCategory::kOther);
   TensorSet head_grads = grad_buffer("head.grads", p_head);
   if (r_.fused_loss) {
@@ -399,8 +464,12 @@ void StepBuilder::build() {
   }
   OpSet last_reduce = reduce_grads("reduce.head", p_head, head_grads, {});
   TensorSet dy = b_.tensor("dy", act_bytes, MemCategory::kOther);
-  OpSet fn_bwd = compute("final_norm_bwd", OpKind::kElementwise, mem(3 * act_bytes), {dxf, x}, {dy},
-                         {}, norm_workspace());
+  std::vector<TensorSet> final_norm_in = {dxf, x};
+  if (final_norm_saved.valid()) {
+    final_norm_in.push_back(final_norm_saved);
+  }
+  OpSet fn_bwd = compute("final_norm_bwd", OpKind::kElementwise, mem(3 * act_bytes),
+                         std::move(final_norm_in), {dy}, {}, norm_workspace());
 
   // ---- Backward ------------------------------------------------------------------------------
   b_.set_phase(Phase::kBackward);

@@ -18,6 +18,9 @@ namespace cpsim::sim::detail {
 struct SavedLayer {
   TensorSet x;   // block input (checkpoint)
   TensorSet xn;  // norm1 output (QKV projection input)
+  // What the norms keep for backward beyond their input and output (eager RMSNorm: fp32 input and
+  // bf16 normalised tensor), and the inputs of Qwen3's q/k norms.
+  TensorSet norm1_saved, norm2_saved, qk_norm_saved;
   // Ulysses family (ulysses, usp, ring, allgather): head-sharded Q and K/V, output, LSE; and the
   // local Q and K/V after RoPE, input of selective recomputation.
   TensorSet q_local, kv_local;
@@ -28,20 +31,22 @@ struct SavedLayer {
   std::vector<TensorSet> lses;
   // FPDT: per-chunk tensors kept for backward (on host when offloading).
   std::vector<TensorSet> chunk_q, chunk_kv, chunk_o, chunk_lse;
-  TensorSet h1;       // after the attention residual
-  TensorSet h1n;      // norm2 output (MLP input)
-  TensorSet gate_up;  // untiled MLP: [s, 2f]
-  TensorSet act;      // untiled MLP: [s, f]
-  TensorSet out;      // block output
-  OpSet attn_ready;   // when set, the output projection waits for it (outputs filled in place)
+  TensorSet h1;        // after the attention residual
+  TensorSet h1n;       // norm2 output (MLP input)
+  TensorSet gate_up;   // untiled MLP: [s, 2f]
+  TensorSet act;       // untiled MLP: [s, f]
+  TensorSet mlp_silu;  // untiled eager MLP: silu(gate) [s, f]
+  TensorSet out;       // block output
+  OpSet attn_ready;    // when set, the output projection waits for it (outputs filled in place)
   OpSet first_op;
   OpSet last_op;
 };
 
 /// Output of core attention on head-sharded tensors.
 struct CoreForward {
-  TensorSet o_h;  // [n_r, hq, d] in activation dtype
-  TensorSet lse;  // [hq, n_r] fp32
+  TensorSet o_h;      // [n_r, hq, d] in activation dtype
+  TensorSet lse;      // [hq, n_r] fp32
+  TensorSet kv_used;  // K/V the kernel read when not the input (SDPA: repeated to hq heads)
 };
 struct CoreBackward {
   TensorSet dq_h;   // [n_r, hq, d]
@@ -87,6 +92,14 @@ class StepBuilder {
   static KernelCost times(KernelCost k, double factor);
   static KernelCost plus(KernelCost a, KernelCost b);
   std::int64_t norm_workspace() const;
+  /// Bytes a norm over `rows` × `width` elements keeps for backward beyond its input and output.
+  std::int64_t norm_saved_bytes(std::int64_t rows, std::int64_t width) const;
+  /// Workspace of one FlashAttention backward call over nq queries and nkv keys with hq query and
+  /// hkv K/V heads (see attention_core.cpp).
+  std::int64_t flash_bwd_workspace(std::int64_t nq,
+                                   std::int64_t nkv,
+                                   std::int64_t hq,
+                                   std::int64_t hkv) const;
   OpSet gather_params(const std::string& name,
                       std::int64_t params,
                       TensorSet out,

@@ -12,6 +12,32 @@ const char* to_string(CheckpointMode m);
 /// @throws InputError naming `field` for anything but none|selective|full.
 CheckpointMode parse_checkpoint_mode(const std::string& text, const std::string& field);
 
+/// How RMSNorm runs, which decides what it keeps (per element of its [s, h] input):
+///   upcast  an fp32 copy of the input and the fp32 result exist while the kernel runs (8 bytes,
+///           transient); only the output is kept (torch.nn.RMSNorm as cpsim's TorchTitan recipes
+///           use it).
+///   fused   one kernel reads the input and writes the output; it keeps its input and one fp32
+///           rstd per row (Liger, Apex): nothing beyond tensors that exist anyway.
+///   eager   Hugging Face's eager LlamaRMSNorm: `x.to(fp32)`, `pow`, `mean`, `rsqrt`, `mul`,
+///           `.to(bf16)`, `weight *`. Autograd keeps the fp32 input (4 bytes, read by pow and mul)
+///           and the bf16 normalised tensor (2 bytes, read by the weight product) until backward,
+///           and the forward holds the fp32 result (4 bytes) transiently.
+enum class NormKernel { kUpcast, kFused, kEager };
+
+/// How an untiled SwiGLU MLP keeps its intermediates (f = FFN width, per token):
+///   unfused  gate/up (2f) and the product (f) kept; the backward holds 3f of gradients (default).
+///   fused    Liger's SwiGLU: gate, up and the product kept (3f); the backward writes dgate and
+///            dup over gate and up in place, so it adds only the product's gradient (f).
+///   eager    Hugging Face eager `down(act(gate(x)) * up(x))`: gate, up, silu(gate) and the
+///            product kept (4f); the backward holds 3f of gradients.
+enum class MlpKernel { kUnfused, kFused, kEager };
+const char* to_string(MlpKernel k);
+/// @throws InputError naming `field` for anything but unfused|fused|eager.
+MlpKernel parse_mlp_kernel(const std::string& text, const std::string& field);
+const char* to_string(NormKernel k);
+/// @throws InputError naming `field` for anything but upcast|fused|eager.
+NormKernel parse_norm_kernel(const std::string& text, const std::string& field);
+
 /// What a training step keeps and where. Defaults describe recipe `alst`.
 struct TrainingRecipe {
   std::string name;
@@ -35,19 +61,31 @@ struct TrainingRecipe {
   int zero_stage = 3;              ///< FSDP full shard = ZeRO-3 over all GPUs
   int fsdp_prefetch_layers = 1;    ///< layers gathered ahead of use
   bool optimizer_offload = false;  ///< fp32 master + optimizer states on host, CPU Adam
+  /// ZeRO-3 `offload_param`: the compute-dtype parameter shards live in host memory and are copied
+  /// to the GPU (then all-gathered) block by block. Requires zero_stage 3.
+  bool param_offload = false;
   // Activation checkpointing
   CheckpointMode checkpointing = CheckpointMode::kFull;
   bool checkpoint_offload = true;       ///< block inputs offloaded to pinned host memory
   bool offload_keep_first_last = true;  ///< first and last layer keep their checkpoint on GPU
   // Tiling and loss
   bool tiled_mlp = true;
-  std::int64_t tiled_mlp_shards = 0;  ///< 0 = ceil(local_seq / hidden)
+  std::int64_t tiled_mlp_shards = 0;           ///< 0 = ceil(local_seq / hidden)
+  MlpKernel mlp_kernel = MlpKernel::kUnfused;  ///< untiled MLP only
   bool tiled_norm = true;
+  NormKernel norm_kernel = NormKernel::kUpcast;
   bool fused_loss = true;  ///< fused linear cross-entropy: logits never materialised
   // Allocator
   bool expandable_segments = true;
   // Attention kernel name in the hardware profile
   std::string attention_kernel = "fa3";
+  /// The norm, RoPE and FlashAttention-2 kernels of the set-up compute element offsets in 32-bit
+  /// integers, so a tensor of 2^31 elements or more crashes them ("illegal memory access"):
+  /// Liger-Kernel's RMSNorm before its int64 fix (Liger issue #803, PR #804) and FlashAttention-2
+  /// 2.7 (the same issue: "FA2 as well, but FA3 solves it"). A configuration whose norm input
+  /// [s, h], Q [s, H·d] or head-sharded attention tensors [n_r, H/u·d] reach 2^31 elements does
+  /// not run, whatever its memory.
+  bool int32_kernel_indexing = false;
 
   /// @throws InputError naming the field for values out of range.
   void validate() const;

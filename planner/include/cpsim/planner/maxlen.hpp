@@ -12,7 +12,7 @@ namespace cpsim::planner {
 
 /// What stops a configuration from going one step longer.
 struct BindingConstraint {
-  enum class Kind { kNone, kGpuMemory, kHostMemory, kLengthLimit, kDivisibility };
+  enum class Kind { kNone, kGpuMemory, kHostMemory, kLengthLimit, kDivisibility, kKernelLimit };
   Kind kind = Kind::kNone;
   std::string text;              ///< one line for humans
   std::int64_t seq_len = 0;      ///< the length that failed

@@ -38,8 +38,11 @@ struct StepReport {
 
   bool fits_gpu = true;
   bool fits_host = true;
-  bool fits() const { return fits_gpu && fits_host; }
-  std::string binding;  ///< what limits it: "GPU memory", "host memory", or empty
+  /// False when a kernel of the recipe cannot address a tensor (int32_index_violation).
+  bool fits_kernels = true;
+  std::string kernel_limit;  ///< why fits_kernels is false
+  bool fits() const { return fits_gpu && fits_host && fits_kernels; }
+  std::string binding;  ///< what limits it: GPU memory, host memory, a kernel limit, or empty
 
   HeadLayout layout;
   AttentionBuffers attention;

@@ -66,6 +66,11 @@ struct AttentionBuffers {
 };
 AttentionBuffers attention_buffers(const ScheduleInputs& inputs, const HeadLayout& layout);
 
+/// With `recipe.int32_kernel_indexing`, the first tensor a 32-bit-indexed kernel would see with
+/// 2^31 elements or more, described for the user ("norm input [524288 × 4096] = 2^31
+/// elements ..."); empty when every tensor is below the limit or the recipe has 64-bit kernels.
+std::string int32_index_violation(const ScheduleInputs& inputs, const HeadLayout& layout);
+
 /// Persistent model states per rank (parameters, gradients, optimizer states; see the derivation
 /// in schedule.cpp), on the GPU and, with optimizer offload, in pinned host memory.
 struct ModelStates {

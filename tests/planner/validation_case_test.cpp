@@ -1,0 +1,186 @@
+// The validation case loader (schema cpsim.validation/1): every public case parses, a good case
+// reads back field by field, and bad input is refused with an InputError naming the field.
+#include "cpsim/planner/validation_case.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cpsim/models/error.hpp"
+
+namespace cpsim::planner {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using ::testing::HasSubstr;
+
+Json good_case() {
+  return Json::parse(R"({
+    "schema": "cpsim.validation/1",
+    "id": "demo-case",
+    "row": 7,
+    "title": "A demo",
+    "quantity": "max_seq_len",
+    "published": 3700000,
+    "tolerance": {"relative": 0.2, "why": "one recipe step"},
+    "setup": {"model": "llama3-8b", "gpus": 8, "gpus-per-node": 4, "recipe": "alst",
+              "seq": 131072, "fused-loss": true, "heads-per-stage": 16, "zero": 3,
+              "ring-layout": "zigzag"},
+    "source": "reference/papers.md",
+    "granularity": "100000"
+  })");
+}
+
+/// The field of the InputError that parsing `j` raises ("" when it parses).
+std::string error_field(const std::string& text) {
+  try {
+    (void)parse_validation_case(text, "case.json");
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(e.field())) << "the message names the field";
+    return e.field();
+  }
+  return "";
+}
+
+std::string error_field(const Json& j) {
+  return error_field(j.dump());
+}
+
+TEST(ValidationCase, GoodCaseReadsBack) {
+  const ValidationCase c = parse_validation_case(good_case().dump(), "case.json");
+  EXPECT_EQ(c.id, "demo-case");
+  EXPECT_EQ(c.row, 7);
+  EXPECT_EQ(c.title, "A demo");
+  EXPECT_EQ(c.quantity, "max_seq_len");
+  EXPECT_EQ(c.published, 3700000.0);
+  EXPECT_EQ(c.tolerance, 0.2);
+  EXPECT_EQ(c.tolerance_why, "one recipe step");
+  EXPECT_EQ(c.source, "reference/papers.md");
+  EXPECT_EQ(c.granularity, "100000");
+  EXPECT_EQ(c.skip, "");
+  const ValidationSetup& s = c.setup;
+  EXPECT_EQ(s.method, "ulysses") << "a case without a method is a Ulysses case";
+  EXPECT_EQ(s.model, "llama3-8b");
+  EXPECT_EQ(s.gpus, 8);
+  EXPECT_EQ(s.gpus_per_node, 4);
+  EXPECT_EQ(s.recipe, "alst");
+  EXPECT_EQ(s.seq, "131072") << "numbers are taken as their JSON text";
+  EXPECT_EQ(s.fused_loss, "true") << "booleans are taken as their JSON text";
+  EXPECT_EQ(s.heads_per_stage, 16);
+  EXPECT_EQ(s.zero, 3);
+  EXPECT_EQ(s.ring_layout, "zigzag");
+  EXPECT_FALSE(s.hardware.has_value()) << "keys the case does not give stay unset";
+  EXPECT_FALSE(s.ulysses_degree.has_value());
+  EXPECT_FALSE(s.ac.has_value());
+}
+
+TEST(ValidationCase, OptionalFieldsDefault) {
+  Json j = good_case();
+  j.erase("row");
+  j.erase("granularity");
+  j["skip"] = "cannot express the recipe yet";
+  j["setup"]["method"] = "fpdt";
+  const ValidationCase c = parse_validation_case(j.dump(), "case.json");
+  EXPECT_EQ(c.row, 0);
+  EXPECT_EQ(c.granularity, "64K");
+  EXPECT_EQ(c.skip, "cannot express the recipe yet");
+  EXPECT_EQ(c.setup.method, "fpdt");
+  j["row"] = nullptr;
+  EXPECT_EQ(parse_validation_case(j.dump(), "case.json").row, 0);
+}
+
+TEST(ValidationCase, EveryPublicCaseLoads) {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(fs::path(CPSIM_TEST_DATA_DIR) / "validation")) {
+    if (e.path().extension() == ".json")
+      files.push_back(e.path());
+  }
+  ASSERT_FALSE(files.empty());
+  for (const fs::path& f : files) {
+    SCOPED_TRACE(f.string());
+    const ValidationCase c = load_validation_case(f);
+    EXPECT_EQ(c.id, f.stem().string()) << "a case's id is its file name";
+    EXPECT_GT(c.published, 0.0);
+    EXPECT_TRUE(c.setup.model.has_value());
+  }
+}
+
+TEST(ValidationCase, LoadNamesTheFileItCannotRead) {
+  try {
+    (void)load_validation_case(fs::path(CPSIM_TEST_DATA_DIR) / "validation" / "no-such.json");
+    FAIL() << "a missing file was accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "no-such.json");
+    EXPECT_THAT(e.what(), HasSubstr("cannot read"));
+  }
+}
+
+TEST(ValidationCase, BadInputNamesTheField) {
+  EXPECT_EQ(error_field(good_case()), "");
+  EXPECT_EQ(error_field(std::string("{\"schema\": ")), "case.json") << "malformed JSON";
+  EXPECT_EQ(error_field(std::string("{\"published\": 1e999}")), "case.json") << "overflow";
+  EXPECT_EQ(error_field(std::string("[1, 2]")), "case.json:schema");
+
+  Json j = good_case();
+  j["schema"] = "cpsim.validation/2";
+  EXPECT_EQ(error_field(j), "case.json:schema");
+
+  j = good_case();
+  j.erase("id");
+  EXPECT_EQ(error_field(j), "case.json:id");
+
+  j = good_case();
+  j["title"] = 5;
+  EXPECT_EQ(error_field(j), "case.json") << "wrong type";
+
+  j = good_case();
+  j["quantity"] = "bananas";
+  EXPECT_EQ(error_field(j), "case.json:quantity");
+
+  j = good_case();
+  j["published"] = -1.0;
+  EXPECT_EQ(error_field(j), "case.json:published");
+
+  j = good_case();
+  j["tolerance"]["relative"] = 1.5;
+  EXPECT_EQ(error_field(j), "case.json:published");
+
+  for (const Json& row : {Json(1e300), Json(-3), Json(4294967296LL), Json("24")}) {
+    j = good_case();
+    j["row"] = row;
+    EXPECT_EQ(error_field(j), "case.json:row") << row;
+  }
+
+  j = good_case();
+  j["setup"] = "llama3-8b";
+  EXPECT_EQ(error_field(j), "case.json:setup");
+
+  j = good_case();
+  j.erase("setup");
+  EXPECT_EQ(error_field(j), "case.json:setup");
+
+  j = good_case();
+  j["setup"]["bananas"] = 3;
+  EXPECT_EQ(error_field(j), "case.json:setup.bananas");
+
+  for (const Json& gpus : {Json("8"), Json(8.5), Json(4294967304ULL), Json(nullptr)}) {
+    j = good_case();
+    j["setup"]["gpus"] = gpus;
+    EXPECT_EQ(error_field(j), "case.json:setup.gpus") << gpus;
+  }
+
+  for (const Json& model : {Json::array({"llama3-8b"}), Json::object(), Json(nullptr)}) {
+    j = good_case();
+    j["setup"]["model"] = model;
+    EXPECT_EQ(error_field(j), "case.json:setup.model") << model;
+  }
+}
+
+}  // namespace
+}  // namespace cpsim::planner

@@ -1,0 +1,184 @@
+// What the kernels of a set-up keep and what they can address: FlashAttention backward workspace
+// with GQA, RMSNorm and SwiGLU variants, Qwen3's q/k norms, parameter offload and the 32-bit
+// indexing limit, each against a hand-computed case.
+#include <gtest/gtest.h>
+
+#include "cpsim/models/error.hpp"
+#include "cpsim/planner/evaluate.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+#include "helpers.hpp"
+
+namespace cpsim::sim {
+namespace {
+
+using models::CpMethod;
+using testing::data;
+using testing::inputs;
+
+ScheduleInputs alst_deepspeed(const char* model, int gpus, std::int64_t seq) {
+  ScheduleInputs in = inputs(CpMethod::kUlysses, model, gpus, seq);
+  in.recipe = models::load_recipe("alst-deepspeed", data());
+  return in;
+}
+
+// The first op of rank 0 in `layer` and `phase` whose name is `name`.
+const Op* find_op(const Workload& w, const std::string& name, int layer, Phase phase) {
+  for (const Op& o : w.ops) {
+    if (o.rank == 0 && o.layer == layer && o.phase == phase &&
+        w.names[static_cast<std::size_t>(o.name)] == name) {
+      return &o;
+    }
+  }
+  return nullptr;
+}
+
+std::int64_t tensor_bytes(const Workload& w, const std::string& name) {
+  for (const Tensor& t : w.tensors) {
+    if (t.rank == 0 && w.names[static_cast<std::size_t>(t.name)] == name) {
+      return t.bytes;
+    }
+  }
+  return -1;
+}
+
+// Llama-3-8B on 8 GPUs, N = 64K: n_r = 65536, 4 query heads and 1 K/V head per rank, d = 128.
+//   dQ accumulator 65536·4·128·4 = 134,217,728; row sums 65536·4·4 = 1,048,576
+//   FA2 expands dK, dV to the query heads: 2·65536·4·128·2 = 134,217,728
+//   FA3 keeps fp32 dK, dV accumulators at the K/V heads: 2·65536·1·128·4 = 67,108,864
+TEST(FlashBackwardWorkspace, GqaExpansionPerKernel) {
+  ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 65536);
+  in.recipe.attention_kernel = "fa2";
+  const Workload fa2 = build_step(in);
+  const Op* bwd = find_op(fa2, "attn_bwd", 3, Phase::kBackward);
+  ASSERT_NE(bwd, nullptr);
+  EXPECT_EQ(bwd->workspace_bytes, 134217728 + 1048576 + 134217728);
+
+  in.recipe.attention_kernel = "fa3";
+  const Workload fa3 = build_step(in);
+  bwd = find_op(fa3, "attn_bwd", 3, Phase::kBackward);
+  ASSERT_NE(bwd, nullptr);
+  EXPECT_EQ(bwd->workspace_bytes, 134217728 + 1048576 + 67108864);
+
+  in.recipe.attention_kernel = "cudnn";
+  const Workload cudnn = build_step(in);
+  bwd = find_op(cudnn, "attn_bwd", 3, Phase::kBackward);
+  ASSERT_NE(bwd, nullptr);
+  EXPECT_EQ(bwd->workspace_bytes, 134217728 + 1048576);
+}
+
+// SDPA gets K/V repeated to the query heads: 65536·2·4·128·2 = 134,217,728 bytes kept.
+TEST(FlashBackwardWorkspace, SdpaKeepsRepeatedKv) {
+  ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 65536);
+  in.recipe.attention_kernel = "sdpa";
+  const Workload w = build_step(in);
+  EXPECT_EQ(tensor_bytes(w, "kv_repeated"), 134217728);
+}
+
+// Eager RMSNorm keeps fp32 input and bf16 normalised tensor: s·h·6. s = 8192 on 8 GPUs of 64K,
+// h = 4096: 201,326,592 bytes per norm. Fused and upcast norms keep nothing extra.
+TEST(NormKernel, EagerKeepsFp32InputForBackward) {
+  ScheduleInputs in = alst_deepspeed("llama3-8b", 8, 65536);
+  in.recipe.norm_kernel = models::NormKernel::kEager;
+  const Workload eager = build_step(in);
+  EXPECT_EQ(tensor_bytes(eager, "norm1_saved"), 201326592);
+  EXPECT_EQ(tensor_bytes(eager, "norm2_saved"), 201326592);
+  EXPECT_EQ(tensor_bytes(eager, "final_norm_saved"), 201326592);
+  // The upcast norm holds s·h·8 transiently, the fused one nothing.
+  const Op* norm = find_op(eager, "norm2", 0, Phase::kForward);
+  ASSERT_NE(norm, nullptr);
+  EXPECT_EQ(norm->workspace_bytes, 8192 * 4096 * 8);
+
+  in.recipe.norm_kernel = models::NormKernel::kFused;
+  const Workload fused = build_step(in);
+  EXPECT_EQ(tensor_bytes(fused, "norm1_saved"), -1);
+  norm = find_op(fused, "norm2", 0, Phase::kForward);
+  ASSERT_NE(norm, nullptr);
+  EXPECT_EQ(norm->workspace_bytes, 0);
+
+  // More kept means a higher peak, never a lower one.
+  const auto peak = [](const ScheduleInputs& x) {
+    return planner::evaluate(x).report.peak_memory_bytes;
+  };
+  ScheduleInputs e = in;
+  e.recipe.norm_kernel = models::NormKernel::kEager;
+  EXPECT_GT(peak(e), peak(in));
+}
+
+// Untiled SwiGLU backward, s = 8192, f = 14336: the product's gradient is s·f·2 = 234,881,024
+// bytes; unfused and eager hold dgate and dup as well (×3); eager keeps silu(gate) (s·f·2).
+TEST(MlpKernel, LigerWritesGradientsInPlace) {
+  ScheduleInputs in = alst_deepspeed("llama3-8b", 8, 65536);
+  in.recipe.tiled_mlp = false;
+  in.recipe.mlp_kernel = models::MlpKernel::kFused;
+  const Workload fused = build_step(in);
+  const Op* bwd = find_op(fused, "mlp_bwd", 2, Phase::kBackward);
+  ASSERT_NE(bwd, nullptr);
+  EXPECT_EQ(bwd->workspace_bytes, 234881024);
+  EXPECT_EQ(tensor_bytes(fused, "mlp_silu"), -1);
+
+  in.recipe.mlp_kernel = models::MlpKernel::kEager;
+  const Workload eager = build_step(in);
+  bwd = find_op(eager, "mlp_bwd", 2, Phase::kBackward);
+  ASSERT_NE(bwd, nullptr);
+  EXPECT_EQ(bwd->workspace_bytes, 3 * 234881024);
+  EXPECT_EQ(tensor_bytes(eager, "mlp_silu"), 234881024);
+}
+
+// Qwen3-32B: H = 64, H_kv = 8, d = 128. The q/k norms keep the projection output for backward:
+// s·(64 + 8)·128·2 bytes; s = 8192 (64K on 8 GPUs): 150,994,944.
+TEST(QkNorm, KeepsProjectionOutput) {
+  const ScheduleInputs in = alst_deepspeed("qwen3-32b", 8, 65536);
+  const Workload w = build_step(in);
+  EXPECT_EQ(tensor_bytes(w, "qk_norm_saved"), 150994944);
+  EXPECT_NE(find_op(w, "qk_norm_bwd", 0, Phase::kBackward), nullptr);
+}
+
+// ZeRO-3 offload_param moves the bf16 shard to host: Llama-3-8B (8,030,261,248 parameters) on one
+// GPU with optimizer offload keeps nothing on the GPU and P·(4 + 8 + 4) + P·2 bytes on host.
+TEST(ParamOffload, ShardsLiveOnHost) {
+  ScheduleInputs in = alst_deepspeed("llama3-8b", 1, 65536);
+  in.recipe.param_offload = true;
+  const ModelStates s = model_states(in);
+  const std::int64_t p = 8030261248;
+  EXPECT_EQ(s.gpu_bytes, 0);
+  EXPECT_EQ(s.host_bytes, p * 16 + p * 2);
+  // Each block's parameters come from host before use (issued while the block before runs).
+  const Workload w = build_step(in);
+  const Op* copy = find_op(w, "allgather.layer4(from host)", 3, Phase::kForward);
+  ASSERT_NE(copy, nullptr);
+  EXPECT_EQ(copy->kind, OpKind::kCopyH2D);
+  EXPECT_EQ(copy->transfer_bytes, models::count_parameters(in.model).per_layer * 2);
+
+  in.recipe.zero_stage = 2;
+  EXPECT_THROW(in.recipe.validate(), InputError);
+}
+
+// 32-bit offsets: Llama-3-8B's norm input [s, 4096] reaches 2^31 elements at s = 524,288.
+TEST(Int32Indexing, NormInputAtTwoToThe31) {
+  ScheduleInputs in = alst_deepspeed("llama3-8b", 1, 524287);
+  EXPECT_EQ(int32_index_violation(in, derive_head_layout(in)), "");
+  in.parallel.seq_len = 524288;
+  const std::string v = int32_index_violation(in, derive_head_layout(in));
+  EXPECT_NE(v.find("RMSNorm input [524288 × 4096]"), std::string::npos) << v;
+  EXPECT_NE(v.find("2147483648"), std::string::npos) << v;
+  const sim::StepReport r = planner::evaluate(in).report;
+  EXPECT_FALSE(r.fits_kernels);
+  EXPECT_FALSE(r.fits());
+  EXPECT_EQ(r.binding, v);
+  in.recipe.int32_kernel_indexing = false;
+  EXPECT_EQ(int32_index_violation(in, derive_head_layout(in)), "");
+}
+
+// Qwen3-32B's query is wider than its hidden size (64·128 = 8192 > 5120): RoPE's query tensor
+// binds first, at 262,144 tokens per GPU (8 GPUs: N = 2,097,152).
+TEST(Int32Indexing, WideQueryBindsFirst) {
+  ScheduleInputs in = alst_deepspeed("qwen3-32b", 8, 2097152 - 8);
+  EXPECT_EQ(int32_index_violation(in, derive_head_layout(in)), "");
+  in.parallel.seq_len = 2097152;
+  const std::string v = int32_index_violation(in, derive_head_layout(in));
+  EXPECT_NE(v.find("RoPE query [262144 × 8192]"), std::string::npos) << v;
+}
+
+}  // namespace
+}  // namespace cpsim::sim
