@@ -95,6 +95,24 @@ TEST(ValidationCase, OptionalFieldsDefault) {
   EXPECT_EQ(parse_validation_case(j.dump(), "case.json").row, 0);
 }
 
+TEST(ValidationCase, BoundSetupNoteAndKernelKeys) {
+  Json j = good_case();
+  j["bound"] = "lower";
+  j["setup_note"] = "offloads parameters";
+  j["setup"]["param-offload"] = "on";
+  j["setup"]["norm-kernel"] = "eager";
+  j["setup"]["mlp-kernel"] = "fused";
+  j["setup"]["int32-indexing"] = false;
+  const ValidationCase c = parse_validation_case(j.dump(), "case.json");
+  EXPECT_EQ(c.bound, "lower");
+  EXPECT_EQ(c.setup_note, "offloads parameters");
+  EXPECT_EQ(c.setup.param_offload, "on");
+  EXPECT_EQ(c.setup.norm_kernel, "eager");
+  EXPECT_EQ(c.setup.mlp_kernel, "fused");
+  EXPECT_EQ(c.setup.int32_indexing, "false");
+  EXPECT_EQ(parse_validation_case(good_case().dump(), "case.json").bound, "two-sided");
+}
+
 TEST(ValidationCase, EveryPublicCaseLoads) {
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(fs::path(CPSIM_TEST_DATA_DIR) / "validation")) {
@@ -156,6 +174,19 @@ TEST(ValidationCase, BadInputNamesTheField) {
     j["row"] = row;
     EXPECT_EQ(error_field(j), "case.json:row") << row;
   }
+
+  j = good_case();
+  j["bound"] = "upper";
+  EXPECT_EQ(error_field(j), "case.json:bound");
+
+  j = good_case();
+  j["bound"] = "lower";
+  j["quantity"] = "mfu";
+  EXPECT_EQ(error_field(j), "case.json:bound") << "a lower bound needs a max_seq_len case";
+
+  j = good_case();
+  j["setup_note"] = Json::array();
+  EXPECT_EQ(error_field(j), "case.json") << "wrong type";
 
   j = good_case();
   j["setup"] = "llama3-8b";
