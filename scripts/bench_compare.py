@@ -70,8 +70,6 @@ def real_times(report, origin):
         runs.sort()
         out[name] = runs[len(runs) // 2]
     out.update(medians)
-    if not out:
-        raise UsageError(f"{origin}: no benchmark ran")
     return out
 
 
@@ -93,7 +91,10 @@ def run_program(path, min_time, repetitions, bench_filter):
             raise UsageError(f"{os.path.basename(path)} exited with status {proc.returncode}")
         try:
             with open(out.name, encoding="utf-8") as f:
-                return json.load(f)
+                text = f.read()
+            if not text.strip() and bench_filter is not None:
+                return {"benchmarks": []}  # the filter matched none of this program's benchmarks
+            return json.loads(text)
         except (OSError, json.JSONDecodeError) as e:
             raise UsageError(f"{path}: unreadable JSON output: {e}") from None
 
@@ -119,6 +120,8 @@ def collect(args):
                 raise UsageError(f"{origin}: benchmark {name} appears twice")
             results[name] = value
         context = context or report.get("context", {})
+    if not results:
+        raise UsageError("no benchmark ran")
     return results, context or {}
 
 
@@ -202,12 +205,15 @@ def show(seconds, unit):
     return f"{seconds / UNIT_SECONDS[unit]:.3f} {unit}"
 
 
-def compare(baseline, results, threshold):
+def compare(baseline, results, threshold, filtered=False):
     """Table rows and the failures: ratios above `threshold` and baseline entries that did not
-    run. Benchmarks that are not in the baseline are listed as new and never fail."""
+    run (unless `filtered`: then they were left out on purpose). Benchmarks that are not in the
+    baseline are listed as new and never fail."""
     rows, failures = [], []
     for name in sorted(set(baseline) | set(results)):
-        if name not in results:
+        if name not in results and filtered:
+            rows.append((name, show(*baseline[name]), "-", "-", "not run"))
+        elif name not in results:
             rows.append((name, show(*baseline[name]), "-", "-", "MISSING"))
             failures.append(f"{name}: in the baseline but did not run")
         elif name not in baseline:
@@ -268,6 +274,8 @@ def main(argv):
     if args.update and args.no_compare:
         raise UsageError("--update and --no-compare exclude each other")
 
+    if args.update and args.filter is not None:
+        raise UsageError("--update records every benchmark; drop --filter")
     if args.update and not args.input and cmake_build_type(args) != "Release":
         raise UsageError(f"{args.build_dir} is a {cmake_build_type(args)} build; record the "
                          "baseline with a Release build")
@@ -289,7 +297,7 @@ def main(argv):
         print(f"bench: {len(results)} benchmarks ran (timings not compared)")
         return 0
     data, baseline = load_baseline(args.baseline)
-    rows, failures = compare(baseline, results, args.threshold)
+    rows, failures = compare(baseline, results, args.threshold, filtered=args.filter is not None)
     print(f"baseline: {data.get('machine', '?')}, {data.get('date', '?')}")
     print(format_table(rows))
     if failures:
@@ -385,6 +393,16 @@ class SelfTest(unittest.TestCase):
         self.assertIn("new", out)
         self.assertNotIn("BM_C:", out)
 
+    def test_filter_leaves_others_out_without_failing(self):
+        self.record()
+        b = self.write("b.json", _report([("BM_A", 10.5, "ms")]))
+        code, out = self.run_main("--input", b, "--filter", "BM_A")
+        self.assertEqual(code, 0, out)
+        self.assertIn("not run", out)
+        b = self.write("c.json", _report([("BM_A", 13.0, "ms")]))
+        code, out = self.run_main("--input", b, "--filter", "BM_A")
+        self.assertEqual(code, 1, out)
+
     def test_no_compare_never_fails_on_timings(self):
         self.record()
         b = self.write("b.json", _report([("BM_A", 100.0, "ms")]))
@@ -406,6 +424,9 @@ class SelfTest(unittest.TestCase):
 
     def test_bad_inputs_are_usage_errors(self):
         code, _ = self.run_main("--input", self.write("x.json", {"benchmarks": []}), "--update")
+        self.assertEqual(code, 2)
+        code, _ = self.run_main("--input", self.write("v.json", {"benchmarks": []}), "--filter",
+                                "BM_A", "--update")
         self.assertEqual(code, 2)
         code, _ = self.run_main("--input", self.write("y.json", {"nope": 1}))
         self.assertEqual(code, 2)
