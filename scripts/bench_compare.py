@@ -8,8 +8,12 @@ and exits 1 when a ratio exceeds the threshold (1.20: more than 20 % slower) or 
 the baseline did not run; 0 otherwise; 2 on a usage error or when a benchmark program fails.
 
 The baseline holds timings of one machine (named inside the file, with the date): compare only on
-that machine with a Release build (the default CMAKE_BUILD_TYPE). After an intended speed-up (or
-slow-down), or on another machine, re-record it:
+that machine with a Release build (the default CMAKE_BUILD_TYPE), while it is otherwise idle
+(BM_PlanSeq1M evaluates on 2 threads: on a 2-core machine its real time doubles when another
+process takes a core). Each benchmark runs 3 times and the median counts (--repetitions).
+
+The baseline must be re-recorded after an intended speed-up (or slow-down) of the simulator or
+planner, after adding or renaming a benchmark, or on another machine:
 
     python3 scripts/bench_compare.py --update
 
