@@ -1,8 +1,13 @@
 #include "cpsim/planner/maxlen.hpp"
 
 #include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -96,6 +101,128 @@ BindingConstraint binding_of(const Probe& p, std::int64_t seq, std::int64_t marg
   return b;
 }
 
+/// The probes of one search: evaluated on demand (get), or ahead of demand by a helper thread
+/// (hint: the length the search will likely ask for next). A probe asked for while the helper
+/// evaluates it is waited for; a hint for a length already known or under way, or while the helper
+/// is busy, is dropped. Which lengths were evaluated speculatively changes nothing the search
+/// reads: a probe's outcome depends only on its length.
+class ProbeCache {
+ public:
+  ProbeCache(const sim::ScheduleInputs& base, std::int64_t step, std::int64_t margin, int threads)
+      : base_(base), step_(step), margin_(margin) {
+    if (threads > 1) {
+      helper_ = std::thread([this] { help(); });
+    }
+  }
+  ProbeCache(const ProbeCache&) = delete;
+  ProbeCache& operator=(const ProbeCache&) = delete;
+  ~ProbeCache() {
+    if (helper_.joinable()) {
+      {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      helper_.join();
+    }
+  }
+
+  /// The probe at k·step; rethrows what its evaluation threw (other than a refused length).
+  const Probe& get(std::int64_t k) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    Slot& slot = slots_[k];
+    if (slot.state == Slot::kEmpty) {
+      slot.state = Slot::kRunning;
+      lock.unlock();
+      Slot done = evaluate_at(k);
+      lock.lock();
+      slot.probe = std::move(done.probe);
+      slot.error = done.error;
+      slot.state = Slot::kDone;
+      cv_.notify_all();
+    }
+    cv_.wait(lock, [&slot] { return slot.state == Slot::kDone; });
+    if (slot.error) {
+      std::rethrow_exception(slot.error);
+    }
+    return slot.probe;
+  }
+
+  void hint(std::int64_t k) {
+    if (!helper_.joinable()) {
+      return;
+    }
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (helper_busy_ || slots_.count(k) > 0) {
+        return;
+      }
+      slots_[k].state = Slot::kRunning;
+      hinted_ = k;
+      helper_busy_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  struct Slot {
+    enum State { kEmpty, kRunning, kDone };
+    State state = kEmpty;
+    Probe probe;
+    std::exception_ptr error;
+  };
+
+  Slot evaluate_at(std::int64_t k) const {
+    Slot s;
+    sim::ScheduleInputs in = base_;
+    in.parallel.seq_len = k * step_;
+    try {
+      s.probe.report = evaluate(in).report;
+      s.probe.fits = fits_with_margin(*s.probe.report, margin_);
+    } catch (const InputError& e) {
+      if (e.field() != "--seq") {
+        s.error = std::current_exception();
+      } else {
+        s.probe.refusal = e.what();
+      }
+    } catch (...) {
+      s.error = std::current_exception();
+    }
+    return s;
+  }
+
+  void help() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || helper_busy_; });
+      if (stop_) {
+        return;
+      }
+      const std::int64_t k = hinted_;
+      lock.unlock();
+      Slot done = evaluate_at(k);
+      lock.lock();
+      Slot& slot = slots_[k];
+      slot.probe = std::move(done.probe);
+      slot.error = done.error;
+      slot.state = Slot::kDone;
+      helper_busy_ = false;
+      cv_.notify_all();
+    }
+  }
+
+  const sim::ScheduleInputs& base_;
+  const std::int64_t step_;
+  const std::int64_t margin_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<std::int64_t, Slot> slots_;  // std::map: references stay valid while it grows
+  std::int64_t hinted_ = 0;
+  bool helper_busy_ = false;
+  bool stop_ = false;
+  std::thread helper_;  // last: started once the members it uses exist
+};
+
 }  // namespace
 
 MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& options) {
@@ -115,44 +242,54 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
     (void)sim::derive_head_layout(probe);
   }
   const std::int64_t k_max = options.max_tokens / res.step;
-  std::vector<std::optional<Probe>> cache;
+  ProbeCache cache(base, res.step, options.memory_margin_bytes, options.threads);
+  std::vector<bool> asked;
   auto probe = [&](std::int64_t k) -> const Probe& {
-    if (static_cast<std::size_t>(k) >= cache.size()) {
-      cache.resize(static_cast<std::size_t>(k) + 1);
+    if (static_cast<std::size_t>(k) >= asked.size()) {
+      asked.resize(static_cast<std::size_t>(k) + 1);
     }
-    auto& slot = cache[static_cast<std::size_t>(k)];
-    if (!slot) {
-      Probe p;
-      sim::ScheduleInputs in = base;
-      in.parallel.seq_len = k * res.step;
-      try {
-        p.report = evaluate(in).report;
-        p.fits = fits_with_margin(*p.report, options.memory_margin_bytes);
-      } catch (const InputError& e) {
-        if (e.field() != "--seq") {
-          throw;
-        }
-        p.refusal = e.what();
-      }
+    if (!asked[static_cast<std::size_t>(k)]) {
+      asked[static_cast<std::size_t>(k)] = true;
       ++res.evaluations;
-      slot = std::move(p);
     }
-    return *slot;
+    return cache.get(k);
+  };
+  // Speculation (threads > 1): while the search evaluates a length, the helper evaluates the one
+  // it will ask for next on a guessed outcome. next_after(l, h): the next length asked for once
+  // l fits and h does not.
+  auto hint = [&](std::int64_t k) {
+    if (k >= 1 && k <= k_max) {
+      cache.hint(k);
+    }
+  };
+  auto next_after = [&](std::int64_t l, std::int64_t h) {
+    return h - l > 1 ? l + (h - l) / 2 : (h + 1 <= k_max ? h + 1 : l - 1);
   };
 
   std::int64_t lo = 0;  // largest k known to fit (0: none)
   std::int64_t hi = 1;  // a k known to fail once found
-  // Galloping: 1, 2, 4, ... until a failure.
-  while (hi <= k_max && probe(hi).fits) {
+  // Galloping: 1, 2, 4, ... until a failure. Guess: this one fails (the doubling that follows
+  // would keep the helper busy twice as long).
+  for (;;) {
+    if (hi > k_max) {
+      break;
+    }
+    hint(hi == 1 ? 2 : next_after(hi / 2, hi));
+    if (!probe(hi).fits) {
+      break;
+    }
     lo = hi;
     hi *= 2;
   }
   hi = std::min(hi, k_max + 1);
-  // Binary search in (lo, hi).
+  // Binary search in (lo, hi). Guess: the outcome of the last probe repeats.
+  bool last_fit = false;
   for (;;) {
     while (hi - lo > 1) {
       const std::int64_t mid = lo + (hi - lo) / 2;
-      if (probe(mid).fits) {
+      hint(last_fit ? next_after(mid, hi) : next_after(lo, mid));
+      last_fit = probe(mid).fits;
+      if (last_fit) {
         lo = mid;
       } else {
         hi = mid;
@@ -160,6 +297,9 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
     }
     // Neighbours: memory is not always monotone in the length (tile counts, loss chunks). One
     // step past the first failure must fail too; otherwise continue the search from there.
+    if (lo >= 2) {
+      hint(lo - 1);
+    }
     if (hi + 1 <= k_max && probe(hi + 1).fits) {
       res.monotone = false;
       res.warnings.push_back(fmt::format(
@@ -172,6 +312,7 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
         stride *= 2;
       }
       hi = std::min(lo + stride, k_max + 1);
+      last_fit = false;
       continue;
     }
     break;

@@ -56,6 +56,23 @@ std::string structure_label(const sim::ScheduleInputs& in) {
   return s;
 }
 
+/// A rough count of the ops one evaluation simulates per block (order of magnitude only: it sorts
+/// the work of the threads, longest first, so that none is left with a long one at the end).
+std::int64_t cost_estimate(const sim::ScheduleInputs& in) {
+  const auto& p = in.parallel;
+  const std::int64_t ring = std::max(1, p.ring_degree);
+  std::int64_t per_block = 40 + 10 * ring;
+  if (p.method == CpMethod::kUPipe) {
+    const std::int64_t u = std::max<std::int64_t>(1, p.cp_degree / ring);
+    const std::int64_t stage = p.heads_per_stage == 0 ? u : p.heads_per_stage;
+    per_block = 40 + (20 + 10 * ring) * std::max<std::int64_t>(1, in.model.heads / stage);
+  } else if (p.method == CpMethod::kFpdt && p.fpdt_chunk > 0) {
+    per_block = 40 + 30 * std::max<std::int64_t>(1, p.seq_len / p.fpdt_chunk);
+  }
+  const bool full_ac = in.recipe.checkpointing == CheckpointMode::kFull;
+  return per_block * (full_ac ? 3 : 2) * in.model.layers;
+}
+
 }  // namespace
 
 std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
@@ -262,6 +279,13 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
     if (cands[i].error.empty() && !cands[i].pruned)
       pending.push_back(i);
   }
+  // Longest first (each result goes to its own candidate: the order changes only the wall time).
+  std::vector<std::int64_t> cost(cands.size(), 0);
+  for (const std::size_t i : pending) {
+    cost[i] = cost_estimate(cands[i].inputs);
+  }
+  std::stable_sort(pending.begin(), pending.end(),
+                   [&cost](std::size_t a, std::size_t b) { return cost[a] > cost[b]; });
   std::atomic<std::size_t> next{0};
   std::atomic<std::int64_t> simulations{0};
   auto worker = [&]() {
@@ -276,6 +300,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
           MaxLenOptions mo;
           mo.granularity = options.granularity;
           mo.memory_margin_bytes = options.memory_margin_bytes;
+          mo.threads = 1;  // the candidates already share the threads
           const MaxLenResult m = max_seq_len(c.inputs, mo);
           simulations += m.evaluations;
           c.max_seq_len = m.max_seq_len;

@@ -17,6 +17,23 @@
 // offloads), one compute op for all its blocks and a join that waits for both: the loop lasts
 // max(compute, transfers) as double buffering makes it, and two block buffers are live, with O(nc)
 // ops per layer instead of O(nc²).
+//
+// Edges (speed; the simulation is the same). An op that reads the blocks of chunks 0..i-1 lists
+// only what changes its timing or a tensor's lifetime, so that a layer has O(nc) edges, not O(nc²):
+//   - among the producers of its inputs on one stream only the last in program order can finish
+//     last (streams run in order), and one on its own stream has finished before it starts;
+//   - a tensor is freed when its last reader ends, and among readers on one stream that is the
+//     last in program order: earlier readers on that stream need not list it.
+// So the fetch of chunks 1..i-1 reads chunk i-1 (its offload ends after the others), the last
+// fetch of a pass reads every chunk (it frees them), and in backward the fetch of query chunks
+// j+1.. reads the last dOut (whose offload ends after every Q, output and dOut offload of the
+// layer): each chunk's own fetch, later on the copy stream, frees it. Without offload the same
+// holds for the compute ops that read the GPU copies (the last all-to-all producing one is the last
+// dOut). Ops and tensors are emitted through one reused OpSpec with names interned once per step.
+#include <initializer_list>
+#include <string>
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "cpsim/models/units.hpp"
@@ -24,6 +41,208 @@
 #include "step_builder.hpp"
 
 namespace cpsim::sim::detail {
+namespace {
+
+// Per-chunk names: stem + "[c<i>]" in the forward and for dOut, stem + "[k<j>]" in the backward
+// loop over K/V chunks. Formatted names have an empty stem.
+enum FwdName {
+  kQ,
+  kKv,
+  kQRope,
+  kKvRope,
+  kQkvProj,
+  kRope,
+  kA2aQ,
+  kA2aKv,
+  kKvHost,
+  kOffloadKv,
+  kAcc,
+  kKvBuffer0,
+  kFetchKv0,
+  kKvBuffer1,
+  kFetchKvRest,
+  kAttnPrev,
+  kFetchJoin,
+  kAttnDiag,
+  kOutH,
+  kLse,
+  kOutCast,
+  kA2aOut,
+  kFillOut,
+  kQHost,
+  kOffloadQ,
+  kOutHost,
+  kOffloadOut,
+  kFwdNames
+};
+constexpr const char* kFwdStems[kFwdNames] = {"q",          "kv",         "q_rope",
+                                              "kv_rope",    "qkv_proj",   "rope",
+                                              "a2a_q",      "a2a_kv",     "kv_host",
+                                              "offload_kv", "fpdt_acc",   "kv_buffer0",
+                                              "fetch_kv0",  "kv_buffer1", "",
+                                              "",           "fetch_join", "attn_fwd[diag]",
+                                              "attn_out_h", "lse",        "fpdt_out_cast",
+                                              "a2a_out",    "fill_out",   "q_host",
+                                              "offload_q",  "out_host",   "offload_out"};
+
+enum BwdName {
+  kDoutSlice,
+  kSliceDout,
+  kA2aDout,
+  kDoutHost,
+  kOffloadDout,
+  kKvFetched,
+  kFetchKvBwd,
+  kDkvAcc,
+  kDqBlock,
+  kQBuffer0,
+  kFetchQ0,
+  kQBuffer1,
+  kFetchQRest,
+  kAttnBwd,
+  kOffloadDq,
+  kInnerJoin,
+  kDkvH,
+  kDkvCast,
+  kA2aDkv,
+  kDqFinal,
+  kFetchDq,
+  kDqSlice,
+  kDqH,
+  kDqCast,
+  kA2aDq,
+  kDqRope,
+  kDkvRope,
+  kRopeBwd,
+  kQkvProjBwd,
+  kBwdNames
+};
+constexpr const char* kBwdStems[kBwdNames] = {"dout_slice",    "slice_dout",
+                                              "a2a_dout",      "dout_host",
+                                              "offload_dout",  "kv_fetched(bwd)",
+                                              "fetch_kv(bwd)", "dkv_acc",
+                                              "dq_block",      "q_chunk_buffer0",
+                                              "fetch_q0",      "q_chunk_buffer1",
+                                              "fetch_q_rest",  "",
+                                              "offload_dq",    "inner_join",
+                                              "dkv_h",         "dkv_cast",
+                                              "a2a_dkv",       "dq_final",
+                                              "fetch_dq",      "dq_slice",
+                                              "dq_h",          "dq_cast",
+                                              "a2a_dq",        "dq_rope",
+                                              "dkv_rope",      "rope_bwd",
+                                              "qkv_proj_bwd"};
+
+/// Interned per-chunk names of one function, cached by the builder for the whole step: every layer
+/// and pass emits the same ones.
+class ChunkNames {
+ public:
+  ChunkNames(Builder& b, const char* series, int slots, const char* const* stems)
+      : b_(b), series_(b.name_series(series)), slots_(slots), stems_(stems) {}
+  /// stems[slot] + "[<letter><index>]".
+  std::int32_t operator()(int slot, char letter, std::int64_t index) {
+    return b_.series_name(series_, index * slots_ + slot,
+                          [&] { return fmt::format("{}[{}{}]", stems_[slot], letter, index); });
+  }
+  /// A name made by `make` (the formatted ones).
+  template <class Make>
+  std::int32_t operator()(int slot, std::int64_t index, const Make& make) {
+    return b_.series_name(series_, index * slots_ + slot, make);
+  }
+
+ private:
+  Builder& b_;
+  std::int32_t series_;
+  int slots_;
+  const char* const* stems_;
+};
+
+/// Emits ops through one reused OpSpec, whose vectors keep their capacity from op to op.
+class Emitter {
+ public:
+  explicit Emitter(Builder& b) : b_(b) {}
+  /// The spec of the next op, reset to `name` on `stream` with nothing attached.
+  OpSpec& next(std::int32_t name, Stream stream, OpKind kind, double time_s, double flops) {
+    s_.name_id = name;
+    s_.stream = stream;
+    s_.kind = kind;
+    s_.time_s = time_s;
+    s_.flops = flops;
+    s_.transfer_bytes = 0;
+    s_.workspace_bytes = 0;
+    s_.workspace_category = MemCategory::kOther;
+    s_.inputs.clear();
+    s_.outputs.clear();
+    s_.deps.clear();
+    return s_;
+  }
+  OpSet emit() { return b_.op(s_); }
+  /// As StepBuilder::compute.
+  OpSet compute(std::int32_t name,
+                OpKind kind,
+                const KernelCost& k,
+                std::initializer_list<TensorSet> inputs,
+                std::initializer_list<TensorSet> outputs,
+                std::initializer_list<OpSet> deps = {},
+                std::int64_t workspace = 0,
+                MemCategory ws_cat = MemCategory::kOther) {
+    OpSpec& s = next(name, Stream::kCompute, kind, k.time_s, k.flops);
+    s.inputs = inputs;
+    s.outputs = outputs;
+    s.deps = deps;
+    s.workspace_bytes = workspace;
+    s.workspace_category = ws_cat;
+    return emit();
+  }
+  /// As StepBuilder::host_copy, with its duration (CostModel::host_copy_s) given.
+  OpSet copy(std::int32_t name,
+             bool to_device,
+             std::int64_t bytes,
+             double time_s,
+             std::initializer_list<TensorSet> inputs,
+             std::initializer_list<TensorSet> outputs,
+             std::initializer_list<OpSet> deps = {}) {
+    OpSpec& s = next(name, to_device ? Stream::kH2D : Stream::kD2H,
+                     to_device ? OpKind::kCopyH2D : OpKind::kCopyD2H, time_s, 0.0);
+    s.transfer_bytes = bytes;
+    s.inputs = inputs;
+    s.outputs = outputs;
+    s.deps = deps;
+    return emit();
+  }
+  /// As StepBuilder::exchange: all-to-all of `in` (per-rank send buffer `bytes` in activation
+  /// dtype) over the Ulysses group, `in` itself when the group has one rank.
+  TensorSet exchange(std::int32_t name,
+                     TensorSet in,
+                     std::int64_t bytes,
+                     MemCategory cat,
+                     std::int64_t ulysses,
+                     std::int64_t activation_bytes,
+                     std::int64_t comm_bytes,
+                     const CostModel& cost) {
+    if (ulysses == 1) {
+      return in;
+    }
+    const TensorSet out = b_.tensor(name, bytes, cat, false);
+    OpSpec& s = next(name, Stream::kComm, OpKind::kElementwise, 0.0, 0.0);
+    s.inputs = {in};
+    s.outputs = {out};
+    // Communication in a wider dtype than the activations sends a cast copy and receives into one.
+    const std::int64_t wire_bytes = bytes / activation_bytes * comm_bytes;
+    if (comm_bytes != activation_bytes) {
+      s.workspace_bytes = 2 * wire_bytes;
+      s.workspace_category = cat;
+    }
+    b_.collective(s, Group::kUlysses, models::Collective::kAllToAll, cost, wire_bytes);
+    return out;
+  }
+
+ private:
+  Builder& b_;
+  OpSpec s_;
+};
+
+}  // namespace
 
 void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
   const std::int64_t h = m_.hidden, d = m_.head_dim;
@@ -41,93 +260,111 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
   const KernelCost merge = mem(3 * chunk * hq * d * kFp32Bytes);
   const KernelCost full_block = plus(cost_.attention_fwd({chunk, chunk, hq, d, false}), merge);
   const KernelCost diag_block = plus(cost_.attention_fwd({chunk, chunk, hq, d, true}), merge);
+  // Every chunk has the same shapes.
+  const KernelCost proj = gemm(lc, (m_.heads + 2 * m_.kv_heads) * d, h);
+  const KernelCost rope = mem(2 * (q_local_bytes + kv_local_bytes));
+  const KernelCost out_cast = mem(chunk * hq * d * (kFp32Bytes + ab_));
+  const KernelCost fill = mem(2 * q_local_bytes);
+  const double offload_kv_s = cost_.host_copy_s(kv_h_bytes, false);
+  const double fetch_kv_s = cost_.host_copy_s(kv_h_bytes, true);
+  const double offload_q_s = cost_.host_copy_s(q_h_bytes, false);
+  const double offload_out_s = cost_.host_copy_s(q_h_bytes + lse_bytes, false);
+  const std::int64_t attn_ws = chunk * hq * d * ab_ + lse_bytes;
+  Emitter e(b_);
+  ChunkNames name(b_, "fpdt_forward", kFwdNames, kFwdStems);
+  auto exchange = [&](std::int32_t n, TensorSet in, std::int64_t bytes) {
+    return e.exchange(n, in, bytes, MemCategory::kAttention, u_, ab_, r_.cp_comm_bytes, cost_);
+  };
+  const auto attention = MemCategory::kAttention;
 
   sv.o = b_.tensor("fpdt_out", s_ * m_.heads * d * ab_, MemCategory::kAttention);
   const OpSet alloc = compute("fpdt_alloc_out", OpKind::kElementwise, {0.0, 0.0}, {}, {sv.o});
   std::vector<OpSet> fills;
   std::vector<TensorSet> kv_store;  // per chunk: on host when offloading, else on the GPU
+  fills.reserve(static_cast<std::size_t>(nc));
+  kv_store.reserve(static_cast<std::size_t>(nc));
   for (std::int64_t i = 0; i < nc; ++i) {
-    const std::string tag = fmt::format("[c{}]", i);
-    TensorSet q = b_.tensor("q" + tag, q_local_bytes, MemCategory::kAttention);
-    TensorSet kvp = b_.tensor("kv" + tag, kv_local_bytes, MemCategory::kAttention);
-    compute("qkv_proj" + tag, OpKind::kGemm, gemm(lc, (m_.heads + 2 * m_.kv_heads) * d, h),
-            {sv.xn, params}, {q, kvp});
-    TensorSet q_r = b_.tensor("q_rope" + tag, q_local_bytes, MemCategory::kAttention);
-    TensorSet kv_r = b_.tensor("kv_rope" + tag, kv_local_bytes, MemCategory::kAttention);
-    compute("rope" + tag, OpKind::kElementwise, mem(2 * (q_local_bytes + kv_local_bytes)), {q, kvp},
-            {q_r, kv_r});
-    TensorSet q_h = exchange("a2a_q" + tag, q_r, q_local_bytes, MemCategory::kAttention);
-    TensorSet kv_h = exchange("a2a_kv" + tag, kv_r, kv_local_bytes, MemCategory::kAttention);
+    TensorSet q = b_.tensor(name(kQ, 'c', i), q_local_bytes, attention, false);
+    TensorSet kvp = b_.tensor(name(kKv, 'c', i), kv_local_bytes, attention, false);
+    e.compute(name(kQkvProj, 'c', i), OpKind::kGemm, proj, {sv.xn, params}, {q, kvp});
+    TensorSet q_r = b_.tensor(name(kQRope, 'c', i), q_local_bytes, attention, false);
+    TensorSet kv_r = b_.tensor(name(kKvRope, 'c', i), kv_local_bytes, attention, false);
+    e.compute(name(kRope, 'c', i), OpKind::kElementwise, rope, {q, kvp}, {q_r, kv_r});
+    TensorSet q_h = exchange(name(kA2aQ, 'c', i), q_r, q_local_bytes);
+    TensorSet kv_h = exchange(name(kA2aKv, 'c', i), kv_r, kv_local_bytes);
     if (offload) {
-      TensorSet host = b_.tensor("kv_host" + tag, kv_h_bytes, MemCategory::kAttention, true);
-      host_copy("offload_kv" + tag, false, kv_h_bytes, kv_h, host);
+      TensorSet host = b_.tensor(name(kKvHost, 'c', i), kv_h_bytes, attention, true);
+      e.copy(name(kOffloadKv, 'c', i), false, kv_h_bytes, offload_kv_s, {kv_h}, {host});
       kv_store.push_back(host);
     } else {
       kv_store.push_back(kv_h);
     }
     // Online softmax over the visible K/V chunks into an fp32 output + LSE accumulator.
-    TensorSet acc = b_.tensor("fpdt_acc" + tag, chunk * hq * d * kFp32Bytes + lse_bytes,
-                              MemCategory::kAttention);
+    TensorSet acc =
+        b_.tensor(name(kAcc, 'c', i), chunk * hq * d * kFp32Bytes + lse_bytes, attention, false);
     OpSet join;
     if (i > 0) {
-      std::vector<TensorSet> ins{q_h};
+      // The blocks of chunks 0..i-1: all but the last step of the pass list only chunk i-1 (see
+      // the file comment).
+      const auto visible_begin = kv_store.begin() + (i + 1 == nc ? 0 : i - 1);
+      const auto visible_end = kv_store.begin() + i;
+      const KernelCost prev_cost = times(full_block, static_cast<double>(i));
+      const std::int32_t prev_name =
+          name(kAttnPrev, i, [&] { return fmt::format("attn_fwd[k0..{}][c{}]", i - 1, i); });
       TensorSet rest;
       OpSet fetch_rest;
+      OpSet prev;
       if (offload) {
-        TensorSet first = b_.tensor("kv_buffer0" + tag, kv_h_bytes, MemCategory::kAttention);
+        TensorSet first = b_.tensor(name(kKvBuffer0, 'c', i), kv_h_bytes, attention, false);
         const OpSet fetch_first =
-            host_copy("fetch_kv0" + tag, true, kv_h_bytes, kv_store[0], first);
-        ins.push_back(first);
+            e.copy(name(kFetchKv0, 'c', i), true, kv_h_bytes, fetch_kv_s, {kv_store[0]}, {first});
         if (i > 1) {
-          rest = b_.tensor("kv_buffer1" + tag, kv_h_bytes, MemCategory::kAttention);
-          OpSpec s;
-          s.name = fmt::format("fetch_kv1..{}{}", i - 1, tag);
-          s.stream = Stream::kH2D;
-          s.kind = OpKind::kCopyH2D;
-          s.transfer_bytes = (i - 1) * kv_h_bytes;
-          s.time_s = cost_.host_copy_s(s.transfer_bytes, true);
-          s.inputs.assign(kv_store.begin() + 1, kv_store.begin() + i);
+          rest = b_.tensor(name(kKvBuffer1, 'c', i), kv_h_bytes, attention, false);
+          const std::int64_t bytes = (i - 1) * kv_h_bytes;
+          OpSpec& s = e.next(
+              name(kFetchKvRest, i, [&] { return fmt::format("fetch_kv1..{}[c{}]", i - 1, i); }),
+              Stream::kH2D, OpKind::kCopyH2D, cost_.host_copy_s(bytes, true), 0.0);
+          s.transfer_bytes = bytes;
+          s.inputs.assign(std::max(visible_begin, kv_store.begin() + 1), visible_end);
           s.outputs = {rest};
           s.deps = {fetch_first};
-          fetch_rest = b_.op(s);
+          fetch_rest = e.emit();
         }
+        prev = e.compute(prev_name, OpKind::kAttentionFwd, prev_cost, {q_h, first}, {acc}, {},
+                         attn_ws, attention);
       } else {
-        ins.insert(ins.end(), kv_store.begin(), kv_store.begin() + i);
+        OpSpec& s = e.next(prev_name, Stream::kCompute, OpKind::kAttentionFwd, prev_cost.time_s,
+                           prev_cost.flops);
+        s.inputs = {q_h};
+        s.inputs.insert(s.inputs.end(), visible_begin, visible_end);
+        s.outputs = {acc};
+        s.workspace_bytes = attn_ws;
+        s.workspace_category = attention;
+        prev = e.emit();
       }
-      const OpSet prev =
-          compute(fmt::format("attn_fwd[k0..{}]{}", i - 1, tag), OpKind::kAttentionFwd,
-                  times(full_block, static_cast<double>(i)), ins, {acc}, {},
-                  chunk * hq * d * ab_ + lse_bytes, MemCategory::kAttention);
-      join = compute("fetch_join" + tag, OpKind::kElementwise, {0.0, 0.0}, {rest}, {},
-                     {prev, fetch_rest});
+      join = e.compute(name(kFetchJoin, 'c', i), OpKind::kElementwise, {0.0, 0.0}, {rest}, {},
+                       {prev, fetch_rest});
+      e.compute(name(kAttnDiag, 'c', i), OpKind::kAttentionFwd, diag_block, {q_h, kv_h, acc}, {},
+                {join}, attn_ws, attention);
+    } else {
+      e.compute(name(kAttnDiag, 'c', i), OpKind::kAttentionFwd, diag_block, {q_h, kv_h}, {acc}, {},
+                attn_ws, attention);
     }
-    compute("attn_fwd[diag]" + tag, OpKind::kAttentionFwd, diag_block,
-            i > 0 ? std::vector<TensorSet>{q_h, kv_h, acc} : std::vector<TensorSet>{q_h, kv_h},
-            i > 0 ? std::vector<TensorSet>{} : std::vector<TensorSet>{acc}, {join},
-            chunk * hq * d * ab_ + lse_bytes, MemCategory::kAttention);
-    TensorSet o_h = b_.tensor("attn_out_h" + tag, q_h_bytes, MemCategory::kAttention);
-    TensorSet lse = b_.tensor("lse" + tag, lse_bytes, MemCategory::kAttention);
-    compute("fpdt_out_cast" + tag, OpKind::kElementwise, mem(chunk * hq * d * (kFp32Bytes + ab_)),
-            {acc}, {o_h, lse});
-    TensorSet o_local = exchange("a2a_out" + tag, o_h, q_local_bytes, MemCategory::kAttention);
-    fills.push_back(compute("fill_out" + tag, OpKind::kElementwise, mem(2 * q_local_bytes),
-                            {o_local}, {}, {alloc}));
+    TensorSet o_h = b_.tensor(name(kOutH, 'c', i), q_h_bytes, attention, false);
+    TensorSet lse = b_.tensor(name(kLse, 'c', i), lse_bytes, attention, false);
+    e.compute(name(kOutCast, 'c', i), OpKind::kElementwise, out_cast, {acc}, {o_h, lse});
+    TensorSet o_local = exchange(name(kA2aOut, 'c', i), o_h, q_local_bytes);
+    fills.push_back(
+        e.compute(name(kFillOut, 'c', i), OpKind::kElementwise, fill, {o_local}, {}, {alloc}));
     if (grad) {
       // Saved for backward: Q, output and LSE of the chunk (K/V are already stored).
       if (offload) {
-        TensorSet q_host = b_.tensor("q_host" + tag, q_h_bytes, MemCategory::kAttention, true);
-        host_copy("offload_q" + tag, false, q_h_bytes, q_h, q_host);
+        TensorSet q_host = b_.tensor(name(kQHost, 'c', i), q_h_bytes, attention, true);
+        e.copy(name(kOffloadQ, 'c', i), false, q_h_bytes, offload_q_s, {q_h}, {q_host});
         TensorSet o_host =
-            b_.tensor("out_host" + tag, q_h_bytes + lse_bytes, MemCategory::kAttention, true);
-        OpSpec copy;
-        copy.name = "offload_out" + tag;
-        copy.stream = Stream::kD2H;
-        copy.kind = OpKind::kCopyD2H;
-        copy.transfer_bytes = q_h_bytes + lse_bytes;
-        copy.time_s = cost_.host_copy_s(q_h_bytes + lse_bytes, false);
-        copy.inputs = {o_h, lse};
-        copy.outputs = {o_host};
-        b_.op(copy);
+            b_.tensor(name(kOutHost, 'c', i), q_h_bytes + lse_bytes, attention, true);
+        e.copy(name(kOffloadOut, 'c', i), false, q_h_bytes + lse_bytes, offload_out_s, {o_h, lse},
+               {o_host});
         sv.chunk_q.push_back(q_host);
         sv.chunk_o.push_back(o_host);
         sv.chunk_lse.push_back(o_host);
@@ -168,120 +405,130 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
   const KernelCost diag_block = plus(cost_.attention_bwd({chunk, chunk, hq, d, true}), add);
   // FlashAttention workspace (fp32 dQ accumulator, row sums) and the block's dK/dV.
   const std::int64_t ws = dq_bytes + hq * chunk * kFp32Bytes + kv_h_bytes;
+  // Q, output + LSE, dOut and fp32 dQ of one query chunk per inner step (offloading).
+  const std::int64_t bundle = 2 * q_h_bytes + lse_bytes + q_h_bytes + dq_bytes;
+  // Every chunk has the same shapes.
+  const KernelCost slice_dout = mem(2 * q_local_bytes);
+  const KernelCost dkv_cast = mem(chunk * 2 * hkv * d * (kFp32Bytes + ab_));
+  const KernelCost dq_slice = mem(2 * dq_bytes);
+  const KernelCost dq_cast = mem(chunk * hq * d * (kFp32Bytes + ab_));
+  const KernelCost rope_bwd = mem(2 * (q_local_bytes + kv_local_bytes));
+  const KernelCost proj_bwd = times(gemm(lc, (m_.heads + 2 * m_.kv_heads) * d, h), 2.0);
+  const double offload_dout_s = cost_.host_copy_s(q_h_bytes, false);
+  const double fetch_kv_s = cost_.host_copy_s(kv_h_bytes, true);
+  const double fetch_bundle_s = cost_.host_copy_s(bundle, true);
+  const double fetch_dq_s = cost_.host_copy_s(dq_bytes, true);
   const auto at = [](const std::vector<TensorSet>& v, std::int64_t i) {
     return v[static_cast<std::size_t>(i)];
   };
+  Emitter e(b_);
+  ChunkNames name(b_, "fpdt_backward", kBwdNames, kBwdStems);
+  auto exchange = [&](std::int32_t n, TensorSet in, std::int64_t bytes) {
+    return e.exchange(n, in, bytes, MemCategory::kAttention, u_, ab_, r_.cp_comm_bytes, cost_);
+  };
+  const auto attention = MemCategory::kAttention;
 
   TensorSet dxn = b_.tensor("dxn", s_ * h * ab_, MemCategory::kOther);
   std::vector<OpSet> dx_writes{
       compute("fpdt_alloc_dx", OpKind::kElementwise, mem(s_ * h * ab_), {}, {dxn})};
+  dx_writes.reserve(static_cast<std::size_t>(nc) + 1);
   // dQ of every chunk accumulates in fp32: pinned host buffers when offloading, else on the GPU.
   TensorSet dq_all = b_.tensor("dq_fp32_all", nc * dq_bytes, MemCategory::kAttention, offload);
   compute("fpdt_alloc_dq", OpKind::kElementwise, {0.0, 0.0}, {}, {dq_all});
   // dOut of every chunk to head-sharded layout (kept on host when offloading).
   std::vector<TensorSet> dout(static_cast<std::size_t>(nc));
   for (std::int64_t i = 0; i < nc; ++i) {
-    const std::string tag = fmt::format("[c{}]", i);
-    TensorSet slice = b_.tensor("dout_slice" + tag, q_local_bytes, MemCategory::kAttention);
-    compute("slice_dout" + tag, OpKind::kElementwise, mem(2 * q_local_bytes), {d_o}, {slice});
-    TensorSet do_h = exchange("a2a_dout" + tag, slice, q_local_bytes, MemCategory::kAttention);
+    TensorSet slice = b_.tensor(name(kDoutSlice, 'c', i), q_local_bytes, attention, false);
+    e.compute(name(kSliceDout, 'c', i), OpKind::kElementwise, slice_dout, {d_o}, {slice});
+    TensorSet do_h = exchange(name(kA2aDout, 'c', i), slice, q_local_bytes);
     if (offload) {
-      TensorSet host = b_.tensor("dout_host" + tag, q_h_bytes, MemCategory::kAttention, true);
-      host_copy("offload_dout" + tag, false, q_h_bytes, do_h, host);
+      TensorSet host = b_.tensor(name(kDoutHost, 'c', i), q_h_bytes, attention, true);
+      e.copy(name(kOffloadDout, 'c', i), false, q_h_bytes, offload_dout_s, {do_h}, {host});
       dout[static_cast<std::size_t>(i)] = host;
     } else {
       dout[static_cast<std::size_t>(i)] = do_h;
     }
   }
+  // The last dOut: its offload (or all-to-all) is the last producer of what the later query
+  // chunks hold (see the file comment).
+  const TensorSet last_dout = dout.back();
+  std::vector<TensorSet> ins;
   for (std::int64_t j = 0; j < nc; ++j) {
-    const std::string ktag = fmt::format("[k{}]", j);
     const std::int64_t pairs = nc - j;  // query chunks i = j .. nc-1
     TensorSet kv_j = at(sv.chunk_kv, j);
     if (offload) {
-      TensorSet fetched = b_.tensor("kv_fetched(bwd)" + ktag, kv_h_bytes, MemCategory::kAttention);
-      host_copy("fetch_kv(bwd)" + ktag, true, kv_h_bytes, kv_j, fetched);
+      TensorSet fetched = b_.tensor(name(kKvFetched, 'k', j), kv_h_bytes, attention, false);
+      e.copy(name(kFetchKvBwd, 'k', j), true, kv_h_bytes, fetch_kv_s, {kv_j}, {fetched});
       kv_j = fetched;
     }
-    TensorSet dkv_acc = b_.tensor("dkv_acc" + ktag, dkv_acc_bytes, MemCategory::kAttention);
-    TensorSet dq_block = b_.tensor("dq_block" + ktag, dq_bytes, MemCategory::kAttention);
-    std::vector<TensorSet> ins{kv_j, dq_all};
+    TensorSet dkv_acc = b_.tensor(name(kDkvAcc, 'k', j), dkv_acc_bytes, attention, false);
+    TensorSet dq_block = b_.tensor(name(kDqBlock, 'k', j), dq_bytes, attention, false);
+    ins.assign({kv_j, dq_all});
     OpSet load_first, load_rest, dq_back;
     TensorSet rest;
     if (offload) {
-      // Q, output + LSE, dOut and fp32 dQ of one query chunk per inner step.
-      const std::int64_t bundle = 2 * q_h_bytes + lse_bytes + q_h_bytes + dq_bytes;
-      TensorSet first = b_.tensor("q_chunk_buffer0" + ktag, bundle, MemCategory::kAttention);
-      OpSpec s;
-      s.name = "fetch_q0" + ktag;
-      s.stream = Stream::kH2D;
-      s.kind = OpKind::kCopyH2D;
-      s.transfer_bytes = bundle;
-      s.time_s = cost_.host_copy_s(bundle, true);
-      s.inputs = {at(sv.chunk_q, j), at(sv.chunk_o, j), dout[static_cast<std::size_t>(j)], dq_all};
-      s.outputs = {first};
-      load_first = b_.op(s);
+      TensorSet first = b_.tensor(name(kQBuffer0, 'k', j), bundle, attention, false);
+      load_first = e.copy(name(kFetchQ0, 'k', j), true, bundle, fetch_bundle_s,
+                          {at(sv.chunk_q, j), at(sv.chunk_o, j), at(dout, j), dq_all}, {first});
       ins.push_back(first);
       if (pairs > 1) {
-        rest = b_.tensor("q_chunk_buffer1" + ktag, bundle, MemCategory::kAttention);
-        OpSpec r = s;
-        r.name = "fetch_q_rest" + ktag;
-        r.transfer_bytes = (pairs - 1) * bundle;
-        r.time_s = cost_.host_copy_s(r.transfer_bytes, true);
-        r.inputs.clear();
-        for (std::int64_t i = j + 1; i < nc; ++i) {
-          r.inputs.insert(r.inputs.end(), {at(sv.chunk_q, i), at(sv.chunk_o, i),
-                                           dout[static_cast<std::size_t>(i)]});
-        }
+        rest = b_.tensor(name(kQBuffer1, 'k', j), bundle, attention, false);
+        const std::int64_t bytes = (pairs - 1) * bundle;
+        OpSpec& r = e.next(name(kFetchQRest, 'k', j), Stream::kH2D, OpKind::kCopyH2D,
+                           cost_.host_copy_s(bytes, true), 0.0);
+        r.transfer_bytes = bytes;
+        r.inputs = {last_dout};  // query chunks j+1..: each one's own fetch frees it
         r.outputs = {rest};
         r.deps = {load_first};
-        load_rest = b_.op(r);
+        load_rest = e.emit();
       }
     } else {
-      for (std::int64_t i = j; i < nc; ++i) {
-        ins.insert(ins.end(), {at(sv.chunk_q, i), at(sv.chunk_o, i), at(sv.chunk_lse, i),
-                               dout[static_cast<std::size_t>(i)]});
+      ins.insert(ins.end(),
+                 {at(sv.chunk_q, j), at(sv.chunk_o, j), at(sv.chunk_lse, j), at(dout, j)});
+      if (pairs > 1) {
+        ins.push_back(last_dout);  // query chunks j+1..: read again (and freed) at their own j
       }
     }
     const KernelCost k = plus(diag_block, times(full_block, static_cast<double>(pairs - 1)));
-    const OpSet bwd =
-        compute(fmt::format("attn_bwd[q{}..{}]{}", j, nc - 1, ktag), OpKind::kAttentionBwd, k, ins,
-                {dkv_acc, dq_block}, {}, ws, MemCategory::kAttention);
+    OpSpec& b = e.next(
+        name(kAttnBwd, j, [&] { return fmt::format("attn_bwd[q{}..{}][k{}]", j, nc - 1, j); }),
+        Stream::kCompute, OpKind::kAttentionBwd, k.time_s, k.flops);
+    b.inputs.assign(ins.begin(), ins.end());
+    b.outputs = {dkv_acc, dq_block};
+    b.workspace_bytes = ws;
+    b.workspace_category = attention;
+    const OpSet bwd = e.emit();
     if (offload) {
       // dQ of each inner step goes back to its pinned buffer while the next step computes.
-      OpSpec back;
-      back.name = "offload_dq" + ktag;
-      back.stream = Stream::kD2H;
-      back.kind = OpKind::kCopyD2H;
-      back.transfer_bytes = pairs * dq_bytes;
-      back.time_s = cost_.host_copy_s(back.transfer_bytes, false);
+      const std::int64_t bytes = pairs * dq_bytes;
+      OpSpec& back = e.next(name(kOffloadDq, 'k', j), Stream::kD2H, OpKind::kCopyD2H,
+                            cost_.host_copy_s(bytes, false), 0.0);
+      back.transfer_bytes = bytes;
       back.deps = {load_first};
-      dq_back = b_.op(back);
+      dq_back = e.emit();
     }
-    const OpSet join = compute("inner_join" + ktag, OpKind::kElementwise, {0.0, 0.0},
-                               {rest, dq_block}, {}, {bwd, load_rest, dq_back});
+    const OpSet join = e.compute(name(kInnerJoin, 'k', j), OpKind::kElementwise, {0.0, 0.0},
+                                 {rest, dq_block}, {}, {bwd, load_rest, dq_back});
     // dK/dV of chunk j are complete: back to sequence sharding and into the K/V projection.
-    TensorSet dkv_h = b_.tensor("dkv_h" + ktag, kv_h_bytes, MemCategory::kAttention);
-    compute("dkv_cast" + ktag, OpKind::kElementwise, mem(chunk * 2 * hkv * d * (kFp32Bytes + ab_)),
-            {dkv_acc}, {dkv_h}, {join});
-    TensorSet dkv = exchange("a2a_dkv" + ktag, dkv_h, kv_local_bytes, MemCategory::kAttention);
+    TensorSet dkv_h = b_.tensor(name(kDkvH, 'k', j), kv_h_bytes, attention, false);
+    e.compute(name(kDkvCast, 'k', j), OpKind::kElementwise, dkv_cast, {dkv_acc}, {dkv_h}, {join});
+    TensorSet dkv = exchange(name(kA2aDkv, 'k', j), dkv_h, kv_local_bytes);
     // dQ of chunk j received its last contribution in this outer iteration.
-    TensorSet dq_j = b_.tensor("dq_final" + ktag, dq_bytes, MemCategory::kAttention);
+    TensorSet dq_j = b_.tensor(name(kDqFinal, 'k', j), dq_bytes, attention, false);
     if (offload) {
-      host_copy("fetch_dq" + ktag, true, dq_bytes, dq_all, dq_j, {join});
+      e.copy(name(kFetchDq, 'k', j), true, dq_bytes, fetch_dq_s, {dq_all}, {dq_j}, {join});
     } else {
-      compute("dq_slice" + ktag, OpKind::kElementwise, mem(2 * dq_bytes), {dq_all}, {dq_j}, {join});
+      e.compute(name(kDqSlice, 'k', j), OpKind::kElementwise, dq_slice, {dq_all}, {dq_j}, {join});
     }
-    TensorSet dq_h = b_.tensor("dq_h" + ktag, q_h_bytes, MemCategory::kAttention);
-    compute("dq_cast" + ktag, OpKind::kElementwise, mem(chunk * hq * d * (kFp32Bytes + ab_)),
-            {dq_j}, {dq_h});
-    TensorSet dqs = exchange("a2a_dq" + ktag, dq_h, q_local_bytes, MemCategory::kAttention);
-    TensorSet dq_r = b_.tensor("dq_rope" + ktag, q_local_bytes, MemCategory::kAttention);
-    TensorSet dkv_r = b_.tensor("dkv_rope" + ktag, kv_local_bytes, MemCategory::kAttention);
-    compute("rope_bwd" + ktag, OpKind::kElementwise, mem(2 * (q_local_bytes + kv_local_bytes)),
-            {dqs, dkv}, {dq_r, dkv_r});
-    dx_writes.push_back(compute("qkv_proj_bwd" + ktag, OpKind::kGemm,
-                                times(gemm(lc, (m_.heads + 2 * m_.kv_heads) * d, h), 2.0),
-                                {dq_r, dkv_r, sv.xn, params, grads}, {}, {dx_writes.back()}));
+    TensorSet dq_h = b_.tensor(name(kDqH, 'k', j), q_h_bytes, attention, false);
+    e.compute(name(kDqCast, 'k', j), OpKind::kElementwise, dq_cast, {dq_j}, {dq_h});
+    TensorSet dqs = exchange(name(kA2aDq, 'k', j), dq_h, q_local_bytes);
+    TensorSet dq_r = b_.tensor(name(kDqRope, 'k', j), q_local_bytes, attention, false);
+    TensorSet dkv_r = b_.tensor(name(kDkvRope, 'k', j), kv_local_bytes, attention, false);
+    e.compute(name(kRopeBwd, 'k', j), OpKind::kElementwise, rope_bwd, {dqs, dkv}, {dq_r, dkv_r});
+    const OpSet previous = dx_writes.back();
+    dx_writes.push_back(e.compute(name(kQkvProjBwd, 'k', j), OpKind::kGemm, proj_bwd,
+                                  {dq_r, dkv_r, sv.xn, params, grads}, {}, {previous}));
   }
   return {dxn, dx_writes.back()};
 }

@@ -25,8 +25,14 @@ TensorSet Builder::tensor(const std::string& name,
                           std::int64_t bytes,
                           MemCategory category,
                           bool on_host) {
+  return tensor(w_.intern(name), bytes, category, on_host);
+}
+
+TensorSet Builder::tensor(std::int32_t name_id,
+                          std::int64_t bytes,
+                          MemCategory category,
+                          bool on_host) {
   const auto base = static_cast<TensorId>(w_.tensors.size());
-  const std::int32_t name_id = w_.intern(name);
   for (int r = 0; r < sim_ranks_; ++r) {
     Tensor t;
     t.bytes = bytes;
@@ -37,6 +43,16 @@ TensorSet Builder::tensor(const std::string& name,
     w_.tensors.push_back(t);
   }
   return {base};
+}
+
+std::int32_t Builder::name_series(const std::string& key) {
+  for (std::size_t i = 0; i < series_.size(); ++i) {
+    if (series_[i].first == key) {
+      return static_cast<std::int32_t>(i);
+    }
+  }
+  series_.emplace_back(key, std::vector<std::int32_t>{});
+  return static_cast<std::int32_t>(series_.size() - 1);
 }
 
 int Builder::group_size(Group g) const {
@@ -85,48 +101,85 @@ std::vector<std::int32_t> Builder::all_members(Group g, int rank) const {
   return m;
 }
 
+// Positions and spans follow the layout of all_members: CP groups of C consecutive ranks, Ulysses
+// groups of u consecutive ranks, ring groups of stride u inside the CP group.
 int Builder::position(Group g, int rank) const {
-  const std::vector<std::int32_t> m = all_members(g, rank);
-  return static_cast<int>(std::find(m.begin(), m.end(), rank) - m.begin());
+  const int u = cp_ / ring_;
+  switch (g) {
+    case Group::kCp:
+      return rank % cp_;
+    case Group::kUlysses:
+      return rank % u;
+    case Group::kRing:
+      return rank % cp_ / u;
+    case Group::kAll:
+      return rank;
+  }
+  return 0;
 }
 
 models::Span Builder::span_of(Group g) const {
-  const std::vector<std::int32_t> m = all_members(g, 0);
-  return m.front() / gpus_per_node_ == m.back() / gpus_per_node_ ? models::Span::kIntraNode
-                                                                 : models::Span::kInterNode;
+  // The first and the last member of the group of rank 0.
+  const int last =
+      g == Group::kAll ? ranks_ - 1 : (group_size(g) - 1) * (g == Group::kRing ? cp_ / ring_ : 1);
+  return last / gpus_per_node_ == 0 ? models::Span::kIntraNode : models::Span::kInterNode;
+}
+
+const Builder::Groups& Builder::groups(Group g) {
+  Groups& gs = groups_[static_cast<std::size_t>(g)];
+  if (!gs.ready) {
+    gs.ready = true;
+    gs.span = span_of(g);
+    gs.of_rank.assign(static_cast<std::size_t>(sim_ranks_), kNone);
+    for (int r = 0; r < sim_ranks_; ++r) {
+      if (gs.of_rank[static_cast<std::size_t>(r)] != kNone) {
+        continue;
+      }
+      const auto index = static_cast<std::int32_t>(gs.members.size());
+      gs.members.push_back(members(g, r));
+      for (std::int32_t m : gs.members.back()) {
+        gs.of_rank[static_cast<std::size_t>(m)] = index;
+      }
+    }
+  }
+  return gs;
 }
 
 OpSet Builder::op(const OpSpec& spec) {
+  return emit(spec, spec.kind, nullptr);
+}
+
+OpSet Builder::emit(const OpSpec& spec, OpKind kind, const double* time_s) {
   const auto base = static_cast<OpId>(w_.ops.size());
-  const std::int32_t name_id = w_.intern(spec.name);
+  const std::int32_t name_id = spec.name_id != kNone ? spec.name_id : w_.intern(spec.name);
+  if (dep_mark_.size() < w_.ops.size() + static_cast<std::size_t>(sim_ranks_)) {
+    dep_mark_.resize(2 * (w_.ops.size() + static_cast<std::size_t>(sim_ranks_)), kNone);
+  }
+  const bool per_rank = time_s == nullptr && !spec.time_s_per_rank.empty();
+  const SimTime duration =
+      per_rank ? 0 : seconds_to_simtime(time_s != nullptr ? *time_s : spec.time_s);
   for (int r = 0; r < sim_ranks_; ++r) {
-    const SimTime duration = seconds_to_simtime(
-        spec.time_s_per_rank.empty() ? spec.time_s
-                                     : spec.time_s_per_rank[static_cast<std::size_t>(r)]);
     Op o;
     o.rank = r;
     o.stream = spec.stream;
-    o.kind = spec.kind;
+    o.kind = kind;
     o.phase = phase_;
     o.layer = layer_;
     o.name = name_id;
-    o.duration_ns = duration;
+    o.duration_ns =
+        per_rank ? seconds_to_simtime(spec.time_s_per_rank[static_cast<std::size_t>(r)]) : duration;
     o.transfer_bytes = spec.transfer_bytes;
     o.flops = spec.flops;
     o.workspace_bytes = spec.workspace_bytes;
     o.workspace_category = spec.workspace_category;
     const OpId self = base + r;
-    // Dependencies: explicit ones plus the producers of inputs, de-duplicated.
+    // Dependencies: explicit ones plus the producers of inputs, de-duplicated, in that order.
     o.deps_begin = static_cast<std::int32_t>(w_.edges.size());
     auto add_dep = [&](OpId d) {
-      if (d == kNone || d >= self) {
+      if (d == kNone || d >= self || dep_mark_[static_cast<std::size_t>(d)] == self) {
         return;
       }
-      for (auto i = static_cast<std::size_t>(o.deps_begin); i < w_.edges.size(); ++i) {
-        if (w_.edges[i] == d) {
-          return;
-        }
-      }
+      dep_mark_[static_cast<std::size_t>(d)] = self;
       w_.edges.push_back(d);
     };
     for (const OpSet& d : spec.deps) {
@@ -171,37 +224,40 @@ OpSet Builder::collective(const OpSpec& spec,
                           models::Collective kind,
                           const CostModel& cost,
                           std::int64_t size_bytes) {
-  const int n = group_size(group);
-  const models::Span span = span_of(group);
-  const CollectiveCost c = cost.collective(kind, span, n, size_bytes);
-  OpSpec s = spec;
-  s.kind = OpKind::kCollective;
-  s.time_s = c.time_s();
-  s.time_s_per_rank.clear();
-  const OpSet set = op(s);
-  // One collective per distinct group, numbered in order of each group's lowest rank.
-  std::vector<CollectiveId> of_rank(static_cast<std::size_t>(sim_ranks_), kNone);
-  for (int r = 0; r < sim_ranks_; ++r) {
-    if (of_rank[static_cast<std::size_t>(r)] != kNone) {
-      continue;
+  const Groups& gs = groups(group);
+  const CostEntry* cached = nullptr;
+  for (const CostEntry& e : cost_cache_) {
+    if (e.cost == &cost && e.kind == kind && e.group == group && e.size_bytes == size_bytes) {
+      cached = &e;
+      break;
     }
+  }
+  if (cached == nullptr) {
+    CostEntry& e = cost_cache_[cost_cache_next_];
+    cost_cache_next_ = (cost_cache_next_ + 1) % cost_cache_.size();
+    e = {&cost, kind, group, size_bytes,
+         cost.collective(kind, gs.span, group_size(group), size_bytes)};
+    cached = &e;
+  }
+  const CollectiveCost c = cached->value;
+  const double time_s = c.time_s();
+  const OpSet set = emit(spec, OpKind::kCollective, &time_s);
+  // One collective per distinct group, numbered in order of each group's lowest rank.
+  const auto first = static_cast<CollectiveId>(w_.collectives.size());
+  for (const std::vector<std::int32_t>& members : gs.members) {
     Collective col;
     col.kind = kind;
-    col.span = span;
+    col.span = gs.span;
     col.size_bytes = c.size_bytes;
     col.wire_bytes = c.wire_bytes;
     col.alpha_s = c.alpha_s;
     col.nominal_bytes_per_s = c.nominal_bytes_per_s;
-    col.members = members(group, r);
-    const auto id = static_cast<CollectiveId>(w_.collectives.size());
-    for (std::int32_t m : col.members) {
-      of_rank[static_cast<std::size_t>(m)] = id;
-    }
+    col.members = members;
     w_.collectives.push_back(std::move(col));
   }
   for (int r = 0; r < sim_ranks_; ++r) {
     w_.ops[static_cast<std::size_t>(set.base + r)].collective =
-        of_rank[static_cast<std::size_t>(r)];
+        first + gs.of_rank[static_cast<std::size_t>(r)];
   }
   return set;
 }

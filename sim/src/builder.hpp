@@ -3,9 +3,11 @@
 // of this version are symmetric), so one call creates one op per rank: the op of rank r is
 // `base + r`, and likewise for tensors.
 
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpsim/sim/cost_model.hpp"
@@ -36,6 +38,7 @@ enum class Group : std::uint8_t {
 
 struct OpSpec {
   std::string name;
+  std::int32_t name_id = kNone;  ///< an interned name (Builder::name and friends); overrides `name`
   Stream stream = Stream::kCompute;
   OpKind kind = OpKind::kElementwise;
   double time_s = 0.0;
@@ -68,7 +71,26 @@ class Builder {
                    std::int64_t bytes,
                    MemCategory category,
                    bool on_host = false);
+  /// The same with an interned name (see name_series).
+  TensorSet tensor(std::int32_t name_id, std::int64_t bytes, MemCategory category, bool on_host);
   OpSet op(const OpSpec& spec);
+
+  /// Names that differ by one index (a chunk, a stage) and repeat in every layer: a series is
+  /// looked up once per call site by its key, and series_name(series, i, make) interns make()
+  /// the first time index i is asked for in this build, then returns the cached id.
+  std::int32_t name_series(const std::string& key);
+  template <class Make>
+  std::int32_t series_name(std::int32_t series, std::int64_t index, const Make& make) {
+    std::vector<std::int32_t>& ids = series_[static_cast<std::size_t>(series)].second;
+    const auto i = static_cast<std::size_t>(index);
+    if (i >= ids.size()) {
+      ids.resize(i + 1, kNone);
+    }
+    if (ids[i] == kNone) {
+      ids[i] = w_.intern(make());
+    }
+    return ids[i];
+  }
   /// One collective per group (kCp: one per CP group; kAll: one over all ranks).
   OpSet collective(const OpSpec& spec,
                    Group group,
@@ -91,6 +113,18 @@ class Builder {
   models::Span span_of(Group g) const;
 
  private:
+  /// The simulated groups of one kind, in order of their lowest rank, and each simulated rank's
+  /// group (computed on first use).
+  struct Groups {
+    bool ready = false;
+    models::Span span = models::Span::kIntraNode;
+    std::vector<std::vector<std::int32_t>> members;
+    std::vector<std::int32_t> of_rank;
+  };
+  const Groups& groups(Group g);
+  /// Appends the op of every simulated rank; `time_s` replaces the spec's durations when set.
+  OpSet emit(const OpSpec& spec, OpKind kind, const double* time_s);
+
   Workload& w_;
   int ranks_;
   int sim_ranks_;
@@ -99,6 +133,20 @@ class Builder {
   int gpus_per_node_;
   Phase phase_ = Phase::kForward;
   std::int32_t layer_ = -1;
+  std::array<Groups, 4> groups_;
+  /// dep_mark_[d] == op while op's dependency list holds d (de-duplication in O(1)).
+  std::vector<OpId> dep_mark_;
+  std::vector<std::pair<std::string, std::vector<std::int32_t>>> series_;
+  /// The last collective costs asked for (a layer repeats the same few sizes).
+  struct CostEntry {
+    const CostModel* cost = nullptr;
+    models::Collective kind = models::Collective::kAllToAll;
+    Group group = Group::kCp;
+    std::int64_t size_bytes = -1;
+    CollectiveCost value;
+  };
+  std::array<CostEntry, 8> cost_cache_{};
+  std::size_t cost_cache_next_ = 0;
 };
 
 }  // namespace cpsim::sim::detail

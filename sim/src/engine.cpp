@@ -49,6 +49,16 @@ struct EventLater {
 
 enum class OpState : std::uint8_t { kWaiting, kArrived, kRunning, kDone };
 
+/// Run-time state of one op.
+struct OpRuntime {
+  SimTime start = 0;
+  std::int32_t deps_begin = 0;      // its dependencies (a copy of Op::deps_begin, for setup)
+  std::int32_t pending = 0;         // dependencies not yet ended
+  std::int32_t next_in_stream = 0;  // the next op of its (rank, stream) queue, or kNone
+  std::int32_t next_member = 0;     // the next op of its collective, or kNone
+  OpState state = OpState::kWaiting;
+};
+
 struct RankState {
   std::int32_t compute_activity = -1;
   std::vector<std::int32_t> copies;       // running copy activities
@@ -57,7 +67,7 @@ struct RankState {
   std::int32_t d2h = 0;
   std::array<std::int32_t, 2> link{};  // running collectives per span (intra, inter)
   std::array<std::int64_t, kMemCategoryCount> live{};
-  std::int64_t static_bytes = 0;
+  std::int64_t device_total = 0;  // static bytes + the sum of live
   std::int64_t host_live = 0;
 };
 
@@ -68,6 +78,15 @@ int span_index(models::Span s) {
 void erase_value(std::vector<std::int32_t>& v, std::int32_t x) {
   v.erase(std::find(v.begin(), v.end(), x));
 }
+
+/// Offsets of a compressed adjacency list: row i is [begin[i], begin[i + 1]).
+struct Csr {
+  std::vector<std::int32_t> begin;
+  std::vector<std::int32_t> items;
+  std::span<const std::int32_t> row(std::size_t i) const {
+    return {items.data() + begin[i], static_cast<std::size_t>(begin[i + 1] - begin[i])};
+  }
+};
 
 class Engine {
  public:
@@ -82,19 +101,24 @@ class Engine {
   std::size_t queue_index(std::int32_t rank, Stream s) const {
     return idx(rank) * kStreamCount + static_cast<std::size_t>(s);
   }
+  void setup();
   std::int32_t new_activity(ActivityKind kind, std::int32_t id, std::int32_t rank, double work);
   void try_start(std::int32_t rank, Stream stream);
   void begin_op(OpId op);
   void finish_op(OpId op);
   void finish_activity(std::int32_t a);
+  void refresh_rank(std::int32_t rank);
   void refresh_ranks(std::span<const std::int32_t> ranks);
   void refresh(std::int32_t a);
   double rate_of(const Activity& act) const;
   void note_memory(std::int32_t rank, OpId op);
+  void release(TensorId t);
 
   const Workload& w_;
   const models::HardwareProfile& profile_;
   const SimOptions& options_;
+  // Constant over the run: per-ns link rates of the profile.
+  double compute_rate_under_comm_ = 1.0;
 
   SimTime now_ = 0;
   std::int64_t seq_ = 0;
@@ -102,16 +126,13 @@ class Engine {
   std::vector<Activity> activities_;
   std::vector<std::uint32_t> stamp_;
   std::uint32_t stamp_now_ = 0;
-  std::vector<OpState> state_;
-  std::vector<std::int32_t> pending_;
-  std::vector<std::int32_t> dependents_begin_;
-  std::vector<OpId> dependents_;
-  std::vector<std::vector<OpId>> queues_;
-  std::vector<std::size_t> cursor_;
+  std::vector<OpRuntime> op_;
+  std::size_t done_ = 0;            // ops ended
+  Csr dependents_;                  // op -> ops that depend on it, in program order
+  std::vector<std::int32_t> head_;  // (rank, stream) -> the op at the head of its queue, or kNone
+  std::vector<std::int32_t> first_member_;  // collective -> its first op (then next_member)
   std::vector<std::int32_t> arrivals_;
-  std::vector<std::vector<OpId>> collective_ops_;
   std::vector<std::int32_t> consumers_left_;
-  std::vector<SimTime> op_start_;
   std::vector<RankState> ranks_;
   SimResult result_;
 };
@@ -120,14 +141,13 @@ std::int32_t Engine::new_activity(ActivityKind kind,
                                   std::int32_t id,
                                   std::int32_t rank,
                                   double work) {
-  Activity a;
+  Activity& a = activities_.emplace_back();
   a.kind = kind;
   a.id = id;
   a.rank = rank;
   a.active = true;
   a.remaining = std::max(0.0, work);
   a.last_update = now_;
-  activities_.push_back(a);
   stamp_.push_back(0);
   return static_cast<std::int32_t>(activities_.size() - 1);
 }
@@ -136,7 +156,7 @@ double Engine::rate_of(const Activity& act) const {
   const RankState& rs = ranks_[idx(act.rank)];
   switch (act.kind) {
     case ActivityKind::kCompute:
-      return rs.collectives.empty() ? 1.0 : 1.0 / (1.0 + profile_.compute_slowdown_under_comm);
+      return rs.collectives.empty() ? 1.0 : compute_rate_under_comm_;
     case ActivityKind::kCopy: {
       const auto& h = profile_.host_link;
       const int same = std::max(1, act.to_device ? rs.h2d : rs.d2h);
@@ -176,7 +196,26 @@ void Engine::refresh(std::int32_t a) {
   events_.push({now_ + std::max<SimTime>(0, dt), seq_++, a, act.version});
 }
 
+// One rank: its compute, copy and collective activities are distinct, so each is refreshed once
+// without stamps, in the order refresh_ranks uses.
+void Engine::refresh_rank(std::int32_t rank) {
+  const RankState& rs = ranks_[idx(rank)];
+  if (rs.compute_activity >= 0) {
+    refresh(rs.compute_activity);
+  }
+  for (std::int32_t a : rs.copies) {
+    refresh(a);
+  }
+  for (std::int32_t a : rs.collectives) {
+    refresh(a);
+  }
+}
+
 void Engine::refresh_ranks(std::span<const std::int32_t> ranks) {
+  if (ranks.size() == 1) {
+    refresh_rank(ranks[0]);
+    return;
+  }
   ++stamp_now_;
   auto touch = [this](std::int32_t a) {
     if (stamp_[idx(a)] != stamp_now_) {
@@ -201,13 +240,8 @@ void Engine::refresh_ranks(std::span<const std::int32_t> ranks) {
 void Engine::note_memory(std::int32_t rank, OpId op) {
   const RankState& rs = ranks_[idx(rank)];
   RankMemory& m = result_.memory[idx(rank)];
-  std::int64_t total = rs.static_bytes;
-  for (std::size_t c = 0; c < kMemCategoryCount; ++c) {
-    total += rs.live[c];
-    m.category_peak[c] = std::max(m.category_peak[c], rs.live[c]);
-  }
-  if (total > m.peak_bytes) {
-    m.peak_bytes = total;
+  if (rs.device_total > m.peak_bytes) {
+    m.peak_bytes = rs.device_total;
     m.peak_time_ns = now_;
     m.peak_op = op;
     m.breakdown_at_peak = rs.live;
@@ -218,35 +252,46 @@ void Engine::note_memory(std::int32_t rank, OpId op) {
   }
 }
 
+// Device bytes grow only here, each growth followed by note_memory: the peak of a category is
+// reached right after one of its own allocations, so only the categories allocated are compared.
 void Engine::begin_op(OpId op) {
   const Op& o = w_.ops[idx(op)];
-  state_[idx(op)] = OpState::kRunning;
-  op_start_[idx(op)] = now_;
+  OpRuntime& rt = op_[idx(op)];
+  rt.state = OpState::kRunning;
+  rt.start = now_;
+
   RankState& rs = ranks_[idx(o.rank)];
+  RankMemory& m = result_.memory[idx(o.rank)];
+  auto allocate = [&rs, &m](MemCategory category, std::int64_t bytes) {
+    const auto c = static_cast<std::size_t>(category);
+    rs.live[c] += bytes;
+    rs.device_total += bytes;
+    m.category_peak[c] = std::max(m.category_peak[c], rs.live[c]);
+  };
   for (TensorId t : range(o.outputs_begin, o.outputs_end)) {
     const Tensor& ten = w_.tensors[idx(t)];
     if (ten.on_host) {
       rs.host_live += ten.bytes;
     } else {
-      rs.live[static_cast<std::size_t>(ten.category)] += rounded(ten.bytes);
+      allocate(ten.category, rounded(ten.bytes));
     }
   }
-  rs.live[static_cast<std::size_t>(o.workspace_category)] += rounded(o.workspace_bytes);
+  allocate(o.workspace_category, rounded(o.workspace_bytes));
   note_memory(o.rank, op);
 }
 
 void Engine::try_start(std::int32_t rank, Stream stream) {
-  const std::size_t q = queue_index(rank, stream);
-  if (cursor_[q] >= queues_[q].size()) {
+  const OpId op = head_[queue_index(rank, stream)];
+  if (op == kNone) {
     return;
   }
-  const OpId op = queues_[q][cursor_[q]];
-  if (state_[idx(op)] != OpState::kWaiting || pending_[idx(op)] > 0) {
+  OpRuntime& rt = op_[idx(op)];
+  if (rt.state != OpState::kWaiting || rt.pending > 0) {
     return;
   }
   const Op& o = w_.ops[idx(op)];
   if (o.collective != kNone) {
-    state_[idx(op)] = OpState::kArrived;
+    rt.state = OpState::kArrived;
     const Collective& c = w_.collectives[idx(o.collective)];
     if (++arrivals_[idx(o.collective)] < static_cast<std::int32_t>(c.members.size())) {
       return;
@@ -258,8 +303,8 @@ void Engine::try_start(std::int32_t rank, Stream stream) {
       ranks_[idx(m)].link[span] += 1;
       ranks_[idx(m)].collectives.push_back(a);
     }
-    for (OpId member_op : collective_ops_[idx(o.collective)]) {
-      begin_op(member_op);
+    for (OpId m = first_member_[idx(o.collective)]; m != kNone; m = op_[idx(m)].next_member) {
+      begin_op(m);
     }
     refresh_ranks(c.members);
     return;
@@ -275,37 +320,42 @@ void Engine::try_start(std::int32_t rank, Stream stream) {
     activities_[idx(a)].to_device = to_device;
     (to_device ? rs.h2d : rs.d2h) += 1;
     rs.copies.push_back(a);
+    refresh_rank(rank);
   } else {
     if (rs.compute_activity >= 0) {
       throw std::logic_error("two compute activities on one rank");
     }
     rs.compute_activity =
         new_activity(ActivityKind::kCompute, op, rank, static_cast<double>(o.duration_ns));
+    refresh_rank(rank);
   }
-  const std::int32_t one[1] = {rank};
-  refresh_ranks(one);
+}
+
+void Engine::release(TensorId t) {
+  const Tensor& ten = w_.tensors[idx(t)];
+  RankState& owner = ranks_[idx(ten.rank)];
+  if (ten.on_host) {
+    owner.host_live -= ten.bytes;
+  } else {
+    const std::int64_t bytes = rounded(ten.bytes);
+    owner.live[static_cast<std::size_t>(ten.category)] -= bytes;
+    owner.device_total -= bytes;
+  }
 }
 
 void Engine::finish_op(OpId op) {
   const Op& o = w_.ops[idx(op)];
-  state_[idx(op)] = OpState::kDone;
+  OpRuntime& rt = op_[idx(op)];
+  rt.state = OpState::kDone;
+  ++done_;
   RankState& rs = ranks_[idx(o.rank)];
-  result_.busy[idx(o.rank)].busy_ns[static_cast<std::size_t>(o.stream)] +=
-      now_ - op_start_[idx(op)];
+  result_.busy[idx(o.rank)].busy_ns[static_cast<std::size_t>(o.stream)] += now_ - rt.start;
   if (options_.record_trace) {
-    result_.intervals.push_back({op, op_start_[idx(op)], now_});
+    result_.intervals.push_back({op, rt.start, now_});
   }
-  rs.live[static_cast<std::size_t>(o.workspace_category)] -= rounded(o.workspace_bytes);
-  auto release = [&rs, this](TensorId t) {
-    const Tensor& ten = w_.tensors[idx(t)];
-    RankState& owner = ranks_[idx(ten.rank)];
-    if (ten.on_host) {
-      owner.host_live -= ten.bytes;
-    } else {
-      owner.live[static_cast<std::size_t>(ten.category)] -= rounded(ten.bytes);
-    }
-    (void)rs;
-  };
+  const std::int64_t workspace = rounded(o.workspace_bytes);
+  rs.live[static_cast<std::size_t>(o.workspace_category)] -= workspace;
+  rs.device_total -= workspace;
   for (TensorId t : range(o.inputs_begin, o.inputs_end)) {
     if (--consumers_left_[idx(t)] == 0) {
       release(t);
@@ -319,13 +369,15 @@ void Engine::finish_op(OpId op) {
   if (options_.record_trace) {
     result_.memory_samples.push_back({o.rank, now_, rs.live});
   }
-  for (std::int32_t i = dependents_begin_[idx(op)]; i < dependents_begin_[idx(op) + 1]; ++i) {
-    const OpId d = dependents_[idx(i)];
-    if (--pending_[idx(d)] == 0) {
-      try_start(w_.ops[idx(d)].rank, w_.ops[idx(d)].stream);
+  for (OpId d : dependents_.row(idx(op))) {
+    if (--op_[idx(d)].pending == 0) {
+      const Op& od = w_.ops[idx(d)];
+      if (head_[queue_index(od.rank, od.stream)] == d) {
+        try_start(od.rank, od.stream);
+      }
     }
   }
-  cursor_[queue_index(o.rank, o.stream)] += 1;
+  head_[queue_index(o.rank, o.stream)] = rt.next_in_stream;
   try_start(o.rank, o.stream);
 }
 
@@ -340,73 +392,100 @@ void Engine::finish_activity(std::int32_t a) {
       erase_value(ranks_[idx(m)].collectives, a);
     }
     refresh_ranks(c.members);
-    for (OpId op : collective_ops_[idx(act.id)]) {
-      finish_op(op);
+    for (OpId m = first_member_[idx(act.id)]; m != kNone;) {
+      const OpId next = op_[idx(m)].next_member;
+      finish_op(m);
+      m = next;
     }
     return;
   }
   RankState& rs = ranks_[idx(act.rank)];
+  const std::int32_t rank = act.rank;
+  const OpId op = act.id;
   if (act.kind == ActivityKind::kCopy) {
     (act.to_device ? rs.h2d : rs.d2h) -= 1;
     erase_value(rs.copies, a);
+    refresh_rank(rank);
   } else {
     rs.compute_activity = -1;
+    refresh_rank(rank);
   }
-  const std::int32_t one[1] = {act.rank};
-  refresh_ranks(one);
-  finish_op(act.id);
+  finish_op(op);
 }
 
-SimResult Engine::run() {
+// Reverse dependencies as a compressed list (rows counted, offsets summed, rows filled with the
+// offsets as cursors, offsets restored); stream queues and collective members as linked lists. All
+// in program order.
+void Engine::setup() {
   const std::size_t n_ops = w_.ops.size();
   const auto n_ranks = static_cast<std::size_t>(w_.ranks);
-  state_.assign(n_ops, OpState::kWaiting);
-  pending_.assign(n_ops, 0);
-  op_start_.assign(n_ops, 0);
-  queues_.assign(n_ranks * kStreamCount, {});
-  cursor_.assign(n_ranks * kStreamCount, 0);
-  arrivals_.assign(w_.collectives.size(), 0);
-  collective_ops_.assign(w_.collectives.size(), {});
-  consumers_left_.resize(w_.tensors.size());
+  const std::size_t n_queues = n_ranks * kStreamCount;
+  const std::size_t n_coll = w_.collectives.size();
+  op_.resize(n_ops);
+  arrivals_.assign(n_coll, 0);
   ranks_.assign(n_ranks, {});
   result_.memory.assign(n_ranks, {});
   result_.busy.assign(n_ranks, {});
+  activities_.reserve(n_ops + n_coll);
+  stamp_.reserve(n_ops + n_coll);
 
-  // Reverse dependency lists (CSR) and stream queues, in program order.
-  dependents_begin_.assign(n_ops + 1, 0);
+  dependents_.begin.assign(n_ops + 1, 0);
+  head_.assign(n_queues, kNone);
+  first_member_.assign(n_coll, kNone);
+  std::vector<std::int32_t> queue_tail(n_queues, kNone);
+  std::vector<std::int32_t> member_tail(n_coll, kNone);
+  const std::int32_t* edges = w_.edges.data();
   for (std::size_t i = 0; i < n_ops; ++i) {
     const Op& o = w_.ops[i];
-    for (OpId d : range(o.deps_begin, o.deps_end)) {
-      dependents_begin_[idx(d) + 1] += 1;
+    const auto self = static_cast<OpId>(i);
+    OpRuntime& rt = op_[i];
+    for (std::int32_t e = o.deps_begin; e < o.deps_end; ++e) {
+      dependents_.begin[idx(edges[e]) + 1] += 1;
     }
-    pending_[i] = o.deps_end - o.deps_begin;
-    queues_[queue_index(o.rank, o.stream)].push_back(static_cast<OpId>(i));
+    rt.deps_begin = o.deps_begin;
+    rt.pending = o.deps_end - o.deps_begin;
+    rt.next_in_stream = kNone;
+    rt.next_member = kNone;
+    const std::size_t q = queue_index(o.rank, o.stream);
+    (queue_tail[q] == kNone ? head_[q] : op_[idx(queue_tail[q])].next_in_stream) = self;
+    queue_tail[q] = self;
     if (o.collective != kNone) {
-      collective_ops_[idx(o.collective)].push_back(static_cast<OpId>(i));
+      const auto c = idx(o.collective);
+      (member_tail[c] == kNone ? first_member_[c] : op_[idx(member_tail[c])].next_member) = self;
+      member_tail[c] = self;
     }
   }
-  for (std::size_t i = 0; i < n_ops; ++i) {
-    dependents_begin_[i + 1] += dependents_begin_[i];
+  std::vector<std::int32_t>& begin = dependents_.begin;
+  for (std::size_t i = 1; i <= n_ops; ++i) {
+    begin[i] += begin[i - 1];
   }
-  dependents_.resize(idx(dependents_begin_[n_ops]));
-  std::vector<std::int32_t> fill(dependents_begin_.begin(), dependents_begin_.end() - 1);
+  dependents_.items.resize(idx(begin[n_ops]));
   for (std::size_t i = 0; i < n_ops; ++i) {
-    const Op& o = w_.ops[i];
-    for (OpId d : range(o.deps_begin, o.deps_end)) {
-      dependents_[idx(fill[idx(d)]++)] = static_cast<OpId>(i);
+    const OpRuntime& rt = op_[i];
+    for (std::int32_t e = rt.deps_begin; e < rt.deps_begin + rt.pending; ++e) {
+      dependents_.items[idx(begin[idx(edges[e])]++)] = static_cast<OpId>(i);
     }
   }
+  for (std::size_t i = n_ops; i > 0; --i) {
+    begin[i] = begin[i - 1];
+  }
+  begin[0] = 0;
+  consumers_left_.resize(w_.tensors.size());
   for (std::size_t t = 0; t < w_.tensors.size(); ++t) {
     consumers_left_[t] = w_.tensors[t].consumers;
   }
   for (std::size_t r = 0; r < n_ranks; ++r) {
     const StaticMemory& sm = w_.static_memory[r];
-    ranks_[r].static_bytes = sm.model_states_bytes + sm.fixed_overhead_bytes;
+    ranks_[r].device_total = sm.model_states_bytes + sm.fixed_overhead_bytes;
     result_.memory[r].fixed_overhead_bytes = sm.fixed_overhead_bytes;
-    result_.memory[r].peak_bytes = ranks_[r].static_bytes;
+    result_.memory[r].peak_bytes = ranks_[r].device_total;
     result_.memory[r].breakdown_at_peak[static_cast<std::size_t>(MemCategory::kModelStates)] = 0;
   }
+  compute_rate_under_comm_ = 1.0 / (1.0 + profile_.compute_slowdown_under_comm);
+}
 
+SimResult Engine::run() {
+  setup();
   for (std::int32_t r = 0; r < w_.ranks; ++r) {
     for (int s = 0; s < kStreamCount; ++s) {
       try_start(r, static_cast<Stream>(s));
@@ -417,7 +496,7 @@ SimResult Engine::run() {
     const Event e = events_.top();
     events_.pop();
     ++events;
-    Activity& act = activities_[idx(e.activity)];
+    const Activity& act = activities_[idx(e.activity)];
     if (!act.active || act.version != e.version) {
       continue;  // superseded by a rate change
     }
@@ -427,14 +506,15 @@ SimResult Engine::run() {
   result_.events = events;
   result_.step_time_ns = now_;
 
-  for (std::size_t i = 0; i < n_ops; ++i) {
-    if (state_[i] != OpState::kDone) {
+  const std::size_t n_ops = w_.ops.size();
+  for (std::size_t i = 0; done_ < n_ops && i < n_ops; ++i) {
+    if (op_[i].state != OpState::kDone) {
       throw std::logic_error(fmt::format("simulation stalled: op {} '{}' on rank {} never ran", i,
                                          w_.names[idx(w_.ops[i].name)], w_.ops[i].rank));
     }
   }
   // Model states are static memory: report them in the breakdown at the peak.
-  for (std::size_t r = 0; r < n_ranks; ++r) {
+  for (std::size_t r = 0; r < static_cast<std::size_t>(w_.ranks); ++r) {
     result_.memory[r].breakdown_at_peak[static_cast<std::size_t>(MemCategory::kModelStates)] +=
         w_.static_memory[r].model_states_bytes;
     result_.memory[r].category_peak[static_cast<std::size_t>(MemCategory::kModelStates)] +=

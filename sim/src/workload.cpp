@@ -73,11 +73,27 @@ const char* to_string(MemCategory c) {
 }
 
 std::int32_t Workload::intern(const std::string& name) {
-  auto [it, inserted] = name_index_.try_emplace(name, static_cast<std::int32_t>(names.size()));
-  if (inserted) {
-    names.push_back(name);
+  std::int32_t id = -1;
+  if (last_name_ >= 0) {
+    const std::int32_t guess = next_name_[static_cast<std::size_t>(last_name_)];
+    if (guess >= 0 && static_cast<std::size_t>(guess) < names.size() &&
+        names[static_cast<std::size_t>(guess)] == name) {
+      id = guess;
+    }
   }
-  return it->second;
+  if (id < 0) {
+    auto [it, inserted] = name_index_.try_emplace(name, static_cast<std::int32_t>(names.size()));
+    if (inserted) {
+      names.push_back(name);
+      next_name_.push_back(-1);
+    }
+    id = it->second;
+    if (last_name_ >= 0) {
+      next_name_[static_cast<std::size_t>(last_name_)] = id;
+    }
+  }
+  last_name_ = id;
+  return id;
 }
 
 }  // namespace cpsim::sim

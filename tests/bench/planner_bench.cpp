@@ -1,5 +1,9 @@
-// Speed of the planner: `maxlen` for Llama-3-8B on 8 GPUs (target ≤ 200 ms) and `plan --seq 1M`
-// over every method (target ≤ 5 s on 2 cores, both used).
+// Speed of the planner: `maxlen` for Llama-3-8B on 8 GPUs per method, as the CLI runs it and on
+// one thread (target ≤ 50 ms), `plan --seq 1M` over every method on 8 GPUs, and the same plan on 8,
+// 16, 32 and 64 GPUs: 12,640 configurations (target: ≥ 10k configurations in ≤ 1 s on 2 cores).
+#include <algorithm>
+#include <vector>
+
 #include <benchmark/benchmark.h>
 
 #include "cpsim/models/io.hpp"
@@ -21,17 +25,25 @@ sim::ScheduleInputs base(models::CpMethod method) {
   in.parallel.gpus = 8;
   in.parallel.cp_degree = 8;
   in.parallel.ring_degree =
-      method == models::CpMethod::kRing || method == models::CpMethod::kAllGather ? 8 : 1;
+      method == models::CpMethod::kRing || method == models::CpMethod::kAllGather ? 8
+      : method == models::CpMethod::kUsp                                          ? 2
+                                                                                  : 1;
   in.parallel.seq_len = 1 << 20;
   return in;
 }
 
-void BM_MaxLen(benchmark::State& state) {
+// maxlen of one method (the argument) as `cpsim maxlen` runs it (MaxLenOptions defaults: a second
+// thread evaluates the likely next length), and with one thread.
+void run_max_len(benchmark::State& state, int threads) {
   const auto method = static_cast<models::CpMethod>(state.range(0));
   const sim::ScheduleInputs in = base(method);
+  planner::MaxLenOptions o;
+  if (threads > 0) {
+    o.threads = threads;
+  }
   int evaluations = 0;
   for (auto _ : state) {
-    const planner::MaxLenResult r = planner::max_seq_len(in);
+    const planner::MaxLenResult r = planner::max_seq_len(in, o);
     evaluations += r.evaluations;
     benchmark::DoNotOptimize(r.max_seq_len);
   }
@@ -39,11 +51,29 @@ void BM_MaxLen(benchmark::State& state) {
   state.counters["simulations_per_s"] =
       benchmark::Counter(static_cast<double>(evaluations), benchmark::Counter::kIsRate);
 }
+
+void BM_MaxLen(benchmark::State& state) {
+  run_max_len(state, 0);
+}
 BENCHMARK(BM_MaxLen)
     ->Arg(static_cast<int>(models::CpMethod::kUPipe))
     ->Arg(static_cast<int>(models::CpMethod::kUlysses))
     ->Arg(static_cast<int>(models::CpMethod::kRing))
     ->Arg(static_cast<int>(models::CpMethod::kFpdt))
+    ->Arg(static_cast<int>(models::CpMethod::kAllGather))
+    ->Arg(static_cast<int>(models::CpMethod::kUsp))
+    ->Unit(benchmark::kMillisecond);
+
+void BM_MaxLenOneThread(benchmark::State& state) {
+  run_max_len(state, 1);
+}
+BENCHMARK(BM_MaxLenOneThread)
+    ->Arg(static_cast<int>(models::CpMethod::kUPipe))
+    ->Arg(static_cast<int>(models::CpMethod::kUlysses))
+    ->Arg(static_cast<int>(models::CpMethod::kRing))
+    ->Arg(static_cast<int>(models::CpMethod::kFpdt))
+    ->Arg(static_cast<int>(models::CpMethod::kAllGather))
+    ->Arg(static_cast<int>(models::CpMethod::kUsp))
     ->Unit(benchmark::kMillisecond);
 
 void BM_PlanSeq1M(benchmark::State& state) {
@@ -61,6 +91,38 @@ void BM_PlanSeq1M(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(configurations), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_PlanSeq1M)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// `plan --seq 1M` for Llama-3-8B on 8, 16, 32 and 64 GPUs, 2 threads: 12,640 configurations, of
+// which the memory lower bound prunes about half before simulating.
+void BM_PlanSweepGpus(benchmark::State& state) {
+  planner::PlanOptions o;
+  o.seq_len = 1 << 20;
+  o.threads = 2;
+  std::vector<sim::ScheduleInputs> bases;
+  for (const int gpus : {8, 16, 32, 64}) {
+    sim::ScheduleInputs in = base(models::CpMethod::kUlysses);
+    in.parallel.gpus = gpus;
+    in.parallel.cp_degree = gpus;
+    bases.push_back(in);
+  }
+  std::int64_t configurations = 0, simulations = 0;
+  for (auto _ : state) {
+    for (const sim::ScheduleInputs& in : bases) {
+      const planner::PlanResult r = planner::plan(in, o);
+      configurations += r.generated;
+      simulations += r.simulations;
+      benchmark::DoNotOptimize(r.ranked.size());
+    }
+  }
+  state.counters["configurations_per_s"] =
+      benchmark::Counter(static_cast<double>(configurations), benchmark::Counter::kIsRate);
+  state.counters["simulations_per_s"] =
+      benchmark::Counter(static_cast<double>(simulations), benchmark::Counter::kIsRate);
+  state.counters["configurations"] =
+      static_cast<double>(configurations) /
+      static_cast<double>(std::max<std::int64_t>(1, state.iterations()));
+}
+BENCHMARK(BM_PlanSweepGpus)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

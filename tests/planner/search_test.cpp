@@ -83,6 +83,35 @@ TEST(MaxLen, MatchesBruteForceForEveryMethod) {
   }
 }
 
+// Speculative evaluation on a second thread changes nothing in the result, whatever the timing.
+TEST(MaxLen, SameResultForAnyThreadCount) {
+  for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kUPipe, CpMethod::kRing,
+                           CpMethod::kAllGather, CpMethod::kFpdt, CpMethod::kUsp}) {
+    SCOPED_TRACE(models::to_string(m));
+    sim::ScheduleInputs in = small(m, 4);
+    if (m == CpMethod::kUsp)
+      in.parallel.ring_degree = 2;
+    const MaxLenResult one = max_seq_len(in, {.granularity = 16 * 1024, .threads = 1});
+    for (int run = 0; run < 3; ++run) {
+      const MaxLenResult two = max_seq_len(in, {.granularity = 16 * 1024, .threads = 2});
+      EXPECT_EQ(two.max_seq_len, one.max_seq_len);
+      EXPECT_EQ(two.step, one.step);
+      EXPECT_EQ(two.evaluations, one.evaluations);
+      EXPECT_EQ(two.monotone, one.monotone);
+      EXPECT_EQ(two.warnings, one.warnings);
+      EXPECT_EQ(two.headroom_bytes, one.headroom_bytes);
+      EXPECT_EQ(two.binding.kind, one.binding.kind);
+      EXPECT_EQ(two.binding.text, one.binding.text);
+      EXPECT_EQ(two.binding.seq_len, one.binding.seq_len);
+      EXPECT_EQ(two.binding.used_bytes, one.binding.used_bytes);
+      EXPECT_EQ(two.at_max.step_time_s, one.at_max.step_time_s);
+      EXPECT_EQ(two.at_max.peak_memory_bytes, one.at_max.peak_memory_bytes);
+      EXPECT_EQ(two.at_max.peak_op, one.at_max.peak_op);
+      EXPECT_EQ(two.at_max.host_memory_bytes, one.at_max.host_memory_bytes);
+    }
+  }
+}
+
 TEST(MaxLen, HostMemoryCanBind) {
   sim::ScheduleInputs in = small(CpMethod::kUlysses, 4);
   in.hardware.hbm_capacity_bytes = 80LL << 30;

@@ -28,6 +28,10 @@ struct MaxLenOptions {
   std::int64_t granularity = 64 * 1024;             ///< tokens
   std::int64_t memory_margin_bytes = 0;             ///< kept free on every GPU
   std::int64_t max_tokens = std::int64_t{1} << 30;  ///< search ceiling
+  /// Evaluations at once: above 1, a helper thread evaluates the length the search is likely to
+  /// probe next while the current one runs. The search only reads the lengths it asks for, so
+  /// every field of the result is the same for any value and any timing.
+  int threads = 2;
 };
 
 struct MaxLenResult {
@@ -36,7 +40,7 @@ struct MaxLenResult {
   sim::StepReport at_max;           ///< the step at max_seq_len (when > 0)
   BindingConstraint binding;        ///< why max_seq_len + step does not fit
   std::int64_t headroom_bytes = 0;  ///< GPU capacity − margin − peak at max_seq_len
-  int evaluations = 0;
+  int evaluations = 0;  ///< lengths the search probed (speculative evaluations not counted)
   bool monotone = true;
   std::vector<std::string> warnings;
 };

@@ -124,6 +124,10 @@ struct Workload {
 
  private:
   std::unordered_map<std::string, std::int32_t> name_index_;
+  // Builders ask for the same names in the same order in every layer: the name that followed a
+  // name last time is tried first (one string comparison instead of a hash lookup).
+  std::vector<std::int32_t> next_name_;
+  std::int32_t last_name_ = -1;
 };
 
 }  // namespace cpsim::sim
