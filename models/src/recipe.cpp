@@ -1,6 +1,5 @@
 #include "cpsim/models/recipe.hpp"
 
-#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -11,9 +10,6 @@
 
 namespace cpsim::models {
 namespace {
-
-constexpr std::array kCheckpointModes = {CheckpointMode::kNone, CheckpointMode::kSelective,
-                                         CheckpointMode::kFull};
 
 /// Field names follow the recipe JSON paths, prefixed with "recipe.".
 void check_one_of(std::int64_t value,
@@ -39,6 +35,23 @@ void check_range(std::int64_t value, std::int64_t lo, std::int64_t hi, const cha
   }
 }
 
+/// The value of `values` whose name is `text`. @throws InputError naming `field`, listing the
+/// names.
+template <typename Enum>
+Enum parse_named(const std::string& text,
+                 std::initializer_list<Enum> values,
+                 const char* what,
+                 const std::string& field) {
+  std::string known;
+  for (const Enum v : values) {
+    if (text == to_string(v)) {
+      return v;
+    }
+    known += known.empty() ? to_string(v) : fmt::format(", {}", to_string(v));
+  }
+  throw InputError(field, fmt::format("unknown {} '{}'; known: {}", what, text, known));
+}
+
 }  // namespace
 
 const char* to_string(CheckpointMode m) {
@@ -54,13 +67,9 @@ const char* to_string(CheckpointMode m) {
 }
 
 CheckpointMode parse_checkpoint_mode(const std::string& text, const std::string& field) {
-  for (const CheckpointMode m : kCheckpointModes) {
-    if (text == to_string(m)) {
-      return m;
-    }
-  }
-  throw InputError(
-      field, fmt::format("unknown checkpointing mode '{}'; known: none, selective, full", text));
+  return parse_named(text,
+                     {CheckpointMode::kNone, CheckpointMode::kSelective, CheckpointMode::kFull},
+                     "checkpointing mode", field);
 }
 
 const char* to_string(NormKernel k) {
@@ -76,13 +85,8 @@ const char* to_string(NormKernel k) {
 }
 
 NormKernel parse_norm_kernel(const std::string& text, const std::string& field) {
-  for (const NormKernel k : {NormKernel::kUpcast, NormKernel::kFused, NormKernel::kEager}) {
-    if (text == to_string(k)) {
-      return k;
-    }
-  }
-  throw InputError(field,
-                   fmt::format("unknown norm kernel '{}'; known: upcast, fused, eager", text));
+  return parse_named(text, {NormKernel::kUpcast, NormKernel::kFused, NormKernel::kEager},
+                     "norm kernel", field);
 }
 
 const char* to_string(MlpKernel k) {
@@ -98,13 +102,8 @@ const char* to_string(MlpKernel k) {
 }
 
 MlpKernel parse_mlp_kernel(const std::string& text, const std::string& field) {
-  for (const MlpKernel k : {MlpKernel::kUnfused, MlpKernel::kFused, MlpKernel::kEager}) {
-    if (text == to_string(k)) {
-      return k;
-    }
-  }
-  throw InputError(field,
-                   fmt::format("unknown MLP kernel '{}'; known: unfused, fused, eager", text));
+  return parse_named(text, {MlpKernel::kUnfused, MlpKernel::kFused, MlpKernel::kEager},
+                     "MLP kernel", field);
 }
 
 void TrainingRecipe::validate() const {
