@@ -215,6 +215,9 @@ std::string recipe_label(const models::TrainingRecipe& r,
                                                              "(first/last layer kept)"
                                                            : ", checkpoints offloaded to host")
                               : ", checkpoints on GPU";
+    if (r.checkpoint_reentrant) {
+      s += " (reentrant)";
+    }
   }
   if (r.tiled_mlp) {
     const std::int64_t shards =

@@ -818,8 +818,8 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
   read_bool(sharding, "sharding", "optimizer_offload", recipe.optimizer_offload);
   read_bool(sharding, "sharding", "param_offload", recipe.param_offload);
 
-  const Json* ac =
-      section("activation_checkpointing", {"mode", "offload_to_host", "keep_first_last_on_gpu"});
+  const Json* ac = section("activation_checkpointing",
+                           {"mode", "offload_to_host", "keep_first_last_on_gpu", "reentrant"});
   if (ac != nullptr) {
     if (const Json* mode = find_member(*ac, "mode")) {
       const std::string f = field("activation_checkpointing.mode");
@@ -829,6 +829,7 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
   read_bool(ac, "activation_checkpointing", "offload_to_host", recipe.checkpoint_offload);
   read_bool(ac, "activation_checkpointing", "keep_first_last_on_gpu",
             recipe.offload_keep_first_last);
+  read_bool(ac, "activation_checkpointing", "reentrant", recipe.checkpoint_reentrant);
 
   const Json* tiled_mlp = section("tiled_mlp", {"enabled", "shards"});
   read_bool(tiled_mlp, "tiled_mlp", "enabled", recipe.tiled_mlp);

@@ -266,10 +266,8 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
   return sv;
 }
 
-TensorSet StepBuilder::layer_backward(const SavedLayer& sv,
-                                      TensorSet dy,
-                                      TensorSet params,
-                                      TensorSet grads) {
+TensorSet StepBuilder::layer_backward(
+    const SavedLayer& sv, TensorSet dy, TensorSet params, TensorSet grads, bool reentrant) {
   const std::int64_t h = m_.hidden, f = m_.ffn_hidden;
   const std::int64_t act_bytes = s_ * h * ab_;
   // MLP backward.
@@ -325,6 +323,13 @@ TensorSet StepBuilder::layer_backward(const SavedLayer& sv,
   std::vector<TensorSet> norm1_in = {g.dxn, sv.x, dh1};
   if (sv.norm1_saved.valid()) {
     norm1_in.push_back(sv.norm1_saved);
+  }
+  if (reentrant) {
+    // CheckpointFunction.backward holds `outputs = run_function(*inputs)` and its grad arguments
+    // until torch.autograd.backward(outputs, grads) returns: two [s, h] tensors for the whole
+    // block backward (non-reentrant checkpointing frees both as soon as they are consumed).
+    norm1_in.push_back(sv.out);
+    norm1_in.push_back(dy);
   }
   compute("norm1_bwd", OpKind::kElementwise, mem(4 * act_bytes), std::move(norm1_in), {dx},
           {g.ready}, norm_workspace());
@@ -499,7 +504,7 @@ void StepBuilder::build() {
       prefetch(l - 1, full_ac ? sv.first_op : OpSet{});
     }
     TensorSet grads = grad_buffer(fmt::format("layer{}.grads", l), p_layer);
-    dy = layer_backward(sv, dy, layer_params[li], grads);
+    dy = layer_backward(sv, dy, layer_params[li], grads, full_ac && r_.checkpoint_reentrant);
     last_reduce = reduce_grads(fmt::format("reduce.layer{}", l), p_layer, grads, {});
   }
   b_.set_layer(-1);

@@ -111,7 +111,10 @@ class StepBuilder {
 
   // ---- block ----
   SavedLayer layer_forward(TensorSet x, TensorSet params, bool grad);
-  TensorSet layer_backward(const SavedLayer& sv, TensorSet dy, TensorSet params, TensorSet grads);
+  /// `reentrant`: the block was recomputed by a reentrant checkpoint, whose backward keeps the
+  /// recomputed output and the incoming gradient `dy` until the block's backward ends.
+  TensorSet layer_backward(
+      const SavedLayer& sv, TensorSet dy, TensorSet params, TensorSet grads, bool reentrant);
 
   // ---- attention schemes ----
   void ulysses_forward(SavedLayer& sv, TensorSet params, bool grad);

@@ -1,6 +1,8 @@
 // What the kernels of a set-up keep and what they can address: FlashAttention backward workspace
 // with GQA, RMSNorm and SwiGLU variants, Qwen3's q/k norms, parameter offload and the 32-bit
 // indexing limit, each against a hand-computed case.
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "cpsim/models/error.hpp"
@@ -152,6 +154,39 @@ TEST(ParamOffload, ShardsLiveOnHost) {
 
   in.recipe.zero_stage = 2;
   EXPECT_THROW(in.recipe.validate(), InputError);
+}
+
+// Reentrant checkpointing holds the recomputed block output and the incoming gradient until the
+// block's backward ends: both are inputs of the block's last backward op (norm1_bwd). On one GPU
+// with s = 65,536 and h = 4096 each is s·h·2 = 536,870,912 bytes; with the peak inside the same
+// backward op, the peak grows by exactly their sum, 1,073,741,824 bytes.
+TEST(ReentrantCheckpoint, HoldsBlockOutputAndGradient) {
+  ScheduleInputs in = alst_deepspeed("llama3-8b", 1, 65536);
+  in.recipe.int32_kernel_indexing = false;
+  const auto held_names = [](const Workload& w, int layer) {
+    const Op* last = find_op(w, "norm1_bwd", layer, Phase::kBackward);
+    std::vector<std::string> names;
+    if (last != nullptr) {
+      for (std::int32_t i = last->inputs_begin; i < last->inputs_end; ++i) {
+        const Tensor& t = w.tensors[static_cast<std::size_t>(w.edges[static_cast<std::size_t>(i)])];
+        names.push_back(w.names[static_cast<std::size_t>(t.name)]);
+      }
+    }
+    return names;
+  };
+  in.recipe.checkpoint_reentrant = false;
+  const planner::Evaluation plain = planner::evaluate(in);
+  const auto plain_in = held_names(build_step(in), 5);
+  EXPECT_EQ(std::count(plain_in.begin(), plain_in.end(), "block_out"), 0);
+
+  in.recipe.checkpoint_reentrant = true;
+  const planner::Evaluation reentrant = planner::evaluate(in);
+  const auto reentrant_in = held_names(build_step(in), 5);
+  EXPECT_EQ(std::count(reentrant_in.begin(), reentrant_in.end(), "block_out"), 1);
+  EXPECT_EQ(reentrant_in.size(), plain_in.size() + 2);
+
+  ASSERT_EQ(plain.report.peak_op, reentrant.report.peak_op);
+  EXPECT_EQ(reentrant.report.peak_memory_bytes - plain.report.peak_memory_bytes, 2 * 536870912LL);
 }
 
 // 32-bit offsets: Llama-3-8B's norm input [s, 4096] reaches 2^31 elements at s = 524,288.

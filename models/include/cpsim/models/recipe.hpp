@@ -68,6 +68,10 @@ struct TrainingRecipe {
   CheckpointMode checkpointing = CheckpointMode::kFull;
   bool checkpoint_offload = true;       ///< block inputs offloaded to pinned host memory
   bool offload_keep_first_last = true;  ///< first and last layer keep their checkpoint on GPU
+  /// Reentrant checkpointing (torch.utils.checkpoint use_reentrant=True: the Hugging Face default,
+  /// DeepSpeed's and Megatron's CheckpointFunction, ArcticTraining's offload patch). Its backward
+  /// holds the recomputed block output and the incoming gradient until the block's backward ends.
+  bool checkpoint_reentrant = false;
   // Tiling and loss
   bool tiled_mlp = true;
   std::int64_t tiled_mlp_shards = 0;           ///< 0 = ceil(local_seq / hidden)
