@@ -738,7 +738,8 @@ TEST_F(CliTest, ValidateReportsEveryCase) {
   for (const char* id :
        {"alst-llama8b-1xh100-maxlen", "alst-llama8b-8xh100-maxlen", "alst-llama8b-1xh200-liger",
         "alst-llama8b-1xh200-offload", "alst-llama8b-1xh200-tiled", "alst-qwen32b-16xh100-maxlen",
-        "alst-llama8b-8xh100-tiled-sdpa", "hf-qwen3-4b-sp4-32k-peak", "hf-qwen3-4b-sp4-96k-peak"}) {
+        "alst-llama8b-8xh100-tiled-sdpa", "hf-qwen3-4b-sp4-32k-peak", "hf-qwen3-4b-sp4-96k-peak",
+        "hf-qwen3-4b-1gpu-8k-peak"}) {
     const RunResult one = run({"validate", "--case", id});
     EXPECT_EQ(one.exit_code, 0) << id << "\n" << one.out;
   }
