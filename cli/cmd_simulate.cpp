@@ -240,7 +240,8 @@ std::string recipe_label(const models::TrainingRecipe& r,
 
 nlohmann::json to_json(const SimulateArgs& a,
                        const sim::ScheduleInputs& in,
-                       const sim::StepReport& rep) {
+                       const sim::StepReport& rep,
+                       const sim::PeakContents* peak = nullptr) {
   using nlohmann::json;
   json breakdown;
   json category_peaks;
@@ -322,11 +323,25 @@ nlohmann::json to_json(const SimulateArgs& a,
        {{"ops", rep.ops}, {"events", rep.events}, {"simulated_ranks", rep.simulated_ranks}}},
       {"notes", rep.notes},
   };
+  if (peak != nullptr) {
+    json largest = json::array();
+    for (const sim::LiveTensor& t : peak->largest) {
+      largest.push_back({{"name", t.name},
+                         {"allocated_by", t.producer},
+                         {"category", sim::to_string(t.category)},
+                         {"bytes", t.bytes}});
+    }
+    j["peak_contents"] = {{"largest", largest},
+                          {"other_bytes", peak->other_bytes},
+                          {"other_count", peak->other_count}};
+  }
   (void)a;
   return j;
 }
 
-std::string human(const sim::ScheduleInputs& in, const sim::StepReport& rep) {
+std::string human(const sim::ScheduleInputs& in,
+                  const sim::StepReport& rep,
+                  const sim::PeakContents* peak = nullptr) {
   const auto& L = rep.layout;
   std::string o;
   o += fmt::format("{} on {} x {}, {}, seq {} ({} tokens), recipe {}\n", in.model.name,
@@ -366,6 +381,23 @@ std::string human(const sim::ScheduleInputs& in, const sim::StepReport& rep) {
   std::istringstream lines(table);
   for (std::string line; std::getline(lines, line);) {
     o += "    " + line + "\n";
+  }
+  if (peak != nullptr && !peak->largest.empty()) {
+    o += "  largest allocations at the peak (model states and fixed overheads not listed):\n";
+    std::vector<std::vector<std::string>> big;
+    for (const sim::LiveTensor& t : peak->largest) {
+      big.push_back({t.name, format_bytes(static_cast<double>(t.bytes)), sim::to_string(t.category),
+                     t.producer});
+    }
+    if (peak->other_count > 0) {
+      big.push_back({fmt::format("{} others", peak->other_count),
+                     format_bytes(static_cast<double>(peak->other_bytes)), "", ""});
+    }
+    std::istringstream big_lines(format_table({"tensor", "bytes", "category", "allocated by"}, big,
+                                              {false, true, false, false}));
+    for (std::string line; std::getline(big_lines, line);) {
+      o += "    " + line + "\n";
+    }
   }
   o += fmt::format("  host memory (pinned) {} per node of {}: {}\n",
                    format_bytes(static_cast<double>(rep.host_memory_bytes)),
@@ -644,6 +676,7 @@ int run_simulate(const SimulateArgs& a) {
   const sim::ScheduleInputs in = resolve_inputs(a);
   planner::EvaluateOptions opts;
   opts.keep_trace = !a.trace.empty();
+  opts.explain_peak = true;
   const planner::Evaluation e = planner::evaluate(in, opts);
   if (!a.trace.empty()) {
     std::ostringstream trace;
@@ -651,9 +684,9 @@ int run_simulate(const SimulateArgs& a) {
     write_file_atomically(a.trace, trace.str(), "--trace");
   }
   if (a.json) {
-    std::cout << to_json(a, in, e.report).dump(2) << "\n";
+    std::cout << to_json(a, in, e.report, &e.peak).dump(2) << "\n";
   } else {
-    std::cout << human(in, e.report);
+    std::cout << human(in, e.report, &e.peak);
     if (!a.trace.empty()) {
       std::cout << "\n  trace written to " << a.trace
                 << " (open in ui.perfetto.dev or chrome://tracing)\n";

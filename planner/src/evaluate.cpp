@@ -1,6 +1,9 @@
 #include "cpsim/planner/evaluate.hpp"
 
 namespace cpsim::planner {
+namespace {
+constexpr std::size_t kPeakContentsListed = 10;
+}  // namespace
 
 Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& options) {
   sim::BuildOptions build;
@@ -10,11 +13,14 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& op
     sim::check_acyclic(*workload);  // builders emit program order, so this is a test-time check
   }
   sim::SimOptions sim_options;
-  sim_options.record_trace = options.keep_trace;
+  sim_options.record_trace = options.keep_trace || options.explain_peak;
   auto result =
       std::make_shared<sim::SimResult>(sim::simulate(*workload, inputs.hardware, sim_options));
   Evaluation e;
   e.report = sim::summarize(inputs, *workload, *result);
+  if (options.explain_peak) {
+    e.peak = sim::peak_contents(*workload, *result, e.report.peak_rank, kPeakContentsListed);
+  }
   if (options.keep_trace) {
     e.workload = std::move(workload);
     e.result = std::move(result);

@@ -11,10 +11,8 @@
 namespace cpsim::sim {
 namespace {
 
-constexpr std::int64_t kAllocRounding = 512;  // PyTorch caching allocator kMinBlockSize
-
 std::int64_t rounded(std::int64_t bytes) {
-  return (bytes + kAllocRounding - 1) / kAllocRounding * kAllocRounding;
+  return allocation_bytes(bytes);
 }
 
 std::size_t idx(std::int32_t i) {

@@ -18,6 +18,72 @@ std::string describe_op(const Workload& w, OpId op) {
   return fmt::format("{} {}", to_string(o.phase), name);
 }
 
+PeakContents peak_contents(const Workload& w, const SimResult& r, int rank, std::size_t top) {
+  PeakContents out;
+  const auto ri = static_cast<std::size_t>(rank);
+  if (ri >= r.memory.size() || r.intervals.empty()) {
+    return out;
+  }
+  const RankMemory& pm = r.memory[ri];
+  const SimTime t = pm.peak_time_ns;
+  std::vector<SimTime> start(w.ops.size(), -1), end(w.ops.size(), -1);
+  for (const OpInterval& iv : r.intervals) {
+    start[static_cast<std::size_t>(iv.op)] = iv.start_ns;
+    end[static_cast<std::size_t>(iv.op)] = iv.end_ns;
+  }
+  // Free time of each tensor: the end of its last consumer.
+  std::vector<SimTime> freed(w.tensors.size(), -1);
+  for (std::size_t o = 0; o < w.ops.size(); ++o) {
+    const Op& op = w.ops[o];
+    for (std::int32_t e = op.inputs_begin; e < op.inputs_end; ++e) {
+      const auto ti = static_cast<std::size_t>(w.edges[static_cast<std::size_t>(e)]);
+      freed[ti] = std::max(freed[ti], end[o]);
+    }
+  }
+  // The peak is noted when its op starts at t, after the ops that ended at t released memory;
+  // ops starting at t are counted up to and including the peak op (program order breaks ties).
+  const auto begun_by_peak = [&](OpId op) {
+    const SimTime s = start[static_cast<std::size_t>(op)];
+    return s >= 0 && (s < t || (s == t && op <= pm.peak_op));
+  };
+  std::vector<LiveTensor> live;
+  for (std::size_t ti = 0; ti < w.tensors.size(); ++ti) {
+    const Tensor& ten = w.tensors[ti];
+    if (ten.rank != rank || ten.on_host || ten.producer == kNone || !begun_by_peak(ten.producer)) {
+      continue;
+    }
+    const SimTime free_at =
+        ten.consumers > 0 ? freed[ti] : end[static_cast<std::size_t>(ten.producer)];
+    if (free_at >= 0 && free_at <= t && ten.producer != pm.peak_op) {
+      continue;
+    }
+    live.push_back({w.names[static_cast<std::size_t>(ten.name)], describe_op(w, ten.producer),
+                    ten.category, allocation_bytes(ten.bytes)});
+  }
+  for (std::size_t o = 0; o < w.ops.size(); ++o) {
+    const Op& op = w.ops[o];
+    const auto id = static_cast<OpId>(o);
+    if (op.rank != rank || op.workspace_bytes == 0 || !begun_by_peak(id) ||
+        (end[o] <= t && id != pm.peak_op)) {
+      continue;
+    }
+    live.push_back({"workspace", describe_op(w, id), op.workspace_category,
+                    allocation_bytes(op.workspace_bytes)});
+  }
+  std::stable_sort(live.begin(), live.end(),
+                   [](const LiveTensor& a, const LiveTensor& b) { return a.bytes > b.bytes; });
+  for (std::size_t i = 0; i < live.size(); ++i) {
+    if (i < top) {
+      out.listed_bytes += live[i].bytes;
+      out.largest.push_back(std::move(live[i]));
+    } else {
+      out.other_bytes += live[i].bytes;
+      ++out.other_count;
+    }
+  }
+  return out;
+}
+
 StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResult& r) {
   StepReport rep;
   const auto& par = in.parallel;

@@ -13,6 +13,8 @@ namespace cpsim::planner {
 struct EvaluateOptions {
   bool keep_trace = false;  ///< keep the workload and per-op intervals for a trace file
   bool all_ranks = false;   ///< simulate every rank even when one representative rank suffices
+  /// List the largest tensors live at the memory peak (Evaluation::peak); records op intervals.
+  bool explain_peak = false;
   /// Check the op graph for cycles with Boost.Graph before simulating (tests; the engine also
   /// reports a stalled schedule instead of hanging).
   bool verify_graph = false;
@@ -23,6 +25,7 @@ struct Evaluation {
   /// Present when keep_trace: the op graph and the simulation with intervals and memory samples.
   std::shared_ptr<const sim::Workload> workload;
   std::shared_ptr<const sim::SimResult> result;
+  sim::PeakContents peak;  ///< when explain_peak: the 10 largest allocations at the peak
 };
 
 /// @throws InputError for invalid configurations (naming the flag).

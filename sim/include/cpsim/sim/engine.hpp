@@ -27,6 +27,11 @@
 
 namespace cpsim::sim {
 
+/// Bytes the engine allocates for a request: rounded up to 512 B (PyTorch's kMinBlockSize).
+constexpr std::int64_t allocation_bytes(std::int64_t requested) {
+  return (requested + 511) / 512 * 512;
+}
+
 struct SimOptions {
   bool record_trace = false;  ///< keep per-op intervals and memory samples for a trace file
 };

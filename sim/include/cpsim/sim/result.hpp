@@ -56,6 +56,30 @@ StepReport summarize(const ScheduleInputs& inputs,
                      const Workload& workload,
                      const SimResult& result);
 
+/// A device tensor (or an op's workspace) allocated at the moment of a rank's memory peak.
+struct LiveTensor {
+  std::string name;      ///< tensor name, or "workspace" of the op
+  std::string producer;  ///< describe_op of the op that allocated it
+  MemCategory category = MemCategory::kOther;
+  std::int64_t bytes = 0;  ///< as allocated (rounded like the engine)
+};
+
+struct PeakContents {
+  std::vector<LiveTensor> largest;  ///< the largest live tensors, largest first
+  std::int64_t listed_bytes = 0;    ///< sum over `largest`
+  std::int64_t other_bytes = 0;     ///< the remaining live tensors
+  std::int64_t other_count = 0;
+};
+
+/// What is allocated on `rank` when its peak is set, rebuilt from the recorded op intervals
+/// (requires SimOptions::record_trace): a tensor lives from its producer's start to the end of its
+/// last consumer (its producer's end when nothing reads it), a workspace while its op runs.
+/// Lists the `top` largest; static memory (model states, fixed overheads) is not included.
+PeakContents peak_contents(const Workload& workload,
+                           const SimResult& result,
+                           int rank,
+                           std::size_t top);
+
 /// "phase layer name" of an op, e.g. "recompute layer 31 attn_fwd[s2]".
 std::string describe_op(const Workload& workload, OpId op);
 
