@@ -167,21 +167,20 @@ CoreForward StepBuilder::ring_forward(
     TensorSet next;
     if (k + 1 < steps) {
       next = b_.tensor(fmt::format("kv_block{}{}", k + 1, tag), kv_bytes, MemCategory::kAttention);
-      OpSpec send;
-      send.name = fmt::format("ring_send_kv{}{}", k, tag);
-      send.stream = Stream::kComm;
-      send.inputs = {cur};
-      send.outputs = {next};
+      OpSpec& send =
+          next_spec(fmt::format("ring_send_kv{}{}", k, tag), Stream::kComm, OpKind::kElementwise);
+      send.inputs.push_back(cur);
+      send.outputs.push_back(next);
       b_.collective(send, Group::kRing, models::Collective::kSendRecv, cost_,
                     kv_bytes / ab_ * r_.cp_comm_bytes);
     }
-    OpSpec step;
-    step.name = fmt::format("ring_attn_fwd{}{}", k, tag);
-    step.kind = OpKind::kAttentionFwd;
+    OpSpec& step = next_spec(fmt::format("ring_attn_fwd{}{}", k, tag), Stream::kCompute,
+                             OpKind::kAttentionFwd);
     step.time_s_per_rank = ring_step_times(k, hq, false, &step.flops);
-    step.inputs = {q_h, cur};
+    step.inputs.push_back(q_h);
+    step.inputs.push_back(cur);
     if (k == 0) {
-      step.outputs = {acc};
+      step.outputs.push_back(acc);
     } else {
       step.inputs.push_back(acc);
     }
@@ -220,21 +219,19 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
     if (k + 1 < steps) {
       next = b_.tensor(fmt::format("kv_block{}(bwd){}", k + 1, tag), kv_bytes,
                        MemCategory::kAttention);
-      OpSpec send;
-      send.name = fmt::format("ring_send_kv{}(bwd){}", k, tag);
-      send.stream = Stream::kComm;
-      send.inputs = {cur};
-      send.outputs = {next};
+      OpSpec& send = next_spec(fmt::format("ring_send_kv{}(bwd){}", k, tag), Stream::kComm,
+                               OpKind::kElementwise);
+      send.inputs.push_back(cur);
+      send.outputs.push_back(next);
       b_.collective(send, Group::kRing, models::Collective::kSendRecv, cost_,
                     kv_bytes / ab_ * r_.cp_comm_bytes);
     }
-    OpSpec step;
-    step.name = fmt::format("ring_attn_bwd{}{}", k, tag);
-    step.kind = OpKind::kAttentionBwd;
+    OpSpec& step = next_spec(fmt::format("ring_attn_bwd{}{}", k, tag), Stream::kCompute,
+                             OpKind::kAttentionBwd);
     step.time_s_per_rank = ring_step_times(k, hq, true, &step.flops);
-    step.inputs = {q_h, cur, o_h, lse, do_h};
+    step.inputs.assign({q_h, cur, o_h, lse, do_h});
     if (k == 0) {
-      step.outputs = {dq_acc, dkv};
+      step.outputs.assign({dq_acc, dkv});
     } else {
       step.inputs.push_back(dq_acc);
       step.inputs.push_back(dkv);
@@ -246,12 +243,11 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
     // The dK/dV accumulator travels with its K/V block: one hop after every step brings it home.
     TensorSet dkv_next = b_.tensor(fmt::format("ring_dkv_acc{}{}", k + 1, tag), dkv_acc_bytes,
                                    MemCategory::kAttention);
-    OpSpec send;
-    send.name = fmt::format("ring_send_dkv{}{}", k, tag);
-    send.stream = Stream::kComm;
-    send.inputs = {dkv};
-    send.outputs = {dkv_next};
-    send.deps = {computed};
+    OpSpec& send =
+        next_spec(fmt::format("ring_send_dkv{}{}", k, tag), Stream::kComm, OpKind::kElementwise);
+    send.inputs.push_back(dkv);
+    send.outputs.push_back(dkv_next);
+    send.deps.push_back(computed);
     b_.collective(send, Group::kRing, models::Collective::kSendRecv, cost_, dkv_acc_bytes);
     dkv = dkv_next;
     cur = next;
@@ -318,22 +314,18 @@ CoreForward StepBuilder::allgather_forward(
   const std::int64_t d = m_.head_dim;
   const std::int64_t full_bytes = n_ * 2 * hkv * d * ab_;
   TensorSet kv_full = b_.tensor("kv_gathered" + tag, full_bytes, MemCategory::kAttention);
-  OpSpec ag;
-  ag.name = "allgather_kv" + tag;
-  ag.stream = Stream::kComm;
-  ag.inputs = {kv_h};
-  ag.outputs = {kv_full};
+  OpSpec& ag = next_spec("allgather_kv" + tag, Stream::kComm, OpKind::kElementwise);
+  ag.inputs.push_back(kv_h);
+  ag.outputs.push_back(kv_full);
   b_.collective(ag, Group::kRing, models::Collective::kAllGather, cost_,
                 full_bytes / ab_ * r_.cp_comm_bytes);
   CoreForward out;
   out.o_h = b_.tensor("attn_out_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
   out.lse = b_.tensor("lse" + tag, hq * nr_ * kFp32Bytes, MemCategory::kAttention);
-  OpSpec fa;
-  fa.name = "attn_fwd" + tag;
-  fa.kind = OpKind::kAttentionFwd;
+  OpSpec& fa = next_spec("attn_fwd" + tag, Stream::kCompute, OpKind::kAttentionFwd);
   fa.time_s_per_rank = allgather_times(hq, false, &fa.flops);
-  fa.inputs = {q_h, kv_full};
-  fa.outputs = {out.o_h, out.lse};
+  fa.inputs.assign({q_h, kv_full});
+  fa.outputs.assign({out.o_h, out.lse});
   b_.op(fa);
   return out;
 }
@@ -349,31 +341,25 @@ CoreBackward StepBuilder::allgather_backward(const std::string& tag,
   const std::int64_t d = m_.head_dim;
   const std::int64_t full_bytes = n_ * 2 * hkv * d * ab_;
   TensorSet kv_full = b_.tensor("kv_gathered(bwd)" + tag, full_bytes, MemCategory::kAttention);
-  OpSpec ag;
-  ag.name = "allgather_kv(bwd)" + tag;
-  ag.stream = Stream::kComm;
-  ag.inputs = {kv_h};
-  ag.outputs = {kv_full};
+  OpSpec& ag = next_spec("allgather_kv(bwd)" + tag, Stream::kComm, OpKind::kElementwise);
+  ag.inputs.push_back(kv_h);
+  ag.outputs.push_back(kv_full);
   b_.collective(ag, Group::kRing, models::Collective::kAllGather, cost_,
                 full_bytes / ab_ * r_.cp_comm_bytes);
   CoreBackward out;
   out.dq_h = b_.tensor("dq_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
   TensorSet dkv_full = b_.tensor("dkv_full" + tag, full_bytes, MemCategory::kAttention);
-  OpSpec fa;
-  fa.name = "attn_bwd" + tag;
-  fa.kind = OpKind::kAttentionBwd;
+  OpSpec& fa = next_spec("attn_bwd" + tag, Stream::kCompute, OpKind::kAttentionBwd);
   fa.time_s_per_rank = allgather_times(hq, true, &fa.flops);
-  fa.inputs = {do_h, q_h, kv_full, o_h, lse};
-  fa.outputs = {out.dq_h, dkv_full};
+  fa.inputs.assign({do_h, q_h, kv_full, o_h, lse});
+  fa.outputs.assign({out.dq_h, dkv_full});
   fa.workspace_bytes = flash_bwd_workspace(nr_, n_, hq, hkv);
   fa.workspace_category = MemCategory::kAttention;
   b_.op(fa);
   out.dkv_h = b_.tensor("dkv_h" + tag, nr_ * 2 * hkv * d * ab_, MemCategory::kAttention);
-  OpSpec rs;
-  rs.name = "reducescatter_dkv" + tag;
-  rs.stream = Stream::kComm;
-  rs.inputs = {dkv_full};
-  rs.outputs = {out.dkv_h};
+  OpSpec& rs = next_spec("reducescatter_dkv" + tag, Stream::kComm, OpKind::kElementwise);
+  rs.inputs.push_back(dkv_full);
+  rs.outputs.push_back(out.dkv_h);
   b_.collective(rs, Group::kRing, models::Collective::kReduceScatter, cost_,
                 full_bytes / ab_ * r_.cp_comm_bytes);
   return out;

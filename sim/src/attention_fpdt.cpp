@@ -133,30 +133,6 @@ constexpr const char* kBwdStems[kBwdNames] = {"dout_slice",    "slice_dout",
                                               "dkv_rope",      "rope_bwd",
                                               "qkv_proj_bwd"};
 
-/// Interned per-chunk names of one function, cached by the builder for the whole step: every layer
-/// and pass emits the same ones.
-class ChunkNames {
- public:
-  ChunkNames(Builder& b, const char* series, int slots, const char* const* stems)
-      : b_(b), series_(b.name_series(series)), slots_(slots), stems_(stems) {}
-  /// stems[slot] + "[<letter><index>]".
-  std::int32_t operator()(int slot, char letter, std::int64_t index) {
-    return b_.series_name(series_, index * slots_ + slot,
-                          [&] { return fmt::format("{}[{}{}]", stems_[slot], letter, index); });
-  }
-  /// A name made by `make` (the formatted ones).
-  template <class Make>
-  std::int32_t operator()(int slot, std::int64_t index, const Make& make) {
-    return b_.series_name(series_, index * slots_ + slot, make);
-  }
-
- private:
-  Builder& b_;
-  std::int32_t series_;
-  int slots_;
-  const char* const* stems_;
-};
-
 /// Emits ops through one reused OpSpec, whose vectors keep their capacity from op to op.
 class Emitter {
  public:
@@ -210,32 +186,6 @@ class Emitter {
     s.deps = deps;
     return emit();
   }
-  /// As StepBuilder::exchange: all-to-all of `in` (per-rank send buffer `bytes` in activation
-  /// dtype) over the Ulysses group, `in` itself when the group has one rank.
-  TensorSet exchange(std::int32_t name,
-                     TensorSet in,
-                     std::int64_t bytes,
-                     MemCategory cat,
-                     std::int64_t ulysses,
-                     std::int64_t activation_bytes,
-                     std::int64_t comm_bytes,
-                     const CostModel& cost) {
-    if (ulysses == 1) {
-      return in;
-    }
-    const TensorSet out = b_.tensor(name, bytes, cat, false);
-    OpSpec& s = next(name, Stream::kComm, OpKind::kElementwise, 0.0, 0.0);
-    s.inputs = {in};
-    s.outputs = {out};
-    // Communication in a wider dtype than the activations sends a cast copy and receives into one.
-    const std::int64_t wire_bytes = bytes / activation_bytes * comm_bytes;
-    if (comm_bytes != activation_bytes) {
-      s.workspace_bytes = 2 * wire_bytes;
-      s.workspace_category = cat;
-    }
-    b_.collective(s, Group::kUlysses, models::Collective::kAllToAll, cost, wire_bytes);
-    return out;
-  }
 
  private:
   Builder& b_;
@@ -273,7 +223,7 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
   Emitter e(b_);
   ChunkNames name(b_, "fpdt_forward", kFwdNames, kFwdStems);
   auto exchange = [&](std::int32_t n, TensorSet in, std::int64_t bytes) {
-    return e.exchange(n, in, bytes, MemCategory::kAttention, u_, ab_, r_.cp_comm_bytes, cost_);
+    return StepBuilder::exchange(Name::interned(n), in, bytes, MemCategory::kAttention);
   };
   const auto attention = MemCategory::kAttention;
 
@@ -424,7 +374,7 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
   Emitter e(b_);
   ChunkNames name(b_, "fpdt_backward", kBwdNames, kBwdStems);
   auto exchange = [&](std::int32_t n, TensorSet in, std::int64_t bytes) {
-    return e.exchange(n, in, bytes, MemCategory::kAttention, u_, ab_, r_.cp_comm_bytes, cost_);
+    return StepBuilder::exchange(Name::interned(n), in, bytes, MemCategory::kAttention);
   };
   const auto attention = MemCategory::kAttention;
 

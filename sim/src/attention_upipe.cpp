@@ -6,6 +6,8 @@
 // all-to-all (K/V at the start of each fetch), all-to-alls the stage's slice of final_out and of
 // dOut to head- sharded layout, runs core attention backward (a zigzag ring when ring > 1), and
 // all-to-alls dQ (and dK/dV at the end of a fetch) back into the projection backward.
+#include <iterator>
+
 #include <fmt/format.h>
 
 #include "cpsim/models/units.hpp"
@@ -13,6 +15,20 @@
 #include "step_builder.hpp"
 
 namespace cpsim::sim::detail {
+namespace {
+
+// Names of the per-stage ops and tensors (stem + "[s<stage>]"), interned once per step.
+constexpr const char* kUpipeFwdStems[] = {"kv",     "kv_proj", "kv_rope", "rope_k",
+                                          "a2a_kv", "q",       "q_proj",  "q_rope",
+                                          "rope_q", "a2a_q",   "a2a_out", "fill_out"};
+constexpr const char* kUpipeBwdStems[] = {
+    "kv(re)",     "kv_proj(re)",    "kv_rope(re)",  "rope_k(re)", "a2a_kv(re)",
+    "q(re)",      "q_proj(re)",     "q_rope(re)",   "rope_q(re)", "a2a_q(re)",
+    "out_slice",  "slice_out",      "a2a_out(bwd)", "dout_slice", "slice_dout",
+    "a2a_dout",   "dkv_accumulate", "a2a_dq",       "dq_rope",    "rope_q_bwd",
+    "q_proj_bwd", "a2a_dkv",        "dkv_rope",     "rope_k_bwd", "kv_proj_bwd"};
+
+}  // namespace
 
 void StepBuilder::upipe_forward(SavedLayer& sv, TensorSet params) {
   const std::int64_t h = m_.hidden, d = m_.head_dim;
@@ -27,25 +43,28 @@ void StepBuilder::upipe_forward(SavedLayer& sv, TensorSet params) {
   OpSet alloc = compute("upipe_alloc_out", OpKind::kElementwise, {0.0, 0.0}, {}, {sv.final_out});
   TensorSet kv_h;
   std::vector<OpSet> fills;
+  ChunkNames names(b_, "upipe_forward", static_cast<int>(std::size(kUpipeFwdStems)),
+                   kUpipeFwdStems);
   for (std::int64_t st = 0; st < layout_.stages; ++st) {
     const std::string tag = fmt::format("[s{}]", st);
+    auto stage_name = [&](int slot) { return Name::interned(names(slot, 's', st)); };
     if (st % layout_.stages_per_kv_fetch == 0) {
-      TensorSet kvp = b_.tensor("kv" + tag, kv_bytes, MemCategory::kAttention);
-      compute("kv_proj" + tag, OpKind::kGemm, gemm(s_, 2 * f / layout_.kv_replication * d, h),
+      TensorSet kvp = b_.tensor(names(0, 's', st), kv_bytes, MemCategory::kAttention);
+      compute(stage_name(1), OpKind::kGemm, gemm(s_, 2 * f / layout_.kv_replication * d, h),
               {sv.xn, params}, {kvp});
-      TensorSet kvr = b_.tensor("kv_rope" + tag, kv_bytes, MemCategory::kAttention);
-      compute("rope_k" + tag, OpKind::kElementwise, mem(kv_bytes), {kvp}, {kvr});
-      kv_h = exchange("a2a_kv" + tag, kvr, kv_bytes, MemCategory::kAttention);
+      TensorSet kvr = b_.tensor(names(2, 's', st), kv_bytes, MemCategory::kAttention);
+      compute(stage_name(3), OpKind::kElementwise, mem(kv_bytes), {kvp}, {kvr});
+      kv_h = exchange(stage_name(4), kvr, kv_bytes, MemCategory::kAttention);
     }
-    TensorSet q = b_.tensor("q" + tag, q_bytes, MemCategory::kAttention);
-    compute("q_proj" + tag, OpKind::kGemm, gemm(s_, u * d, h), {sv.xn, params}, {q});
-    TensorSet qr = b_.tensor("q_rope" + tag, q_bytes, MemCategory::kAttention);
-    compute("rope_q" + tag, OpKind::kElementwise, mem(2 * q_bytes), {q}, {qr});
-    TensorSet q_h = exchange("a2a_q" + tag, qr, q_bytes, MemCategory::kAttention);
+    TensorSet q = b_.tensor(names(5, 's', st), q_bytes, MemCategory::kAttention);
+    compute(stage_name(6), OpKind::kGemm, gemm(s_, u * d, h), {sv.xn, params}, {q});
+    TensorSet qr = b_.tensor(names(7, 's', st), q_bytes, MemCategory::kAttention);
+    compute(stage_name(8), OpKind::kElementwise, mem(2 * q_bytes), {q}, {qr});
+    TensorSet q_h = exchange(stage_name(9), qr, q_bytes, MemCategory::kAttention);
     const CoreForward core = core_forward(tag, q_h, kv_h, q_local, kv_local);
-    TensorSet o_s = exchange("a2a_out" + tag, core.o_h, q_bytes, MemCategory::kAttention);
+    TensorSet o_s = exchange(stage_name(10), core.o_h, q_bytes, MemCategory::kAttention);
     fills.push_back(
-        compute("fill_out" + tag, OpKind::kElementwise, mem(2 * q_bytes), {o_s}, {}, {alloc}));
+        compute(stage_name(11), OpKind::kElementwise, mem(2 * q_bytes), {o_s}, {}, {alloc}));
     sv.lses.push_back(core.lse);
   }
   // Heads back to their natural order before the output projection (an indexed copy).
@@ -71,30 +90,33 @@ InputGrad StepBuilder::upipe_backward(const SavedLayer& sv,
   std::vector<OpSet> dx_writes{alloc};
   TensorSet kv_h, dkv_acc;
   OpSet dkv_ready;
+  ChunkNames names(b_, "upipe_backward", static_cast<int>(std::size(kUpipeBwdStems)),
+                   kUpipeBwdStems);
   for (std::int64_t st = 0; st < layout_.stages; ++st) {
     const std::string tag = fmt::format("[s{}]", st);
+    auto stage_name = [&](int slot) { return Name::interned(names(slot, 's', st)); };
     const bool fetch_start = st % layout_.stages_per_kv_fetch == 0;
     const bool fetch_end = (st + 1) % layout_.stages_per_kv_fetch == 0;
     if (fetch_start) {
-      TensorSet kvp = b_.tensor("kv(re)" + tag, kv_bytes, MemCategory::kAttention);
-      compute("kv_proj(re)" + tag, OpKind::kGemm, gemm(s_, 2 * f / layout_.kv_replication * d, h),
+      TensorSet kvp = b_.tensor(names(0, 's', st), kv_bytes, MemCategory::kAttention);
+      compute(stage_name(1), OpKind::kGemm, gemm(s_, 2 * f / layout_.kv_replication * d, h),
               {sv.xn, params}, {kvp});
-      TensorSet kvr = b_.tensor("kv_rope(re)" + tag, kv_bytes, MemCategory::kAttention);
-      compute("rope_k(re)" + tag, OpKind::kElementwise, mem(kv_bytes), {kvp}, {kvr});
-      kv_h = exchange("a2a_kv(re)" + tag, kvr, kv_bytes, MemCategory::kAttention);
+      TensorSet kvr = b_.tensor(names(2, 's', st), kv_bytes, MemCategory::kAttention);
+      compute(stage_name(3), OpKind::kElementwise, mem(kv_bytes), {kvp}, {kvr});
+      kv_h = exchange(stage_name(4), kvr, kv_bytes, MemCategory::kAttention);
     }
-    TensorSet q = b_.tensor("q(re)" + tag, q_bytes, MemCategory::kAttention);
-    compute("q_proj(re)" + tag, OpKind::kGemm, gemm(s_, u * d, h), {sv.xn, params}, {q});
-    TensorSet qr = b_.tensor("q_rope(re)" + tag, q_bytes, MemCategory::kAttention);
-    compute("rope_q(re)" + tag, OpKind::kElementwise, mem(2 * q_bytes), {q}, {qr});
-    TensorSet q_h = exchange("a2a_q(re)" + tag, qr, q_bytes, MemCategory::kAttention);
+    TensorSet q = b_.tensor(names(5, 's', st), q_bytes, MemCategory::kAttention);
+    compute(stage_name(6), OpKind::kGemm, gemm(s_, u * d, h), {sv.xn, params}, {q});
+    TensorSet qr = b_.tensor(names(7, 's', st), q_bytes, MemCategory::kAttention);
+    compute(stage_name(8), OpKind::kElementwise, mem(2 * q_bytes), {q}, {qr});
+    TensorSet q_h = exchange(stage_name(9), qr, q_bytes, MemCategory::kAttention);
     // The stage's slice of final_out and of dOut, to head-sharded layout.
-    TensorSet o_slice = b_.tensor("out_slice" + tag, q_bytes, MemCategory::kAttention);
-    compute("slice_out" + tag, OpKind::kElementwise, mem(2 * q_bytes), {sv.final_out}, {o_slice});
-    TensorSet o_h = exchange("a2a_out(bwd)" + tag, o_slice, q_bytes, MemCategory::kAttention);
-    TensorSet do_slice = b_.tensor("dout_slice" + tag, q_bytes, MemCategory::kAttention);
-    compute("slice_dout" + tag, OpKind::kElementwise, mem(2 * q_bytes), {d_o}, {do_slice});
-    TensorSet do_h = exchange("a2a_dout" + tag, do_slice, q_bytes, MemCategory::kAttention);
+    TensorSet o_slice = b_.tensor(names(10, 's', st), q_bytes, MemCategory::kAttention);
+    compute(stage_name(11), OpKind::kElementwise, mem(2 * q_bytes), {sv.final_out}, {o_slice});
+    TensorSet o_h = exchange(stage_name(12), o_slice, q_bytes, MemCategory::kAttention);
+    TensorSet do_slice = b_.tensor(names(13, 's', st), q_bytes, MemCategory::kAttention);
+    compute(stage_name(14), OpKind::kElementwise, mem(2 * q_bytes), {d_o}, {do_slice});
+    TensorSet do_h = exchange(stage_name(15), do_slice, q_bytes, MemCategory::kAttention);
     // Core attention backward from the saved LSE and the re-sent output. The first stage of a K/V
     // fetch produces the fetch's dK/dV; later stages add theirs into it.
     const CoreBackward g = core_backward(tag, q_h, kv_h, o_h, sv.lses[static_cast<std::size_t>(st)],
@@ -105,20 +127,20 @@ InputGrad StepBuilder::upipe_backward(const SavedLayer& sv,
       dkv_ready = {};
     } else {
       dkv_ready =
-          compute("dkv_accumulate" + tag, OpKind::kElementwise,
-                  mem(3 * nr_ * 2 * kv_local * d * ab_), {g.dkv_h, dkv_acc}, {}, {dkv_ready});
+          compute(stage_name(16), OpKind::kElementwise, mem(3 * nr_ * 2 * kv_local * d * ab_),
+                  {g.dkv_h, dkv_acc}, {}, {dkv_ready});
     }
-    TensorSet dq = exchange("a2a_dq" + tag, dq_h, q_bytes, MemCategory::kAttention);
-    TensorSet dqr = b_.tensor("dq_rope" + tag, q_bytes, MemCategory::kAttention);
-    compute("rope_q_bwd" + tag, OpKind::kElementwise, mem(2 * q_bytes), {dq}, {dqr});
-    dx_writes.push_back(compute("q_proj_bwd" + tag, OpKind::kGemm, times(gemm(s_, u * d, h), 2.0),
+    TensorSet dq = exchange(stage_name(17), dq_h, q_bytes, MemCategory::kAttention);
+    TensorSet dqr = b_.tensor(names(18, 's', st), q_bytes, MemCategory::kAttention);
+    compute(stage_name(19), OpKind::kElementwise, mem(2 * q_bytes), {dq}, {dqr});
+    dx_writes.push_back(compute(stage_name(20), OpKind::kGemm, times(gemm(s_, u * d, h), 2.0),
                                 {dqr, sv.xn, params, grads}, {}, {dx_writes.back()}));
     if (fetch_end) {
       TensorSet dkv =
-          exchange("a2a_dkv" + tag, dkv_acc, kv_bytes, MemCategory::kAttention, {dkv_ready});
-      TensorSet dkvr = b_.tensor("dkv_rope" + tag, kv_bytes, MemCategory::kAttention);
-      compute("rope_k_bwd" + tag, OpKind::kElementwise, mem(kv_bytes), {dkv}, {dkvr});
-      dx_writes.push_back(compute("kv_proj_bwd" + tag, OpKind::kGemm,
+          exchange(stage_name(21), dkv_acc, kv_bytes, MemCategory::kAttention, {dkv_ready});
+      TensorSet dkvr = b_.tensor(names(22, 's', st), kv_bytes, MemCategory::kAttention);
+      compute(stage_name(23), OpKind::kElementwise, mem(kv_bytes), {dkv}, {dkvr});
+      dx_writes.push_back(compute(stage_name(24), OpKind::kGemm,
                                   times(gemm(s_, 2 * f / layout_.kv_replication * d, h), 2.0),
                                   {dkvr, sv.xn, params, grads}, {}, {dx_writes.back()}));
     }

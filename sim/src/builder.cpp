@@ -21,7 +21,7 @@ Builder::Builder(
   w_.static_memory.assign(static_cast<std::size_t>(simulated_ranks), {});
 }
 
-TensorSet Builder::tensor(const std::string& name,
+TensorSet Builder::tensor(std::string_view name,
                           std::int64_t bytes,
                           MemCategory category,
                           bool on_host) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -34,6 +35,43 @@ enum class Group : std::uint8_t {
   kUlysses,  ///< the rank's Ulysses (all-to-all) group
   kRing,     ///< the rank's ring group
   kAll,      ///< every rank (FSDP / ZeRO)
+};
+
+/// A list argument of a builder call: a braced list or a vector, read during the call only (no
+/// copy, no allocation).
+template <class T>
+class ListRef {
+ public:
+  ListRef() = default;
+  ListRef(std::initializer_list<T> list) : list_(list) {}
+  ListRef(const std::vector<T>& v) : vector_(&v) {}
+  const T* begin() const { return vector_ != nullptr ? vector_->data() : list_.begin(); }
+  const T* end() const { return begin() + size(); }
+  std::size_t size() const { return vector_ != nullptr ? vector_->size() : list_.size(); }
+
+ private:
+  std::initializer_list<T> list_;
+  const std::vector<T>* vector_ = nullptr;
+};
+
+/// The name of an op or tensor: text, interned on use, or an id already interned (name_series);
+/// text is read during the call only.
+class Name {
+ public:
+  Name(const char* text) : text_(text) {}
+  Name(const std::string& text) : text_(text) {}
+  Name(std::string_view text) : text_(text) {}
+  static Name interned(std::int32_t id) {
+    Name n{std::string_view{}};
+    n.id_ = id;
+    return n;
+  }
+  /// The interned id in `w`.
+  std::int32_t id(Workload& w) const { return id_ != kNone ? id_ : w.intern(text_); }
+
+ private:
+  std::string_view text_;
+  std::int32_t id_ = kNone;
 };
 
 struct OpSpec {
@@ -67,12 +105,15 @@ class Builder {
   void set_layer(std::int32_t layer) { layer_ = layer; }
   Phase phase() const { return phase_; }
 
-  TensorSet tensor(const std::string& name,
+  TensorSet tensor(std::string_view name,
                    std::int64_t bytes,
                    MemCategory category,
                    bool on_host = false);
   /// The same with an interned name (see name_series).
-  TensorSet tensor(std::int32_t name_id, std::int64_t bytes, MemCategory category, bool on_host);
+  TensorSet tensor(std::int32_t name_id,
+                   std::int64_t bytes,
+                   MemCategory category,
+                   bool on_host = false);
   OpSet op(const OpSpec& spec);
 
   /// Names that differ by one index (a chunk, a stage) and repeat in every layer: a series is
@@ -147,6 +188,31 @@ class Builder {
   };
   std::array<CostEntry, 8> cost_cache_{};
   std::size_t cost_cache_next_ = 0;
+};
+
+/// Interned per-index names of one function (FPDT chunks, UPipe stages), cached by the builder for
+/// the whole step: every layer and pass emits the same ones.
+class ChunkNames {
+ public:
+  ChunkNames(Builder& b, const char* series, int slots, const char* const* stems)
+      : b_(b), series_(b.name_series(series)), slots_(slots), stems_(stems) {}
+  /// stems[slot] + "[<letter><index>]".
+  std::int32_t operator()(int slot, char letter, std::int64_t index) {
+    return b_.series_name(series_, index * slots_ + slot, [&] {
+      return std::string(stems_[slot]) + "[" + letter + std::to_string(index) + "]";
+    });
+  }
+  /// A name made by `make` (the formatted ones).
+  template <class Make>
+  std::int32_t operator()(int slot, std::int64_t index, const Make& make) {
+    return b_.series_name(series_, index * slots_ + slot, make);
+  }
+
+ private:
+  Builder& b_;
+  std::int32_t series_;
+  int slots_;
+  const char* const* stems_;
 };
 
 }  // namespace cpsim::sim::detail

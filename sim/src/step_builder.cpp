@@ -43,42 +43,53 @@ StepBuilder::StepBuilder(const ScheduleInputs& in, Workload& w, int simulated_ra
   tile_ = ceil_div(s_, shards_);
 }
 
-OpSet StepBuilder::compute(const std::string& name,
+OpSpec& StepBuilder::next_spec(Name name, Stream stream, OpKind kind) {
+  OpSpec& s = spec_;
+  s.name_id = name.id(w_);
+  s.stream = stream;
+  s.kind = kind;
+  s.time_s = 0.0;
+  s.time_s_per_rank.clear();
+  s.flops = 0.0;
+  s.transfer_bytes = 0;
+  s.workspace_bytes = 0;
+  s.workspace_category = MemCategory::kOther;
+  s.inputs.clear();
+  s.outputs.clear();
+  s.deps.clear();
+  return s;
+}
+
+OpSet StepBuilder::compute(Name name,
                            OpKind kind,
                            const KernelCost& k,
-                           std::vector<TensorSet> inputs,
-                           std::vector<TensorSet> outputs,
-                           std::vector<OpSet> deps,
+                           ListRef<TensorSet> inputs,
+                           ListRef<TensorSet> outputs,
+                           ListRef<OpSet> deps,
                            std::int64_t workspace,
                            MemCategory ws_cat) {
-  OpSpec s;
-  s.name = name;
-  s.kind = kind;
+  OpSpec& s = next_spec(name, Stream::kCompute, kind);
   s.time_s = k.time_s;
   s.flops = k.flops;
-  s.inputs = std::move(inputs);
-  s.outputs = std::move(outputs);
-  s.deps = std::move(deps);
+  s.inputs.assign(inputs.begin(), inputs.end());
+  s.outputs.assign(outputs.begin(), outputs.end());
+  s.deps.assign(deps.begin(), deps.end());
   s.workspace_bytes = workspace;
   s.workspace_category = ws_cat;
   return b_.op(s);
 }
 
-TensorSet StepBuilder::exchange(const std::string& name,
-                                TensorSet in,
-                                std::int64_t bytes,
-                                MemCategory cat,
-                                std::vector<OpSet> deps) {
+TensorSet StepBuilder::exchange(
+    Name name, TensorSet in, std::int64_t bytes, MemCategory cat, ListRef<OpSet> deps) {
   if (u_ == 1) {
     return in;
   }
-  TensorSet out = b_.tensor(name, bytes, cat);
-  OpSpec s;
-  s.name = name;
-  s.stream = Stream::kComm;
-  s.inputs = {in};
-  s.outputs = {out};
-  s.deps = std::move(deps);
+  const std::int32_t id = name.id(w_);
+  TensorSet out = b_.tensor(id, bytes, cat, false);
+  OpSpec& s = next_spec(Name::interned(id), Stream::kComm, OpKind::kElementwise);
+  s.inputs.push_back(in);
+  s.outputs.push_back(out);
+  s.deps.assign(deps.begin(), deps.end());
   // Communication in a wider dtype than the activations (DeepSpeed's fp32 default) sends a cast
   // copy and receives into one: both live while the collective runs.
   const std::int64_t wire_bytes = bytes / ab_ * r_.cp_comm_bytes;
@@ -90,21 +101,19 @@ TensorSet StepBuilder::exchange(const std::string& name,
   return out;
 }
 
-OpSet StepBuilder::host_copy(const std::string& name,
+OpSet StepBuilder::host_copy(Name name,
                              bool to_device,
                              std::int64_t bytes,
                              TensorSet in,
                              TensorSet out,
-                             std::vector<OpSet> deps) {
-  OpSpec s;
-  s.name = name;
-  s.stream = to_device ? Stream::kH2D : Stream::kD2H;
-  s.kind = to_device ? OpKind::kCopyH2D : OpKind::kCopyD2H;
+                             ListRef<OpSet> deps) {
+  OpSpec& s = next_spec(name, to_device ? Stream::kH2D : Stream::kD2H,
+                        to_device ? OpKind::kCopyH2D : OpKind::kCopyD2H);
   s.transfer_bytes = bytes;
   s.time_s = cost_.host_copy_s(bytes, to_device);
-  s.inputs = {in};
-  s.outputs = {out};
-  s.deps = std::move(deps);
+  s.inputs.push_back(in);
+  s.outputs.push_back(out);
+  s.deps.assign(deps.begin(), deps.end());
   return b_.op(s);
 }
 
@@ -146,24 +155,27 @@ std::int64_t StepBuilder::norm_saved_bytes(std::int64_t rows, std::int64_t width
 OpSet StepBuilder::gather_params(const std::string& name,
                                  std::int64_t params,
                                  TensorSet out,
-                                 std::vector<OpSet> deps) {
-  OpSpec s;
-  s.name = name;
-  s.stream = Stream::kFsdp;
-  s.outputs = {out};
+                                 ListRef<OpSet> deps) {
+  TensorSet staged;
+  OpSet copied;
   if (r_.param_offload) {
     // ZeRO-3 offload_param: the rank's shard comes from host memory first, then the all-gather
     // (on one GPU the copy fills the whole buffer).
     const std::int64_t shard_bytes = ceil_div(params, b_.ranks()) * r_.param_bytes;
     if (b_.ranks() == 1) {
-      return host_copy(name + "(from host)", true, shard_bytes, TensorSet{}, out, std::move(deps));
+      return host_copy(name + "(from host)", true, shard_bytes, TensorSet{}, out, deps);
     }
-    TensorSet staged = b_.tensor(name + ".shard", shard_bytes, MemCategory::kParamGather);
-    deps = {
-        host_copy(name + "(from host)", true, shard_bytes, TensorSet{}, staged, std::move(deps))};
-    s.inputs = {staged};
+    staged = b_.tensor(name + ".shard", shard_bytes, MemCategory::kParamGather);
+    copied = host_copy(name + "(from host)", true, shard_bytes, TensorSet{}, staged, deps);
   }
-  s.deps = std::move(deps);
+  OpSpec& s = next_spec(name, Stream::kFsdp, OpKind::kElementwise);
+  s.outputs.push_back(out);
+  if (copied.valid()) {
+    s.inputs.push_back(staged);
+    s.deps.push_back(copied);
+  } else {
+    s.deps.assign(deps.begin(), deps.end());
+  }
   return b_.collective(s, Group::kAll, models::Collective::kAllGather, cost_,
                        params * r_.param_bytes);
 }
@@ -171,22 +183,21 @@ OpSet StepBuilder::gather_params(const std::string& name,
 OpSet StepBuilder::reduce_grads(const std::string& name,
                                 std::int64_t params,
                                 TensorSet grads,
-                                std::vector<OpSet> deps) {
-  OpSpec s;
-  s.name = name;
-  s.stream = Stream::kFsdp;
-  s.inputs = {grads};
-  s.deps = std::move(deps);
+                                ListRef<OpSet> deps) {
   // The gradients are cast to the reduce dtype into the collective's buffer. ZeRO ≥ 2 reduce-
   // scatters them; ZeRO 0/1 all-reduce into the persistent unsharded gradients.
-  s.workspace_bytes = params * r_.grad_reduce_bytes;
-  s.workspace_category = MemCategory::kParamGather;
+  const std::int64_t workspace = params * r_.grad_reduce_bytes;
   const auto kind =
       r_.zero_stage >= 2 ? models::Collective::kReduceScatter : models::Collective::kAllReduce;
   if (b_.ranks() == 1) {
     return compute(name + "(local)", OpKind::kElementwise, mem(params * r_.grad_reduce_bytes),
-                   {grads}, {}, s.deps, s.workspace_bytes, s.workspace_category);
+                   {grads}, {}, deps, workspace, MemCategory::kParamGather);
   }
+  OpSpec& s = next_spec(name, Stream::kFsdp, OpKind::kElementwise);
+  s.inputs.push_back(grads);
+  s.deps.assign(deps.begin(), deps.end());
+  s.workspace_bytes = workspace;
+  s.workspace_category = MemCategory::kParamGather;
   return b_.collective(s, Group::kAll, kind, cost_, params * r_.grad_reduce_bytes);
 }
 
@@ -371,8 +382,8 @@ void StepBuilder::build() {
     return zero >= 2 ? b_.tensor(name, params * p, MemCategory::kParamGather) : TensorSet{};
   };
   auto gather_into = [&](const std::string& name, std::int64_t params, TensorSet out,
-                         std::vector<OpSet> deps) {
-    return gather ? gather_params(name, params, out, std::move(deps)) : OpSet{};
+                         ListRef<OpSet> deps) {
+    return gather ? gather_params(name, params, out, deps) : OpSet{};
   };
 
   // ---- Forward -------------------------------------------------------------------------------
@@ -394,10 +405,13 @@ void StepBuilder::build() {
   std::vector<TensorSet> checkpoints(n_layers);  // on GPU
   std::vector<TensorSet> host_copies(n_layers);  // pinned host
   std::vector<SavedLayer> saved(n_layers);
-  auto gather_layer = [&](int l, std::vector<OpSet> deps) {
+  auto gather_layer = [&](int l, ListRef<OpSet> deps) {
+    if (!gather) {
+      return;  // no per-block parameter buffer
+    }
     const auto li = static_cast<std::size_t>(l);
     layer_params[li] = param_buffer(fmt::format("layer{}.params", l), p_layer);
-    gather_into(fmt::format("allgather.layer{}", l), p_layer, layer_params[li], std::move(deps));
+    gather_into(fmt::format("allgather.layer{}", l), p_layer, layer_params[li], deps);
   };
   gather_layer(0, {ag_emb});
   for (int l = 0; l < layers; ++l) {
@@ -503,7 +517,8 @@ void StepBuilder::build() {
     if (l > 0) {
       prefetch(l - 1, full_ac ? sv.first_op : OpSet{});
     }
-    TensorSet grads = grad_buffer(fmt::format("layer{}.grads", l), p_layer);
+    TensorSet grads =
+        zero >= 2 ? grad_buffer(fmt::format("layer{}.grads", l), p_layer) : TensorSet{};
     dy = layer_backward(sv, dy, layer_params[li], grads, full_ac && r_.checkpoint_reentrant);
     last_reduce = reduce_grads(fmt::format("reduce.layer{}", l), p_layer, grads, {});
   }

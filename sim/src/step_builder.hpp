@@ -66,27 +66,27 @@ class StepBuilder {
 
  private:
   // ---- op helpers ----
-  OpSet compute(const std::string& name,
+  // Ops are emitted through one reused OpSpec (spec_), whose vectors keep their capacity.
+  /// spec_ reset for the next op: `name` on `stream`, nothing attached.
+  OpSpec& next_spec(Name name, Stream stream, OpKind kind);
+  OpSet compute(Name name,
                 OpKind kind,
                 const KernelCost& k,
-                std::vector<TensorSet> inputs,
-                std::vector<TensorSet> outputs,
-                std::vector<OpSet> deps = {},
+                ListRef<TensorSet> inputs,
+                ListRef<TensorSet> outputs,
+                ListRef<OpSet> deps = {},
                 std::int64_t workspace = 0,
                 MemCategory ws_cat = MemCategory::kOther);
   /// All-to-all of `in` (per-rank send buffer `bytes` in activation dtype) over the Ulysses group;
-  /// returns `in` itself when the group has one rank.
-  TensorSet exchange(const std::string& name,
-                     TensorSet in,
-                     std::int64_t bytes,
-                     MemCategory cat,
-                     std::vector<OpSet> deps = {});
-  OpSet host_copy(const std::string& name,
+  /// returns `in` itself when the group has one rank. The output tensor has the op's name.
+  TensorSet exchange(
+      Name name, TensorSet in, std::int64_t bytes, MemCategory cat, ListRef<OpSet> deps = {});
+  OpSet host_copy(Name name,
                   bool to_device,
                   std::int64_t bytes,
                   TensorSet in,
                   TensorSet out,
-                  std::vector<OpSet> deps = {});
+                  ListRef<OpSet> deps = {});
   KernelCost gemm(std::int64_t m, std::int64_t n, std::int64_t k) const;
   KernelCost mem(std::int64_t bytes) const;
   static KernelCost times(KernelCost k, double factor);
@@ -103,11 +103,11 @@ class StepBuilder {
   OpSet gather_params(const std::string& name,
                       std::int64_t params,
                       TensorSet out,
-                      std::vector<OpSet> deps);
+                      ListRef<OpSet> deps);
   OpSet reduce_grads(const std::string& name,
                      std::int64_t params,
                      TensorSet grads,
-                     std::vector<OpSet> deps);
+                     ListRef<OpSet> deps);
 
   // ---- block ----
   SavedLayer layer_forward(TensorSet x, TensorSet params, bool grad);
@@ -184,6 +184,7 @@ class StepBuilder {
   std::int64_t nr_ = 0;  // tokens after the Ulysses all-to-all: N / ring
   std::int64_t ab_ = 2;  // activation bytes
   std::int64_t shards_ = 1, tile_ = 0;
+  OpSpec spec_;
 };
 
 }  // namespace cpsim::sim::detail

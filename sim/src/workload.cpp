@@ -72,7 +72,7 @@ const char* to_string(MemCategory c) {
   return "?";
 }
 
-std::int32_t Workload::intern(const std::string& name) {
+std::int32_t Workload::intern(std::string_view name) {
   std::int32_t id = -1;
   if (last_name_ >= 0) {
     const std::int32_t guess = next_name_[static_cast<std::size_t>(last_name_)];
@@ -82,9 +82,10 @@ std::int32_t Workload::intern(const std::string& name) {
     }
   }
   if (id < 0) {
-    auto [it, inserted] = name_index_.try_emplace(name, static_cast<std::int32_t>(names.size()));
-    if (inserted) {
-      names.push_back(name);
+    auto it = name_index_.find(name);
+    if (it == name_index_.end()) {
+      it = name_index_.emplace(std::string(name), static_cast<std::int32_t>(names.size())).first;
+      names.emplace_back(name);
       next_name_.push_back(-1);
     }
     id = it->second;

@@ -4,7 +4,9 @@
 /// the engine runs it.
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -120,10 +122,15 @@ struct Workload {
   std::vector<std::string> notes;           ///< modelling caveats to print with results
 
   /// Index of `name` in `names`, adding it on first use.
-  std::int32_t intern(const std::string& name);
+  std::int32_t intern(std::string_view name);
 
  private:
-  std::unordered_map<std::string, std::int32_t> name_index_;
+  /// Hashes std::string and std::string_view alike (lookups without a temporary string).
+  struct NameHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, std::int32_t, NameHash, std::equal_to<>> name_index_;
   // Builders ask for the same names in the same order in every layer: the name that followed a
   // name last time is tried first (one string comparison instead of a hash lookup).
   std::vector<std::int32_t> next_name_;
