@@ -163,19 +163,27 @@ CoreForward StepBuilder::ring_forward(
                             MemCategory::kAttention);
   TensorSet cur = kv_h;
   const auto steps = static_cast<int>(rg_);
+  // Per-step names, interned once per build (every layer asks for the same ones).
+  const std::int32_t series = b_.name_series("ring_forward" + tag);
+  auto ring_name = [&](int step, int slot, const auto& make) {
+    return b_.series_name(series, 3 * step + slot, make);
+  };
   for (int k = 0; k < steps; ++k) {
     TensorSet next;
     if (k + 1 < steps) {
-      next = b_.tensor(fmt::format("kv_block{}{}", k + 1, tag), kv_bytes, MemCategory::kAttention);
-      OpSpec& send =
-          next_spec(fmt::format("ring_send_kv{}{}", k, tag), Stream::kComm, OpKind::kElementwise);
+      next = b_.tensor(ring_name(k, 0, [&] { return fmt::format("kv_block{}{}", k + 1, tag); }),
+                       kv_bytes, MemCategory::kAttention);
+      OpSpec& send = next_spec(
+          Name::interned(ring_name(k, 1, [&] { return fmt::format("ring_send_kv{}{}", k, tag); })),
+          Stream::kComm, OpKind::kElementwise);
       send.inputs.push_back(cur);
       send.outputs.push_back(next);
       b_.collective(send, Group::kRing, models::Collective::kSendRecv, cost_,
                     kv_bytes / ab_ * r_.cp_comm_bytes);
     }
-    OpSpec& step = next_spec(fmt::format("ring_attn_fwd{}{}", k, tag), Stream::kCompute,
-                             OpKind::kAttentionFwd);
+    OpSpec& step = next_spec(
+        Name::interned(ring_name(k, 2, [&] { return fmt::format("ring_attn_fwd{}{}", k, tag); })),
+        Stream::kCompute, OpKind::kAttentionFwd);
     step.time_s_per_rank = ring_step_times(k, hq, false, &step.flops);
     step.inputs.push_back(q_h);
     step.inputs.push_back(cur);
@@ -214,20 +222,29 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
   TensorSet dkv = b_.tensor("ring_dkv_acc0" + tag, dkv_acc_bytes, MemCategory::kAttention);
   TensorSet cur = kv_h;
   const auto steps = static_cast<int>(rg_);
+  // Per-step names, interned once per build (every layer asks for the same ones).
+  const std::int32_t series = b_.name_series("ring_backward" + tag);
+  auto ring_name = [&](int step, int slot, const auto& make) {
+    return b_.series_name(series, 5 * step + slot, make);
+  };
   for (int k = 0; k < steps; ++k) {
     TensorSet next;
     if (k + 1 < steps) {
-      next = b_.tensor(fmt::format("kv_block{}(bwd){}", k + 1, tag), kv_bytes,
-                       MemCategory::kAttention);
-      OpSpec& send = next_spec(fmt::format("ring_send_kv{}(bwd){}", k, tag), Stream::kComm,
-                               OpKind::kElementwise);
+      next =
+          b_.tensor(ring_name(k, 0, [&] { return fmt::format("kv_block{}(bwd){}", k + 1, tag); }),
+                    kv_bytes, MemCategory::kAttention);
+      OpSpec& send =
+          next_spec(Name::interned(ring_name(
+                        k, 1, [&] { return fmt::format("ring_send_kv{}(bwd){}", k, tag); })),
+                    Stream::kComm, OpKind::kElementwise);
       send.inputs.push_back(cur);
       send.outputs.push_back(next);
       b_.collective(send, Group::kRing, models::Collective::kSendRecv, cost_,
                     kv_bytes / ab_ * r_.cp_comm_bytes);
     }
-    OpSpec& step = next_spec(fmt::format("ring_attn_bwd{}{}", k, tag), Stream::kCompute,
-                             OpKind::kAttentionBwd);
+    OpSpec& step = next_spec(
+        Name::interned(ring_name(k, 2, [&] { return fmt::format("ring_attn_bwd{}{}", k, tag); })),
+        Stream::kCompute, OpKind::kAttentionBwd);
     step.time_s_per_rank = ring_step_times(k, hq, true, &step.flops);
     step.inputs.assign({q_h, cur, o_h, lse, do_h});
     if (k == 0) {
@@ -241,10 +258,12 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
     step.workspace_category = MemCategory::kAttention;
     const OpSet computed = b_.op(step);
     // The dK/dV accumulator travels with its K/V block: one hop after every step brings it home.
-    TensorSet dkv_next = b_.tensor(fmt::format("ring_dkv_acc{}{}", k + 1, tag), dkv_acc_bytes,
-                                   MemCategory::kAttention);
-    OpSpec& send =
-        next_spec(fmt::format("ring_send_dkv{}{}", k, tag), Stream::kComm, OpKind::kElementwise);
+    TensorSet dkv_next =
+        b_.tensor(ring_name(k, 3, [&] { return fmt::format("ring_dkv_acc{}{}", k + 1, tag); }),
+                  dkv_acc_bytes, MemCategory::kAttention);
+    OpSpec& send = next_spec(
+        Name::interned(ring_name(k, 4, [&] { return fmt::format("ring_send_dkv{}{}", k, tag); })),
+        Stream::kComm, OpKind::kElementwise);
     send.inputs.push_back(dkv);
     send.outputs.push_back(dkv_next);
     send.deps.push_back(computed);

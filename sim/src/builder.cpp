@@ -46,13 +46,12 @@ TensorSet Builder::tensor(std::int32_t name_id,
 }
 
 std::int32_t Builder::name_series(const std::string& key) {
-  for (std::size_t i = 0; i < series_.size(); ++i) {
-    if (series_[i].first == key) {
-      return static_cast<std::int32_t>(i);
-    }
+  const auto [it, inserted] =
+      series_index_.try_emplace(key, static_cast<std::int32_t>(series_.size()));
+  if (inserted) {
+    series_.emplace_back(key, std::vector<std::int32_t>{});
   }
-  series_.emplace_back(key, std::vector<std::int32_t>{});
-  return static_cast<std::int32_t>(series_.size() - 1);
+  return it->second;
 }
 
 int Builder::group_size(Group g) const {

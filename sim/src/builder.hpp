@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -178,6 +179,7 @@ class Builder {
   /// dep_mark_[d] == op while op's dependency list holds d (de-duplication in O(1)).
   std::vector<OpId> dep_mark_;
   std::vector<std::pair<std::string, std::vector<std::int32_t>>> series_;
+  std::unordered_map<std::string, std::int32_t> series_index_;  ///< key -> index into series_
   /// The last collective costs asked for (a layer repeats the same few sizes).
   struct CostEntry {
     const CostModel* cost = nullptr;
