@@ -28,4 +28,22 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& op
   return e;
 }
 
+Evaluation evaluate(const sim::ScheduleInputs& inputs,
+                    const EvaluateOptions& options,
+                    EvaluationScratch& scratch) {
+  if (options.keep_trace) {
+    return evaluate(inputs, options);
+  }
+  sim::BuildOptions build;
+  build.all_ranks = options.all_ranks;
+  sim::build_step(inputs, scratch.workload, build);
+  if (options.verify_graph) {
+    sim::check_acyclic(scratch.workload);
+  }
+  const sim::SimResult result = scratch.simulator.run(scratch.workload, inputs.hardware, {});
+  Evaluation e;
+  e.report = sim::summarize(inputs, scratch.workload, result);
+  return e;
+}
+
 }  // namespace cpsim::planner

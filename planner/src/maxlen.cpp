@@ -134,7 +134,7 @@ class ProbeCache {
     if (slot.state == Slot::kEmpty) {
       slot.state = Slot::kRunning;
       lock.unlock();
-      Slot done = evaluate_at(k);
+      Slot done = evaluate_at(k, caller_scratch_);
       lock.lock();
       slot.probe = std::move(done.probe);
       slot.error = done.error;
@@ -172,12 +172,13 @@ class ProbeCache {
     std::exception_ptr error;
   };
 
-  Slot evaluate_at(std::int64_t k) const {
+  /// Evaluates k·step in `scratch` (the calling thread's).
+  Slot evaluate_at(std::int64_t k, EvaluationScratch& scratch) const {
     Slot s;
     sim::ScheduleInputs in = base_;
     in.parallel.seq_len = k * step_;
     try {
-      s.probe.report = evaluate(in).report;
+      s.probe.report = evaluate(in, {}, scratch).report;
       s.probe.fits = fits_with_margin(*s.probe.report, margin_);
     } catch (const InputError& e) {
       if (e.field() != "--seq") {
@@ -200,7 +201,7 @@ class ProbeCache {
       }
       const std::int64_t k = hinted_;
       lock.unlock();
-      Slot done = evaluate_at(k);
+      Slot done = evaluate_at(k, helper_scratch_);
       lock.lock();
       Slot& slot = slots_[k];
       slot.probe = std::move(done.probe);
@@ -220,7 +221,9 @@ class ProbeCache {
   std::int64_t hinted_ = 0;
   bool helper_busy_ = false;
   bool stop_ = false;
-  std::thread helper_;  // last: started once the members it uses exist
+  EvaluationScratch caller_scratch_;  // used by get(), on the search's thread only
+  EvaluationScratch helper_scratch_;  // used by the helper thread only
+  std::thread helper_;                // last: started once the members it uses exist
 };
 
 }  // namespace

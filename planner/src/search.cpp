@@ -289,11 +289,12 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   std::atomic<std::size_t> next{0};
   std::atomic<std::int64_t> simulations{0};
   auto worker = [&]() {
+    EvaluationScratch scratch;
     for (std::size_t k = next++; k < pending.size(); k = next++) {
       Candidate& c = cands[pending[k]];
       try {
         if (options.seq_len) {
-          c.report = evaluate(c.inputs).report;
+          c.report = evaluate(c.inputs, {}, scratch).report;
           c.fits = fits_with_margin(c.report, options.memory_margin_bytes);
           simulations += 1;
         } else {

@@ -86,10 +86,48 @@ struct Csr {
   }
 };
 
+}  // namespace
+
+/// The buffers of one run, kept by a Simulator from run to run (their capacity is reused; every
+/// run resets their contents in Engine::setup).
+struct Simulator::Scratch {
+  std::vector<Event> events;  // a binary heap ordered by EventLater (as std::priority_queue)
+  std::vector<Activity> activities;
+  std::vector<std::uint32_t> stamp;
+  std::vector<OpRuntime> op;
+  Csr dependents;
+  std::vector<std::int32_t> head;
+  std::vector<std::int32_t> first_member;
+  std::vector<std::int32_t> arrivals;
+  std::vector<std::int32_t> consumers_left;
+  std::vector<RankState> ranks;
+  std::vector<std::int32_t> queue_tail;
+  std::vector<std::int32_t> member_tail;
+};
+
+namespace {
+
 class Engine {
  public:
-  Engine(const Workload& w, const models::HardwareProfile& p, const SimOptions& o)
-      : w_(w), profile_(p), options_(o) {}
+  Engine(const Workload& w,
+         const models::HardwareProfile& p,
+         const SimOptions& o,
+         Simulator::Scratch& scratch)
+      : w_(w),
+        profile_(p),
+        options_(o),
+        events_(scratch.events),
+        activities_(scratch.activities),
+        stamp_(scratch.stamp),
+        op_(scratch.op),
+        dependents_(scratch.dependents),
+        head_(scratch.head),
+        first_member_(scratch.first_member),
+        arrivals_(scratch.arrivals),
+        consumers_left_(scratch.consumers_left),
+        ranks_(scratch.ranks),
+        queue_tail_(scratch.queue_tail),
+        member_tail_(scratch.member_tail) {}
   SimResult run();
 
  private:
@@ -120,18 +158,20 @@ class Engine {
 
   SimTime now_ = 0;
   std::int64_t seq_ = 0;
-  std::priority_queue<Event, std::vector<Event>, EventLater> events_;
-  std::vector<Activity> activities_;
-  std::vector<std::uint32_t> stamp_;
+  std::vector<Event>& events_;  // binary heap (std::push_heap / std::pop_heap with EventLater)
+  std::vector<Activity>& activities_;
+  std::vector<std::uint32_t>& stamp_;
   std::uint32_t stamp_now_ = 0;
-  std::vector<OpRuntime> op_;
-  std::size_t done_ = 0;            // ops ended
-  Csr dependents_;                  // op -> ops that depend on it, in program order
-  std::vector<std::int32_t> head_;  // (rank, stream) -> the op at the head of its queue, or kNone
-  std::vector<std::int32_t> first_member_;  // collective -> its first op (then next_member)
-  std::vector<std::int32_t> arrivals_;
-  std::vector<std::int32_t> consumers_left_;
-  std::vector<RankState> ranks_;
+  std::vector<OpRuntime>& op_;
+  std::size_t done_ = 0;             // ops ended
+  Csr& dependents_;                  // op -> ops that depend on it, in program order
+  std::vector<std::int32_t>& head_;  // (rank, stream) -> the op at the head of its queue, or kNone
+  std::vector<std::int32_t>& first_member_;  // collective -> its first op (then next_member)
+  std::vector<std::int32_t>& arrivals_;
+  std::vector<std::int32_t>& consumers_left_;
+  std::vector<RankState>& ranks_;
+  std::vector<std::int32_t>& queue_tail_;   // setup: the last op of each queue so far
+  std::vector<std::int32_t>& member_tail_;  // setup: the last op of each collective so far
   SimResult result_;
 };
 
@@ -191,7 +231,8 @@ void Engine::refresh(std::int32_t a) {
   act.rate = rate;
   ++act.version;
   const SimTime dt = static_cast<SimTime>(std::ceil(act.remaining / rate - 1e-6));
-  events_.push({now_ + std::max<SimTime>(0, dt), seq_++, a, act.version});
+  events_.push_back({now_ + std::max<SimTime>(0, dt), seq_++, a, act.version});
+  std::push_heap(events_.begin(), events_.end(), EventLater{});
 }
 
 // One rank: its compute, copy and collective activities are distinct, so each is refreshed once
@@ -419,7 +460,10 @@ void Engine::setup() {
   const auto n_ranks = static_cast<std::size_t>(w_.ranks);
   const std::size_t n_queues = n_ranks * kStreamCount;
   const std::size_t n_coll = w_.collectives.size();
-  op_.resize(n_ops);
+  events_.clear();
+  activities_.clear();
+  stamp_.clear();
+  op_.assign(n_ops, {});
   arrivals_.assign(n_coll, 0);
   ranks_.assign(n_ranks, {});
   result_.memory.assign(n_ranks, {});
@@ -430,8 +474,10 @@ void Engine::setup() {
   dependents_.begin.assign(n_ops + 1, 0);
   head_.assign(n_queues, kNone);
   first_member_.assign(n_coll, kNone);
-  std::vector<std::int32_t> queue_tail(n_queues, kNone);
-  std::vector<std::int32_t> member_tail(n_coll, kNone);
+  std::vector<std::int32_t>& queue_tail = queue_tail_;
+  std::vector<std::int32_t>& member_tail = member_tail_;
+  queue_tail.assign(n_queues, kNone);
+  member_tail.assign(n_coll, kNone);
   const std::int32_t* edges = w_.edges.data();
   for (std::size_t i = 0; i < n_ops; ++i) {
     const Op& o = w_.ops[i];
@@ -491,8 +537,9 @@ SimResult Engine::run() {
   }
   std::int64_t events = 0;
   while (!events_.empty()) {
-    const Event e = events_.top();
-    events_.pop();
+    std::pop_heap(events_.begin(), events_.end(), EventLater{});
+    const Event e = events_.back();
+    events_.pop_back();
     ++events;
     const Activity& act = activities_[idx(e.activity)];
     if (!act.active || act.version != e.version) {
@@ -523,11 +570,22 @@ SimResult Engine::run() {
 
 }  // namespace
 
+Simulator::Simulator() : scratch_(std::make_unique<Scratch>()) {}
+Simulator::~Simulator() = default;
+Simulator::Simulator(Simulator&&) noexcept = default;
+Simulator& Simulator::operator=(Simulator&&) noexcept = default;
+
+SimResult Simulator::run(const Workload& workload,
+                         const models::HardwareProfile& profile,
+                         const SimOptions& options) {
+  Engine engine(workload, profile, options, *scratch_);
+  return engine.run();
+}
+
 SimResult simulate(const Workload& workload,
                    const models::HardwareProfile& profile,
                    const SimOptions& options) {
-  Engine engine(workload, profile, options);
-  return engine.run();
+  return Simulator().run(workload, profile, options);
 }
 
 }  // namespace cpsim::sim

@@ -323,16 +323,21 @@ bool has_representative_rank(const ScheduleInputs& inputs) {
 }
 
 Workload build_step(const ScheduleInputs& inputs, const BuildOptions& options) {
+  Workload w;
+  build_step(inputs, w, options);
+  return w;
+}
+
+void build_step(const ScheduleInputs& inputs, Workload& into, const BuildOptions& options) {
   inputs.model.validate();
   inputs.recipe.validate();
   (void)derive_head_layout(inputs);
   // One representative rank unless asked otherwise: exact without a ring; with a ring each step
   // takes its slowest position's time (see attention_core.cpp).
   const bool fast = !options.all_ranks;
-  Workload w;
-  detail::StepBuilder builder(inputs, w, fast ? 1 : inputs.parallel.gpus);
+  into.clear();
+  detail::StepBuilder builder(inputs, into, fast ? 1 : inputs.parallel.gpus);
   builder.build();
-  return w;
 }
 
 }  // namespace cpsim::sim

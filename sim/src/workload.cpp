@@ -72,6 +72,22 @@ const char* to_string(MemCategory c) {
   return "?";
 }
 
+void Workload::clear() {
+  ranks = 0;
+  represented_ranks = 0;
+  gpus_per_node = 8;
+  ops.clear();
+  tensors.clear();
+  collectives.clear();
+  edges.clear();
+  names.clear();
+  static_memory.clear();
+  notes.clear();
+  name_index_.clear();
+  next_name_.clear();
+  last_name_ = -1;
+}
+
 std::int32_t Workload::intern(std::string_view name) {
   std::int32_t id = -1;
   if (last_name_ >= 0) {

@@ -31,4 +31,16 @@ struct Evaluation {
 /// @throws InputError for invalid configurations (naming the flag).
 Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& options = {});
 
+/// Buffers that evaluate() reuses from call to call: one per thread of a search.
+struct EvaluationScratch {
+  sim::Workload workload;
+  sim::Simulator simulator;
+};
+
+/// The same, building and simulating in `scratch` (the result does not depend on what `scratch`
+/// held before). With keep_trace the workload is not reused (the Evaluation owns it).
+Evaluation evaluate(const sim::ScheduleInputs& inputs,
+                    const EvaluateOptions& options,
+                    EvaluationScratch& scratch);
+
 }  // namespace cpsim::planner

@@ -19,6 +19,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,25 @@ struct SimResult {
 SimResult simulate(const Workload& workload,
                    const models::HardwareProfile& profile,
                    const SimOptions& options = {});
+
+/// The same with buffers kept from run to run: evaluations in a loop (one Simulator per thread)
+/// reuse their capacity instead of allocating and faulting in fresh memory every time.
+class Simulator {
+ public:
+  Simulator();
+  ~Simulator();
+  Simulator(Simulator&&) noexcept;
+  Simulator& operator=(Simulator&&) noexcept;
+  /// As simulate().
+  SimResult run(const Workload& workload,
+                const models::HardwareProfile& profile,
+                const SimOptions& options = {});
+
+  struct Scratch;
+
+ private:
+  std::unique_ptr<Scratch> scratch_;
+};
 
 /// Checks that the op graph (deps, stream order, collective rendezvous) is acyclic, with
 /// Boost.Graph's topological sort. @throws std::logic_error naming an op on a cycle.

@@ -93,5 +93,8 @@ bool has_representative_rank(const ScheduleInputs& inputs);
 
 /// Builds the step. @throws InputError for invalid combinations (see derive_head_layout).
 Workload build_step(const ScheduleInputs& inputs, const BuildOptions& options = {});
+/// The same into `into`, emptied first (Workload::clear): a loop of evaluations reuses one
+/// workload's capacity. `into` is unspecified if this throws.
+void build_step(const ScheduleInputs& inputs, Workload& into, const BuildOptions& options = {});
 
 }  // namespace cpsim::sim

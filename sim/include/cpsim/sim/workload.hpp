@@ -121,6 +121,8 @@ struct Workload {
   std::vector<StaticMemory> static_memory;  ///< per rank
   std::vector<std::string> notes;           ///< modelling caveats to print with results
 
+  /// Empties the workload, keeping the capacity of its vectors (a builder refills it).
+  void clear();
   /// Index of `name` in `names`, adding it on first use.
   std::int32_t intern(std::string_view name);
 
