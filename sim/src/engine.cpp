@@ -116,18 +116,36 @@ class Engine {
       : w_(w),
         profile_(p),
         options_(o),
-        events_(scratch.events),
-        activities_(scratch.activities),
-        stamp_(scratch.stamp),
-        op_(scratch.op),
-        dependents_(scratch.dependents),
-        head_(scratch.head),
-        first_member_(scratch.first_member),
-        arrivals_(scratch.arrivals),
-        consumers_left_(scratch.consumers_left),
-        ranks_(scratch.ranks),
-        queue_tail_(scratch.queue_tail),
-        member_tail_(scratch.member_tail) {}
+        scratch_(scratch),
+        events_(std::move(scratch.events)),
+        activities_(std::move(scratch.activities)),
+        stamp_(std::move(scratch.stamp)),
+        op_(std::move(scratch.op)),
+        dependents_(std::move(scratch.dependents)),
+        head_(std::move(scratch.head)),
+        first_member_(std::move(scratch.first_member)),
+        arrivals_(std::move(scratch.arrivals)),
+        consumers_left_(std::move(scratch.consumers_left)),
+        ranks_(std::move(scratch.ranks)),
+        queue_tail_(std::move(scratch.queue_tail)),
+        member_tail_(std::move(scratch.member_tail)) {}
+  // The buffers go back to the Simulator (with their capacity) however the run ends.
+  ~Engine() {
+    scratch_.events = std::move(events_);
+    scratch_.activities = std::move(activities_);
+    scratch_.stamp = std::move(stamp_);
+    scratch_.op = std::move(op_);
+    scratch_.dependents = std::move(dependents_);
+    scratch_.head = std::move(head_);
+    scratch_.first_member = std::move(first_member_);
+    scratch_.arrivals = std::move(arrivals_);
+    scratch_.consumers_left = std::move(consumers_left_);
+    scratch_.ranks = std::move(ranks_);
+    scratch_.queue_tail = std::move(queue_tail_);
+    scratch_.member_tail = std::move(member_tail_);
+  }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
   SimResult run();
 
  private:
@@ -158,20 +176,21 @@ class Engine {
 
   SimTime now_ = 0;
   std::int64_t seq_ = 0;
-  std::vector<Event>& events_;  // binary heap (std::push_heap / std::pop_heap with EventLater)
-  std::vector<Activity>& activities_;
-  std::vector<std::uint32_t>& stamp_;
+  Simulator::Scratch& scratch_;  // where the buffers come from and go back to
+  std::vector<Event> events_;    // binary heap (std::push_heap / std::pop_heap with EventLater)
+  std::vector<Activity> activities_;
+  std::vector<std::uint32_t> stamp_;
   std::uint32_t stamp_now_ = 0;
-  std::vector<OpRuntime>& op_;
-  std::size_t done_ = 0;             // ops ended
-  Csr& dependents_;                  // op -> ops that depend on it, in program order
-  std::vector<std::int32_t>& head_;  // (rank, stream) -> the op at the head of its queue, or kNone
-  std::vector<std::int32_t>& first_member_;  // collective -> its first op (then next_member)
-  std::vector<std::int32_t>& arrivals_;
-  std::vector<std::int32_t>& consumers_left_;
-  std::vector<RankState>& ranks_;
-  std::vector<std::int32_t>& queue_tail_;   // setup: the last op of each queue so far
-  std::vector<std::int32_t>& member_tail_;  // setup: the last op of each collective so far
+  std::vector<OpRuntime> op_;
+  std::size_t done_ = 0;            // ops ended
+  Csr dependents_;                  // op -> ops that depend on it, in program order
+  std::vector<std::int32_t> head_;  // (rank, stream) -> the op at the head of its queue, or kNone
+  std::vector<std::int32_t> first_member_;  // collective -> its first op (then next_member)
+  std::vector<std::int32_t> arrivals_;
+  std::vector<std::int32_t> consumers_left_;
+  std::vector<RankState> ranks_;
+  std::vector<std::int32_t> queue_tail_;   // setup: the last op of each queue so far
+  std::vector<std::int32_t> member_tail_;  // setup: the last op of each collective so far
   SimResult result_;
 };
 
