@@ -139,6 +139,8 @@ const Builder::Groups& Builder::groups(Group g) {
       for (std::int32_t m : gs.members.back()) {
         gs.of_rank[static_cast<std::size_t>(m)] = index;
       }
+      gs.ids.push_back(static_cast<std::int32_t>(w_.groups.size()));
+      w_.groups.push_back(gs.members.back());
     }
   }
   return gs;
@@ -243,7 +245,7 @@ OpSet Builder::collective(const OpSpec& spec,
   const OpSet set = emit(spec, OpKind::kCollective, &time_s);
   // One collective per distinct group, numbered in order of each group's lowest rank.
   const auto first = static_cast<CollectiveId>(w_.collectives.size());
-  for (const std::vector<std::int32_t>& members : gs.members) {
+  for (const std::int32_t group_id : gs.ids) {
     Collective col;
     col.kind = kind;
     col.span = gs.span;
@@ -251,8 +253,8 @@ OpSet Builder::collective(const OpSpec& spec,
     col.wire_bytes = c.wire_bytes;
     col.alpha_s = c.alpha_s;
     col.nominal_bytes_per_s = c.nominal_bytes_per_s;
-    col.members = members;
-    w_.collectives.push_back(std::move(col));
+    col.group = group_id;
+    w_.collectives.push_back(col);
   }
   for (int r = 0; r < sim_ranks_; ++r) {
     w_.ops[static_cast<std::size_t>(set.base + r)].collective =

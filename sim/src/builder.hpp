@@ -161,6 +161,7 @@ class Builder {
     bool ready = false;
     models::Span span = models::Span::kIntraNode;
     std::vector<std::vector<std::int32_t>> members;
+    std::vector<std::int32_t> ids;  ///< each group's index into Workload::groups
     std::vector<std::int32_t> of_rank;
   };
   const Groups& groups(Group g);

@@ -227,7 +227,7 @@ double Engine::rate_of(const Activity& act) const {
       const Collective& c = w_.collectives[idx(act.id)];
       const int span = span_index(c.span);
       int worst = 1;
-      for (std::int32_t m : c.members) {
+      for (std::int32_t m : w_.members(c)) {
         worst = std::max(worst, ranks_[idx(m)].link[static_cast<std::size_t>(span)]);
       }
       return c.nominal_bytes_per_s * 1e-9 / worst;
@@ -351,20 +351,20 @@ void Engine::try_start(std::int32_t rank, Stream stream) {
   if (o.collective != kNone) {
     rt.state = OpState::kArrived;
     const Collective& c = w_.collectives[idx(o.collective)];
-    if (++arrivals_[idx(o.collective)] < static_cast<std::int32_t>(c.members.size())) {
+    if (++arrivals_[idx(o.collective)] < static_cast<std::int32_t>(w_.members(c).size())) {
       return;
     }
     const double work = static_cast<double>(c.wire_bytes) + c.alpha_s * c.nominal_bytes_per_s;
     const std::int32_t a = new_activity(ActivityKind::kCollective, o.collective, o.rank, work);
     const auto span = static_cast<std::size_t>(span_index(c.span));
-    for (std::int32_t m : c.members) {
+    for (std::int32_t m : w_.members(c)) {
       ranks_[idx(m)].link[span] += 1;
       ranks_[idx(m)].collectives.push_back(a);
     }
     for (OpId m = first_member_[idx(o.collective)]; m != kNone; m = op_[idx(m)].next_member) {
       begin_op(m);
     }
-    refresh_ranks(c.members);
+    refresh_ranks(w_.members(c));
     return;
   }
   begin_op(op);
@@ -445,11 +445,11 @@ void Engine::finish_activity(std::int32_t a) {
   if (act.kind == ActivityKind::kCollective) {
     const Collective& c = w_.collectives[idx(act.id)];
     const auto span = static_cast<std::size_t>(span_index(c.span));
-    for (std::int32_t m : c.members) {
+    for (std::int32_t m : w_.members(c)) {
       ranks_[idx(m)].link[span] -= 1;
       erase_value(ranks_[idx(m)].collectives, a);
     }
-    refresh_ranks(c.members);
+    refresh_ranks(w_.members(c));
     for (OpId m = first_member_[idx(act.id)]; m != kNone;) {
       const OpId next = op_[idx(m)].next_member;
       finish_op(m);

@@ -58,7 +58,7 @@ void write_chrome_trace(const Workload& w, const SimResult& r, std::ostream& out
       args["collective"] = models::to_string(c.kind);
       args["size_bytes"] = c.size_bytes;
       args["wire_bytes"] = c.wire_bytes;
-      args["group_size"] = c.members.size();
+      args["group_size"] = w.members(c).size();
     }
     if (o.transfer_bytes > 0)
       args["bytes"] = o.transfer_bytes;

@@ -80,6 +80,7 @@ void Workload::clear() {
   tensors.clear();
   collectives.clear();
   edges.clear();
+  groups.clear();
   names.clear();
   static_memory.clear();
   notes.clear();

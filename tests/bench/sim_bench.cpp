@@ -27,7 +27,10 @@ sim::Workload synthetic_workload(int ops_per_rank) {
     sim::CollectiveId cid = sim::kNone;
     if (coll) {
       sim::Collective c;
-      c.members = {0, 1, 2, 3, 4, 5, 6, 7};
+      if (w.groups.empty()) {
+        w.groups.push_back({0, 1, 2, 3, 4, 5, 6, 7});
+      }
+      c.group = 0;
       c.size_bytes = 64 << 20;
       c.wire_bytes = (64 << 20) / 8 * 7;
       c.alpha_s = 15e-6;

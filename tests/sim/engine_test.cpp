@@ -68,7 +68,8 @@ struct G {
                           double bytes_per_s,
                           double alpha_s = 0.0) {
     Collective c;
-    c.members = std::move(members);
+    c.group = static_cast<std::int32_t>(w.groups.size());
+    w.groups.push_back(std::move(members));
     c.wire_bytes = wire;
     c.size_bytes = wire;
     c.nominal_bytes_per_s = bytes_per_s;

@@ -58,7 +58,7 @@ TEST(Ring, PerStepTransferBytes) {
     EXPECT_EQ(c->kind, models::Collective::kSendRecv);
     EXPECT_EQ(c->size_bytes, block);
     EXPECT_EQ(c->wire_bytes, block);
-    EXPECT_EQ(c->members.size(), 8U);
+    EXPECT_EQ(w.members(*c).size(), 8U);
   }
   // Backward: K/V again (7 hops) and the fp32 dK/dV accumulator (8 hops, back to its owner).
   EXPECT_EQ(collectives(w, 2, Phase::kBackward, "ring_send_kv").size(), 7U);
@@ -211,9 +211,9 @@ TEST(Usp, GroupMembershipAndLinks) {
   }
   ASSERT_NE(a2a, nullptr);
   ASSERT_NE(send, nullptr);
-  EXPECT_EQ(a2a->members, (std::vector<std::int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(w.members(*a2a), (std::vector<std::int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
   EXPECT_EQ(a2a->span, models::Span::kIntraNode);
-  EXPECT_EQ(send->members, (std::vector<std::int32_t>{3, 11}));
+  EXPECT_EQ(w.members(*send), (std::vector<std::int32_t>{3, 11}));
   EXPECT_EQ(send->span, models::Span::kInterNode);
   // Per rank: the Q all-to-all sends s·H·d·2 (s = N/16), 7/8 of it over NVLink; each ring step
   // sends the K/V block of N/2 tokens with one KV head: (N/2)·2·1·128·2 over the NIC.

@@ -96,11 +96,11 @@ struct Op {
 struct Collective {
   models::Collective kind = models::Collective::kAllToAll;
   models::Span span = models::Span::kIntraNode;
-  std::vector<std::int32_t> members;  ///< ranks
-  std::int64_t size_bytes = 0;        ///< nccl-tests size S (per-rank total buffer)
-  std::int64_t wire_bytes = 0;        ///< bytes each member sends over its link
-  double alpha_s = 0.0;               ///< latency incl. launch
-  double nominal_bytes_per_s = 0.0;   ///< peak busbw × efficiency(S)
+  std::int32_t group = kNone;        ///< its member ranks: Workload::groups[group]
+  std::int64_t size_bytes = 0;       ///< nccl-tests size S (per-rank total buffer)
+  std::int64_t wire_bytes = 0;       ///< bytes each member sends over its link
+  double alpha_s = 0.0;              ///< latency incl. launch
+  double nominal_bytes_per_s = 0.0;  ///< peak busbw × efficiency(S)
 };
 
 /// Fixed per-rank memory outside the op graph.
@@ -117,10 +117,16 @@ struct Workload {
   std::vector<Tensor> tensors;
   std::vector<Collective> collectives;
   std::vector<std::int32_t> edges;  ///< deps (OpId), inputs/outputs (TensorId), by range
+  /// Member ranks of the groups collectives run over (shared by every call over one group).
+  std::vector<std::vector<std::int32_t>> groups;
   std::vector<std::string> names;
   std::vector<StaticMemory> static_memory;  ///< per rank
   std::vector<std::string> notes;           ///< modelling caveats to print with results
 
+  /// The member ranks of collective `c`, in rank order.
+  const std::vector<std::int32_t>& members(const Collective& c) const {
+    return groups[static_cast<std::size_t>(c.group)];
+  }
   /// Empties the workload, keeping the capacity of its vectors (a builder refills it).
   void clear();
   /// Index of `name` in `names`, adding it on first use.
