@@ -47,6 +47,39 @@ bool fits_at(sim::ScheduleInputs in, std::int64_t n) {
   return fits_with_margin(evaluate(in).report, 0);
 }
 
+// One scratch reused across evaluations of different sizes and methods (the larger first, so that
+// every buffer holds stale contents) gives what fresh evaluations give, field by field.
+TEST(EvaluationScratch, ReuseMatchesFreshEvaluations) {
+  std::vector<sim::ScheduleInputs> configs;
+  for (const CpMethod m : {CpMethod::kUPipe, CpMethod::kUlysses, CpMethod::kFpdt, CpMethod::kRing,
+                           CpMethod::kAllGather, CpMethod::kUsp, CpMethod::kUPipe}) {
+    sim::ScheduleInputs in = small(m, m == CpMethod::kUsp ? 16 : 8);
+    if (m == CpMethod::kUsp) {
+      in.parallel.ring_degree = 2;
+    }
+    in.parallel.seq_len = (m == CpMethod::kUPipe ? 64 : 32) * 1024;
+    configs.push_back(in);
+  }
+  configs.back().recipe.checkpointing = models::CheckpointMode::kSelective;
+  EvaluationScratch scratch;
+  for (const sim::ScheduleInputs& in : configs) {
+    const sim::StepReport fresh = evaluate(in).report;
+    const sim::StepReport reused = evaluate(in, {}, scratch).report;
+    SCOPED_TRACE(models::to_string(in.parallel.method));
+    EXPECT_EQ(reused.step_time_s, fresh.step_time_s);
+    EXPECT_EQ(reused.stream_busy_s, fresh.stream_busy_s);
+    EXPECT_EQ(reused.exposed_comm_s, fresh.exposed_comm_s);
+    EXPECT_EQ(reused.peak_memory_bytes, fresh.peak_memory_bytes);
+    EXPECT_EQ(reused.peak_op, fresh.peak_op);
+    EXPECT_EQ(reused.breakdown_at_peak, fresh.breakdown_at_peak);
+    EXPECT_EQ(reused.category_peak, fresh.category_peak);
+    EXPECT_EQ(reused.host_memory_bytes, fresh.host_memory_bytes);
+    EXPECT_EQ(reused.ops, fresh.ops);
+    EXPECT_EQ(reused.events, fresh.events);
+    EXPECT_EQ(reused.notes, fresh.notes);
+  }
+}
+
 TEST(MaxLen, MatchesBruteForceForEveryMethod) {
   for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kUPipe, CpMethod::kRing,
                            CpMethod::kAllGather, CpMethod::kFpdt, CpMethod::kUsp}) {
