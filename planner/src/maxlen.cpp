@@ -1,6 +1,7 @@
 #include "cpsim/planner/maxlen.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <exception>
 #include <map>
@@ -258,46 +259,85 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
     return cache.get(k);
   };
   // Speculation (threads > 1): while the search evaluates a length, the helper evaluates the one
-  // it will ask for next on a guessed outcome. next_after(l, h): the next length asked for once
-  // l fits and h does not.
+  // it will likely ask for next.
   auto hint = [&](std::int64_t k) {
     if (k >= 1 && k <= k_max) {
       cache.hint(k);
     }
   };
-  auto next_after = [&](std::int64_t l, std::int64_t h) {
-    return h - l > 1 ? l + (h - l) / 2 : (h + 1 <= k_max ? h + 1 : l - 1);
+
+  // Memory pressure of a probe: peak over the usable capacity of whichever memory binds (GPU or
+  // host), 1 at the limit. Absent when a probe cannot guide interpolation (a refused length, a
+  // kernel limit).
+  auto pressure = [&](const Probe& p) -> std::optional<double> {
+    if (!p.report || !p.report->fits_kernels) {
+      return std::nullopt;
+    }
+    const sim::StepReport& r = *p.report;
+    const double usable = static_cast<double>(r.gpu_capacity_bytes - options.memory_margin_bytes);
+    double x = usable > 0 ? static_cast<double>(r.peak_memory_bytes) / usable : 2.0;
+    if (r.host_capacity_bytes > 0) {
+      x = std::max(
+          x, static_cast<double>(r.host_memory_bytes) / static_cast<double>(r.host_capacity_bytes));
+    }
+    return x;
   };
 
-  std::int64_t lo = 0;  // largest k known to fit (0: none)
-  std::int64_t hi = 1;  // a k known to fail once found
-  // Galloping: 1, 2, 4, ... until a failure. Guess: this one fails (the doubling that follows
-  // would keep the helper busy twice as long).
-  for (;;) {
-    if (hi > k_max) {
-      break;
-    }
-    hint(hi == 1 ? 2 : next_after(hi / 2, hi));
-    if (!probe(hi).fits) {
-      break;
-    }
-    lo = hi;
-    hi *= 2;
-  }
-  hi = std::min(hi, k_max + 1);
-  // Binary search in (lo, hi). Guess: the outcome of the last probe repeats.
-  bool last_fit = false;
-  for (;;) {
-    while (hi - lo > 1) {
-      const std::int64_t mid = lo + (hi - lo) / 2;
-      hint(last_fit ? next_after(mid, hi) : next_after(lo, mid));
-      last_fit = probe(mid).fits;
-      if (last_fit) {
-        lo = mid;
-      } else {
-        hi = mid;
+  std::int64_t lo = 0;          // largest k known to fit (0: none)
+  std::int64_t hi = k_max + 1;  // smallest k known to fail (k_max + 1: none yet)
+  // Narrowing (lo, hi) to adjacent lengths. Memory grows about linearly with the length, so the
+  // next length is where the line through the last two probes reaches the limit (secant); when
+  // that does not at least halve the interval twice running, or no line is available, the step
+  // doubles (no failure yet) or bisects. Only probes decide lo and hi, so the result is the one a
+  // bisection finds whenever memory is monotone in the length; only the probes asked differ.
+  struct Point {
+    std::int64_t k;
+    double pressure;
+  };
+  std::vector<Point> points;
+  int slow_steps = 0;
+  auto next_k = [&]() -> std::int64_t {
+    std::int64_t k = 0;
+    const bool line = points.size() >= 2 && slow_steps < 2;
+    if (line) {
+      const Point& a = points[points.size() - 2];
+      const Point& b = points.back();
+      const double slope = (b.pressure - a.pressure) / static_cast<double>(b.k - a.k);
+      if (slope > 0.0) {
+        const double at_limit = static_cast<double>(b.k) + (1.0 - b.pressure) / slope;
+        k = static_cast<std::int64_t>(
+            std::floor(std::min(at_limit, static_cast<double>(k_max + 1))));
       }
     }
+    if (k <= lo || k >= hi) {
+      k = k <= lo && line ? lo + 1
+                          : (hi > k_max ? std::max<std::int64_t>(1, 2 * lo) : lo + (hi - lo) / 2);
+    }
+    if (hi > k_max) {
+      k = std::min(k, std::max<std::int64_t>(1, 8 * lo));  // no failure yet: bound the leap
+    }
+    return std::clamp<std::int64_t>(k, lo + 1, std::min(hi - 1, k_max));
+  };
+  auto narrow = [&]() {
+    while (hi - lo > 1 && lo < k_max) {
+      const std::int64_t k = next_k();
+      hint(k + 1 < hi ? k + 1 : k - 1);  // guess: k fits, and the next length asked is k + 1
+      const std::int64_t width = hi > k_max ? 0 : hi - lo;  // 0: no failure bracketed yet
+      const Probe& p = probe(k);
+      if (const std::optional<double> x = pressure(p)) {
+        points.push_back({k, *x});
+      }
+      if (p.fits) {
+        lo = k;
+      } else {
+        hi = k;
+      }
+      slow_steps = width > 0 && 2 * (hi - lo) > width ? slow_steps + 1 : 0;
+    }
+    hi = std::min(hi, k_max + 1);
+  };
+  for (;;) {
+    narrow();
     // Neighbours: memory is not always monotone in the length (tile counts, loss chunks). One
     // step past the first failure must fail too; otherwise continue the search from there.
     if (lo >= 2) {
@@ -315,7 +355,6 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
         stride *= 2;
       }
       hi = std::min(lo + stride, k_max + 1);
-      last_fit = false;
       continue;
     }
     break;

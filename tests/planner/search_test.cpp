@@ -99,6 +99,10 @@ TEST(MaxLen, MatchesBruteForceForEveryMethod) {
     }
     EXPECT_EQ(r.max_seq_len, brute);
     EXPECT_TRUE(r.monotone);
+    // Memory is close to linear in the length: the secant search lands next to the limit in a few
+    // probes (1, 2, a leap of at most 8×, the line's prediction, its neighbours), where doubling
+    // and bisection need about 2·log2(max / step).
+    EXPECT_LE(r.evaluations, 9) << r.max_seq_len / r.step << " steps";
     // The binding constraint is what fails one step above.
     sim::ScheduleInputs above = in;
     above.parallel.seq_len = r.max_seq_len + r.step;

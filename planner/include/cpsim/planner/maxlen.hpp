@@ -1,6 +1,8 @@
 #pragma once
-/// @file The longest sequence a configuration can train: galloping then binary search over
-/// multiples of a granularity, with a check of the neighbours for non-monotone memory.
+/// @file The longest sequence a configuration can train, over multiples of a granularity: a secant
+/// search on memory pressure (peak / usable capacity, about linear in the length) with doubling and
+/// bisection as fallbacks, then a check of the neighbours for non-monotone memory. When memory is
+/// not monotone, the answer is the first fit/fail boundary the search meets (others may exist).
 
 #include <cstdint>
 #include <string>
