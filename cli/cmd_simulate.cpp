@@ -20,6 +20,29 @@ namespace {
 
 constexpr int kSimulateSchemaVersion = 1;
 
+// The attention kernel comes from --attention-kernel or, without the flag, from the recipe. A
+// profile without curves for it (FlashAttention-3 on a pre-Hopper GPU, say) is an input error that
+// names where the kernel came from, before anything is built.
+void check_attention_kernel(const models::HardwareProfile& hw,
+                            const models::TrainingRecipe& r,
+                            bool from_flag) {
+  if (hw.attention_kernels.count(r.attention_kernel) != 0) {
+    return;
+  }
+  if (from_flag) {
+    (void)hw.attention_kernel(r.attention_kernel);  // throws, naming --attention-kernel
+  }
+  std::string known;
+  for (const auto& [name, model] : hw.attention_kernels) {
+    known += known.empty() ? name : ", " + name;
+  }
+  throw InputError(
+      "recipe.attention_kernel",
+      fmt::format("recipe '{}' uses attention kernel '{}', for which hardware profile "
+                  "'{}' has no curves (it has: {}); choose one with --attention-kernel",
+                  r.name, r.attention_kernel, hw.name, known));
+}
+
 }  // namespace
 
 sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
@@ -70,7 +93,7 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   if (!a.attention_kernel.empty()) {
     r.attention_kernel = a.attention_kernel;
   }
-  (void)in.hardware.attention_kernel(r.attention_kernel);  // names the flag if unknown
+  check_attention_kernel(in.hardware, r, !a.attention_kernel.empty());
 
   if (a.zero >= 0) {
     if (a.zero > 3) {

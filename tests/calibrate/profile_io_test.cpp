@@ -74,7 +74,14 @@ TEST_P(ProfileRoundTrip, WriteThenParseGivesTheSameProfile) {
   EXPECT_EQ(write_hardware_profile(back), text);
 }
 
-INSTANTIATE_TEST_SUITE_P(BuiltIn, ProfileRoundTrip, ::testing::Values("h100-sxm-80g", "h200-141g"));
+INSTANTIATE_TEST_SUITE_P(BuiltIn,
+                         ProfileRoundTrip,
+                         ::testing::Values("h100-sxm-80g",
+                                           "h200-141g",
+                                           "a100-sxm-40g",
+                                           "a100-sxm-80g",
+                                           "a800-sxm-80g",
+                                           "b200"));
 
 TEST(ProfileWriter, KeepsTheSchemaAndLayoutOfTheDataFiles) {
   const models::HardwareProfile p = models::load_hardware("h100-sxm-80g", kData);

@@ -561,6 +561,9 @@ TEST_F(CliTest, HardwareListsAndShowsProfiles) {
   ASSERT_EQ(list.exit_code, 0) << list.err;
   EXPECT_THAT(list.out, HasSubstr("h100-sxm-80g"));
   EXPECT_THAT(list.out, HasSubstr("h200-141g"));
+  for (const char* name : {"a100-sxm-40g", "a100-sxm-80g", "a800-sxm-80g", "b200"}) {
+    EXPECT_THAT(list.out, HasSubstr(name));
+  }
 
   const RunResult show = run({"hardware", "h100-sxm-80g"});
   ASSERT_EQ(show.exit_code, 0) << show.err;
@@ -739,7 +742,7 @@ TEST_F(CliTest, ValidateReportsEveryCase) {
        {"alst-llama8b-1xh100-maxlen", "alst-llama8b-8xh100-maxlen", "alst-llama8b-1xh200-liger",
         "alst-llama8b-1xh200-offload", "alst-llama8b-1xh200-tiled", "alst-qwen32b-16xh100-maxlen",
         "alst-llama8b-8xh100-tiled-sdpa", "hf-qwen3-4b-sp4-32k-peak", "hf-qwen3-4b-sp4-96k-peak",
-        "hf-qwen3-4b-1gpu-8k-peak"}) {
+        "hf-qwen3-4b-1gpu-8k-peak", "fpdt-llama8b-4xa100-maxlen"}) {
     const RunResult one = run({"validate", "--case", id});
     EXPECT_EQ(one.exit_code, 0) << id << "\n" << one.out;
   }
