@@ -40,8 +40,8 @@ const char* launchers_for(models::CpMethod m) {
 }
 
 nlohmann::json candidate_json(const planner::Candidate& c, bool max_context) {
-  const auto& p = c.inputs.parallel;
-  const auto& r = c.inputs.recipe;
+  const auto& p = c.parallel;
+  const auto& r = c.recipe;
   nlohmann::json j = {
       {"label", c.label},
       {"method", models::to_string(p.method)},
@@ -173,7 +173,7 @@ int run_plan(const PlanArgs& a) {
     std::string first_refusal;
     for (const planner::Candidate& c : res.ranked) {
       try {
-        const planner::EmittedConfig e = planner::emit_launcher_config(*format, c.inputs);
+        const planner::EmittedConfig e = planner::emit_launcher_config(*format, c.inputs(base));
         emitted = &c;
         emitted_text = e.text;
         for (const auto& n : e.notes)
@@ -275,8 +275,7 @@ int run_plan(const PlanArgs& a) {
   if (!res.why_best.empty()) {
     std::cout << "  why: " << res.why_best << "\n";
   }
-  std::cout << fmt::format("  launchers that run it: {}\n",
-                           launchers_for(best.inputs.parallel.method));
+  std::cout << fmt::format("  launchers that run it: {}\n", launchers_for(best.parallel.method));
   if (emitted != nullptr) {
     if (emitted != &best) {
       std::cout << fmt::format(
@@ -293,7 +292,7 @@ int run_plan(const PlanArgs& a) {
     std::cout << emit_note;
   } else {
     // Settings of the recommended configuration for the first launcher that runs it.
-    std::string names = launchers_for(best.inputs.parallel.method);
+    std::string names = launchers_for(best.parallel.method);
     std::size_t start = 0;
     while (start < names.size()) {
       const std::size_t comma = names.find(',', start);
@@ -302,7 +301,7 @@ int run_plan(const PlanArgs& a) {
       start = comma == std::string::npos ? names.size() : comma + 2;
       try {
         const planner::EmittedConfig e = planner::emit_launcher_config(
-            planner::parse_launcher_format(name, "--emit"), best.inputs);
+            planner::parse_launcher_format(name, "--emit"), best.inputs(base));
         std::cout << fmt::format("\n--- {} settings for the recommended configuration ---\n{}",
                                  name, e.text);
         if (!e.text.empty() && e.text.back() != '\n')

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <numeric>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -37,8 +38,7 @@ std::string recipe_label(const models::TrainingRecipe& r) {
                      r.optimizer_offload ? "+opt offload" : "");
 }
 
-std::string structure_label(const sim::ScheduleInputs& in) {
-  const auto& p = in.parallel;
+std::string structure_label(const models::ParallelConfig& p) {
   std::string s = models::to_string(p.method);
   s += fmt::format(" C{}", p.cp_degree);
   if (p.method == CpMethod::kUsp || p.method == CpMethod::kUPipe) {
@@ -75,14 +75,25 @@ std::int64_t cost_estimate(const sim::ScheduleInputs& in) {
 
 }  // namespace
 
+// Two instants, each with only tensors the step builder certainly holds then (allocation rounding
+// and everything else only add to them); both see the model states, the fixed overheads and the
+// tensors every block saved in the forward (`saved`):
+//   - the unfused loss (cross_entropy): bf16 logits and their gradient (2·ab bytes per logit each
+//     way) plus its fp32 workspace (softmax and gradient, 8 bytes per logit), and x_final;
+//   - the MLP backward of the last block: the incoming gradient dy and the output dh1n (2·act);
+//     untiled, gate/up and the product (3·s·f·ab, recomputed under full AC, else among `saved`)
+//     and at least the product's gradient as workspace (s·f·ab); under full AC the recomputed norm
+//     output h1n (act).
 std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
   const auto& m = in.model;
   const auto& r = in.recipe;
   const std::int64_t s = in.parallel.seq_len / in.parallel.cp_degree;
   const std::int64_t ab = r.activation_bytes;
   const std::int64_t act = s * m.hidden * ab;
+  const std::int64_t mlp_tensor = s * m.ffn_hidden * ab;  // one [s, f] tensor
+  const bool full_ac = r.checkpointing == CheckpointMode::kFull;
   std::int64_t saved = 0;
-  if (r.checkpointing == CheckpointMode::kFull) {
+  if (full_ac) {
     // Block inputs stay on the GPU unless offloaded (then the first and last stay).
     saved = r.checkpoint_offload
                 ? (r.offload_keep_first_last ? std::min<std::int64_t>(2, m.layers) : 0) * act
@@ -91,11 +102,19 @@ std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
     // Block input, norm1 output, attention residual, norm2 output of every block.
     saved = m.layers * 4 * act;
     if (!r.tiled_mlp) {
-      saved += m.layers * 3 * s * m.ffn_hidden * ab;  // gate/up and activation
+      saved += m.layers * 3 * mlp_tensor;  // gate/up and activation
     }
   }
-  std::int64_t logits = r.fused_loss ? 0 : s * m.vocab * ab;
-  return sim::model_states(in).gpu_bytes + in.hardware.fixed_overhead_bytes() + saved + logits;
+  const std::int64_t loss = r.fused_loss ? 0 : s * m.vocab * (2 * ab + 2 * kFp32Bytes) + act;
+  std::int64_t last_mlp_backward = 2 * act;
+  if (!r.tiled_mlp) {
+    last_mlp_backward += (full_ac ? 4 : 1) * mlp_tensor;
+  }
+  if (full_ac) {
+    last_mlp_backward += act;
+  }
+  return sim::model_states(in).gpu_bytes + in.hardware.fixed_overhead_bytes() + saved +
+         std::max(loss, last_mlp_backward);
 }
 
 std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
@@ -135,32 +154,32 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
   }
   const std::int64_t probe_len = options.seq_len.value_or(0);
 
-  std::vector<sim::ScheduleInputs> structures;
-  auto add = [&](sim::ScheduleInputs in) { structures.push_back(std::move(in)); };
+  std::vector<models::ParallelConfig> structures;
+  auto add = [&](const models::ParallelConfig& config) { structures.push_back(config); };
   for (const CpMethod method : methods) {
     for (const int c : cps) {
-      sim::ScheduleInputs in = base;
-      in.parallel.method = method;
-      in.parallel.cp_degree = c;
-      in.parallel.heads_per_stage = 0;
-      in.parallel.ring_layout = models::RingLayout::kZigzag;
+      models::ParallelConfig p = base.parallel;
+      p.method = method;
+      p.cp_degree = c;
+      p.heads_per_stage = 0;
+      p.ring_layout = models::RingLayout::kZigzag;
       switch (method) {
         case CpMethod::kUlysses:
-          in.parallel.ring_degree = 1;
-          add(in);
+          p.ring_degree = 1;
+          add(p);
           break;
         case CpMethod::kRing:
         case CpMethod::kAllGather:
           if (c > 1) {
-            in.parallel.ring_degree = c;
-            add(in);
+            p.ring_degree = c;
+            add(p);
           }
           break;
         case CpMethod::kUsp:
           for (const int r : divisors(c)) {
             if (r > 1 && r < c) {
-              in.parallel.ring_degree = r;
-              add(in);
+              p.ring_degree = r;
+              add(p);
             }
           }
           break;
@@ -168,41 +187,53 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
           for (const int r : divisors(c)) {
             if (r == c && c > 1)
               continue;  // u = 1: no headwise all-to-all left
-            in.parallel.ring_degree = r;
+            p.ring_degree = r;
             const int u = c / r;
             for (std::int64_t heads = u; heads <= base.model.heads; heads += u) {
               if (base.model.heads % heads == 0) {
-                in.parallel.heads_per_stage = heads;
-                add(in);
+                p.heads_per_stage = heads;
+                add(p);
               }
             }
           }
           break;
         case CpMethod::kFpdt:
-          in.parallel.ring_degree = 1;
+          p.ring_degree = 1;
           for (const std::int64_t k : {32 * 1024, 64 * 1024, 128 * 1024, 256 * 1024}) {
             if (k % c != 0)
               continue;
             if (!max_context && (probe_len % k != 0 || k == probe_len))
               continue;
-            in.parallel.fpdt_chunk = k;
-            add(in);
+            p.fpdt_chunk = k;
+            add(p);
           }
           break;
       }
     }
   }
   std::vector<Candidate> out;
-  for (const sim::ScheduleInputs& st : structures) {
+  out.reserve(structures.size() * recipes.size());
+  for (const models::ParallelConfig& st : structures) {
+    const std::string structure = structure_label(st);
     for (const models::TrainingRecipe& r : recipes) {
-      Candidate c;
-      c.inputs = st;
-      c.inputs.recipe = r;
-      c.label = structure_label(st) + " | " + recipe_label(r);
-      out.push_back(std::move(c));
+      Candidate& c = out.emplace_back();
+      c.parallel = st;
+      c.recipe = r;
+      c.label = structure + " | " + recipe_label(r);
     }
   }
   return out;
+}
+
+sim::ScheduleInputs Candidate::inputs(const sim::ScheduleInputs& base) const {
+  sim::ScheduleInputs in = base;
+  apply_to(in);
+  return in;
+}
+
+void Candidate::apply_to(sim::ScheduleInputs& into) const {
+  into.parallel = parallel;
+  into.recipe = recipe;
 }
 
 namespace {
@@ -255,46 +286,46 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   res.generated = static_cast<std::int64_t>(cands.size());
   const std::int64_t capacity = base.hardware.hbm_capacity_bytes - options.memory_margin_bytes;
 
-  // Cheap checks first: invalid combinations and memory lower bounds.
-  for (Candidate& c : cands) {
-    if (options.seq_len) {
-      c.inputs.parallel.seq_len = *options.seq_len;
-    } else {
-      c.inputs.parallel.seq_len = std::lcm(options.granularity, required_multiple(c.inputs));
-    }
+  // Cheap checks first: invalid combinations and memory lower bounds, on one reused copy of the
+  // base inputs (a candidate holds only what it changes).
+  sim::ScheduleInputs probe = base;
+  std::vector<std::int64_t> cost(cands.size(), 0);
+  std::vector<std::size_t> pending;
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    Candidate& c = cands[i];
+    c.apply_to(probe);
+    c.parallel.seq_len = options.seq_len ? *options.seq_len
+                                         : std::lcm(options.granularity, required_multiple(probe));
+    probe.parallel.seq_len = c.parallel.seq_len;
     try {
-      (void)sim::derive_head_layout(c.inputs);
-      c.inputs.recipe.validate();
+      (void)sim::derive_head_layout(probe);
+      probe.recipe.validate();
     } catch (const InputError& e) {
       c.error = e.what();
       continue;
     }
-    if (options.seq_len && memory_lower_bound(c.inputs) > capacity) {
+    if (options.seq_len && memory_lower_bound(probe) > capacity) {
       c.pruned = true;
       c.prune_reason = "memory lower bound exceeds the GPU";
+      continue;
     }
-  }
-  std::vector<std::size_t> pending;
-  for (std::size_t i = 0; i < cands.size(); ++i) {
-    if (cands[i].error.empty() && !cands[i].pruned)
-      pending.push_back(i);
+    cost[i] = cost_estimate(probe);
+    pending.push_back(i);
   }
   // Longest first (each result goes to its own candidate: the order changes only the wall time).
-  std::vector<std::int64_t> cost(cands.size(), 0);
-  for (const std::size_t i : pending) {
-    cost[i] = cost_estimate(cands[i].inputs);
-  }
   std::stable_sort(pending.begin(), pending.end(),
                    [&cost](std::size_t a, std::size_t b) { return cost[a] > cost[b]; });
   std::atomic<std::size_t> next{0};
   std::atomic<std::int64_t> simulations{0};
   auto worker = [&]() {
     EvaluationScratch scratch;
+    sim::ScheduleInputs in = base;  // this thread's inputs, one candidate at a time
     for (std::size_t k = next++; k < pending.size(); k = next++) {
       Candidate& c = cands[pending[k]];
+      c.apply_to(in);
       try {
         if (options.seq_len) {
-          c.report = evaluate(c.inputs, {}, scratch).report;
+          c.report = evaluate(in, {}, scratch).report;
           c.fits = fits_with_margin(c.report, options.memory_margin_bytes);
           simulations += 1;
         } else {
@@ -302,14 +333,14 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
           mo.granularity = options.granularity;
           mo.memory_margin_bytes = options.memory_margin_bytes;
           mo.threads = 1;  // the candidates already share the threads
-          const MaxLenResult m = max_seq_len(c.inputs, mo);
+          const MaxLenResult m = max_seq_len(in, mo);
           simulations += m.evaluations;
           c.max_seq_len = m.max_seq_len;
           c.binding = m.binding;
           c.fits = m.max_seq_len > 0;
           if (c.fits) {
             c.report = m.at_max;
-            c.inputs.parallel.seq_len = m.max_seq_len;
+            c.parallel.seq_len = m.max_seq_len;
           }
         }
         c.evaluated = true;
@@ -327,12 +358,12 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
     t.join();
   res.simulations = simulations;
 
-  for (const Candidate& c : cands) {
+  for (Candidate& c : cands) {
     res.pruned += c.pruned ? 1 : 0;
     res.refused += c.error.empty() ? 0 : 1;
     res.evaluated += c.evaluated ? 1 : 0;
     if (c.evaluated && c.fits)
-      res.ranked.push_back(c);
+      res.ranked.push_back(std::move(c));
   }
   auto better = [&](const Candidate& a, const Candidate& b) {
     if (res.max_context && a.max_seq_len != b.max_seq_len)
@@ -360,7 +391,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
     methods.assign(std::begin(kAllMethods), std::end(kAllMethods));
   for (const CpMethod m : methods) {
     for (const Candidate& c : res.ranked) {
-      if (c.inputs.parallel.method == m) {
+      if (c.parallel.method == m) {
         res.best_per_method.push_back(c);
         break;
       }
@@ -371,7 +402,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   if (res.ranked.size() >= 2) {
     const Candidate* runner = &res.ranked[1];
     for (const Candidate& c : res.ranked) {
-      if (c.inputs.parallel.method != res.ranked[0].inputs.parallel.method) {
+      if (c.parallel.method != res.ranked[0].parallel.method) {
         runner = &c;
         break;
       }

@@ -22,8 +22,12 @@ struct PlanOptions {
   int top = 5;
 };
 
+/// One configuration of the search: what it changes in the plan's base inputs (the model, the
+/// hardware and the GPUs are the base's; a candidate does not copy them, so that ten thousand of
+/// them cost little), and what its evaluation found.
 struct Candidate {
-  sim::ScheduleInputs inputs;
+  models::ParallelConfig parallel;  ///< at the plan's length, or at max_seq_len when it fits
+  models::TrainingRecipe recipe;
   std::string label;  ///< "upipe u8 r1 U8 | ac full+offload, tiled, fused, zero3"
   bool pruned = false;
   std::string prune_reason;
@@ -33,6 +37,11 @@ struct Candidate {
   sim::StepReport report;        ///< at the plan's length, or at max_seq_len
   std::int64_t max_seq_len = 0;  ///< max-context mode
   BindingConstraint binding;     ///< max-context mode
+
+  /// The whole inputs of this configuration: `base` with its parallel configuration and recipe.
+  sim::ScheduleInputs inputs(const sim::ScheduleInputs& base) const;
+  /// The same written into `into` (already a copy of the base: only the two parts change).
+  void apply_to(sim::ScheduleInputs& into) const;
 };
 
 struct PlanResult {
@@ -44,10 +53,12 @@ struct PlanResult {
   bool max_context = false;
 };
 
-/// A lower bound of the simulated peak GPU memory, from what is certainly alive when the backward
-/// of the last block starts: model states + fixed overheads + every block's saved tensors
-/// (checkpoints not offloaded; with AC none/selective the block input, norm outputs and residual;
-/// untiled MLP intermediates) + saved logits when the loss is not fused. Tested ≤ the simulation.
+/// A lower bound of the simulated peak GPU memory, from what is certainly alive at two instants:
+/// the unfused loss (logits, their gradient, the fp32 softmax workspace) and the MLP backward of
+/// the last block (its gradients; untiled, its gate/up and product, recomputed under full AC). Both
+/// add model states, fixed overheads and every block's saved tensors (checkpoints not offloaded;
+/// with AC none/selective the block input, norm outputs, residual and untiled MLP intermediates).
+/// Tested ≤ the simulation over methods, recipes and lengths; it only prunes, never ranks.
 std::int64_t memory_lower_bound(const sim::ScheduleInputs& inputs);
 
 /// All candidate configurations of the space around `base` (its model, hardware, GPUs).
