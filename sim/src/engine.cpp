@@ -1,8 +1,7 @@
 #include "cpsim/sim/engine.hpp"
 
 #include <algorithm>
-#include <cmath>
-#include <queue>
+#include <limits>
 #include <span>
 #include <stdexcept>
 
@@ -19,25 +18,49 @@ std::size_t idx(std::int32_t i) {
   return static_cast<std::size_t>(i);
 }
 
+/// ceil(x) as an integer, for finite x in the range of SimTime (exactly std::ceil, without the
+/// library call).
+SimTime ceil_ns(double x) {
+  auto t = static_cast<SimTime>(x);  // truncates toward zero
+  if (static_cast<double>(t) < x) {
+    ++t;
+  }
+  return t;
+}
+
+/// Asks for the cache line holding `p` ahead of use (no effect on results).
+void prefetch(const void* p) {
+  __builtin_prefetch(p);
+}
+
 enum class ActivityKind : std::uint8_t { kCompute, kCopy, kCollective };
 
+/// A running activity. Slots are reused once an activity ends; an event is current only while its
+/// sequence number is the slot's `event_seq`.
 struct Activity {
-  ActivityKind kind = ActivityKind::kCompute;
-  bool to_device = false;
-  bool active = false;
-  std::int32_t id = 0;  // op id, or collective id
-  std::int32_t rank = 0;
-  std::uint32_t version = 0;
   double remaining = 0.0;  // ns of work (compute) or bytes (copy, collective)
   double rate = 0.0;       // work per ns
+  double base_rate = 0.0;  // copy, collective: the rate alone on its link (bytes per ns)
   SimTime last_update = 0;
+  std::uint32_t event_seq = 0;            // seq of its scheduled completion (when `scheduled`)
+  std::uint32_t stamp = 0;                // refresh_ranks: refreshed in the current pass
+  std::int32_t rate_key = 0;              // Engine::rate_key when `rate` was set
+  const std::int32_t* members = nullptr;  // collective: its member ranks
+  std::int32_t n_members = 0;
+  std::int32_t id = 0;  // op id, or collective id
+  std::int32_t rank = 0;
+  ActivityKind kind = ActivityKind::kCompute;
+  std::uint8_t span = 0;  // collective: its link (0 intra-node, 1 inter-node)
+  bool to_device = false;
+  bool active = false;
+  bool scheduled = false;  // has an event (its rate was set)
 };
 
+/// Completion of an activity at `time`; ordered by (time, seq), seq being the insertion order.
 struct Event {
   SimTime time;
-  std::int64_t seq;
+  std::uint32_t seq;
   std::int32_t activity;
-  std::uint32_t version;
 };
 struct EventLater {
   bool operator()(const Event& a, const Event& b) const {
@@ -47,14 +70,37 @@ struct EventLater {
 
 enum class OpState : std::uint8_t { kWaiting, kArrived, kRunning, kDone };
 
-/// Run-time state of one op.
+/// Run-time state of one op. Every field is written by Engine::setup (start: by begin_op).
 struct OpRuntime {
-  SimTime start = 0;
-  std::int32_t deps_begin = 0;      // its dependencies (a copy of Op::deps_begin, for setup)
-  std::int32_t pending = 0;         // dependencies not yet ended
-  std::int32_t next_in_stream = 0;  // the next op of its (rank, stream) queue, or kNone
-  std::int32_t next_member = 0;     // the next op of its collective, or kNone
-  OpState state = OpState::kWaiting;
+  SimTime start;
+  std::int32_t next_in_stream;  // the next op of its (rank, stream) queue, or kNone
+  std::int32_t next_member;     // the next op of its collective, or kNone
+  std::int32_t first_watcher;   // a queue whose head waits for this op to end, or kNone
+  OpState state;
+};
+
+/// A (rank, stream) queue. Its head starts once every dependency has ended: the dependencies are
+/// checked in order from `cursor`, and the head waits on the first that has not ended (the queue is
+/// then on that op's watcher list, linked through `next_watcher`).
+struct Queue {
+  OpId head = kNone;
+  std::int32_t cursor = 0;  // the head's first dependency not known to have ended (edges index)
+  std::int32_t next_watcher = kNone;
+  OpId tail = kNone;  // setup: the last op so far
+};
+
+/// Consumers of a tensor not yet ended; set from Tensor::consumers on first use in a run (`run`
+/// differs until then), so setup does not visit every tensor.
+struct TensorState {
+  std::uint32_t run = 0;
+  std::int32_t consumers_left = 0;
+};
+
+/// Per collective: its member ops (a list through OpRuntime::next_member) and arrivals so far.
+struct CollectiveRuntime {
+  OpId first_member = kNone;
+  OpId last_member = kNone;  // setup
+  std::int32_t arrivals = 0;
 };
 
 struct RankState {
@@ -69,7 +115,7 @@ struct RankState {
   std::int64_t host_live = 0;
 };
 
-int span_index(models::Span s) {
+std::uint8_t span_index(models::Span s) {
   return s == models::Span::kIntraNode ? 0 : 1;
 }
 
@@ -77,13 +123,23 @@ void erase_value(std::vector<std::int32_t>& v, std::int32_t x) {
   v.erase(std::find(v.begin(), v.end(), x));
 }
 
-/// Offsets of a compressed adjacency list: row i is [begin[i], begin[i + 1]).
-struct Csr {
-  std::vector<std::int32_t> begin;
-  std::vector<std::int32_t> items;
-  std::span<const std::int32_t> row(std::size_t i) const {
-    return {items.data() + begin[i], static_cast<std::size_t>(begin[i + 1] - begin[i])};
+/// An array whose elements are left uninitialised when it grows (for trivial types that the
+/// engine writes before it reads); its capacity is kept from run to run.
+template <class T>
+class RawArray {
+ public:
+  void resize(std::size_t n) {
+    if (n > capacity_) {
+      data_ = std::make_unique_for_overwrite<T[]>(n);
+      capacity_ = n;
+    }
   }
+  T& operator[](std::size_t i) { return data_[i]; }
+  const T& operator[](std::size_t i) const { return data_[i]; }
+
+ private:
+  std::unique_ptr<T[]> data_;
+  std::size_t capacity_ = 0;
 };
 
 }  // namespace
@@ -93,57 +149,30 @@ struct Csr {
 struct Simulator::Scratch {
   std::vector<Event> events;  // a binary heap ordered by EventLater (as std::priority_queue)
   std::vector<Activity> activities;
-  std::vector<std::uint32_t> stamp;
-  std::vector<OpRuntime> op;
-  Csr dependents;
-  std::vector<std::int32_t> head;
-  std::vector<std::int32_t> first_member;
-  std::vector<std::int32_t> arrivals;
-  std::vector<std::int32_t> consumers_left;
+  std::vector<std::int32_t> free_activities;  // ended activity slots, reused first
+  RawArray<OpRuntime> op;
+  std::vector<Queue> queues;  // (rank, stream)
+  std::vector<CollectiveRuntime> collectives;
+  std::vector<TensorState> tensors;
+  std::uint32_t run = 0;  // runs so far (TensorState::run of this run)
   std::vector<RankState> ranks;
-  std::vector<std::int32_t> queue_tail;
-  std::vector<std::int32_t> member_tail;
+  std::vector<std::int32_t> woken;  // wake_watchers: queues whose head became ready (n_queues)
 };
 
 namespace {
 
 class Engine {
  public:
+  /// How far ahead in program order begin_op prefetches.
+  static constexpr std::size_t kPrefetchOps = 32;
+
   Engine(const Workload& w,
          const models::HardwareProfile& p,
          const SimOptions& o,
          Simulator::Scratch& scratch)
-      : w_(w),
-        profile_(p),
-        options_(o),
-        scratch_(scratch),
-        events_(std::move(scratch.events)),
-        activities_(std::move(scratch.activities)),
-        stamp_(std::move(scratch.stamp)),
-        op_(std::move(scratch.op)),
-        dependents_(std::move(scratch.dependents)),
-        head_(std::move(scratch.head)),
-        first_member_(std::move(scratch.first_member)),
-        arrivals_(std::move(scratch.arrivals)),
-        consumers_left_(std::move(scratch.consumers_left)),
-        ranks_(std::move(scratch.ranks)),
-        queue_tail_(std::move(scratch.queue_tail)),
-        member_tail_(std::move(scratch.member_tail)) {}
+      : w_(w), profile_(p), trace_(o.record_trace), home_(scratch), b_(std::move(scratch)) {}
   // The buffers go back to the Simulator (with their capacity) however the run ends.
-  ~Engine() {
-    scratch_.events = std::move(events_);
-    scratch_.activities = std::move(activities_);
-    scratch_.stamp = std::move(stamp_);
-    scratch_.op = std::move(op_);
-    scratch_.dependents = std::move(dependents_);
-    scratch_.head = std::move(head_);
-    scratch_.first_member = std::move(first_member_);
-    scratch_.arrivals = std::move(arrivals_);
-    scratch_.consumers_left = std::move(consumers_left_);
-    scratch_.ranks = std::move(ranks_);
-    scratch_.queue_tail = std::move(queue_tail_);
-    scratch_.member_tail = std::move(member_tail_);
-  }
+  ~Engine() { home_ = std::move(b_); }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
   SimResult run();
@@ -152,45 +181,41 @@ class Engine {
   std::span<const std::int32_t> range(std::int32_t b, std::int32_t e) const {
     return {w_.edges.data() + b, static_cast<std::size_t>(e - b)};
   }
-  std::size_t queue_index(std::int32_t rank, Stream s) const {
+  static std::size_t queue_index(std::int32_t rank, Stream s) {
     return idx(rank) * kStreamCount + static_cast<std::size_t>(s);
   }
   void setup();
   std::int32_t new_activity(ActivityKind kind, std::int32_t id, std::int32_t rank, double work);
-  void try_start(std::int32_t rank, Stream stream);
-  void begin_op(OpId op);
+  void set_head(std::size_t q, OpId op);
+  bool head_ready(std::size_t q);
+  void start_head(std::size_t q);
+  void begin_op(OpId op, const Op& o);
   void finish_op(OpId op);
+  void wake_watchers(OpRuntime& rt);
   void finish_activity(std::int32_t a);
   void refresh_rank(std::int32_t rank);
   void refresh_ranks(std::span<const std::int32_t> ranks);
   void refresh(std::int32_t a);
-  double rate_of(const Activity& act) const;
+  std::int32_t rate_key(const Activity& act) const;
+  double rate_of(const Activity& act, std::int32_t key) const;
   void note_memory(std::int32_t rank, OpId op);
   void release(TensorId t);
 
   const Workload& w_;
   const models::HardwareProfile& profile_;
-  const SimOptions& options_;
-  // Constant over the run: per-ns link rates of the profile.
+  const bool trace_;  // SimOptions::record_trace
+  // Constant over the run: rates of the profile (per ns).
   double compute_rate_under_comm_ = 1.0;
+  double h2d_rate_ = 0.0;
+  double d2h_rate_ = 0.0;
+  double duplex_half_rate_ = 0.0;  // half the duplex total: each direction's cap when both busy
 
   SimTime now_ = 0;
-  std::int64_t seq_ = 0;
-  Simulator::Scratch& scratch_;  // where the buffers come from and go back to
-  std::vector<Event> events_;    // binary heap (std::push_heap / std::pop_heap with EventLater)
-  std::vector<Activity> activities_;
-  std::vector<std::uint32_t> stamp_;
+  std::uint32_t seq_ = 0;
   std::uint32_t stamp_now_ = 0;
-  std::vector<OpRuntime> op_;
-  std::size_t done_ = 0;            // ops ended
-  Csr dependents_;                  // op -> ops that depend on it, in program order
-  std::vector<std::int32_t> head_;  // (rank, stream) -> the op at the head of its queue, or kNone
-  std::vector<std::int32_t> first_member_;  // collective -> its first op (then next_member)
-  std::vector<std::int32_t> arrivals_;
-  std::vector<std::int32_t> consumers_left_;
-  std::vector<RankState> ranks_;
-  std::vector<std::int32_t> queue_tail_;   // setup: the last op of each queue so far
-  std::vector<std::int32_t> member_tail_;  // setup: the last op of each collective so far
+  std::size_t done_ = 0;      // ops ended
+  Simulator::Scratch& home_;  // where the buffers come from and go back to
+  Simulator::Scratch b_;      // the buffers of this run
   SimResult result_;
 };
 
@@ -198,66 +223,98 @@ std::int32_t Engine::new_activity(ActivityKind kind,
                                   std::int32_t id,
                                   std::int32_t rank,
                                   double work) {
-  Activity& a = activities_.emplace_back();
-  a.kind = kind;
-  a.id = id;
-  a.rank = rank;
-  a.active = true;
-  a.remaining = std::max(0.0, work);
-  a.last_update = now_;
-  stamp_.push_back(0);
-  return static_cast<std::int32_t>(activities_.size() - 1);
+  std::int32_t a = 0;
+  if (b_.free_activities.empty()) {
+    a = static_cast<std::int32_t>(b_.activities.size());
+    b_.activities.emplace_back();
+  } else {
+    a = b_.free_activities.back();
+    b_.free_activities.pop_back();
+  }
+  Activity& act = b_.activities[idx(a)];
+  act.kind = kind;
+  act.id = id;
+  act.rank = rank;
+  act.active = true;
+  act.scheduled = false;
+  act.remaining = std::max(0.0, work);
+  act.rate = 0.0;
+  act.last_update = now_;
+  return a;
 }
 
-double Engine::rate_of(const Activity& act) const {
-  const RankState& rs = ranks_[idx(act.rank)];
+// What the activity's rate depends on, as one number (equal keys give equal rates): compute,
+// whether a collective runs on its rank; copy, 2 x copies in its direction + both directions busy;
+// collective, the most collectives on one member's link.
+std::int32_t Engine::rate_key(const Activity& act) const {
+  const RankState& rs = b_.ranks[idx(act.rank)];
   switch (act.kind) {
     case ActivityKind::kCompute:
-      return rs.collectives.empty() ? 1.0 : compute_rate_under_comm_;
+      return rs.collectives.empty() ? 0 : 1;
+    case ActivityKind::kCopy:
+      return 2 * std::max(1, act.to_device ? rs.h2d : rs.d2h) + (rs.h2d > 0 && rs.d2h > 0 ? 1 : 0);
+    case ActivityKind::kCollective: {
+      std::int32_t worst = 1;
+      for (std::int32_t i = 0; i < act.n_members; ++i) {
+        worst = std::max(worst, b_.ranks[idx(act.members[i])].link[act.span]);
+      }
+      return worst;
+    }
+  }
+  return 0;
+}
+
+double Engine::rate_of(const Activity& act, std::int32_t key) const {
+  switch (act.kind) {
+    case ActivityKind::kCompute:
+      return key == 0 ? 1.0 : compute_rate_under_comm_;
     case ActivityKind::kCopy: {
-      const auto& h = profile_.host_link;
-      const int same = std::max(1, act.to_device ? rs.h2d : rs.d2h);
-      double rate = (act.to_device ? h.h2d_bytes_per_s : h.d2h_bytes_per_s) * 1e-9 / same;
-      if (rs.h2d > 0 && rs.d2h > 0) {
-        rate = std::min(rate, h.duplex_total_bytes_per_s * 1e-9 / 2.0 / same);
+      const std::int32_t same = key / 2;
+      double rate = act.base_rate / same;
+      if (key % 2 != 0) {
+        rate = std::min(rate, duplex_half_rate_ / same);
       }
       return rate;
     }
-    case ActivityKind::kCollective: {
-      const Collective& c = w_.collectives[idx(act.id)];
-      const int span = span_index(c.span);
-      int worst = 1;
-      for (std::int32_t m : w_.members(c)) {
-        worst = std::max(worst, ranks_[idx(m)].link[static_cast<std::size_t>(span)]);
-      }
-      return c.nominal_bytes_per_s * 1e-9 / worst;
-    }
+    case ActivityKind::kCollective:
+      return act.base_rate / key;
   }
   return 1.0;
 }
 
+// Brings the activity's remaining work up to now; when its rate changed (or it has none yet),
+// schedules its completion at the new rate, superseding the earlier event.
 void Engine::refresh(std::int32_t a) {
-  Activity& act = activities_[idx(a)];
+  Activity& act = b_.activities[idx(a)];
   if (now_ > act.last_update) {
     act.remaining =
         std::max(0.0, act.remaining - act.rate * static_cast<double>(now_ - act.last_update));
   }
   act.last_update = now_;
-  const double rate = rate_of(act);
-  if (act.version != 0 && rate == act.rate) {
-    return;  // same rate: the scheduled completion still holds
+  const std::int32_t key = rate_key(act);
+  if (act.scheduled && key == act.rate_key) {
+    return;  // same inputs, same rate: the scheduled completion still holds
+  }
+  act.rate_key = key;
+  const double rate = rate_of(act, key);
+  if (act.scheduled && rate == act.rate) {
+    return;
   }
   act.rate = rate;
-  ++act.version;
-  const SimTime dt = static_cast<SimTime>(std::ceil(act.remaining / rate - 1e-6));
-  events_.push_back({now_ + std::max<SimTime>(0, dt), seq_++, a, act.version});
-  std::push_heap(events_.begin(), events_.end(), EventLater{});
+  act.scheduled = true;
+  if (seq_ == std::numeric_limits<std::uint32_t>::max()) {
+    throw std::logic_error("simulation: event sequence numbers exhausted");
+  }
+  act.event_seq = seq_;
+  const SimTime dt = ceil_ns(act.remaining / rate - 1e-6);
+  b_.events.push_back({now_ + std::max<SimTime>(0, dt), seq_++, a});
+  std::push_heap(b_.events.begin(), b_.events.end(), EventLater{});
 }
 
 // One rank: its compute, copy and collective activities are distinct, so each is refreshed once
 // without stamps, in the order refresh_ranks uses.
 void Engine::refresh_rank(std::int32_t rank) {
-  const RankState& rs = ranks_[idx(rank)];
+  const RankState& rs = b_.ranks[idx(rank)];
   if (rs.compute_activity >= 0) {
     refresh(rs.compute_activity);
   }
@@ -276,13 +333,14 @@ void Engine::refresh_ranks(std::span<const std::int32_t> ranks) {
   }
   ++stamp_now_;
   auto touch = [this](std::int32_t a) {
-    if (stamp_[idx(a)] != stamp_now_) {
-      stamp_[idx(a)] = stamp_now_;
+    std::uint32_t& stamp = b_.activities[idx(a)].stamp;
+    if (stamp != stamp_now_) {
+      stamp = stamp_now_;
       refresh(a);
     }
   };
   for (std::int32_t r : ranks) {
-    const RankState& rs = ranks_[idx(r)];
+    const RankState& rs = b_.ranks[idx(r)];
     if (rs.compute_activity >= 0) {
       touch(rs.compute_activity);
     }
@@ -296,7 +354,7 @@ void Engine::refresh_ranks(std::span<const std::int32_t> ranks) {
 }
 
 void Engine::note_memory(std::int32_t rank, OpId op) {
-  const RankState& rs = ranks_[idx(rank)];
+  const RankState& rs = b_.ranks[idx(rank)];
   RankMemory& m = result_.memory[idx(rank)];
   if (rs.device_total > m.peak_bytes) {
     m.peak_bytes = rs.device_total;
@@ -305,20 +363,29 @@ void Engine::note_memory(std::int32_t rank, OpId op) {
     m.breakdown_at_peak = rs.live;
   }
   m.host_peak_bytes = std::max(m.host_peak_bytes, rs.host_live);
-  if (options_.record_trace) {
+  if (trace_) {
     result_.memory_samples.push_back({rank, now_, rs.live});
   }
 }
 
 // Device bytes grow only here, each growth followed by note_memory: the peak of a category is
 // reached right after one of its own allocations, so only the categories allocated are compared.
-void Engine::begin_op(OpId op) {
-  const Op& o = w_.ops[idx(op)];
-  OpRuntime& rt = op_[idx(op)];
+void Engine::begin_op(OpId op, const Op& o) {
+  // Ops run roughly in program order: fetch what a later one will read while this one runs.
+  if (const std::size_t ahead = idx(op) + kPrefetchOps; ahead < w_.ops.size()) {
+    const auto* later = reinterpret_cast<const char*>(&w_.ops[ahead]);
+    prefetch(later);
+    prefetch(later + sizeof(Op) - 1);
+    prefetch(&b_.op[ahead]);
+  }
+  if (const std::size_t edge = idx(o.deps_begin) + 2 * kPrefetchOps; edge < w_.edges.size()) {
+    prefetch(&w_.edges[edge]);
+  }
+  OpRuntime& rt = b_.op[idx(op)];
   rt.state = OpState::kRunning;
   rt.start = now_;
 
-  RankState& rs = ranks_[idx(o.rank)];
+  RankState& rs = b_.ranks[idx(o.rank)];
   RankMemory& m = result_.memory[idx(o.rank)];
   auto allocate = [&rs, &m](MemCategory category, std::int64_t bytes) {
     const auto c = static_cast<std::size_t>(category);
@@ -334,64 +401,102 @@ void Engine::begin_op(OpId op) {
       allocate(ten.category, rounded(ten.bytes));
     }
   }
-  allocate(o.workspace_category, rounded(o.workspace_bytes));
+  // A zero-byte allocation changes nothing (a category's peak is never below its live bytes).
+  if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
+    allocate(o.workspace_category, workspace);
+  }
   note_memory(o.rank, op);
 }
 
-void Engine::try_start(std::int32_t rank, Stream stream) {
-  const OpId op = head_[queue_index(rank, stream)];
-  if (op == kNone) {
-    return;
+void Engine::set_head(std::size_t q, OpId op) {
+  Queue& queue = b_.queues[q];
+  queue.head = op;
+  if (op != kNone) {
+    queue.cursor = w_.ops[idx(op)].deps_begin;
   }
-  OpRuntime& rt = op_[idx(op)];
-  if (rt.state != OpState::kWaiting || rt.pending > 0) {
-    return;
+}
+
+// Whether the head of queue q waits for nothing; if it waits for a dependency, the queue watches
+// that op (it is asked again when the op ends).
+bool Engine::head_ready(std::size_t q) {
+  Queue& queue = b_.queues[q];
+  const OpId op = queue.head;
+  if (op == kNone || b_.op[idx(op)].state != OpState::kWaiting) {
+    return false;
   }
+  const std::int32_t end = w_.ops[idx(op)].deps_end;
+  const std::int32_t* edges = w_.edges.data();
+  std::int32_t e = queue.cursor;
+  while (e < end && b_.op[idx(edges[e])].state == OpState::kDone) {
+    ++e;
+  }
+  queue.cursor = e;
+  if (e < end) {
+    OpRuntime& dep = b_.op[idx(edges[e])];
+    queue.next_watcher = dep.first_watcher;
+    dep.first_watcher = static_cast<std::int32_t>(q);
+    return false;
+  }
+  return true;
+}
+
+// Starts the head of queue q (ready: head_ready said so). A collective op only arrives until the
+// last member arrives; then every member begins.
+void Engine::start_head(std::size_t q) {
+  const OpId op = b_.queues[q].head;
   const Op& o = w_.ops[idx(op)];
+  const std::int32_t rank = o.rank;
   if (o.collective != kNone) {
-    rt.state = OpState::kArrived;
+    b_.op[idx(op)].state = OpState::kArrived;
     const Collective& c = w_.collectives[idx(o.collective)];
-    if (++arrivals_[idx(o.collective)] < static_cast<std::int32_t>(w_.members(c).size())) {
+    CollectiveRuntime& cr = b_.collectives[idx(o.collective)];
+    const std::vector<std::int32_t>& members = w_.members(c);
+    if (++cr.arrivals < static_cast<std::int32_t>(members.size())) {
       return;
     }
     const double work = static_cast<double>(c.wire_bytes) + c.alpha_s * c.nominal_bytes_per_s;
-    const std::int32_t a = new_activity(ActivityKind::kCollective, o.collective, o.rank, work);
-    const auto span = static_cast<std::size_t>(span_index(c.span));
-    for (std::int32_t m : w_.members(c)) {
-      ranks_[idx(m)].link[span] += 1;
-      ranks_[idx(m)].collectives.push_back(a);
+    const std::int32_t a = new_activity(ActivityKind::kCollective, o.collective, rank, work);
+    const std::uint8_t span = span_index(c.span);
+    b_.activities[idx(a)].span = span;
+    b_.activities[idx(a)].members = members.data();
+    b_.activities[idx(a)].n_members = static_cast<std::int32_t>(members.size());
+    b_.activities[idx(a)].base_rate = c.nominal_bytes_per_s * 1e-9;
+    for (std::int32_t m : members) {
+      b_.ranks[idx(m)].link[span] += 1;
+      b_.ranks[idx(m)].collectives.push_back(a);
     }
-    for (OpId m = first_member_[idx(o.collective)]; m != kNone; m = op_[idx(m)].next_member) {
-      begin_op(m);
+    for (OpId m = cr.first_member; m != kNone; m = b_.op[idx(m)].next_member) {
+      begin_op(m, w_.ops[idx(m)]);
     }
-    refresh_ranks(w_.members(c));
+    refresh_ranks(members);
     return;
   }
-  begin_op(op);
-  RankState& rs = ranks_[idx(rank)];
+  begin_op(op, o);
+  RankState& rs = b_.ranks[idx(rank)];
   if (o.kind == OpKind::kCopyD2H || o.kind == OpKind::kCopyH2D) {
     const bool to_device = o.kind == OpKind::kCopyH2D;
     const auto& h = profile_.host_link;
     const double bw = to_device ? h.h2d_bytes_per_s : h.d2h_bytes_per_s;
     const std::int32_t a = new_activity(ActivityKind::kCopy, op, rank,
                                         static_cast<double>(o.transfer_bytes) + h.alpha_s * bw);
-    activities_[idx(a)].to_device = to_device;
+    Activity& act = b_.activities[idx(a)];
+    act.to_device = to_device;
+    act.base_rate = to_device ? h2d_rate_ : d2h_rate_;
     (to_device ? rs.h2d : rs.d2h) += 1;
     rs.copies.push_back(a);
-    refresh_rank(rank);
   } else {
     if (rs.compute_activity >= 0) {
       throw std::logic_error("two compute activities on one rank");
     }
     rs.compute_activity =
         new_activity(ActivityKind::kCompute, op, rank, static_cast<double>(o.duration_ns));
-    refresh_rank(rank);
   }
+  refresh_rank(rank);
 }
 
 void Engine::release(TensorId t) {
   const Tensor& ten = w_.tensors[idx(t)];
-  RankState& owner = ranks_[idx(ten.rank)];
+  RankState& owner = b_.ranks[idx(ten.rank)];
   if (ten.on_host) {
     owner.host_live -= ten.bytes;
   } else {
@@ -401,21 +506,29 @@ void Engine::release(TensorId t) {
   }
 }
 
+// Frees what the op held, starts the queue heads that waited only for it (in program order), then
+// moves its own queue on.
 void Engine::finish_op(OpId op) {
   const Op& o = w_.ops[idx(op)];
-  OpRuntime& rt = op_[idx(op)];
+  OpRuntime& rt = b_.op[idx(op)];
   rt.state = OpState::kDone;
   ++done_;
-  RankState& rs = ranks_[idx(o.rank)];
+  RankState& rs = b_.ranks[idx(o.rank)];
   result_.busy[idx(o.rank)].busy_ns[static_cast<std::size_t>(o.stream)] += now_ - rt.start;
-  if (options_.record_trace) {
+  if (trace_) {
     result_.intervals.push_back({op, rt.start, now_});
   }
-  const std::int64_t workspace = rounded(o.workspace_bytes);
-  rs.live[static_cast<std::size_t>(o.workspace_category)] -= workspace;
-  rs.device_total -= workspace;
+  if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
+    rs.live[static_cast<std::size_t>(o.workspace_category)] -= workspace;
+    rs.device_total -= workspace;
+  }
   for (TensorId t : range(o.inputs_begin, o.inputs_end)) {
-    if (--consumers_left_[idx(t)] == 0) {
+    TensorState& ts = b_.tensors[idx(t)];
+    if (ts.run != b_.run) {
+      ts.run = b_.run;
+      ts.consumers_left = w_.tensors[idx(t)].consumers;
+    }
+    if (--ts.consumers_left == 0) {
       release(t);
     }
   }
@@ -424,144 +537,151 @@ void Engine::finish_op(OpId op) {
       release(t);
     }
   }
-  if (options_.record_trace) {
+  if (trace_) {
     result_.memory_samples.push_back({o.rank, now_, rs.live});
   }
-  for (OpId d : dependents_.row(idx(op))) {
-    if (--op_[idx(d)].pending == 0) {
-      const Op& od = w_.ops[idx(d)];
-      if (head_[queue_index(od.rank, od.stream)] == d) {
-        try_start(od.rank, od.stream);
-      }
-    }
+  if (rt.first_watcher != kNone) {
+    wake_watchers(rt);
   }
-  head_[queue_index(o.rank, o.stream)] = rt.next_in_stream;
-  try_start(o.rank, o.stream);
+  const std::size_t own = queue_index(o.rank, o.stream);
+  set_head(own, rt.next_in_stream);
+  if (head_ready(own)) {
+    start_head(own);
+  }
+}
+
+// The queues watching an op that ended: each head whose dependencies have all ended starts, in
+// program order (the order its dependencies' ends would list it in).
+void Engine::wake_watchers(OpRuntime& rt) {
+  std::int32_t* woken = b_.woken.data();
+  std::size_t n = 0;
+  for (std::int32_t w = rt.first_watcher; w != kNone;) {
+    const std::int32_t next = b_.queues[idx(w)].next_watcher;  // head_ready may relink w
+    if (head_ready(idx(w))) {
+      // Insertion by head op id (a handful of queues at most).
+      const OpId head = b_.queues[idx(w)].head;
+      std::size_t i = n++;
+      for (; i > 0 && b_.queues[idx(woken[i - 1])].head > head; --i) {
+        woken[i] = woken[i - 1];
+      }
+      woken[i] = w;
+    }
+    w = next;
+  }
+  rt.first_watcher = kNone;
+  for (std::size_t i = 0; i < n; ++i) {
+    start_head(idx(woken[i]));
+  }
 }
 
 void Engine::finish_activity(std::int32_t a) {
-  Activity& act = activities_[idx(a)];
+  Activity& act = b_.activities[idx(a)];
   act.active = false;
-  if (act.kind == ActivityKind::kCollective) {
-    const Collective& c = w_.collectives[idx(act.id)];
+  const ActivityKind kind = act.kind;
+  const std::int32_t id = act.id;
+  const std::int32_t rank = act.rank;
+  const bool to_device = act.to_device;
+  b_.free_activities.push_back(a);
+  if (kind == ActivityKind::kCollective) {
+    const Collective& c = w_.collectives[idx(id)];
     const auto span = static_cast<std::size_t>(span_index(c.span));
-    for (std::int32_t m : w_.members(c)) {
-      ranks_[idx(m)].link[span] -= 1;
-      erase_value(ranks_[idx(m)].collectives, a);
+    const std::vector<std::int32_t>& members = w_.members(c);
+    for (std::int32_t m : members) {
+      b_.ranks[idx(m)].link[span] -= 1;
+      erase_value(b_.ranks[idx(m)].collectives, a);
     }
-    refresh_ranks(w_.members(c));
-    for (OpId m = first_member_[idx(act.id)]; m != kNone;) {
-      const OpId next = op_[idx(m)].next_member;
+    refresh_ranks(members);
+    for (OpId m = b_.collectives[idx(id)].first_member; m != kNone;) {
+      const OpId next = b_.op[idx(m)].next_member;
       finish_op(m);
       m = next;
     }
     return;
   }
-  RankState& rs = ranks_[idx(act.rank)];
-  const std::int32_t rank = act.rank;
-  const OpId op = act.id;
-  if (act.kind == ActivityKind::kCopy) {
-    (act.to_device ? rs.h2d : rs.d2h) -= 1;
+  RankState& rs = b_.ranks[idx(rank)];
+  if (kind == ActivityKind::kCopy) {
+    (to_device ? rs.h2d : rs.d2h) -= 1;
     erase_value(rs.copies, a);
-    refresh_rank(rank);
   } else {
     rs.compute_activity = -1;
-    refresh_rank(rank);
   }
-  finish_op(op);
+  refresh_rank(rank);
+  finish_op(id);
 }
 
-// Reverse dependencies as a compressed list (rows counted, offsets summed, rows filled with the
-// offsets as cursors, offsets restored); stream queues and collective members as linked lists. All
-// in program order.
+// One pass over the ops links the stream queues and collective members (in program order) and
+// resets the run-time state; dependents are not listed: a waiting head watches one dependency.
 void Engine::setup() {
   const std::size_t n_ops = w_.ops.size();
   const auto n_ranks = static_cast<std::size_t>(w_.ranks);
   const std::size_t n_queues = n_ranks * kStreamCount;
-  const std::size_t n_coll = w_.collectives.size();
-  events_.clear();
-  activities_.clear();
-  stamp_.clear();
-  op_.assign(n_ops, {});
-  arrivals_.assign(n_coll, 0);
-  ranks_.assign(n_ranks, {});
+  b_.events.clear();
+  b_.activities.clear();
+  b_.free_activities.clear();
+  b_.op.resize(n_ops);
+  b_.queues.assign(n_queues, Queue{});
+  b_.woken.resize(n_queues);
+  b_.collectives.assign(w_.collectives.size(), CollectiveRuntime{});
+  b_.ranks.assign(n_ranks, {});
   result_.memory.assign(n_ranks, {});
   result_.busy.assign(n_ranks, {});
-  activities_.reserve(n_ops + n_coll);
-  stamp_.reserve(n_ops + n_coll);
 
-  dependents_.begin.assign(n_ops + 1, 0);
-  head_.assign(n_queues, kNone);
-  first_member_.assign(n_coll, kNone);
-  std::vector<std::int32_t>& queue_tail = queue_tail_;
-  std::vector<std::int32_t>& member_tail = member_tail_;
-  queue_tail.assign(n_queues, kNone);
-  member_tail.assign(n_coll, kNone);
-  const std::int32_t* edges = w_.edges.data();
   for (std::size_t i = 0; i < n_ops; ++i) {
     const Op& o = w_.ops[i];
     const auto self = static_cast<OpId>(i);
-    OpRuntime& rt = op_[i];
-    for (std::int32_t e = o.deps_begin; e < o.deps_end; ++e) {
-      dependents_.begin[idx(edges[e]) + 1] += 1;
-    }
-    rt.deps_begin = o.deps_begin;
-    rt.pending = o.deps_end - o.deps_begin;
+    OpRuntime& rt = b_.op[i];
     rt.next_in_stream = kNone;
     rt.next_member = kNone;
-    const std::size_t q = queue_index(o.rank, o.stream);
-    (queue_tail[q] == kNone ? head_[q] : op_[idx(queue_tail[q])].next_in_stream) = self;
-    queue_tail[q] = self;
+    rt.first_watcher = kNone;
+    rt.state = OpState::kWaiting;
+    Queue& queue = b_.queues[queue_index(o.rank, o.stream)];
+    if (queue.tail == kNone) {
+      queue.head = self;
+      queue.cursor = o.deps_begin;
+    } else {
+      b_.op[idx(queue.tail)].next_in_stream = self;
+    }
+    queue.tail = self;
     if (o.collective != kNone) {
-      const auto c = idx(o.collective);
-      (member_tail[c] == kNone ? first_member_[c] : op_[idx(member_tail[c])].next_member) = self;
-      member_tail[c] = self;
+      CollectiveRuntime& cr = b_.collectives[idx(o.collective)];
+      (cr.last_member == kNone ? cr.first_member : b_.op[idx(cr.last_member)].next_member) = self;
+      cr.last_member = self;
     }
   }
-  std::vector<std::int32_t>& begin = dependents_.begin;
-  for (std::size_t i = 1; i <= n_ops; ++i) {
-    begin[i] += begin[i - 1];
+  if (++b_.run == 0) {  // wrapped: forget every earlier run
+    b_.tensors.assign(b_.tensors.size(), TensorState{});
+    b_.run = 1;
   }
-  dependents_.items.resize(idx(begin[n_ops]));
-  for (std::size_t i = 0; i < n_ops; ++i) {
-    const OpRuntime& rt = op_[i];
-    for (std::int32_t e = rt.deps_begin; e < rt.deps_begin + rt.pending; ++e) {
-      dependents_.items[idx(begin[idx(edges[e])]++)] = static_cast<OpId>(i);
-    }
-  }
-  for (std::size_t i = n_ops; i > 0; --i) {
-    begin[i] = begin[i - 1];
-  }
-  begin[0] = 0;
-  consumers_left_.resize(w_.tensors.size());
-  for (std::size_t t = 0; t < w_.tensors.size(); ++t) {
-    consumers_left_[t] = w_.tensors[t].consumers;
-  }
+  b_.tensors.resize(w_.tensors.size());  // new entries have run 0: not this run's
   for (std::size_t r = 0; r < n_ranks; ++r) {
     const StaticMemory& sm = w_.static_memory[r];
-    ranks_[r].device_total = sm.model_states_bytes + sm.fixed_overhead_bytes;
+    b_.ranks[r].device_total = sm.model_states_bytes + sm.fixed_overhead_bytes;
     result_.memory[r].fixed_overhead_bytes = sm.fixed_overhead_bytes;
-    result_.memory[r].peak_bytes = ranks_[r].device_total;
-    result_.memory[r].breakdown_at_peak[static_cast<std::size_t>(MemCategory::kModelStates)] = 0;
+    result_.memory[r].peak_bytes = b_.ranks[r].device_total;
   }
+  const auto& h = profile_.host_link;
   compute_rate_under_comm_ = 1.0 / (1.0 + profile_.compute_slowdown_under_comm);
+  h2d_rate_ = h.h2d_bytes_per_s * 1e-9;
+  d2h_rate_ = h.d2h_bytes_per_s * 1e-9;
+  duplex_half_rate_ = h.duplex_total_bytes_per_s * 1e-9 / 2.0;
 }
 
 SimResult Engine::run() {
   setup();
-  for (std::int32_t r = 0; r < w_.ranks; ++r) {
-    for (int s = 0; s < kStreamCount; ++s) {
-      try_start(r, static_cast<Stream>(s));
+  for (std::size_t q = 0; q < b_.queues.size(); ++q) {
+    if (head_ready(q)) {
+      start_head(q);
     }
   }
   std::int64_t events = 0;
-  while (!events_.empty()) {
-    std::pop_heap(events_.begin(), events_.end(), EventLater{});
-    const Event e = events_.back();
-    events_.pop_back();
+  std::vector<Event>& heap = b_.events;
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), EventLater{});
+    const Event e = heap.back();
+    heap.pop_back();
     ++events;
-    const Activity& act = activities_[idx(e.activity)];
-    if (!act.active || act.version != e.version) {
+    const Activity& act = b_.activities[idx(e.activity)];
+    if (!act.active || act.event_seq != e.seq) {
       continue;  // superseded by a rate change
     }
     now_ = e.time;
@@ -572,7 +692,7 @@ SimResult Engine::run() {
 
   const std::size_t n_ops = w_.ops.size();
   for (std::size_t i = 0; done_ < n_ops && i < n_ops; ++i) {
-    if (op_[i].state != OpState::kDone) {
+    if (b_.op[i].state != OpState::kDone) {
       throw std::logic_error(fmt::format("simulation stalled: op {} '{}' on rank {} never ran", i,
                                          w_.names[idx(w_.ops[i].name)], w_.ops[i].rank));
     }
