@@ -8,6 +8,7 @@ constexpr std::size_t kPeakContentsListed = 10;
 Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& options) {
   sim::BuildOptions build;
   build.all_ranks = options.keep_trace || options.all_ranks;  // a trace shows every rank
+  build.merge_ring_steps = options.merge_ring_steps;
   auto workload = std::make_shared<sim::Workload>(sim::build_step(inputs, build));
   if (options.verify_graph) {
     sim::check_acyclic(*workload);  // builders emit program order, so this is a test-time check
@@ -36,6 +37,7 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs,
   }
   sim::BuildOptions build;
   build.all_ranks = options.all_ranks;
+  build.merge_ring_steps = options.merge_ring_steps;
   sim::build_step(inputs, scratch.workload, build);
   if (options.verify_graph) {
     sim::check_acyclic(scratch.workload);

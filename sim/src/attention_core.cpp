@@ -4,7 +4,20 @@
 // Ring (reference/papers.md §5.1–5.2). K/V blocks rotate with send/recv on the comm stream, double
 // buffered: step k computes on the block received at step k−1 while the next block is in flight,
 // so communication is exposed exactly when a block's attention is shorter than its transfer
-// (the overlap condition c ≥ F/B). Layouts:
+// (the overlap condition c ≥ F/B). The send of step k waits for the attention of step k−1:
+// ring-flash-attention issues it after queuing that attention, and ProcessGroupNCCL makes its
+// stream wait for the caller's stream at every call. Steps therefore run in lockstep (a step's
+// send and attention start together when the previous step's both have ended) and two blocks are
+// live at a time. In the backward the dK/dV hop of step k follows its attention, and the next
+// send follows that hop on the comm stream.
+// Merged steps (BuildOptions::merge_ring_steps, representative rank, r ≥ 4): steps 1..r−2 take
+// the same time and hold the same buffers, and in the fluid model of engine.hpp a lockstep step
+// whose send and attention start together lasts f(comm work, compute work) with f(λa, λb) =
+// λ·f(a, b) (rates are constant while nothing else starts or ends). So r−2 steps last exactly
+// as long as one op per stream with r−2 times the work: a send of r−2 calls (latencies add up)
+// and an attention of r−2 blocks, holding the same two blocks. Only work on other streams beside
+// the ring (FSDP gathers, offload copies) can overlap the merged steps differently.
+// Layouts:
 //   zigzag      2R chunks of c = n_r/2; rank i holds i and 2R−1−i. Step 0 is causal on the local
 //               pair; at step k ≥ 1 the block comes from rank j = i − k (mod R): if j < i, both
 //               local chunks see the first half of the block (q = n_r, kv = n_r/2), else only the
@@ -155,6 +168,28 @@ std::vector<double> StepBuilder::ring_step_times(int step,
   return t;
 }
 
+std::vector<RingSegment> StepBuilder::ring_segments() const {
+  const auto steps = static_cast<int>(rg_);
+  std::vector<RingSegment> out;
+  if (merge_ring_ && steps >= 4) {
+    return {{0, 1}, {1, steps - 2}, {steps - 1, 1}};
+  }
+  for (int k = 0; k < steps; ++k) {
+    out.push_back({k, 1});
+  }
+  return out;
+}
+
+namespace {
+
+/// "7" for one step, "1..6" for a merged run of steps.
+std::string step_label(const RingSegment& seg) {
+  return seg.steps == 1 ? fmt::format("{}", seg.first)
+                        : fmt::format("{}..{}", seg.first, seg.first + seg.steps - 1);
+}
+
+}  // namespace
+
 CoreForward StepBuilder::ring_forward(
     const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv) {
   const std::int64_t d = m_.head_dim;
@@ -163,28 +198,43 @@ CoreForward StepBuilder::ring_forward(
                             MemCategory::kAttention);
   TensorSet cur = kv_h;
   const auto steps = static_cast<int>(rg_);
-  // Per-step names, interned once per build (every layer asks for the same ones).
+  // Per-segment names, interned once per build (every layer asks for the same ones).
   const std::int32_t series = b_.name_series("ring_forward" + tag);
   auto ring_name = [&](int step, int slot, const auto& make) {
     return b_.series_name(series, 3 * step + slot, make);
   };
-  for (int k = 0; k < steps; ++k) {
+  OpSet previous;  // the attention op of the previous segment
+  for (const RingSegment& seg : ring_segments()) {
+    const int k = seg.first;
+    const int last = seg.first + seg.steps - 1;
     TensorSet next;
-    if (k + 1 < steps) {
-      next = b_.tensor(ring_name(k, 0, [&] { return fmt::format("kv_block{}{}", k + 1, tag); }),
+    if (last + 1 < steps) {
+      // The sends of the segment's steps: the block of step last + 1 arrives when it ends. Issued
+      // at the step's start, the send waits for the attention queued before it (NCCL's stream
+      // waits for the caller's stream), so a step's send and attention start together.
+      next = b_.tensor(ring_name(k, 0, [&] { return fmt::format("kv_block{}{}", last + 1, tag); }),
                        kv_bytes, MemCategory::kAttention);
       OpSpec& send = next_spec(
-          Name::interned(ring_name(k, 1, [&] { return fmt::format("ring_send_kv{}{}", k, tag); })),
+          Name::interned(ring_name(
+              k, 1, [&] { return fmt::format("ring_send_kv{}{}", step_label(seg), tag); })),
           Stream::kComm, OpKind::kElementwise);
       send.inputs.push_back(cur);
       send.outputs.push_back(next);
+      if (previous.valid()) {
+        send.deps.push_back(previous);
+      }
       b_.collective(send, Group::kRing, models::Collective::kSendRecv, cost_,
-                    kv_bytes / ab_ * r_.cp_comm_bytes);
+                    kv_bytes / ab_ * r_.cp_comm_bytes, seg.steps);
     }
     OpSpec& step = next_spec(
-        Name::interned(ring_name(k, 2, [&] { return fmt::format("ring_attn_fwd{}{}", k, tag); })),
+        Name::interned(ring_name(
+            k, 2, [&] { return fmt::format("ring_attn_fwd{}{}", step_label(seg), tag); })),
         Stream::kCompute, OpKind::kAttentionFwd);
     step.time_s_per_rank = ring_step_times(k, hq, false, &step.flops);
+    for (double& t : step.time_s_per_rank) {
+      t *= seg.steps;
+    }
+    step.flops *= seg.steps;
     step.inputs.push_back(q_h);
     step.inputs.push_back(cur);
     if (k == 0) {
@@ -195,7 +245,7 @@ CoreForward StepBuilder::ring_forward(
     // The block's own output and LSE before they are merged.
     step.workspace_bytes = nr_ * hq * d * ab_ + hq * nr_ * kFp32Bytes;
     step.workspace_category = MemCategory::kAttention;
-    b_.op(step);
+    previous = b_.op(step);
     cur = next;
   }
   CoreForward out;
@@ -222,30 +272,40 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
   TensorSet dkv = b_.tensor("ring_dkv_acc0" + tag, dkv_acc_bytes, MemCategory::kAttention);
   TensorSet cur = kv_h;
   const auto steps = static_cast<int>(rg_);
-  // Per-step names, interned once per build (every layer asks for the same ones).
+  // Per-segment names, interned once per build (every layer asks for the same ones).
   const std::int32_t series = b_.name_series("ring_backward" + tag);
   auto ring_name = [&](int step, int slot, const auto& make) {
     return b_.series_name(series, 5 * step + slot, make);
   };
-  for (int k = 0; k < steps; ++k) {
+  // A step: the send of the next K/V block and the attention backward start together (the send
+  // follows the previous step's dK/dV hop on the comm stream, the attention reads its result);
+  // the dK/dV hop follows both.
+  for (const RingSegment& seg : ring_segments()) {
+    const int k = seg.first;
+    const int last = seg.first + seg.steps - 1;
     TensorSet next;
-    if (k + 1 < steps) {
-      next =
-          b_.tensor(ring_name(k, 0, [&] { return fmt::format("kv_block{}(bwd){}", k + 1, tag); }),
-                    kv_bytes, MemCategory::kAttention);
-      OpSpec& send =
-          next_spec(Name::interned(ring_name(
-                        k, 1, [&] { return fmt::format("ring_send_kv{}(bwd){}", k, tag); })),
-                    Stream::kComm, OpKind::kElementwise);
+    if (last + 1 < steps) {
+      next = b_.tensor(
+          ring_name(k, 0, [&] { return fmt::format("kv_block{}(bwd){}", last + 1, tag); }),
+          kv_bytes, MemCategory::kAttention);
+      OpSpec& send = next_spec(
+          Name::interned(ring_name(
+              k, 1, [&] { return fmt::format("ring_send_kv{}(bwd){}", step_label(seg), tag); })),
+          Stream::kComm, OpKind::kElementwise);
       send.inputs.push_back(cur);
       send.outputs.push_back(next);
       b_.collective(send, Group::kRing, models::Collective::kSendRecv, cost_,
-                    kv_bytes / ab_ * r_.cp_comm_bytes);
+                    kv_bytes / ab_ * r_.cp_comm_bytes, seg.steps);
     }
     OpSpec& step = next_spec(
-        Name::interned(ring_name(k, 2, [&] { return fmt::format("ring_attn_bwd{}{}", k, tag); })),
+        Name::interned(ring_name(
+            k, 2, [&] { return fmt::format("ring_attn_bwd{}{}", step_label(seg), tag); })),
         Stream::kCompute, OpKind::kAttentionBwd);
     step.time_s_per_rank = ring_step_times(k, hq, true, &step.flops);
+    for (double& t : step.time_s_per_rank) {
+      t *= seg.steps;
+    }
+    step.flops *= seg.steps;
     step.inputs.assign({q_h, cur, o_h, lse, do_h});
     if (k == 0) {
       step.outputs.assign({dq_acc, dkv});
@@ -259,15 +319,17 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
     const OpSet computed = b_.op(step);
     // The dK/dV accumulator travels with its K/V block: one hop after every step brings it home.
     TensorSet dkv_next =
-        b_.tensor(ring_name(k, 3, [&] { return fmt::format("ring_dkv_acc{}{}", k + 1, tag); }),
+        b_.tensor(ring_name(k, 3, [&] { return fmt::format("ring_dkv_acc{}{}", last + 1, tag); }),
                   dkv_acc_bytes, MemCategory::kAttention);
     OpSpec& send = next_spec(
-        Name::interned(ring_name(k, 4, [&] { return fmt::format("ring_send_dkv{}{}", k, tag); })),
+        Name::interned(ring_name(
+            k, 4, [&] { return fmt::format("ring_send_dkv{}{}", step_label(seg), tag); })),
         Stream::kComm, OpKind::kElementwise);
     send.inputs.push_back(dkv);
     send.outputs.push_back(dkv_next);
     send.deps.push_back(computed);
-    b_.collective(send, Group::kRing, models::Collective::kSendRecv, cost_, dkv_acc_bytes);
+    b_.collective(send, Group::kRing, models::Collective::kSendRecv, cost_, dkv_acc_bytes,
+                  seg.steps);
     dkv = dkv_next;
     cur = next;
   }

@@ -224,7 +224,8 @@ OpSet Builder::collective(const OpSpec& spec,
                           Group group,
                           models::Collective kind,
                           const CostModel& cost,
-                          std::int64_t size_bytes) {
+                          std::int64_t size_bytes,
+                          std::int64_t calls) {
   const Groups& gs = groups(group);
   const CostEntry* cached = nullptr;
   for (const CostEntry& e : cost_cache_) {
@@ -240,7 +241,9 @@ OpSet Builder::collective(const OpSpec& spec,
          cost.collective(kind, gs.span, group_size(group), size_bytes)};
     cached = &e;
   }
-  const CollectiveCost c = cached->value;
+  CollectiveCost c = cached->value;
+  c.wire_bytes *= calls;
+  c.alpha_s *= static_cast<double>(calls);
   const double time_s = c.time_s();
   const OpSet set = emit(spec, OpKind::kCollective, &time_s);
   // One collective per distinct group, numbered in order of each group's lowest rank.

@@ -133,12 +133,14 @@ class Builder {
     }
     return ids[i];
   }
-  /// One collective per group (kCp: one per CP group; kAll: one over all ranks).
+  /// One collective per group (kCp: one per CP group; kAll: one over all ranks). `calls` > 1:
+  /// that many calls of `size_bytes` back to back as one op (their latencies and bytes add up).
   OpSet collective(const OpSpec& spec,
                    Group group,
                    models::Collective kind,
                    const CostModel& cost,
-                   std::int64_t size_bytes);
+                   std::int64_t size_bytes,
+                   std::int64_t calls = 1);
   int ranks() const { return ranks_; }
   int simulated_ranks() const { return sim_ranks_; }
   int cp_degree() const { return cp_; }

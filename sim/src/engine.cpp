@@ -193,7 +193,7 @@ class Engine {
   void finish_op(OpId op);
   void wake_watchers(OpRuntime& rt);
   void finish_activity(std::int32_t a);
-  void refresh_rank(std::int32_t rank);
+  void refresh_copies(std::int32_t rank);
   void refresh_ranks(std::span<const std::int32_t> ranks);
   void refresh(std::int32_t a);
   std::int32_t rate_key(const Activity& act) const;
@@ -284,13 +284,10 @@ double Engine::rate_of(const Activity& act, std::int32_t key) const {
 
 // Brings the activity's remaining work up to now; when its rate changed (or it has none yet),
 // schedules its completion at the new rate, superseding the earlier event.
+// An activity whose rate stays is not touched: its remaining work is brought up to date only when
+// its rate changes.
 void Engine::refresh(std::int32_t a) {
   Activity& act = b_.activities[idx(a)];
-  if (now_ > act.last_update) {
-    act.remaining =
-        std::max(0.0, act.remaining - act.rate * static_cast<double>(now_ - act.last_update));
-  }
-  act.last_update = now_;
   const std::int32_t key = rate_key(act);
   if (act.scheduled && key == act.rate_key) {
     return;  // same inputs, same rate: the scheduled completion still holds
@@ -300,6 +297,11 @@ void Engine::refresh(std::int32_t a) {
   if (act.scheduled && rate == act.rate) {
     return;
   }
+  if (now_ > act.last_update) {
+    act.remaining =
+        std::max(0.0, act.remaining - act.rate * static_cast<double>(now_ - act.last_update));
+  }
+  act.last_update = now_;
   act.rate = rate;
   act.scheduled = true;
   if (seq_ == std::numeric_limits<std::uint32_t>::max()) {
@@ -311,24 +313,28 @@ void Engine::refresh(std::int32_t a) {
   std::push_heap(b_.events.begin(), b_.events.end(), EventLater{});
 }
 
-// One rank: its compute, copy and collective activities are distinct, so each is refreshed once
-// without stamps, in the order refresh_ranks uses.
-void Engine::refresh_rank(std::int32_t rank) {
-  const RankState& rs = b_.ranks[idx(rank)];
-  if (rs.compute_activity >= 0) {
-    refresh(rs.compute_activity);
-  }
-  for (std::int32_t a : rs.copies) {
-    refresh(a);
-  }
-  for (std::int32_t a : rs.collectives) {
+// What a rate depends on (rate_key): a compute activity, whether collectives run on its rank; a
+// copy, the copies of its rank; a collective, the collectives on its members' links. So a change
+// refreshes only the activities it can affect (refreshing any other would find its key unchanged):
+// a compute op's start or end none but itself, a copy's the copies of its rank, a collective's the
+// compute and the collectives of its members.
+void Engine::refresh_copies(std::int32_t rank) {
+  for (std::int32_t a : b_.ranks[idx(rank)].copies) {
     refresh(a);
   }
 }
 
+// The members' compute and collective activities, each once (a collective spans several members),
+// rank by rank.
 void Engine::refresh_ranks(std::span<const std::int32_t> ranks) {
   if (ranks.size() == 1) {
-    refresh_rank(ranks[0]);
+    const RankState& rs = b_.ranks[idx(ranks[0])];
+    if (rs.compute_activity >= 0) {
+      refresh(rs.compute_activity);
+    }
+    for (std::int32_t a : rs.collectives) {
+      refresh(a);
+    }
     return;
   }
   ++stamp_now_;
@@ -343,9 +349,6 @@ void Engine::refresh_ranks(std::span<const std::int32_t> ranks) {
     const RankState& rs = b_.ranks[idx(r)];
     if (rs.compute_activity >= 0) {
       touch(rs.compute_activity);
-    }
-    for (std::int32_t a : rs.copies) {
-      touch(a);
     }
     for (std::int32_t a : rs.collectives) {
       touch(a);
@@ -484,14 +487,15 @@ void Engine::start_head(std::size_t q) {
     act.base_rate = to_device ? h2d_rate_ : d2h_rate_;
     (to_device ? rs.h2d : rs.d2h) += 1;
     rs.copies.push_back(a);
+    refresh_copies(rank);
   } else {
     if (rs.compute_activity >= 0) {
       throw std::logic_error("two compute activities on one rank");
     }
     rs.compute_activity =
         new_activity(ActivityKind::kCompute, op, rank, static_cast<double>(o.duration_ns));
+    refresh(rs.compute_activity);
   }
-  refresh_rank(rank);
 }
 
 void Engine::release(TensorId t) {
@@ -602,10 +606,10 @@ void Engine::finish_activity(std::int32_t a) {
   if (kind == ActivityKind::kCopy) {
     (to_device ? rs.h2d : rs.d2h) -= 1;
     erase_value(rs.copies, a);
+    refresh_copies(rank);
   } else {
     rs.compute_activity = -1;
   }
-  refresh_rank(rank);
   finish_op(id);
 }
 

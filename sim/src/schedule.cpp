@@ -336,7 +336,8 @@ void build_step(const ScheduleInputs& inputs, Workload& into, const BuildOptions
   // takes its slowest position's time (see attention_core.cpp).
   const bool fast = !options.all_ranks;
   into.clear();
-  detail::StepBuilder builder(inputs, into, fast ? 1 : inputs.parallel.gpus);
+  detail::StepBuilder builder(inputs, into, fast ? 1 : inputs.parallel.gpus,
+                              fast && options.merge_ring_steps);
   builder.build();
 }
 

@@ -18,7 +18,10 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
 
 }  // namespace
 
-StepBuilder::StepBuilder(const ScheduleInputs& in, Workload& w, int simulated_ranks)
+StepBuilder::StepBuilder(const ScheduleInputs& in,
+                         Workload& w,
+                         int simulated_ranks,
+                         bool merge_ring_steps)
     : in_(in),
       m_(in.model),
       r_(in.recipe),
@@ -35,6 +38,7 @@ StepBuilder::StepBuilder(const ScheduleInputs& in, Workload& w, int simulated_ra
   n_ = in.parallel.seq_len;
   c_ = in.parallel.cp_degree;
   rg_ = in.parallel.ring_degree;
+  merge_ring_ = merge_ring_steps && simulated_ranks < in.parallel.gpus;
   u_ = c_ / rg_;
   s_ = n_ / c_;
   nr_ = n_ / rg_;

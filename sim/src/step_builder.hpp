@@ -59,9 +59,16 @@ struct InputGrad {
   OpSet ready;
 };
 
+/// Ring steps simulated as one op per stream: `steps` steps from `first` (see ring_segments).
+struct RingSegment {
+  int first = 0;
+  int steps = 1;
+};
+
 class StepBuilder {
  public:
-  StepBuilder(const ScheduleInputs& in, Workload& w, int simulated_ranks);
+  /// `merge_ring_steps`: see BuildOptions (representative rank only: its middle steps are equal).
+  StepBuilder(const ScheduleInputs& in, Workload& w, int simulated_ranks, bool merge_ring_steps);
   void build();
 
  private:
@@ -130,6 +137,9 @@ class StepBuilder {
   /// Core attention over the head-sharded sequence of n_r = N / ring tokens: one flash-attention
   /// call when the ring degree is 1, else a ring (send/recv) or an all-gather of K/V over the ring
   /// group. `hq` and `hkv` are local heads. `tag` suffixes op names.
+  /// The ring's steps: one per step, or with merge_ring_ (r ≥ 4) the first, steps 1..r−2 as one
+  /// segment (equal durations on the representative rank), and the last.
+  std::vector<RingSegment> ring_segments() const;
   CoreForward core_forward(
       const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv);
   CoreBackward core_backward(const std::string& tag,
@@ -176,13 +186,14 @@ class StepBuilder {
   Builder b_;
   Workload& w_;
   models::ParameterCount params_;
-  std::int64_t n_ = 0;   // N
-  std::int64_t c_ = 0;   // CP degree
-  std::int64_t u_ = 1;   // Ulysses degree
-  std::int64_t rg_ = 1;  // ring degree
-  std::int64_t s_ = 0;   // local tokens N / C
-  std::int64_t nr_ = 0;  // tokens after the Ulysses all-to-all: N / ring
-  std::int64_t ab_ = 2;  // activation bytes
+  std::int64_t n_ = 0;       // N
+  std::int64_t c_ = 0;       // CP degree
+  std::int64_t u_ = 1;       // Ulysses degree
+  std::int64_t rg_ = 1;      // ring degree
+  bool merge_ring_ = false;  // BuildOptions::merge_ring_steps
+  std::int64_t s_ = 0;       // local tokens N / C
+  std::int64_t nr_ = 0;      // tokens after the Ulysses all-to-all: N / ring
+  std::int64_t ab_ = 2;      // activation bytes
   std::int64_t shards_ = 1, tile_ = 0;
   OpSpec spec_;
 };

@@ -11,8 +11,9 @@
 namespace cpsim::planner {
 
 struct EvaluateOptions {
-  bool keep_trace = false;  ///< keep the workload and per-op intervals for a trace file
-  bool all_ranks = false;   ///< simulate every rank even when one representative rank suffices
+  bool keep_trace = false;       ///< keep the workload and per-op intervals for a trace file
+  bool all_ranks = false;        ///< simulate every rank even when one representative rank suffices
+  bool merge_ring_steps = true;  ///< sim::BuildOptions::merge_ring_steps
   /// List the largest tensors live at the memory peak (Evaluation::peak); records op intervals.
   bool explain_peak = false;
   /// Check the op graph for cycles with Boost.Graph before simulating (tests; the engine also

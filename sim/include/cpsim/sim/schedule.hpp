@@ -85,6 +85,11 @@ struct BuildOptions {
   /// exists; with a ring each step lasts as long as its slowest ring position (tested within a few
   /// percent of the full simulation).
   bool all_ranks = false;
+  /// Representative rank: the ring steps between the first and the last, which all last as long
+  /// and hold the same buffers, are one op per stream (a send of r−2 blocks, r−2 steps of
+  /// attention). Ring steps run in lockstep, so this gives the step-by-step schedule's times and
+  /// peak when nothing else runs beside the ring (tested), with O(1) ops per ring instead of O(r).
+  bool merge_ring_steps = true;
 };
 
 /// True when every rank runs the same ops with the same durations (no ring part), so the
