@@ -21,11 +21,13 @@ namespace cpsim::sim::detail {
 struct TensorSet {
   TensorId base = kNone;
   bool valid() const { return base != kNone; }
+  bool operator==(const TensorSet&) const = default;
 };
 /// An op on every rank.
 struct OpSet {
   OpId base = kNone;
   bool valid() const { return base != kNone; }
+  bool operator==(const OpSet&) const = default;
 };
 
 /// Communication groups. A CP group is C consecutive ranks (one per data-parallel replica); inside
@@ -91,6 +93,43 @@ struct OpSpec {
   std::vector<OpSet> deps;
 };
 
+/// Sizes of the workload's arrays at one point of the build; a segment lies between two marks.
+struct Mark {
+  std::int32_t ops = 0, tensors = 0, edges = 0, collectives = 0;
+  bool operator==(const Mark&) const = default;
+};
+
+/// How the ids a segment refers to correspond to those its repeat refers to: ids in [lo, hi)
+/// move by `delta`, any other id stays.
+struct IdShift {
+  std::int32_t lo = 0, hi = 0, delta = 0;
+};
+struct IdMap {
+  std::array<IdShift, 2> ops{}, tensors{};
+  OpId op(OpId x) const { return apply(ops, x); }
+  TensorId tensor(TensorId x) const { return apply(tensors, x); }
+  TensorSet operator()(TensorSet t) const { return {t.valid() ? tensor(t.base) : kNone}; }
+  OpSet operator()(OpSet o) const { return {o.valid() ? op(o.base) : kNone}; }
+
+ private:
+  static std::int32_t apply(const std::array<IdShift, 2>& shifts, std::int32_t x) {
+    for (const IdShift& s : shifts) {
+      if (x >= s.lo && x < s.hi) {
+        return x + s.delta;
+      }
+    }
+    return x;
+  }
+};
+
+/// A name of a segment that its repeat numbers one higher or lower ("ckpt7.host" → "ckpt8.host"):
+/// the number sits between `prefix` and `suffix` characters of the name.
+struct NameStep {
+  bool tensor = false;
+  std::int32_t index = 0;  ///< op or tensor within the segment
+  std::int32_t prefix = 0, suffix = 0, step = 0;
+};
+
 class Builder {
  public:
   /// `ranks` GPUs of which the first `simulated_ranks` get ops (1 = the representative-rank fast
@@ -141,6 +180,28 @@ class Builder {
                    const CostModel& cost,
                    std::int64_t size_bytes,
                    std::int64_t calls = 1);
+  // ---- repeated segments (layers) ----
+  Mark mark() const;
+  /// Whether segment [b0, b1) is segment [a0, a1) with ids mapped by `map`: every op (its layer
+  /// moved by `layer_step`), edge, collective and tensor the same, names equal or numbered one
+  /// apart (those are appended to `names`). Tensors' consumer counts are not compared (later ops
+  /// add to them).
+  bool repeats(const Mark& a0,
+               const Mark& a1,
+               const Mark& b0,
+               const Mark& b1,
+               const IdMap& map,
+               std::int32_t layer_step,
+               std::vector<NameStep>& names) const;
+  /// Appends segment [a0, a1) again with ids mapped by `map`, its ops' layers moved by
+  /// `layer_step` and the names of `names` renumbered: what emitting its ops and tensors again
+  /// would append (producers set and consumers counted the same way).
+  void repeat(const Mark& a0,
+              const Mark& a1,
+              const IdMap& map,
+              std::int32_t layer_step,
+              const std::vector<NameStep>& names);
+
   int ranks() const { return ranks_; }
   int simulated_ranks() const { return sim_ranks_; }
   int cp_degree() const { return cp_; }

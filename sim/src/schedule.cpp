@@ -337,7 +337,7 @@ void build_step(const ScheduleInputs& inputs, Workload& into, const BuildOptions
   const bool fast = !options.all_ranks;
   into.clear();
   detail::StepBuilder builder(inputs, into, fast ? 1 : inputs.parallel.gpus,
-                              fast && options.merge_ring_steps);
+                              fast && options.merge_ring_steps, options.repeat_layers);
   builder.build();
 }
 

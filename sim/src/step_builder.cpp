@@ -16,12 +16,77 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;
 }
 
+/// `s` with every tensor and op it names mapped.
+SavedLayer mapped(const IdMap& map, SavedLayer s) {
+  for (TensorSet* t : {&s.x, &s.xn, &s.norm1_saved, &s.norm2_saved, &s.qk_norm_saved, &s.q_local,
+                       &s.kv_local, &s.q_h, &s.kv_h, &s.o_h, &s.lse, &s.o, &s.final_out, &s.h1,
+                       &s.h1n, &s.gate_up, &s.act, &s.mlp_silu, &s.out}) {
+    *t = map(*t);
+  }
+  for (std::vector<TensorSet>* v : {&s.lses, &s.chunk_q, &s.chunk_kv, &s.chunk_o, &s.chunk_lse}) {
+    for (TensorSet& t : *v) {
+      t = map(t);
+    }
+  }
+  for (OpSet* o : {&s.attn_ready, &s.first_op, &s.last_op}) {
+    *o = map(*o);
+  }
+  return s;
+}
+
+/// Every id `s` holds, in a fixed order (vector sizes included).
+std::vector<std::int32_t> refs(const SavedLayer& s) {
+  std::vector<std::int32_t> out;
+  for (const TensorSet* t :
+       {&s.x, &s.xn, &s.norm1_saved, &s.norm2_saved, &s.qk_norm_saved, &s.q_local, &s.kv_local,
+        &s.q_h, &s.kv_h, &s.o_h, &s.lse, &s.o, &s.final_out, &s.h1, &s.h1n, &s.gate_up, &s.act,
+        &s.mlp_silu, &s.out}) {
+    out.push_back(t->base);
+  }
+  for (const std::vector<TensorSet>* v :
+       {&s.lses, &s.chunk_q, &s.chunk_kv, &s.chunk_o, &s.chunk_lse}) {
+    out.push_back(static_cast<std::int32_t>(v->size()));
+    for (const TensorSet& t : *v) {
+      out.push_back(t.base);
+    }
+  }
+  for (const OpSet* o : {&s.attn_ready, &s.first_op, &s.last_op}) {
+    out.push_back(o->base);
+  }
+  return out;
+}
+
+Mark operator-(const Mark& a, const Mark& b) {
+  return {a.ops - b.ops, a.tensors - b.tensors, a.edges - b.edges, a.collectives - b.collectives};
+}
+
+/// Ids of ops and tensors in [lo, hi) move by `delta`.
+IdMap shifting(const Mark& lo, const Mark& hi, const Mark& delta) {
+  IdMap m;
+  m.ops[0] = {lo.ops, hi.ops, delta.ops};
+  m.tensors[0] = {lo.tensors, hi.tensors, delta.tensors};
+  return m;
+}
+
+/// The map one block further: its first `regions` ranges move by `block`.
+IdMap advanced(IdMap m, const Mark& block, int regions = 2) {
+  for (int i = 0; i < regions; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    m.ops[k].lo += block.ops;
+    m.ops[k].hi += block.ops;
+    m.tensors[k].lo += block.tensors;
+    m.tensors[k].hi += block.tensors;
+  }
+  return m;
+}
+
 }  // namespace
 
 StepBuilder::StepBuilder(const ScheduleInputs& in,
                          Workload& w,
                          int simulated_ranks,
-                         bool merge_ring_steps)
+                         bool merge_ring_steps,
+                         bool repeat_layers)
     : in_(in),
       m_(in.model),
       r_(in.recipe),
@@ -39,6 +104,7 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
   c_ = in.parallel.cp_degree;
   rg_ = in.parallel.ring_degree;
   merge_ring_ = merge_ring_steps && simulated_ranks < in.parallel.gpus;
+  repeat_layers_ = repeat_layers;
   u_ = c_ / rg_;
   s_ = n_ / c_;
   nr_ = n_ / rg_;
@@ -418,10 +484,27 @@ void StepBuilder::build() {
     gather_into(fmt::format("allgather.layer{}", l), p_layer, layer_params[li], deps);
   };
   gather_layer(0, {ag_emb});
+  // Blocks alike are repeated, not rebuilt (Builder::repeat): in the forward, block 3 is checked
+  // to be block 2 mapped one block on, then blocks 4..L−2 repeat the block before. Blocks 0, 1 and
+  // L−1 are built (checkpoints kept on the GPU, no prefetch after the last).
+  std::vector<Mark> fwd(n_layers + 1);
+  IdMap fwd_map;  // block l−1 → block l while repeating
+  std::vector<NameStep> fwd_names;
+  bool fwd_repeat = false;
   for (int l = 0; l < layers; ++l) {
     b_.set_layer(l);
     const auto li = static_cast<std::size_t>(l);
+    fwd[li] = b_.mark();
     checkpoints[li] = x;
+    if (fwd_repeat && l + 1 < layers) {
+      b_.repeat(fwd[li - 1], fwd[li], fwd_map, 1, fwd_names);
+      host_copies[li] = fwd_map(host_copies[li - 1]);
+      layer_params[li + 1] = fwd_map(layer_params[li]);
+      saved[li] = mapped(fwd_map, saved[li - 1]);
+      x = fwd_map(x);
+      fwd_map = advanced(fwd_map, fwd[li] - fwd[li - 1]);
+      continue;
+    }
     const bool keep_on_gpu =
         !offload || (r_.offload_keep_first_last && (l == 0 || l == layers - 1));
     if (full_ac && !keep_on_gpu) {
@@ -444,6 +527,16 @@ void StepBuilder::build() {
     }
     if (!full_ac) {
       saved[li] = std::move(sv);
+    }
+    if (repeat_layers_ && l == 3 && layers >= 6) {
+      // Block 3 against block 2: ids inside blocks 1..3 move by one block.
+      const Mark end = b_.mark();
+      const IdMap check = shifting(fwd[1], fwd[3], fwd[3] - fwd[2]);
+      fwd_repeat = b_.repeats(fwd[2], fwd[3], fwd[3], end, check, 1, fwd_names) &&
+                   host_copies[3] == check(host_copies[2]) &&
+                   layer_params[4] == check(layer_params[3]) &&
+                   refs(saved[3]) == refs(mapped(check, saved[2])) && x == check(checkpoints[3]);
+      fwd_map = advanced(check, fwd[3] - fwd[2]);
     }
   }
 
@@ -507,9 +600,38 @@ void StepBuilder::build() {
   };
   b_.set_layer(layers - 1);
   prefetch(layers - 1, fn_bwd);
+  // Likewise backward, once the forward repeated: block L−4 is checked to be block L−3 mapped one
+  // block down (ids of backward blocks move by one block's worth, ids of forward blocks 2..L−2
+  // back by one forward block), then blocks L−5..3 repeat the block after; 2, 1, 0 are built.
+  std::vector<Mark> bwd(n_layers + 1);  // where the backward of block l starts
+  IdMap bwd_map;
+  std::vector<NameStep> bwd_names;
+  bool bwd_repeat = false;
+  // What a block's backward leaves to the next: the gradient, the last reduce, and the prefetched
+  // parameters and checkpoint of the block below.
+  auto state = [&](int l) {
+    const auto below = static_cast<std::size_t>(std::max(l - 1, 0));
+    return std::vector<std::int32_t>{dy.base, last_reduce.base, layer_params[below].base,
+                                     checkpoints[below].base};
+  };
+  std::vector<std::int32_t> state_before;
   for (int l = layers - 1; l >= 0; --l) {
     b_.set_layer(l);
     const auto li = static_cast<std::size_t>(l);
+    bwd[li] = b_.mark();
+    if (bwd_repeat && l >= 3) {
+      b_.repeat(bwd[li + 1], bwd[li], bwd_map, -1, bwd_names);
+      if (gather) {
+        layer_params[li - 1] = bwd_map(layer_params[li]);
+      }
+      if (host_copies[li - 1].valid()) {
+        checkpoints[li - 1] = bwd_map(checkpoints[li]);
+      }
+      dy = bwd_map(dy);
+      last_reduce = bwd_map(last_reduce);
+      bwd_map = advanced(bwd_map, bwd[li] - bwd[li + 1], /*regions=*/1);
+      continue;
+    }
     SavedLayer sv;
     if (full_ac) {
       b_.set_phase(Phase::kRecompute);
@@ -525,6 +647,24 @@ void StepBuilder::build() {
         zero >= 2 ? grad_buffer(fmt::format("layer{}.grads", l), p_layer) : TensorSet{};
     dy = layer_backward(sv, dy, layer_params[li], grads, full_ac && r_.checkpoint_reentrant);
     last_reduce = reduce_grads(fmt::format("reduce.layer{}", l), p_layer, grads, {});
+    if (fwd_repeat && layers >= 9 && l == layers - 3) {
+      state_before = state(l);
+    }
+    if (fwd_repeat && layers >= 9 && l == layers - 4) {
+      const Mark end = b_.mark();
+      const Mark block = fwd[3] - fwd[2];
+      IdMap check = shifting(bwd[li + 2], bwd[li], end - bwd[li]);
+      check.ops[1] = {fwd[2].ops, fwd[n_layers - 1].ops, -block.ops};
+      check.tensors[1] = {fwd[2].tensors, fwd[n_layers - 1].tensors, -block.tensors};
+      std::vector<std::int32_t> expected = state_before;
+      expected[0] = check(TensorSet{expected[0]}).base;
+      expected[1] = check(OpSet{expected[1]}).base;
+      expected[2] = check(TensorSet{expected[2]}).base;
+      expected[3] = check(TensorSet{expected[3]}).base;
+      bwd_repeat = b_.repeats(bwd[li + 1], bwd[li], bwd[li], end, check, -1, bwd_names) &&
+                   state(l) == expected;
+      bwd_map = advanced(check, end - bwd[li], /*regions=*/1);
+    }
   }
   b_.set_layer(-1);
   TensorSet emb_grads = grad_buffer("embedding.grads", p_embed);

@@ -68,7 +68,11 @@ struct RingSegment {
 class StepBuilder {
  public:
   /// `merge_ring_steps`: see BuildOptions (representative rank only: its middle steps are equal).
-  StepBuilder(const ScheduleInputs& in, Workload& w, int simulated_ranks, bool merge_ring_steps);
+  StepBuilder(const ScheduleInputs& in,
+              Workload& w,
+              int simulated_ranks,
+              bool merge_ring_steps,
+              bool repeat_layers);
   void build();
 
  private:
@@ -186,14 +190,15 @@ class StepBuilder {
   Builder b_;
   Workload& w_;
   models::ParameterCount params_;
-  std::int64_t n_ = 0;       // N
-  std::int64_t c_ = 0;       // CP degree
-  std::int64_t u_ = 1;       // Ulysses degree
-  std::int64_t rg_ = 1;      // ring degree
-  bool merge_ring_ = false;  // BuildOptions::merge_ring_steps
-  std::int64_t s_ = 0;       // local tokens N / C
-  std::int64_t nr_ = 0;      // tokens after the Ulysses all-to-all: N / ring
-  std::int64_t ab_ = 2;      // activation bytes
+  std::int64_t n_ = 0;         // N
+  std::int64_t c_ = 0;         // CP degree
+  std::int64_t u_ = 1;         // Ulysses degree
+  std::int64_t rg_ = 1;        // ring degree
+  bool merge_ring_ = false;    // BuildOptions::merge_ring_steps
+  bool repeat_layers_ = true;  // BuildOptions::repeat_layers
+  std::int64_t s_ = 0;         // local tokens N / C
+  std::int64_t nr_ = 0;        // tokens after the Ulysses all-to-all: N / ring
+  std::int64_t ab_ = 2;        // activation bytes
   std::int64_t shards_ = 1, tile_ = 0;
   OpSpec spec_;
 };

@@ -84,6 +84,7 @@ void Workload::clear() {
   names.clear();
   static_memory.clear();
   notes.clear();
+  repeated_blocks = 0;
   name_index_.clear();
   next_name_.clear();
   last_name_ = -1;
