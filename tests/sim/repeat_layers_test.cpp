@@ -131,5 +131,23 @@ TEST(RepeatLayers, SameWorkloadAsBuiltBlockByBlock) {
   EXPECT_EQ(repeated, 7 * 4 * 3 + 7);  // every configuration repeated blocks
 }
 
+// Shallow models: the forward repeats from 6 blocks (blocks 4..L−2), the backward from 9 (blocks
+// L−5..3); below that every block is built.
+TEST(RepeatLayers, ShallowModels) {
+  for (const CpMethod method : {CpMethod::kUlysses, CpMethod::kUPipe, CpMethod::kFpdt}) {
+    for (std::int64_t layers = 1; layers <= 10; ++layers) {
+      ScheduleInputs in = inputs(method, "llama3-8b", 8, 256 * kK);
+      in.model.layers = layers;
+      SCOPED_TRACE(fmt::format("{} {} layers", models::to_string(method), layers));
+      const Workload built = build_step(in, {.repeat_layers = false});
+      const Workload fast = build_step(in);
+      expect_same(built, fast);
+      const std::int64_t forward = layers >= 6 ? layers - 5 : 0;
+      const std::int64_t backward = layers >= 9 ? layers - 7 : 0;
+      EXPECT_EQ(fast.repeated_blocks, forward + backward);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cpsim::sim
