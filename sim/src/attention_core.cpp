@@ -122,10 +122,12 @@ CoreBackward StepBuilder::core_backward(const std::string& tag,
   return out;
 }
 
-std::vector<double> StepBuilder::ring_step_times(int step,
+std::vector<double> StepBuilder::ring_step_times(const RingSegment& seg,
                                                  std::int64_t hq,
                                                  bool backward,
                                                  double* flops) const {
+  const int step = seg.first;
+  const auto steps = static_cast<double>(seg.steps);  // a merged segment's steps are alike
   const std::int64_t d = m_.head_dim;
   const bool zigzag = in_.parallel.ring_layout == models::RingLayout::kZigzag;
   // Online-softmax merge of the block into the fp32 accumulator (forward), or the addition of the
@@ -148,7 +150,7 @@ std::vector<double> StepBuilder::ring_step_times(int step,
   };
   auto seconds = [&](const KernelCost& k) { return k.flops > 0 ? k.time_s + merge_s : 0.0; };
   if (flops != nullptr) {
-    *flops = of_position(b_.position(Group::kRing, 0)).flops;
+    *flops = steps * of_position(b_.position(Group::kRing, 0)).flops;
   }
   if (b_.simulated_ranks() < b_.ranks()) {
     // Representative rank: each step takes as long as its slowest ring position (the rendezvous
@@ -159,11 +161,11 @@ std::vector<double> StepBuilder::ring_step_times(int step,
     if (step > 0) {
       slowest = zigzag ? std::max(seconds(before), seconds(after)) : seconds(before);
     }
-    return {slowest};
+    return {steps * slowest};
   }
   std::vector<double> t;
   for (int rank = 0; rank < b_.simulated_ranks(); ++rank) {
-    t.push_back(seconds(of_position(b_.position(Group::kRing, rank))));
+    t.push_back(steps * seconds(of_position(b_.position(Group::kRing, rank))));
   }
   return t;
 }
@@ -230,11 +232,7 @@ CoreForward StepBuilder::ring_forward(
         Name::interned(ring_name(
             k, 2, [&] { return fmt::format("ring_attn_fwd{}{}", step_label(seg), tag); })),
         Stream::kCompute, OpKind::kAttentionFwd);
-    step.time_s_per_rank = ring_step_times(k, hq, false, &step.flops);
-    for (double& t : step.time_s_per_rank) {
-      t *= seg.steps;
-    }
-    step.flops *= seg.steps;
+    step.time_s_per_rank = ring_step_times(seg, hq, false, &step.flops);
     step.inputs.push_back(q_h);
     step.inputs.push_back(cur);
     if (k == 0) {
@@ -301,11 +299,7 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
         Name::interned(ring_name(
             k, 2, [&] { return fmt::format("ring_attn_bwd{}{}", step_label(seg), tag); })),
         Stream::kCompute, OpKind::kAttentionBwd);
-    step.time_s_per_rank = ring_step_times(k, hq, true, &step.flops);
-    for (double& t : step.time_s_per_rank) {
-      t *= seg.steps;
-    }
-    step.flops *= seg.steps;
+    step.time_s_per_rank = ring_step_times(seg, hq, true, &step.flops);
     step.inputs.assign({q_h, cur, o_h, lse, do_h});
     if (k == 0) {
       step.outputs.assign({dq_acc, dkv});

@@ -97,6 +97,10 @@ struct OpSpec {
 struct Mark {
   std::int32_t ops = 0, tensors = 0, edges = 0, collectives = 0;
   bool operator==(const Mark&) const = default;
+  /// The sizes of the segment [b, *this).
+  Mark operator-(const Mark& b) const {
+    return {ops - b.ops, tensors - b.tensors, edges - b.edges, collectives - b.collectives};
+  }
 };
 
 /// How the ids a segment refers to correspond to those its repeat refers to: ids in [lo, hi)

@@ -16,48 +16,41 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;
 }
 
-/// `s` with every tensor and op it names mapped.
-SavedLayer mapped(const IdMap& map, SavedLayer s) {
-  for (TensorSet* t : {&s.x, &s.xn, &s.norm1_saved, &s.norm2_saved, &s.qk_norm_saved, &s.q_local,
-                       &s.kv_local, &s.q_h, &s.kv_h, &s.o_h, &s.lse, &s.o, &s.final_out, &s.h1,
-                       &s.h1n, &s.gate_up, &s.act, &s.mlp_silu, &s.out}) {
-    *t = map(*t);
+/// Calls on_tensor(TensorSet&) and on_op(OpSet&) on every tensor and op `s` holds, in a fixed
+/// order; on_size(size) before each per-stage or per-chunk list.
+template <class Layer, class OnTensor, class OnOp, class OnSize>
+void visit(Layer& s, const OnTensor& on_tensor, const OnOp& on_op, const OnSize& on_size) {
+  for (auto* t : {&s.x, &s.xn, &s.norm1_saved, &s.norm2_saved, &s.qk_norm_saved, &s.q_local,
+                  &s.kv_local, &s.q_h, &s.kv_h, &s.o_h, &s.lse, &s.o, &s.final_out, &s.h1, &s.h1n,
+                  &s.gate_up, &s.act, &s.mlp_silu, &s.out}) {
+    on_tensor(*t);
   }
-  for (std::vector<TensorSet>* v : {&s.lses, &s.chunk_q, &s.chunk_kv, &s.chunk_o, &s.chunk_lse}) {
-    for (TensorSet& t : *v) {
-      t = map(t);
+  for (auto* v : {&s.lses, &s.chunk_q, &s.chunk_kv, &s.chunk_o, &s.chunk_lse}) {
+    on_size(v->size());
+    for (auto& t : *v) {
+      on_tensor(t);
     }
   }
-  for (OpSet* o : {&s.attn_ready, &s.first_op, &s.last_op}) {
-    *o = map(*o);
+  for (auto* o : {&s.attn_ready, &s.first_op, &s.last_op}) {
+    on_op(*o);
   }
+}
+
+/// `s` with every tensor and op it names mapped.
+SavedLayer mapped(const IdMap& map, SavedLayer s) {
+  visit(
+      s, [&](TensorSet& t) { t = map(t); }, [&](OpSet& o) { o = map(o); }, [](std::size_t) {});
   return s;
 }
 
-/// Every id `s` holds, in a fixed order (vector sizes included).
+/// Every id `s` holds, in a fixed order (list sizes included).
 std::vector<std::int32_t> refs(const SavedLayer& s) {
   std::vector<std::int32_t> out;
-  for (const TensorSet* t :
-       {&s.x, &s.xn, &s.norm1_saved, &s.norm2_saved, &s.qk_norm_saved, &s.q_local, &s.kv_local,
-        &s.q_h, &s.kv_h, &s.o_h, &s.lse, &s.o, &s.final_out, &s.h1, &s.h1n, &s.gate_up, &s.act,
-        &s.mlp_silu, &s.out}) {
-    out.push_back(t->base);
-  }
-  for (const std::vector<TensorSet>* v :
-       {&s.lses, &s.chunk_q, &s.chunk_kv, &s.chunk_o, &s.chunk_lse}) {
-    out.push_back(static_cast<std::int32_t>(v->size()));
-    for (const TensorSet& t : *v) {
-      out.push_back(t.base);
-    }
-  }
-  for (const OpSet* o : {&s.attn_ready, &s.first_op, &s.last_op}) {
-    out.push_back(o->base);
-  }
+  visit(
+      s, [&](const TensorSet& t) { out.push_back(t.base); },
+      [&](const OpSet& o) { out.push_back(o.base); },
+      [&](std::size_t n) { out.push_back(static_cast<std::int32_t>(n)); });
   return out;
-}
-
-Mark operator-(const Mark& a, const Mark& b) {
-  return {a.ops - b.ops, a.tensors - b.tensors, a.edges - b.edges, a.collectives - b.collectives};
 }
 
 /// Ids of ops and tensors in [lo, hi) move by `delta`.

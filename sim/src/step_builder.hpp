@@ -174,10 +174,11 @@ class StepBuilder {
                                   TensorSet do_h,
                                   std::int64_t hq,
                                   std::int64_t hkv);
-  /// Attention shape(s) of ring step `step` on each rank of the ring (zigzag or contiguous layout):
-  /// time of forward or backward per rank, and FLOPs of rank 0.
+  /// All-gather attention: time of forward or backward per rank, and FLOPs of rank 0.
   std::vector<double> allgather_times(std::int64_t hq, bool backward, double* flops) const;
-  std::vector<double> ring_step_times(int step,
+  /// The steps of `seg` on each rank of the ring (attention shapes of the zigzag or contiguous
+  /// layout): time of forward or backward per rank, and FLOPs of rank 0.
+  std::vector<double> ring_step_times(const RingSegment& seg,
                                       std::int64_t hq,
                                       bool backward,
                                       double* flops) const;
