@@ -324,6 +324,9 @@ nlohmann::json to_json(const SimulateArgs& a,
       {"peak", {{"rank", rep.peak_rank}, {"op", rep.peak_op}}},
       {"gpu_capacity_bytes", rep.gpu_capacity_bytes},
       {"headroom_bytes", rep.gpu_headroom_bytes},
+      {"reserved_memory_bytes",
+       rep.reserved_peak_bytes > 0 ? json(rep.reserved_peak_bytes) : json(nullptr)},
+      {"allocator_cache_releases", rep.allocator_cache_releases},
       {"host_memory_bytes", rep.host_memory_bytes},
       {"host_capacity_bytes", rep.host_capacity_bytes},
       {"fits", rep.fits()},
@@ -391,6 +394,16 @@ std::string human(const sim::ScheduleInputs& in,
                    format_bytes(static_cast<double>(rep.peak_memory_bytes)),
                    format_bytes(static_cast<double>(rep.gpu_capacity_bytes)), verdict);
   o += fmt::format("  at                   rank {}, {}\n", rep.peak_rank, rep.peak_op);
+  if (rep.reserved_peak_bytes > 0) {
+    o += fmt::format(
+        "  reserved             {} (what nvidia-smi shows: PyTorch's caching allocator{}, "
+        "modelled{})\n",
+        format_bytes(static_cast<double>(rep.reserved_peak_bytes)),
+        in.recipe.expandable_segments ? " with expandable segments" : "",
+        rep.allocator_cache_releases > 0
+            ? fmt::format("; it empties its cache {} time(s) to fit", rep.allocator_cache_releases)
+            : "");
+  }
   std::vector<std::vector<std::string>> rows;
   for (int c = 0; c < sim::kMemCategoryCount; ++c) {
     const auto i = static_cast<std::size_t>(c);
@@ -700,6 +713,7 @@ int run_simulate(const SimulateArgs& a) {
   planner::EvaluateOptions opts;
   opts.keep_trace = !a.trace.empty();
   opts.explain_peak = true;
+  opts.model_allocator = true;
   const planner::Evaluation e = planner::evaluate(in, opts);
   if (!a.trace.empty()) {
     std::ostringstream trace;

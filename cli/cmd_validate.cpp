@@ -85,9 +85,13 @@ Outcome run_case(const Case& c) {
     o.note = r.binding.text;
   } else {
     const sim::ScheduleInputs in = resolve_inputs(a);
-    const sim::StepReport r = planner::evaluate(in).report;
+    planner::EvaluateOptions opts;
+    opts.model_allocator = c.quantity == "reserved_memory_bytes";
+    const sim::StepReport r = planner::evaluate(in, opts).report;
     if (c.quantity == "peak_memory_bytes")
       o.predicted = static_cast<double>(r.peak_memory_bytes);
+    if (c.quantity == "reserved_memory_bytes")
+      o.predicted = static_cast<double>(r.reserved_peak_bytes);
     if (c.quantity == "tokens_per_s_per_gpu")
       o.predicted = r.tokens_per_s_per_gpu;
     if (c.quantity == "model_tflops_per_gpu")
@@ -106,6 +110,8 @@ std::string show(const std::string& quantity, double v) {
     return format_length(static_cast<std::int64_t>(v));
   if (quantity == "peak_memory_bytes")
     return fmt::format("{:.1f} GB", v / 1e9);
+  if (quantity == "reserved_memory_bytes")  // nvidia-smi readings, printed by tools in GiB
+    return fmt::format("{:.1f} GiB", v / static_cast<double>(std::int64_t{1} << 30));
   if (quantity == "mfu")
     return fmt::format("{:.1f} %", 100 * v);
   return fmt::format("{:.1f}", v);

@@ -13,12 +13,26 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& op
   if (options.verify_graph) {
     sim::check_acyclic(*workload);  // builders emit program order, so this is a test-time check
   }
+  // Reserved memory depends on the order of allocations, which ties between ranks can permute: it
+  // always comes from the build a run without a trace would make, so a trace changes no number.
+  const bool allocator_apart = options.model_allocator && build.all_ranks != options.all_ranks;
   sim::SimOptions sim_options;
   sim_options.record_trace = options.keep_trace || options.explain_peak;
+  sim_options.log_allocations = options.model_allocator && !allocator_apart;
   auto result =
       std::make_shared<sim::SimResult>(sim::simulate(*workload, inputs.hardware, sim_options));
   Evaluation e;
   e.report = sim::summarize(inputs, *workload, *result);
+  if (allocator_apart) {
+    sim::BuildOptions plain = build;
+    plain.all_ranks = options.all_ranks;
+    const sim::Workload w = sim::build_step(inputs, plain);
+    sim::SimOptions logged;
+    logged.log_allocations = true;
+    const sim::StepReport r = sim::summarize(inputs, w, sim::simulate(w, inputs.hardware, logged));
+    e.report.reserved_peak_bytes = r.reserved_peak_bytes;
+    e.report.allocator_cache_releases = r.allocator_cache_releases;
+  }
   if (options.explain_peak) {
     e.peak = sim::peak_contents(*workload, *result, e.report.peak_rank, kPeakContentsListed);
   }
@@ -32,7 +46,7 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& op
 Evaluation evaluate(const sim::ScheduleInputs& inputs,
                     const EvaluateOptions& options,
                     EvaluationScratch& scratch) {
-  if (options.keep_trace) {
+  if (options.keep_trace || options.model_allocator) {
     return evaluate(inputs, options);
   }
   sim::BuildOptions build;

@@ -17,8 +17,9 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr std::array<std::string_view, 5> kQuantities = {
-    "max_seq_len", "peak_memory_bytes", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu"};
+constexpr std::array<std::string_view, 6> kQuantities = {
+    "max_seq_len",          "peak_memory_bytes",    "reserved_memory_bytes",
+    "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu"};
 
 /// A JSON integer that fits an int. @throws InputError(field) otherwise.
 int int_value(const Json& value, const std::string& field, const char* message) {

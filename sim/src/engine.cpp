@@ -170,7 +170,12 @@ class Engine {
          const models::HardwareProfile& p,
          const SimOptions& o,
          Simulator::Scratch& scratch)
-      : w_(w), profile_(p), trace_(o.record_trace), home_(scratch), b_(std::move(scratch)) {}
+      : w_(w),
+        profile_(p),
+        trace_(o.record_trace),
+        log_allocations_(o.log_allocations),
+        home_(scratch),
+        b_(std::move(scratch)) {}
   // The buffers go back to the Simulator (with their capacity) however the run ends.
   ~Engine() { home_ = std::move(b_); }
   Engine(const Engine&) = delete;
@@ -200,10 +205,12 @@ class Engine {
   double rate_of(const Activity& act, std::int32_t key) const;
   void note_memory(std::int32_t rank, OpId op);
   void release(TensorId t);
+  void log_allocation(std::int64_t key, std::int64_t bytes, const Op& o, bool allocate);
 
   const Workload& w_;
   const models::HardwareProfile& profile_;
-  const bool trace_;  // SimOptions::record_trace
+  const bool trace_;            // SimOptions::record_trace
+  const bool log_allocations_;  // SimOptions::log_allocations
   // Constant over the run: rates of the profile (per ns).
   double compute_rate_under_comm_ = 1.0;
   double h2d_rate_ = 0.0;
@@ -402,11 +409,17 @@ void Engine::begin_op(OpId op, const Op& o) {
       rs.host_live += ten.bytes;
     } else {
       allocate(ten.category, rounded(ten.bytes));
+      if (log_allocations_) {
+        log_allocation(t, rounded(ten.bytes), o, true);
+      }
     }
   }
   // A zero-byte allocation changes nothing (a category's peak is never below its live bytes).
   if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
     allocate(o.workspace_category, workspace);
+    if (log_allocations_) {
+      log_allocation(-std::int64_t{op} - 1, workspace, o, true);
+    }
   }
   note_memory(o.rank, op);
 }
@@ -507,7 +520,17 @@ void Engine::release(TensorId t) {
     const std::int64_t bytes = rounded(ten.bytes);
     owner.live[static_cast<std::size_t>(ten.category)] -= bytes;
     owner.device_total -= bytes;
+    if (log_allocations_) {
+      log_allocation(t, bytes, w_.ops[idx(ten.producer)], false);
+    }
   }
+}
+
+// Keys: a tensor's id, or −(op + 1) for an op's workspace. The FSDP stream allocates from its
+// own pools (PyTorch keeps pools per stream; FSDP2 and ZeRO-3 gather parameters on their stream).
+void Engine::log_allocation(std::int64_t key, std::int64_t bytes, const Op& o, bool allocate) {
+  const std::uint8_t pool = o.stream == Stream::kFsdp ? 1 : 0;
+  result_.allocations.push_back({key, bytes, o.rank, pool, allocate});
 }
 
 // Frees what the op held, starts the queue heads that waited only for it (in program order), then
@@ -525,6 +548,9 @@ void Engine::finish_op(OpId op) {
   if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
     rs.live[static_cast<std::size_t>(o.workspace_category)] -= workspace;
     rs.device_total -= workspace;
+    if (log_allocations_) {
+      log_allocation(-std::int64_t{op} - 1, workspace, o, false);
+    }
   }
   for (TensorId t : range(o.inputs_begin, o.inputs_end)) {
     TensorState& ts = b_.tensors[idx(t)];

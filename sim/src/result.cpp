@@ -119,6 +119,19 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
   rep.gpu_capacity_bytes = in.hardware.hbm_capacity_bytes;
   rep.gpu_headroom_bytes = rep.gpu_capacity_bytes - rep.peak_memory_bytes;
   rep.fits_gpu = rep.gpu_headroom_bytes >= 0;
+  if (!r.allocations.empty()) {
+    // The caching allocator's reserved memory on the peak rank: what nvidia-smi shows is this plus
+    // the fixed overheads (context, NCCL and library workspaces), which live outside it.
+    AllocatorConfig config;
+    config.mode = in.recipe.expandable_segments ? AllocatorMode::kExpandableSegments
+                                                : AllocatorMode::kSegments;
+    config.capacity_bytes = rep.gpu_capacity_bytes - pm.fixed_overhead_bytes;
+    config.static_bytes =
+        w.static_memory[static_cast<std::size_t>(rep.peak_rank)].model_states_bytes;
+    const AllocatorReplay replay = replay_allocator(r.allocations, rep.peak_rank, config);
+    rep.reserved_peak_bytes = replay.peak_reserved_bytes + pm.fixed_overhead_bytes;
+    rep.allocator_cache_releases = replay.cache_releases;
+  }
 
   // Host memory per node: the sum of the host peaks of the node's ranks (symmetric ranks peak
   // together, so the sum is the node's peak). On the representative-rank path every rank of a node

@@ -562,12 +562,34 @@ void StepBuilder::build() {
     compute("fused_linear_ce", OpKind::kLoss, k, {xf, head_w}, {dxf, head_grads}, {},
             chunk * v * ab_);
   } else {
-    // Logits [s, V] in bf16 saved, an fp32 upcast for the loss, and an fp32 gradient.
-    TensorSet logits = b_.tensor("logits", s_ * v * ab_, MemCategory::kActivations);
+    // Hugging Face's loss on materialised logits (ForCausalLMLoss: logits.float(), then
+    // F.cross_entropy = log_softmax + nll_loss), tensor by tensor as PyTorch's autograd holds them,
+    // with n = s·V logits:
+    //   forward:  logits bf16 (2n B); the fp32 upcast (4n) lives while log_softmax writes its fp32
+    //             output (4n, saved for backward); the upcast is dropped when the loss returns and
+    //             the bf16 logits with the model's output (ToCopyBackward saves no tensor):
+    //             5 logit-sized bf16 units at the forward peak.
+    //   backward: nll_loss_backward writes a zero-filled fp32 gradient (4n); log_softmax_backward
+    //             reads it and the saved output and writes the fp32 input gradient (4n): 12n bytes
+    //             at the backward peak; then both are dropped and ToCopyBackward writes the bf16
+    //             gradient (2n) that the head's two GEMMs read.
+    // Memory traffic per logit: forward 2+4 (upcast) and 4+4+4 (log_softmax: max/sum pass and
+    // write); backward 4 (zero fill), 4+4+4 (log_softmax_backward), 4+2 (downcast).
+    const std::int64_t n = s_ * v;
+    TensorSet logits = b_.tensor("logits", n * ab_, MemCategory::kActivations);
     compute("lm_head", OpKind::kGemm, gemm(s_, v, h), {xf, head_w}, {logits});
-    TensorSet dlogits = b_.tensor("dlogits", s_ * v * ab_, MemCategory::kOther);
-    compute("cross_entropy", OpKind::kLoss, mem(4 * s_ * v * kFp32Bytes), {logits}, {dlogits}, {},
-            2 * s_ * v * kFp32Bytes);
+    TensorSet log_probs = b_.tensor("log_softmax_out", n * kFp32Bytes, MemCategory::kActivations);
+    compute("cross_entropy", OpKind::kLoss, mem(n * (ab_ + 3 * kFp32Bytes)), {logits}, {log_probs},
+            {}, n * kFp32Bytes);
+    b_.set_phase(Phase::kBackward);
+    TensorSet dlog_probs = b_.tensor("dlog_softmax_out", n * kFp32Bytes, MemCategory::kOther);
+    compute("nll_loss_bwd", OpKind::kLoss, mem(n * kFp32Bytes), {}, {dlog_probs});
+    TensorSet dlogits_fp32 = b_.tensor("dlogits_fp32", n * kFp32Bytes, MemCategory::kOther);
+    compute("log_softmax_bwd", OpKind::kLoss, mem(3 * n * kFp32Bytes), {dlog_probs, log_probs},
+            {dlogits_fp32});
+    TensorSet dlogits = b_.tensor("dlogits", n * ab_, MemCategory::kOther);
+    compute("upcast_bwd", OpKind::kElementwise, mem(n * (kFp32Bytes + ab_)), {dlogits_fp32},
+            {dlogits});
     compute("lm_head_bwd", OpKind::kGemm, times(gemm(s_, v, h), 2.0), {dlogits, xf, head_w},
             {dxf, head_grads});
   }

@@ -19,6 +19,8 @@ struct EvaluateOptions {
   /// Check the op graph for cycles with Boost.Graph before simulating (tests; the engine also
   /// reports a stalled schedule instead of hanging).
   bool verify_graph = false;
+  /// Replay the allocations through the caching-allocator model (StepReport::reserved_peak_bytes).
+  bool model_allocator = false;
 };
 
 struct Evaluation {

@@ -45,8 +45,8 @@ struct ValidationSetup {
 struct ValidationCase {
   std::string id;
   std::string title;
-  std::string quantity;  ///< max_seq_len, peak_memory_bytes, tokens_per_s_per_gpu,
-                         ///< model_tflops_per_gpu or mfu
+  std::string quantity;  ///< max_seq_len, peak_memory_bytes (allocated), reserved_memory_bytes
+                         ///< (nvidia-smi reading), tokens_per_s_per_gpu, model_tflops_per_gpu, mfu
   std::string source;
   std::string skip;  ///< non-empty: the case is listed, not run, with this reason
   std::string tolerance_why;

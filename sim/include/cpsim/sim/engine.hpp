@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cpsim/models/units.hpp"
+#include "cpsim/sim/allocator.hpp"
 #include "cpsim/sim/workload.hpp"
 
 namespace cpsim::sim {
@@ -35,6 +36,9 @@ constexpr std::int64_t allocation_bytes(std::int64_t requested) {
 
 struct SimOptions {
   bool record_trace = false;  ///< keep per-op intervals and memory samples for a trace file
+  /// Keep every device allocation and free in order (SimResult::allocations), for the caching
+  /// allocator model (allocator.hpp).
+  bool log_allocations = false;
 };
 
 /// Interval an op ran in (trace only).
@@ -74,6 +78,7 @@ struct SimResult {
   std::int64_t events = 0;                   ///< events processed by the loop
   std::vector<OpInterval> intervals;         ///< when record_trace
   std::vector<MemorySample> memory_samples;  ///< when record_trace
+  std::vector<AllocationEvent> allocations;  ///< when log_allocations, in the order made
 };
 
 /// Runs one step. @throws std::logic_error if the workload is malformed (a builder bug): a cycle,

@@ -31,6 +31,12 @@ struct StepReport {
   std::array<std::int64_t, kMemCategoryCount> category_peak{};
   std::int64_t gpu_capacity_bytes = 0;
   std::int64_t gpu_headroom_bytes = 0;  ///< capacity − peak (negative when it does not fit)
+  /// Device memory the process holds at most (PyTorch's reserved memory, modelled in
+  /// allocator.hpp, plus the fixed overheads): what nvidia-smi would show. 0 when not modelled
+  /// (SimOptions::log_allocations off).
+  std::int64_t reserved_peak_bytes = 0;
+  /// Times the modelled allocator emptied its cache to satisfy a request (slow: it synchronizes).
+  std::int32_t allocator_cache_releases = 0;
 
   // Host memory (pinned offload buffers), the busiest node
   std::int64_t host_memory_bytes = 0;
