@@ -205,7 +205,8 @@ class Engine {
   double rate_of(const Activity& act, std::int32_t key) const;
   void note_memory(std::int32_t rank, OpId op);
   void release(TensorId t);
-  void log_allocation(std::int64_t key, std::int64_t bytes, const Op& o, bool allocate);
+  void log_allocation(
+      std::int64_t key, std::int64_t bytes, std::int32_t rank, Stream stream, bool allocate);
 
   const Workload& w_;
   const models::HardwareProfile& profile_;
@@ -410,7 +411,7 @@ void Engine::begin_op(OpId op, const Op& o) {
     } else {
       allocate(ten.category, rounded(ten.bytes));
       if (log_allocations_) {
-        log_allocation(t, rounded(ten.bytes), o, true);
+        log_allocation(t, rounded(ten.bytes), o.rank, o.stream, true);
       }
     }
   }
@@ -418,7 +419,7 @@ void Engine::begin_op(OpId op, const Op& o) {
   if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
     allocate(o.workspace_category, workspace);
     if (log_allocations_) {
-      log_allocation(-std::int64_t{op} - 1, workspace, o, true);
+      log_allocation(-std::int64_t{op} - 1, workspace, o.rank, o.stream, true);
     }
   }
   note_memory(o.rank, op);
@@ -521,16 +522,19 @@ void Engine::release(TensorId t) {
     owner.live[static_cast<std::size_t>(ten.category)] -= bytes;
     owner.device_total -= bytes;
     if (log_allocations_) {
-      log_allocation(t, bytes, w_.ops[idx(ten.producer)], false);
+      const Stream stream =
+          ten.producer == kNone ? Stream::kCompute : w_.ops[idx(ten.producer)].stream;
+      log_allocation(t, bytes, ten.rank, stream, false);
     }
   }
 }
 
 // Keys: a tensor's id, or −(op + 1) for an op's workspace. The FSDP stream allocates from its
 // own pools (PyTorch keeps pools per stream; FSDP2 and ZeRO-3 gather parameters on their stream).
-void Engine::log_allocation(std::int64_t key, std::int64_t bytes, const Op& o, bool allocate) {
-  const std::uint8_t pool = o.stream == Stream::kFsdp ? 1 : 0;
-  result_.allocations.push_back({key, bytes, o.rank, pool, allocate});
+void Engine::log_allocation(
+    std::int64_t key, std::int64_t bytes, std::int32_t rank, Stream stream, bool allocate) {
+  const std::uint8_t pool = stream == Stream::kFsdp ? 1 : 0;
+  result_.allocations.push_back({key, bytes, rank, pool, allocate});
 }
 
 // Frees what the op held, starts the queue heads that waited only for it (in program order), then
@@ -549,7 +553,7 @@ void Engine::finish_op(OpId op) {
     rs.live[static_cast<std::size_t>(o.workspace_category)] -= workspace;
     rs.device_total -= workspace;
     if (log_allocations_) {
-      log_allocation(-std::int64_t{op} - 1, workspace, o, false);
+      log_allocation(-std::int64_t{op} - 1, workspace, o.rank, o.stream, false);
     }
   }
   for (TensorId t : range(o.inputs_begin, o.inputs_end)) {
