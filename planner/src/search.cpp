@@ -78,8 +78,9 @@ std::int64_t cost_estimate(const sim::ScheduleInputs& in) {
 // Two instants, each with only tensors the step builder certainly holds then (allocation rounding
 // and everything else only add to them); both see the model states, the fixed overheads and the
 // tensors every block saved in the forward (`saved`):
-//   - the unfused loss (cross_entropy): bf16 logits and their gradient (2·ab bytes per logit each
-//     way) plus its fp32 workspace (softmax and gradient, 8 bytes per logit), and x_final;
+//   - the unfused loss at log_softmax_bwd: the saved fp32 log-softmax output, its fp32 gradient and
+//     the fp32 gradient of the logits (12 bytes per logit, whatever the activation dtype), and
+//     x_final;
 //   - the MLP backward of the last block: the incoming gradient dy and the output dh1n (2·act);
 //     untiled, gate/up and the product (3·s·f·ab, recomputed under full AC, else among `saved`)
 //     and at least the product's gradient as workspace (s·f·ab); under full AC the recomputed norm
@@ -105,7 +106,7 @@ std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
       saved += m.layers * 3 * mlp_tensor;  // gate/up and activation
     }
   }
-  const std::int64_t loss = r.fused_loss ? 0 : s * m.vocab * (2 * ab + 2 * kFp32Bytes) + act;
+  const std::int64_t loss = r.fused_loss ? 0 : s * m.vocab * 3 * kFp32Bytes + act;
   std::int64_t last_mlp_backward = 2 * act;
   if (!r.tiled_mlp) {
     last_mlp_backward += (full_ac ? 4 : 1) * mlp_tensor;

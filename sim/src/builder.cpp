@@ -434,9 +434,16 @@ void Builder::repeat(const Mark& a0,
     t.consumers = 0;
     w_.tensors.push_back(t);
   }
+  // The segment's edges follow its ops in order (each op's deps, inputs, outputs), so the copy's
+  // edges are the template's, mapped, at a distance of d_edges.
+  w_.edges.resize(static_cast<std::size_t>(b0.edges + (a1.edges - a0.edges)));
+  const auto o0 = static_cast<std::size_t>(b0.ops);
+  w_.ops.resize(o0 + static_cast<std::size_t>(a1.ops - a0.ops));
+  std::int32_t* edges = w_.edges.data();
+  Tensor* tensors = w_.tensors.data();
   for (std::int32_t i = a0.ops; i < a1.ops; ++i) {
     Op o = w_.ops[static_cast<std::size_t>(i)];
-    const OpId self = static_cast<OpId>(w_.ops.size());
+    const auto self = static_cast<OpId>(o0 + static_cast<std::size_t>(i - a0.ops));
     if (o.layer >= 0) {
       o.layer += layer_step;
     }
@@ -444,17 +451,17 @@ void Builder::repeat(const Mark& a0,
       o.collective += d_coll;
     }
     for (std::int32_t e = o.deps_begin; e < o.deps_end; ++e) {
-      w_.edges.push_back(map.op(w_.edges[static_cast<std::size_t>(e)]));
+      edges[e + d_edges] = map.op(edges[e]);
     }
     for (std::int32_t e = o.inputs_begin; e < o.inputs_end; ++e) {
-      const TensorId t = map.tensor(w_.edges[static_cast<std::size_t>(e)]);
-      w_.edges.push_back(t);
-      w_.tensors[static_cast<std::size_t>(t)].consumers += 1;
+      const TensorId t = map.tensor(edges[e]);
+      edges[e + d_edges] = t;
+      tensors[t].consumers += 1;
     }
     for (std::int32_t e = o.outputs_begin; e < o.outputs_end; ++e) {
-      const TensorId t = map.tensor(w_.edges[static_cast<std::size_t>(e)]);
-      w_.edges.push_back(t);
-      Tensor& ten = w_.tensors[static_cast<std::size_t>(t)];
+      const TensorId t = map.tensor(edges[e]);
+      edges[e + d_edges] = t;
+      Tensor& ten = tensors[t];
       if (ten.producer != kNone) {
         throw std::logic_error("tensor '" + w_.names[static_cast<std::size_t>(ten.name)] +
                                "' produced twice");
@@ -467,7 +474,7 @@ void Builder::repeat(const Mark& a0,
     o.inputs_end += d_edges;
     o.outputs_begin += d_edges;
     o.outputs_end += d_edges;
-    w_.ops.push_back(o);
+    w_.ops[static_cast<std::size_t>(self)] = o;
   }
   for (const NameStep& n : names) {
     std::int32_t& name = n.tensor ? w_.tensors[static_cast<std::size_t>(b0.tensors + n.index)].name

@@ -60,7 +60,7 @@ struct Activity {
 struct Event {
   SimTime time;
   std::uint32_t seq;
-  std::int32_t activity;
+  std::int32_t activity;  // an activity, or a fixed-rate compute op as fixed_rate_event(op)
 };
 struct EventLater {
   bool operator()(const Event& a, const Event& b) const {
@@ -104,6 +104,8 @@ struct CollectiveRuntime {
 };
 
 struct RankState {
+  /// The running compute activity, kNoCompute, or kFixedRateCompute (a compute op whose rate
+  /// cannot change, tracked by its event alone).
   std::int32_t compute_activity = -1;
   std::vector<std::int32_t> copies;       // running copy activities
   std::vector<std::int32_t> collectives;  // running collective activities
@@ -114,6 +116,17 @@ struct RankState {
   std::int64_t device_total = 0;  // static bytes + the sum of live
   std::int64_t host_live = 0;
 };
+
+constexpr std::int32_t kNoCompute = -1;
+constexpr std::int32_t kFixedRateCompute = -2;
+
+/// Events of fixed-rate compute ops name the op as −(op + 1); activities are ≥ 0.
+constexpr std::int32_t fixed_rate_event(OpId op) {
+  return -op - 1;
+}
+constexpr OpId fixed_rate_op(std::int32_t event_target) {
+  return -event_target - 1;
+}
 
 std::uint8_t span_index(models::Span s) {
   return s == models::Span::kIntraNode ? 0 : 1;
@@ -201,6 +214,7 @@ class Engine {
   void refresh_copies(std::int32_t rank);
   void refresh_ranks(std::span<const std::int32_t> ranks);
   void refresh(std::int32_t a);
+  void push_event(SimTime time, std::int32_t target);
   std::int32_t rate_key(const Activity& act) const;
   double rate_of(const Activity& act, std::int32_t key) const;
   void note_memory(std::int32_t rank, OpId op);
@@ -217,6 +231,9 @@ class Engine {
   double h2d_rate_ = 0.0;
   double d2h_rate_ = 0.0;
   double duplex_half_rate_ = 0.0;  // half the duplex total: each direction's cap when both busy
+  // Compute runs at rate 1 beside collectives too (no calibrated slowdown): compute ops need no
+  // activity.
+  bool fixed_compute_rate_ = false;
 
   SimTime now_ = 0;
   std::uint32_t seq_ = 0;
@@ -312,12 +329,16 @@ void Engine::refresh(std::int32_t a) {
   act.last_update = now_;
   act.rate = rate;
   act.scheduled = true;
+  act.event_seq = seq_;
+  const SimTime dt = ceil_ns(act.remaining / rate - 1e-6);
+  push_event(now_ + std::max<SimTime>(0, dt), a);
+}
+
+void Engine::push_event(SimTime time, std::int32_t target) {
   if (seq_ == std::numeric_limits<std::uint32_t>::max()) {
     throw std::logic_error("simulation: event sequence numbers exhausted");
   }
-  act.event_seq = seq_;
-  const SimTime dt = ceil_ns(act.remaining / rate - 1e-6);
-  b_.events.push_back({now_ + std::max<SimTime>(0, dt), seq_++, a});
+  b_.events.push_back({time, seq_++, target});
   std::push_heap(b_.events.begin(), b_.events.end(), EventLater{});
 }
 
@@ -503,12 +524,19 @@ void Engine::start_head(std::size_t q) {
     rs.copies.push_back(a);
     refresh_copies(rank);
   } else {
-    if (rs.compute_activity >= 0) {
+    if (rs.compute_activity != kNoCompute) {
       throw std::logic_error("two compute activities on one rank");
     }
-    rs.compute_activity =
-        new_activity(ActivityKind::kCompute, op, rank, static_cast<double>(o.duration_ns));
-    refresh(rs.compute_activity);
+    if (fixed_compute_rate_) {
+      // Its rate is 1 whatever runs beside it: the completion is known now and never moves (the
+      // same time and sequence number an activity would get), so no activity is kept for it.
+      rs.compute_activity = kFixedRateCompute;
+      push_event(now_ + std::max<SimTime>(0, o.duration_ns), fixed_rate_event(op));
+    } else {
+      rs.compute_activity =
+          new_activity(ActivityKind::kCompute, op, rank, static_cast<double>(o.duration_ns));
+      refresh(rs.compute_activity);
+    }
   }
 }
 
@@ -638,7 +666,7 @@ void Engine::finish_activity(std::int32_t a) {
     erase_value(rs.copies, a);
     refresh_copies(rank);
   } else {
-    rs.compute_activity = -1;
+    rs.compute_activity = kNoCompute;
   }
   finish_op(id);
 }
@@ -695,6 +723,7 @@ void Engine::setup() {
   }
   const auto& h = profile_.host_link;
   compute_rate_under_comm_ = 1.0 / (1.0 + profile_.compute_slowdown_under_comm);
+  fixed_compute_rate_ = compute_rate_under_comm_ == 1.0;
   h2d_rate_ = h.h2d_bytes_per_s * 1e-9;
   d2h_rate_ = h.d2h_bytes_per_s * 1e-9;
   duplex_half_rate_ = h.duplex_total_bytes_per_s * 1e-9 / 2.0;
@@ -714,6 +743,13 @@ SimResult Engine::run() {
     const Event e = heap.back();
     heap.pop_back();
     ++events;
+    if (e.activity < 0) {
+      now_ = e.time;
+      const OpId op = fixed_rate_op(e.activity);
+      b_.ranks[idx(w_.ops[idx(op)].rank)].compute_activity = kNoCompute;
+      finish_op(op);
+      continue;
+    }
     const Activity& act = b_.activities[idx(e.activity)];
     if (!act.active || act.event_seq != e.seq) {
       continue;  // superseded by a rate change
