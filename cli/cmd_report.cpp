@@ -514,6 +514,7 @@ int run_report(const ReportArgs& a) {
       in.parallel.seq_len = len;
       planner::EvaluateOptions opts;
       opts.keep_trace = true;
+      opts.model_allocator = true;
       try {
         page.detail = StepDetail{pick->method, len, planner::evaluate(in, opts)};
       } catch (const InputError& e) {

@@ -327,6 +327,7 @@ nlohmann::json to_json(const SimulateArgs& a,
       {"reserved_memory_bytes",
        rep.reserved_peak_bytes > 0 ? json(rep.reserved_peak_bytes) : json(nullptr)},
       {"allocator_cache_releases", rep.allocator_cache_releases},
+      {"allocator_out_of_memory", rep.allocator_out_of_memory},
       {"host_memory_bytes", rep.host_memory_bytes},
       {"host_capacity_bytes", rep.host_capacity_bytes},
       {"fits", rep.fits()},
@@ -394,7 +395,13 @@ std::string human(const sim::ScheduleInputs& in,
                    format_bytes(static_cast<double>(rep.peak_memory_bytes)),
                    format_bytes(static_cast<double>(rep.gpu_capacity_bytes)), verdict);
   o += fmt::format("  at                   rank {}, {}\n", rep.peak_rank, rep.peak_op);
-  if (rep.reserved_peak_bytes > 0) {
+  if (rep.reserved_peak_bytes > 0 && rep.allocator_out_of_memory && rep.fits_gpu) {
+    o += fmt::format(
+        "  reserved             {} needed by PyTorch's caching allocator (modelled): MORE THAN THE "
+        "GPU, out of memory from fragmentation although the allocated peak fits; run with "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (recipe allocator.expandable_segments)\n",
+        format_bytes(static_cast<double>(rep.reserved_peak_bytes)));
+  } else if (rep.reserved_peak_bytes > 0) {
     o += fmt::format(
         "  reserved             {} (what nvidia-smi shows: PyTorch's caching allocator{}, "
         "modelled{})\n",
@@ -404,6 +411,7 @@ std::string human(const sim::ScheduleInputs& in,
             ? fmt::format("; it empties its cache {} time(s) to fit", rep.allocator_cache_releases)
             : "");
   }
+
   std::vector<std::vector<std::string>> rows;
   for (int c = 0; c < sim::kMemCategoryCount; ++c) {
     const auto i = static_cast<std::size_t>(c);

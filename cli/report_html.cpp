@@ -20,6 +20,7 @@ using sim::Stream;
 constexpr double kGiBd = 1024.0 * 1024.0 * 1024.0;
 constexpr const char* kOomColor = "#d62728";
 constexpr const char* kLimitColor = "#d62728";
+constexpr const char* kReservedColor = "#555555";
 
 // ------------------------------------------------------------------------------------------------
 // Text and numbers
@@ -449,7 +450,8 @@ void memory_chart(Out& o, const StepDetail& d, std::string* caption) {
   }
   const double peak = pts.empty() ? 0.0 : pts[peak_i].total();
   const double cap = static_cast<double>(rep.gpu_capacity_bytes);
-  const double ymax_gib = std::max(peak, cap) * 1.06 / kGiBd;
+  const auto reserved = static_cast<double>(rep.reserved_peak_bytes);  // 0: not modelled
+  const double ymax_gib = std::max({peak, cap, reserved}) * 1.06 / kGiBd;
 
   const int H = 400;
   const Plot p{kWideLeft, 30, kWideRight, 340};
@@ -513,6 +515,16 @@ void memory_chart(Out& o, const StepDetail& d, std::string* caption) {
       px(p.left), px(ly), px(p.right), px(ly), kLimitColor);
   text(o, p.right - 4, ly - 6, fmt::format("GPU memory {}", gib(cap)), "end", "limit-label");
 
+  // Reserved memory (the caching allocator model): what nvidia-smi would show at most.
+  if (reserved > 0) {
+    const double ry = y(reserved / kGiBd);
+    put(o, "<line class=\"reserved\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\"/>\n",
+        px(p.left), px(ry), px(p.right), px(ry), kReservedColor);
+    const double ty = std::abs(ry - ly) < 14 ? ry + 16 : ry - 6;
+    text(o, p.left + 6, ty, fmt::format("reserved (nvidia-smi) {}", gib(reserved)), "start",
+         "reserved-label");
+  }
+
   // Peak marker.
   if (!pts.empty()) {
     const double pxx = gx(pts[peak_i].t);
@@ -538,6 +550,12 @@ void memory_chart(Out& o, const StepDetail& d, std::string* caption) {
       px(ly2 - 4), px(ly2 - 4), kLimitColor);
   text(o, 968, ly2, "GPU limit", "start", "legend");
   ly2 += 20;
+  if (reserved > 0) {
+    put(o, "<line class=\"reserved\" x1=\"950\" y1=\"{}\" x2=\"962\" y2=\"{}\" stroke=\"{}\"/>\n",
+        px(ly2 - 4), px(ly2 - 4), kReservedColor);
+    text(o, 968, ly2, "reserved peak", "start", "legend");
+    ly2 += 20;
+  }
   put(o, "<circle cx=\"956\" cy=\"{}\" r=\"4\" class=\"peak\"/>\n", px(ly2 - 4));
   text(o, 968, ly2, "peak of rank 0", "start", "legend");
   o += "</svg>\n";
@@ -555,6 +573,12 @@ void memory_chart(Out& o, const StepDetail& d, std::string* caption) {
   if (rep.peak_rank != 0) {
     *caption += fmt::format(" The highest peak of the step is on rank {}: {} at {}.", rep.peak_rank,
                             gib(static_cast<double>(rep.peak_memory_bytes)), rep.peak_op);
+  }
+  if (reserved > 0) {
+    *caption += fmt::format(
+        " The dotted line is the memory PyTorch's caching allocator would hold at most (reserved, "
+        "what nvidia-smi shows), from a model of the allocator replayed over the step: {}.",
+        gib(reserved));
   }
 }
 
@@ -1018,6 +1042,8 @@ svg text.muted,svg text.empty{fill:#888;font-style:italic;}
 svg line.grid{stroke:#e4e4e4;stroke-width:1;}
 svg line.axis{stroke:#666;stroke-width:1;}
 svg line.limit{stroke-width:1.6;stroke-dasharray:6 4;}
+svg line.reserved{stroke-width:1.4;stroke-dasharray:2 3;}
+svg text.reserved-label{font-size:11px;fill:#555;paint-order:stroke;stroke:#fff;stroke-width:3px;}
 svg circle.peak{fill:#111;stroke:#fff;stroke-width:1.5;}
 svg rect.lane{fill:#f4f4f4;}
 svg path.area{shape-rendering:crispEdges;}

@@ -32,6 +32,7 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& op
     const sim::StepReport r = sim::summarize(inputs, w, sim::simulate(w, inputs.hardware, logged));
     e.report.reserved_peak_bytes = r.reserved_peak_bytes;
     e.report.allocator_cache_releases = r.allocator_cache_releases;
+    e.report.allocator_out_of_memory = r.allocator_out_of_memory;
   }
   if (options.explain_peak) {
     e.peak = sim::peak_contents(*workload, *result, e.report.peak_rank, kPeakContentsListed);

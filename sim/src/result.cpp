@@ -131,6 +131,7 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
     const AllocatorReplay replay = replay_allocator(r.allocations, rep.peak_rank, config);
     rep.reserved_peak_bytes = replay.peak_reserved_bytes + pm.fixed_overhead_bytes;
     rep.allocator_cache_releases = replay.cache_releases;
+    rep.allocator_out_of_memory = replay.out_of_memory;
   }
 
   // Host memory per node: the sum of the host peaks of the node's ranks (symmetric ranks peak

@@ -236,6 +236,8 @@ TEST_F(ReportTest, WritesOneSelfContainedPageWithFiveChartSections) {
     EXPECT_THAT(mem, HasSubstr(band));
   }
   EXPECT_THAT(mem, HasSubstr("class=\"limit\""));
+  EXPECT_THAT(mem, HasSubstr("class=\"reserved\""));  // the allocator model's reserved peak
+  EXPECT_THAT(mem, HasSubstr("reserved (nvidia-smi) "));
   EXPECT_THAT(mem, HasSubstr("peak "));
   EXPECT_GT(count(mem, "V"), 50u) << "the memory areas have hardly any points";
   // (2) timeline: the five streams with bars.

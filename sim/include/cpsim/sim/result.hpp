@@ -37,6 +37,9 @@ struct StepReport {
   std::int64_t reserved_peak_bytes = 0;
   /// Times the modelled allocator emptied its cache to satisfy a request (slow: it synchronizes).
   std::int32_t allocator_cache_releases = 0;
+  /// The modelled allocator could not serve a request even with its cache emptied: out of memory
+  /// from fragmentation although the allocated peak fits (likely without expandable segments).
+  bool allocator_out_of_memory = false;
 
   // Host memory (pinned offload buffers), the busiest node
   std::int64_t host_memory_bytes = 0;
