@@ -197,8 +197,9 @@ class Pool {
 
  private:
   using Iter = std::map<std::int64_t, Block>::iterator;
-  // Addresses between cudaMalloc'ed segments, so that blocks of two segments are never adjacent.
-  static constexpr std::int64_t kSegmentGap = std::int64_t{1} << 40;
+  // Addresses left between cudaMalloc'ed segments, so that blocks of two segments are never
+  // adjacent (the segment number already keeps them apart; this keeps addresses unambiguous).
+  static constexpr std::int64_t kSegmentGap = kMinBlockBytes;
 
   bool should_split(std::int64_t remaining) const {
     if (small_ || mode_ == AllocatorMode::kExpandableSegments) {
