@@ -17,6 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const cpsim::planner::ValidationCase c =
         cpsim::planner::parse_validation_case(text, "fuzz.json");
     const bool known_quantity = c.quantity == "max_seq_len" || c.quantity == "peak_memory_bytes" ||
+                                c.quantity == "reserved_memory_bytes" ||
                                 c.quantity == "tokens_per_s_per_gpu" ||
                                 c.quantity == "model_tflops_per_gpu" || c.quantity == "mfu";
     const bool known_bound =
