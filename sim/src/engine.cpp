@@ -205,21 +205,21 @@ class Engine {
   void setup();
   std::int32_t new_activity(ActivityKind kind, std::int32_t id, std::int32_t rank, double work);
   void set_head(std::size_t q, OpId op);
-  bool head_ready(std::size_t q);
+  [[gnu::always_inline]] inline bool head_ready(std::size_t q);
   void start_head(std::size_t q);
-  void begin_op(OpId op, const Op& o);
+  [[gnu::always_inline]] inline void begin_op(OpId op, const Op& o);
   void finish_op(OpId op);
   void wake_watchers(OpRuntime& rt);
   void finish_activity(std::int32_t a);
   void refresh_copies(std::int32_t rank);
   void refresh_ranks(std::span<const std::int32_t> ranks);
   void refresh(std::int32_t a);
-  void push_event(SimTime time, std::int32_t target);
+  [[gnu::always_inline]] inline void push_event(SimTime time, std::int32_t target);
   std::int32_t rate_key(const Activity& act) const;
   double rate_of(const Activity& act, std::int32_t key) const;
-  void note_memory(std::int32_t rank, OpId op);
-  void release(TensorId t);
-  void log_allocation(
+  [[gnu::always_inline]] inline void note_memory(std::int32_t rank, OpId op);
+  [[gnu::always_inline]] inline void release(TensorId t);
+  [[gnu::cold, gnu::noinline]] void log_allocation(
       std::int64_t key, std::int64_t bytes, std::int32_t rank, Stream stream, bool allocate);
 
   const Workload& w_;
@@ -334,7 +334,7 @@ void Engine::refresh(std::int32_t a) {
   push_event(now_ + std::max<SimTime>(0, dt), a);
 }
 
-void Engine::push_event(SimTime time, std::int32_t target) {
+inline void Engine::push_event(SimTime time, std::int32_t target) {
   if (seq_ == std::numeric_limits<std::uint32_t>::max()) {
     throw std::logic_error("simulation: event sequence numbers exhausted");
   }
@@ -385,7 +385,7 @@ void Engine::refresh_ranks(std::span<const std::int32_t> ranks) {
   }
 }
 
-void Engine::note_memory(std::int32_t rank, OpId op) {
+inline void Engine::note_memory(std::int32_t rank, OpId op) {
   const RankState& rs = b_.ranks[idx(rank)];
   RankMemory& m = result_.memory[idx(rank)];
   if (rs.device_total > m.peak_bytes) {
@@ -402,7 +402,7 @@ void Engine::note_memory(std::int32_t rank, OpId op) {
 
 // Device bytes grow only here, each growth followed by note_memory: the peak of a category is
 // reached right after one of its own allocations, so only the categories allocated are compared.
-void Engine::begin_op(OpId op, const Op& o) {
+inline void Engine::begin_op(OpId op, const Op& o) {
   // Ops run roughly in program order: fetch what a later one will read while this one runs.
   if (const std::size_t ahead = idx(op) + kPrefetchOps; ahead < w_.ops.size()) {
     const auto* later = reinterpret_cast<const char*>(&w_.ops[ahead]);
@@ -431,7 +431,7 @@ void Engine::begin_op(OpId op, const Op& o) {
       rs.host_live += ten.bytes;
     } else {
       allocate(ten.category, rounded(ten.bytes));
-      if (log_allocations_) {
+      if (log_allocations_) [[unlikely]] {
         log_allocation(t, rounded(ten.bytes), o.rank, o.stream, true);
       }
     }
@@ -439,7 +439,7 @@ void Engine::begin_op(OpId op, const Op& o) {
   // A zero-byte allocation changes nothing (a category's peak is never below its live bytes).
   if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
     allocate(o.workspace_category, workspace);
-    if (log_allocations_) {
+    if (log_allocations_) [[unlikely]] {
       log_allocation(-std::int64_t{op} - 1, workspace, o.rank, o.stream, true);
     }
   }
@@ -456,7 +456,7 @@ void Engine::set_head(std::size_t q, OpId op) {
 
 // Whether the head of queue q waits for nothing; if it waits for a dependency, the queue watches
 // that op (it is asked again when the op ends).
-bool Engine::head_ready(std::size_t q) {
+inline bool Engine::head_ready(std::size_t q) {
   Queue& queue = b_.queues[q];
   const OpId op = queue.head;
   if (op == kNone || b_.op[idx(op)].state != OpState::kWaiting) {
@@ -540,7 +540,7 @@ void Engine::start_head(std::size_t q) {
   }
 }
 
-void Engine::release(TensorId t) {
+inline void Engine::release(TensorId t) {
   const Tensor& ten = w_.tensors[idx(t)];
   RankState& owner = b_.ranks[idx(ten.rank)];
   if (ten.on_host) {
@@ -549,7 +549,7 @@ void Engine::release(TensorId t) {
     const std::int64_t bytes = rounded(ten.bytes);
     owner.live[static_cast<std::size_t>(ten.category)] -= bytes;
     owner.device_total -= bytes;
-    if (log_allocations_) {
+    if (log_allocations_) [[unlikely]] {
       const Stream stream =
           ten.producer == kNone ? Stream::kCompute : w_.ops[idx(ten.producer)].stream;
       log_allocation(t, bytes, ten.rank, stream, false);
@@ -580,7 +580,7 @@ void Engine::finish_op(OpId op) {
   if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
     rs.live[static_cast<std::size_t>(o.workspace_category)] -= workspace;
     rs.device_total -= workspace;
-    if (log_allocations_) {
+    if (log_allocations_) [[unlikely]] {
       log_allocation(-std::int64_t{op} - 1, workspace, o.rank, o.stream, false);
     }
   }
