@@ -135,7 +135,7 @@ class ProbeCache {
     if (slot.state == Slot::kEmpty) {
       slot.state = Slot::kRunning;
       lock.unlock();
-      Slot done = evaluate_at(k, caller_scratch_);
+      Slot done = evaluate_at(k, caller_scratch_, caller_k_);
       lock.lock();
       slot.probe = std::move(done.probe);
       slot.error = done.error;
@@ -173,8 +173,27 @@ class ProbeCache {
     std::exception_ptr error;
   };
 
-  /// Evaluates k·step in `scratch` (the calling thread's).
-  Slot evaluate_at(std::int64_t k, EvaluationScratch& scratch) const {
+  /// Evaluates k·step in `scratch` (the calling thread's), which last evaluated `last_k`.
+  Slot evaluate_at(std::int64_t k, EvaluationScratch& scratch, std::int64_t& last_k) const {
+    // A longer probe than the scratch has seen builds a proportionally larger workload (FPDT and
+    // UPipe grow with the length): room for it up front instead of growing vectors by doubling,
+    // each doubling a copy into freshly faulted memory. Only capacities change.
+    if (last_k > 0 && k > last_k) {
+      const double grow = 1.1 * static_cast<double>(k) / static_cast<double>(last_k);
+      auto room = [grow](auto& v) {
+        const auto want = static_cast<std::size_t>(static_cast<double>(v.size()) * grow);
+        if (want > v.capacity()) {
+          v.clear();
+          v.reserve(want);
+        }
+      };
+      sim::Workload& w = scratch.workload;
+      room(w.ops);
+      room(w.tensors);
+      room(w.edges);
+      room(w.collectives);
+    }
+    last_k = std::max(last_k, k);
     Slot s;
     sim::ScheduleInputs in = base_;
     in.parallel.seq_len = k * step_;
@@ -202,7 +221,7 @@ class ProbeCache {
       }
       const std::int64_t k = hinted_;
       lock.unlock();
-      Slot done = evaluate_at(k, helper_scratch_);
+      Slot done = evaluate_at(k, helper_scratch_, helper_k_);
       lock.lock();
       Slot& slot = slots_[k];
       slot.probe = std::move(done.probe);
@@ -224,6 +243,8 @@ class ProbeCache {
   bool stop_ = false;
   EvaluationScratch caller_scratch_;  // used by get(), on the search's thread only
   EvaluationScratch helper_scratch_;  // used by the helper thread only
+  std::int64_t caller_k_ = 0;         // the longest probe caller_scratch_ has built
+  std::int64_t helper_k_ = 0;         // the longest probe helper_scratch_ has built
   std::thread helper_;                // last: started once the members it uses exist
 };
 
@@ -321,7 +342,16 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
   auto narrow = [&]() {
     while (hi - lo > 1 && lo < k_max) {
       const std::int64_t k = next_k();
-      hint(k + 1 < hi ? k + 1 : k - 1);  // guess: k fits, and the next length asked is k + 1
+      // The helper's guess. Near the limit (a failure bracketed): k fits and the next length
+      // asked is k + 1. On a long leap before the first failure (memory is often convex in the
+      // length, so secant leaps overshoot): the length the search falls back to if k fails,
+      // about 7/8 of the way; it also builds a workload of about k's size in the helper's
+      // buffers, which a later guess then reuses instead of growing them.
+      if (hi > k_max && k > 2 * lo + 1) {
+        hint(lo + (k - lo) * 7 / 8);
+      } else {
+        hint(k + 1 < hi ? k + 1 : k - 1);
+      }
       const std::int64_t width = hi > k_max ? 0 : hi - lo;  // 0: no failure bracketed yet
       const Probe& p = probe(k);
       if (const std::optional<double> x = pressure(p)) {
