@@ -285,11 +285,10 @@ class Pool {
 
 class Replay {
  public:
-  explicit Replay(const AllocatorConfig& config) : config_(config) {
-    for (std::size_t i = 0; i < pools_.size(); ++i) {
-      pools_[i] = Pool(config.mode, /*small=*/i % 2 == 0);
-    }
-  }
+  explicit Replay(const AllocatorConfig& config)
+      : config_(config),
+        pools_{Pool(config.mode, true), Pool(config.mode, false), Pool(config.mode, true),
+               Pool(config.mode, false)} {}
 
   void allocate(std::int64_t key, std::int64_t bytes, std::uint8_t stream_pool) {
     const std::size_t p = 2 * std::size_t{stream_pool} + (bytes <= kSmallRequestBytes ? 0 : 1);
@@ -355,9 +354,7 @@ class Replay {
 
   AllocatorConfig config_;
   // [stream pool × small/large]: 0 small, 1 large (default streams); 2, 3 (FSDP stream).
-  std::array<Pool, 4> pools_{
-      Pool(AllocatorMode::kSegments, true), Pool(AllocatorMode::kSegments, false),
-      Pool(AllocatorMode::kSegments, true), Pool(AllocatorMode::kSegments, false)};
+  std::array<Pool, 4> pools_;
   std::unordered_map<std::int64_t, std::pair<std::size_t, std::int64_t>> live_;
   std::int64_t allocated_ = 0;
   std::int64_t reserved_ = 0;
