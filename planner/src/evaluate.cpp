@@ -19,6 +19,7 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& op
   sim::SimOptions sim_options;
   sim_options.record_trace = options.keep_trace || options.explain_peak;
   sim_options.log_allocations = options.model_allocator && !allocator_apart;
+  sim_options.stop_above_device_bytes = options.stop_above_device_bytes;
   auto result =
       std::make_shared<sim::SimResult>(sim::simulate(*workload, inputs.hardware, sim_options));
   Evaluation e;
@@ -57,7 +58,10 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs,
   if (options.verify_graph) {
     sim::check_acyclic(scratch.workload);
   }
-  const sim::SimResult result = scratch.simulator.run(scratch.workload, inputs.hardware, {});
+  sim::SimOptions sim_options;
+  sim_options.stop_above_device_bytes = options.stop_above_device_bytes;
+  const sim::SimResult result =
+      scratch.simulator.run(scratch.workload, inputs.hardware, sim_options);
   Evaluation e;
   e.report = sim::summarize(inputs, scratch.workload, result);
   return e;

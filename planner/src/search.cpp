@@ -318,6 +318,10 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
                    [&cost](std::size_t a, std::size_t b) { return cost[a] > cost[b]; });
   std::atomic<std::size_t> next{0};
   std::atomic<std::int64_t> simulations{0};
+  // A configuration over the GPU's memory is dropped whatever its speed: its simulation stops as
+  // soon as the memory passes the capacity (the ranking is unchanged; only time is saved).
+  EvaluateOptions seq_options;
+  seq_options.stop_above_device_bytes = std::max<std::int64_t>(1, capacity);
   auto worker = [&]() {
     EvaluationScratch scratch;
     sim::ScheduleInputs in = base;  // this thread's inputs, one candidate at a time
@@ -326,7 +330,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
       c.apply_to(in);
       try {
         if (options.seq_len) {
-          c.report = evaluate(in, {}, scratch).report;
+          c.report = evaluate(in, seq_options, scratch).report;
           c.fits = fits_with_margin(c.report, options.memory_margin_bytes);
           simulations += 1;
         } else {

@@ -1,7 +1,9 @@
 #include "builder.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
+#include <type_traits>
 
 #include "cpsim/models/units.hpp"
 
@@ -438,27 +440,35 @@ void Builder::repeat(const Mark& a0,
   // edges are the template's, mapped, at a distance of d_edges.
   w_.edges.resize(static_cast<std::size_t>(b0.edges + (a1.edges - a0.edges)));
   const auto o0 = static_cast<std::size_t>(b0.ops);
-  w_.ops.resize(o0 + static_cast<std::size_t>(a1.ops - a0.ops));
+  const auto n_ops = static_cast<std::size_t>(a1.ops - a0.ops);
+  w_.ops.resize(o0 + n_ops);
+  static_assert(std::is_trivially_copyable_v<Op>);
+  Op* const copy = w_.ops.data() + o0;
+  std::memcpy(copy, w_.ops.data() + a0.ops, n_ops * sizeof(Op));
   std::int32_t* edges = w_.edges.data();
   Tensor* tensors = w_.tensors.data();
-  for (std::int32_t i = a0.ops; i < a1.ops; ++i) {
-    Op o = w_.ops[static_cast<std::size_t>(i)];
-    const auto self = static_cast<OpId>(o0 + static_cast<std::size_t>(i - a0.ops));
-    if (o.layer >= 0) {
-      o.layer += layer_step;
+  const auto n_coll = static_cast<std::uint32_t>(a1.collectives - a0.collectives);
+  for (std::size_t i = 0; i < n_ops; ++i) {
+    Op& o = copy[i];
+    const auto self = static_cast<OpId>(o0 + i);
+    o.layer += o.layer >= 0 ? layer_step : 0;
+    if (static_cast<std::uint32_t>(o.collective - a0.collectives) < n_coll) {
+      o.collective += d_coll;  // a collective of the segment (kNone wraps around: not one)
     }
-    if (o.collective >= a0.collectives && o.collective < a1.collectives) {
-      o.collective += d_coll;
-    }
-    for (std::int32_t e = o.deps_begin; e < o.deps_end; ++e) {
+    // An op's edges are its deps, inputs and outputs, one after the other (read into locals: the
+    // stores through `edges` and `tensors` could otherwise alias them).
+    const std::int32_t deps_end = o.deps_end, inputs_end = o.inputs_end;
+    const std::int32_t outputs_end = o.outputs_end;
+    std::int32_t e = o.deps_begin;
+    for (; e < deps_end; ++e) {
       edges[e + d_edges] = map.op(edges[e]);
     }
-    for (std::int32_t e = o.inputs_begin; e < o.inputs_end; ++e) {
+    for (; e < inputs_end; ++e) {
       const TensorId t = map.tensor(edges[e]);
       edges[e + d_edges] = t;
       tensors[t].consumers += 1;
     }
-    for (std::int32_t e = o.outputs_begin; e < o.outputs_end; ++e) {
+    for (; e < outputs_end; ++e) {
       const TensorId t = map.tensor(edges[e]);
       edges[e + d_edges] = t;
       Tensor& ten = tensors[t];
@@ -474,7 +484,6 @@ void Builder::repeat(const Mark& a0,
     o.inputs_end += d_edges;
     o.outputs_begin += d_edges;
     o.outputs_end += d_edges;
-    w_.ops[static_cast<std::size_t>(self)] = o;
   }
   for (const NameStep& n : names) {
     std::int32_t& name = n.tensor ? w_.tensors[static_cast<std::size_t>(b0.tensors + n.index)].name

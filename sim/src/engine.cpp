@@ -187,6 +187,8 @@ class Engine {
         profile_(p),
         trace_(o.record_trace),
         log_allocations_(o.log_allocations),
+        stop_above_bytes_(o.stop_above_device_bytes > 0 ? o.stop_above_device_bytes
+                                                        : std::numeric_limits<std::int64_t>::max()),
         home_(scratch),
         b_(std::move(scratch)) {}
   // The buffers go back to the Simulator (with their capacity) however the run ends.
@@ -224,8 +226,10 @@ class Engine {
 
   const Workload& w_;
   const models::HardwareProfile& profile_;
-  const bool trace_;            // SimOptions::record_trace
-  const bool log_allocations_;  // SimOptions::log_allocations
+  const bool trace_;                     // SimOptions::record_trace
+  const bool log_allocations_;           // SimOptions::log_allocations
+  const std::int64_t stop_above_bytes_;  // SimOptions::stop_above_device_bytes (max: never)
+  bool stop_ = false;                    // a rank's device memory passed stop_above_bytes_
   // Constant over the run: rates of the profile (per ns).
   double compute_rate_under_comm_ = 1.0;
   double h2d_rate_ = 0.0;
@@ -393,6 +397,7 @@ inline void Engine::note_memory(std::int32_t rank, OpId op) {
     m.peak_time_ns = now_;
     m.peak_op = op;
     m.breakdown_at_peak = rs.live;
+    stop_ = stop_ || m.peak_bytes > stop_above_bytes_;
   }
   m.host_peak_bytes = std::max(m.host_peak_bytes, rs.host_live);
   if (trace_) {
@@ -720,6 +725,7 @@ void Engine::setup() {
     b_.ranks[r].device_total = sm.model_states_bytes + sm.fixed_overhead_bytes;
     result_.memory[r].fixed_overhead_bytes = sm.fixed_overhead_bytes;
     result_.memory[r].peak_bytes = b_.ranks[r].device_total;
+    stop_ = stop_ || b_.ranks[r].device_total > stop_above_bytes_;
   }
   const auto& h = profile_.host_link;
   compute_rate_under_comm_ = 1.0 / (1.0 + profile_.compute_slowdown_under_comm);
@@ -738,7 +744,7 @@ SimResult Engine::run() {
   }
   std::int64_t events = 0;
   std::vector<Event>& heap = b_.events;
-  while (!heap.empty()) {
+  while (!heap.empty() && !stop_) {
     std::pop_heap(heap.begin(), heap.end(), EventLater{});
     const Event e = heap.back();
     heap.pop_back();
@@ -759,9 +765,10 @@ SimResult Engine::run() {
   }
   result_.events = events;
   result_.step_time_ns = now_;
+  result_.stopped_early = stop_;
 
   const std::size_t n_ops = w_.ops.size();
-  for (std::size_t i = 0; done_ < n_ops && i < n_ops; ++i) {
+  for (std::size_t i = 0; !stop_ && done_ < n_ops && i < n_ops; ++i) {
     if (b_.op[i].state != OpState::kDone) {
       throw std::logic_error(fmt::format("simulation stalled: op {} '{}' on rank {} never ran", i,
                                          w_.names[idx(w_.ops[i].name)], w_.ops[i].rank));

@@ -119,6 +119,7 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
   rep.gpu_capacity_bytes = in.hardware.hbm_capacity_bytes;
   rep.gpu_headroom_bytes = rep.gpu_capacity_bytes - rep.peak_memory_bytes;
   rep.fits_gpu = rep.gpu_headroom_bytes >= 0;
+  rep.stopped_early = r.stopped_early;
   if (!r.allocations.empty()) {
     // The caching allocator's reserved memory on the peak rank: what nvidia-smi shows is this plus
     // the fixed overheads (context, NCCL and library workspaces), which live outside it.

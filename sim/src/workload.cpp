@@ -81,12 +81,9 @@ void Workload::clear() {
   collectives.clear();
   edges.clear();
   groups.clear();
-  names.clear();
   static_memory.clear();
   notes.clear();
   repeated_blocks = 0;
-  name_index_.clear();
-  next_name_.clear();
   last_name_ = -1;
 }
 

@@ -3,6 +3,8 @@
 // a small GPU so that brute force is cheap.
 #include "cpsim/planner/search.hpp"
 
+#include <map>
+
 #include <gtest/gtest.h>
 
 #include "cpsim/models/error.hpp"
@@ -235,6 +237,47 @@ TEST(Plan, SameOptimumAsExhaustiveSimulation) {
   // Pareto front members are not dominated; the best is on it.
   EXPECT_EQ(res.pareto.front().label, res.ranked.front().label);
   EXPECT_FALSE(res.why_best.empty());
+}
+
+// The plan stops simulating a configuration once it passes the GPU's memory: it still ranks
+// exactly the configurations that fit, each with the report of a whole simulation.
+TEST(Plan, RanksExactlyWhatFitsAlthoughOverfullRunsStopEarly) {
+  const sim::ScheduleInputs base = small(CpMethod::kUlysses, 4);
+  PlanOptions o;
+  o.seq_len = 128 * 1024;
+  o.threads = 1;
+  const PlanResult res = plan(base, o);
+  std::map<std::string, sim::StepReport> fitting;
+  int overfull = 0;
+  for (Candidate c : enumerate_candidates(base, o)) {
+    c.parallel.seq_len = *o.seq_len;
+    try {
+      const sim::StepReport r = evaluate(c.inputs(base)).report;
+      if (fits_with_margin(r, 0)) {
+        fitting.emplace(c.label, r);
+      } else if (memory_lower_bound(c.inputs(base)) <= base.hardware.hbm_capacity_bytes) {
+        ++overfull;  // simulated by the plan, and stopped early
+        EvaluateOptions stop;
+        stop.stop_above_device_bytes = base.hardware.hbm_capacity_bytes;
+        const sim::StepReport s = evaluate(c.inputs(base), stop).report;
+        EXPECT_TRUE(s.stopped_early) << c.label;
+        EXPECT_FALSE(fits_with_margin(s, 0)) << c.label;
+        EXPECT_LT(s.events, r.events) << c.label;
+      }
+    } catch (const InputError&) {
+    }
+  }
+  EXPECT_GT(overfull, 0);  // the case exercises early stops
+  ASSERT_EQ(res.ranked.size(), fitting.size());
+  for (const Candidate& c : res.ranked) {
+    SCOPED_TRACE(c.label);
+    ASSERT_EQ(fitting.count(c.label), 1U);
+    const sim::StepReport& r = fitting.at(c.label);
+    EXPECT_FALSE(c.report.stopped_early);
+    EXPECT_EQ(c.report.step_time_s, r.step_time_s);
+    EXPECT_EQ(c.report.peak_memory_bytes, r.peak_memory_bytes);
+    EXPECT_EQ(c.report.events, r.events);
+  }
 }
 
 TEST(Plan, MaxContextPicksTheLongest) {

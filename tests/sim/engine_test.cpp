@@ -212,6 +212,41 @@ TEST(Engine, HostTensorsCountAsHostMemory) {
   EXPECT_EQ(r.memory[0].peak_bytes, 0);
 }
 
+// Memory 4096 static, then +1 MiB, +2 MiB (peak 4096 + 3 MiB at op 1), then freed; a third op.
+TEST(Engine, StopsOnceDeviceMemoryPassesTheLimit) {
+  G g(1);
+  const TensorId t = g.tensor(0, 1 << 20);
+  const TensorId u = g.tensor(0, 2 << 20);
+  const OpId p = g.op(0, Stream::kCompute, 100, {}, {}, {t});
+  g.op(0, Stream::kCompute, 100, {p}, {t}, {u});
+  g.op(0, Stream::kCompute, 100, {}, {u}, {});
+  g.w.static_memory[0].model_states_bytes = 4096;
+  const SimResult full = simulate(g.w, profile());
+  EXPECT_FALSE(full.stopped_early);
+  EXPECT_EQ(full.step_time_ns, 300);
+
+  SimOptions o;
+  o.stop_above_device_bytes = 4096 + (2 << 20);  // passed when op 1 allocates u
+  const SimResult stopped = simulate(g.w, profile(), o);
+  EXPECT_TRUE(stopped.stopped_early);
+  EXPECT_EQ(stopped.memory[0].peak_bytes, 4096 + (3 << 20));
+  EXPECT_EQ(stopped.memory[0].peak_op, 1);
+  EXPECT_EQ(stopped.step_time_ns, 100);  // op 1 started at 100; nothing after it ran
+  EXPECT_LT(stopped.events, full.events);
+
+  o.stop_above_device_bytes = full.memory[0].peak_bytes;  // reached, not passed: a whole run
+  const SimResult exact = simulate(g.w, profile(), o);
+  EXPECT_FALSE(exact.stopped_early);
+  EXPECT_EQ(exact.step_time_ns, full.step_time_ns);
+  EXPECT_EQ(exact.events, full.events);
+  EXPECT_EQ(exact.memory[0].peak_bytes, full.memory[0].peak_bytes);
+
+  o.stop_above_device_bytes = 1000;  // static memory alone passes it: nothing runs
+  const SimResult at_once = simulate(g.w, profile(), o);
+  EXPECT_TRUE(at_once.stopped_early);
+  EXPECT_EQ(at_once.events, 0);
+}
+
 TEST(Engine, CycleFromMismatchedCollectiveOrderIsDetected) {
   // Rank 0 issues A then B on one stream, rank 1 issues B then A: a deadlock.
   G g(2);

@@ -21,6 +21,9 @@ struct EvaluateOptions {
   bool verify_graph = false;
   /// Replay the allocations through the caching-allocator model (StepReport::reserved_peak_bytes).
   bool model_allocator = false;
+  /// sim::SimOptions::stop_above_device_bytes: a search that drops configurations which do not
+  /// fit stops simulating one as soon as its device memory passes this (0: never).
+  std::int64_t stop_above_device_bytes = 0;
 };
 
 struct Evaluation {

@@ -39,6 +39,10 @@ struct SimOptions {
   /// Keep every device allocation and free in order (SimResult::allocations), for the caching
   /// allocator model (allocator.hpp).
   bool log_allocations = false;
+  /// Stop once a rank's device memory exceeds this many bytes (0: never). For searches that only
+  /// need to know that a configuration does not fit: the run then stops early and its times and
+  /// busy totals cover the step only up to that instant (SimResult::stopped_early).
+  std::int64_t stop_above_device_bytes = 0;
 };
 
 /// Interval an op ran in (trace only).
@@ -79,6 +83,9 @@ struct SimResult {
   std::vector<OpInterval> intervals;         ///< when record_trace
   std::vector<MemorySample> memory_samples;  ///< when record_trace
   std::vector<AllocationEvent> allocations;  ///< when log_allocations, in the order made
+  /// Device memory exceeded SimOptions::stop_above_device_bytes and the run stopped there: the
+  /// peak is at least that; times are not the step's.
+  bool stopped_early = false;
 };
 
 /// Runs one step. @throws std::logic_error if the workload is malformed (a builder bug): a cycle,

@@ -40,6 +40,9 @@ struct StepReport {
   /// The modelled allocator could not serve a request even with its cache emptied: out of memory
   /// from fragmentation although the allocated peak fits (likely without expandable segments).
   bool allocator_out_of_memory = false;
+  /// The simulation stopped once device memory passed SimOptions::stop_above_device_bytes (it
+  /// does not fit): the peak is a lower bound and the times are not a whole step's.
+  bool stopped_early = false;
 
   // Host memory (pinned offload buffers), the busiest node
   std::int64_t host_memory_bytes = 0;

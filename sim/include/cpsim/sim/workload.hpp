@@ -128,7 +128,8 @@ struct Workload {
   const std::vector<std::int32_t>& members(const Collective& c) const {
     return groups[static_cast<std::size_t>(c.group)];
   }
-  /// Empties the workload, keeping the capacity of its vectors (a builder refills it).
+  /// Empties the workload, keeping the capacity of its vectors and the names interned so far (a
+  /// builder refills it; asking for a name again returns the same id without copying the text).
   void clear();
   /// Index of `name` in `names`, adding it on first use.
   std::int32_t intern(std::string_view name);
