@@ -4,6 +4,8 @@
 #include <limits>
 #include <span>
 #include <stdexcept>
+#include <type_traits>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -140,10 +142,29 @@ void erase_value(std::vector<std::int32_t>& v, std::int32_t x) {
 /// engine writes before it reads); its capacity is kept from run to run.
 template <class T>
 class RawArray {
+  static_assert(std::is_trivially_default_constructible_v<T> &&
+                std::is_trivially_destructible_v<T>);
+
  public:
+  RawArray() = default;
+  RawArray(RawArray&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), capacity_(std::exchange(o.capacity_, 0)) {}
+  RawArray& operator=(RawArray&& o) noexcept {
+    if (this != &o) {
+      free();
+      data_ = std::exchange(o.data_, nullptr);
+      capacity_ = std::exchange(o.capacity_, 0);
+    }
+    return *this;
+  }
+  RawArray(const RawArray&) = delete;
+  RawArray& operator=(const RawArray&) = delete;
+  ~RawArray() { free(); }
+
   void resize(std::size_t n) {
     if (n > capacity_) {
-      data_ = std::make_unique_for_overwrite<T[]>(n);
+      free();
+      data_ = HugePageAllocator<T>().allocate(n);
       capacity_ = n;
     }
   }
@@ -151,7 +172,14 @@ class RawArray {
   const T& operator[](std::size_t i) const { return data_[i]; }
 
  private:
-  std::unique_ptr<T[]> data_;
+  void free() noexcept {
+    if (data_ != nullptr) {
+      HugePageAllocator<T>().deallocate(data_, capacity_);
+      data_ = nullptr;
+      capacity_ = 0;
+    }
+  }
+  T* data_ = nullptr;
   std::size_t capacity_ = 0;
 };
 
@@ -166,7 +194,7 @@ struct Simulator::Scratch {
   RawArray<OpRuntime> op;
   std::vector<Queue> queues;  // (rank, stream)
   std::vector<CollectiveRuntime> collectives;
-  std::vector<TensorState> tensors;
+  std::vector<TensorState, HugePageAllocator<TensorState>> tensors;
   std::uint32_t run = 0;  // runs so far (TensorState::run of this run)
   std::vector<RankState> ranks;
   std::vector<std::int32_t> woken;  // wake_watchers: queues whose head became ready (n_queues)

@@ -12,6 +12,7 @@
 
 #include "cpsim/models/hardware.hpp"
 #include "cpsim/models/units.hpp"
+#include "cpsim/sim/huge_pages.hpp"
 
 namespace cpsim::sim {
 
@@ -113,10 +114,12 @@ struct Workload {
   int ranks = 0;              ///< simulated ranks
   int represented_ranks = 0;  ///< GPUs of the job; > ranks on the representative-rank fast path
   int gpus_per_node = 8;
-  std::vector<Op> ops;  ///< program order: every dependency points to an earlier op
-  std::vector<Tensor> tensors;
+  /// Program order: every dependency points to an earlier op.
+  std::vector<Op, HugePageAllocator<Op>> ops;
+  std::vector<Tensor, HugePageAllocator<Tensor>> tensors;
   std::vector<Collective> collectives;
-  std::vector<std::int32_t> edges;  ///< deps (OpId), inputs/outputs (TensorId), by range
+  /// Deps (OpId), inputs/outputs (TensorId), by range.
+  std::vector<std::int32_t, HugePageAllocator<std::int32_t>> edges;
   /// Member ranks of the groups collectives run over (shared by every call over one group).
   std::vector<std::vector<std::int32_t>> groups;
   std::vector<std::string> names;

@@ -1,0 +1,33 @@
+#pragma once
+/// @file An allocator for the large per-op arrays of a workload and of a run. A block of 2 MiB or
+/// more gets its own mapping, aligned to 2 MiB and marked for transparent huge pages (Linux
+/// MADV_HUGEPAGE), so that filling a 100 MB op graph costs a few dozen page faults instead of tens
+/// of thousands (a search's first long probe spent about a third of its time in them). Smaller
+/// blocks, and every block where huge pages are not available, come from operator new. Results do
+/// not depend on it.
+
+#include <cstddef>
+
+namespace cpsim::sim {
+
+namespace detail {
+/// At least `bytes` bytes aligned for any fundamental type; release with release_large(p, bytes).
+void* allocate_large(std::size_t bytes);
+void release_large(void* p, std::size_t bytes) noexcept;
+}  // namespace detail
+
+template <class T>
+struct HugePageAllocator {
+  using value_type = T;
+  HugePageAllocator() = default;
+  template <class U>
+  HugePageAllocator(const HugePageAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) { return static_cast<T*>(detail::allocate_large(n * sizeof(T))); }
+  void deallocate(T* p, std::size_t n) noexcept { detail::release_large(p, n * sizeof(T)); }
+  template <class U>
+  bool operator==(const HugePageAllocator<U>&) const noexcept {
+    return true;
+  }
+};
+
+}  // namespace cpsim::sim
