@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <numeric>
 #include <thread>
 #include <utility>
@@ -237,21 +238,38 @@ void Candidate::apply_to(sim::ScheduleInputs& into) const {
   into.recipe = recipe;
 }
 
+// One pass over `ranked` (sorted best first by the plan's order): with the primary key p (max
+// context: the length; else throughput) and the secondary q (throughput; else −peak), both higher
+// is better, a candidate is dominated exactly when one with a higher p has q at least as high, or
+// one with the same p has a higher q. Candidates of equal p are adjacent and the first of them has
+// the highest q, so it suffices to keep the best q among higher p and the first q of the group.
+std::vector<Candidate> pareto_front(const std::vector<Candidate>& ranked, bool max_context) {
+  auto primary = [max_context](const Candidate& c) {
+    return max_context ? static_cast<double>(c.max_seq_len) : c.report.tokens_per_s_per_gpu;
+  };
+  auto secondary = [max_context](const Candidate& c) {
+    return max_context ? c.report.tokens_per_s_per_gpu
+                       : -static_cast<double>(c.report.peak_memory_bytes);
+  };
+  std::vector<Candidate> front;
+  double best_above = -std::numeric_limits<double>::infinity();  // best q among higher p
+  std::size_t group = 0;                                         // first of the current p
+  for (std::size_t i = 0; i < ranked.size(); ++i) {
+    if (primary(ranked[i]) != primary(ranked[group])) {
+      for (std::size_t j = group; j < i; ++j) {
+        best_above = std::max(best_above, secondary(ranked[j]));
+      }
+      group = i;
+    }
+    const double q = secondary(ranked[i]);
+    if (q > best_above && q >= secondary(ranked[group])) {
+      front.push_back(ranked[i]);
+    }
+  }
+  return front;
+}
+
 namespace {
-
-bool dominates_seq(const Candidate& a, const Candidate& b) {
-  return a.report.tokens_per_s_per_gpu >= b.report.tokens_per_s_per_gpu &&
-         a.report.peak_memory_bytes <= b.report.peak_memory_bytes &&
-         (a.report.tokens_per_s_per_gpu > b.report.tokens_per_s_per_gpu ||
-          a.report.peak_memory_bytes < b.report.peak_memory_bytes);
-}
-
-bool dominates_ctx(const Candidate& a, const Candidate& b) {
-  return a.max_seq_len >= b.max_seq_len &&
-         a.report.tokens_per_s_per_gpu >= b.report.tokens_per_s_per_gpu &&
-         (a.max_seq_len > b.max_seq_len ||
-          a.report.tokens_per_s_per_gpu > b.report.tokens_per_s_per_gpu);
-}
 
 std::string explain(const Candidate& best, const Candidate& second, bool max_context) {
   const sim::StepReport& a = best.report;
@@ -380,17 +398,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
     return a.label < b.label;
   };
   std::stable_sort(res.ranked.begin(), res.ranked.end(), better);
-  for (const Candidate& c : res.ranked) {
-    bool dominated = false;
-    for (const Candidate& d : res.ranked) {
-      if (res.max_context ? dominates_ctx(d, c) : dominates_seq(d, c)) {
-        dominated = true;
-        break;
-      }
-    }
-    if (!dominated)
-      res.pareto.push_back(c);
-  }
+  res.pareto = pareto_front(res.ranked, res.max_context);
   std::vector<CpMethod> methods = options.methods;
   if (methods.empty())
     methods.assign(std::begin(kAllMethods), std::end(kAllMethods));

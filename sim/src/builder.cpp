@@ -155,7 +155,10 @@ OpSet Builder::op(const OpSpec& spec) {
 OpSet Builder::emit(const OpSpec& spec, OpKind kind, const double* time_s) {
   const auto base = static_cast<OpId>(w_.ops.size());
   const std::int32_t name_id = spec.name_id != kNone ? spec.name_id : w_.intern(spec.name);
-  if (dep_mark_.size() < w_.ops.size() + static_cast<std::size_t>(sim_ranks_)) {
+  // A few candidate dependencies are de-duplicated by looking through those kept so far; many
+  // (joins over every chunk) by marks indexed by op.
+  const bool marks = spec.deps.size() + spec.inputs.size() > kDepsScanned;
+  if (marks && dep_mark_.size() < w_.ops.size() + static_cast<std::size_t>(sim_ranks_)) {
     dep_mark_.resize(2 * (w_.ops.size() + static_cast<std::size_t>(sim_ranks_)), kNone);
   }
   const bool per_rank = time_s == nullptr && !spec.time_s_per_rank.empty();
@@ -179,10 +182,17 @@ OpSet Builder::emit(const OpSpec& spec, OpKind kind, const double* time_s) {
     // Dependencies: explicit ones plus the producers of inputs, de-duplicated, in that order.
     o.deps_begin = static_cast<std::int32_t>(w_.edges.size());
     auto add_dep = [&](OpId d) {
-      if (d == kNone || d >= self || dep_mark_[static_cast<std::size_t>(d)] == self) {
+      if (d == kNone || d >= self) {
         return;
       }
-      dep_mark_[static_cast<std::size_t>(d)] = self;
+      if (marks) {
+        if (dep_mark_[static_cast<std::size_t>(d)] == self) {
+          return;
+        }
+        dep_mark_[static_cast<std::size_t>(d)] = self;
+      } else if (std::find(w_.edges.begin() + o.deps_begin, w_.edges.end(), d) != w_.edges.end()) {
+        return;
+      }
       w_.edges.push_back(d);
     };
     for (const OpSet& d : spec.deps) {

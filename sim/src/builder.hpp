@@ -244,6 +244,9 @@ class Builder {
   Phase phase_ = Phase::kForward;
   std::int32_t layer_ = -1;
   std::array<Groups, 4> groups_;
+  /// An op with at most this many candidate dependencies (explicit ones and its inputs'
+  /// producers) de-duplicates them by a scan; one with more by dep_mark_.
+  static constexpr std::size_t kDepsScanned = 16;
   /// dep_mark_[d] == op while op's dependency list holds d (de-duplication in O(1)).
   std::vector<OpId> dep_mark_;
   std::vector<std::pair<std::string, std::vector<std::int32_t>>> series_;

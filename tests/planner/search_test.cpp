@@ -280,6 +280,55 @@ TEST(Plan, RanksExactlyWhatFitsAlthoughOverfullRunsStopEarly) {
   }
 }
 
+// The one-pass front against the definition (every pair compared), on ranked lists with ties in
+// either key, in both modes.
+TEST(Pareto, OnePassMatchesPairwiseDominance) {
+  auto dominates = [](const Candidate& a, const Candidate& b, bool ctx) {
+    const double ap = ctx ? static_cast<double>(a.max_seq_len) : a.report.tokens_per_s_per_gpu;
+    const double bp = ctx ? static_cast<double>(b.max_seq_len) : b.report.tokens_per_s_per_gpu;
+    const double aq = ctx ? a.report.tokens_per_s_per_gpu : -double(a.report.peak_memory_bytes);
+    const double bq = ctx ? b.report.tokens_per_s_per_gpu : -double(b.report.peak_memory_bytes);
+    return ap >= bp && aq >= bq && (ap > bp || aq > bq);
+  };
+  std::uint64_t state = 12345;
+  auto next = [&state](int n) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<int>((state >> 33) % static_cast<std::uint64_t>(n));
+  };
+  for (const bool ctx : {false, true}) {
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<Candidate> ranked(static_cast<std::size_t>(1 + next(40)));
+      for (std::size_t i = 0; i < ranked.size(); ++i) {
+        ranked[i].label = std::to_string(i);
+        ranked[i].max_seq_len = 65536 * (1 + next(5));  // few values: many ties
+        ranked[i].report.tokens_per_s_per_gpu = 100.0 * (1 + next(6));
+        ranked[i].report.peak_memory_bytes = std::int64_t{1} << (20 + next(6));
+      }
+      // The plan's order: primary descending, then throughput or peak, then label.
+      std::stable_sort(ranked.begin(), ranked.end(), [ctx](const Candidate& a, const Candidate& b) {
+        if (ctx && a.max_seq_len != b.max_seq_len)
+          return a.max_seq_len > b.max_seq_len;
+        if (a.report.tokens_per_s_per_gpu != b.report.tokens_per_s_per_gpu)
+          return a.report.tokens_per_s_per_gpu > b.report.tokens_per_s_per_gpu;
+        return a.report.peak_memory_bytes < b.report.peak_memory_bytes;
+      });
+      std::vector<std::string> expected;
+      for (const Candidate& c : ranked) {
+        bool dominated = false;
+        for (const Candidate& d : ranked) {
+          dominated = dominated || dominates(d, c, ctx);
+        }
+        if (!dominated)
+          expected.push_back(c.label);
+      }
+      std::vector<std::string> got;
+      for (const Candidate& c : pareto_front(ranked, ctx))
+        got.push_back(c.label);
+      EXPECT_EQ(got, expected) << "trial " << trial << (ctx ? " max context" : " at a length");
+    }
+  }
+}
+
 TEST(Plan, MaxContextPicksTheLongest) {
   const sim::ScheduleInputs base = small(CpMethod::kUlysses, 4);
   PlanOptions o;

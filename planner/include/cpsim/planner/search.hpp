@@ -67,4 +67,9 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
 
 PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options);
 
+/// The candidates of `ranked` (best first, as PlanResult::ranked) that no other dominates: at
+/// least as fast and at most as much peak memory, one strictly (`max_context`: at least as long a
+/// context and as fast, one strictly), in ranked order.
+std::vector<Candidate> pareto_front(const std::vector<Candidate>& ranked, bool max_context);
+
 }  // namespace cpsim::planner

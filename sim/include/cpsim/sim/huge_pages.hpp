@@ -7,6 +7,9 @@
 /// not depend on it.
 
 #include <cstddef>
+#include <new>
+#include <type_traits>
+#include <utility>
 
 namespace cpsim::sim {
 
@@ -24,6 +27,16 @@ struct HugePageAllocator {
   HugePageAllocator(const HugePageAllocator<U>&) noexcept {}
   T* allocate(std::size_t n) { return static_cast<T*>(detail::allocate_large(n * sizeof(T))); }
   void deallocate(T* p, std::size_t n) noexcept { detail::release_large(p, n * sizeof(T)); }
+  /// Elements made without arguments are default-initialised, not value-initialised: resize()
+  /// leaves plain integers unset (their writer fills them) instead of zeroing them first.
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
   template <class U>
   bool operator==(const HugePageAllocator<U>&) const noexcept {
     return true;
