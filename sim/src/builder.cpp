@@ -179,10 +179,17 @@ OpSet Builder::emit(const OpSpec& spec, OpKind kind, const double* time_s) {
     o.workspace_bytes = spec.workspace_bytes;
     o.workspace_category = spec.workspace_category;
     const OpId self = base + r;
-    // Dependencies: explicit ones plus the producers of inputs, de-duplicated, in that order.
+    // Dependencies: explicit ones plus the producers of inputs, de-duplicated, in that order. One
+    // on an earlier op of the same rank and stream is implied by the stream's program order (the
+    // op cannot reach the head of its queue before that op has ended), so it is not listed: the
+    // schedule is the same, and the engine checks only dependencies that can make an op wait.
     o.deps_begin = static_cast<std::int32_t>(w_.edges.size());
     auto add_dep = [&](OpId d) {
       if (d == kNone || d >= self) {
+        return;
+      }
+      if (const Op& dep = w_.ops[static_cast<std::size_t>(d)];
+          dep.stream == spec.stream && dep.rank == r) {
         return;
       }
       if (marks) {

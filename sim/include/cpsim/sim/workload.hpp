@@ -85,7 +85,8 @@ struct Op {
   std::int64_t workspace_bytes = 0;  ///< allocated for the op's duration only
   MemCategory workspace_category = MemCategory::kOther;
   CollectiveId collective = kNone;
-  // Ranges into Workload::edges.
+  // Ranges into Workload::edges. Deps are the ops it waits for besides its stream's earlier ops
+  // (those end first anyway: builders leave them out).
   std::int32_t deps_begin = 0, deps_end = 0;
   std::int32_t inputs_begin = 0, inputs_end = 0;
   std::int32_t outputs_begin = 0, outputs_end = 0;
