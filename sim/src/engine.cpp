@@ -618,10 +618,15 @@ void Engine::finish_op(OpId op) {
     }
   }
   for (TensorId t : range(o.inputs_begin, o.inputs_end)) {
+    const std::int32_t consumers = w_.tensors[idx(t)].consumers;
+    if (consumers == 1) {
+      release(t);  // its only reader: no count to keep
+      continue;
+    }
     TensorState& ts = b_.tensors[idx(t)];
     if (ts.run != b_.run) {
       ts.run = b_.run;
-      ts.consumers_left = w_.tensors[idx(t)].consumers;
+      ts.consumers_left = consumers;
     }
     if (--ts.consumers_left == 0) {
       release(t);
