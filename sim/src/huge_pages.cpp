@@ -1,6 +1,5 @@
 #include "cpsim/sim/huge_pages.hpp"
 
-#include <cstdint>
 #include <new>
 
 #if defined(__linux__)
@@ -12,38 +11,21 @@ namespace {
 
 constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 
-std::size_t whole_pages(std::size_t bytes) {
-  return (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
-}
-
 }  // namespace
 
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
 
-// Maps one huge page more than needed and unmaps the ends, so that the block starts on a 2 MiB
-// boundary (the kernel backs only aligned 2 MiB ranges with huge pages). The advice is a hint: a
-// kernel with transparent huge pages off ignores it and the block is ordinary memory.
+// The block comes from operator new, aligned to 2 MiB (the kernel backs only aligned 2 MiB ranges
+// with huge pages), so that the C library can hand a freed block's warm pages to the next request
+// of its size (a fresh mapping per block faults every page again on each evaluation). The advice
+// is a hint: a kernel with transparent huge pages off ignores it and the block is ordinary memory.
 void* allocate_large(std::size_t bytes) {
   if (bytes < kHugePageBytes) {
     return ::operator new(bytes);
   }
-  const std::size_t length = whole_pages(bytes);
-  void* mapped = mmap(nullptr, length + kHugePageBytes, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mapped == MAP_FAILED) {
-    throw std::bad_alloc();
-  }
-  const auto start = reinterpret_cast<std::uintptr_t>(mapped);
-  const std::uintptr_t aligned = (start + kHugePageBytes - 1) & ~(kHugePageBytes - 1);
-  if (aligned > start) {
-    munmap(mapped, aligned - start);
-  }
-  const std::uintptr_t end = start + length + kHugePageBytes;
-  if (end > aligned + length) {
-    munmap(reinterpret_cast<void*>(aligned + length), end - (aligned + length));
-  }
-  void* block = reinterpret_cast<void*>(aligned);
-  (void)madvise(block, length, MADV_HUGEPAGE);
+  void* block = ::operator new (bytes, std::align_val_t{kHugePageBytes});
+  const std::size_t whole = bytes / kHugePageBytes * kHugePageBytes;  // inside the block only
+  (void)madvise(block, whole, MADV_HUGEPAGE);
   return block;
 }
 
@@ -52,7 +34,7 @@ void release_large(void* p, std::size_t bytes) noexcept {
     ::operator delete(p);
     return;
   }
-  munmap(p, whole_pages(bytes));
+  ::operator delete (p, std::align_val_t{kHugePageBytes});
 }
 
 #else

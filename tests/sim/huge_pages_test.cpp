@@ -1,5 +1,5 @@
-// The large-array allocator: small blocks from operator new, large ones mapped on 2 MiB
-// boundaries; either way usable memory of the size asked, and vectors using it behave as usual.
+// The large-array allocator: small blocks from operator new, large ones on 2 MiB boundaries; either
+// way usable memory of the size asked, and vectors using it behave as usual.
 #include "cpsim/sim/huge_pages.hpp"
 
 #include <cstdint>

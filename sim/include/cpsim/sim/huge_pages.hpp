@@ -1,10 +1,10 @@
 #pragma once
 /// @file An allocator for the large per-op arrays of a workload and of a run. A block of 2 MiB or
-/// more gets its own mapping, aligned to 2 MiB and marked for transparent huge pages (Linux
-/// MADV_HUGEPAGE), so that filling a 100 MB op graph costs a few dozen page faults instead of tens
-/// of thousands (a search's first long probe spent about a third of its time in them). Smaller
-/// blocks, and every block where huge pages are not available, come from operator new. Results do
-/// not depend on it.
+/// more is aligned to 2 MiB and marked for transparent huge pages (Linux MADV_HUGEPAGE), so that
+/// filling a 100 MB op graph takes far fewer page faults (a search's first long probe spent about
+/// a third of its time in them). Blocks still come from operator new, so a freed block's pages,
+/// already faulted in, serve the next evaluation of a similar size. Smaller blocks, and every
+/// block where huge pages are not available, are plain operator new. Results do not depend on it.
 
 #include <cstddef>
 #include <new>
