@@ -3,8 +3,9 @@
 /// more is aligned to 2 MiB and marked for transparent huge pages (Linux MADV_HUGEPAGE), so that
 /// filling a 100 MB op graph takes far fewer page faults (a search's first long probe spent about
 /// a third of its time in them). Blocks still come from operator new, so a freed block's pages,
-/// already faulted in, serve the next evaluation of a similar size. Smaller blocks, and every
-/// block where huge pages are not available, are plain operator new. Results do not depend on it.
+/// already faulted in, serve the next evaluation of a similar size. Smaller blocks are plain
+/// operator new; where huge pages are not available the advice is left out. Results do not depend
+/// on it.
 
 #include <cstddef>
 #include <new>
