@@ -10,6 +10,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "config_flags.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -74,6 +75,7 @@ CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& a) {
 int run_maxlen(const MaxLenArgs& a) {
   planner::MaxLenOptions opts;
   opts.granularity = parse_length(a.granularity, "--granularity");
+  opts.refusal_text = refusal_text;
   if (!(a.memory_margin_gib >= 0.0) || a.memory_margin_gib > 1e6) {
     throw InputError("--memory-margin", "must be a non-negative number of GiB");
   }
@@ -90,6 +92,10 @@ int run_maxlen(const MaxLenArgs& a) {
     try {
       o.in = resolve_inputs(cfg);
       o.res = planner::max_seq_len(o.in, opts);
+    } catch (const sim::ConfigError& e) {
+      if (methods.size() == 1)
+        throw;
+      o.error = refusal_text(e);
     } catch (const InputError& e) {
       if (methods.size() == 1)
         throw;

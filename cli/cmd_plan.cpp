@@ -14,34 +14,22 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "config_flags.hpp"
 
 namespace cpsim::cli {
 namespace {
 
 constexpr int kPlanSchemaVersion = 1;
 
-// Launchers that run each method (reference/launchers.md §0), best first.
-const char* launchers_for(models::CpMethod m) {
-  switch (m) {
-    case models::CpMethod::kUlysses:
-      return "arctic, deepspeed, accelerate, megatron";
-    case models::CpMethod::kUPipe:
-      return "untied-ulysses";
-    case models::CpMethod::kRing:
-      return "torchtitan, megatron, accelerate, untied-ulysses";
-    case models::CpMethod::kAllGather:
-      return "torchtitan, megatron, accelerate";
-    case models::CpMethod::kFpdt:
-      return "deepspeed";
-    case models::CpMethod::kUsp:
-      return "megatron, untied-ulysses";
-  }
-  return "";
+// Launchers that run each method, best first (the method's table).
+std::string launchers_for(models::CpMethod m) {
+  return sim::cp_implementation(m).launchers().list();
 }
 
 nlohmann::json candidate_json(const planner::Candidate& c, bool max_context) {
   const auto& p = c.parallel;
   const auto& r = c.recipe;
+  const sim::CpImplementation& method = sim::cp_implementation(p.method);
   nlohmann::json j = {
       {"label", c.label},
       {"method", models::to_string(p.method)},
@@ -49,9 +37,8 @@ nlohmann::json candidate_json(const planner::Candidate& c, bool max_context) {
       {"ulysses_degree", p.ulysses_degree()},
       {"ring_degree", p.ring_degree},
       {"data_parallel", p.data_parallel()},
-      {"heads_per_stage",
-       p.method == models::CpMethod::kUPipe ? c.report.layout.heads_per_stage : 0},
-      {"fpdt_chunk", p.method == models::CpMethod::kFpdt ? p.fpdt_chunk : 0},
+      {"heads_per_stage", method.uses_heads_per_stage() ? c.report.layout.heads_per_stage : 0},
+      {"fpdt_chunk", method.uses_fpdt_chunk() ? p.fpdt_chunk : 0},
       {"ac", models::to_string(r.checkpointing)},
       {"ac_offload", r.checkpoint_offload},
       {"tiled_mlp", r.tiled_mlp},
@@ -147,6 +134,7 @@ int run_plan(const PlanArgs& a) {
       static_cast<std::int64_t>(a.memory_margin_gib * static_cast<double>(kGiB));
   opts.granularity = parse_length(a.granularity, "--granularity");
   opts.vary_recipe = !a.fixed_recipe;
+  opts.refusal_text = refusal_text;
   opts.threads = a.threads;
   opts.top = a.top;
   const auto t0 = std::chrono::steady_clock::now();

@@ -16,6 +16,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "config_flags.hpp"
 #include "report_html.hpp"
 
 namespace cpsim::cli {
@@ -136,36 +137,7 @@ class Progress {
 
 std::string degrees_text(const sim::ScheduleInputs& in, const sim::HeadLayout* layout) {
   const auto& p = in.parallel;
-  const char* ring_layout = models::to_string(p.ring_layout);
-  std::string s;
-  switch (p.method) {
-    case models::CpMethod::kUlysses:
-      s = fmt::format("Ulysses {}", p.ulysses_degree());
-      break;
-    case models::CpMethod::kRing:
-      s = fmt::format("ring {} ({})", p.ring_degree, ring_layout);
-      break;
-    case models::CpMethod::kAllGather:
-      s = fmt::format("all-gather {} ({})", p.ring_degree, ring_layout);
-      break;
-    case models::CpMethod::kUsp:
-      s = fmt::format("Ulysses {} × ring {} ({})", p.ulysses_degree(), p.ring_degree, ring_layout);
-      break;
-    case models::CpMethod::kFpdt:
-      s = fmt::format("Ulysses {}, chunk {}, {}", p.ulysses_degree(), format_length(p.fpdt_chunk),
-                      p.fpdt_offload ? "offloaded to host" : "on GPU");
-      break;
-    case models::CpMethod::kUPipe: {
-      s = fmt::format("Ulysses {}", p.ulysses_degree());
-      if (p.ring_degree > 1) {
-        s += fmt::format(" × ring {} ({})", p.ring_degree, ring_layout);
-      }
-      if (layout != nullptr) {
-        s += fmt::format(", U={} ({} stages)", layout->heads_per_stage, layout->stages);
-      }
-      break;
-    }
-  }
+  std::string s = sim::cp_implementation(p.method).label(sim::LabelStyle::kDegrees, p, layout);
   if (p.data_parallel() > 1) {
     s += fmt::format(", {} data-parallel replicas", p.data_parallel());
   }
@@ -201,14 +173,14 @@ Sweep run_points(const ReportArgs& a, Progress& progress) {
     cfg.seq = std::to_string(sw.lengths.front());
     try {
       ms.inputs = resolve_inputs(cfg);
-      try {
-        const sim::HeadLayout layout = sim::derive_head_layout(ms.inputs);
-        ms.degrees = degrees_text(ms.inputs, &layout);
-      } catch (const InputError& e) {
-        if (e.field() != "--seq") {
-          throw;
-        }
+      const sim::LayoutCheck checked = sim::check_head_layout(ms.inputs);
+      if (!checked.issue) {
+        ms.degrees = degrees_text(ms.inputs, &checked.layout);
+      } else if (checked.issue->quantity == sim::Quantity::kSeqLen ||
+                 checked.issue->quantity == sim::Quantity::kSeqLenMultiple) {
         ms.degrees = degrees_text(ms.inputs, nullptr);  // only this length is wrong
+      } else {
+        throw flag_error(sim::ConfigError(*checked.issue, ms.inputs.parallel));
       }
     } catch (const InputError& e) {
       if (is_shared_field(e.field())) {
@@ -234,6 +206,12 @@ Sweep run_points(const ReportArgs& a, Progress& progress) {
       try {
         pt.report = planner::evaluate(in).report;
         any = true;
+      } catch (const sim::ConfigError& e) {
+        const InputError flagged = flag_error(e);
+        pt.error = flagged.what();
+        if (!first_point_error) {
+          first_point_error = flagged;
+        }
       } catch (const InputError& e) {
         pt.error = e.what();
         if (!first_point_error) {
@@ -461,6 +439,7 @@ int run_report(const ReportArgs& a) {
   page.version = std::string("cpsim ") + CPSIM_VERSION;
   page.lengths = sw.lengths;
   planner::MaxLenOptions max_opts;
+  max_opts.refusal_text = refusal_text;
   page.max_granularity = max_opts.granularity;
   for (auto& m : sw.methods) {
     if (!m.error.empty()) {
@@ -469,6 +448,8 @@ int run_report(const ReportArgs& a) {
     progress.update(fmt::format("longest context of {}", m.method));
     try {
       m.max = planner::max_seq_len(m.inputs, max_opts);
+    } catch (const sim::ConfigError& e) {
+      m.max_error = refusal_text(e);
     } catch (const InputError& e) {
       m.max_error = e.what();
     }
@@ -517,6 +498,11 @@ int run_report(const ReportArgs& a) {
       opts.model_allocator = true;
       try {
         page.detail = StepDetail{pick->method, len, planner::evaluate(in, opts)};
+      } catch (const sim::ConfigError& e) {
+        if (!detail_seq) {
+          throw;
+        }
+        throw InputError("--detail-seq", e.what());
       } catch (const InputError& e) {
         if (!detail_seq) {
           throw;

@@ -14,6 +14,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "config_flags.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -138,9 +139,9 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   }
   // CP degree: explicit, else ulysses × ring when both are given, else the one given for a method
   // that has only that part, else all GPUs.
-  using models::CpMethod;
-  const bool ulysses_only = p.method == CpMethod::kUlysses || p.method == CpMethod::kFpdt;
-  const bool ring_only = p.method == CpMethod::kRing || p.method == CpMethod::kAllGather;
+  const sim::CpImplementation& method = sim::cp_implementation(p.method);
+  const bool ulysses_only = !method.has_ring_part();
+  const bool ring_only = !method.has_ulysses_part();
   if (a.cp_degree > 0) {
     p.cp_degree = a.cp_degree;
   } else if (a.ulysses_degree > 0 && a.ring_degree > 0) {
@@ -186,12 +187,12 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   if (!a.fpdt_offload.empty()) {
     p.fpdt_offload = parse_switch(a.fpdt_offload, "--fpdt-offload");
   }
-  if ((!a.fpdt_chunk.empty() || !a.fpdt_offload.empty()) && p.method != CpMethod::kFpdt) {
+  if ((!a.fpdt_chunk.empty() || !a.fpdt_offload.empty()) && !method.uses_fpdt_chunk()) {
     throw InputError(a.fpdt_chunk.empty() ? "--fpdt-offload" : "--fpdt-chunk",
                      "applies to --method fpdt only");
   }
   p.seq_len = parse_length(a.seq, "--seq");
-  if (a.heads_per_stage != 0 && p.method != CpMethod::kUPipe) {
+  if (a.heads_per_stage != 0 && !method.uses_heads_per_stage()) {
     throw InputError("--heads-per-stage", "applies to --method upipe only");
   }
   if (a.heads_per_stage < 0) {
@@ -204,28 +205,8 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
 namespace {
 
 std::string method_label(const sim::ScheduleInputs& in, const sim::HeadLayout& L) {
-  const auto& p = in.parallel;
-  const char* layout = models::to_string(p.ring_layout);
-  switch (p.method) {
-    case models::CpMethod::kUlysses:
-      return fmt::format("Ulysses (C={})", L.cp);
-    case models::CpMethod::kRing:
-      return fmt::format("Ring attention (C={}, {} layout)", L.cp, layout);
-    case models::CpMethod::kAllGather:
-      return fmt::format("all-gather CP (C={}, {} layout)", L.cp, layout);
-    case models::CpMethod::kUsp:
-      return fmt::format("USP (Ulysses {} x ring {}, {} ring)", L.ulysses, L.ring, layout);
-    case models::CpMethod::kFpdt:
-      return fmt::format("FPDT (C={}, {} chunks of {}, {})", L.cp, L.fpdt_chunks,
-                         format_length(p.fpdt_chunk),
-                         p.fpdt_offload && L.fpdt_chunks > 1 ? "offloaded to host" : "on GPU");
-    case models::CpMethod::kUPipe:
-      break;
-  }
-  std::string ring = L.ring > 1 ? fmt::format(" x ring {} ({})", L.ring, layout) : "";
-  return fmt::format("UPipe (Ulysses {}{}, U={}: {} stages, K/V fetched every {} stage{})",
-                     L.ulysses, ring, L.heads_per_stage, L.stages, L.stages_per_kv_fetch,
-                     L.stages_per_kv_fetch == 1 ? "" : "s");
+  return sim::cp_implementation(in.parallel.method)
+      .label(sim::LabelStyle::kDescription, in.parallel, &L);
 }
 
 std::string recipe_label(const models::TrainingRecipe& r,
@@ -560,6 +541,14 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
 
 namespace {
 
+// Flags every method of a comparison shares: wrong for one, wrong for all.
+bool is_shared_flag(const std::string& f) {
+  return f == "--gpus" || f == "--hardware" || f == "--recipe" || f == "--ac" ||
+         f == "--ac-offload" || f == "--tiled-mlp" || f == "--fused-loss" || f == "--zero" ||
+         f == "--param-offload" || f == "--norm-kernel" || f == "--mlp-kernel" ||
+         f == "--int32-indexing" || f.find(".json") != std::string::npos;
+}
+
 // Side-by-side table of several methods, with what sets each one's peak and time.
 int run_comparison(const SimulateArgs& a, const std::vector<std::string>& methods) {
   struct Row {
@@ -576,17 +565,17 @@ int run_comparison(const SimulateArgs& a, const std::vector<std::string>& method
     try {
       row.in = resolve_inputs(m);
       row.rep = planner::evaluate(row.in).report;
-    } catch (const InputError& e) {
-      // Shared inputs (model, lengths, files) are wrong for every method: stop. A method that
+    } catch (const sim::ConfigError& e) {
+      // A length out of range, or a flag every method shares, stops the comparison; a method that
       // cannot run this configuration (heads vs degree, divisibility) is reported in its row.
-      const std::string f = e.field();
-      if (f == "--seq" && std::string(e.what()).find("divisible") == std::string::npos) {
+      const InputError flagged = flag_error(e);
+      if (refuses_every_method(e) || is_shared_flag(flagged.field())) {
         throw;
       }
-      if (f == "--gpus" || f == "--hardware" || f == "--recipe" || f == "--ac" ||
-          f == "--ac-offload" || f == "--tiled-mlp" || f == "--fused-loss" || f == "--zero" ||
-          f == "--param-offload" || f == "--norm-kernel" || f == "--mlp-kernel" ||
-          f == "--int32-indexing" || f.find(".json") != std::string::npos) {
+      row.error = flagged.what();
+    } catch (const InputError& e) {
+      // Shared inputs (model, lengths, files) are wrong for every method: stop.
+      if (e.field() == "--seq" || is_shared_flag(e.field())) {
         throw;
       }
       row.error = e.what();
@@ -670,18 +659,19 @@ int run_comparison(const SimulateArgs& a, const std::vector<std::string>& method
 SimulateArgs config_for_method(const SimulateArgs& a, const std::string& method) {
   SimulateArgs m = a;
   m.method = method;
-  const models::CpMethod cp = models::parse_cp_method(method, "--method");
-  if (cp != models::CpMethod::kUPipe) {
+  const sim::CpImplementation& cp =
+      sim::cp_implementation(models::parse_cp_method(method, "--method"));
+  if (!cp.uses_heads_per_stage()) {
     m.heads_per_stage = 0;
   }
-  if (cp != models::CpMethod::kFpdt) {
+  if (!cp.uses_fpdt_chunk()) {
     m.fpdt_chunk.clear();
     m.fpdt_offload.clear();
   }
-  if (cp == models::CpMethod::kUlysses || cp == models::CpMethod::kFpdt) {
+  if (!cp.has_ring_part()) {
     m.ring_degree = 0;
   }
-  if (cp == models::CpMethod::kRing || cp == models::CpMethod::kAllGather) {
+  if (!cp.has_ulysses_part()) {
     m.ulysses_degree = 0;
     m.ring_degree = 0;
   }
@@ -690,7 +680,11 @@ SimulateArgs config_for_method(const SimulateArgs& a, const std::string& method)
 
 std::vector<std::string> split_methods(const std::string& text) {
   if (text == "all") {
-    return {"ulysses", "upipe", "ring", "allgather", "fpdt", "usp"};
+    std::vector<std::string> all;
+    for (const sim::CpImplementation* m : sim::cp_implementations()) {
+      all.emplace_back(m->name());
+    }
+    return all;
   }
   std::vector<std::string> out;
   std::size_t start = 0;

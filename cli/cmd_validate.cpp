@@ -14,6 +14,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "config_flags.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -80,6 +81,7 @@ Outcome run_case(const Case& c) {
     const sim::ScheduleInputs in = resolve_inputs(a);
     planner::MaxLenOptions opts;
     opts.granularity = parse_length(c.granularity, c.id + ":granularity");
+    opts.refusal_text = refusal_text;
     const planner::MaxLenResult r = planner::max_seq_len(in, opts);
     o.predicted = static_cast<double>(r.max_seq_len);
     o.note = r.binding.text;

@@ -9,6 +9,7 @@
 #include "cpsim/models/error.hpp"
 
 #include "commands.hpp"
+#include "config_flags.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -80,6 +81,9 @@ int main(int argc, char** argv) {
     if (hardware->parsed()) {
       return cpsim::cli::run_hardware(hardware_args);
     }
+  } catch (const cpsim::sim::ConfigError& e) {
+    std::cerr << "cpsim: error: " << cpsim::cli::refusal_text(e) << "\n";
+    return 2;
   } catch (const cpsim::InputError& e) {
     std::cerr << "cpsim: error: " << e.what() << "\n";
     return 2;

@@ -163,17 +163,9 @@ TimeUnit time_unit(double seconds) {
 // Colours
 
 std::string method_color(const std::string& method, std::size_t index) {
-  static constexpr std::array<std::pair<std::string_view, const char*>, 6> kKnown = {{
-      {"ulysses", "#1f77b4"},
-      {"upipe", "#2ca02c"},
-      {"ring", "#ff7f0e"},
-      {"allgather", "#9467bd"},
-      {"fpdt", "#8c564b"},
-      {"usp", "#17becf"},
-  }};
-  for (const auto& [name, color] : kKnown) {
-    if (name == method) {
-      return color;
+  for (const sim::CpImplementation* m : sim::cp_implementations()) {
+    if (method == m->name()) {
+      return std::string(m->report_color());
     }
   }
   static constexpr std::array<const char*, 4> kMore = {"#e377c2", "#7f7f7f", "#bcbd22", "#393b79"};

@@ -36,15 +36,11 @@ const char* to_string(BindingConstraint::Kind k) {
 }
 
 std::int64_t required_multiple(const sim::ScheduleInputs& in) {
-  const auto& p = in.parallel;
-  std::int64_t m = p.cp_degree;
-  if (p.ring_degree > 1 && p.ring_layout == models::RingLayout::kZigzag) {
-    m = 2 * p.cp_degree;
-  }
-  if (p.method == models::CpMethod::kFpdt) {
-    m = std::lcm(m, p.fpdt_chunk);
-  }
-  return m;
+  return sim::cp_implementation(in.parallel.method).seq_multiple(in.parallel);
+}
+
+std::string default_refusal_text(const sim::ConfigError& e) {
+  return fmt::format("{}: {}", sim::to_string(e.quantity()), e.what());
 }
 
 bool fits_with_margin(const sim::StepReport& r, std::int64_t margin) {
@@ -109,8 +105,12 @@ BindingConstraint binding_of(const Probe& p, std::int64_t seq, std::int64_t marg
 /// reads: a probe's outcome depends only on its length.
 class ProbeCache {
  public:
-  ProbeCache(const sim::ScheduleInputs& base, std::int64_t step, std::int64_t margin, int threads)
-      : base_(base), step_(step), margin_(margin) {
+  ProbeCache(const sim::ScheduleInputs& base,
+             std::int64_t step,
+             std::int64_t margin,
+             int threads,
+             RefusalText refusal_text)
+      : base_(base), step_(step), margin_(margin), refusal_text_(std::move(refusal_text)) {
     if (threads > 1) {
       helper_ = std::thread([this] { help(); });
     }
@@ -200,11 +200,13 @@ class ProbeCache {
     try {
       s.probe.report = evaluate(in, {}, scratch).report;
       s.probe.fits = fits_with_margin(*s.probe.report, margin_);
-    } catch (const InputError& e) {
-      if (e.field() != "--seq") {
-        s.error = std::current_exception();
+    } catch (const sim::ConfigError& e) {
+      // A length the method refuses ends the search there; anything else is an error.
+      if (e.quantity() == sim::Quantity::kSeqLen ||
+          e.quantity() == sim::Quantity::kSeqLenMultiple) {
+        s.probe.refusal = refusal_text_ ? refusal_text_(e) : default_refusal_text(e);
       } else {
-        s.probe.refusal = e.what();
+        s.error = std::current_exception();
       }
     } catch (...) {
       s.error = std::current_exception();
@@ -235,6 +237,7 @@ class ProbeCache {
   const sim::ScheduleInputs& base_;
   const std::int64_t step_;
   const std::int64_t margin_;
+  const RefusalText refusal_text_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::map<std::int64_t, Slot> slots_;  // std::map: references stay valid while it grows
@@ -267,7 +270,8 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
     (void)sim::derive_head_layout(probe);
   }
   const std::int64_t k_max = options.max_tokens / res.step;
-  ProbeCache cache(base, res.step, options.memory_margin_bytes, options.threads);
+  ProbeCache cache(base, res.step, options.memory_margin_bytes, options.threads,
+                   options.refusal_text);
   std::vector<bool> asked;
   auto probe = [&](std::int64_t k) -> const Probe& {
     if (static_cast<std::size_t>(k) >= asked.size()) {

@@ -16,7 +16,18 @@ namespace cpsim::planner {
 namespace {
 
 using models::CheckpointMode;
-using models::CpMethod;
+
+// Every registered implementation, or the ones asked for, in registry order.
+std::vector<const sim::CpImplementation*> methods_of(const PlanOptions& options) {
+  std::vector<const sim::CpImplementation*> out;
+  for (const sim::CpImplementation* m : sim::cp_implementations()) {
+    if (options.methods.empty() || std::find(options.methods.begin(), options.methods.end(),
+                                             m->id()) != options.methods.end()) {
+      out.push_back(m);
+    }
+  }
+  return out;
+}
 
 std::vector<int> divisors(int n) {
   std::vector<int> d;
@@ -26,9 +37,6 @@ std::vector<int> divisors(int n) {
   }
   return d;
 }
-
-constexpr CpMethod kAllMethods[] = {CpMethod::kUlysses,   CpMethod::kUPipe, CpMethod::kRing,
-                                    CpMethod::kAllGather, CpMethod::kFpdt,  CpMethod::kUsp};
 
 std::string recipe_label(const models::TrainingRecipe& r) {
   std::string ac = models::to_string(r.checkpointing);
@@ -40,17 +48,7 @@ std::string recipe_label(const models::TrainingRecipe& r) {
 }
 
 std::string structure_label(const models::ParallelConfig& p) {
-  std::string s = models::to_string(p.method);
-  s += fmt::format(" C{}", p.cp_degree);
-  if (p.method == CpMethod::kUsp || p.method == CpMethod::kUPipe) {
-    s += fmt::format(" (u{} x r{})", p.ulysses_degree(), p.ring_degree);
-  }
-  if (p.method == CpMethod::kUPipe) {
-    s += fmt::format(" U{}", p.heads_per_stage == 0 ? p.ulysses_degree() : p.heads_per_stage);
-  }
-  if (p.method == CpMethod::kFpdt) {
-    s += fmt::format(" chunk {}", format_length(p.fpdt_chunk));
-  }
+  std::string s = sim::cp_implementation(p.method).label(sim::LabelStyle::kSearch, p, nullptr);
   if (p.data_parallel() > 1) {
     s += fmt::format(" dp{}", p.data_parallel());
   }
@@ -60,16 +58,8 @@ std::string structure_label(const models::ParallelConfig& p) {
 /// A rough count of the ops one evaluation simulates per block (order of magnitude only: it sorts
 /// the work of the threads, longest first, so that none is left with a long one at the end).
 std::int64_t cost_estimate(const sim::ScheduleInputs& in) {
-  const auto& p = in.parallel;
-  const std::int64_t ring = std::max(1, p.ring_degree);
-  std::int64_t per_block = 40 + 10 * ring;
-  if (p.method == CpMethod::kUPipe) {
-    const std::int64_t u = std::max<std::int64_t>(1, p.cp_degree / ring);
-    const std::int64_t stage = p.heads_per_stage == 0 ? u : p.heads_per_stage;
-    per_block = 40 + (20 + 10 * ring) * std::max<std::int64_t>(1, in.model.heads / stage);
-  } else if (p.method == CpMethod::kFpdt && p.fpdt_chunk > 0) {
-    per_block = 40 + 30 * std::max<std::int64_t>(1, p.seq_len / p.fpdt_chunk);
-  }
+  const std::int64_t per_block =
+      sim::cp_implementation(in.parallel.method).ops_per_block_estimate(in);
   const bool full_ac = in.recipe.checkpointing == CheckpointMode::kFull;
   return per_block * (full_ac ? 3 : 2) * in.model.layers;
 }
@@ -121,10 +111,6 @@ std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
 
 std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
                                             const PlanOptions& options) {
-  std::vector<CpMethod> methods = options.methods;
-  if (methods.empty()) {
-    methods.assign(std::begin(kAllMethods), std::end(kAllMethods));
-  }
   const int gpus = base.parallel.gpus;
   const bool max_context = !options.seq_len.has_value();
   // The longest context uses every GPU in one CP group: activations shrink with C while model
@@ -154,63 +140,20 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
       }
     }
   }
-  const std::int64_t probe_len = options.seq_len.value_or(0);
 
   std::vector<models::ParallelConfig> structures;
-  auto add = [&](const models::ParallelConfig& config) { structures.push_back(config); };
-  for (const CpMethod method : methods) {
+  sim::SearchSpace space;
+  space.heads = base.model.heads;
+  space.seq_len = options.seq_len;
+  for (const sim::CpImplementation* method : methods_of(options)) {
     for (const int c : cps) {
       models::ParallelConfig p = base.parallel;
-      p.method = method;
+      p.method = method->id();
       p.cp_degree = c;
       p.heads_per_stage = 0;
       p.ring_layout = models::RingLayout::kZigzag;
-      switch (method) {
-        case CpMethod::kUlysses:
-          p.ring_degree = 1;
-          add(p);
-          break;
-        case CpMethod::kRing:
-        case CpMethod::kAllGather:
-          if (c > 1) {
-            p.ring_degree = c;
-            add(p);
-          }
-          break;
-        case CpMethod::kUsp:
-          for (const int r : divisors(c)) {
-            if (r > 1 && r < c) {
-              p.ring_degree = r;
-              add(p);
-            }
-          }
-          break;
-        case CpMethod::kUPipe:
-          for (const int r : divisors(c)) {
-            if (r == c && c > 1)
-              continue;  // u = 1: no headwise all-to-all left
-            p.ring_degree = r;
-            const int u = c / r;
-            for (std::int64_t heads = u; heads <= base.model.heads; heads += u) {
-              if (base.model.heads % heads == 0) {
-                p.heads_per_stage = heads;
-                add(p);
-              }
-            }
-          }
-          break;
-        case CpMethod::kFpdt:
-          p.ring_degree = 1;
-          for (const std::int64_t k : {32 * 1024, 64 * 1024, 128 * 1024, 256 * 1024}) {
-            if (k % c != 0)
-              continue;
-            if (!max_context && (probe_len % k != 0 || k == probe_len))
-              continue;
-            p.fpdt_chunk = k;
-            add(p);
-          }
-          break;
-      }
+      space.cp_degree = c;
+      method->search_candidates(p, space, structures);
     }
   }
   std::vector<Candidate> out;
@@ -299,6 +242,8 @@ std::string explain(const Candidate& best, const Candidate& second, bool max_con
 }  // namespace
 
 PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
+  const RefusalText refusal_text =
+      options.refusal_text ? options.refusal_text : RefusalText(default_refusal_text);
   PlanResult res;
   res.max_context = !options.seq_len.has_value();
   std::vector<Candidate> cands = enumerate_candidates(base, options);
@@ -316,8 +261,11 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
     c.parallel.seq_len = options.seq_len ? *options.seq_len
                                          : std::lcm(options.granularity, required_multiple(probe));
     probe.parallel.seq_len = c.parallel.seq_len;
+    if (sim::LayoutCheck checked = sim::check_head_layout(probe); checked.issue) {
+      c.error = refusal_text(sim::ConfigError(std::move(*checked.issue), probe.parallel));
+      continue;
+    }
     try {
-      (void)sim::derive_head_layout(probe);
       probe.recipe.validate();
     } catch (const InputError& e) {
       c.error = e.what();
@@ -356,6 +304,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
           mo.granularity = options.granularity;
           mo.memory_margin_bytes = options.memory_margin_bytes;
           mo.threads = 1;  // the candidates already share the threads
+          mo.refusal_text = refusal_text;
           const MaxLenResult m = max_seq_len(in, mo);
           simulations += m.evaluations;
           c.max_seq_len = m.max_seq_len;
@@ -367,6 +316,8 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
           }
         }
         c.evaluated = true;
+      } catch (const sim::ConfigError& e) {
+        c.error = refusal_text(e);
       } catch (const InputError& e) {
         c.error = e.what();
       }
@@ -399,12 +350,9 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   };
   std::stable_sort(res.ranked.begin(), res.ranked.end(), better);
   res.pareto = pareto_front(res.ranked, res.max_context);
-  std::vector<CpMethod> methods = options.methods;
-  if (methods.empty())
-    methods.assign(std::begin(kAllMethods), std::end(kAllMethods));
-  for (const CpMethod m : methods) {
+  for (const sim::CpImplementation* m : methods_of(options)) {
     for (const Candidate& c : res.ranked) {
-      if (c.parallel.method == m) {
+      if (c.parallel.method == m->id()) {
         res.best_per_method.push_back(c);
         break;
       }

@@ -70,9 +70,8 @@ std::int64_t StepBuilder::flash_bwd_workspace(std::int64_t nq,
 CoreForward StepBuilder::core_forward(
     const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv) {
   if (rg_ > 1) {
-    return in_.parallel.method == models::CpMethod::kAllGather
-               ? allgather_forward(tag, q_h, kv_h, hq, hkv)
-               : ring_forward(tag, q_h, kv_h, hq, hkv);
+    return method_.gathers_kv() ? allgather_forward(tag, q_h, kv_h, hq, hkv)
+                                : ring_forward(tag, q_h, kv_h, hq, hkv);
   }
   const std::int64_t d = m_.head_dim;
   if (r_.attention_kernel == "sdpa" && hkv < hq) {
@@ -105,9 +104,8 @@ CoreBackward StepBuilder::core_backward(const std::string& tag,
                                         std::int64_t hq,
                                         std::int64_t hkv) {
   if (rg_ > 1) {
-    return in_.parallel.method == models::CpMethod::kAllGather
-               ? allgather_backward(tag, q_h, kv_h, o_h, lse, do_h, hq, hkv)
-               : ring_backward(tag, q_h, kv_h, o_h, lse, do_h, hq, hkv);
+    return method_.gathers_kv() ? allgather_backward(tag, q_h, kv_h, o_h, lse, do_h, hq, hkv)
+                                : ring_backward(tag, q_h, kv_h, o_h, lse, do_h, hq, hkv);
   }
   const std::int64_t d = m_.head_dim;
   CoreBackward out;

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include <fmt/format.h>
+
 #include "cpsim/models/units.hpp"
 
 namespace cpsim::sim::detail {
@@ -152,6 +154,18 @@ OpSet Builder::op(const OpSpec& spec) {
   return emit(spec, spec.kind, nullptr);
 }
 
+void Builder::throw_bad_dependency(std::int32_t name_id, OpId self, int rank, OpId dep) const {
+  const std::string dep_name =
+      dep >= 0 && static_cast<std::size_t>(dep) < w_.ops.size()
+          ? "'" + w_.names[static_cast<std::size_t>(w_.ops[static_cast<std::size_t>(dep)].name)] +
+                "'"
+          : "an unknown op";
+  throw std::logic_error(
+      fmt::format("schedule builder: op '{}' (#{}, rank {}) depends on {} (#{}), "
+                  "which is not an earlier op",
+                  w_.names[static_cast<std::size_t>(name_id)], self, rank, dep_name, dep));
+}
+
 OpSet Builder::emit(const OpSpec& spec, OpKind kind, const double* time_s) {
   const auto base = static_cast<OpId>(w_.ops.size());
   const std::int32_t name_id = spec.name_id != kNone ? spec.name_id : w_.intern(spec.name);
@@ -185,8 +199,11 @@ OpSet Builder::emit(const OpSpec& spec, OpKind kind, const double* time_s) {
     // schedule is the same, and the engine checks only dependencies that can make an op wait.
     o.deps_begin = static_cast<std::int32_t>(w_.edges.size());
     auto add_dep = [&](OpId d) {
-      if (d == kNone || d >= self) {
+      if (d == kNone) {
         return;
+      }
+      if (d < 0 || d >= self) {
+        throw_bad_dependency(name_id, self, r, d);
       }
       if (const Op& dep = w_.ops[static_cast<std::size_t>(d)];
           dep.stream == spec.stream && dep.rank == r) {

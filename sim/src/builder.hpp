@@ -234,6 +234,9 @@ class Builder {
   const Groups& groups(Group g);
   /// Appends the op of every simulated rank; `time_s` replaces the spec's durations when set.
   OpSet emit(const OpSpec& spec, OpKind kind, const double* time_s);
+  /// A dependency on the op itself, a later or an unknown op is a bug in a builder.
+  /// @throws std::logic_error naming both ops.
+  [[noreturn]] void throw_bad_dependency(std::int32_t name_id, OpId self, int rank, OpId dep) const;
 
   Workload& w_;
   int ranks_;

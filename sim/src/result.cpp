@@ -153,7 +153,7 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
   }
   rep.host_capacity_bytes = in.hardware.host_memory_bytes_per_node;
   rep.fits_host = rep.host_memory_bytes <= rep.host_capacity_bytes;
-  rep.layout = derive_head_layout(in);
+  rep.layout = w.layout;
   rep.kernel_limit = int32_index_violation(in, rep.layout);
   rep.fits_kernels = rep.kernel_limit.empty();
   if (!rep.fits_gpu) {

@@ -1,7 +1,8 @@
-// Entry point of the schedule builders: validation of a configuration, its head layout, the
-// per-rank attention buffer sizes, and build_step. The step itself is built in step_builder.cpp
-// (block structure, ZeRO/FSDP, checkpointing, loss, optimizer) and attention_*.cpp (one file per
-// attention scheme, each with its derivation).
+// Entry point of the schedule builders: validation of a configuration (the checks every method
+// shares; each CP implementation in methods/ adds its own), its head layout, the per-rank attention
+// buffer sizes, and build_step. The step itself is built in step_builder.cpp (block structure,
+// ZeRO/FSDP, checkpointing, loss, optimizer); each method's attention block comes from its
+// implementation (methods/<name>.cpp, calling the schemes in attention_*.cpp).
 //
 // Activation checkpointing decides what the first forward saves and what runs again:
 //   none       forward runs with autograd: every tensor a backward op reads stays alive.
@@ -15,6 +16,9 @@
 #include "cpsim/sim/schedule.hpp"
 
 #include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -22,215 +26,135 @@
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
 
+#include "methods/common.hpp"
 #include "step_builder.hpp"
 
 namespace cpsim::sim {
 namespace {
 
-using models::CpMethod;
-
 constexpr std::int64_t kMaxSeqLen = std::int64_t{1} << 34;  // 16G tokens: beyond any real run
 constexpr double kMaxStepSeconds = 1e7;
 
-bool ring_based(CpMethod m) {
-  return m == CpMethod::kRing || m == CpMethod::kAllGather || m == CpMethod::kUsp ||
-         m == CpMethod::kUPipe;
+ConfigIssue issue(Quantity q, std::string message) {
+  return ConfigIssue{q, std::move(message)};
 }
 
-}  // namespace
-
-HeadLayout derive_head_layout(const ScheduleInputs& in) {
-  const auto& m = in.model;
+// The checks every method shares, in the order the user reads them: GPUs and degrees, the
+// method's ring rule, the sequence length, the method's sequence rule, then the heads.
+std::optional<ConfigIssue> check_degrees(const ScheduleInputs& in, const CpImplementation& method) {
   const auto& p = in.parallel;
   if (p.gpus < 1 || p.gpus > 65536) {
-    throw InputError("--gpus", fmt::format("must be between 1 and 65536, got {}", p.gpus));
+    return issue(Quantity::kGpus, fmt::format("must be between 1 and 65536, got {}", p.gpus));
   }
   if (p.gpus_per_node < 1) {
-    throw InputError("--gpus-per-node", fmt::format("must be at least 1, got {}", p.gpus_per_node));
+    return issue(Quantity::kGpusPerNode,
+                 fmt::format("must be at least 1, got {}", p.gpus_per_node));
   }
-  const char* cp_flag = p.method == CpMethod::kRing || p.method == CpMethod::kAllGather
-                            ? "--cp-degree"
-                            : "--ulysses-degree";
   if (p.cp_degree < 1 || p.gpus % p.cp_degree != 0) {
-    throw InputError(p.cp_degree == p.gpus ? "--gpus" : cp_flag,
-                     fmt::format("CP degree {} must divide --gpus {}", p.cp_degree, p.gpus));
+    return issue(Quantity::kCpDegree,
+                 fmt::format("CP degree {} must divide --gpus {}", p.cp_degree, p.gpus));
   }
   if (p.ring_degree < 1 || p.cp_degree % p.ring_degree != 0) {
-    throw InputError("--ring-degree", fmt::format("ring degree {} must divide the CP degree {}",
-                                                  p.ring_degree, p.cp_degree));
+    return issue(Quantity::kRingDegree, fmt::format("ring degree {} must divide the CP degree {}",
+                                                    p.ring_degree, p.cp_degree));
   }
-  switch (p.method) {
-    case CpMethod::kUlysses:
-    case CpMethod::kFpdt:
-      if (p.ring_degree != 1) {
-        throw InputError("--ring-degree", fmt::format("--method {} has no ring; use --method usp "
-                                                      "(or upipe) for Ulysses × ring",
-                                                      models::to_string(p.method)));
-      }
-      break;
-    case CpMethod::kRing:
-    case CpMethod::kAllGather:
-      if (p.ring_degree != p.cp_degree) {
-        throw InputError("--ring-degree",
-                         fmt::format("--method {} rotates over the whole CP group: ring degree "
-                                     "must equal the CP degree {}",
-                                     models::to_string(p.method), p.cp_degree));
-      }
-      break;
-    default:
-      break;
-  }
+  return method.check_ring_degree(p);
+}
+
+std::optional<ConfigIssue> check_sequence(const ScheduleInputs& in,
+                                          const CpImplementation& method) {
+  const auto& m = in.model;
+  const auto& p = in.parallel;
   if (p.seq_len <= 0) {
-    throw InputError("--seq", "must be positive");
+    return issue(Quantity::kSeqLen, "must be positive");
   }
   if (p.seq_len > kMaxSeqLen) {
-    throw InputError("--seq", fmt::format("{} tokens is beyond what cpsim models (at most {})",
-                                          p.seq_len, format_length(kMaxSeqLen)));
+    return issue(Quantity::kSeqLen,
+                 fmt::format("{} tokens is beyond what cpsim models (at most {})", p.seq_len,
+                             format_length(kMaxSeqLen)));
   }
   // A step whose model FLOPs alone take more than ~4 months per GPU is not a plan anyone runs, and
   // its nanosecond clock would approach the 64-bit range once recomputation is added: refuse it.
   const double lower_bound_s = models::model_step_flops(m, p.seq_len).total() /
                                static_cast<double>(p.cp_degree) / in.hardware.peak_bf16_flops_per_s;
   if (!(lower_bound_s < kMaxStepSeconds)) {
-    throw InputError("--seq", fmt::format("{} tokens on {} would take at least {:.3g} s per step; "
-                                          "cpsim refuses lengths this absurd",
-                                          p.seq_len, m.name, lower_bound_s));
+    return issue(Quantity::kSeqLen, fmt::format("{} tokens on {} would take at least {:.3g} s per "
+                                                "step; cpsim refuses lengths this absurd",
+                                                p.seq_len, m.name, lower_bound_s));
   }
-  const std::int64_t c = p.cp_degree;
-  const std::int64_t ring = p.ring_degree;
-  const std::int64_t u = c / ring;
-  const bool zigzag = p.ring_layout == models::RingLayout::kZigzag && ring > 1;
-  const std::int64_t seq_multiple = zigzag ? 2 * c : c;
+  const bool zigzag = p.ring_layout == models::RingLayout::kZigzag && p.ring_degree > 1;
+  const std::int64_t seq_multiple = methods::layout_seq_multiple(p);
   if (p.seq_len % seq_multiple != 0) {
-    throw InputError(
-        "--seq",
+    return issue(
+        Quantity::kSeqLenMultiple,
         fmt::format("sequence length {} must be divisible by {}{}", p.seq_len, seq_multiple,
                     zigzag ? " (2 × CP degree for the zigzag layout)" : " (the CP degree)"));
   }
-  if (p.method == CpMethod::kFpdt) {
-    const std::int64_t k = p.fpdt_chunk;
-    if (k <= 0 || k % c != 0 || p.seq_len % k != 0) {
-      throw InputError("--fpdt-chunk",
-                       fmt::format("chunk {} must be a positive multiple of the CP degree {} that "
-                                   "divides the sequence length {}",
-                                   k, c, p.seq_len));
-    }
-  }
-  HeadLayout L;
-  L.cp = c;
-  L.ulysses = u;
-  L.ring = ring;
+  return method.check_sequence(in);
+}
+
+// Ulysses splits the query heads u ways; KV heads are replicated up to u when fewer.
+std::optional<ConfigIssue> split_heads(const ScheduleInputs& in, HeadLayout& L) {
+  const auto& m = in.model;
+  const auto& p = in.parallel;
+  L.cp = p.cp_degree;
+  L.ring = p.ring_degree;
+  L.ulysses = L.cp / L.ring;
   L.heads = m.heads;
+  const std::int64_t u = L.ulysses;
   if (m.heads % u != 0) {
-    throw InputError("--model", fmt::format("{} has {} attention heads, not divisible by the "
-                                            "Ulysses degree {} (Ulysses splits heads across ranks)",
-                                            m.name, m.heads, u));
+    return issue(Quantity::kModelHeads,
+                 fmt::format("{} has {} attention heads, not divisible by the Ulysses degree {} "
+                             "(Ulysses splits heads across ranks)",
+                             m.name, m.heads, u));
   }
   if (m.kv_heads % u == 0) {
     L.kv_heads_eff = m.kv_heads;
   } else if (u % m.kv_heads == 0) {
     L.kv_heads_eff = u;  // replicate each KV head u / H_kv times
   } else {
-    throw InputError("--model",
-                     fmt::format("{} has {} KV heads: neither divisible by nor a divisor "
-                                 "of the Ulysses degree {}",
-                                 m.name, m.kv_heads, u));
+    return issue(Quantity::kModelHeads, fmt::format("{} has {} KV heads: neither divisible by nor "
+                                                    "a divisor of the Ulysses degree {}",
+                                                    m.name, m.kv_heads, u));
   }
   L.kv_replication = L.kv_heads_eff / m.kv_heads;
-  if (c > p.gpus_per_node && c % p.gpus_per_node != 0) {
-    throw InputError(p.cp_degree == p.gpus ? "--gpus" : cp_flag,
-                     fmt::format("a CP group spanning nodes must cover whole nodes: degree {} is "
-                                 "not a multiple of --gpus-per-node {}",
-                                 c, p.gpus_per_node));
+  if (L.cp > p.gpus_per_node && L.cp % p.gpus_per_node != 0) {
+    return issue(Quantity::kCpDegree,
+                 fmt::format("a CP group spanning nodes must cover whole nodes: degree {} is "
+                             "not a multiple of --gpus-per-node {}",
+                             L.cp, p.gpus_per_node));
   }
-  if (p.method != CpMethod::kUPipe) {
-    if (p.heads_per_stage != 0) {
-      throw InputError("--heads-per-stage", "applies to --method upipe only");
-    }
-    L.heads_per_stage = m.heads;
-  } else {
-    const std::int64_t hs = p.heads_per_stage == 0 ? u : p.heads_per_stage;
-    if (hs <= 0 || hs % u != 0) {
-      throw InputError(
-          "--heads-per-stage",
-          fmt::format("U = {} must be a positive multiple of the Ulysses degree {}", hs, u));
-    }
-    if (m.heads % hs != 0) {
-      throw InputError(
-          "--heads-per-stage",
-          fmt::format("U = {} must divide the {} query heads of {}", hs, m.heads, m.name));
-    }
-    if ((hs <= L.kv_heads_eff && L.kv_heads_eff % hs != 0) ||
-        (hs > L.kv_heads_eff && hs % L.kv_heads_eff != 0)) {
-      throw InputError("--heads-per-stage",
-                       fmt::format("U = {} is not compatible with {} KV heads (after replication): "
-                                   "one must divide the other",
-                                   hs, L.kv_heads_eff));
-    }
-    L.heads_per_stage = hs;
-  }
-  L.stages = m.heads / L.heads_per_stage;
-  if (L.heads_per_stage <= L.kv_heads_eff) {
-    L.kv_heads_per_fetch = L.heads_per_stage;
-    L.stages_per_kv_fetch = m.heads / L.kv_heads_eff;
-  } else {
-    L.kv_heads_per_fetch = L.kv_heads_eff;
-    L.stages_per_kv_fetch = L.stages;
-  }
-  if (p.method != CpMethod::kUPipe) {
-    L.kv_heads_per_fetch = L.kv_heads_eff;
-    L.stages_per_kv_fetch = 1;
-  }
-  L.fpdt_chunks = p.method == CpMethod::kFpdt ? p.seq_len / p.fpdt_chunk : 0;
-  (void)ring_based;
-  return L;
+  return std::nullopt;
 }
 
-// Attention buffers of one layer, per rank (bf16 = 2 bytes, LSE fp32). s = N/C local tokens,
-// n_r = N/ring tokens after the Ulysses all-to-all, u the Ulysses degree, U heads per stage (H
-// unless UPipe), F K/V heads per fetch (H_kv' after replication unless UPipe):
-//     QKV local          s·(U + 2F)·d·2       before the all-to-all (one stage)
-//     QKV head-sharded   n_r·(U + 2F)/u·d·2   after it: the same bytes
-//     out head-sharded   n_r·(U/u)·d·2,   out local s·U·d·2,   LSE (U/u)·n_r·4
-//     final_out          s·H·d·2 (UPipe keeps it for backward)
-//     ring block         n_r·2(F/u)·d·2 sent per ring step; all-gather: N·2(F/u)·d·2 gathered
-//     FPDT               per chunk of K global tokens: Q K·(H/C)·d·2, K/V K·2(H_kv'/C)·d·2
-// All-to-all bytes sent per rank in one forward layer (u > 1): s·(H + 2H_kv')·d·2 + s·H·d·2
-// (reference/papers.md §4.2: 4Nh/P for MHA).
+}  // namespace
+
+LayoutCheck check_head_layout(const ScheduleInputs& in) {
+  const CpImplementation& method = cp_implementation(in.parallel.method);
+  LayoutCheck out;
+  out.issue = check_degrees(in, method);
+  if (!out.issue) {
+    out.issue = check_sequence(in, method);
+  }
+  if (!out.issue) {
+    out.issue = split_heads(in, out.layout);
+  }
+  if (!out.issue) {
+    out.issue = method.stage_heads(in, out.layout);
+  }
+  return out;
+}
+
+HeadLayout derive_head_layout(const ScheduleInputs& in) {
+  LayoutCheck checked = check_head_layout(in);
+  if (checked.issue) {
+    throw ConfigError(std::move(*checked.issue), in.parallel);
+  }
+  return checked.layout;
+}
+
 AttentionBuffers attention_buffers(const ScheduleInputs& in, const HeadLayout& L) {
-  const std::int64_t n = in.parallel.seq_len;
-  const std::int64_t s = n / L.cp;
-  const std::int64_t nr = n / L.ring;
-  const std::int64_t d = in.model.head_dim;
-  const std::int64_t b = in.recipe.activation_bytes;
-  const std::int64_t u = L.heads_per_stage;
-  const std::int64_t f = L.kv_heads_per_fetch;
-  AttentionBuffers a;
-  if (in.parallel.method == CpMethod::kFpdt) {
-    const std::int64_t k = in.parallel.fpdt_chunk;
-    a.qkv_local_bytes = k / L.cp * (u + 2 * f) * d * b;
-    a.qkv_headsharded_bytes = k * (u + 2 * f) / L.ulysses * d * b;
-    a.out_headsharded_bytes = k * (u / L.ulysses) * d * b;
-    a.out_local_bytes = k / L.cp * u * d * b;
-    a.lse_bytes = (u / L.ulysses) * k * kFp32Bytes;
-  } else {
-    a.qkv_local_bytes = s * (u + 2 * f) * d * b;
-    a.qkv_headsharded_bytes = nr * (u + 2 * f) / L.ulysses * d * b;
-    a.out_headsharded_bytes = nr * (u / L.ulysses) * d * b;
-    a.out_local_bytes = s * u * d * b;
-    a.lse_bytes = (u / L.ulysses) * nr * kFp32Bytes;
-  }
-  a.final_out_bytes = in.parallel.method == CpMethod::kUPipe ? s * L.heads * d * b : 0;
-  if (L.ring > 1) {
-    if (in.parallel.method == CpMethod::kAllGather) {
-      a.allgather_kv_bytes = n * 2 * (f / L.ulysses) * d * b;
-    } else {
-      a.ring_block_bytes = nr * 2 * (f / L.ulysses) * d * b;
-    }
-  }
-  a.a2a_send_bytes_per_layer_fwd =
-      L.ulysses > 1 ? s * (L.heads + 2 * L.kv_heads_eff) * d * b + s * L.heads * d * b : 0;
-  return a;
+  return cp_implementation(in.parallel.method).buffers(in, L);
 }
 
 // 32-bit element offsets (recipe.int32_kernel_indexing). A kernel that computes row × stride in
@@ -331,12 +255,13 @@ Workload build_step(const ScheduleInputs& inputs, const BuildOptions& options) {
 void build_step(const ScheduleInputs& inputs, Workload& into, const BuildOptions& options) {
   inputs.model.validate();
   inputs.recipe.validate();
-  (void)derive_head_layout(inputs);
+  const HeadLayout layout = derive_head_layout(inputs);
   // One representative rank unless asked otherwise: exact without a ring; with a ring each step
   // takes its slowest position's time (see attention_core.cpp).
   const bool fast = !options.all_ranks;
   into.clear();
-  detail::StepBuilder builder(inputs, into, fast ? 1 : inputs.parallel.gpus,
+  into.layout = layout;
+  detail::StepBuilder builder(inputs, layout, into, fast ? 1 : inputs.parallel.gpus,
                               fast && options.merge_ring_steps, options.repeat_layers);
   builder.build();
 }

@@ -76,6 +76,7 @@ IdMap advanced(IdMap m, const Mark& block, int regions = 2) {
 }  // namespace
 
 StepBuilder::StepBuilder(const ScheduleInputs& in,
+                         const HeadLayout& layout,
                          Workload& w,
                          int simulated_ranks,
                          bool merge_ring_steps,
@@ -83,7 +84,8 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
     : in_(in),
       m_(in.model),
       r_(in.recipe),
-      layout_(derive_head_layout(in)),
+      layout_(layout),
+      method_(cp_implementation(in.parallel.method)),
       cost_(in.hardware, in.recipe.attention_kernel),
       b_(w,
          in.parallel.gpus,
@@ -277,22 +279,7 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
   }
   sv.first_op = compute("norm1", OpKind::kElementwise, mem(2 * act_bytes), {x}, norm1_out, {},
                         norm_workspace());
-  switch (in_.parallel.method) {
-    case models::CpMethod::kUPipe:
-      upipe_forward(sv, params);
-      break;
-    case models::CpMethod::kFpdt:
-      // One chunk is DeepSpeed's GPU-only path with a single chunk: plain Ulysses.
-      if (layout_.fpdt_chunks > 1) {
-        fpdt_forward(sv, params, grad);
-      } else {
-        ulysses_forward(sv, params, grad);
-      }
-      break;
-    default:
-      ulysses_forward(sv, params, grad);
-      break;
-  }
+  method_.attention_forward(*this, sv, params, grad);
   // Output projection and residual.
   TensorSet attn_out = b_.tensor("attn_out", act_bytes, MemCategory::kOther);
   compute("o_proj", OpKind::kGemm, gemm(s_, h, m_.q_width()), {sv.o, params}, {attn_out},
@@ -380,19 +367,7 @@ TensorSet StepBuilder::layer_backward(
   TensorSet d_o = b_.tensor("dout", s_ * m_.q_width() * ab_, MemCategory::kAttention);
   compute("o_proj_bwd", OpKind::kGemm, times(gemm(s_, h, m_.q_width()), 2.0),
           {dh1, sv.o, params, grads}, {d_o});
-  InputGrad g;
-  switch (in_.parallel.method) {
-    case models::CpMethod::kUPipe:
-      g = upipe_backward(sv, d_o, params, grads);
-      break;
-    case models::CpMethod::kFpdt:
-      g = layout_.fpdt_chunks > 1 ? fpdt_backward(sv, d_o, params, grads)
-                                  : ulysses_backward(sv, d_o, params, grads);
-      break;
-    default:
-      g = ulysses_backward(sv, d_o, params, grads);
-      break;
-  }
+  const InputGrad g = method_.attention_backward(*this, sv, d_o, params, grads);
   TensorSet dx = b_.tensor("dx", act_bytes, MemCategory::kOther);
   std::vector<TensorSet> norm1_in = {g.dxn, sv.x, dh1};
   if (sv.norm1_saved.valid()) {

@@ -68,12 +68,27 @@ struct RingSegment {
 class StepBuilder {
  public:
   /// `merge_ring_steps`: see BuildOptions (representative rank only: its middle steps are equal).
+  /// `layout`: derive_head_layout(in), derived once by build_step.
   StepBuilder(const ScheduleInputs& in,
+              const HeadLayout& layout,
               Workload& w,
               int simulated_ranks,
               bool merge_ring_steps,
               bool repeat_layers);
   void build();
+
+  const HeadLayout& layout() const { return layout_; }
+
+  // ---- attention schemes (called by the CP implementations, methods/<name>.cpp) ----
+  void ulysses_forward(SavedLayer& sv, TensorSet params, bool grad);
+  InputGrad ulysses_backward(const SavedLayer& sv,
+                             TensorSet d_o,
+                             TensorSet params,
+                             TensorSet grads);
+  void upipe_forward(SavedLayer& sv, TensorSet params);
+  InputGrad upipe_backward(const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads);
+  void fpdt_forward(SavedLayer& sv, TensorSet params, bool grad);
+  InputGrad fpdt_backward(const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads);
 
  private:
   // ---- op helpers ----
@@ -127,17 +142,6 @@ class StepBuilder {
   TensorSet layer_backward(
       const SavedLayer& sv, TensorSet dy, TensorSet params, TensorSet grads, bool reentrant);
 
-  // ---- attention schemes ----
-  void ulysses_forward(SavedLayer& sv, TensorSet params, bool grad);
-  InputGrad ulysses_backward(const SavedLayer& sv,
-                             TensorSet d_o,
-                             TensorSet params,
-                             TensorSet grads);
-  void upipe_forward(SavedLayer& sv, TensorSet params);
-  InputGrad upipe_backward(const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads);
-  void fpdt_forward(SavedLayer& sv, TensorSet params, bool grad);
-  InputGrad fpdt_backward(const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads);
-
   /// Core attention over the head-sharded sequence of n_r = N / ring tokens: one flash-attention
   /// call when the ring degree is 1, else a ring (send/recv) or an all-gather of K/V over the ring
   /// group. `hq` and `hkv` are local heads. `tag` suffixes op names.
@@ -187,6 +191,7 @@ class StepBuilder {
   const models::TransformerSpec& m_;
   const models::TrainingRecipe& r_;
   HeadLayout layout_;
+  const CpImplementation& method_;
   CostModel cost_;
   Builder b_;
   Workload& w_;

@@ -84,6 +84,7 @@ void Workload::clear() {
   static_memory.clear();
   notes.clear();
   repeated_blocks = 0;
+  layout = {};
   last_name_ = -1;
 }
 

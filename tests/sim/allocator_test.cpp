@@ -7,9 +7,9 @@
 
 #include <gtest/gtest.h>
 
-#include "cpsim/planner/evaluate.hpp"
 #include "cpsim/sim/result.hpp"
 
+#include "evaluate_step.hpp"
 #include "helpers.hpp"
 
 namespace cpsim::sim {
@@ -178,11 +178,11 @@ TEST_P(AllocatorReplayTest, AgreesWithTheEngine) {
   if (c.method == CpMethod::kRing) {
     in.parallel.ring_degree = c.gpus;
   }
-  planner::EvaluateOptions opts;
+  test::EvaluateOptions opts;
   opts.keep_trace = true;
   opts.all_ranks = true;  // the allocation log then comes with the kept result
   opts.model_allocator = true;
-  const planner::Evaluation e = planner::evaluate(in, opts);
+  const test::Evaluation e = test::evaluate(in, opts);
   const int rank = e.report.peak_rank;
   const RankMemory& m = e.result->memory[static_cast<std::size_t>(rank)];
   for (const AllocatorMode mode : {AllocatorMode::kExpandableSegments, AllocatorMode::kSegments}) {
@@ -221,9 +221,9 @@ TEST(Allocator, MaterialisedLossStrandsAboutOneLogitsBlock) {
   in.recipe.checkpoint_offload = false;
   in.recipe.int32_kernel_indexing = false;
   in.recipe.param_offload = true;  // as the recipe: room for the hole without emptying the cache
-  planner::EvaluateOptions opts;
+  test::EvaluateOptions opts;
   opts.model_allocator = true;
-  const StepReport rep = planner::evaluate(in, opts).report;
+  const StepReport rep = test::evaluate(in, opts).report;
   ASSERT_EQ(rep.allocator_cache_releases, 0);
   const std::int64_t logits_bytes = std::int64_t{65000} * in.model.vocab * 2;
   EXPECT_GE(rep.reserved_peak_bytes - rep.peak_memory_bytes, logits_bytes * 9 / 10);

@@ -6,9 +6,9 @@
 #include <gtest/gtest.h>
 
 #include "cpsim/models/error.hpp"
-#include "cpsim/planner/evaluate.hpp"
 #include "cpsim/sim/schedule.hpp"
 
+#include "evaluate_step.hpp"
 #include "helpers.hpp"
 
 namespace cpsim::sim {
@@ -100,7 +100,7 @@ TEST(NormKernel, EagerKeepsFp32InputForBackward) {
 
   // More kept means a higher peak, never a lower one.
   const auto peak = [](const ScheduleInputs& x) {
-    return planner::evaluate(x).report.peak_memory_bytes;
+    return test::evaluate(x).report.peak_memory_bytes;
   };
   ScheduleInputs e = in;
   e.recipe.norm_kernel = models::NormKernel::kEager;
@@ -175,12 +175,12 @@ TEST(ReentrantCheckpoint, HoldsBlockOutputAndGradient) {
     return names;
   };
   in.recipe.checkpoint_reentrant = false;
-  const planner::Evaluation plain = planner::evaluate(in);
+  const test::Evaluation plain = test::evaluate(in);
   const auto plain_in = held_names(build_step(in), 5);
   EXPECT_EQ(std::count(plain_in.begin(), plain_in.end(), "block_out"), 0);
 
   in.recipe.checkpoint_reentrant = true;
-  const planner::Evaluation reentrant = planner::evaluate(in);
+  const test::Evaluation reentrant = test::evaluate(in);
   const auto reentrant_in = held_names(build_step(in), 5);
   EXPECT_EQ(std::count(reentrant_in.begin(), reentrant_in.end(), "block_out"), 1);
   EXPECT_EQ(reentrant_in.size(), plain_in.size() + 2);
@@ -197,7 +197,7 @@ TEST(Int32Indexing, NormInputAtTwoToThe31) {
   const std::string v = int32_index_violation(in, derive_head_layout(in));
   EXPECT_NE(v.find("RMSNorm input [524288 × 4096]"), std::string::npos) << v;
   EXPECT_NE(v.find("2147483648"), std::string::npos) << v;
-  const sim::StepReport r = planner::evaluate(in).report;
+  const sim::StepReport r = test::evaluate(in).report;
   EXPECT_FALSE(r.fits_kernels);
   EXPECT_FALSE(r.fits());
   EXPECT_EQ(r.binding, v);

@@ -7,10 +7,10 @@
 #include <gtest/gtest.h>
 
 #include "cpsim/models/error.hpp"
-#include "cpsim/planner/evaluate.hpp"
 #include "cpsim/sim/cost_model.hpp"
 #include "cpsim/sim/schedule.hpp"
 
+#include "evaluate_step.hpp"
 #include "helpers.hpp"
 
 namespace cpsim::sim {
@@ -79,9 +79,9 @@ double ring_phase_s(const models::HardwareProfile& hw,
   in.hardware = hw;
   in.recipe.checkpointing = models::CheckpointMode::kNone;
   in.recipe.checkpoint_offload = false;
-  planner::EvaluateOptions o;
+  test::EvaluateOptions o;
   o.keep_trace = true;
-  const planner::Evaluation e = planner::evaluate(in, o);
+  const test::Evaluation e = test::evaluate(in, o);
   SimTime first = -1, last = 0;
   std::vector<SimTime> durations;
   for (const OpInterval& iv : e.result->intervals) {
@@ -123,7 +123,7 @@ TEST(Ring, ZigzagBalancesCausalWork) {
   auto busy = [](models::RingLayout layout) {
     ScheduleInputs in = with_ring(inputs(CpMethod::kRing, "llama3-8b", 8, 512 * kK), 8);
     in.parallel.ring_layout = layout;
-    const planner::Evaluation e = planner::evaluate(in, {.keep_trace = true});
+    const test::Evaluation e = test::evaluate(in, {.keep_trace = true});
     std::vector<double> attention(8, 0.0);
     for (const OpInterval& iv : e.result->intervals) {
       const Op& op = e.workload->ops[static_cast<std::size_t>(iv.op)];
@@ -186,12 +186,17 @@ TEST(Fpdt, ChunksAndOffloadedBytes) {
   EXPECT_EQ(d2h[Phase::kForward], 8 * kv_chunk);  // full AC: the first forward saves nothing
   EXPECT_EQ(d2h[Phase::kRecompute], 8 * (kv_chunk + q_chunk + q_chunk + lse_chunk));
   // Host memory holds at least one layer's saved chunks on top of the block checkpoints.
-  const auto rep = planner::evaluate(in).report;
+  const auto rep = test::evaluate(in).report;
   const std::int64_t checkpoints = 8LL * 30 * (512 * kK / 8) * 4096 * 2;
   EXPECT_GE(rep.host_memory_bytes, checkpoints + 8 * 8 * (kv_chunk + 2 * q_chunk + lse_chunk));
   // The chunk must divide the sequence and be a multiple of the CP degree.
   in.parallel.fpdt_chunk = 100000;
-  EXPECT_THROW(derive_head_layout(in), InputError);
+  try {
+    derive_head_layout(in);
+    ADD_FAILURE() << "chunk 100000 accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.quantity(), Quantity::kFpdtChunk);
+  }
 }
 
 // USP on 16 GPUs (2 nodes), Ulysses 8 × ring 2: Ulysses groups are the 8 GPUs of a node, ring
@@ -223,7 +228,7 @@ TEST(Usp, GroupMembershipAndLinks) {
   EXPECT_EQ(send->size_bytes, kM / 2 * 2 * 1 * 128 * 2);
 }
 
-void expect_same_step(const planner::Evaluation& a, const planner::Evaluation& b) {
+void expect_same_step(const test::Evaluation& a, const test::Evaluation& b) {
   EXPECT_EQ(a.report.step_time_s, b.report.step_time_s);
   EXPECT_EQ(a.report.peak_memory_bytes, b.report.peak_memory_bytes);
   EXPECT_EQ(a.report.host_memory_bytes, b.report.host_memory_bytes);
@@ -233,27 +238,26 @@ void expect_same_step(const planner::Evaluation& a, const planner::Evaluation& b
 }
 
 TEST(Degenerate, RingWithOneRankIsNoCp) {
-  expect_same_step(
-      planner::evaluate(with_ring(inputs(CpMethod::kRing, "llama3-8b", 1, 64 * kK), 1)),
-      planner::evaluate(inputs(CpMethod::kUlysses, "llama3-8b", 1, 64 * kK)));
+  expect_same_step(test::evaluate(with_ring(inputs(CpMethod::kRing, "llama3-8b", 1, 64 * kK), 1)),
+                   test::evaluate(inputs(CpMethod::kUlysses, "llama3-8b", 1, 64 * kK)));
 }
 
 TEST(Degenerate, UspWithRingOneIsUlysses) {
-  expect_same_step(planner::evaluate(with_ring(inputs(CpMethod::kUsp, "llama3-8b", 8, kM), 1)),
-                   planner::evaluate(inputs(CpMethod::kUlysses, "llama3-8b", 8, kM)));
+  expect_same_step(test::evaluate(with_ring(inputs(CpMethod::kUsp, "llama3-8b", 8, kM), 1)),
+                   test::evaluate(inputs(CpMethod::kUlysses, "llama3-8b", 8, kM)));
 }
 
 TEST(Degenerate, FpdtWithOneChunkOnGpuIsUlysses) {
   ScheduleInputs in = inputs(CpMethod::kFpdt, "llama3-8b", 8, 256 * kK);
   in.parallel.fpdt_chunk = 256 * kK;
   in.parallel.fpdt_offload = false;
-  expect_same_step(planner::evaluate(in),
-                   planner::evaluate(inputs(CpMethod::kUlysses, "llama3-8b", 8, 256 * kK)));
+  expect_same_step(test::evaluate(in),
+                   test::evaluate(inputs(CpMethod::kUlysses, "llama3-8b", 8, 256 * kK)));
 }
 
 TEST(Degenerate, UspWithUlyssesOneIsRing) {
-  expect_same_step(planner::evaluate(with_ring(inputs(CpMethod::kUsp, "llama3-8b", 8, kM), 8)),
-                   planner::evaluate(with_ring(inputs(CpMethod::kRing, "llama3-8b", 8, kM), 8)));
+  expect_same_step(test::evaluate(with_ring(inputs(CpMethod::kUsp, "llama3-8b", 8, kM), 8)),
+                   test::evaluate(with_ring(inputs(CpMethod::kRing, "llama3-8b", 8, kM), 8)));
 }
 
 // The representative-rank fast path agrees with simulating every rank.
@@ -265,8 +269,8 @@ TEST(FastPath, AgreesWithAllRanks) {
   cases[3].parallel.cp_degree = 8;  // 2 data-parallel replicas
   for (const ScheduleInputs& in : cases) {
     ASSERT_TRUE(has_representative_rank(in));
-    const planner::Evaluation fast = planner::evaluate(in);
-    const planner::Evaluation full = planner::evaluate(in, {.all_ranks = true});
+    const test::Evaluation fast = test::evaluate(in);
+    const test::Evaluation full = test::evaluate(in, {.all_ranks = true});
     EXPECT_EQ(fast.report.simulated_ranks, 1);
     EXPECT_EQ(full.report.simulated_ranks, in.parallel.gpus);
     expect_same_step(fast, full);
@@ -280,8 +284,8 @@ TEST(FastPath, RingWithinTolerance) {
     for (const CpMethod m : {CpMethod::kRing, CpMethod::kAllGather, CpMethod::kUsp}) {
       ScheduleInputs in = with_ring(inputs(m, "llama3-8b", 16, kM), m == CpMethod::kUsp ? 2 : 16);
       in.parallel.ring_layout = layout;
-      const auto fast = planner::evaluate(in).report;
-      const auto full = planner::evaluate(in, {.all_ranks = true}).report;
+      const auto fast = test::evaluate(in).report;
+      const auto full = test::evaluate(in, {.all_ranks = true}).report;
       SCOPED_TRACE(std::string(models::to_string(m)) + " " + models::to_string(layout));
       EXPECT_EQ(fast.simulated_ranks, 1);
       EXPECT_NEAR(fast.step_time_s, full.step_time_s, 0.03 * full.step_time_s);
@@ -322,8 +326,8 @@ TEST(MergedRing, AgreesWithStepByStep) {
       }
       SCOPED_TRACE(fmt::format("{} {} gpus {} ring {} seq {} {}", models::to_string(c.method),
                                c.model, c.gpus, c.ring, c.seq, isolated ? "isolated" : "alst"));
-      const auto merged = planner::evaluate(in).report;
-      const auto steps = planner::evaluate(in, {.merge_ring_steps = false}).report;
+      const auto merged = test::evaluate(in).report;
+      const auto steps = test::evaluate(in, {.merge_ring_steps = false}).report;
       EXPECT_LT(merged.ops, steps.ops);
       if (isolated) {
         EXPECT_NEAR(merged.step_time_s, steps.step_time_s, 1e-6 * steps.step_time_s);
@@ -340,7 +344,7 @@ TEST(MergedRing, AgreesWithStepByStep) {
 
 TEST(Trace, RingSendOverlapsAttention) {
   const ScheduleInputs in = with_ring(inputs(CpMethod::kRing, "llama3-8b", 8, 512 * kK), 8);
-  const planner::Evaluation e = planner::evaluate(in, {.keep_trace = true});
+  const test::Evaluation e = test::evaluate(in, {.keep_trace = true});
   std::vector<OpInterval> sends, attn;
   for (const OpInterval& iv : e.result->intervals) {
     const Op& op = e.workload->ops[static_cast<std::size_t>(iv.op)];
@@ -363,7 +367,7 @@ TEST(Trace, RingSendOverlapsAttention) {
 
 TEST(Trace, FpdtCopiesOverlapCompute) {
   ScheduleInputs in = inputs(CpMethod::kFpdt, "llama3-8b", 8, 512 * kK);
-  const planner::Evaluation e = planner::evaluate(in, {.keep_trace = true});
+  const test::Evaluation e = test::evaluate(in, {.keep_trace = true});
   std::vector<OpInterval> copies, compute;
   for (const OpInterval& iv : e.result->intervals) {
     const Op& op = e.workload->ops[static_cast<std::size_t>(iv.op)];
@@ -404,7 +408,7 @@ TEST(Graph, EveryMethodIsAcyclic) {
                                 : (m == CpMethod::kUsp || m == CpMethod::kUPipe) && gpus == 16 ? 2
                                                                                                : 1;
       SCOPED_TRACE(std::string(models::to_string(m)) + " gpus " + std::to_string(gpus));
-      EXPECT_NO_THROW(planner::evaluate(in, {.all_ranks = true, .verify_graph = true}));
+      EXPECT_NO_THROW(test::evaluate(in, {.all_ranks = true, .verify_graph = true}));
     }
   }
 }

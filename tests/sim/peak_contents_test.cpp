@@ -1,9 +1,9 @@
 // The tensors listed as live at the peak add up to the engine's peak, for every method.
 #include <gtest/gtest.h>
 
-#include "cpsim/planner/evaluate.hpp"
 #include "cpsim/sim/result.hpp"
 
+#include "evaluate_step.hpp"
 #include "helpers.hpp"
 
 namespace cpsim::sim {
@@ -29,9 +29,9 @@ TEST_P(PeakContentsTest, AddsUpToThePeak) {
   if (c.method == CpMethod::kRing || c.method == CpMethod::kAllGather) {
     in.parallel.ring_degree = c.gpus;  // these rotate over the whole CP group
   }
-  planner::EvaluateOptions opts;
+  test::EvaluateOptions opts;
   opts.keep_trace = true;
-  const planner::Evaluation e = planner::evaluate(in, opts);
+  const test::Evaluation e = test::evaluate(in, opts);
   const int rank = e.report.peak_rank;
   const PeakContents pc = peak_contents(*e.workload, *e.result, rank, 5);
   const RankMemory& m = e.result->memory[static_cast<std::size_t>(rank)];

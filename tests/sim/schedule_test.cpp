@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 
 #include "cpsim/models/error.hpp"
-#include "cpsim/planner/evaluate.hpp"
 
+#include "evaluate_step.hpp"
 #include "helpers.hpp"
 
 namespace cpsim::sim {
@@ -71,23 +71,39 @@ TEST(HeadLayout, KvHeadsReplicatedWhenFewerThanC) {
 }
 
 TEST(HeadLayout, RejectsBadCombinations) {
-  auto field_of = [](const ScheduleInputs& in) {
+  // The quantity at fault, from the result value and from the exception alike.
+  auto quantity_of = [](const ScheduleInputs& in) {
+    const LayoutCheck checked = check_head_layout(in);
+    std::string thrown = "none";
     try {
       derive_head_layout(in);
-    } catch (const InputError& e) {
-      return e.field();
+    } catch (const ConfigError& e) {
+      thrown = to_string(e.quantity());
+      EXPECT_EQ(e.what(), checked.issue->message);
     }
-    return std::string("none");
+    EXPECT_EQ(thrown, checked.issue ? to_string(checked.issue->quantity) : "none");
+    return thrown;
   };
-  EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3-8b", 12, 12 * kM)),
-            "--model");  // 32 % 12, checked first
-  EXPECT_EQ(field_of(inputs(CpMethod::kUPipe, "llama3-8b", 8, kM, 12)), "--heads-per-stage");
-  EXPECT_EQ(field_of(inputs(CpMethod::kUPipe, "llama3-8b", 8, kM, 24)), "--heads-per-stage");
-  EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3-8b", 8, kM + 1)), "--seq");
-  EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3-8b", 8, -8)), "--seq");
-  EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3-8b", 0, kM)), "--gpus");
+  EXPECT_EQ(quantity_of(inputs(CpMethod::kUlysses, "llama3-8b", 12, 12 * kM)),
+            "model_heads");  // 32 % 12, checked first
+  EXPECT_EQ(quantity_of(inputs(CpMethod::kUPipe, "llama3-8b", 8, kM, 12)), "heads_per_stage");
+  EXPECT_EQ(quantity_of(inputs(CpMethod::kUPipe, "llama3-8b", 8, kM, 24)), "heads_per_stage");
+  EXPECT_EQ(quantity_of(inputs(CpMethod::kUlysses, "llama3-8b", 8, kM, 8)), "heads_per_stage");
+  EXPECT_EQ(quantity_of(inputs(CpMethod::kUlysses, "llama3-8b", 8, kM + 1)), "seq_len_multiple");
+  EXPECT_EQ(quantity_of(inputs(CpMethod::kUlysses, "llama3-8b", 8, -8)), "seq_len");
+  EXPECT_EQ(quantity_of(inputs(CpMethod::kUlysses, "llama3-8b", 0, kM)), "gpus");
   // 1G tokens of Llama-3.1-405B on one node: months per step before recomputation. Refused.
-  EXPECT_EQ(field_of(inputs(CpMethod::kUlysses, "llama3.1-405b", 8, 1024 * kM)), "--seq");
+  EXPECT_EQ(quantity_of(inputs(CpMethod::kUlysses, "llama3.1-405b", 8, 1024 * kM)), "seq_len");
+  ScheduleInputs ring = inputs(CpMethod::kRing, "llama3-8b", 8, kM);
+  ring.parallel.ring_degree = 4;
+  EXPECT_EQ(quantity_of(ring), "ring_degree");
+  ScheduleInputs ulysses = inputs(CpMethod::kUlysses, "llama3-8b", 8, kM);
+  ulysses.parallel.ring_degree = 2;
+  EXPECT_EQ(quantity_of(ulysses), "ring_degree");
+  ulysses.parallel.ring_degree = 1;
+  ulysses.parallel.cp_degree = 3;
+  EXPECT_EQ(quantity_of(ulysses), "cp_degree");
+  EXPECT_EQ(quantity_of(inputs(CpMethod::kUlysses, "llama3-8b", 8, kM)), "none");
 }
 
 // FSDP full shard: 16 bytes per parameter sharded over all GPUs (fp32 master 4, fp32 grad 4,
@@ -123,7 +139,7 @@ TEST(ModelStates, ZeroStagesAndOptimizerOffload) {
   ScheduleInputs off = inputs(CpMethod::kUlysses, "llama3-8b", 8, 64 * 1024);
   off.recipe.optimizer_offload = true;
   off.recipe.checkpoint_offload = false;
-  EXPECT_EQ(planner::evaluate(off).report.host_memory_bytes, 8 * shard * (4 + 8 + 4));
+  EXPECT_EQ(test::evaluate(off).report.host_memory_bytes, 8 * shard * (4 + 8 + 4));
 }
 
 TEST(ModelStates, GatheredLayerIsBf16OfOneBlock) {
@@ -242,13 +258,13 @@ TEST(Recompute, NoCheckpointingRunsNoRecomputePhase) {
 
 TEST(Offload, CheckpointsOfInnerLayersGoToHost) {
   const ScheduleInputs in = inputs(CpMethod::kUPipe, "llama3-8b", 8, kM);
-  const planner::Evaluation e = planner::evaluate(in);
+  const test::Evaluation e = test::evaluate(in);
   // 30 of 32 block inputs offloaded (first and last stay), s·h·2 bytes each, 8 ranks per node.
   const std::int64_t per_rank = 30LL * (kM / 8) * 4096 * 2;
   EXPECT_EQ(e.report.host_memory_bytes, 8 * per_rank);
   ScheduleInputs no = in;
   no.recipe.checkpoint_offload = false;
-  const planner::Evaluation e2 = planner::evaluate(no);
+  const test::Evaluation e2 = test::evaluate(no);
   EXPECT_EQ(e2.report.host_memory_bytes, 0);
   EXPECT_GT(e2.report.peak_memory_bytes, e.report.peak_memory_bytes + 25LL * (kM / 8) * 4096 * 2);
 }
@@ -257,9 +273,9 @@ TEST(Offload, CheckpointsOfInnerLayersGoToHost) {
 // every head, and its attention intermediates equal Ulysses' exactly.
 TEST(UPipeVsUlysses, AttentionMemory) {
   const std::int64_t n = 3 * kM;
-  const auto uly = planner::evaluate(inputs(CpMethod::kUlysses, "llama3-8b", 8, n)).report;
-  const auto up = planner::evaluate(inputs(CpMethod::kUPipe, "llama3-8b", 8, n)).report;
-  const auto up_h = planner::evaluate(inputs(CpMethod::kUPipe, "llama3-8b", 8, n, 32)).report;
+  const auto uly = test::evaluate(inputs(CpMethod::kUlysses, "llama3-8b", 8, n)).report;
+  const auto up = test::evaluate(inputs(CpMethod::kUPipe, "llama3-8b", 8, n)).report;
+  const auto up_h = test::evaluate(inputs(CpMethod::kUPipe, "llama3-8b", 8, n, 32)).report;
   const auto att = static_cast<std::size_t>(MemCategory::kAttention);
   EXPECT_LT(up.category_peak[att], uly.category_peak[att]);
   EXPECT_EQ(up_h.category_peak[att], uly.category_peak[att]);
@@ -275,12 +291,12 @@ TEST(Degenerate, OneGpuHasNoCollectivesButFsdp) {
                 models::Collective::kAllToAll);
     }
   }
-  EXPECT_GT(planner::evaluate(in).report.step_time_s, 0.0);
+  EXPECT_GT(test::evaluate(in).report.step_time_s, 0.0);
 }
 
 TEST(Throughput, ComputeBoundStepMatchesKernelSum) {
   // With nothing overlapping but communication, the step is at least the compute-stream busy time.
-  const auto rep = planner::evaluate(inputs(CpMethod::kUPipe, "llama3-8b", 8, kM)).report;
+  const auto rep = test::evaluate(inputs(CpMethod::kUPipe, "llama3-8b", 8, kM)).report;
   EXPECT_GE(rep.step_time_s, rep.stream_busy_s[0]);
   EXPECT_NEAR(rep.tokens_per_s_per_gpu, static_cast<double>(kM) / rep.step_time_s / 8.0, 1e-9);
 }

@@ -34,7 +34,7 @@ struct Evaluation {
   sim::PeakContents peak;  ///< when explain_peak: the 10 largest allocations at the peak
 };
 
-/// @throws InputError for invalid configurations (naming the flag).
+/// @throws sim::ConfigError for refused configurations, InputError for an invalid model or recipe.
 Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& options = {});
 
 /// Buffers that evaluate() reuses from call to call: one per thread of a search.

@@ -5,6 +5,7 @@
 /// not monotone, the answer is the first fit/fail boundary the search meets (others may exist).
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,12 @@ struct BindingConstraint {
 };
 const char* to_string(BindingConstraint::Kind k);
 
+/// How a refused configuration reads in results (refusals, errors of candidates): a front end
+/// names the input at fault in its own terms. Empty: default_refusal_text.
+using RefusalText = std::function<std::string(const sim::ConfigError&)>;
+/// "<quantity>: <message>", e.g. "seq_len: must be positive".
+std::string default_refusal_text(const sim::ConfigError& e);
+
 struct MaxLenOptions {
   std::int64_t granularity = 64 * 1024;             ///< tokens
   std::int64_t memory_margin_bytes = 0;             ///< kept free on every GPU
@@ -34,6 +41,7 @@ struct MaxLenOptions {
   /// probe next while the current one runs. The search only reads the lengths it asks for, so
   /// every field of the result is the same for any value and any timing.
   int threads = 2;
+  RefusalText refusal_text;
 };
 
 struct MaxLenResult {

@@ -20,6 +20,7 @@ struct PlanOptions {
   bool vary_recipe = true;  ///< --seq mode: also search AC/offload, tiled MLP, fused loss, ZeRO
   int threads = 2;
   int top = 5;
+  RefusalText refusal_text;  ///< candidates' errors (see MaxLenOptions)
 };
 
 /// One configuration of the search: what it changes in the plan's base inputs (the model, the

@@ -1,69 +1,36 @@
 #pragma once
 /// @file Schedule builders: turn (model, recipe, parallel layout, hardware) into the op graph of
-/// one training step for every rank. One builder per CP method.
+/// one training step for every rank. The CP method's part comes from its implementation
+/// (cp_method.hpp).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "cpsim/models/hardware.hpp"
-#include "cpsim/models/parallel.hpp"
-#include "cpsim/models/recipe.hpp"
-#include "cpsim/models/transformer.hpp"
+#include "cpsim/sim/cp_method.hpp"
+#include "cpsim/sim/head_layout.hpp"
+#include "cpsim/sim/schedule_inputs.hpp"
 #include "cpsim/sim/workload.hpp"
 
 namespace cpsim::sim {
 
-struct ScheduleInputs {
-  models::TransformerSpec model;
-  models::TrainingRecipe recipe;
-  models::ParallelConfig parallel;
-  models::HardwareProfile hardware;
+/// A configuration checked: its head layout, or what is wrong with it (a result value: refused
+/// configurations are an expected outcome of a search).
+struct LayoutCheck {
+  HeadLayout layout;
+  std::optional<ConfigIssue> issue;  ///< set when the configuration is refused
 };
-
-/// Head layout of one Ulysses/UPipe rank after the all-to-all (derived, validated).
-///   kv_heads_eff = H_kv if H_kv % C == 0, else C when C % H_kv == 0 (KV heads replicated).
-///   UPipe: U query heads per stage (all ranks), stages = H / U, U/C query heads per rank per
-///   stage, kv_per_stage = min(U, kv_heads_eff) KV heads fetched per KV cycle, cycle length g = H /
-///   kv_heads_eff stages when U <= kv_heads_eff (one KV fetch per cycle, reused by g stages), else
-///   one KV fetch for all stages.
-struct HeadLayout {
-  std::int64_t cp = 0;                   ///< C
-  std::int64_t ulysses = 0;              ///< Ulysses (all-to-all) degree u
-  std::int64_t ring = 1;                 ///< ring degree r; C = u·r
-  std::int64_t fpdt_chunks = 0;          ///< FPDT: chunks of the global sequence
-  std::int64_t heads = 0;                ///< H
-  std::int64_t kv_heads_eff = 0;         ///< KV heads after replication
-  std::int64_t heads_per_stage = 0;      ///< U (== H for Ulysses)
-  std::int64_t stages = 0;               ///< H / U
-  std::int64_t kv_heads_per_fetch = 0;   ///< KV heads projected and sent per fetch (all ranks)
-  std::int64_t stages_per_kv_fetch = 0;  ///< stages that reuse one KV fetch
-  std::int64_t kv_replication = 1;       ///< kv_heads_eff / H_kv
-};
-
-/// Validates the combination and derives the head layout (Ulysses heads are split u ways).
-/// @throws InputError naming the flag: `--gpus` (not a multiple of the CP degree, or above 2^16),
-///   `--seq` (not divisible by the CP degree, or too long), `--model` (heads not divisible by C, KV
-///   heads neither divisible by nor dividing C), `--heads-per-stage` (U not a multiple of C, or not
-///   dividing H, or not compatible with the KV groups).
+/// Validates the combination (the checks every method shares, then its implementation's) and
+/// derives the head layout (Ulysses heads are split u ways). Quantities at fault: the GPU count
+/// (range), GPUs per node, the CP degree (not dividing the GPUs, or a group spanning part of a
+/// node), the ring degree, the sequence length (range, or not a multiple of what the method needs),
+/// the model's heads (not divisible by the Ulysses degree, KV heads neither dividing nor divisible
+/// by it), and the method's own knobs (heads per stage, FPDT chunk).
+LayoutCheck check_head_layout(const ScheduleInputs& inputs);
+/// check_head_layout for callers that cannot go on without a layout. @throws ConfigError.
 HeadLayout derive_head_layout(const ScheduleInputs& inputs);
 
-/// Per-rank bytes of the attention buffers of one layer (hand-checkable; used by tests and
-/// `--explain`).
-struct AttentionBuffers {
-  std::int64_t qkv_local_bytes =
-      0;  ///< Q,K,V of the local sequence before the all-to-all (one stage)
-  std::int64_t qkv_headsharded_bytes =
-      0;  ///< Q,K,V after the all-to-all: full sequence, heads/C (one stage)
-  std::int64_t out_headsharded_bytes = 0;  ///< attention output, full sequence, heads/C (one stage)
-  std::int64_t out_local_bytes = 0;        ///< output after the reverse all-to-all (one stage)
-  std::int64_t lse_bytes = 0;              ///< fp32 log-sum-exp (one stage)
-  std::int64_t final_out_bytes = 0;        ///< UPipe: full [N/C, H, d] output kept for backward
-  std::int64_t a2a_send_bytes_per_layer_fwd =
-      0;                                ///< per rank, all all-to-alls of one forward layer
-  std::int64_t ring_block_bytes = 0;    ///< K/V block sent per ring step (ring, usp, upipe + ring)
-  std::int64_t allgather_kv_bytes = 0;  ///< K/V of the whole sequence gathered (allgather)
-};
 AttentionBuffers attention_buffers(const ScheduleInputs& inputs, const HeadLayout& layout);
 
 /// With `recipe.int32_kernel_indexing`, the first tensor a 32-bit-indexed kernel would see with
@@ -100,7 +67,8 @@ struct BuildOptions {
 /// representative-rank fast path is exact.
 bool has_representative_rank(const ScheduleInputs& inputs);
 
-/// Builds the step. @throws InputError for invalid combinations (see derive_head_layout).
+/// Builds the step; the workload carries the head layout. @throws ConfigError for invalid
+/// combinations (see check_head_layout), InputError for an invalid model or recipe.
 Workload build_step(const ScheduleInputs& inputs, const BuildOptions& options = {});
 /// The same into `into`, emptied first (Workload::clear): a loop of evaluations reuses one
 /// workload's capacity. `into` is unspecified if this throws.

@@ -12,6 +12,7 @@
 
 #include "cpsim/models/hardware.hpp"
 #include "cpsim/models/units.hpp"
+#include "cpsim/sim/head_layout.hpp"
 #include "cpsim/sim/huge_pages.hpp"
 
 namespace cpsim::sim {
@@ -127,6 +128,7 @@ struct Workload {
   std::vector<StaticMemory> static_memory;  ///< per rank
   std::vector<std::string> notes;           ///< modelling caveats to print with results
   int repeated_blocks = 0;  ///< forward and backward blocks copied, not built (BuildOptions)
+  HeadLayout layout;        ///< of the configuration the step was built for (build_step)
 
   /// The member ranks of collective `c`, in rank order.
   const std::vector<std::int32_t>& members(const Collective& c) const {

@@ -1,0 +1,162 @@
+#pragma once
+/// @file The context-parallel implementations: one type per CP method (sim/src/methods/<name>.cpp)
+/// that owns everything specific to it (validation, head layout and buffers, the attention ops of
+/// one layer, the sequence-length multiple, search candidates, labels, launchers), and the
+/// registry the simulator, planner and CLI iterate over. docs/ADDING_AN_IMPLEMENTATION.md says how
+/// to add one.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "cpsim/models/parallel.hpp"
+#include "cpsim/sim/head_layout.hpp"
+#include "cpsim/sim/schedule_inputs.hpp"
+
+namespace cpsim::sim {
+
+namespace detail {
+class StepBuilder;
+struct SavedLayer;
+struct InputGrad;
+struct TensorSet;
+}  // namespace detail
+
+/// The quantity a refused configuration gets wrong. The simulator names quantities, never the
+/// flags or fields a front end reads them from (the CLI maps them to its flags).
+enum class Quantity {
+  kGpus,            ///< GPUs of the job
+  kGpusPerNode,     ///< GPUs per node
+  kCpDegree,        ///< CP group size C (must divide the GPUs, whole nodes when spanning nodes)
+  kRingDegree,      ///< ring part of C
+  kSeqLen,          ///< sequence length out of range
+  kSeqLenMultiple,  ///< sequence length not a multiple of what the method needs
+  kModelHeads,      ///< the model's query or KV heads against the Ulysses degree
+  kHeadsPerStage,   ///< UPipe's U
+  kFpdtChunk,       ///< FPDT's chunk
+};
+const char* to_string(Quantity q);
+
+/// What is wrong with a configuration: the quantity at fault and one line for humans.
+struct ConfigIssue {
+  Quantity quantity = Quantity::kGpus;
+  std::string message;
+};
+
+/// A refused configuration where a caller cannot go on. `what()` is the message; the parallel
+/// configuration is kept so that a front end can name the input at fault.
+class ConfigError : public std::invalid_argument {
+ public:
+  ConfigError(ConfigIssue issue, const models::ParallelConfig& config)
+      : std::invalid_argument(issue.message), issue_(std::move(issue)), config_(config) {}
+  const ConfigIssue& issue() const { return issue_; }
+  Quantity quantity() const { return issue_.quantity; }
+  const models::ParallelConfig& config() const { return config_; }
+
+ private:
+  ConfigIssue issue_;
+  models::ParallelConfig config_;
+};
+
+/// Which label of a configuration: the planner's compact one ("usp C8 (u4 x r2)"), the sentence
+/// of `simulate` ("USP (Ulysses 4 x ring 2, zigzag ring)"), or the degrees of `report`.
+enum class LabelStyle { kSearch, kDescription, kDegrees };
+
+/// The launchers that run a method, best first (names as `--emit` spells them), and a note on the
+/// ones that need a particular setting or fork.
+struct LauncherSupport {
+  std::vector<std::string_view> launchers;
+  std::string_view note;  ///< empty when none
+  bool runs_on(std::string_view launcher) const;
+  /// "a, b, c".
+  std::string list() const;
+  /// "a, b or c (note)".
+  std::string sentence() const;
+};
+
+/// What a search offers a method: the CP degree to split and the model's heads.
+struct SearchSpace {
+  int cp_degree = 1;
+  std::int64_t heads = 0;
+  /// Throughput search at this length (FPDT chunks must divide it); nullopt: longest context.
+  std::optional<std::int64_t> seq_len;
+};
+
+/// One context-parallel method. Implementations are stateless and registered once
+/// (cp_implementations); everything method-specific lives behind this interface.
+class CpImplementation {
+ public:
+  virtual ~CpImplementation() = default;
+  virtual models::CpMethod id() const = 0;
+  const char* name() const { return models::to_string(id()); }
+
+  // ---- shape ----
+  /// Heads are split across the CP group by an all-to-all (Ulysses part).
+  virtual bool has_ulysses_part() const = 0;
+  /// K/V move between ranks that hold different tokens (ring part): ring steps or an all-gather.
+  virtual bool has_ring_part() const = 0;
+  /// The ring part all-gathers K/V instead of rotating blocks.
+  virtual bool gathers_kv() const { return false; }
+  /// Reads ParallelConfig::heads_per_stage.
+  virtual bool uses_heads_per_stage() const { return false; }
+  /// Reads ParallelConfig::fpdt_chunk and fpdt_offload.
+  virtual bool uses_fpdt_chunk() const { return false; }
+
+  // ---- validation and layout (called by check_head_layout in this order) ----
+  /// The ring degree against the CP degree.
+  virtual std::optional<ConfigIssue> check_ring_degree(const models::ParallelConfig& p) const = 0;
+  /// After the sequence length is known to be a multiple of the CP degree: the method's own
+  /// sequence constraints.
+  virtual std::optional<ConfigIssue> check_sequence(const ScheduleInputs& /*in*/) const {
+    return std::nullopt;
+  }
+  /// Fills heads_per_stage, stages, kv_heads_per_fetch, stages_per_kv_fetch and fpdt_chunks of
+  /// `layout` (cp, ulysses, ring, heads and the KV replication are set).
+  virtual std::optional<ConfigIssue> stage_heads(const ScheduleInputs& in,
+                                                 HeadLayout& layout) const;
+  /// Per-rank bytes of the attention buffers of one layer.
+  virtual AttentionBuffers buffers(const ScheduleInputs& in, const HeadLayout& layout) const;
+  /// The sequence lengths the method accepts are the multiples of this.
+  virtual std::int64_t seq_multiple(const models::ParallelConfig& p) const;
+
+  // ---- the attention block of one layer (between norm1 and the output projection) ----
+  /// Forward; `grad` false when it runs without autograd (the first forward under full AC).
+  /// Recomputation runs this again with grad on.
+  virtual void attention_forward(detail::StepBuilder& b,
+                                 detail::SavedLayer& sv,
+                                 detail::TensorSet params,
+                                 bool grad) const = 0;
+  virtual detail::InputGrad attention_backward(detail::StepBuilder& b,
+                                               const detail::SavedLayer& sv,
+                                               detail::TensorSet d_o,
+                                               detail::TensorSet params,
+                                               detail::TensorSet grads) const = 0;
+
+  // ---- planner and front ends ----
+  /// The configurations a search tries for one CP degree: `base` with method, CP degree set and
+  /// heads_per_stage 0, zigzag layout; appended to `out`.
+  virtual void search_candidates(const models::ParallelConfig& base,
+                                 const SearchSpace& space,
+                                 std::vector<models::ParallelConfig>& out) const = 0;
+  /// Order of magnitude of the ops one block simulates (sorts a search's work, longest first).
+  virtual std::int64_t ops_per_block_estimate(const ScheduleInputs& in) const;
+  /// `layout` may be null where the configuration is refused (kDegrees only).
+  virtual std::string label(LabelStyle style,
+                            const models::ParallelConfig& p,
+                            const HeadLayout* layout) const = 0;
+  /// Colour of the method in reports (#rrggbb).
+  virtual std::string_view report_color() const = 0;
+  virtual LauncherSupport launchers() const = 0;
+};
+
+/// Every implementation, in the order searches and `--method all` list them.
+std::span<const CpImplementation* const> cp_implementations();
+/// The implementation of `method` (every CpMethod has one).
+const CpImplementation& cp_implementation(models::CpMethod method);
+
+}  // namespace cpsim::sim

@@ -1,0 +1,18 @@
+#pragma once
+/// @file What one training step is built from: model, recipe, parallel layout, hardware.
+
+#include "cpsim/models/hardware.hpp"
+#include "cpsim/models/parallel.hpp"
+#include "cpsim/models/recipe.hpp"
+#include "cpsim/models/transformer.hpp"
+
+namespace cpsim::sim {
+
+struct ScheduleInputs {
+  models::TransformerSpec model;
+  models::TrainingRecipe recipe;
+  models::ParallelConfig parallel;
+  models::HardwareProfile hardware;
+};
+
+}  // namespace cpsim::sim

@@ -1,0 +1,85 @@
+// All-gather CP: K/V of the whole sequence are gathered on every rank before attention; each rank
+// attends its local queries to the visible prefix.
+//
+// Derivation. One all-gather of N·2·H_kv·d·2 bytes per layer forward (exposed: attention waits
+// for it), and in the backward a second all-gather and a reduce-scatter of dK/dV. Only the local
+// K/V are kept for backward. Cheaper than a ring when K/V are small (GQA) and latency matters;
+// the gathered K/V grow with N. Token layouts as for ring (zigzag balances causal work). Ops:
+// attention_ulysses.cpp with u = 1 and the all-gather path of attention_core.cpp.
+//
+// Sources:
+//   Llama Team, "The Llama 3 Herd of Models", arXiv:2407.21783 (§3.3.2, all-gather based CP).
+//   github.com/pytorch/pytorch, torch/distributed/tensor/experimental/_attention.py (rotate
+//   method "allgather"); github.com/NVIDIA/Megatron-LM (cp_comm_type all_gather, via
+//   TransformerEngine).
+#include <fmt/format.h>
+
+#include "../step_builder.hpp"
+#include "common.hpp"
+
+namespace cpsim::sim::methods {
+namespace {
+
+class AllGather final : public CpImplementation {
+ public:
+  models::CpMethod id() const override { return models::CpMethod::kAllGather; }
+  bool has_ulysses_part() const override { return false; }
+  bool has_ring_part() const override { return true; }
+  bool gathers_kv() const override { return true; }
+
+  std::optional<ConfigIssue> check_ring_degree(const models::ParallelConfig& p) const override {
+    return whole_ring(p);
+  }
+
+  void attention_forward(detail::StepBuilder& b,
+                         detail::SavedLayer& sv,
+                         detail::TensorSet params,
+                         bool grad) const override {
+    b.ulysses_forward(sv, params, grad);
+  }
+  detail::InputGrad attention_backward(detail::StepBuilder& b,
+                                       const detail::SavedLayer& sv,
+                                       detail::TensorSet d_o,
+                                       detail::TensorSet params,
+                                       detail::TensorSet grads) const override {
+    return b.ulysses_backward(sv, d_o, params, grads);
+  }
+
+  void search_candidates(const models::ParallelConfig& base,
+                         const SearchSpace& /*space*/,
+                         std::vector<models::ParallelConfig>& out) const override {
+    if (base.cp_degree > 1) {
+      models::ParallelConfig p = base;
+      p.ring_degree = base.cp_degree;
+      out.push_back(p);
+    }
+  }
+
+  std::string label(LabelStyle style,
+                    const models::ParallelConfig& p,
+                    const HeadLayout* /*layout*/) const override {
+    const char* layout = models::to_string(p.ring_layout);
+    switch (style) {
+      case LabelStyle::kSearch:
+        return fmt::format("allgather C{}", p.cp_degree);
+      case LabelStyle::kDescription:
+        return fmt::format("all-gather CP (C={}, {} layout)", p.cp_degree, layout);
+      case LabelStyle::kDegrees:
+        break;
+    }
+    return fmt::format("all-gather {} ({})", p.ring_degree, layout);
+  }
+  std::string_view report_color() const override { return "#9467bd"; }
+  LauncherSupport launchers() const override {
+    return {{"torchtitan", "megatron", "accelerate"}, {}};
+  }
+};
+
+}  // namespace
+
+const CpImplementation& allgather() {
+  static const AllGather kImplementation;
+  return kImplementation;
+}
+
+}  // namespace cpsim::sim::methods

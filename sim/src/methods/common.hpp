@@ -1,0 +1,35 @@
+#pragma once
+// Internal: what the CP implementations share, and the registry's list of them.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpsim/sim/cp_method.hpp"
+
+namespace cpsim::sim::methods {
+
+/// One factory per implementation file; the registry (registry.cpp) lists them.
+const CpImplementation& ulysses();
+const CpImplementation& upipe();
+const CpImplementation& ring();
+const CpImplementation& allgather();
+const CpImplementation& fpdt();
+const CpImplementation& usp();
+
+/// Divisors of n, ascending.
+std::vector<int> divisors(int n);
+
+/// The multiple of the CP degree that the token layout needs: 2C for a zigzag ring, else C.
+std::int64_t layout_seq_multiple(const models::ParallelConfig& p);
+
+/// Ulysses and FPDT: the ring degree must be 1.
+std::optional<ConfigIssue> no_ring(const models::ParallelConfig& p);
+/// Ring and all-gather: the ring is the whole CP group.
+std::optional<ConfigIssue> whole_ring(const models::ParallelConfig& p);
+
+/// " dp2" style suffixes are the callers'; this is "(u4 x r2)".
+std::string degrees_pair(const models::ParallelConfig& p);
+
+}  // namespace cpsim::sim::methods

@@ -1,0 +1,87 @@
+// Ring attention: every rank keeps its tokens of all heads; K/V blocks rotate around the CP group
+// with send/recv while each rank attends its queries to the block it holds.
+//
+// Derivation. With C ranks, C steps per layer: step k attends the local queries to the K/V block
+// received at step k−1 while the next block is in flight (double buffering), so communication is
+// hidden when a block's attention outlasts its transfer. Causal masking makes the contiguous
+// layout unbalanced (rank C−1 computes C blocks, rank 0 one); the zigzag layout (2C chunks, rank i
+// holds i and 2C−1−i) balances it and needs the sequence divisible by 2C. The backward sends an
+// fp32 dK/dV accumulator around the ring with the blocks. Ops: attention_ulysses.cpp with u = 1
+// and the ring of attention_core.cpp.
+//
+// Sources:
+//   Liu, Zaharia, Abbeel, "Ring Attention with Blockwise Transformers for Near-Infinite Context",
+//   arXiv:2310.01889.
+//   github.com/zhuzilin/ring-flash-attention, ring_flash_attn/zigzag_ring_flash_attn.py (zigzag
+//   layout, fp32 accumulators); github.com/pytorch/pytorch,
+//   torch/distributed/tensor/experimental/_attention.py (TorchTitan's context parallel).
+#include <fmt/format.h>
+
+#include "../step_builder.hpp"
+#include "common.hpp"
+
+namespace cpsim::sim::methods {
+namespace {
+
+class Ring final : public CpImplementation {
+ public:
+  models::CpMethod id() const override { return models::CpMethod::kRing; }
+  bool has_ulysses_part() const override { return false; }
+  bool has_ring_part() const override { return true; }
+
+  std::optional<ConfigIssue> check_ring_degree(const models::ParallelConfig& p) const override {
+    return whole_ring(p);
+  }
+
+  void attention_forward(detail::StepBuilder& b,
+                         detail::SavedLayer& sv,
+                         detail::TensorSet params,
+                         bool grad) const override {
+    b.ulysses_forward(sv, params, grad);
+  }
+  detail::InputGrad attention_backward(detail::StepBuilder& b,
+                                       const detail::SavedLayer& sv,
+                                       detail::TensorSet d_o,
+                                       detail::TensorSet params,
+                                       detail::TensorSet grads) const override {
+    return b.ulysses_backward(sv, d_o, params, grads);
+  }
+
+  void search_candidates(const models::ParallelConfig& base,
+                         const SearchSpace& /*space*/,
+                         std::vector<models::ParallelConfig>& out) const override {
+    if (base.cp_degree > 1) {
+      models::ParallelConfig p = base;
+      p.ring_degree = base.cp_degree;
+      out.push_back(p);
+    }
+  }
+
+  std::string label(LabelStyle style,
+                    const models::ParallelConfig& p,
+                    const HeadLayout* /*layout*/) const override {
+    const char* layout = models::to_string(p.ring_layout);
+    switch (style) {
+      case LabelStyle::kSearch:
+        return fmt::format("ring C{}", p.cp_degree);
+      case LabelStyle::kDescription:
+        return fmt::format("Ring attention (C={}, {} layout)", p.cp_degree, layout);
+      case LabelStyle::kDegrees:
+        break;
+    }
+    return fmt::format("ring {} ({})", p.ring_degree, layout);
+  }
+  std::string_view report_color() const override { return "#ff7f0e"; }
+  LauncherSupport launchers() const override {
+    return {{"torchtitan", "megatron", "accelerate", "untied-ulysses"}, {}};
+  }
+};
+
+}  // namespace
+
+const CpImplementation& ring() {
+  static const Ring kImplementation;
+  return kImplementation;
+}
+
+}  // namespace cpsim::sim::methods

@@ -1,0 +1,89 @@
+// USP (unified sequence parallelism): Ulysses inside a group of u ranks × ring across r groups,
+// C = u·r.
+//
+// Derivation. The all-to-all runs over the u ranks of a Ulysses group (usually one node, where
+// the all-to-all is fast), leaving each rank N/r tokens of H/u heads; core attention then runs as
+// a ring over the r groups (across nodes, where send/recv overlaps compute). Needs H divisible by
+// u and, with the zigzag ring layout, N divisible by 2C. The CLI's default places Ulysses inside a
+// node and the ring across nodes (yunchang's "ulysses low" placement). Ops: attention_ulysses.cpp
+// with the ring of attention_core.cpp.
+//
+// Sources:
+//   Fang, Zhao, "USP: A Unified Sequence Parallelism Approach for Long Context Generative AI",
+//   arXiv:2405.07719.
+//   github.com/feifeibear/long-context-attention (yunchang), yunchang/hybrid/attn_layer.py
+//   (LongContextAttention); Megatron-LM's hierarchical cp_comm_type "a2a+p2p".
+#include <fmt/format.h>
+
+#include "../step_builder.hpp"
+#include "common.hpp"
+
+namespace cpsim::sim::methods {
+namespace {
+
+class Usp final : public CpImplementation {
+ public:
+  models::CpMethod id() const override { return models::CpMethod::kUsp; }
+  bool has_ulysses_part() const override { return true; }
+  bool has_ring_part() const override { return true; }
+
+  std::optional<ConfigIssue> check_ring_degree(const models::ParallelConfig& /*p*/) const override {
+    return std::nullopt;  // any split of C
+  }
+
+  void attention_forward(detail::StepBuilder& b,
+                         detail::SavedLayer& sv,
+                         detail::TensorSet params,
+                         bool grad) const override {
+    b.ulysses_forward(sv, params, grad);
+  }
+  detail::InputGrad attention_backward(detail::StepBuilder& b,
+                                       const detail::SavedLayer& sv,
+                                       detail::TensorSet d_o,
+                                       detail::TensorSet params,
+                                       detail::TensorSet grads) const override {
+    return b.ulysses_backward(sv, d_o, params, grads);
+  }
+
+  // Proper splits only: r = 1 is ulysses, r = C is ring.
+  void search_candidates(const models::ParallelConfig& base,
+                         const SearchSpace& /*space*/,
+                         std::vector<models::ParallelConfig>& out) const override {
+    for (const int r : divisors(base.cp_degree)) {
+      if (r > 1 && r < base.cp_degree) {
+        models::ParallelConfig p = base;
+        p.ring_degree = r;
+        out.push_back(p);
+      }
+    }
+  }
+
+  std::string label(LabelStyle style,
+                    const models::ParallelConfig& p,
+                    const HeadLayout* /*layout*/) const override {
+    const char* layout = models::to_string(p.ring_layout);
+    switch (style) {
+      case LabelStyle::kSearch:
+        return fmt::format("usp C{} {}", p.cp_degree, degrees_pair(p));
+      case LabelStyle::kDescription:
+        return fmt::format("USP (Ulysses {} x ring {}, {} ring)", p.ulysses_degree(), p.ring_degree,
+                           layout);
+      case LabelStyle::kDegrees:
+        break;
+    }
+    return fmt::format("Ulysses {} × ring {} ({})", p.ulysses_degree(), p.ring_degree, layout);
+  }
+  std::string_view report_color() const override { return "#17becf"; }
+  LauncherSupport launchers() const override {
+    return {{"megatron", "untied-ulysses"}, "megatron with a2a+p2p"};
+  }
+};
+
+}  // namespace
+
+const CpImplementation& usp() {
+  static const Usp kImplementation;
+  return kImplementation;
+}
+
+}  // namespace cpsim::sim::methods

@@ -1,0 +1,98 @@
+// The registry of CP implementations: every method has exactly one, and each one's validation,
+// sequence multiple, search candidates, labels and launchers hold together.
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "cpsim/sim/cp_method.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+#include "helpers.hpp"
+
+namespace cpsim::sim {
+namespace {
+
+using models::CpMethod;
+using testing::inputs;
+
+constexpr std::int64_t kM = 1 << 20;
+
+TEST(Registry, OneImplementationPerMethodInListOrder) {
+  std::set<CpMethod> seen;
+  std::vector<std::string> names;
+  for (const CpImplementation* m : cp_implementations()) {
+    EXPECT_TRUE(seen.insert(m->id()).second) << m->name();
+    EXPECT_EQ(&cp_implementation(m->id()), m);
+    EXPECT_EQ(models::parse_cp_method(m->name(), "--method"), m->id());
+    names.emplace_back(m->name());
+  }
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"ulysses", "upipe", "ring", "allgather", "fpdt", "usp"}));
+}
+
+TEST(Registry, EveryImplementationBuildsAndSearches) {
+  for (const CpImplementation* m : cp_implementations()) {
+    SCOPED_TRACE(m->name());
+    EXPECT_TRUE(m->has_ulysses_part() || m->has_ring_part());
+    EXPECT_FALSE(m->launchers().launchers.empty());
+    EXPECT_EQ(m->report_color().size(), 7u);
+    // Every candidate a search offers for 8 GPUs at 1M is valid and of this method.
+    models::ParallelConfig base = inputs(m->id(), "llama3-8b", 8, kM).parallel;
+    SearchSpace space;
+    space.cp_degree = 8;
+    space.heads = 32;
+    space.seq_len = kM;
+    std::vector<models::ParallelConfig> offered;
+    m->search_candidates(base, space, offered);
+    ASSERT_FALSE(offered.empty());
+    for (const models::ParallelConfig& p : offered) {
+      ScheduleInputs in = inputs(m->id(), "llama3-8b", 8, kM);
+      in.parallel = p;
+      const LayoutCheck checked = check_head_layout(in);
+      EXPECT_FALSE(checked.issue) << m->label(LabelStyle::kSearch, p, nullptr) << ": "
+                                  << checked.issue->message;
+      EXPECT_EQ(in.parallel.seq_len % m->seq_multiple(p), 0);
+      EXPECT_FALSE(m->label(LabelStyle::kDescription, p, &checked.layout).empty());
+      // The layout is derived once and carried by the workload.
+      EXPECT_EQ(build_step(in).layout.stages, checked.layout.stages);
+    }
+  }
+}
+
+TEST(Registry, SequenceMultiples) {
+  models::ParallelConfig p = inputs(CpMethod::kRing, "llama3-8b", 8, kM).parallel;
+  p.ring_degree = 8;
+  EXPECT_EQ(cp_implementation(CpMethod::kRing).seq_multiple(p), 16);  // zigzag: 2C
+  p.ring_layout = models::RingLayout::kContiguous;
+  EXPECT_EQ(cp_implementation(CpMethod::kRing).seq_multiple(p), 8);
+  models::ParallelConfig f = inputs(CpMethod::kFpdt, "llama3-8b", 8, kM).parallel;
+  f.fpdt_chunk = 96 * 1024;
+  EXPECT_EQ(cp_implementation(CpMethod::kFpdt).seq_multiple(f), 96 * 1024);
+}
+
+TEST(Registry, LauncherSentences) {
+  const LauncherSupport ulysses = cp_implementation(CpMethod::kUlysses).launchers();
+  EXPECT_TRUE(ulysses.runs_on("untied-ulysses"));
+  EXPECT_FALSE(ulysses.runs_on("torchtitan"));
+  EXPECT_EQ(ulysses.list(), "arctic, deepspeed, accelerate, megatron, untied-ulysses");
+  EXPECT_EQ(cp_implementation(CpMethod::kFpdt).launchers().sentence(),
+            "deepspeed (Megatron-DeepSpeed flags)");
+  EXPECT_EQ(cp_implementation(CpMethod::kAllGather).launchers().sentence(),
+            "torchtitan, megatron or accelerate");
+}
+
+TEST(Registry, RefusalCarriesTheConfiguration) {
+  ScheduleInputs in = inputs(CpMethod::kUPipe, "llama3-8b", 8, kM, 12);
+  try {
+    (void)build_step(in);
+    FAIL() << "U = 12 accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.quantity(), Quantity::kHeadsPerStage);
+    EXPECT_EQ(e.config().heads_per_stage, 12);
+    EXPECT_EQ(std::string(e.what()), "U = 12 must be a positive multiple of the Ulysses degree 8");
+  }
+}
+
+}  // namespace
+}  // namespace cpsim::sim
