@@ -114,6 +114,10 @@ commands=(
   "sweep --sweep 128K..2M --format csv"
 )
 
+normalise() {  # OUTDIR FILE
+  sed -E -e "s#$1#OUT#g" -e 's/[0-9.]+ s, [0-9]+ simulations\/s/(wall time)/' "$2"
+}
+
 total=0
 same=0
 run_one() {  # BIN OUTDIR COMMAND
@@ -127,18 +131,19 @@ for i in "${!commands[@]}"; do
   cmd=${commands[$i]}
   run_one "$base_bin" "$work/out/base/$i" "$cmd"
   run_one "$head_bin" "$work/out/head/$i" "$cmd"
-  # File contents that name the output folder are compared with the folder name replaced.
+  # Compared after two rewrites: the output folder's path (OUT), and the wall time `plan` prints
+  # (the only output that is not deterministic).
   for f in $(cd "$work/out/base/$i" && find . -type f | sort); do
     total=$((total + 1))
     b="$work/out/base/$i/$f"
     h="$work/out/head/$i/$f"
-    if [[ -f "$h" ]] && cmp -s <(sed "s#$work/out/base/$i#OUT#g" "$b") \
-      <(sed "s#$work/out/head/$i#OUT#g" "$h"); then
+    if [[ -f "$h" ]] && cmp -s <(normalise "$work/out/base/$i" "$b") \
+      <(normalise "$work/out/head/$i" "$h"); then
       same=$((same + 1))
     else
       echo "DIFFERENT: cpsim $cmd  [$f]"
-      diff <(sed "s#$work/out/base/$i#OUT#g" "$b") <(sed "s#$work/out/head/$i#OUT#g" "$h") \
-        | head -5 || true
+      diff <(normalise "$work/out/base/$i" "$b") <(normalise "$work/out/head/$i" "$h") \
+        | head -20 || true
     fi
   done
   extra=$(comm -13 <(cd "$work/out/base/$i" && find . -type f | sort) \
