@@ -82,6 +82,7 @@ LayerTemplate LayerTemplate::record(
     o.outputs_begin -= begin.edges;
     o.outputs_end -= begin.edges;
   }
+  t.ref_index_.clear();
   return t;
 }
 
