@@ -1,9 +1,7 @@
 #include "builder.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <stdexcept>
-#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -206,7 +204,7 @@ OpSet Builder::emit(const OpSpec& spec, OpKind kind, const double* time_s) {
         throw_bad_dependency(name_id, self, r, d);
       }
       if (const Op& dep = w_.ops[static_cast<std::size_t>(d)];
-          dep.stream == spec.stream && dep.rank == r) {
+          dep.stream == spec.stream && dep.rank == r && (d < port_ops_lo_ || d >= port_ops_hi_)) {
         return;
       }
       if (marks) {
@@ -302,235 +300,19 @@ OpSet Builder::collective(const OpSpec& spec,
   return set;
 }
 
-// ---- repeated segments --------------------------------------------------------------------
-//
-// Transformer blocks are built alike: the ops of block l + 1 are those of block l with every id
-// inside the blocks moved by one block's worth. A builder that has built two blocks and checked
-// (repeats) that the second is the first mapped can append the next ones by copying (repeat),
-// which is what emitting them again would append. Only names with the block's number differ.
-
-namespace {
-
-bool is_digit(char c) {
-  return c >= '0' && c <= '9';
-}
-
-/// The number that distinguishes `a` from `b` as (prefix, suffix, b − a), or step 0 when they
-/// differ otherwise.
-NameStep numbered(std::string_view a, std::string_view b) {
-  NameStep n;
-  std::size_t p = 0;
-  while (p < a.size() && p < b.size() && a[p] == b[p]) {
-    ++p;
-  }
-  while (p > 0 && is_digit(a[p - 1])) {
-    --p;  // the number starts at its first digit
-  }
-  std::size_t q = 0;
-  while (q < a.size() - p && q < b.size() - p && a[a.size() - 1 - q] == b[b.size() - 1 - q]) {
-    ++q;
-  }
-  while (q > 0 && is_digit(a[a.size() - q])) {
-    --q;  // and ends at its last
-  }
-  const std::string_view na = a.substr(p, a.size() - p - q);
-  const std::string_view nb = b.substr(p, b.size() - p - q);
-  auto plain = [](std::string_view x) {
-    return !x.empty() && x.size() < 9 && (x.size() == 1 || x[0] != '0') &&
-           std::all_of(x.begin(), x.end(), is_digit);
-  };
-  if (!plain(na) || !plain(nb)) {
-    return n;
-  }
-  const int step = std::stoi(std::string(nb)) - std::stoi(std::string(na));
-  if (step == 1 || step == -1) {
-    n.prefix = static_cast<std::int32_t>(p);
-    n.suffix = static_cast<std::int32_t>(q);
-    n.step = step;
-  }
-  return n;
-}
-
-}  // namespace
-
 Mark Builder::mark() const {
   return {static_cast<std::int32_t>(w_.ops.size()), static_cast<std::int32_t>(w_.tensors.size()),
           static_cast<std::int32_t>(w_.edges.size()),
           static_cast<std::int32_t>(w_.collectives.size())};
 }
 
-bool Builder::repeats(const Mark& a0,
-                      const Mark& a1,
-                      const Mark& b0,
-                      const Mark& b1,
-                      const IdMap& map,
-                      std::int32_t layer_step,
-                      std::vector<NameStep>& names) const {
-  if (a1.ops - a0.ops != b1.ops - b0.ops || a1.tensors - a0.tensors != b1.tensors - b0.tensors ||
-      a1.edges - a0.edges != b1.edges - b0.edges ||
-      a1.collectives - a0.collectives != b1.collectives - b0.collectives) {
-    return false;
-  }
-  const std::int32_t d_edges = b0.edges - a0.edges;
-  const std::int32_t d_coll = b0.collectives - a0.collectives;
-  auto same_name = [&](bool tensor, std::int32_t index, std::int32_t x, std::int32_t y) {
-    if (x == y) {
-      return true;
-    }
-    NameStep n =
-        numbered(w_.names[static_cast<std::size_t>(x)], w_.names[static_cast<std::size_t>(y)]);
-    if (n.step == 0) {
-      return false;
-    }
-    n.tensor = tensor;
-    n.index = index;
-    names.push_back(n);
-    return true;
-  };
-  names.clear();
-  for (std::int32_t i = 0; i < a1.ops - a0.ops; ++i) {
-    const Op& a = w_.ops[static_cast<std::size_t>(a0.ops + i)];
-    const Op& b = w_.ops[static_cast<std::size_t>(b0.ops + i)];
-    const bool in_segment = a.collective >= a0.collectives && a.collective < a1.collectives;
-    if (a.rank != b.rank || a.stream != b.stream || a.kind != b.kind || a.phase != b.phase ||
-        (a.layer < 0 ? b.layer != a.layer : b.layer != a.layer + layer_step) ||
-        a.duration_ns != b.duration_ns || a.transfer_bytes != b.transfer_bytes ||
-        a.flops != b.flops || a.workspace_bytes != b.workspace_bytes ||
-        a.workspace_category != b.workspace_category ||
-        b.collective != (in_segment ? a.collective + d_coll : a.collective) ||
-        b.deps_begin != a.deps_begin + d_edges || b.deps_end != a.deps_end + d_edges ||
-        b.inputs_begin != a.inputs_begin + d_edges || b.inputs_end != a.inputs_end + d_edges ||
-        b.outputs_begin != a.outputs_begin + d_edges || b.outputs_end != a.outputs_end + d_edges ||
-        !same_name(false, i, a.name, b.name)) {
-      return false;
-    }
-    for (std::int32_t e = a.deps_begin; e < a.deps_end; ++e) {
-      if (map.op(w_.edges[static_cast<std::size_t>(e)]) !=
-          w_.edges[static_cast<std::size_t>(e + d_edges)]) {
-        return false;
-      }
-    }
-    for (std::int32_t e = a.inputs_begin; e < a.outputs_end; ++e) {
-      if (map.tensor(w_.edges[static_cast<std::size_t>(e)]) !=
-          w_.edges[static_cast<std::size_t>(e + d_edges)]) {
-        return false;
-      }
-    }
-  }
-  for (std::int32_t i = 0; i < a1.tensors - a0.tensors; ++i) {
-    const Tensor& a = w_.tensors[static_cast<std::size_t>(a0.tensors + i)];
-    const Tensor& b = w_.tensors[static_cast<std::size_t>(b0.tensors + i)];
-    if (a.bytes != b.bytes || a.rank != b.rank || a.category != b.category ||
-        a.on_host != b.on_host || map.op(a.producer) != b.producer ||
-        !same_name(true, i, a.name, b.name)) {
-      return false;
-    }
-  }
-  for (std::int32_t i = 0; i < a1.collectives - a0.collectives; ++i) {
-    const Collective& a = w_.collectives[static_cast<std::size_t>(a0.collectives + i)];
-    const Collective& b = w_.collectives[static_cast<std::size_t>(b0.collectives + i)];
-    if (a.kind != b.kind || a.span != b.span || a.group != b.group ||
-        a.size_bytes != b.size_bytes || a.wire_bytes != b.wire_bytes || a.alpha_s != b.alpha_s ||
-        a.nominal_bytes_per_s != b.nominal_bytes_per_s) {
-      return false;
-    }
-  }
-  return true;
-}
-
-void Builder::repeat(const Mark& a0,
-                     const Mark& a1,
-                     const IdMap& map,
-                     std::int32_t layer_step,
-                     const std::vector<NameStep>& names) {
-  const Mark b0 = mark();
-  const std::int32_t d_edges = b0.edges - a0.edges;
-  const std::int32_t d_coll = b0.collectives - a0.collectives;
-  w_.repeated_blocks += 1;
-  // Room for the copy (reading the template while appending), growing geometrically.
-  auto make_room = [](auto& v, std::int32_t more) {
-    const std::size_t need = v.size() + static_cast<std::size_t>(more);
-    if (need > v.capacity()) {
-      v.reserve(std::max(need, 2 * v.capacity()));
-    }
-  };
-  make_room(w_.ops, a1.ops - a0.ops);
-  make_room(w_.tensors, a1.tensors - a0.tensors);
-  make_room(w_.edges, a1.edges - a0.edges);
-  make_room(w_.collectives, a1.collectives - a0.collectives);
-  for (std::int32_t i = a0.collectives; i < a1.collectives; ++i) {
-    const Collective c = w_.collectives[static_cast<std::size_t>(i)];
-    w_.collectives.push_back(c);
-  }
-  // Tensors first (an op's outputs may be tensors of its own segment), as Builder::tensor makes
-  // them: no producer and no consumer yet.
-  for (std::int32_t i = a0.tensors; i < a1.tensors; ++i) {
-    Tensor t = w_.tensors[static_cast<std::size_t>(i)];
-    t.producer = kNone;
-    t.consumers = 0;
-    w_.tensors.push_back(t);
-  }
-  // The segment's edges follow its ops in order (each op's deps, inputs, outputs), so the copy's
-  // edges are the template's, mapped, at a distance of d_edges.
-  w_.edges.resize(static_cast<std::size_t>(b0.edges + (a1.edges - a0.edges)));
-  const auto o0 = static_cast<std::size_t>(b0.ops);
-  const auto n_ops = static_cast<std::size_t>(a1.ops - a0.ops);
-  w_.ops.resize(o0 + n_ops);
-  static_assert(std::is_trivially_copyable_v<Op>);
-  Op* const copy = w_.ops.data() + o0;
-  std::memcpy(copy, w_.ops.data() + a0.ops, n_ops * sizeof(Op));
-  std::int32_t* edges = w_.edges.data();
-  Tensor* tensors = w_.tensors.data();
-  const auto n_coll = static_cast<std::uint32_t>(a1.collectives - a0.collectives);
-  for (std::size_t i = 0; i < n_ops; ++i) {
-    Op& o = copy[i];
-    const auto self = static_cast<OpId>(o0 + i);
-    o.layer += o.layer >= 0 ? layer_step : 0;
-    if (static_cast<std::uint32_t>(o.collective - a0.collectives) < n_coll) {
-      o.collective += d_coll;  // a collective of the segment (kNone wraps around: not one)
-    }
-    // An op's edges are its deps, inputs and outputs, one after the other (read into locals: the
-    // stores through `edges` and `tensors` could otherwise alias them).
-    const std::int32_t deps_end = o.deps_end, inputs_end = o.inputs_end;
-    const std::int32_t outputs_end = o.outputs_end;
-    std::int32_t e = o.deps_begin;
-    for (; e < deps_end; ++e) {
-      edges[e + d_edges] = map.op(edges[e]);
-    }
-    for (; e < inputs_end; ++e) {
-      const TensorId t = map.tensor(edges[e]);
-      edges[e + d_edges] = t;
-      tensors[t].consumers += 1;
-    }
-    for (; e < outputs_end; ++e) {
-      const TensorId t = map.tensor(edges[e]);
-      edges[e + d_edges] = t;
-      Tensor& ten = tensors[t];
-      if (ten.producer != kNone) {
-        throw std::logic_error("tensor '" + w_.names[static_cast<std::size_t>(ten.name)] +
-                               "' produced twice");
-      }
-      ten.producer = self;
-    }
-    o.deps_begin += d_edges;
-    o.deps_end += d_edges;
-    o.inputs_begin += d_edges;
-    o.inputs_end += d_edges;
-    o.outputs_begin += d_edges;
-    o.outputs_end += d_edges;
-  }
-  for (const NameStep& n : names) {
-    std::int32_t& name = n.tensor ? w_.tensors[static_cast<std::size_t>(b0.tensors + n.index)].name
-                                  : w_.ops[static_cast<std::size_t>(b0.ops + n.index)].name;
-    const std::string& old = w_.names[static_cast<std::size_t>(name)];
-    const auto digits = old.size() - static_cast<std::size_t>(n.prefix + n.suffix);
-    const int number = std::stoi(old.substr(static_cast<std::size_t>(n.prefix), digits)) + n.step;
-    if (number < 0) {
-      throw std::logic_error("repeated segment numbered below zero: " + old);
-    }
-    name = w_.intern(old.substr(0, static_cast<std::size_t>(n.prefix)) + std::to_string(number) +
-                     old.substr(old.size() - static_cast<std::size_t>(n.suffix)));
-  }
+void Builder::truncate(const Mark& m) {
+  w_.ops.resize(static_cast<std::size_t>(m.ops));
+  w_.tensors.resize(static_cast<std::size_t>(m.tensors));
+  w_.edges.resize(static_cast<std::size_t>(m.edges));
+  w_.collectives.resize(static_cast<std::size_t>(m.collectives));
+  // Marks left by the removed ops would name ops emitted next.
+  std::fill(dep_mark_.begin(), dep_mark_.end(), kNone);
 }
 
 }  // namespace cpsim::sim::detail

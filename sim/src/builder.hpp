@@ -97,41 +97,6 @@ struct OpSpec {
 struct Mark {
   std::int32_t ops = 0, tensors = 0, edges = 0, collectives = 0;
   bool operator==(const Mark&) const = default;
-  /// The sizes of the segment [b, *this).
-  Mark operator-(const Mark& b) const {
-    return {ops - b.ops, tensors - b.tensors, edges - b.edges, collectives - b.collectives};
-  }
-};
-
-/// How the ids a segment refers to correspond to those its repeat refers to: ids in [lo, hi)
-/// move by `delta`, any other id stays.
-struct IdShift {
-  std::int32_t lo = 0, hi = 0, delta = 0;
-};
-struct IdMap {
-  std::array<IdShift, 2> ops{}, tensors{};
-  OpId op(OpId x) const { return apply(ops, x); }
-  TensorId tensor(TensorId x) const { return apply(tensors, x); }
-  TensorSet operator()(TensorSet t) const { return {t.valid() ? tensor(t.base) : kNone}; }
-  OpSet operator()(OpSet o) const { return {o.valid() ? op(o.base) : kNone}; }
-
- private:
-  static std::int32_t apply(const std::array<IdShift, 2>& shifts, std::int32_t x) {
-    for (const IdShift& s : shifts) {
-      if (x >= s.lo && x < s.hi) {
-        return x + s.delta;
-      }
-    }
-    return x;
-  }
-};
-
-/// A name of a segment that its repeat numbers one higher or lower ("ckpt7.host" → "ckpt8.host"):
-/// the number sits between `prefix` and `suffix` characters of the name.
-struct NameStep {
-  bool tensor = false;
-  std::int32_t index = 0;  ///< op or tensor within the segment
-  std::int32_t prefix = 0, suffix = 0, step = 0;
 };
 
 class Builder {
@@ -184,27 +149,18 @@ class Builder {
                    const CostModel& cost,
                    std::int64_t size_bytes,
                    std::int64_t calls = 1);
-  // ---- repeated segments (layers) ----
+  // ---- segments (layer templates, layer_template.hpp) ----
   Mark mark() const;
-  /// Whether segment [b0, b1) is segment [a0, a1) with ids mapped by `map`: every op (its layer
-  /// moved by `layer_step`), edge, collective and tensor the same, names equal or numbered one
-  /// apart (those are appended to `names`). Tensors' consumer counts are not compared (later ops
-  /// add to them).
-  bool repeats(const Mark& a0,
-               const Mark& a1,
-               const Mark& b0,
-               const Mark& b1,
-               const IdMap& map,
-               std::int32_t layer_step,
-               std::vector<NameStep>& names) const;
-  /// Appends segment [a0, a1) again with ids mapped by `map`, its ops' layers moved by
-  /// `layer_step` and the names of `names` renumbered: what emitting its ops and tensors again
-  /// would append (producers set and consumers counted the same way).
-  void repeat(const Mark& a0,
-              const Mark& a1,
-              const IdMap& map,
-              std::int32_t layer_step,
-              const std::vector<NameStep>& names);
+  /// Removes everything appended since `m` (ops, tensors, edges, collectives; interned names and
+  /// groups stay). Only for a segment that nothing before `m` refers to: a template's recording.
+  void truncate(const Mark& m);
+  /// While recording a template: a dependency on an op in [lo, hi) (a port tensor's producer) is
+  /// kept even on the same rank and stream, for the instance to decide with the bound producer.
+  /// kNone, kNone: none (the default).
+  void set_port_ops(OpId lo, OpId hi) {
+    port_ops_lo_ = lo;
+    port_ops_hi_ = hi;
+  }
 
   int ranks() const { return ranks_; }
   int simulated_ranks() const { return sim_ranks_; }
@@ -252,6 +208,7 @@ class Builder {
   static constexpr std::size_t kDepsScanned = 16;
   /// dep_mark_[d] == op while op's dependency list holds d (de-duplication in O(1)).
   std::vector<OpId> dep_mark_;
+  OpId port_ops_lo_ = kNone, port_ops_hi_ = kNone;  ///< set_port_ops
   std::vector<std::pair<std::string, std::vector<std::int32_t>>> series_;
   std::unordered_map<std::string, std::int32_t> series_index_;  ///< key -> index into series_
   /// The last collective costs asked for (a layer repeats the same few sizes).

@@ -16,63 +16,6 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;
 }
 
-/// Calls on_tensor(TensorSet&) and on_op(OpSet&) on every tensor and op `s` holds, in a fixed
-/// order; on_size(size) before each per-stage or per-chunk list.
-template <class Layer, class OnTensor, class OnOp, class OnSize>
-void visit(Layer& s, const OnTensor& on_tensor, const OnOp& on_op, const OnSize& on_size) {
-  for (auto* t : {&s.x, &s.xn, &s.norm1_saved, &s.norm2_saved, &s.qk_norm_saved, &s.q_local,
-                  &s.kv_local, &s.q_h, &s.kv_h, &s.o_h, &s.lse, &s.o, &s.final_out, &s.h1, &s.h1n,
-                  &s.gate_up, &s.act, &s.mlp_silu, &s.out}) {
-    on_tensor(*t);
-  }
-  for (auto* v : {&s.lses, &s.chunk_q, &s.chunk_kv, &s.chunk_o, &s.chunk_lse}) {
-    on_size(v->size());
-    for (auto& t : *v) {
-      on_tensor(t);
-    }
-  }
-  for (auto* o : {&s.attn_ready, &s.first_op, &s.last_op}) {
-    on_op(*o);
-  }
-}
-
-/// `s` with every tensor and op it names mapped.
-SavedLayer mapped(const IdMap& map, SavedLayer s) {
-  visit(
-      s, [&](TensorSet& t) { t = map(t); }, [&](OpSet& o) { o = map(o); }, [](std::size_t) {});
-  return s;
-}
-
-/// Every id `s` holds, in a fixed order (list sizes included).
-std::vector<std::int32_t> refs(const SavedLayer& s) {
-  std::vector<std::int32_t> out;
-  visit(
-      s, [&](const TensorSet& t) { out.push_back(t.base); },
-      [&](const OpSet& o) { out.push_back(o.base); },
-      [&](std::size_t n) { out.push_back(static_cast<std::int32_t>(n)); });
-  return out;
-}
-
-/// Ids of ops and tensors in [lo, hi) move by `delta`.
-IdMap shifting(const Mark& lo, const Mark& hi, const Mark& delta) {
-  IdMap m;
-  m.ops[0] = {lo.ops, hi.ops, delta.ops};
-  m.tensors[0] = {lo.tensors, hi.tensors, delta.tensors};
-  return m;
-}
-
-/// The map one block further: its first `regions` ranges move by `block`.
-IdMap advanced(IdMap m, const Mark& block, int regions = 2) {
-  for (int i = 0; i < regions; ++i) {
-    const auto k = static_cast<std::size_t>(i);
-    m.ops[k].lo += block.ops;
-    m.ops[k].hi += block.ops;
-    m.tensors[k].lo += block.tensors;
-    m.tensors[k].hi += block.tensors;
-  }
-  return m;
-}
-
 }  // namespace
 
 StepBuilder::StepBuilder(const ScheduleInputs& in,
@@ -385,305 +328,264 @@ TensorSet StepBuilder::layer_backward(
   return dx;
 }
 
+// ---- the step ---------------------------------------------------------------------------------
+
 void StepBuilder::build() {
-  const std::int64_t h = m_.hidden;
-  const int layers = static_cast<int>(m_.layers);
-  const std::int64_t act_bytes = s_ * h * ab_;
-  const models::CheckpointMode ac = r_.checkpointing;
-  const bool full_ac = ac == models::CheckpointMode::kFull;
-  const bool offload = full_ac && r_.checkpoint_offload;
-  const int zero = r_.zero_stage;
-  const bool gather = zero == 3;
-  const std::int64_t p_layer = params_.per_layer;
-  const std::int64_t p_embed = params_.embedding;
-  const std::int64_t p_head =
-      (params_.lm_head > 0 ? params_.lm_head : params_.embedding) + params_.final_norm;
-  const int gpus = in_.parallel.gpus;
-
-  const std::int64_t total = params_.total;
-  const std::int64_t shard = ceil_div(total, gpus);
-  const std::int64_t p = r_.param_bytes;
-  const bool opt_off = r_.optimizer_offload;
-  const ModelStates ms = model_states(in_);
-  const std::int64_t states = ms.gpu_bytes;
-  const std::int64_t host_states = ms.host_bytes;
-  for (auto& sm : w_.static_memory) {
-    sm.model_states_bytes = states;
-    sm.fixed_overhead_bytes = in_.hardware.fixed_overhead_bytes();
-  }
-
-  // Per-block buffers: gathered parameters (ZeRO-3) and unsharded gradients (ZeRO ≥ 2).
-  auto param_buffer = [&](const std::string& name, std::int64_t params) {
-    return gather ? b_.tensor(name, params * p, MemCategory::kParamGather) : TensorSet{};
-  };
-  auto grad_buffer = [&](const std::string& name, std::int64_t params) {
-    return zero >= 2 ? b_.tensor(name, params * p, MemCategory::kParamGather) : TensorSet{};
-  };
-  auto gather_into = [&](const std::string& name, std::int64_t params, TensorSet out,
-                         ListRef<OpSet> deps) {
-    return gather ? gather_params(name, params, out, deps) : OpSet{};
-  };
-
-  // ---- Forward -------------------------------------------------------------------------------
+  set_static_memory();
   b_.set_phase(Phase::kForward);
   b_.set_layer(-1);
-  TensorSet host_optimizer;
-  if (host_states > 0) {
-    host_optimizer =
-        b_.tensor("optimizer_states.host", host_states, MemCategory::kModelStates, true);
-    compute("pin_optimizer_states", OpKind::kElementwise, {0.0, 0.0}, {}, {host_optimizer});
-  }
-  TensorSet emb_w = param_buffer("embedding.params", p_embed);
-  OpSet ag_emb = gather_into("allgather.embedding", p_embed, emb_w, {});
-  TensorSet x = b_.tensor("x0", act_bytes, MemCategory::kActivations);
-  compute("embedding", OpKind::kElementwise, mem(2 * act_bytes), {emb_w}, {x});
+  const TensorSet host_optimizer = pin_host_optimizer_states();
+  TensorSet x = embedding_forward();
+  x = forward_layers(x);
+  const LossEnd loss = loss_forward_backward(x);
+  const TensorSet dy = backward_layers(loss.dy, loss.last_op);
+  b_.set_layer(-1);
+  const OpSet last_reduce = embedding_backward(dy);
+  optimizer(last_reduce, host_optimizer);
+  add_notes();
+}
 
-  const auto n_layers = static_cast<std::size_t>(layers);
-  std::vector<TensorSet> layer_params(n_layers);
-  std::vector<TensorSet> checkpoints(n_layers);  // on GPU
-  std::vector<TensorSet> host_copies(n_layers);  // pinned host
-  std::vector<SavedLayer> saved(n_layers);
-  auto gather_layer = [&](int l, ListRef<OpSet> deps) {
-    if (!gather) {
-      return;  // no per-block parameter buffer
-    }
-    const auto li = static_cast<std::size_t>(l);
-    layer_params[li] = param_buffer(fmt::format("layer{}.params", l), p_layer);
-    gather_into(fmt::format("allgather.layer{}", l), p_layer, layer_params[li], deps);
-  };
+void StepBuilder::set_static_memory() {
+  const ModelStates ms = model_states(in_);
+  for (auto& sm : w_.static_memory) {
+    sm.model_states_bytes = ms.gpu_bytes;
+    sm.fixed_overhead_bytes = in_.hardware.fixed_overhead_bytes();
+  }
+  const auto layers = static_cast<std::size_t>(m_.layers);
+  layer_params_.assign(layers, {});
+  checkpoints_.assign(layers, {});
+  host_copies_.assign(layers, {});
+  saved_.assign(repeat_layers_ ? 0 : layers, {});
+  body_at_.assign(repeat_layers_ ? layers : 0, {});
+}
+
+TensorSet StepBuilder::pin_host_optimizer_states() {
+  const std::int64_t host_states = model_states(in_).host_bytes;
+  if (host_states <= 0) {
+    return {};
+  }
+  TensorSet host_optimizer =
+      b_.tensor("optimizer_states.host", host_states, MemCategory::kModelStates, true);
+  compute("pin_optimizer_states", OpKind::kElementwise, {0.0, 0.0}, {}, {host_optimizer});
+  return host_optimizer;
+}
+
+std::int64_t StepBuilder::act_bytes() const {
+  return s_ * m_.hidden * ab_;
+}
+
+TensorSet StepBuilder::param_buffer(const std::string& name, std::int64_t params) {
+  return r_.zero_stage == 3 ? b_.tensor(name, params * r_.param_bytes, MemCategory::kParamGather)
+                            : TensorSet{};
+}
+
+TensorSet StepBuilder::grad_buffer(const std::string& name, std::int64_t params) {
+  return r_.zero_stage >= 2 ? b_.tensor(name, params * r_.param_bytes, MemCategory::kParamGather)
+                            : TensorSet{};
+}
+
+OpSet StepBuilder::gather_into(const std::string& name,
+                               std::int64_t params,
+                               TensorSet out,
+                               ListRef<OpSet> deps) {
+  return r_.zero_stage == 3 ? gather_params(name, params, out, deps) : OpSet{};
+}
+
+void StepBuilder::gather_layer(int l, ListRef<OpSet> deps) {
+  if (r_.zero_stage != 3) {
+    return;  // no per-block parameter buffer
+  }
+  TensorSet& params = layer_params_[static_cast<std::size_t>(l)];
+  params = param_buffer(fmt::format("layer{}.params", l), params_.per_layer);
+  gather_into(fmt::format("allgather.layer{}", l), params_.per_layer, params, deps);
+}
+
+void StepBuilder::prefetch_layer(int l, OpSet after) {
+  const auto li = static_cast<std::size_t>(l);
+  gather_layer(l, {after});
+  if (host_copies_[li].valid()) {
+    checkpoints_[li] = b_.tensor(fmt::format("ckpt{}", l), act_bytes(), MemCategory::kActivations);
+    host_copy(fmt::format("prefetch_ckpt{}", l), true, act_bytes(), host_copies_[li],
+              checkpoints_[li], {after});
+  }
+}
+
+TensorSet StepBuilder::embedding_forward() {
+  TensorSet emb_w = param_buffer("embedding.params", params_.embedding);
+  OpSet ag_emb = gather_into("allgather.embedding", params_.embedding, emb_w, {});
+  TensorSet x = b_.tensor("x0", act_bytes(), MemCategory::kActivations);
+  compute("embedding", OpKind::kElementwise, mem(2 * act_bytes()), {emb_w}, {x});
   gather_layer(0, {ag_emb});
-  // Blocks alike are repeated, not rebuilt (Builder::repeat): in the forward, block 3 is checked
-  // to be block 2 mapped one block on, then blocks 4..L−2 repeat the block before. Blocks 0, 1 and
-  // L−1 are built (checkpoints kept on the GPU, no prefetch after the last).
-  std::vector<Mark> fwd(n_layers + 1);
-  IdMap fwd_map;  // block l−1 → block l while repeating
-  std::vector<NameStep> fwd_names;
-  bool fwd_repeat = false;
+  return x;
+}
+
+TensorSet StepBuilder::forward_layers(TensorSet x) {
+  const int layers = static_cast<int>(m_.layers);
+  const bool full_ac = r_.checkpointing == models::CheckpointMode::kFull;
+  const bool offload = full_ac && r_.checkpoint_offload;
   for (int l = 0; l < layers; ++l) {
     b_.set_layer(l);
     const auto li = static_cast<std::size_t>(l);
-    fwd[li] = b_.mark();
-    checkpoints[li] = x;
-    if (fwd_repeat && l + 1 < layers) {
-      b_.repeat(fwd[li - 1], fwd[li], fwd_map, 1, fwd_names);
-      host_copies[li] = fwd_map(host_copies[li - 1]);
-      layer_params[li + 1] = fwd_map(layer_params[li]);
-      saved[li] = mapped(fwd_map, saved[li - 1]);
-      x = fwd_map(x);
-      fwd_map = advanced(fwd_map, fwd[li] - fwd[li - 1]);
-      continue;
-    }
+    checkpoints_[li] = x;
     const bool keep_on_gpu =
         !offload || (r_.offload_keep_first_last && (l == 0 || l == layers - 1));
     if (full_ac && !keep_on_gpu) {
-      host_copies[li] =
-          b_.tensor(fmt::format("ckpt{}.host", l), act_bytes, MemCategory::kActivations, true);
-      host_copy(fmt::format("offload_ckpt{}", l), false, act_bytes, x, host_copies[li]);
+      host_copies_[li] =
+          b_.tensor(fmt::format("ckpt{}.host", l), act_bytes(), MemCategory::kActivations, true);
+      host_copy(fmt::format("offload_ckpt{}", l), false, act_bytes(), x, host_copies_[li]);
     }
-    SavedLayer sv = layer_forward(x, layer_params[li], /*grad=*/!full_ac);
+    const LayerEnds block = forward_layer(l, x, layer_params_[li]);
     if (l + 1 < layers) {
       // Prefetch: the next block's gather is issued when this block starts.
-      gather_layer(l + 1, {sv.first_op});
+      gather_layer(l + 1, {block.first_op});
     }
-    x = sv.out;
-    if (ac == models::CheckpointMode::kSelective) {
-      // The attention core is not saved: backward re-runs it from the local Q and K/V.
-      sv.q_h = {};
-      sv.kv_h = {};
-      sv.o_h = {};
-      sv.lse = {};
-    }
-    if (!full_ac) {
-      saved[li] = std::move(sv);
-    }
-    if (repeat_layers_ && l == 3 && layers >= 6) {
-      // Block 3 against block 2: ids inside blocks 1..3 move by one block.
-      const Mark end = b_.mark();
-      const IdMap check = shifting(fwd[1], fwd[3], fwd[3] - fwd[2]);
-      fwd_repeat = b_.repeats(fwd[2], fwd[3], fwd[3], end, check, 1, fwd_names) &&
-                   host_copies[3] == check(host_copies[2]) &&
-                   layer_params[4] == check(layer_params[3]) &&
-                   refs(saved[3]) == refs(mapped(check, saved[2])) && x == check(checkpoints[3]);
-      fwd_map = advanced(check, fwd[3] - fwd[2]);
-    }
+    x = block.out;
   }
+  return x;
+}
 
-  // ---- Loss ----------------------------------------------------------------------------------
+StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x) {
   b_.set_layer(-1);
-  const std::int64_t v = m_.vocab;
+  const std::int64_t h = m_.hidden;
+  const std::int64_t act = act_bytes();
+  const std::int64_t p_head =
+      (params_.lm_head > 0 ? params_.lm_head : params_.embedding) + params_.final_norm;
   TensorSet head_w = param_buffer("head.params", p_head);
   gather_into("allgather.head", p_head, head_w, {});
-  TensorSet xf = b_.tensor("x_final", act_bytes, MemCategory::kActivations);
+  TensorSet xf = b_.tensor("x_final", act, MemCategory::kActivations);
   std::vector<TensorSet> final_norm_out = {xf};
   TensorSet final_norm_saved;
   if (const std::int64_t kept = norm_saved_bytes(s_, h); kept > 0) {
     final_norm_saved = b_.tensor("final_norm_saved", kept, MemCategory::kActivations);
     final_norm_out.push_back(final_norm_saved);
   }
-  compute("final_norm", OpKind::kElementwise, mem(2 * act_bytes), {x}, final_norm_out, {},
+  compute("final_norm", OpKind::kElementwise, mem(2 * act), {x}, final_norm_out, {},
           norm_workspace());
-  TensorSet dxf = b_.tensor("dx_final", act_bytes, MemCategory::kOther);
+  TensorSet dxf = b_.tensor("dx_final", act, MemCategory::kOther);
   TensorSet head_grads = grad_buffer("head.grads", p_head);
   if (r_.fused_loss) {
-    // Fused linear cross-entropy (Liger): chunks of c tokens with c ≈ s·h/V (next power of two),
-    // logits of one chunk [c, V] live at a time; gradients of the input and the head weight are
-    // computed in the forward: 3 GEMMs of s×V×h in total.
-    std::int64_t chunk = 1;
-    while (chunk < ceil_div(s_, ceil_div(v, h))) {
-      chunk *= 2;
-    }
-    chunk = std::min(chunk, s_);
-    const KernelCost k = plus(times(gemm(s_, v, h), 3.0), mem(2 * s_ * v * ab_));
-    compute("fused_linear_ce", OpKind::kLoss, k, {xf, head_w}, {dxf, head_grads}, {},
-            chunk * v * ab_);
+    fused_loss(xf, head_w, dxf, head_grads);
   } else {
-    // Hugging Face's loss on materialised logits (ForCausalLMLoss: logits.float(), then
-    // F.cross_entropy = log_softmax + nll_loss), tensor by tensor as PyTorch's autograd holds them,
-    // with n = s·V logits:
-    //   forward:  logits bf16 (2n B); the fp32 upcast (4n) lives while log_softmax writes its fp32
-    //             output (4n, saved for backward); the upcast is dropped when the loss returns and
-    //             the bf16 logits with the model's output (ToCopyBackward saves no tensor):
-    //             5 logit-sized bf16 units at the forward peak.
-    //   backward: nll_loss_backward writes a zero-filled fp32 gradient (4n); log_softmax_backward
-    //             reads it and the saved output and writes the fp32 input gradient (4n): 12n bytes
-    //             at the backward peak; then both are dropped and ToCopyBackward writes the bf16
-    //             gradient (2n) that the head's two GEMMs read.
-    // Memory traffic per logit: forward 2+4 (upcast) and 4+4+4 (log_softmax: max/sum pass and
-    // write); backward 4 (zero fill), 4+4+4 (log_softmax_backward), 4+2 (downcast).
-    const std::int64_t n = s_ * v;
-    TensorSet logits = b_.tensor("logits", n * ab_, MemCategory::kActivations);
-    compute("lm_head", OpKind::kGemm, gemm(s_, v, h), {xf, head_w}, {logits});
-    TensorSet log_probs = b_.tensor("log_softmax_out", n * kFp32Bytes, MemCategory::kActivations);
-    compute("cross_entropy", OpKind::kLoss, mem(n * (ab_ + 3 * kFp32Bytes)), {logits}, {log_probs},
-            {}, n * kFp32Bytes);
-    b_.set_phase(Phase::kBackward);
-    TensorSet dlog_probs = b_.tensor("dlog_softmax_out", n * kFp32Bytes, MemCategory::kOther);
-    compute("nll_loss_bwd", OpKind::kLoss, mem(n * kFp32Bytes), {}, {dlog_probs});
-    TensorSet dlogits_fp32 = b_.tensor("dlogits_fp32", n * kFp32Bytes, MemCategory::kOther);
-    compute("log_softmax_bwd", OpKind::kLoss, mem(3 * n * kFp32Bytes), {dlog_probs, log_probs},
-            {dlogits_fp32});
-    TensorSet dlogits = b_.tensor("dlogits", n * ab_, MemCategory::kOther);
-    compute("upcast_bwd", OpKind::kElementwise, mem(n * (kFp32Bytes + ab_)), {dlogits_fp32},
-            {dlogits});
-    compute("lm_head_bwd", OpKind::kGemm, times(gemm(s_, v, h), 2.0), {dlogits, xf, head_w},
-            {dxf, head_grads});
+    materialised_loss(xf, head_w, dxf, head_grads);
   }
-  OpSet last_reduce = reduce_grads("reduce.head", p_head, head_grads, {});
-  TensorSet dy = b_.tensor("dy", act_bytes, MemCategory::kOther);
+  reduce_grads("reduce.head", p_head, head_grads, {});
+  TensorSet dy = b_.tensor("dy", act, MemCategory::kOther);
   std::vector<TensorSet> final_norm_in = {dxf, x};
   if (final_norm_saved.valid()) {
     final_norm_in.push_back(final_norm_saved);
   }
-  OpSet fn_bwd = compute("final_norm_bwd", OpKind::kElementwise, mem(3 * act_bytes),
+  OpSet fn_bwd = compute("final_norm_bwd", OpKind::kElementwise, mem(3 * act),
                          std::move(final_norm_in), {dy}, {}, norm_workspace());
+  return {dy, fn_bwd};
+}
 
-  // ---- Backward ------------------------------------------------------------------------------
+void StepBuilder::fused_loss(TensorSet xf, TensorSet head_w, TensorSet dxf, TensorSet head_grads) {
+  // Fused linear cross-entropy (Liger): chunks of c tokens with c ≈ s·h/V (next power of two),
+  // logits of one chunk [c, V] live at a time; gradients of the input and the head weight are
+  // computed in the forward: 3 GEMMs of s×V×h in total.
+  const std::int64_t h = m_.hidden, v = m_.vocab;
+  std::int64_t chunk = 1;
+  while (chunk < ceil_div(s_, ceil_div(v, h))) {
+    chunk *= 2;
+  }
+  chunk = std::min(chunk, s_);
+  const KernelCost k = plus(times(gemm(s_, v, h), 3.0), mem(2 * s_ * v * ab_));
+  compute("fused_linear_ce", OpKind::kLoss, k, {xf, head_w}, {dxf, head_grads}, {},
+          chunk * v * ab_);
+}
+
+void StepBuilder::materialised_loss(TensorSet xf,
+                                    TensorSet head_w,
+                                    TensorSet dxf,
+                                    TensorSet head_grads) {
+  // Hugging Face's loss on materialised logits (ForCausalLMLoss: logits.float(), then
+  // F.cross_entropy = log_softmax + nll_loss), tensor by tensor as PyTorch's autograd holds them,
+  // with n = s·V logits:
+  //   forward:  logits bf16 (2n B); the fp32 upcast (4n) lives while log_softmax writes its fp32
+  //             output (4n, saved for backward); the upcast is dropped when the loss returns and
+  //             the bf16 logits with the model's output (ToCopyBackward saves no tensor):
+  //             5 logit-sized bf16 units at the forward peak.
+  //   backward: nll_loss_backward writes a zero-filled fp32 gradient (4n); log_softmax_backward
+  //             reads it and the saved output and writes the fp32 input gradient (4n): 12n bytes
+  //             at the backward peak; then both are dropped and ToCopyBackward writes the bf16
+  //             gradient (2n) that the head's two GEMMs read.
+  // Memory traffic per logit: forward 2+4 (upcast) and 4+4+4 (log_softmax: max/sum pass and
+  // write); backward 4 (zero fill), 4+4+4 (log_softmax_backward), 4+2 (downcast).
+  const std::int64_t h = m_.hidden, v = m_.vocab;
+  const std::int64_t n = s_ * v;
+  TensorSet logits = b_.tensor("logits", n * ab_, MemCategory::kActivations);
+  compute("lm_head", OpKind::kGemm, gemm(s_, v, h), {xf, head_w}, {logits});
+  TensorSet log_probs = b_.tensor("log_softmax_out", n * kFp32Bytes, MemCategory::kActivations);
+  compute("cross_entropy", OpKind::kLoss, mem(n * (ab_ + 3 * kFp32Bytes)), {logits}, {log_probs},
+          {}, n * kFp32Bytes);
   b_.set_phase(Phase::kBackward);
-  auto prefetch = [&](int l, OpSet after) {
-    const auto li = static_cast<std::size_t>(l);
-    gather_layer(l, {after});
-    if (host_copies[li].valid()) {
-      checkpoints[li] = b_.tensor(fmt::format("ckpt{}", l), act_bytes, MemCategory::kActivations);
-      host_copy(fmt::format("prefetch_ckpt{}", l), true, act_bytes, host_copies[li],
-                checkpoints[li], {after});
-    }
-  };
+  TensorSet dlog_probs = b_.tensor("dlog_softmax_out", n * kFp32Bytes, MemCategory::kOther);
+  compute("nll_loss_bwd", OpKind::kLoss, mem(n * kFp32Bytes), {}, {dlog_probs});
+  TensorSet dlogits_fp32 = b_.tensor("dlogits_fp32", n * kFp32Bytes, MemCategory::kOther);
+  compute("log_softmax_bwd", OpKind::kLoss, mem(3 * n * kFp32Bytes), {dlog_probs, log_probs},
+          {dlogits_fp32});
+  TensorSet dlogits = b_.tensor("dlogits", n * ab_, MemCategory::kOther);
+  compute("upcast_bwd", OpKind::kElementwise, mem(n * (kFp32Bytes + ab_)), {dlogits_fp32},
+          {dlogits});
+  compute("lm_head_bwd", OpKind::kGemm, times(gemm(s_, v, h), 2.0), {dlogits, xf, head_w},
+          {dxf, head_grads});
+}
+
+TensorSet StepBuilder::backward_layers(TensorSet dy, OpSet after_loss) {
+  const int layers = static_cast<int>(m_.layers);
+  const bool full_ac = r_.checkpointing == models::CheckpointMode::kFull;
+  b_.set_phase(Phase::kBackward);
   b_.set_layer(layers - 1);
-  prefetch(layers - 1, fn_bwd);
-  // Likewise backward, once the forward repeated: block L−4 is checked to be block L−3 mapped one
-  // block down (ids of backward blocks move by one block's worth, ids of forward blocks 2..L−2
-  // back by one forward block), then blocks L−5..3 repeat the block after; 2, 1, 0 are built.
-  std::vector<Mark> bwd(n_layers + 1);  // where the backward of block l starts
-  IdMap bwd_map;
-  std::vector<NameStep> bwd_names;
-  bool bwd_repeat = false;
-  // What a block's backward leaves to the next: the gradient, the last reduce, and the prefetched
-  // parameters and checkpoint of the block below.
-  auto state = [&](int l) {
-    const auto below = static_cast<std::size_t>(std::max(l - 1, 0));
-    return std::vector<std::int32_t>{dy.base, last_reduce.base, layer_params[below].base,
-                                     checkpoints[below].base};
-  };
-  std::vector<std::int32_t> state_before;
+  prefetch_layer(layers - 1, after_loss);
   for (int l = layers - 1; l >= 0; --l) {
     b_.set_layer(l);
     const auto li = static_cast<std::size_t>(l);
-    bwd[li] = b_.mark();
-    if (bwd_repeat && l >= 3) {
-      b_.repeat(bwd[li + 1], bwd[li], bwd_map, -1, bwd_names);
-      if (gather) {
-        layer_params[li - 1] = bwd_map(layer_params[li]);
-      }
-      if (host_copies[li - 1].valid()) {
-        checkpoints[li - 1] = bwd_map(checkpoints[li]);
-      }
-      dy = bwd_map(dy);
-      last_reduce = bwd_map(last_reduce);
-      bwd_map = advanced(bwd_map, bwd[li] - bwd[li + 1], /*regions=*/1);
-      continue;
-    }
-    SavedLayer sv;
-    if (full_ac) {
-      b_.set_phase(Phase::kRecompute);
-      sv = layer_forward(checkpoints[li], layer_params[li], /*grad=*/true);
-      b_.set_phase(Phase::kBackward);
-    } else {
-      sv = std::move(saved[li]);
-    }
+    // With full checkpointing the block is recomputed first and the prefetch of the block below
+    // waits for the recomputation to start; otherwise it is issued at once.
+    const OpSet recomputed =
+        full_ac ? recompute_layer(l, checkpoints_[li], layer_params_[li]) : OpSet{};
     if (l > 0) {
-      prefetch(l - 1, full_ac ? sv.first_op : OpSet{});
+      prefetch_layer(l - 1, recomputed);
     }
-    TensorSet grads =
-        zero >= 2 ? grad_buffer(fmt::format("layer{}.grads", l), p_layer) : TensorSet{};
-    dy = layer_backward(sv, dy, layer_params[li], grads, full_ac && r_.checkpoint_reentrant);
-    last_reduce = reduce_grads(fmt::format("reduce.layer{}", l), p_layer, grads, {});
-    if (fwd_repeat && layers >= 9 && l == layers - 3) {
-      state_before = state(l);
-    }
-    if (fwd_repeat && layers >= 9 && l == layers - 4) {
-      const Mark end = b_.mark();
-      const Mark block = fwd[3] - fwd[2];
-      IdMap check = shifting(bwd[li + 2], bwd[li], end - bwd[li]);
-      check.ops[1] = {fwd[2].ops, fwd[n_layers - 1].ops, -block.ops};
-      check.tensors[1] = {fwd[2].tensors, fwd[n_layers - 1].tensors, -block.tensors};
-      std::vector<std::int32_t> expected = state_before;
-      expected[0] = check(TensorSet{expected[0]}).base;
-      expected[1] = check(OpSet{expected[1]}).base;
-      expected[2] = check(TensorSet{expected[2]}).base;
-      expected[3] = check(TensorSet{expected[3]}).base;
-      bwd_repeat = b_.repeats(bwd[li + 1], bwd[li], bwd[li], end, check, -1, bwd_names) &&
-                   state(l) == expected;
-      bwd_map = advanced(check, end - bwd[li], /*regions=*/1);
-    }
+    TensorSet grads = grad_buffer(fmt::format("layer{}.grads", l), params_.per_layer);
+    dy = backward_layer(l, checkpoints_[li], dy, layer_params_[li], grads);
+    reduce_grads(fmt::format("reduce.layer{}", l), params_.per_layer, grads, {});
   }
-  b_.set_layer(-1);
-  TensorSet emb_grads = grad_buffer("embedding.grads", p_embed);
-  compute("embedding_bwd", OpKind::kElementwise, mem(2 * act_bytes), {dy}, {emb_grads});
-  last_reduce = reduce_grads("reduce.embedding", p_embed, emb_grads, {});
+  return dy;
+}
 
-  // ---- Optimizer -----------------------------------------------------------------------------
+OpSet StepBuilder::embedding_backward(TensorSet dy) {
+  TensorSet emb_grads = grad_buffer("embedding.grads", params_.embedding);
+  compute("embedding_bwd", OpKind::kElementwise, mem(2 * act_bytes()), {dy}, {emb_grads});
+  return reduce_grads("reduce.embedding", params_.embedding, emb_grads, {});
+}
+
+void StepBuilder::optimizer(OpSet last_reduce, TensorSet host_optimizer) {
   b_.set_phase(Phase::kOptimizer);
-  const std::int64_t updated = zero == 0 ? total : shard;
-  if (!opt_off) {
+  const std::int64_t updated =
+      r_.zero_stage == 0 ? params_.total : ceil_div(params_.total, in_.parallel.gpus);
+  if (!r_.optimizer_offload) {
     // AdamW on the GPU: reads param, grad, m, v (fp32) and writes param, m, v: 28 bytes/param.
     compute("adamw", OpKind::kOptimizer, mem(updated * 28), {}, {}, {last_reduce});
-  } else {
-    // Offloaded: gradients to host (fp32), CPU Adam at the node's rate shared by its GPUs,
-    // updated compute-dtype parameters back to the GPU.
-    TensorSet grads_host = b_.tensor("grads.host_copy", 0, MemCategory::kOther, true);
-    OpSet d2h = host_copy("grads_to_host", false, updated * kFp32Bytes, TensorSet{}, grads_host,
-                          {last_reduce});
-    const double rate =
-        in_.hardware.cpu_adam_params_per_s / static_cast<double>(in_.parallel.gpus_per_node);
-    OpSet cpu =
-        compute("cpu_adam (host)", OpKind::kOptimizer, {static_cast<double>(updated) / rate, 0.0},
-                {grads_host, host_optimizer}, {}, {d2h});
-    TensorSet params_back = b_.tensor("params.from_host", 0, MemCategory::kOther);
-    host_copy("params_to_device", true, updated * p, TensorSet{}, params_back, {cpu});
-    w_.notes.push_back("CPU Adam throughput is an assumption of the profile (no published figure)");
+    return;
   }
+  // Offloaded: gradients to host (fp32), CPU Adam at the node's rate shared by its GPUs,
+  // updated compute-dtype parameters back to the GPU.
+  TensorSet grads_host = b_.tensor("grads.host_copy", 0, MemCategory::kOther, true);
+  OpSet d2h = host_copy("grads_to_host", false, updated * kFp32Bytes, TensorSet{}, grads_host,
+                        {last_reduce});
+  const double rate =
+      in_.hardware.cpu_adam_params_per_s / static_cast<double>(in_.parallel.gpus_per_node);
+  OpSet cpu =
+      compute("cpu_adam (host)", OpKind::kOptimizer, {static_cast<double>(updated) / rate, 0.0},
+              {grads_host, host_optimizer}, {}, {d2h});
+  TensorSet params_back = b_.tensor("params.from_host", 0, MemCategory::kOther);
+  host_copy("params_to_device", true, updated * r_.param_bytes, TensorSet{}, params_back, {cpu});
+  w_.notes.push_back("CPU Adam throughput is an assumption of the profile (no published figure)");
+}
 
-  if (gather) {
+void StepBuilder::add_notes() {
+  if (r_.zero_stage == 3) {
     w_.notes.push_back("unsharded gradients of a block are allocated when its backward starts");
     w_.notes.push_back("FSDP all-gather and reduce-scatter share one stream (FSDP2 uses two)");
   }

@@ -11,6 +11,7 @@
 #include "cpsim/sim/schedule.hpp"
 
 #include "builder.hpp"
+#include "layer_template.hpp"
 
 namespace cpsim::sim::detail {
 
@@ -69,6 +70,7 @@ class StepBuilder {
  public:
   /// `merge_ring_steps`: see BuildOptions (representative rank only: its middle steps are equal).
   /// `layout`: derive_head_layout(in), derived once by build_step.
+  /// `repeat_layers`: blocks are instances of templates (step_layers.cpp), else built one by one.
   StepBuilder(const ScheduleInputs& in,
               const HeadLayout& layout,
               Workload& w,
@@ -134,6 +136,64 @@ class StepBuilder {
                      std::int64_t params,
                      TensorSet grads,
                      ListRef<OpSet> deps);
+
+  // ---- the step (step_builder.cpp): embedding, blocks forward, loss, blocks backward, optimizer
+  void set_static_memory();
+  TensorSet pin_host_optimizer_states();
+  std::int64_t act_bytes() const;  ///< one [s, h] activation
+  /// Gathered parameters (ZeRO-3) and unsharded gradients (ZeRO ≥ 2); none otherwise.
+  TensorSet param_buffer(const std::string& name, std::int64_t params);
+  TensorSet grad_buffer(const std::string& name, std::int64_t params);
+  OpSet gather_into(const std::string& name,
+                    std::int64_t params,
+                    TensorSet out,
+                    ListRef<OpSet> deps);
+  /// Block l's parameters gathered into layer_params_[l] (ZeRO-3).
+  void gather_layer(int l, ListRef<OpSet> deps);
+  /// Before block l's backward: its parameters and its offloaded checkpoint, issued after `after`.
+  void prefetch_layer(int l, OpSet after);
+  /// Embedding forward (and block 0's gather); returns its output.
+  TensorSet embedding_forward();
+  /// Blocks 0..L−1 forward from `x`; returns the last block's output.
+  TensorSet forward_layers(TensorSet x);
+  struct LossEnd {
+    TensorSet dy;   ///< gradient of the last block's output
+    OpSet last_op;  ///< the final norm's backward
+  };
+  LossEnd loss_forward_backward(TensorSet x);
+  void fused_loss(TensorSet xf, TensorSet head_w, TensorSet dxf, TensorSet head_grads);
+  void materialised_loss(TensorSet xf, TensorSet head_w, TensorSet dxf, TensorSet head_grads);
+  /// Blocks L−1..0 backward from `dy` (after `after_loss`); returns the embedding's gradient.
+  TensorSet backward_layers(TensorSet dy, OpSet after_loss);
+  OpSet embedding_backward(TensorSet dy);
+  void optimizer(OpSet last_reduce, TensorSet host_optimizer);
+  void add_notes();
+
+  // ---- blocks (step_layers.cpp): built, or instances of a template ----
+  struct LayerEnds {
+    TensorSet out;  ///< block output
+    OpSet first_op;
+  };
+  /// A recorded block body: its template and, in the template's ids, what the step reads of it.
+  struct LayerBody {
+    LayerTemplate tmpl;
+    TensorSet out;
+    OpSet first_op;
+  };
+  LayerEnds forward_layer(int l, TensorSet x, TensorSet params);
+  /// Full checkpointing: block l recomputed from its checkpoint `x`; returns its first op.
+  OpSet recompute_layer(int l, TensorSet x, TensorSet params);
+  /// Block l's backward (`x`: the input of its forward or recomputation); returns dx.
+  TensorSet backward_layer(int l, TensorSet x, TensorSet dy, TensorSet params, TensorSet grads);
+  /// Selective checkpointing drops the attention core from what the backward reads.
+  void keep_for_backward(SavedLayer& sv) const;
+  LayerEnds body_instance(LayerBody& body, int l, TensorSet x, TensorSet params, bool grad);
+  /// A stand-in for `bound` while recording: none if it is none, with a producer if it has one.
+  TensorSet port_like(TensorSet bound);
+  /// Records layer_forward(x, params, grad) into `body`, then removes it from the workload.
+  void record_body(LayerBody& body, TensorSet x, TensorSet params, bool grad);
+  /// Records layer_backward into bwd_, reading a block emitted just before it, then removes both.
+  void record_backward(TensorSet x, TensorSet params, TensorSet dy, TensorSet grads);
 
   // ---- block ----
   SavedLayer layer_forward(TensorSet x, TensorSet params, bool grad);
@@ -207,6 +267,13 @@ class StepBuilder {
   std::int64_t ab_ = 2;        // activation bytes
   std::int64_t shards_ = 1, tile_ = 0;
   OpSpec spec_;
+  // Per block, filled by build().
+  std::vector<TensorSet> layer_params_;  ///< gathered parameters (ZeRO-3)
+  std::vector<TensorSet> checkpoints_;   ///< input of the forward or recomputation, on the GPU
+  std::vector<TensorSet> host_copies_;   ///< offloaded checkpoints (pinned host)
+  std::vector<SavedLayer> saved_;        ///< built one by one: what each backward reads
+  std::vector<Mark> body_at_;  ///< instances: where each forward (or recomputation) begins
+  LayerBody fwd_, rec_, bwd_;  ///< templates: forward, recomputation, backward
 };
 
 }  // namespace cpsim::sim::detail

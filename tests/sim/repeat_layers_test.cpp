@@ -1,6 +1,6 @@
-// Repeated blocks (BuildOptions::repeat_layers): the workload is the one built block by block,
-// op for op, over every method, activation-checkpointing mode, ZeRO stage and offload, with one
-// simulated rank and with all of them.
+// Blocks as instances of a template (BuildOptions::repeat_layers): the workload is the one built
+// block by block, op for op, over every method, activation-checkpointing mode, ZeRO stage and
+// offload, with one simulated rank and with all of them.
 #include <string>
 #include <vector>
 
@@ -121,30 +121,37 @@ TEST(RepeatLayers, SameWorkloadAsBuiltBlockByBlock) {
           const Workload fast = build_step(in, {.all_ranks = all_ranks, .repeat_layers = true});
           expect_same(built, fast);
           EXPECT_EQ(built.repeated_blocks, 0);
-          // Forward blocks 4..L−2 and backward blocks L−5..3.
-          EXPECT_EQ(fast.repeated_blocks, 2 * in.model.layers - 12);
+          // Every block's forward and backward, and its recomputation under full checkpointing.
+          EXPECT_EQ(fast.repeated_blocks, (ac == CheckpointMode::kFull ? 3 : 2) * in.model.layers);
           repeated += fast.repeated_blocks > 0 ? 1 : 0;
         }
       }
     }
   }
-  EXPECT_EQ(repeated, 7 * 4 * 3 + 7);  // every configuration repeated blocks
+  EXPECT_EQ(repeated, 7 * 4 * 3 + 7);  // every configuration instantiated its blocks
 }
 
-// Shallow models: the forward repeats from 6 blocks (blocks 4..L−2), the backward from 9 (blocks
-// L−5..3); below that every block is built.
+// Shallow models: from one block on, every block is an instance (the first, the last and the
+// only block included), with and without offloaded checkpoints (kept on the GPU for the first and
+// the last block, or not) and without checkpointing.
 TEST(RepeatLayers, ShallowModels) {
   for (const CpMethod method : {CpMethod::kUlysses, CpMethod::kUPipe, CpMethod::kFpdt}) {
-    for (std::int64_t layers = 1; layers <= 10; ++layers) {
-      ScheduleInputs in = inputs(method, "llama3-8b", 8, 256 * kK);
-      in.model.layers = layers;
-      SCOPED_TRACE(fmt::format("{} {} layers", models::to_string(method), layers));
-      const Workload built = build_step(in, {.repeat_layers = false});
-      const Workload fast = build_step(in);
-      expect_same(built, fast);
-      const std::int64_t forward = layers >= 6 ? layers - 5 : 0;
-      const std::int64_t backward = layers >= 9 ? layers - 7 : 0;
-      EXPECT_EQ(fast.repeated_blocks, forward + backward);
+    for (const auto& [ac, keep_first_last] :
+         {std::pair{CheckpointMode::kFull, true}, std::pair{CheckpointMode::kFull, false},
+          std::pair{CheckpointMode::kNone, false}}) {
+      for (std::int64_t layers = 1; layers <= 6; ++layers) {
+        ScheduleInputs in = inputs(method, "llama3-8b", 8, 256 * kK);
+        in.model.layers = layers;
+        in.recipe.checkpointing = ac;
+        in.recipe.checkpoint_offload = ac == CheckpointMode::kFull;
+        in.recipe.offload_keep_first_last = keep_first_last;
+        SCOPED_TRACE(fmt::format("{} {} layers ac {} keep first/last {}", models::to_string(method),
+                                 layers, models::to_string(ac), keep_first_last));
+        const Workload built = build_step(in, {.repeat_layers = false});
+        const Workload fast = build_step(in);
+        expect_same(built, fast);
+        EXPECT_EQ(fast.repeated_blocks, (ac == CheckpointMode::kFull ? 3 : 2) * layers);
+      }
     }
   }
 }

@@ -57,9 +57,9 @@ struct BuildOptions {
   /// attention). Ring steps run in lockstep, so this gives the step-by-step schedule's times and
   /// peak when nothing else runs beside the ring (tested), with O(1) ops per ring instead of O(r).
   bool merge_ring_steps = true;
-  /// Transformer blocks that are alike are copied from the block before with their ids moved,
-  /// once a built block is checked to be its predecessor so moved; the workload is the same as
-  /// built block by block (tested), in a fraction of the time.
+  /// Every transformer block is an instance of a block recorded once per build (its forward,
+  /// recomputation and backward), copied with its ids moved; the workload is the same as built
+  /// block by block (by construction, and tested), in a fraction of the time.
   bool repeat_layers = true;
 };
 

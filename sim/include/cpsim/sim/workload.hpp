@@ -127,8 +127,10 @@ struct Workload {
   std::vector<std::string> names;
   std::vector<StaticMemory> static_memory;  ///< per rank
   std::vector<std::string> notes;           ///< modelling caveats to print with results
-  int repeated_blocks = 0;  ///< forward and backward blocks copied, not built (BuildOptions)
-  HeadLayout layout;        ///< of the configuration the step was built for (build_step)
+  /// Block forwards, recomputations and backwards instantiated from a template, not built
+  /// (BuildOptions::repeat_layers).
+  int repeated_blocks = 0;
+  HeadLayout layout;  ///< of the configuration the step was built for (build_step)
 
   /// The member ranks of collective `c`, in rank order.
   const std::vector<std::int32_t>& members(const Collective& c) const {
