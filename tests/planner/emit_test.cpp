@@ -839,22 +839,22 @@ TEST_F(EmitTest, EveryFormatEitherParsesOrRefusesNamingAnotherLauncher) {
   EXPECT_EQ(emitted, 2 + 4 + 2 + 3 + 4 + 1);  // methods per launcher (launchers.md §0)
 }
 
-TEST_F(EmitTest, InvalidConfigurationsKeepTheirOwnField) {
+TEST_F(EmitTest, InvalidConfigurationsKeepTheirOwnQuantity) {
   sim::ScheduleInputs in = default_inputs(CpMethod::kUlysses);
   in.parallel.ring_degree = 2;  // Ulysses has no ring
   try {
     (void)emit_launcher_config(LauncherFormat::kDeepSpeed, in);
     FAIL() << "accepted a ring degree for Ulysses";
-  } catch (const InputError& e) {
-    EXPECT_EQ(e.field(), "--ring-degree");
+  } catch (const sim::ConfigError& e) {
+    EXPECT_EQ(e.quantity(), sim::Quantity::kRingDegree);
   }
   in = default_inputs(CpMethod::kRing);
   in.parallel.seq_len = 1000;
   try {
     (void)emit_launcher_config(LauncherFormat::kMegatron, in);
     FAIL() << "accepted seq 1000 for CP 8";
-  } catch (const InputError& e) {
-    EXPECT_EQ(e.field(), "--seq");
+  } catch (const sim::ConfigError& e) {
+    EXPECT_EQ(e.quantity(), sim::Quantity::kSeqLenMultiple);
   }
 }
 

@@ -14,6 +14,16 @@
 namespace cpsim::planner {
 namespace {
 
+MaxLenOptions maxlen_options(std::int64_t granularity,
+                             std::int64_t margin_bytes = 0,
+                             int threads = 2) {
+  MaxLenOptions o;
+  o.granularity = granularity;
+  o.memory_margin_bytes = margin_bytes;
+  o.threads = threads;
+  return o;
+}
+
 using models::CpMethod;
 
 const models::DataDir kData{CPSIM_TEST_DATA_DIR};
@@ -130,9 +140,9 @@ TEST(MaxLen, SameResultForAnyThreadCount) {
     sim::ScheduleInputs in = small(m, 4);
     if (m == CpMethod::kUsp)
       in.parallel.ring_degree = 2;
-    const MaxLenResult one = max_seq_len(in, {.granularity = 16 * 1024, .threads = 1});
+    const MaxLenResult one = max_seq_len(in, maxlen_options(16 * 1024, 0, 1));
     for (int run = 0; run < 3; ++run) {
-      const MaxLenResult two = max_seq_len(in, {.granularity = 16 * 1024, .threads = 2});
+      const MaxLenResult two = max_seq_len(in, maxlen_options(16 * 1024, 0, 2));
       EXPECT_EQ(two.max_seq_len, one.max_seq_len);
       EXPECT_EQ(two.step, one.step);
       EXPECT_EQ(two.evaluations, one.evaluations);
@@ -155,7 +165,7 @@ TEST(MaxLen, HostMemoryCanBind) {
   sim::ScheduleInputs in = small(CpMethod::kUlysses, 4);
   in.hardware.hbm_capacity_bytes = 80LL << 30;
   in.hardware.host_memory_bytes_per_node = 4LL << 30;  // checkpoints offloaded to a small host
-  const MaxLenResult r = max_seq_len(in, {.granularity = 16 * 1024});
+  const MaxLenResult r = max_seq_len(in, maxlen_options(16 * 1024));
   EXPECT_EQ(r.binding.kind, BindingConstraint::Kind::kHostMemory);
   EXPECT_GT(r.max_seq_len, 0);
 }
@@ -163,9 +173,8 @@ TEST(MaxLen, HostMemoryCanBind) {
 TEST(MaxLen, MarginAndRequiredMultiple) {
   sim::ScheduleInputs in = small(CpMethod::kRing, 4);
   EXPECT_EQ(required_multiple(in), 8);  // zigzag: 2·C
-  const MaxLenResult plain = max_seq_len(in, {.granularity = 16 * 1024});
-  const MaxLenResult margin =
-      max_seq_len(in, {.granularity = 16 * 1024, .memory_margin_bytes = 512LL << 20});
+  const MaxLenResult plain = max_seq_len(in, maxlen_options(16 * 1024));
+  const MaxLenResult margin = max_seq_len(in, maxlen_options(16 * 1024, 512LL << 20));
   EXPECT_LT(margin.max_seq_len, plain.max_seq_len);
   EXPECT_GE(margin.headroom_bytes, 0);
 }
@@ -343,7 +352,7 @@ TEST(Plan, MaxContextPicksTheLongest) {
   for (const Candidate& c : res.ranked) {
     EXPECT_LE(c.max_seq_len, res.ranked.front().max_seq_len);
     // Each candidate's maximum is its own maxlen.
-    EXPECT_EQ(c.max_seq_len, max_seq_len(c.inputs(base), {.granularity = 16 * 1024}).max_seq_len);
+    EXPECT_EQ(c.max_seq_len, max_seq_len(c.inputs(base), maxlen_options(16 * 1024)).max_seq_len);
   }
   EXPECT_EQ(res.best_per_method.size(), 3U);
 }
