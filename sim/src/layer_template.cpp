@@ -22,6 +22,38 @@ void make_room(V& v, std::size_t more) {
   }
 }
 
+/// Appends the recorded dependencies [rec, rec_end) of op `o` at edges[cursor]: a local one moved
+/// to the instance (ops from `op0`); a port's producer left out when none, on the same rank and
+/// stream, or already listed, as Builder::op does. Returns the cursor after them.
+std::int32_t copy_deps(const std::int32_t* rec,
+                       const std::int32_t* rec_end,
+                       const std::int32_t* resolved,
+                       std::int32_t op0,
+                       const Op* ops,
+                       const Op& o,
+                       std::int32_t* edges,
+                       std::int32_t cursor) {
+  const std::int32_t first = cursor;
+  for (; rec != rec_end; ++rec) {
+    const std::int32_t x = *rec;
+    if (x >= 0) {
+      edges[cursor++] = op0 + x;
+      continue;
+    }
+    const OpId d = resolved[~x];
+    if (d == kNone) {
+      continue;
+    }
+    const Op& dep = ops[d];
+    if ((dep.stream == o.stream && dep.rank == o.rank) ||
+        std::find(edges + first, edges + cursor, d) != edges + cursor) {
+      continue;
+    }
+    edges[cursor++] = d;
+  }
+  return cursor;
+}
+
 }  // namespace
 
 LayerTemplate LayerTemplate::record(
@@ -211,24 +243,8 @@ Mark LayerTemplate::instantiate(Workload& w, std::int32_t layer, ListRef<Binding
     const std::int32_t deps_begin = o.deps_begin, deps_end = o.deps_end;
     const std::int32_t inputs_end = o.inputs_end, outputs_end = o.outputs_end;
     const std::int32_t first = cursor;
-    std::int32_t e = deps_begin;
-    for (; e < deps_end; ++e) {
-      const std::int32_t x = rec[e];
-      if (x >= 0) {
-        edges[cursor++] = at.ops + x;
-        continue;
-      }
-      const OpId d = resolved[~x];
-      if (d == kNone) {
-        continue;
-      }
-      const Op& dep = ops[d];
-      if ((dep.stream == o.stream && dep.rank == o.rank) ||
-          std::find(edges + first, edges + cursor, d) != edges + cursor) {
-        continue;
-      }
-      edges[cursor++] = d;
-    }
+    cursor = copy_deps(rec + deps_begin, rec + deps_end, resolved, at.ops, ops, o, edges, cursor);
+    std::int32_t e = deps_end;
     o.deps_begin = first;
     o.deps_end = cursor;
     o.inputs_begin = cursor;
