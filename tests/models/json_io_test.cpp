@@ -41,7 +41,7 @@ TEST(JsonIo, ReadTextFileNamesThePath) {
 
 TEST(JsonIo, ParseNamesMalformedTextAndDuplicateKeys) {
   EXPECT_THAT(error_of([] { parse_json("{\"a\": }", "x.json"); }),
-              HasSubstr("x.json|malformed JSON: syntax error"));
+              HasSubstr("x.json|malformed JSON: parse error at line 1, column 7: syntax error"));
   EXPECT_EQ(error_of([] { parse_json(R"({"a": 1, "a": 2})", "x.json"); }),
             "x.json:a|duplicate key");
   EXPECT_EQ(error_of([] { parse_json(R"({"s": [{"k": 1}, {"k": 1, "k": 2}]})", "x.json"); }),
