@@ -10,11 +10,14 @@
 
 #include "cpsim/models/units.hpp"
 
+#include "report_data.hpp"
+
 namespace cpsim::cli {
 namespace {
 
 using sim::MemCategory;
 using sim::OpKind;
+using sim::Phase;
 using sim::Stream;
 
 constexpr double kGiBd = 1024.0 * 1024.0 * 1024.0;
@@ -63,10 +66,6 @@ std::string px(double v) {
     s.resize(s.size() - 2);
   }
   return s;
-}
-
-std::string gib(double bytes) {
-  return format_bytes(bytes);
 }
 
 std::string shorten(const std::string& s, std::size_t n) {
@@ -172,72 +171,79 @@ std::string method_color(const std::string& method, std::size_t index) {
   return kMore[index % kMore.size()];
 }
 
-// Memory bands, bottom to top.
-constexpr int kBands = 6;
-constexpr std::array<const char*, kBands> kBandName = {
-    "fixed", "model_states", "param_gather", "activations", "attention", "other"};
-constexpr std::array<const char*, kBands> kBandColor = {"#9e9e9e", "#4e79a7", "#76b7b2",
-                                                        "#59a14f", "#f28e2b", "#b07aa1"};
-constexpr std::array<const char*, kBands> kBandHelp = {
-    "CUDA context, NCCL buffers, cuBLAS workspace",
-    "sharded fp32 parameters, gradients, optimizer states",
-    "FSDP all-gathered parameters and unsharded gradients",
-    "tensors saved for backward (checkpoints, linear inputs)",
-    "attention-stage buffers: QKV, outputs, LSE, gradients",
-    "MLP tiles, norms, loss chunks, residual gradients, workspaces"};
-
-// Timeline bar classes.
-constexpr int kBarClasses = 13;
-constexpr std::array<const char*, kBarClasses> kBarName = {
-    "GEMM",      "attention fwd", "attention bwd", "elementwise",    "loss",
-    "optimizer", "all-to-all",    "all-gather",    "reduce-scatter", "all-reduce",
-    "send/recv", "copy D2H",      "copy H2D"};
-constexpr std::array<const char*, kBarClasses> kBarColor = {
-    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#59a14f",
-    "#8cd17d", "#499894", "#86bcb6", "#b6992d", "#9c755f", "#d4a6c8"};
-
-int bar_class(const sim::Workload& w, const sim::Op& o) {
-  switch (o.kind) {
-    case OpKind::kGemm:
-      return 0;
-    case OpKind::kAttentionFwd:
-      return 1;
-    case OpKind::kAttentionBwd:
-      return 2;
-    case OpKind::kElementwise:
-      return 3;
-    case OpKind::kLoss:
-      return 4;
-    case OpKind::kOptimizer:
-      return 5;
-    case OpKind::kCopyD2H:
-      return 11;
-    case OpKind::kCopyH2D:
-      return 12;
-    case OpKind::kCollective:
-      break;
+const char* memory_band_color(int band) {
+  const MemoryBand b = memory_band(band);
+  if (b.fixed) {
+    return "#9e9e9e";
   }
-  if (o.collective == sim::kNone) {
-    return 6;
+  switch (b.category) {
+    case MemCategory::kModelStates:
+      return "#4e79a7";
+    case MemCategory::kParamGather:
+      return "#76b7b2";
+    case MemCategory::kActivations:
+      return "#59a14f";
+    case MemCategory::kAttention:
+      return "#f28e2b";
+    case MemCategory::kOther:
+      return "#b07aa1";
   }
-  switch (w.collectives[static_cast<std::size_t>(o.collective)].kind) {
-    case models::Collective::kAllToAll:
-      return 6;
-    case models::Collective::kAllGather:
-      return 7;
-    case models::Collective::kReduceScatter:
-      return 8;
-    case models::Collective::kAllReduce:
-      return 9;
-    case models::Collective::kSendRecv:
-      return 10;
-  }
-  return 6;
+  return "#b07aa1";
 }
 
-constexpr int kPhases = 4;
-constexpr std::array<const char*, kPhases> kPhaseColor = {"#c6dbef", "#fdd0a2", "#c7e9c0",
-                                                          "#dadaeb"};
+const char* collective_color(models::Collective c) {
+  switch (c) {
+    case models::Collective::kAllToAll:
+      return "#59a14f";
+    case models::Collective::kAllGather:
+      return "#8cd17d";
+    case models::Collective::kReduceScatter:
+      return "#499894";
+    case models::Collective::kAllReduce:
+      return "#86bcb6";
+    case models::Collective::kSendRecv:
+      return "#b6992d";
+  }
+  return "#59a14f";
+}
+
+const char* op_class_color(OpClass c) {
+  switch (c.kind) {
+    case OpKind::kGemm:
+      return "#4e79a7";
+    case OpKind::kAttentionFwd:
+      return "#f28e2b";
+    case OpKind::kAttentionBwd:
+      return "#e15759";
+    case OpKind::kElementwise:
+      return "#76b7b2";
+    case OpKind::kLoss:
+      return "#edc948";
+    case OpKind::kOptimizer:
+      return "#b07aa1";
+    case OpKind::kCollective:
+      return collective_color(c.collective);
+    case OpKind::kCopyD2H:
+      return "#9c755f";
+    case OpKind::kCopyH2D:
+      return "#d4a6c8";
+  }
+  return "#4e79a7";
+}
+
+const char* phase_color(Phase phase) {
+  switch (phase) {
+    case Phase::kForward:
+      return "#c6dbef";
+    case Phase::kRecompute:
+      return "#fdd0a2";
+    case Phase::kBackward:
+      return "#c7e9c0";
+    case Phase::kOptimizer:
+      return "#dadaeb";
+  }
+  return "#c6dbef";
+}
 
 // ------------------------------------------------------------------------------------------------
 // SVG pieces
@@ -347,89 +353,14 @@ constexpr int kWideWidth = 1100;
 // ------------------------------------------------------------------------------------------------
 // 1. Memory over one step (rank 0), stacked by category.
 
-struct MemPoint {
-  SimTime t = 0;
-  std::array<double, kBands> v{};
-  double total() const {
-    double s = 0;
-    for (double b : v) {
-      s += b;
-    }
-    return s;
-  }
-};
-
-std::vector<MemPoint> memory_series(const sim::Workload& w,
-                                    const sim::SimResult& r,
-                                    int buckets_wanted,
-                                    int* raw) {
-  std::vector<sim::MemorySample> s;
-  for (const auto& m : r.memory_samples) {
-    if (m.rank == 0) {
-      s.push_back(m);
-    }
-  }
-  std::stable_sort(s.begin(), s.end(), [](const sim::MemorySample& a, const sim::MemorySample& b) {
-    return a.time_ns < b.time_ns;
-  });
-  const sim::StaticMemory sm = w.static_memory.empty() ? sim::StaticMemory{} : w.static_memory[0];
-  auto to_point = [&](SimTime t, const std::array<std::int64_t, sim::kMemCategoryCount>& dev) {
-    MemPoint p;
-    p.t = t;
-    p.v[0] = static_cast<double>(sm.fixed_overhead_bytes);
-    p.v[1] = static_cast<double>(dev[0] + sm.model_states_bytes);
-    for (int c = 1; c < sim::kMemCategoryCount; ++c) {
-      p.v[static_cast<std::size_t>(c + 1)] = static_cast<double>(dev[static_cast<std::size_t>(c)]);
-    }
-    return p;
-  };
-  std::vector<MemPoint> pts;
-  if (s.empty() || s.front().time_ns > 0) {
-    pts.push_back(to_point(0, {}));
-  }
-  for (std::size_t k = 0; k < s.size(); ++k) {
-    // The state after all changes at one instant.
-    if (k + 1 < s.size() && s[k + 1].time_ns == s[k].time_ns) {
-      continue;
-    }
-    pts.push_back(to_point(s[k].time_ns, s[k].device_bytes));
-  }
-  *raw = static_cast<int>(pts.size());
-  const SimTime T = std::max<SimTime>(r.step_time_ns, 1);
-  // Downsample to the upper envelope: equal time buckets (one per pixel column, at most
-  // kMaxMemoryPoints), each showing the state with the highest total during the bucket (the one it
-  // starts in or one reached inside it), so the peak survives; equal neighbours are merged.
-  const auto buckets = static_cast<SimTime>(std::clamp(buckets_wanted, 1, kMaxMemoryPoints));
-  std::vector<MemPoint> out;
-  std::size_t i = 0;
-  MemPoint cur = pts.front();
-  for (SimTime b = 0; b < buckets; ++b) {
-    const SimTime t0 = b * T / buckets;
-    const SimTime t1 = b + 1 == buckets ? T + 1 : (b + 1) * T / buckets;
-    bool have = i >= pts.size() || pts[i].t > t0;  // the state carried in lasts a while
-    MemPoint best = cur;
-    for (; i < pts.size() && pts[i].t < t1; ++i) {
-      cur = pts[i];
-      if (!have || cur.total() > best.total()) {
-        best = cur;
-        have = true;
-      }
-    }
-    best.t = t0;
-    if (out.empty() || out.back().v != best.v) {
-      out.push_back(best);
-    }
-  }
-  return out;
-}
-
 void memory_chart(Out& o, const StepDetail& d, std::string* caption) {
   const auto& w = *d.evaluation.workload;
   const auto& r = *d.evaluation.result;
   const auto& rep = d.evaluation.report;
-  int raw = 0;
   const int columns = static_cast<int>(kWideRight - kWideLeft);
-  const std::vector<MemPoint> pts = memory_series(w, r, columns, &raw);
+  const MemorySeries series = memory_series(w, r, columns);
+  const std::vector<MemPoint>& pts = series.points;
+  const int raw = series.states;
   const SimTime T = std::max<SimTime>(r.step_time_ns, 1);
   const double step_s = simtime_to_seconds(T);
   const TimeUnit unit = time_unit(step_s);
@@ -458,7 +389,7 @@ void memory_chart(Out& o, const StepDetail& d, std::string* caption) {
   // Stacked areas: the area under each cumulative level, top level first, in the colour of the
   // band it ends with, so each band shows between its level and the one below.
   auto gx = [&](SimTime t) { return x(simtime_to_seconds(t) / unit.seconds); };
-  for (int k = kBands - 1; k >= 0; --k) {
+  for (int k = kMemoryBandCount - 1; k >= 0; --k) {
     auto level = [&](const MemPoint& m) {
       double s = 0;
       for (int b = 0; b <= k; ++b) {
@@ -493,8 +424,7 @@ void memory_chart(Out& o, const StepDetail& d, std::string* caption) {
     }
     path += fmt::format("H{}V{}Z", px(p.right), px(p.bottom));
     put(o, "<path class=\"area\" fill=\"{}\" d=\"{}\"><title>{}</title></path>\n",
-        kBandColor[static_cast<std::size_t>(k)], path,
-        esc(fmt::format("{} and below", kBandName[static_cast<std::size_t>(k)])));
+        memory_band_color(k), path, esc(fmt::format("{} and below", memory_band_name(k))));
   }
 
   const Ticks xt = linear_ticks(0.0, step_s / unit.seconds, 10);
@@ -532,9 +462,8 @@ void memory_chart(Out& o, const StepDetail& d, std::string* caption) {
   double ly2 = p.top + 10;
   text(o, 950, ly2, "category (stacked)", "start", "legend-title");
   ly2 += 20;
-  for (int k = kBands - 1; k >= 0; --k) {
-    legend_swatch(o, 950, ly2, kBandColor[static_cast<std::size_t>(k)],
-                  kBandName[static_cast<std::size_t>(k)]);
+  for (int k = kMemoryBandCount - 1; k >= 0; --k) {
+    legend_swatch(o, 950, ly2, memory_band_color(k), std::string(memory_band_name(k)));
     ly2 += 20;
   }
   ly2 += 6;
@@ -590,39 +519,12 @@ void timeline_chart(Out& o, const StepDetail& d, std::string* caption) {
   const double step_s = simtime_to_seconds(T);
   const TimeUnit unit = time_unit(step_s);
   const int cols = static_cast<int>(kWideRight - kWideLeft);  // one column per pixel
-  const double colw = static_cast<double>(T) / cols;
 
-  // Time each bar class (and, on the compute stream, each phase) covers in each pixel column.
-  std::vector<std::vector<std::array<double, kBarClasses>>> cover(
-      sim::kStreamCount,
-      std::vector<std::array<double, kBarClasses>>(static_cast<std::size_t>(cols)));
-  std::vector<std::array<double, kPhases>> phase(static_cast<std::size_t>(cols));
-  std::array<bool, kBarClasses> used{};
-  std::int64_t n_ops = 0;
-  for (const sim::OpInterval& iv : r.intervals) {
-    const sim::Op& op = w.ops[static_cast<std::size_t>(iv.op)];
-    if (op.rank != 0 || iv.end_ns <= iv.start_ns) {
-      continue;
-    }
-    ++n_ops;
-    const int cls = bar_class(w, op);
-    used[static_cast<std::size_t>(cls)] = true;
-    const double s = static_cast<double>(iv.start_ns);
-    const double e = static_cast<double>(iv.end_ns);
-    const int c0 = std::clamp(static_cast<int>(std::floor(s / colw)), 0, cols - 1);
-    const int c1 = std::clamp(static_cast<int>(std::floor(e / colw)), 0, cols - 1);
-    for (int c = c0; c <= c1; ++c) {
-      const double ov = std::min(e, (c + 1) * colw) - std::max(s, c * colw);
-      if (ov <= 0) {
-        continue;
-      }
-      cover[static_cast<std::size_t>(op.stream)][static_cast<std::size_t>(c)]
-           [static_cast<std::size_t>(cls)] += ov;
-      if (op.stream == Stream::kCompute) {
-        phase[static_cast<std::size_t>(c)][static_cast<std::size_t>(op.phase)] += ov;
-      }
-    }
-  }
+  const TimelineCoverage coverage = timeline_coverage(w, r, cols);
+  const double colw = coverage.column_ns;
+  const auto& phase = coverage.by_phase;
+  const auto& used = coverage.used;
+  constexpr auto kClasses = all_op_classes();
 
   const double row_h = 30, bar_h = 22;
   const double strip_y = 34, rows_y = 56;
@@ -631,7 +533,8 @@ void timeline_chart(Out& o, const StepDetail& d, std::string* caption) {
   for (bool u : used) {
     used_count += u ? 1 : 0;
   }
-  const int H = static_cast<int>(std::max(p.bottom + 60, 40.0 + (used_count + kPhases + 3) * 18));
+  const int H =
+      static_cast<int>(std::max(p.bottom + 60, 40.0 + (used_count + sim::kPhaseCount + 3) * 18));
   const Scale x{0.0, step_s / unit.seconds, p.left, p.right};
   svg_open(o, "svg-timeline", kWideWidth, H,
            fmt::format("Step timeline of rank 0 per stream, {} at {}", d.method,
@@ -645,7 +548,7 @@ void timeline_chart(Out& o, const StepDetail& d, std::string* caption) {
       const auto& ph = phase[static_cast<std::size_t>(c)];
       int best = -1;
       double most = 0;
-      for (int k = 0; k < kPhases; ++k) {
+      for (int k = 0; k < sim::kPhaseCount; ++k) {
         if (ph[static_cast<std::size_t>(k)] > most) {
           most = ph[static_cast<std::size_t>(k)];
           best = k;
@@ -656,7 +559,7 @@ void timeline_chart(Out& o, const StepDetail& d, std::string* caption) {
         const auto& q = phase[static_cast<std::size_t>(e)];
         int b2 = -1;
         double m2 = 0;
-        for (int k = 0; k < kPhases; ++k) {
+        for (int k = 0; k < sim::kPhaseCount; ++k) {
           if (q[static_cast<std::size_t>(k)] > m2) {
             m2 = q[static_cast<std::size_t>(k)];
             b2 = k;
@@ -669,7 +572,7 @@ void timeline_chart(Out& o, const StepDetail& d, std::string* caption) {
       }
       if (best >= 0) {
         put(o, "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"12\" fill=\"{}\"/>\n", px(p.left + c),
-            px(strip_y), e - c, kPhaseColor[static_cast<std::size_t>(best)]);
+            px(strip_y), e - c, phase_color(static_cast<Phase>(best)));
       }
       c = e;
     }
@@ -688,12 +591,12 @@ void timeline_chart(Out& o, const StepDetail& d, std::string* caption) {
         px(ry), px(p.right - p.left), px(bar_h));
     text(o, p.left - 6, ry + 11, sim::to_string(static_cast<Stream>(s)), "end", "tick");
     text(o, p.left - 6, ry + 22, busy_percent(busy / step_s), "end", "tick-small");
-    const auto& cv = cover[static_cast<std::size_t>(s)];
+    const auto& cv = coverage.by_class[static_cast<std::size_t>(s)];
     auto column = [&](int c, int* cls, int* lvl) {
       const auto& a = cv[static_cast<std::size_t>(c)];
       double total = 0, most = 0;
       *cls = -1;
-      for (int k = 0; k < kBarClasses; ++k) {
+      for (int k = 0; k < kOpClassCount; ++k) {
         total += a[static_cast<std::size_t>(k)];
         if (a[static_cast<std::size_t>(k)] > most) {
           most = a[static_cast<std::size_t>(k)];
@@ -733,20 +636,20 @@ void timeline_chart(Out& o, const StepDetail& d, std::string* caption) {
   double ly = 20;
   text(o, 950, ly, "op kind", "start", "legend-title");
   ly += 18;
-  for (int k = 0; k < kBarClasses; ++k) {
+  for (int k = 0; k < kOpClassCount; ++k) {
     if (!used[static_cast<std::size_t>(k)]) {
       continue;
     }
-    legend_swatch(o, 950, ly, kBarColor[static_cast<std::size_t>(k)],
-                  kBarName[static_cast<std::size_t>(k)]);
+    const OpClass c = kClasses[static_cast<std::size_t>(k)];
+    legend_swatch(o, 950, ly, op_class_color(c), std::string(op_class_name(c)));
     ly += 18;
   }
   ly += 6;
   text(o, 950, ly, "phase (strip)", "start", "legend-title");
   ly += 18;
-  for (int k = 0; k < kPhases; ++k) {
-    legend_swatch(o, 950, ly, kPhaseColor[static_cast<std::size_t>(k)],
-                  sim::to_string(static_cast<sim::Phase>(k)));
+  for (int k = 0; k < sim::kPhaseCount; ++k) {
+    legend_swatch(o, 950, ly, phase_color(static_cast<Phase>(k)),
+                  sim::to_string(static_cast<Phase>(k)));
     ly += 18;
   }
   o += "</svg>\n";
@@ -756,25 +659,12 @@ void timeline_chart(Out& o, const StepDetail& d, std::string* caption) {
       "column takes the colour of the op kind that covers most of it and is lighter when the "
       "stream "
       "is busy for only part of it. Step {}, exposed (not covered by compute) {}.",
-      d.method, format_length(d.seq_len), n_ops, format_seconds(step_s / cols),
+      d.method, format_length(d.seq_len), coverage.ops, format_seconds(step_s / cols),
       format_seconds(step_s), format_seconds(rep.exposed_comm_s));
 }
 
 // ------------------------------------------------------------------------------------------------
 // 3. Throughput and peak memory vs sequence length.
-
-struct SeriesPoint {
-  std::int64_t seq = 0;
-  double value = 0;
-  bool fits = true;
-  std::string tip;
-};
-
-struct Series {
-  std::string name;
-  std::string color;
-  std::vector<SeriesPoint> points;
-};
 
 std::vector<double> log2_ticks(const std::vector<std::int64_t>& lengths) {
   std::vector<double> t;
@@ -880,20 +770,22 @@ void length_chart(Out& o,
       d += fmt::format("M{},{}L{},{}", px(x(static_cast<double>(a.seq))), px(y(a.value)),
                        px(x(static_cast<double>(b.seq))), px(y(b.value)));
     }
+    const std::string color = method_color(s.name, s.method_index);
     if (!solid.empty()) {
-      put(o, "<path class=\"series\" stroke=\"{}\" d=\"{}\"/>\n", s.color, solid);
+      put(o, "<path class=\"series\" stroke=\"{}\" d=\"{}\"/>\n", color, solid);
     }
     if (!dashed.empty()) {
-      put(o, "<path class=\"series dashed\" stroke=\"{}\" d=\"{}\"/>\n", s.color, dashed);
+      put(o, "<path class=\"series dashed\" stroke=\"{}\" d=\"{}\"/>\n", color, dashed);
     }
   }
   for (const auto& s : series) {
+    const std::string color = method_color(s.name, s.method_index);
     for (const auto& pt : s.points) {
       const double cx = x(static_cast<double>(pt.seq));
       const double cy = y(pt.value);
       if (pt.fits) {
         put(o, "<circle cx=\"{}\" cy=\"{}\" r=\"4\" fill=\"{}\"><title>{}</title></circle>\n",
-            px(cx), px(cy), s.color, esc(pt.tip));
+            px(cx), px(cy), color, esc(pt.tip));
       } else {
         put(o,
             "<path class=\"oom\" stroke=\"{}\" d=\"M{},{}L{},{}M{},{}L{},{}\"><title>{}</title>"
@@ -917,10 +809,11 @@ void length_chart(Out& o,
   };
   for (const auto& s : series) {
     const double at = advance(s.name.size());
+    const std::string color = method_color(s.name, s.method_index);
     put(o,
         "<line class=\"series\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\"/><circle "
         "cx=\"{}\" cy=\"{}\" r=\"3.5\" fill=\"{}\"/>\n",
-        px(at), px(ly - 4), px(at + 22), px(ly - 4), s.color, px(at + 11), px(ly - 4), s.color);
+        px(at), px(ly - 4), px(at + 22), px(ly - 4), color, px(at + 11), px(ly - 4), color);
     text(o, at + 27, ly, s.name, "start", "legend");
   }
   const std::string oom = "does not fit (OOM)";
@@ -1057,70 +950,17 @@ span.swatch{display:inline-block;width:10px;height:10px;margin-right:6px;border-
 
 std::string bar_css() {
   std::string s;
-  for (int k = 0; k < kBarClasses; ++k) {
-    s += fmt::format("svg rect.b{}{{fill:{};}}\n", k, kBarColor[static_cast<std::size_t>(k)]);
+  for (const OpClass c : all_op_classes()) {
+    s += fmt::format("svg rect.b{}{{fill:{};}}\n", op_class_index(c), op_class_color(c));
   }
   return s;
 }
 
 void setup_table(Out& o, const ReportPage& page) {
-  const MethodSweep* ref = nullptr;
-  for (const auto& m : page.methods) {
-    if (m.error.empty()) {
-      ref = &m;
-      break;
-    }
-  }
-  if (ref == nullptr) {
+  const auto rows = setup_rows(page);
+  if (rows.empty()) {
     return;
   }
-  const auto& in = ref->inputs;
-  const auto& md = in.model;
-  const auto& hw = in.hardware;
-  const auto& r = in.recipe;
-  const auto params = models::count_parameters(md);
-  std::vector<std::pair<std::string, std::string>> rows = {
-      {"model",
-       fmt::format("{}: {:.2f} B parameters, {} layers, hidden {}, {} query / {} KV heads of {}, "
-                   "FFN {}, vocabulary {}",
-                   md.name, static_cast<double>(params.total) / 1e9, md.layers, md.hidden, md.heads,
-                   md.kv_heads, md.head_dim, md.ffn_hidden, md.vocab)},
-      {"GPUs",
-       fmt::format("{} ({} per node, {} node{})", in.parallel.gpus, in.parallel.gpus_per_node,
-                   (in.parallel.gpus + in.parallel.gpus_per_node - 1) / in.parallel.gpus_per_node,
-                   in.parallel.gpus > in.parallel.gpus_per_node ? "s" : "")},
-      {"hardware",
-       fmt::format("{} ({}): {} HBM, {:.0f} TFLOP/s bf16 dense, {} pinned host memory per node",
-                   hw.name, hw.gpu_name, gib(static_cast<double>(hw.hbm_capacity_bytes)),
-                   hw.peak_bf16_flops_per_s / 1e12,
-                   gib(static_cast<double>(hw.host_memory_bytes_per_node)))},
-      {"recipe", r.name + (r.description.empty() ? "" : ": " + r.description)},
-      {"ZeRO / FSDP",
-       fmt::format("ZeRO-{}, prefetch {} layer{}, optimizer {}{}", r.zero_stage,
-                   r.fsdp_prefetch_layers, r.fsdp_prefetch_layers == 1 ? "" : "s", r.optimizer,
-                   r.optimizer_offload ? ", offloaded to host (CPU Adam)" : "")},
-      {"activation checkpointing",
-       fmt::format("{}{}", models::to_string(r.checkpointing),
-                   r.checkpointing == models::CheckpointMode::kFull
-                       ? (r.checkpoint_offload ? ", checkpoints offloaded to host"
-                                               : ", checkpoints on GPU")
-                       : "")},
-      {"kernels and memory",
-       fmt::format(
-           "{} attention, {} MLP, {} norms, {} loss, CP communication in {}", r.attention_kernel,
-           r.tiled_mlp
-               ? (r.tiled_mlp_shards > 0 ? fmt::format("tiled ({} shards)", r.tiled_mlp_shards)
-                                         : std::string("tiled"))
-               : std::string("untiled"),
-           r.tiled_norm ? "tiled" : "untiled",
-           r.fused_loss ? "fused linear cross-entropy" : "materialised-logits",
-           r.cp_comm_bytes == 4 ? "fp32" : "bf16")},
-  };
-  std::string lens;
-  for (std::size_t i = 0; i < page.lengths.size(); ++i) {
-    lens += (i ? ", " : "") + format_length(page.lengths[i]);
-  }
-  rows.push_back({"sequence lengths", lens});
   o += "<table id=\"config-setup\">\n";
   for (const auto& [k, v] : rows) {
     put(o, "<tr><th>{}</th><td>{}</td></tr>\n", esc(k), esc(v));
@@ -1227,37 +1067,8 @@ std::string render_report_html(const ReportPage& page) {
   put(o, "<p class=\"cap\">{}</p>\n{}</section>\n", esc(cap2), tl);
 
   // 3: throughput and peak vs length.
-  std::vector<Series> tput, peak;
-  std::vector<std::string> notes;
-  double cap_gib = 0;
-  for (std::size_t i = 0; i < page.methods.size(); ++i) {
-    const auto& m = page.methods[i];
-    if (!m.error.empty()) {
-      notes.push_back(fmt::format("{}: cannot run this configuration: {}", m.method, m.error));
-      continue;
-    }
-    Series a{m.method, method_color(m.method, i), {}};
-    Series b = a;
-    for (const auto& pt : m.points) {
-      if (!pt.error.empty()) {
-        notes.push_back(
-            fmt::format("{} at {}: cannot run: {}", m.method, format_length(pt.seq_len), pt.error));
-        continue;
-      }
-      const auto& rep = pt.report;
-      cap_gib = std::max(cap_gib, static_cast<double>(rep.gpu_capacity_bytes) / kGiBd);
-      const std::string tip = fmt::format(
-          "{} at {}: {:.1f} tokens/s/GPU, step {}, peak {}, {}", m.method,
-          format_length(pt.seq_len), rep.tokens_per_s_per_gpu, format_seconds(rep.step_time_s),
-          gib(static_cast<double>(rep.peak_memory_bytes)),
-          rep.fits() ? "fits" : "does not fit (" + rep.binding + ")");
-      a.points.push_back({pt.seq_len, rep.tokens_per_s_per_gpu, rep.fits(), tip});
-      b.points.push_back(
-          {pt.seq_len, static_cast<double>(rep.peak_memory_bytes) / kGiBd, rep.fits(), tip});
-    }
-    tput.push_back(std::move(a));
-    peak.push_back(std::move(b));
-  }
+  const LengthSeries lengths = length_series(page);
+  const std::vector<std::string>& notes = lengths.notes;
   o += "<section id=\"sec-throughput\">\n<h2>3. Throughput and peak memory vs sequence "
        "length</h2>\n";
   o +=
@@ -1265,9 +1076,9 @@ std::string render_report_html(const ReportPage& page) {
       "memory); the line is dashed where it does not fit. Throughput is simulated even where the "
       "step would run out of memory.</p>\n<div class=\"row\">\n";
   length_chart(o, "svg-throughput", "Training throughput", "tokens/s per GPU (log scale)",
-               page.lengths, tput, true, 0.0);
+               page.lengths, lengths.throughput, true, 0.0);
   length_chart(o, "svg-peak", "Peak GPU memory (highest rank)", "peak GPU memory (GiB)",
-               page.lengths, peak, false, cap_gib);
+               page.lengths, lengths.peak, false, lengths.capacity_gib);
   o += "</div>\n";
   if (!notes.empty()) {
     o += "<ul class=\"notes\">\n";

@@ -1,22 +1,19 @@
 #include "cpsim/calibrate/raw.hpp"
 
 #include <array>
-#include <fstream>
-#include <sstream>
-#include <system_error>
+#include <cstdint>
 #include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cpsim/models/error.hpp"
-
-#include "json_util.hpp"
+#include "cpsim/models/json_io.hpp"
 
 namespace cpsim::calibrate {
 namespace {
 
-using detail::Node;
+using Node = models::JsonNode;
 using OrderedJson = nlohmann::ordered_json;
 
 constexpr std::uintmax_t kMaxRawFileBytes = 256 * 1024 * 1024;
@@ -169,7 +166,8 @@ AttentionSample parse_attention(const Node& node) {
   } else if (pass_text == "bwd") {
     s.pass = AttentionPass::kBackward;
   } else {
-    pass.fail(fmt::format("must be \"fwd\" or \"bwd\", got {}", detail::describe(pass.json())));
+    pass.fail(
+        fmt::format("must be \"fwd\" or \"bwd\", got {}", models::describe_json(pass.json())));
   }
   s.causal = node.at("causal").boolean();
   s.head_dim = node.at("head_dim").positive_integer();
@@ -202,7 +200,8 @@ CollectiveSample parse_collective(const Node& node) {
     }
   }
   if (!known) {
-    op.fail(fmt::format("unknown collective {}; known: {}", detail::describe(op.json()), list));
+    op.fail(
+        fmt::format("unknown collective {}; known: {}", models::describe_json(op.json()), list));
   }
   s.ranks = node.at("ranks").small_int();
   if (s.ranks < 2) {
@@ -228,7 +227,7 @@ HostCopySample parse_host_copy(const Node& node) {
     s.direction = CopyDirection::kDuplex;
   } else {
     direction.fail(fmt::format("must be \"h2d\", \"d2h\" or \"duplex\", got {}",
-                               detail::describe(direction.json())));
+                               models::describe_json(direction.json())));
   }
   s.gpu = node.at("gpu").small_int();
   s.gpus = node.at("gpus").small_int();
@@ -253,7 +252,7 @@ InterferenceSample parse_interference(const Node& node) {
   s.background = background.string();
   if (s.background != "all_to_all" && s.background != "host_copies") {
     background.fail(fmt::format("must be \"all_to_all\" or \"host_copies\", got {}",
-                                detail::describe(background.json())));
+                                models::describe_json(background.json())));
   }
   s.foreground = name_string(node.at("foreground"));
   s.gpus = node.at("gpus").small_int();
@@ -275,7 +274,7 @@ LaunchSample parse_launch(const Node& node) {
 }  // namespace
 
 RawCalibration parse_raw(const std::string& json_text, const std::string& origin) {
-  const detail::Json root_json = detail::parse_json_text(json_text, origin);
+  const models::Json root_json = models::parse_json(json_text, origin);
   const Node root(root_json, origin, "");
   root.expect_object({"schema", "context", "samples"});
   const Node schema = root.at("schema");
@@ -316,21 +315,7 @@ RawCalibration parse_raw(const std::string& json_text, const std::string& origin
 }
 
 RawCalibration load_raw(const std::filesystem::path& path, const std::string& field) {
-  std::error_code ec;
-  const std::uintmax_t size = std::filesystem::file_size(path, ec);
-  if (!ec && size > kMaxRawFileBytes) {
-    throw InputError(field, fmt::format("'{}' is too large ({} bytes)", path.string(), size));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw InputError(field, fmt::format("cannot open '{}' for reading", path.string()));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) {
-    throw InputError(field, fmt::format("error while reading '{}'", path.string()));
-  }
-  return parse_raw(text.str(), path.string());
+  return parse_raw(models::read_text_file(path, field, kMaxRawFileBytes), path.string());
 }
 
 std::string write_raw(const RawCalibration& raw) {

@@ -16,6 +16,7 @@ inline constexpr int kProfileSchemaVersion = 1;
 
 /// Collective operations with their own α/β fits.
 enum class Collective { kAllToAll, kAllGather, kReduceScatter, kAllReduce, kSendRecv };
+inline constexpr int kCollectiveCount = 5;
 const char* to_string(Collective c);
 
 /// Where a collective's traffic goes: NVLink/NVSwitch inside a node, or the NICs between nodes.

@@ -44,10 +44,12 @@ enum class OpKind : std::uint8_t {
   kCopyD2H,
   kCopyH2D,
 };
+inline constexpr int kOpKindCount = 9;
 const char* to_string(OpKind k);
 
 /// Which part of the step an op belongs to (shown in traces and used in the breakdown).
 enum class Phase : std::uint8_t { kForward, kRecompute, kBackward, kOptimizer };
+inline constexpr int kPhaseCount = 4;
 const char* to_string(Phase p);
 
 /// Memory categories of the tracker. Device categories first, then host.

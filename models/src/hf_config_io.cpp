@@ -1,0 +1,200 @@
+#include <array>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "cpsim/models/error.hpp"
+#include "cpsim/models/io.hpp"
+#include "cpsim/models/json_io.hpp"
+
+#include "loader_common.hpp"
+
+namespace cpsim::models {
+namespace {
+
+using detail::name_from_origin;
+using detail::resolve_file;
+using detail::ResolvedFile;
+using detail::rethrow_with_origin;
+
+// ---------------------------------------------------------------------------------------------
+// Hugging Face config.json
+
+/// Keys whose presence (with a non-null, non-zero value) means an architecture cpsim does not
+/// model.
+struct RefusedKey {
+  std::string_view key;
+  std::string_view what;
+};
+constexpr std::array<RefusedKey, 7> kRefusedKeys = {{
+    {"num_local_experts", "mixture-of-experts"},
+    {"num_experts", "mixture-of-experts"},
+    {"n_routed_experts", "mixture-of-experts"},
+    {"num_experts_per_tok", "mixture-of-experts"},
+    {"moe_intermediate_size", "mixture-of-experts"},
+    {"kv_lora_rank", "multi-head latent attention (MLA)"},
+    {"q_lora_rank", "multi-head latent attention (MLA)"},
+}};
+
+bool is_zero_or_false(const Json& value) {
+  return (value.is_number() && value.get<double>() == 0.0) ||
+         (value.is_boolean() && !value.get<bool>());
+}
+
+class HfReader {
+ public:
+  HfReader(const Json& root, const std::string& origin) : root_(root), origin_(origin) {}
+
+  std::string field(std::string_view key) const { return json_field(origin_, std::string(key)); }
+
+  const Json& required(std::string_view key) const {
+    const auto it = root_.find(key);
+    if (it == root_.end()) {
+      const char* hint = root_.contains("text_config")
+                             ? " (multimodal configs with text_config are not supported yet; pass "
+                               "the text model's config)"
+                             : "";
+      throw InputError(field(key), fmt::format("required key is missing{}", hint));
+    }
+    return *it;
+  }
+  std::int64_t required_int(std::string_view key) const {
+    return json_integer(required(key), field(key));
+  }
+  const Json* optional(std::string_view key) const { return find_member(root_, key); }
+
+ private:
+  const Json& root_;
+  const std::string& origin_;
+};
+
+ActivationKind parse_activation(const std::string& act, const std::string& field) {
+  if (act == "silu" || act == "swiglu" || act == "swish") {
+    return ActivationKind::kSwiGlu;
+  }
+  if (act.rfind("gelu", 0) == 0) {
+    return ActivationKind::kGelu;
+  }
+  throw InputError(field,
+                   fmt::format("unsupported activation '{}'; known: silu, swiglu, gelu*", act));
+}
+
+}  // namespace
+
+TransformerSpec parse_hf_config(const std::string& json_text, const std::string& origin) {
+  const Json root = parse_json(json_text, origin);
+  if (!root.is_object()) {
+    throw InputError(
+        origin, fmt::format("a config.json must be a JSON object, got {}", describe_json(root)));
+  }
+  const HfReader hf(root, origin);
+
+  for (const auto& refused : kRefusedKeys) {
+    const Json* value = hf.optional(refused.key);
+    if (value != nullptr && !is_zero_or_false(*value)) {
+      throw InputError(hf.field(refused.key),
+                       fmt::format("{} models are not modelled yet (only dense decoder-only "
+                                   "transformers)",
+                                   refused.what));
+    }
+  }
+
+  TransformerSpec spec;
+  spec.hidden = hf.required_int("hidden_size");
+  spec.ffn_hidden = hf.required_int("intermediate_size");
+  spec.layers = hf.required_int("num_hidden_layers");
+  spec.heads = hf.required_int("num_attention_heads");
+  spec.vocab = hf.required_int("vocab_size");
+  if (spec.heads <= 0) {
+    throw InputError(hf.field("num_attention_heads"),
+                     fmt::format("must be positive, got {}", spec.heads));
+  }
+
+  const Json* kv = hf.optional("num_key_value_heads");
+  spec.kv_heads = kv != nullptr ? json_integer(*kv, hf.field("num_key_value_heads")) : spec.heads;
+
+  if (const Json* head_dim = hf.optional("head_dim")) {
+    spec.head_dim = json_integer(*head_dim, hf.field("head_dim"));
+  } else {
+    if (spec.hidden % spec.heads != 0) {
+      throw InputError(hf.field("head_dim"),
+                       fmt::format("missing, and hidden_size {} is not divisible by "
+                                   "num_attention_heads {}",
+                                   spec.hidden, spec.heads));
+    }
+    spec.head_dim = spec.hidden / spec.heads;
+  }
+
+  if (const Json* tie = hf.optional("tie_word_embeddings")) {
+    spec.tied_embeddings = json_bool(*tie, hf.field("tie_word_embeddings"));
+  }
+  if (const Json* max_pos = hf.optional("max_position_embeddings")) {
+    spec.max_position_embeddings = json_integer(*max_pos, hf.field("max_position_embeddings"));
+  }
+  if (const Json* bias = hf.optional("attention_bias")) {
+    spec.attention_bias = json_bool(*bias, hf.field("attention_bias"));
+  }
+  if (const Json* act = hf.optional("hidden_act")) {
+    spec.activation =
+        parse_activation(json_string(*act, hf.field("hidden_act")), hf.field("hidden_act"));
+  }
+  if (const Json* model_type = hf.optional("model_type")) {
+    spec.qk_norm = json_string(*model_type, hf.field("model_type")) == "qwen3";
+  }
+
+  // RoPE: legacy rope_theta (+ rope_scaling), or transformers v5 rope_parameters, which wins.
+  if (const Json* theta = hf.optional("rope_theta")) {
+    spec.rope_theta = json_number(*theta, hf.field("rope_theta"));
+  }
+  if (const Json* scaling = hf.optional("rope_scaling")) {
+    json_object(*scaling, hf.field("rope_scaling"));  // scaling does not change cost; shape checked
+  }
+  if (const Json* params = hf.optional("rope_parameters")) {
+    json_object(*params, hf.field("rope_parameters"));
+    std::string theta_key = "rope_parameters.rope_theta";
+    const Json* theta = find_member(*params, "rope_theta");
+    if (theta == nullptr) {
+      // Per-layer-type form: {"full_attention": {...}, "sliding_attention": {...}}.
+      if (const Json* full = find_member(*params, "full_attention"); full && full->is_object()) {
+        theta = find_member(*full, "rope_theta");
+        theta_key = "rope_parameters.full_attention.rope_theta";
+      }
+    }
+    if (theta != nullptr) {
+      spec.rope_theta = json_number(*theta, hf.field(theta_key));
+    }
+  }
+
+  if (const Json* name = hf.optional("name")) {
+    spec.name = json_string(*name, hf.field("name"));
+  } else if (const Json* hub = hf.optional("_name_or_path"); hub && hub->is_string()) {
+    spec.name = hub->get<std::string>();
+  }
+  if (spec.name.empty()) {
+    spec.name = name_from_origin(origin);
+  }
+  if (const Json* source = hf.optional("source")) {
+    spec.source = json_string(*source, hf.field("source"));
+  }
+  if (spec.source.empty()) {
+    spec.source = origin;
+  }
+
+  try {
+    spec.validate();
+  } catch (const InputError& e) {
+    rethrow_with_origin(e, "model.", origin);
+  }
+  return spec;
+}
+
+TransformerSpec load_model(const std::string& name_or_path,
+                           const DataDir& data,
+                           const std::string& field) {
+  const ResolvedFile file =
+      resolve_file(name_or_path, data, "models", "model", "or give a path to a config.json", field);
+  return parse_hf_config(read_text_file(file.path, field), file.origin);
+}
+
+}  // namespace cpsim::models

@@ -1,0 +1,145 @@
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "emit_common.hpp"
+
+namespace cpsim::planner::emit_detail {
+
+// ---- HF Accelerate config YAML (launchers.md 3a) ------------------------------------------------
+
+std::string accelerate_sp_attention(Plan& p) {
+  const std::string& k = p.recipe.attention_kernel;
+  if (k == "fa3") {
+    return "flash_attention_3";
+  }
+  if (k == "fa2") {
+    return "flash_attention_2";
+  }
+  if (k != "sdpa") {
+    p.note(
+        fmt::format("sp_attn_implementation accepts flash_attention_2 / flash_attention_3 / "
+                    "sdpa; the recipe's {} kernel maps to sdpa",
+                    k));
+  }
+  return "sdpa";
+}
+
+EmittedConfig emit_accelerate(Plan& p) {
+  const bool sp = p.method() == CpMethod::kUlysses;
+  std::string y;
+  y += "compute_environment: LOCAL_MACHINE\n";
+  y += "debug: false\n";
+  if (sp) {
+    require_zero_for_optimizer_offload(p, "DeepSpeed");
+    const std::string comm = p.ds_comm_dtype();
+    y += "distributed_type: DEEPSPEED\n";
+    y += "deepspeed_config:\n";
+    y += fmt::format("  zero_stage: {}\n", p.recipe.zero_stage);
+    if (p.recipe.optimizer_offload) {
+      y += "  offload_optimizer_device: cpu\n";
+    }
+    y += fmt::format("  seq_parallel_communication_data_type: {}\n", comm);
+  } else {
+    require_seq_multiple_of_2cp(p, "Accelerate CP", "torch CP load balancing; TRL docs");
+    y += "distributed_type: FSDP\n";
+    y += "fsdp_config:\n";
+    y += "  fsdp_version: 2\n";
+    y += fmt::format("  fsdp_activation_checkpointing: {}\n",
+                     boolean(p.recipe.checkpointing != CheckpointMode::kNone));
+    y += "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n";
+    y += "  fsdp_cpu_ram_efficient_loading: false\n";
+    y += fmt::format("  fsdp_offload_params: {}\n", boolean(p.recipe.optimizer_offload));
+    y += fmt::format("  fsdp_reshard_after_forward: {}\n", boolean(p.recipe.zero_stage >= 3));
+    y += "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
+    if (p.recipe.optimizer_offload) {
+      p.note(
+          "fsdp_offload_params offloads parameters, gradients and optimizer states (FSDP2 "
+          "CPUOffload), not only the optimizer as simulated");
+    }
+    if (p.recipe.zero_stage < 3) {
+      p.note(
+          fmt::format("FSDP2 always shards; ZeRO-{} is approximated by "
+                      "fsdp_reshard_after_forward: false",
+                      p.recipe.zero_stage));
+    }
+    if (p.recipe.checkpointing == CheckpointMode::kSelective) {
+      p.note(
+          "fsdp_activation_checkpointing is full per block; selective checkpointing is not "
+          "expressible (emitted full: less memory, more recompute than simulated)");
+    }
+    if (p.recipe.attention_kernel != "sdpa") {
+      p.note(
+          fmt::format("Accelerate's torch CP runs SDPA only (load the model with "
+                      "attn_implementation=\"sdpa\"); the recipe's {} kernel is not available",
+                      p.recipe.attention_kernel));
+    }
+    if (!p.zigzag()) {
+      p.note(
+          "torch CP load-balances the sequence (head-tail); the contiguous layout is not "
+          "selectable");
+    }
+    p.note_comm_dtype_fixed("Accelerate's torch CP");
+    p.note(
+        fmt::format("pad sequences to a multiple of 2 x cp_size = {} (TRL: "
+                    "pad_to_multiple_of)",
+                    2 * p.cp));
+  }
+  y += "downcast_bf16: 'no'\n";
+  y += "machine_rank: 0\n";
+  y += "main_training_function: main\n";
+  y += fmt::format("mixed_precision: {}\n", p.recipe.param_bytes == 2 ? "bf16" : "'no'");
+  y += fmt::format("num_machines: {}\n", p.nodes);
+  y += fmt::format("num_processes: {}\n", p.par.gpus);
+  y += "parallelism_config:\n";
+  y += "  parallelism_config_dp_replicate_size: 1\n";
+  y += fmt::format("  parallelism_config_dp_shard_size: {}\n", p.dp);
+  if (sp) {
+    y += fmt::format("  parallelism_config_sp_size: {}\n", p.ulysses);
+    y += "  parallelism_config_sp_backend: deepspeed\n";
+    y += "  parallelism_config_sp_seq_length_is_variable: true\n";
+    y += fmt::format("  parallelism_config_sp_attn_implementation: {}\n",
+                     accelerate_sp_attention(p));
+  } else {
+    y += fmt::format("  parallelism_config_cp_size: {}\n", p.cp);
+    y += "  parallelism_config_cp_backend: torch\n";
+    y += fmt::format("  parallelism_config_cp_comm_strategy: {}\n",
+                     p.method() == CpMethod::kAllGather ? "allgather" : "alltoall");
+  }
+  y += "  parallelism_config_tp_size: 1\n";
+  y += "rdzv_backend: static\n";
+  y += "same_network: true\n";
+  y += "use_cpu: false\n";
+
+  if (sp && p.recipe.checkpointing != CheckpointMode::kNone) {
+    p.note(
+        "activation checkpointing is a trainer argument (TrainingArguments / SFTConfig "
+        "gradient_checkpointing=True), not an accelerate config key");
+  }
+  if (p.nodes > 1) {
+    p.note(
+        fmt::format("{} machines: set machine_rank, main_process_ip and main_process_port per "
+                    "node",
+                    p.nodes));
+  }
+  if (p.ckpt_offload()) {
+    p.note("checkpoint offload to host is not available in Accelerate / Transformers");
+  }
+  p.note_if_ckpt_offload_ignored();
+  if (p.recipe.tiled_mlp) {
+    p.note("tiled MLP is not available in Accelerate / Transformers");
+  }
+  if (p.recipe.fused_loss) {
+    p.note(
+        "a fused linear cross-entropy needs Liger (TRL use_liger_kernel=True); not an "
+        "accelerate key");
+  }
+  std::vector<std::string> usage = {
+      "HF Accelerate config: accelerate launch --config_file cpsim_accelerate.yaml train.py ..."};
+  add_environment_line(p, usage);
+  return finish(p, {std::move(usage), std::move(y), "cpsim_accelerate.yaml", true});
+}
+
+}  // namespace cpsim::planner::emit_detail

@@ -1,0 +1,78 @@
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "emit_common.hpp"
+
+namespace cpsim::planner::emit_detail {
+
+// ---- ArcticTraining recipe YAML (launchers.md 3d) -----------------------------------------------
+
+EmittedConfig emit_arctic(Plan& p) {
+  require_zero_for_optimizer_offload(p, "ArcticTraining (DeepSpeed)");
+  const std::string comm = p.ds_comm_dtype();
+  const std::string& k = p.recipe.attention_kernel;
+  std::string attn = "flash_attention_2";
+  if (k == "sdpa" || k == "cudnn") {
+    attn = "sdpa";
+  } else if (k == "fa3") {
+    p.note(
+        "ArcticTraining's recipes use flash_attention_2; FA3 would need "
+        "attn_implementation flash_attention_3 support in your transformers version");
+  } else if (k != "fa2") {
+    p.note(fmt::format("the recipe's {} kernel maps to flash_attention_2", k));
+  }
+  std::string y;
+  y += "type: sft\n";
+  y += "micro_batch_size: 1\n";
+  y += fmt::format("sequence_parallel_size: {}\n", p.ulysses);
+  y += fmt::format("activation_checkpoint_cpu_offload: {}\n", boolean(p.ckpt_offload()));
+  y += fmt::format("tiled_mlp_compute: {}\n", boolean(p.recipe.tiled_mlp));
+  y += "model:\n";
+  y += "  type: liger\n";
+  y += fmt::format("  name_or_path: {}  # a Hugging Face id or local path of this model\n",
+                   quoted(p.model.name));
+  y += fmt::format("  attn_implementation: {}\n", attn);
+  if (p.recipe.checkpointing == CheckpointMode::kNone) {
+    y += "  disable_activation_checkpoint: true\n";
+  }
+  y += "data:\n";
+  y += fmt::format("  max_length: {}\n", p.seq);
+  y += "  # sources: add your training data sources here\n";
+  y += "deepspeed:\n";
+  y += "  zero_optimization:\n";
+  y += fmt::format("    stage: {}\n", p.recipe.zero_stage);
+  if (p.recipe.optimizer_offload) {
+    y += "    offload_optimizer:\n      device: cpu\n";
+  }
+  y += fmt::format("  seq_parallel_communication_data_type: {}\n", comm);
+  if (p.recipe.optimizer_offload) {
+    y += "optimizer:\n  type: cpu_adam\n";
+  }
+
+  p.note_if_ckpt_offload_ignored();
+  if (p.recipe.checkpointing == CheckpointMode::kSelective) {
+    p.note(
+        "ArcticTraining checkpoints whole blocks (HF gradient checkpointing); selective is not "
+        "expressible (runs full: less memory, more recompute than simulated)");
+  }
+  if (!p.recipe.fused_loss) {
+    p.note(
+        "the liger model fuses the loss (and SP tiles logits + loss); an unfused loss is not "
+        "expressible");
+  }
+  if (p.seq % (std::int64_t{256} * p.ulysses) != 0) {
+    p.note(fmt::format("ArcticTraining's guidance: seq ideally divisible by 256 x sp = {}",
+                       256 * p.ulysses));
+  }
+  std::vector<std::string> usage = {
+      fmt::format("ArcticTraining recipe: arctic_training cpsim_arctic.yaml --num_gpus {}{}",
+                  p.par.gpus, p.nodes > 1 ? " -H <hostfile>" : "")};
+  add_environment_line(p, usage);
+  return finish(p, {std::move(usage), std::move(y), "cpsim_arctic.yaml", true});
+}
+
+}  // namespace cpsim::planner::emit_detail

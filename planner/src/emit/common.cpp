@@ -1,0 +1,212 @@
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cpsim/models/error.hpp"
+
+#include "emit_common.hpp"
+
+namespace cpsim::planner::emit_detail {
+namespace {
+
+const char* launcher_title(LauncherFormat f) {
+  switch (f) {
+    case LauncherFormat::kTorchTitan:
+      return "TorchTitan";
+    case LauncherFormat::kUntiedUlysses:
+      return "the UPipe reference code (Untied-Ulysses TorchTitan fork)";
+    case LauncherFormat::kDeepSpeed:
+      return "DeepSpeed / Megatron-DeepSpeed";
+    case LauncherFormat::kAccelerate:
+      return "HF Accelerate";
+    case LauncherFormat::kMegatron:
+      return "Megatron-LM";
+    case LauncherFormat::kArctic:
+      return "ArcticTraining";
+  }
+  return "this launcher";
+}
+
+const char* launcher_scope(LauncherFormat f) {
+  switch (f) {
+    case LauncherFormat::kTorchTitan:
+      return "upstream TorchTitan only has ring-style CP (ring, allgather); no Ulysses, UPipe or "
+             "FPDT";
+    case LauncherFormat::kUntiedUlysses:
+      return "its --model.attn_impl offers upipe, usp (Ulysses x ring) and the torch ring only";
+    case LauncherFormat::kDeepSpeed:
+      return "DeepSpeed only has Ulysses sequence parallelism and FPDT (Megatron-DeepSpeed)";
+    case LauncherFormat::kAccelerate:
+      return "Accelerate has torch ring CP (cp_size) or DeepSpeed Ulysses (sp_size), mutually "
+             "exclusive, and no UPipe or FPDT";
+    case LauncherFormat::kMegatron:
+      return "Megatron-LM CP (Transformer Engine) has p2p, all_gather, a2a and a2a+p2p only";
+    case LauncherFormat::kArctic:
+      return "ArcticTraining only has DeepSpeed Ulysses (sequence_parallel_size)";
+  }
+  return "";
+}
+
+}  // namespace
+
+void refuse_method(LauncherFormat f, CpMethod m) {
+  refuse(fmt::format("{} cannot run {} ({}); use {}", launcher_title(f), models::to_string(m),
+                     launcher_scope(f), launchers_for(m)));
+}
+
+void refuse(const std::string& message) {
+  throw InputError("--emit", message);
+}
+
+// ---- Small formatting helpers -------------------------------------------------------------------
+
+std::string number(double v) {
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15) {
+    return fmt::format("{}", static_cast<std::int64_t>(v));
+  }
+  return fmt::format("{}", v);
+}
+
+const char* boolean(bool b) {
+  return b ? "true" : "false";
+}
+
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    switch (ch) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(ch));
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string shell_word(const std::string& s) {
+  bool plain = !s.empty();
+  for (const char ch : s) {
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                    (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '.' || ch == '/' ||
+                    ch == ':' || ch == '=' || ch == ',' || ch == '+';
+    plain = plain && ok;
+  }
+  if (plain) {
+    return s;
+  }
+  std::string out = "'";
+  for (const char ch : s) {
+    out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  }
+  return out + "'";
+}
+
+std::string comment_lines(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) {
+    out += l.empty() ? "#\n" : fmt::format("# {}\n", l);
+  }
+  return out;
+}
+// ---- Refusals -----------------------------------------------------------------------------------
+
+void require_method(LauncherFormat f, CpMethod m, std::initializer_list<CpMethod> supported) {
+  for (const CpMethod s : supported) {
+    if (s == m) {
+      return;
+    }
+  }
+  refuse_method(f, m);
+}
+
+void require_seq_multiple_of_2cp(const Plan& p, const char* launcher, const char* why) {
+  const std::int64_t multiple = std::int64_t{2} * p.cp;
+  if (p.seq % multiple != 0) {
+    refuse(fmt::format("{} needs --seq divisible by 2 x CP = {} ({}); {} is not", launcher,
+                       multiple, why, p.seq));
+  }
+}
+
+void require_zero_for_optimizer_offload(const Plan& p, const char* launcher) {
+  if (p.recipe.optimizer_offload && p.recipe.zero_stage < 1) {
+    refuse(
+        fmt::format("{} offloads the optimizer to the CPU only under ZeRO (stage 1 to 3); "
+                    "use --zero 1, 2 or 3 with optimizer offload",
+                    launcher));
+  }
+}
+// ---- Model names --------------------------------------------------------------------------------
+
+Flavor llama3_flavor(const models::TransformerSpec& m) {
+  struct Shape {
+    std::int64_t layers, hidden, heads, kv, ffn;
+    const char* flavor;
+  };
+  static constexpr std::array kShapes = {Shape{32, 4096, 32, 8, 14336, "8B"},
+                                         Shape{80, 8192, 64, 8, 28672, "70B"},
+                                         Shape{126, 16384, 128, 8, 53248, "405B"}};
+  for (const Shape& s : kShapes) {
+    if (m.layers == s.layers && m.hidden == s.hidden && m.heads == s.heads && m.kv_heads == s.kv &&
+        m.ffn_hidden == s.ffn && m.head_dim == 128 && m.vocab == 128256 && !m.qk_norm) {
+      return {"llama3", s.flavor};
+    }
+  }
+  return {};
+}
+
+std::string shape_summary(const models::TransformerSpec& m) {
+  return fmt::format("{} layers, hidden {}, {} heads, {} KV heads, head_dim {}, ffn {}, vocab {}",
+                     m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn_hidden, m.vocab);
+}
+
+// ---- Finishing step -----------------------------------------------------------------------------
+
+void add_environment_line(const Plan& p, std::vector<std::string>& usage) {
+  if (p.recipe.expandable_segments) {
+    usage.emplace_back("environment: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+  }
+}
+
+EmittedConfig finish(Plan& p, LauncherText text) {
+  EmittedConfig out;
+  out.suggested_filename = text.filename;
+  std::vector<std::string> header = {p.provenance()};
+  header.insert(header.end(), std::make_move_iterator(text.usage.begin()),
+                std::make_move_iterator(text.usage.end()));
+  if (text.comment_header) {
+    for (const auto& n : p.notes) {
+      header.push_back(fmt::format("note: {}", n));
+    }
+    out.text = comment_lines(header) + text.body;
+    out.notes = std::move(p.notes);
+  } else {
+    out.text = std::move(text.body);
+    header.insert(header.end(), std::make_move_iterator(p.notes.begin()),
+                  std::make_move_iterator(p.notes.end()));
+    out.notes = std::move(header);
+  }
+  return out;
+}
+
+}  // namespace cpsim::planner::emit_detail

@@ -1,0 +1,182 @@
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "emit_common.hpp"
+
+namespace cpsim::planner::emit_detail {
+
+// ---- DeepSpeed ds_config JSON + Megatron-DeepSpeed FPDT flags (launchers.md 2a-2e) -------------
+
+EmittedConfig emit_deepspeed(Plan& p) {
+  require_zero_for_optimizer_offload(p, "DeepSpeed");
+  const bool fpdt = p.method() == CpMethod::kFpdt;
+  std::vector<std::string> usage;  // the Megatron-DeepSpeed flags for FPDT
+  const std::string comm = p.ds_comm_dtype();
+
+  std::string j = "{\n";
+  j += "  \"train_micro_batch_size_per_gpu\": 1,\n";
+  j += "  \"gradient_accumulation_steps\": 1,\n";
+  j += fmt::format("  \"bf16\": {{\"enabled\": {}}},\n", boolean(p.recipe.param_bytes == 2));
+  j += fmt::format("  \"zero_optimization\": {{\n    \"stage\": {}", p.recipe.zero_stage);
+  if (p.recipe.optimizer_offload) {
+    j += ",\n    \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}";
+  }
+  j += "\n  },\n";
+  j += fmt::format("  \"sequence_parallel_size\": {},\n", p.ulysses);
+  j += fmt::format("  \"seq_parallel_communication_data_type\": {},\n", quoted(comm));
+  j += fmt::format(
+      "  \"activation_checkpointing\": {{\n    \"partition_activations\": false,\n    "
+      "\"cpu_checkpointing\": {},\n    \"contiguous_memory_optimization\": false\n  }}\n",
+      boolean(p.ckpt_offload()));
+  j += "}\n";
+  p.note_if_ckpt_offload_ignored();
+  if (p.recipe.param_bytes != 2) {
+    p.note("bf16 is off: the recipe computes in a non-bf16 dtype");
+  }
+
+  if (fpdt) {
+    const std::int64_t chunk = p.par.fpdt_chunk;
+    if (chunk / p.ulysses / 32 < 1) {
+      refuse(
+          fmt::format("Megatron-DeepSpeed's FPDT loss splits into chunks of fpdt_chunk / sp / 32 "
+                      "tokens; --fpdt-chunk {} with sequence parallel size {} gives 0 (needs "
+                      "at least {})",
+                      chunk, p.ulysses, 32 * p.ulysses));
+    }
+    const std::int64_t max_pos = std::max(p.model.max_position_embeddings, p.seq);
+    std::vector<std::string> f = {"--deepspeed",
+                                  "--deepspeed_config cpsim_deepspeed.json",
+                                  fmt::format("--zero-stage {}", p.recipe.zero_stage),
+                                  "--no-pipeline-parallel",
+                                  fmt::format("--ds-sequence-parallel-size {}", p.ulysses),
+                                  "--ds-sequence-parallel-fpdt",
+                                  fmt::format("--ds-sequence-parallel-fpdt-chunk-size {}", chunk)};
+    if (p.par.fpdt_offload) {
+      f.emplace_back("--ds-sequence-parallel-fpdt-offloading");
+      if (p.seq / chunk <= 1) {
+        p.note("FPDT offloading only takes effect with more than one chunk (seq / chunk > 1)");
+      }
+    }
+    if (p.recipe.checkpointing != CheckpointMode::kNone) {
+      f.emplace_back("--checkpoint-activations --deepspeed-activation-checkpointing");
+      if (p.ckpt_offload()) {
+        f.emplace_back("--checkpoint-in-cpu");
+      }
+      if (p.recipe.checkpointing == CheckpointMode::kSelective) {
+        p.note(
+            "Megatron-DeepSpeed has no selective recompute flag for FPDT; emitted full "
+            "checkpointing (less memory, more recompute than simulated)");
+      }
+    }
+    if (p.recipe.optimizer_offload) {
+      f.emplace_back("--cpu-optimizer");
+    }
+    f.emplace_back(fmt::format("--num-layers {}", p.model.layers));
+    f.emplace_back(fmt::format("--hidden-size {}", p.model.hidden));
+    f.emplace_back(fmt::format("--ffn-hidden-size {}", p.model.ffn_hidden));
+    f.emplace_back(fmt::format("--num-attention-heads {}", p.model.heads));
+    f.emplace_back(fmt::format("--num-key-value-heads {}", p.model.kv_heads));
+    f.emplace_back(fmt::format("--kv-channels {}", p.model.head_dim));
+    if (p.model.activation == models::ActivationKind::kSwiGlu) {
+      f.emplace_back("--swiglu");
+    }
+    if (p.model.norm == models::NormKind::kRmsNorm) {
+      f.emplace_back("--normalization rmsnorm");  // Megatron-DeepSpeed spells it in lower case
+    }
+    if (!p.model.attention_bias) {
+      f.emplace_back("--disable-bias-linear");
+    }
+    if (!p.model.tied_embeddings) {
+      f.emplace_back("--untie-embeddings-and-output-weights");
+    }
+    f.emplace_back(fmt::format("--seq-length {}", p.seq));
+    f.emplace_back(fmt::format("--max-position-embeddings {}", max_pos));
+    f.emplace_back("--use-rotary-position-embeddings --no-position-embedding");
+    // An int in Megatron-DeepSpeed's argparse.
+    f.emplace_back(fmt::format("--rotary-position-embeddings-theta {}",
+                               static_cast<std::int64_t>(std::llround(p.model.rope_theta))));
+    f.emplace_back("--micro-batch-size 1");
+    f.emplace_back(p.recipe.param_bytes == 2 ? "--bf16" : "--fp16");
+    f.emplace_back("--use-flash-attn-v2");
+    std::string line = "Megatron-DeepSpeed flags:";
+    for (const auto& s : f) {
+      line += fmt::format(" {}", s);
+    }
+    usage.push_back(std::move(line));
+    if (p.recipe.attention_kernel == "fa3") {
+      p.note(
+          "--use-flash-attn-v3 exists only in the UPipe authors' FPDT fork (Untied-Ulysses "
+          "FPDT/Megatron-DeepSpeed), not upstream; emitted --use-flash-attn-v2");
+    } else if (p.recipe.attention_kernel != "fa2") {
+      p.note(
+          fmt::format("FPDT requires flash-attn; the recipe's {} kernel is replaced by "
+                      "--use-flash-attn-v2",
+                      p.recipe.attention_kernel));
+    }
+    if (chunk % (std::int64_t{p.ulysses} * p.ulysses) != 0) {
+      p.note(
+          fmt::format("the reference FPDT script asks for seq divisible by sp x sp x chunks, "
+                      "i.e. a chunk divisible by sp x sp = {}",
+                      p.ulysses * p.ulysses));
+    }
+    if (p.model.attention_bias) {
+      p.note(
+          "the model's q/k/v biases have no Megatron-DeepSpeed flag (biases stay on in every "
+          "linear without --disable-bias-linear)");
+    }
+    if (p.model.qk_norm) {
+      p.note(
+          "Megatron-DeepSpeed has no q/k RMSNorm (Qwen3); the flags describe the closest Llama "
+          "block");
+    }
+    if (max_pos != p.model.max_position_embeddings) {
+      p.note(
+          fmt::format("--max-position-embeddings is raised from {} to the sequence length, as "
+                      "the reference FPDT script does (Megatron-DeepSpeed asserts "
+                      "max_position_embeddings >= seq_length)",
+                      p.model.max_position_embeddings));
+    }
+    p.note(
+        "add data, tokenizer and optimizer flags; launch with deepspeed pretrain_gpt.py <flags>");
+  } else {
+    p.note(
+        fmt::format("Ulysses: pass this file to deepspeed.initialize with ALST's "
+                    "UlyssesSPAttentionHF.register_with_transformers(..., "
+                    "sequence_parallel_size={}) for HF models, or use it with "
+                    "Megatron-DeepSpeed --ds-sequence-parallel-size {}",
+                    p.ulysses, p.ulysses));
+    if (p.recipe.tiled_mlp) {
+      p.note(
+          "tiled MLP is a code change in DeepSpeed (TiledMLP.apply / sequence_tiled_compute); "
+          "no ds_config key");
+    }
+    if (p.recipe.fused_loss) {
+      p.note(
+          "the fused / tiled loss is a code change (TiledFusedLogitsLoss, "
+          "UlyssesSPFwdLossBwdWithLogits); no ds_config key");
+    }
+    if (p.ckpt_offload()) {
+      p.note(
+          "for HF non-reentrant checkpointing, checkpoint offload also needs "
+          "get_checkpoint_hidden_states_offloading_ctx_manager() around the forward");
+    }
+    if (p.recipe.checkpointing == CheckpointMode::kSelective) {
+      p.note(
+          "selective checkpointing is chosen in the model code (HF gradient checkpointing is "
+          "per block); no ds_config key");
+    }
+  }
+  if (p.recipe.expandable_segments) {
+    p.note("run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+  }
+  // JSON has no comments: the provenance and the flags lead the notes.
+  return finish(p, {std::move(usage), std::move(j), "cpsim_deepspeed.json", false});
+}
+
+}  // namespace cpsim::planner::emit_detail

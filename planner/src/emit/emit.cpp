@@ -1,0 +1,100 @@
+#include "cpsim/planner/emit.hpp"
+
+#include <array>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "cpsim/models/error.hpp"
+
+#include "emit_common.hpp"
+
+// The dispatcher: which launcher runs which method, then one emitter per launcher (one file each
+// in this folder) and the shared finishing step (emit_common.hpp).
+
+namespace cpsim::planner {
+namespace {
+
+constexpr std::array kFormats = {LauncherFormat::kTorchTitan, LauncherFormat::kUntiedUlysses,
+                                 LauncherFormat::kDeepSpeed,  LauncherFormat::kAccelerate,
+                                 LauncherFormat::kMegatron,   LauncherFormat::kArctic};
+
+using emit_detail::CpMethod;
+using emit_detail::Plan;
+using emit_detail::refuse;
+using emit_detail::require_method;
+
+}  // namespace
+
+const char* to_string(LauncherFormat f) {
+  switch (f) {
+    case LauncherFormat::kTorchTitan:
+      return "torchtitan";
+    case LauncherFormat::kUntiedUlysses:
+      return "untied-ulysses";
+    case LauncherFormat::kDeepSpeed:
+      return "deepspeed";
+    case LauncherFormat::kAccelerate:
+      return "accelerate";
+    case LauncherFormat::kMegatron:
+      return "megatron";
+    case LauncherFormat::kArctic:
+      return "arctic";
+  }
+  return "unknown";
+}
+
+LauncherFormat parse_launcher_format(const std::string& text, const std::string& field) {
+  std::string known;
+  for (const LauncherFormat f : kFormats) {
+    if (text == to_string(f)) {
+      return f;
+    }
+    known += known.empty() ? to_string(f) : fmt::format(", {}", to_string(f));
+  }
+  throw InputError(field, fmt::format("unknown launcher format '{}'; known: {}", text, known));
+}
+
+EmittedConfig emit_launcher_config(LauncherFormat format, const sim::ScheduleInputs& config) {
+  const CpMethod m = config.parallel.method;
+  switch (format) {
+    case LauncherFormat::kTorchTitan:
+      require_method(format, m, {CpMethod::kRing, CpMethod::kAllGather});
+      break;
+    case LauncherFormat::kUntiedUlysses:
+      require_method(format, m,
+                     {CpMethod::kUPipe, CpMethod::kUsp, CpMethod::kUlysses, CpMethod::kRing});
+      break;
+    case LauncherFormat::kDeepSpeed:
+      require_method(format, m, {CpMethod::kUlysses, CpMethod::kFpdt});
+      break;
+    case LauncherFormat::kAccelerate:
+      require_method(format, m, {CpMethod::kUlysses, CpMethod::kRing, CpMethod::kAllGather});
+      break;
+    case LauncherFormat::kMegatron:
+      require_method(format, m,
+                     {CpMethod::kRing, CpMethod::kAllGather, CpMethod::kUlysses, CpMethod::kUsp});
+      break;
+    case LauncherFormat::kArctic:
+      require_method(format, m, {CpMethod::kUlysses});
+      break;
+  }
+  Plan plan(config);  // validates the configuration (throws InputError naming the flag)
+  switch (format) {
+    case LauncherFormat::kTorchTitan:
+      return emit_detail::emit_torchtitan(plan);
+    case LauncherFormat::kUntiedUlysses:
+      return emit_detail::emit_untied_ulysses(plan);
+    case LauncherFormat::kDeepSpeed:
+      return emit_detail::emit_deepspeed(plan);
+    case LauncherFormat::kAccelerate:
+      return emit_detail::emit_accelerate(plan);
+    case LauncherFormat::kMegatron:
+      return emit_detail::emit_megatron(plan);
+    case LauncherFormat::kArctic:
+      return emit_detail::emit_arctic(plan);
+  }
+  refuse(fmt::format("unknown launcher format {}", static_cast<int>(format)));
+}
+
+}  // namespace cpsim::planner

@@ -1,0 +1,191 @@
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "emit_common.hpp"
+
+namespace cpsim::planner::emit_detail {
+
+// ---- Megatron-LM arguments (launchers.md 4) -----------------------------------------------------
+
+EmittedConfig emit_megatron(Plan& p) {
+  const CpMethod m = p.method();
+  require_seq_multiple_of_2cp(p, "Megatron-LM", "Transformer Engine's DualChunkSwap layout");
+  int a2a = 0;  // size of the all-to-all (Ulysses) part
+  std::string comm;
+  switch (m) {
+    case CpMethod::kRing:
+      comm = "p2p";
+      break;
+    case CpMethod::kAllGather:
+      comm = "all_gather";  // TE accepts only this spelling (the argparse help says allgather)
+      break;
+    case CpMethod::kUlysses:
+      comm = "a2a";
+      a2a = p.cp;
+      break;
+    case CpMethod::kUsp:
+      if (p.ring == 1) {
+        comm = "a2a";
+        a2a = p.cp;
+        p.note("usp with ring degree 1 is plain a2a");
+      } else if (p.ulysses == 1) {
+        comm = "p2p";
+        p.note("usp with Ulysses degree 1 is plain p2p");
+      } else {
+        comm = "a2a+p2p";
+        a2a = p.ulysses;
+      }
+      break;
+    default:
+      refuse_method(LauncherFormat::kMegatron, m);
+  }
+  if (a2a > 1 && (p.model.kv_heads % a2a != 0 || p.model.heads % a2a != 0)) {
+    refuse(fmt::format(
+        "Megatron-LM's a2a CP splits query and KV heads across the {} all-to-all ranks "
+        "(Transformer "
+        "Engine does not replicate KV heads): {} has {} KV heads, so the a2a size must divide {}; "
+        "use --emit deepspeed, accelerate or arctic (they replicate KV heads), or --method usp "
+        "with a smaller Ulysses degree",
+        a2a, p.model.name, p.model.kv_heads, p.model.kv_heads));
+  }
+
+  const std::int64_t max_pos = std::max(p.model.max_position_embeddings, p.seq);
+  std::vector<std::vector<std::string>> a;  // one flag with its values per line
+  a.push_back({"--num-layers", fmt::format("{}", p.model.layers)});
+  a.push_back({"--hidden-size", fmt::format("{}", p.model.hidden)});
+  a.push_back({"--ffn-hidden-size", fmt::format("{}", p.model.ffn_hidden)});
+  a.push_back({"--num-attention-heads", fmt::format("{}", p.model.heads)});
+  if (p.model.kv_heads != p.model.heads) {
+    a.push_back({"--group-query-attention"});
+    a.push_back({"--num-query-groups", fmt::format("{}", p.model.kv_heads)});
+  }
+  a.push_back({"--kv-channels", fmt::format("{}", p.model.head_dim)});
+  a.push_back({"--seq-length", fmt::format("{}", p.seq)});
+  a.push_back({"--max-position-embeddings", fmt::format("{}", max_pos)});
+  a.push_back({"--position-embedding-type", "rope"});
+  a.push_back({"--rotary-base", number(p.model.rope_theta)});
+  a.push_back(
+      {"--normalization", p.model.norm == models::NormKind::kRmsNorm ? "RMSNorm" : "LayerNorm"});
+  if (p.model.activation == models::ActivationKind::kSwiGlu) {
+    a.push_back({"--swiglu"});
+  }
+  a.push_back({"--disable-bias-linear"});
+  if (p.model.attention_bias) {
+    a.push_back({"--add-qkv-bias"});
+  }
+  if (!p.model.tied_embeddings) {
+    a.push_back({"--untie-embeddings-and-output-weights"});
+  }
+  if (p.model.qk_norm) {
+    a.push_back({"--qk-layernorm"});
+  }
+  a.push_back({"--tensor-model-parallel-size", "1"});
+  a.push_back({"--pipeline-model-parallel-size", "1"});
+  a.push_back({"--context-parallel-size", fmt::format("{}", p.cp)});
+  a.push_back({"--cp-comm-type", comm});
+  if (comm == "a2a+p2p") {
+    a.push_back({"--hierarchical-context-parallel-sizes", fmt::format("{}", p.ulysses),
+                 fmt::format("{}", p.ring)});
+  }
+  a.push_back({"--micro-batch-size", "1"});
+  a.push_back({p.recipe.param_bytes == 2 ? "--bf16" : "--fp16"});
+  if (p.recipe.zero_stage >= 1) {
+    a.push_back({"--use-distributed-optimizer"});
+  }
+  switch (p.recipe.checkpointing) {
+    case CheckpointMode::kFull:
+      a.push_back({"--recompute-granularity", "full"});
+      a.push_back({"--recompute-method", "uniform"});
+      a.push_back({"--recompute-num-layers", "1"});
+      break;
+    case CheckpointMode::kSelective:
+      a.push_back({"--recompute-granularity", "selective"});
+      a.push_back({"--recompute-modules", "core_attn"});
+      break;
+    case CheckpointMode::kNone:
+      break;
+  }
+  const std::string& kernel = p.recipe.attention_kernel;
+  if (kernel == "cudnn") {
+    a.push_back({"--attention-backend", "fused"});  // cuDNN fused attention inside TE
+  } else {
+    a.push_back({"--attention-backend", "flash"});
+    if (kernel == "fa3") {
+      p.note(
+          "--attention-backend flash runs FlashAttention through Transformer Engine (FA3 when "
+          "flash-attn 3 is installed on Hopper; recent Megatron can pin it with "
+          "--flash-attention-version 3)");
+    } else if (kernel != "fa2") {
+      p.note(
+          fmt::format("Megatron-LM has no SDPA backend in TE; the recipe's {} kernel is "
+                      "replaced by flash",
+                      kernel));
+    }
+  }
+
+  if (p.recipe.zero_stage >= 2) {
+    p.note(
+        fmt::format("--use-distributed-optimizer shards optimizer states (and gradients in the "
+                    "reduce-scatter) but not parameters; ZeRO-{} parameter sharding needs "
+                    "Megatron FSDP, not emitted: memory will be higher than simulated",
+                    p.recipe.zero_stage));
+  }
+  if (p.recipe.optimizer_offload) {
+    p.note(
+        "optimizer offload is not emitted (Megatron-Core's optimizer CPU offload is outside "
+        "launchers.md; check your version)");
+  }
+  if (p.ckpt_offload()) {
+    p.note(
+        "checkpoint offload is not emitted: --cpu-offloading-num-layers is incompatible with "
+        "recompute");
+  }
+  p.note_if_ckpt_offload_ignored();
+  if (p.recipe.tiled_mlp) {
+    p.note("tiled MLP has no Megatron-LM flag");
+  }
+  if (p.recipe.fused_loss) {
+    p.note(
+        "fused linear cross-entropy (no logits) has no Megatron-LM flag "
+        "(--cross-entropy-loss-fusion still materialises the logits)");
+  }
+  if (!p.zigzag() && comm != "a2a") {
+    p.note(
+        "Transformer Engine always uses the load-balanced DualChunkSwap (zigzag) layout; the "
+        "contiguous layout is not selectable");
+  }
+  if (max_pos != p.model.max_position_embeddings) {
+    p.note(
+        fmt::format("--max-position-embeddings raised from {} to the sequence length; training "
+                    "past the model's native context needs RoPE scaling",
+                    p.model.max_position_embeddings));
+  }
+  p.note_comm_dtype_fixed("Megatron-LM (TE)");
+
+  std::vector<std::string> usage = {
+      "Megatron-LM arguments; add data, tokenizer, optimizer and schedule flags, then:",
+      fmt::format("  source cpsim_megatron.sh && torchrun --nnodes {} --nproc_per_node {} ... "
+                  "pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" ...",
+                  p.nodes, p.par.gpus_per_node)};
+  std::string text;
+  if (p.recipe.expandable_segments) {
+    text += "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n";
+  }
+  text += "MEGATRON_ARGS=(\n";
+  for (const auto& line : a) {
+    text += " ";
+    for (const auto& w : line) {
+      text += fmt::format(" {}", shell_word(w));
+    }
+    text += "\n";
+  }
+  text += ")\n";
+  return finish(p, {std::move(usage), std::move(text), "cpsim_megatron.sh", true});
+}
+
+}  // namespace cpsim::planner::emit_detail

@@ -1,0 +1,151 @@
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "emit_common.hpp"
+
+namespace cpsim::planner::emit_detail {
+
+// ---- TorchTitan v0.2.x TOML (launchers.md 1a) ---------------------------------------------------
+
+EmittedConfig emit_torchtitan(Plan& p) {
+  require_seq_multiple_of_2cp(p, "TorchTitan",
+                              "training.seq_len must be divisible by tp x 2 x cp for CP load "
+                              "balancing");
+  const bool allgather = p.method() == CpMethod::kAllGather;
+  std::string body;
+
+  // [model]
+  const Flavor fl = llama3_flavor(p.model);
+  if (fl.name != nullptr) {
+    body += fmt::format("[model]\nname = {}\nflavor = {}\n\n", quoted(fl.name), quoted(fl.flavor));
+  } else {
+    body +=
+        fmt::format("# [model] name / flavor: pick the TorchTitan model registered for {} ({})\n\n",
+                    p.model.name, shape_summary(p.model));
+    p.note(
+        fmt::format("no TorchTitan llama3 flavor matches {} exactly; set [model] name and "
+                    "flavor yourself",
+                    p.model.name));
+  }
+
+  // [training]
+  body += "[training]\nlocal_batch_size = 1\n";
+  body += fmt::format("seq_len = {}  # divisible by 2 x cp = {}\n", p.seq, 2 * p.cp);
+  body += fmt::format("mixed_precision_param = {}\n",
+                      quoted(p.recipe.param_bytes == 4 ? "float32" : "bfloat16"));
+  body += "mixed_precision_reduce = \"float32\"  # the only value TorchTitan accepts\n";
+  if (p.recipe.grad_reduce_bytes != 4) {
+    p.note(
+        "TorchTitan reduces gradients in float32 only; the recipe's narrower gradient reduce is "
+        "not expressible");
+  }
+  if (p.recipe.optimizer_offload) {
+    body +=
+        "enable_cpu_offload = true  # FSDP CPU offload: parameters, gradients AND optimizer "
+        "states live on the host (more than cpsim's optimizer offload)\n";
+    p.note(
+        "training.enable_cpu_offload offloads parameters, gradients and optimizer states "
+        "(FSDP CPUOffload), not only the optimizer as simulated");
+  }
+
+  // [parallelism]
+  body += "\n[parallelism]\ndata_parallel_replicate_degree = 1\n";
+  body += fmt::format(
+      "data_parallel_shard_degree = -1  # the leftover ranks ({}); FSDP shards over dp_shard x cp "
+      "= {} GPUs\n",
+      p.dp, p.par.gpus);
+  if (p.recipe.zero_stage < 3) {
+    body += fmt::format(
+        "fsdp_reshard_after_forward = \"never\"  # keeps gathered parameters after forward, the "
+        "closest FSDP2 gets to ZeRO-{}\n",
+        p.recipe.zero_stage);
+    p.note(
+        fmt::format("TorchTitan always shards with FSDP2 (ZeRO-3 style); ZeRO-{} is "
+                    "approximated by fsdp_reshard_after_forward = \"never\"",
+                    p.recipe.zero_stage));
+  }
+  body += fmt::format("context_parallel_degree = {}\n", p.cp);
+  if (allgather) {
+    body +=
+        "context_parallel_rotate_method = \"allgather\"  # all-gather K/V after the first "
+        "sub-SDPA (all-gather CP); v0.1.0 to v0.2.2, removed on main\n";
+  } else {
+    body +=
+        "context_parallel_rotate_method = \"alltoall\"  # ring: K/V shards rotate peer to peer "
+        "(TorchTitan's name for ring passing); v0.1.0 to v0.2.2, removed on main\n";
+  }
+  p.note(
+      "context_parallel_rotate_method drives training in v0.2.0 and v0.2.1; in v0.2.2 only the "
+      "validation path reads it (training uses PyTorch's default rotation)");
+  if (p.zigzag()) {
+    body +=
+        "context_parallel_load_balancer = \"headtail\"  # zigzag layout (SDPA); key new in "
+        "v0.2.2: delete this line for v0.2.0 / v0.2.1\n";
+  } else {
+    body +=
+        "# context_parallel_load_balancer: the contiguous layout needs None, which TOML cannot "
+        "write (an empty string is rejected); the default \"headtail\" balances the sequence "
+        "instead\n";
+    p.note(
+        "contiguous layout is not expressible in the TOML (load balancer None); TorchTitan's "
+        "default headtail (zigzag) balancing will run, which evens out causal work");
+  }
+
+  // [activation_checkpoint]
+  body += "\n[activation_checkpoint]\n";
+  switch (p.recipe.checkpointing) {
+    case CheckpointMode::kFull:
+      body += "mode = \"full\"\n";
+      break;
+    case CheckpointMode::kSelective:
+      body +=
+          "mode = \"selective\"\nselective_ac_option = \"op\"  # per-op SAC; cpsim's selective "
+          "(attention core recomputed) has no exact TorchTitan equivalent\n";
+      p.note(
+          "selective checkpointing maps to TorchTitan's per-op SAC, which saves different "
+          "tensors than cpsim's selective model (attention core recomputed)");
+      break;
+    case CheckpointMode::kNone:
+      body += "mode = \"none\"\n";
+      break;
+  }
+
+  // What the TOML cannot say.
+  if (p.ckpt_offload()) {
+    p.note(
+        "checkpoint offload to host (block inputs in pinned memory) has no TorchTitan TOML key; "
+        "it lives in code (e.g. the UPipe fork's \"offload\" attn_impl)");
+  }
+  p.note_if_ckpt_offload_ignored();
+  if (p.recipe.tiled_mlp) {
+    p.note(
+        "tiled MLP / tiled RMSNorm have no TorchTitan TOML key; they live in code (the UPipe "
+        "fork's \"tiled_mlp\" attn_impl)");
+  }
+  if (p.recipe.fused_loss) {
+    p.note(
+        "fused linear cross-entropy (logits never materialised) has no TorchTitan TOML key; it "
+        "lives in code");
+  }
+  if (p.recipe.attention_kernel != "sdpa" && p.recipe.attention_kernel != "cudnn") {
+    p.note(
+        fmt::format("TorchTitan CP runs PyTorch SDPA (flash / cuDNN backends) or flex; the "
+                    "recipe's {} kernel is not selectable",
+                    p.recipe.attention_kernel));
+  }
+  p.note_comm_dtype_fixed("TorchTitan");
+
+  LauncherText text;
+  text.usage = {
+      "TorchTitan v0.2.x TOML job config: CONFIG_FILE=cpsim_torchtitan.toml ./run_train.sh",
+      "(TorchTitan main after 2026-02-23 takes a Python config function instead: no rotate key, "
+      "training.max_context_length)"};
+  add_environment_line(p, text.usage);
+  text.body = "\n" + body;
+  text.filename = "cpsim_torchtitan.toml";
+  return finish(p, std::move(text));
+}
+
+}  // namespace cpsim::planner::emit_detail

@@ -1,0 +1,175 @@
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "emit_common.hpp"
+
+namespace cpsim::planner::emit_detail {
+
+// ---- UPipe reference code: TorchTitan fork arguments (launchers.md 5a) --------------------------
+
+EmittedConfig emit_untied_ulysses(Plan& p) {
+  const CpMethod m = p.method();
+  if (m == CpMethod::kUPipe && p.par.heads_per_stage != 0 && p.par.heads_per_stage != p.ulysses) {
+    refuse(
+        fmt::format("the UPipe reference code fixes the heads per stage U to the Ulysses degree "
+                    "({}); --heads-per-stage {} cannot be expressed there (no other launcher "
+                    "runs UPipe): use --heads-per-stage {}",
+                    p.ulysses, p.par.heads_per_stage, p.ulysses));
+  }
+  if (p.ring > 1) {
+    require_seq_multiple_of_2cp(p, "the UPipe reference code", "its ring is always zigzag");
+  }
+  const std::string& kernel = p.recipe.attention_kernel;
+  // Ring without an FA kernel runs the torch ring (SDPA); everything else goes through yunchang.
+  const bool torch_ring = m == CpMethod::kRing && kernel != "fa2" && kernel != "fa3";
+  std::string impl;
+  if (torch_ring) {
+    impl = "torch_ring_alltoall";
+  } else {
+    impl = m == CpMethod::kUPipe ? "upipe" : "usp";
+    if (kernel == "fa3") {
+      impl += "_fa3";
+    } else {
+      impl += "_fa2";
+      if (kernel != "fa2") {
+        p.note(
+            fmt::format("the fork's upipe / usp attention runs flash-attn (fa2 or fa3 in "
+                        "attn_impl); the recipe's {} kernel is replaced by fa2",
+                        kernel));
+      }
+    }
+  }
+  if (p.ckpt_offload()) {
+    impl += "_offload";
+  }
+  p.note_if_ckpt_offload_ignored();
+  if (p.recipe.tiled_mlp) {
+    impl += "_tiled_mlp";
+  }
+  if (p.recipe.tiled_mlp != p.recipe.tiled_norm) {
+    p.note(
+        "the fork's tiled_mlp switches on TiledMLP and TiledRMSNorm together; tiled_mlp and "
+        "tiled_norm differ in the recipe");
+  }
+
+  std::vector<std::string> args = {
+      "--parallelism.context_parallel_ulysses_degree", fmt::format("{}", p.ulysses),
+      "--parallelism.context_parallel_degree", fmt::format("{}", p.ring)};
+  if (torch_ring) {
+    args.insert(args.end(), {"--parallelism.context_parallel_rotate_method", "alltoall"});
+  }
+  if (p.recipe.zero_stage < 3) {
+    args.insert(args.end(), {"--parallelism.fsdp_reshard_after_forward", "never"});
+    p.note(
+        fmt::format("the fork shards with FSDP2 (ZeRO-3 style); ZeRO-{} is approximated by "
+                    "--parallelism.fsdp_reshard_after_forward never",
+                    p.recipe.zero_stage));
+  }
+  const Flavor fl = llama3_flavor(p.model);
+  // The fork's llama3 "32B" flavor is the Qwen3-32B shape run as a Llama block.
+  const auto& md = p.model;
+  const bool qwen32 = md.layers == 64 && md.hidden == 5120 && md.heads == 64 && md.kv_heads == 8 &&
+                      md.head_dim == 128 && md.ffn_hidden == 25600;
+  if (fl.name != nullptr) {
+    args.insert(args.end(), {"--model.name", fl.name, "--model.flavor", fl.flavor});
+  } else if (qwen32) {
+    args.insert(args.end(), {"--model.name", "llama3", "--model.flavor", "32B"});
+    p.note(
+        "the fork's llama3 32B flavor has Qwen3-32B's shape as a Llama block (no q/k RMSNorm, "
+        "the tokenizer of the TOML decides the vocabulary)");
+  } else {
+    p.note(
+        fmt::format("no llama3 flavor of the fork matches {} ({}); pass --model.flavor for a "
+                    "flavor you add to torchtitan/models/llama3/__init__.py",
+                    p.model.name, shape_summary(p.model)));
+  }
+  args.insert(args.end(), {"--model.attn_impl", impl, "--model.ring_comm_heads", "gqa_kv",
+                           "--activation_checkpoint.mode"});
+  switch (p.recipe.checkpointing) {
+    case CheckpointMode::kFull:
+      args.emplace_back("full");
+      break;
+    case CheckpointMode::kSelective:
+      args.insert(args.end(), {"selective", "--activation_checkpoint.selective_ac_option", "op"});
+      p.note(
+          "selective checkpointing maps to the fork's per-op SAC, which saves different tensors "
+          "than cpsim's selective model (attention core recomputed)");
+      break;
+    case CheckpointMode::kNone:
+      args.emplace_back("none");
+      break;
+  }
+  args.insert(args.end(),
+              {"--training.seq_len", fmt::format("{}", p.seq), "--training.batch_size", "1"});
+  if (p.recipe.optimizer_offload) {
+    args.emplace_back("--training.enable_cpu_offload");
+    p.note(
+        "--training.enable_cpu_offload offloads parameters, gradients and optimizer states "
+        "(FSDP CPUOffload), not only the optimizer as simulated");
+  }
+
+  if (m == CpMethod::kUlysses) {
+    p.note("the fork runs Ulysses as usp (yunchang LongContextAttention) with ring degree 1");
+  }
+  if (m == CpMethod::kRing && !torch_ring) {
+    p.note("ring runs as usp with Ulysses degree 1 (yunchang zigzag ring flash attention)");
+  }
+  if (p.ring > 1 && !p.zigzag()) {
+    p.note(
+        "the fork's ring is always load-balanced (zigzag / round robin); the contiguous layout "
+        "is not selectable");
+  }
+  if (!p.recipe.fused_loss) {
+    p.note(
+        "the fork always uses Liger's fused linear cross-entropy; an unfused loss is not "
+        "selectable");
+  }
+  p.note_comm_dtype_fixed("the fork");
+
+  std::vector<std::string> env;
+  if (p.recipe.expandable_segments) {
+    env.emplace_back("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+  }
+  if (p.seq > kPinMemoryLimit) {
+    env.emplace_back("INP_PIN_MEMORY=False");  // the fork's scripts do this above 4M tokens
+  }
+
+  std::vector<std::string> usage = {
+      "Arguments for the UPipe reference code (github.com/togethercomputer/Untied-Ulysses, "
+      "TorchTitan fork); from its torchtitan/ folder:"};
+  const char* toml = "./torchtitan/models/llama3/train_configs/llama3_8b_test_2d.toml";
+  if (p.nodes == 1) {
+    usage.push_back(
+        fmt::format("  source cpsim_untied-ulysses.sh && NGPU={} CONFIG_FILE={} "
+                    "./run_train.sh \"${{UNTIED_ULYSSES_ARGS[@]}}\"",
+                    p.par.gpus, toml));
+  } else {
+    usage.push_back(fmt::format(
+        "  source cpsim_untied-ulysses.sh && python -m torch.distributed.run --nnodes {} "
+        "--nproc_per_node {} --node_rank <rank> --rdzv_endpoint <host:port> -m torchtitan.train "
+        "--job.config_file {} \"${{UNTIED_ULYSSES_ARGS[@]}}\"",
+        p.nodes, p.par.gpus_per_node, toml));
+  }
+  std::string text;
+  for (const auto& e : env) {
+    text += fmt::format("export {}\n", e);
+  }
+  text += "UNTIED_ULYSSES_ARGS=(\n";
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    text += fmt::format("  {}", shell_word(args[i]));
+    // A flag and its value share a line.
+    const bool value_follows = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0;
+    if (value_follows) {
+      text += fmt::format(" {}", shell_word(args[++i]));
+    }
+    text += "\n";
+  }
+  text += ")\n";
+  return finish(p, {std::move(usage), std::move(text), "cpsim_untied-ulysses.sh", true});
+}
+
+}  // namespace cpsim::planner::emit_detail
