@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cpsim/models/error.hpp"
+#include "cpsim/models/json_keys.hpp"
 
 namespace cpsim::calibrate::detail {
 
@@ -24,6 +25,7 @@ std::string strip_exception_prefix(std::string message) {
 }  // namespace
 
 Json parse_json_text(const std::string& text, const std::string& origin) {
+  models::reject_duplicate_json_keys(text, origin);
   try {
     return Json::parse(text);
   } catch (const Json::exception& e) {

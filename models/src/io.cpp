@@ -21,6 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cpsim/models/error.hpp"
+#include "cpsim/models/json_keys.hpp"
+
+#include "io_checks.hpp"
 
 namespace cpsim::models {
 namespace {
@@ -58,6 +61,7 @@ std::string describe(const Json& value) {
 
 /// Parses JSON text; malformed text becomes an InputError naming the origin and the position.
 Json parse_json(const std::string& text, const std::string& origin) {
+  reject_duplicate_json_keys(text, origin);
   try {
     return Json::parse(text);
   } catch (const Json::parse_error& e) {
@@ -445,6 +449,18 @@ struct ResolvedFile {
       origin;  ///< prefix of error fields: the path as given, or "<name>.json" for built-ins
 };
 
+/// An argument that looks like a path (has a '/' or ends in .json) but names nothing is a missing
+/// file, not an unknown built-in name. @throws InputError naming `field` and the path.
+void check_path_exists(const std::string& name_or_path, const std::string& field) {
+  const bool looks_like_path =
+      name_or_path.find_first_of("/\\") != std::string::npos ||
+      (name_or_path.size() > 5 && name_or_path.compare(name_or_path.size() - 5, 5, ".json") == 0);
+  std::error_code ec;
+  if (looks_like_path && !fs::exists(name_or_path, ec)) {
+    throw InputError(field, fmt::format("file not found: '{}'", name_or_path));
+  }
+}
+
 /// `name_or_path` as an existing file, else as a built-in `data.root/kind/<name>.json`.
 /// `noun` and `hint` shape the error: "unknown model 'x'; built-in: a, b (or give a path to ...)".
 ResolvedFile resolve_file(const std::string& name_or_path,
@@ -476,13 +492,15 @@ ResolvedFile resolve_file(const std::string& name_or_path,
       }
     }
   }
+  check_path_exists(name_or_path, field);
   const std::vector<std::string> names = list_builtin(data, kind);
   std::string list;
   for (const auto& n : names) {
     list += list.empty() ? n : ", " + n;
   }
+  const std::string none = fmt::format("none found in '{}'", (data.root / kind).string());
   throw InputError(field, fmt::format("unknown {} '{}'; built-in: {} ({})", noun, name_or_path,
-                                      list.empty() ? "none found" : list, hint));
+                                      list.empty() ? none : list, hint));
 }
 
 }  // namespace
@@ -506,6 +524,8 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
                                    refused.what));
     }
   }
+
+  detail::check_modelled_architecture(root, origin);
 
   TransformerSpec spec;
   spec.hidden = hf.required_int("hidden_size");
@@ -593,6 +613,7 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
   } catch (const InputError& e) {
     rethrow_with_origin(e, "model.", origin);
   }
+  detail::note_head_dim(spec);
   return spec;
 }
 
@@ -723,6 +744,7 @@ HardwareProfile parse_hardware_profile(const std::string& json_text, const std::
       hw.collectives[span][collective] = std::move(model);
     }
   }
+  detail::check_profile_plausible(hw, origin);
   return hw;
 }
 
@@ -863,6 +885,7 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
   } catch (const InputError& e) {
     rethrow_with_origin(e, "recipe.", origin);
   }
+  detail::check_optimizer_offload_stage(recipe, origin);
   return recipe;
 }
 

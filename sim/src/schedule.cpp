@@ -48,9 +48,7 @@ HeadLayout derive_head_layout(const ScheduleInputs& in) {
   if (p.gpus_per_node < 1) {
     throw InputError("--gpus-per-node", fmt::format("must be at least 1, got {}", p.gpus_per_node));
   }
-  const char* cp_flag = p.method == CpMethod::kRing || p.method == CpMethod::kAllGather
-                            ? "--cp-degree"
-                            : "--ulysses-degree";
+  const char* cp_flag = "--cp-degree";
   if (p.cp_degree < 1 || p.gpus % p.cp_degree != 0) {
     throw InputError(p.cp_degree == p.gpus ? "--gpus" : cp_flag,
                      fmt::format("CP degree {} must divide --gpus {}", p.cp_degree, p.gpus));
@@ -99,23 +97,6 @@ HeadLayout derive_head_layout(const ScheduleInputs& in) {
   const std::int64_t c = p.cp_degree;
   const std::int64_t ring = p.ring_degree;
   const std::int64_t u = c / ring;
-  const bool zigzag = p.ring_layout == models::RingLayout::kZigzag && ring > 1;
-  const std::int64_t seq_multiple = zigzag ? 2 * c : c;
-  if (p.seq_len % seq_multiple != 0) {
-    throw InputError(
-        "--seq",
-        fmt::format("sequence length {} must be divisible by {}{}", p.seq_len, seq_multiple,
-                    zigzag ? " (2 × CP degree for the zigzag layout)" : " (the CP degree)"));
-  }
-  if (p.method == CpMethod::kFpdt) {
-    const std::int64_t k = p.fpdt_chunk;
-    if (k <= 0 || k % c != 0 || p.seq_len % k != 0) {
-      throw InputError("--fpdt-chunk",
-                       fmt::format("chunk {} must be a positive multiple of the CP degree {} that "
-                                   "divides the sequence length {}",
-                                   k, c, p.seq_len));
-    }
-  }
   HeadLayout L;
   L.cp = c;
   L.ulysses = u;
@@ -123,8 +104,9 @@ HeadLayout derive_head_layout(const ScheduleInputs& in) {
   L.heads = m.heads;
   if (m.heads % u != 0) {
     throw InputError("--model", fmt::format("{} has {} attention heads, not divisible by the "
-                                            "Ulysses degree {} (Ulysses splits heads across ranks)",
-                                            m.name, m.heads, u));
+                                            "Ulysses degree {}{}: Ulysses splits heads across "
+                                            "ranks",
+                                            m.name, m.heads, u, u == p.gpus ? " (--gpus)" : ""));
   }
   if (m.kv_heads % u == 0) {
     L.kv_heads_eff = m.kv_heads;
@@ -142,6 +124,24 @@ HeadLayout derive_head_layout(const ScheduleInputs& in) {
                      fmt::format("a CP group spanning nodes must cover whole nodes: degree {} is "
                                  "not a multiple of --gpus-per-node {}",
                                  c, p.gpus_per_node));
+  }
+  // Lengths last: a degree that cannot work is the error to report, not the default --seq.
+  const bool zigzag = p.ring_layout == models::RingLayout::kZigzag && ring > 1;
+  const std::int64_t seq_multiple = zigzag ? 2 * c : c;
+  if (p.seq_len % seq_multiple != 0) {
+    throw InputError(
+        "--seq",
+        fmt::format("sequence length {} must be divisible by {}{}", p.seq_len, seq_multiple,
+                    zigzag ? " (2 × CP degree for the zigzag layout)" : " (the CP degree)"));
+  }
+  if (p.method == CpMethod::kFpdt) {
+    const std::int64_t k = p.fpdt_chunk;
+    if (k <= 0 || k % c != 0 || p.seq_len % k != 0) {
+      throw InputError("--fpdt-chunk",
+                       fmt::format("chunk {} must be a positive multiple of the CP degree {} that "
+                                   "divides the sequence length {}",
+                                   k, c, p.seq_len));
+    }
   }
   if (p.method != CpMethod::kUPipe) {
     if (p.heads_per_stage != 0) {

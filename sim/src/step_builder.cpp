@@ -722,6 +722,7 @@ void StepBuilder::build() {
   if (!r_.expandable_segments) {
     w_.notes.push_back("allocator fragmentation without expandable segments is not modelled");
   }
+  w_.notes.insert(w_.notes.end(), in_.model.notes.begin(), in_.model.notes.end());
 }
 
 }  // namespace cpsim::sim::detail
