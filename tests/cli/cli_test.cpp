@@ -957,6 +957,29 @@ TEST_F(BadInputTest, NoSilentValuesNoMisleadingFlags) {
   for (const auto& c : cases) {
     expect_usage_error(c);
   }
+  // Duplicate keys in the other loaders: a calibration raw file and a validation case.
+  write_file(path("dup_raw.json"), R"({"schema": "cpsim.calibration/1",
+    "schema": "cpsim.calibration/1"})");
+  expect_usage_error(
+      {"duplicate key in a calibration file",
+       {"calibrate", "fit", path("dup_raw.json").string(), "--out", path("fitted.json").string()},
+       {"dup_raw.json:schema"},
+       {"duplicate"}});
+  const fs::path data = path("data");
+  fs::copy(CPSIM_TEST_DATA_DIR, data, fs::copy_options::recursive);
+  fs::path a_case;
+  for (const auto& entry : fs::directory_iterator(data / "validation")) {
+    if (entry.path().extension() == ".json") {
+      a_case = entry.path();
+    }
+  }
+  ASSERT_FALSE(a_case.empty()) << "no validation case in " << CPSIM_TEST_DATA_DIR;
+  std::string text = read_file(a_case);
+  text.insert(text.find('{') + 1, R"( "id": "duplicate",)");
+  write_file(data / "validation" / "dup_case.json", text);
+  data_dir_ = data.string();
+  expect_usage_error(
+      {"duplicate key in a validation case", {"validate"}, {"dup_case.json:id"}, {"duplicate"}});
   data_dir_ = "/nonexistent";
   expect_usage_error({"data folder that does not exist",
                       {"simulate", "--model", "llama3-8b"},
