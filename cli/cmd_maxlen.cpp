@@ -67,7 +67,8 @@ CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& a) {
   c->add_option("--granularity", a.granularity,
                 "lengths searched are multiples of this (and of what the method requires)")
       ->capture_default_str();
-  c->add_option("--memory-margin", a.memory_margin_gib, "GiB kept free on every GPU");
+  c->add_option("--memory-margin", a.memory_margin_gib,
+                "GiB kept free on every GPU: from 0 to below the GPU's capacity");
   c->add_flag("--json", a.json, "print JSON instead of text");
   return c;
 }
@@ -76,11 +77,8 @@ int run_maxlen(const MaxLenArgs& a) {
   planner::MaxLenOptions opts;
   opts.granularity = parse_length(a.granularity, "--granularity");
   opts.refusal_text = refusal_text;
-  if (!(a.memory_margin_gib >= 0.0) || a.memory_margin_gib > 1e6) {
-    throw InputError("--memory-margin", "must be a non-negative number of GiB");
-  }
-  opts.memory_margin_bytes =
-      static_cast<std::int64_t>(a.memory_margin_gib * static_cast<double>(kGiB));
+  opts.memory_margin_bytes = memory_margin_bytes(
+      a.memory_margin_gib, models::load_hardware(a.config.hardware, data_dir()));
   const std::vector<std::string> methods = split_methods(a.config.method);
   std::vector<Outcome> outcomes;
   for (const std::string& m : methods) {

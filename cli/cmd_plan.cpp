@@ -83,7 +83,8 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
   c->add_option("--methods", a.methods, "methods to search: a comma-separated list or all")
       ->capture_default_str();
   c->add_option("--top", a.top, "configurations to list")->capture_default_str();
-  c->add_option("--memory-margin", a.memory_margin_gib, "GiB kept free on every GPU");
+  c->add_option("--memory-margin", a.memory_margin_gib,
+                "GiB kept free on every GPU: from 0 to below the GPU's capacity");
   c->add_option("--granularity", a.granularity, "max-context mode: length step")
       ->capture_default_str();
   c->add_flag(
@@ -109,9 +110,6 @@ int run_plan(const PlanArgs& a) {
   if (a.threads < 1 || a.threads > 256) {
     throw InputError("--threads", "must be between 1 and 256");
   }
-  if (!(a.memory_margin_gib >= 0.0) || a.memory_margin_gib > 1e6) {
-    throw InputError("--memory-margin", "must be a non-negative number of GiB");
-  }
   if (!a.out.empty() && a.emit.empty()) {
     throw InputError("--out", "needs --emit FORMAT");
   }
@@ -130,8 +128,7 @@ int run_plan(const PlanArgs& a) {
   if (!a.seq.empty()) {
     opts.seq_len = parse_length(a.seq, "--seq");
   }
-  opts.memory_margin_bytes =
-      static_cast<std::int64_t>(a.memory_margin_gib * static_cast<double>(kGiB));
+  opts.memory_margin_bytes = memory_margin_bytes(a.memory_margin_gib, base.hardware);
   opts.granularity = parse_length(a.granularity, "--granularity");
   opts.vary_recipe = !a.fixed_recipe;
   opts.refusal_text = refusal_text;
@@ -148,10 +145,15 @@ int run_plan(const PlanArgs& a) {
     std::cerr << "                         \r" << std::flush;
   }
   if (res.ranked.empty()) {
+    const std::string closest = res.closest_miss.empty() ? "" : "; " + res.closest_miss;
     throw InputError(a.seq.empty() ? "--methods" : "--seq",
-                     a.seq.empty() ? "no configuration fits even the shortest length searched"
-                                   : "no configuration fits at this length; try `cpsim plan "
-                                     "--max-context`");
+                     a.seq.empty()
+                         ? fmt::format("no configuration of {} on {} GPUs fits even the shortest "
+                                       "length searched{}",
+                                       base.model.name, base.parallel.gpus, closest)
+                         : fmt::format("no configuration fits at this length{}; try `cpsim plan "
+                                       "--max-context`",
+                                       closest));
   }
 
   // Emit the best configuration the chosen launcher can run.

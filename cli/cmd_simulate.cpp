@@ -44,6 +44,54 @@ void check_attention_kernel(const models::HardwareProfile& hw,
                   r.name, r.attention_kernel, hw.name, known));
 }
 
+/// Tiled MLP shards: `--tiled-mlp SHARDS` within what a recipe allows (1 to 2^20).
+std::int64_t parse_mlp_shards(const std::string& text) {
+  constexpr std::int64_t kMaxShards = std::int64_t{1} << 20;
+  const std::int64_t shards = parse_length(text, "--tiled-mlp");
+  if (shards > kMaxShards) {
+    throw InputError("--tiled-mlp", fmt::format("{} shards is out of range: give on, off or a "
+                                                "shard count from 1 to {}",
+                                                shards, kMaxShards));
+  }
+  return shards;
+}
+
+/// ZeRO-Offload (DeepSpeed `offload_optimizer`, FSDP CPU offload) moves the optimizer's partition
+/// to the host: there is a partition only under ZeRO stage 1 to 3. Names the flag that was given.
+void check_optimizer_offload(const models::TrainingRecipe& r, const SimulateArgs& a) {
+  if (!r.optimizer_offload || r.zero_stage >= 1) {
+    return;
+  }
+  if (!a.optimizer_offload.empty()) {
+    throw InputError("--optimizer-offload",
+                     "optimizer offload needs ZeRO stage 1, 2 or 3 (it offloads the optimizer "
+                     "partition, as DeepSpeed ZeRO-Offload does); got --zero 0");
+  }
+  throw InputError("--zero", fmt::format("recipe '{}' offloads the optimizer, which needs ZeRO "
+                                         "stage 1, 2 or 3; add --optimizer-offload off for "
+                                         "stage 0",
+                                         r.name));
+}
+
+/// The CP degree must divide the GPU count; the error names the flag the degree came from.
+void check_cp_degree_divides_gpus(const SimulateArgs& a, int cp_degree) {
+  if (cp_degree >= 1 && a.gpus % cp_degree == 0) {
+    return;
+  }
+  std::string flag = "--cp-degree";
+  std::string from = fmt::format("CP degree {}", cp_degree);
+  if (a.cp_degree <= 0 && a.ulysses_degree > 0 && a.ring_degree > 0) {
+    flag = "--ulysses-degree";
+    from = fmt::format("Ulysses degree {} × ring degree {} = CP degree {}", a.ulysses_degree,
+                       a.ring_degree, cp_degree);
+  } else if (a.cp_degree <= 0 && a.ulysses_degree > 0) {
+    flag = "--ulysses-degree";
+  } else if (a.cp_degree <= 0 && a.ring_degree > 0) {
+    flag = "--ring-degree";
+  }
+  throw InputError(flag, fmt::format("{} must divide --gpus {}", from, a.gpus));
+}
+
 }  // namespace
 
 sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
@@ -71,9 +119,8 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   }
   if (!a.tiled_mlp.empty()) {
     if (std::isdigit(static_cast<unsigned char>(a.tiled_mlp[0])) != 0) {
-      const std::int64_t shards = parse_length(a.tiled_mlp, "--tiled-mlp");
       r.tiled_mlp = true;
-      r.tiled_mlp_shards = shards;
+      r.tiled_mlp_shards = parse_mlp_shards(a.tiled_mlp);
     } else {
       r.tiled_mlp = parse_switch(a.tiled_mlp, "--tiled-mlp");
       r.tiled_mlp_shards = 0;
@@ -105,6 +152,7 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   if (!a.optimizer_offload.empty()) {
     r.optimizer_offload = parse_switch(a.optimizer_offload, "--optimizer-offload");
   }
+  check_optimizer_offload(r, a);
   if (!a.param_offload.empty()) {
     r.param_offload = parse_switch(a.param_offload, "--param-offload");
     if (r.param_offload && r.zero_stage != 3) {
@@ -153,6 +201,7 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   } else {
     p.cp_degree = a.gpus;
   }
+  check_cp_degree_divides_gpus(a, p.cp_degree);
   if (ring_only) {
     p.ring_degree = a.ring_degree > 0 ? a.ring_degree : p.cp_degree;
     if (a.ulysses_degree > 1) {
@@ -470,6 +519,26 @@ CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
   return c;
 }
 
+namespace {
+
+/// A CLI11 check: a whole number from `lo` to `hi`. Flags whose 0 or -1 stands for "derived" or
+/// "from the recipe" take it only as their default, never from the command line.
+CLI::Validator whole_number_in(long long lo, long long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        long long value = 0;
+        if (!CLI::detail::lexical_cast(text, value) || value < lo || value > hi) {
+          return fmt::format("must be a whole number from {} to {}, got '{}'", lo, hi, text);
+        }
+        return {};
+      },
+      fmt::format("INT in [{} - {}]", lo, hi));
+}
+
+constexpr long long kMaxGpus = 65536;
+
+}  // namespace
+
 void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
   c->add_option("--model", a.model,
                 "built-in model name (see `cpsim models`) or path to a "
@@ -477,7 +546,8 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
       ->capture_default_str();
   c->add_option("--gpus", a.gpus, "number of GPUs")->capture_default_str();
   c->add_option("--gpus-per-node", a.gpus_per_node,
-                "GPUs per node (default: from the hardware profile)");
+                "GPUs per node (default: from the hardware profile)")
+      ->check(whole_number_in(1, kMaxGpus));
   c->add_option("--hardware", a.hardware,
                 "built-in hardware profile (see `cpsim hardware`) or a "
                 "profile file")
@@ -492,24 +562,29 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
   }
   c->add_option("--recipe", a.recipe, "built-in recipe name or recipe file")->capture_default_str();
   c->add_option(
-      "--heads-per-stage", a.heads_per_stage,
-      "UPipe: query heads per stage U, a multiple of the CP degree (default: the CP degree)");
+       "--heads-per-stage", a.heads_per_stage,
+       "UPipe: query heads per stage U, a multiple of the CP degree (default: the CP degree)")
+      ->check(whole_number_in(1, std::int64_t{1} << 20));
   c->add_option("--cp-degree", a.cp_degree,
                 "context-parallel group size C; the rest of the GPUs are data parallel "
-                "(default: all GPUs, or ulysses × ring)");
+                "(default: all GPUs, or ulysses × ring)")
+      ->check(whole_number_in(1, kMaxGpus));
   c->add_option("--ulysses-degree", a.ulysses_degree,
                 "Ulysses (all-to-all) part of C: ulysses, fpdt, usp, upipe (default: C, or the "
-                "GPUs of a node for usp/upipe across nodes)");
+                "GPUs of a node for usp/upipe across nodes)")
+      ->check(whole_number_in(1, kMaxGpus));
   c->add_option("--ring-degree", a.ring_degree,
                 "ring part of C: usp, upipe (default: C / GPUs per node across nodes, else 1); "
-                "ring and allgather use C");
+                "ring and allgather use C")
+      ->check(whole_number_in(1, kMaxGpus));
   c->add_option("--ring-layout", a.ring_layout,
                 "token layout of ring attention: zigzag | contiguous "
                 "(default: zigzag)");
   c->add_option("--fpdt-chunk", a.fpdt_chunk, "FPDT chunk in global tokens (default: 64K)");
   c->add_option("--fpdt-offload", a.fpdt_offload,
                 "FPDT: offload chunks to pinned host memory: on | off (default: on)");
-  c->add_option("--zero", a.zero, "ZeRO stage 0-3 (3 = FSDP full shard; default: recipe)");
+  c->add_option("--zero", a.zero, "ZeRO stage 0-3 (3 = FSDP full shard; default: recipe)")
+      ->check(whole_number_in(0, 3));
   c->add_option("--optimizer-offload", a.optimizer_offload,
                 "fp32 master weights and optimizer states in host memory, CPU Adam: on | off");
   c->add_option("--param-offload", a.param_offload,

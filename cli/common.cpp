@@ -8,14 +8,35 @@
 #include <fmt/format.h>
 
 #include "cpsim/models/error.hpp"
+#include "cpsim/models/units.hpp"
 
 namespace cpsim::cli {
 
 models::DataDir data_dir() {
   if (const char* env = std::getenv("CPSIM_DATA_DIR"); env != nullptr && *env != '\0') {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(env, ec)) {
+      throw InputError("CPSIM_DATA_DIR",
+                       fmt::format("'{}' is not a directory (the environment variable names the "
+                                   "folder of built-in models, hardware and recipes; unset it to "
+                                   "use the built-in data)",
+                                   env));
+    }
     return {std::filesystem::path(env)};
   }
   return {std::filesystem::path(CPSIM_DATA_DIR_DEFAULT)};
+}
+
+std::int64_t memory_margin_bytes(double margin_gib, const models::HardwareProfile& hardware) {
+  const double capacity_gib =
+      static_cast<double>(hardware.hbm_capacity_bytes) / static_cast<double>(kGiB);
+  if (!(margin_gib >= 0.0) || !(margin_gib < capacity_gib)) {
+    throw InputError("--memory-margin",
+                     fmt::format("{} GiB is out of range: the margin kept free on every GPU must "
+                                 "be at least 0 and below the {:.4g} GiB of {} ({})",
+                                 margin_gib, capacity_gib, hardware.gpu_name, hardware.name));
+  }
+  return static_cast<std::int64_t>(margin_gib * static_cast<double>(kGiB));
 }
 
 void write_file_atomically(const std::filesystem::path& path,

@@ -1,6 +1,7 @@
 #pragma once
 // Shared pieces of the subcommands: data directory, atomic file writes, table formatting.
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -10,7 +11,12 @@
 namespace cpsim::cli {
 
 /// CPSIM_DATA_DIR from the environment, else the source tree's data/ compiled in.
+/// @throws InputError naming CPSIM_DATA_DIR when it is set but is not a directory.
 models::DataDir data_dir();
+
+/// `--memory-margin` in GiB as bytes: at least 0 and below the profile's GPU capacity (a margin
+/// must leave some memory to plan with). @throws InputError naming --memory-margin.
+std::int64_t memory_margin_bytes(double margin_gib, const models::HardwareProfile& hardware);
 
 /// Writes `content` to `path` through a temporary file in the same folder and a rename, so an
 /// interrupted run never leaves a half-written file. @throws InputError(field) if it cannot.

@@ -9,11 +9,7 @@ std::string flag_for(sim::Quantity q, const models::ParallelConfig& p) {
     case sim::Quantity::kGpusPerNode:
       return "--gpus-per-node";
     case sim::Quantity::kCpDegree:
-      if (p.cp_degree == p.gpus) {
-        return "--gpus";
-      }
-      return sim::cp_implementation(p.method).has_ulysses_part() ? "--ulysses-degree"
-                                                                 : "--cp-degree";
+      return p.cp_degree == p.gpus ? "--gpus" : "--cp-degree";
     case sim::Quantity::kRingDegree:
       return "--ring-degree";
     case sim::Quantity::kSeqLen:

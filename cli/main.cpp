@@ -1,8 +1,11 @@
 // cpsim: simulator and memory/throughput planner for context-parallel long-context training.
 // Exit status: 0 success, 2 bad input (one line on stderr naming the flag or field), 1 internal
 // error.
+#include <algorithm>
 #include <exception>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -10,6 +13,53 @@
 
 #include "commands.hpp"
 #include "config_flags.hpp"
+
+namespace {
+
+/// Levenshtein distance (names are short).
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) {
+    row[j] = j;
+  }
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+/// The error line for a first argument that is neither a flag nor a subcommand ("" when it is
+/// one, or absent): names it, the closest subcommand when one is close, and the list.
+std::string unknown_subcommand_error(CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') {
+    return "";
+  }
+  const std::string given = argv[1];
+  std::string closest, known;
+  std::size_t best = given.size() / 2 + 1;  // farther than this suggests nothing
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    const std::string& name = sub->get_name();
+    if (name == given) {
+      return "";
+    }
+    known += known.empty() ? name : ", " + name;
+    if (const std::size_t d = edit_distance(given, name); d < best) {
+      best = d;
+      closest = name;
+    }
+  }
+  return "unknown subcommand '" + given + "'" +
+         (closest.empty() ? "" : "; did you mean '" + closest + "'?") + " (subcommands: " + known +
+         ")";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -41,6 +91,10 @@ int main(int argc, char** argv) {
   CLI::App* models = cpsim::cli::register_models(app, models_args);
   CLI::App* hardware = cpsim::cli::register_hardware(app, hardware_args);
 
+  if (const std::string error = unknown_subcommand_error(app, argc, argv); !error.empty()) {
+    std::cerr << "cpsim: error: " << error << "\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -15,6 +15,7 @@
 #include "cpsim/models/io.hpp"
 #include "cpsim/models/json_io.hpp"
 
+#include "io_checks.hpp"
 #include "loader_common.hpp"
 
 namespace cpsim::models {
@@ -311,6 +312,7 @@ HardwareProfile parse_hardware_profile(const std::string& json_text, const std::
       hw.collectives[span][collective] = std::move(model);
     }
   }
+  detail::check_profile_plausible(hw, origin);
   return hw;
 }
 

@@ -8,6 +8,7 @@
 #include "cpsim/models/io.hpp"
 #include "cpsim/models/json_io.hpp"
 
+#include "io_checks.hpp"
 #include "loader_common.hpp"
 
 namespace cpsim::models {
@@ -100,6 +101,8 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
     }
   }
 
+  detail::check_modelled_architecture(root, origin);
+
   TransformerSpec spec;
   spec.hidden = hf.required_int("hidden_size");
   spec.ffn_hidden = hf.required_int("intermediate_size");
@@ -186,6 +189,7 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
   } catch (const InputError& e) {
     rethrow_with_origin(e, "model.", origin);
   }
+  detail::note_head_dim(spec);
   return spec;
 }
 

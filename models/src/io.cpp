@@ -65,6 +65,18 @@ void check_schema(const Json& root, std::string_view expected, const std::string
   }
 }
 
+/// An argument that looks like a path (has a '/' or ends in .json) but names nothing is a missing
+/// file, not an unknown built-in name. @throws InputError naming `field` and the path.
+void check_path_exists(const std::string& name_or_path, const std::string& field) {
+  const bool looks_like_path =
+      name_or_path.find_first_of("/\\") != std::string::npos ||
+      (name_or_path.size() > 5 && name_or_path.compare(name_or_path.size() - 5, 5, ".json") == 0);
+  std::error_code ec;
+  if (looks_like_path && !fs::exists(name_or_path, ec)) {
+    throw InputError(field, fmt::format("file not found: '{}'", name_or_path));
+  }
+}
+
 ResolvedFile resolve_file(const std::string& name_or_path,
                           const DataDir& data,
                           const std::string& kind,
@@ -94,13 +106,15 @@ ResolvedFile resolve_file(const std::string& name_or_path,
       }
     }
   }
+  check_path_exists(name_or_path, field);
   const std::vector<std::string> names = list_builtin(data, kind);
   std::string list;
   for (const auto& n : names) {
     list += list.empty() ? n : ", " + n;
   }
+  const std::string none = fmt::format("none found in '{}'", (data.root / kind).string());
   throw InputError(field, fmt::format("unknown {} '{}'; built-in: {} ({})", noun, name_or_path,
-                                      list.empty() ? "none found" : list, hint));
+                                      list.empty() ? none : list, hint));
 }
 
 }  // namespace detail

@@ -79,7 +79,10 @@ class DuplicateKeyCheck {
   void add_key(const std::string& key) {
     Frame& object = frames_.back();
     if (!object.keys.insert(key).second) {
-      throw InputError(json_field(origin_, json_child_path(object.path, key)), "duplicate key");
+      throw InputError(json_field(origin_, json_child_path(object.path, key)),
+                       fmt::format("duplicate key \"{}\" in one object (only one value would be "
+                                   "read; keep one)",
+                                   key));
     }
     last_key_ = key;
   }
@@ -120,6 +123,17 @@ Json parse_json(const std::string& text, const std::string& origin) {
   } catch (const Json::exception& e) {
     throw InputError(origin, fmt::format("malformed JSON: {}", strip_exception_prefix(e.what())));
   }
+}
+
+void reject_duplicate_json_keys(const std::string& text, const std::string& origin) {
+  DuplicateKeyCheck check(origin);
+  const Json ignored = Json::parse(
+      text,
+      [&check](int depth, Json::parse_event_t event, Json& parsed) {
+        return check(depth, event, parsed);
+      },
+      /*allow_exceptions=*/false);
+  static_cast<void>(ignored);
 }
 
 std::string json_field(const std::string& origin, const std::string& path) {

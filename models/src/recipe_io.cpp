@@ -11,6 +11,7 @@
 #include "cpsim/models/io.hpp"
 #include "cpsim/models/json_io.hpp"
 
+#include "io_checks.hpp"
 #include "loader_common.hpp"
 
 namespace cpsim::models {
@@ -157,6 +158,7 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
   } catch (const InputError& e) {
     rethrow_with_origin(e, "recipe.", origin);
   }
+  detail::check_optimizer_offload_stage(recipe, origin);
   return recipe;
 }
 

@@ -239,6 +239,66 @@ std::string explain(const Candidate& best, const Candidate& second, bool max_con
       format_bytes(static_cast<double>(b.peak_memory_bytes)));
 }
 
+/// The candidate nearest to fitting among those that do not: the smallest ratio of memory needed
+/// to memory usable (GPU or host, whichever misses), for the message when nothing fits.
+class ClosestMiss {
+ public:
+  /// `at_least`: `need` is a lower bound (pruned, or a simulation stopped above capacity).
+  void offer(const Candidate& c,
+             std::int64_t seq_len,
+             const char* memory,
+             std::int64_t need,
+             std::int64_t usable,
+             bool at_least) {
+    const double ratio = usable > 0 ? static_cast<double>(need) / static_cast<double>(usable)
+                                    : std::numeric_limits<double>::infinity();
+    if (!text_.empty() && !(ratio < ratio_)) {
+      return;
+    }
+    ratio_ = ratio;
+    text_ =
+        fmt::format("the closest, {}, needs {}{} of {} memory at {} against {} usable ({} over)",
+                    c.label, at_least ? "at least " : "", format_bytes(static_cast<double>(need)),
+                    memory, format_length(seq_len), format_bytes(static_cast<double>(usable)),
+                    format_bytes(static_cast<double>(need - usable)));
+  }
+  /// A candidate that misses for another reason (kernel limits) or was refused.
+  void offer_other(const Candidate& c, const std::string& why) {
+    if (other_.empty()) {
+      other_ = fmt::format("{}: {}", c.label, why);
+    }
+  }
+  std::string text() const { return text_.empty() ? other_ : text_; }
+
+ private:
+  double ratio_ = std::numeric_limits<double>::infinity();
+  std::string text_, other_;
+};
+
+/// Offers one evaluated candidate that does not fit to `miss`.
+void offer_miss(const Candidate& c, bool max_context, std::int64_t capacity, ClosestMiss& miss) {
+  if (max_context) {
+    const BindingConstraint& b = c.binding;
+    if (b.kind == BindingConstraint::Kind::kGpuMemory) {
+      miss.offer(c, b.seq_len, "GPU", b.used_bytes, b.limit_bytes, false);
+    } else if (b.kind == BindingConstraint::Kind::kHostMemory) {
+      miss.offer(c, b.seq_len, "host (per node)", b.used_bytes, b.limit_bytes, false);
+    } else {
+      miss.offer_other(c, b.text);
+    }
+    return;
+  }
+  const sim::StepReport& r = c.report;
+  if (r.peak_memory_bytes > capacity) {
+    miss.offer(c, c.parallel.seq_len, "GPU", r.peak_memory_bytes, capacity, r.stopped_early);
+  } else if (!r.fits_host) {
+    miss.offer(c, c.parallel.seq_len, "host (per node)", r.host_memory_bytes, r.host_capacity_bytes,
+               false);
+  } else {
+    miss.offer_other(c, r.kernel_limit);
+  }
+}
+
 }  // namespace
 
 PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
@@ -253,6 +313,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   // Cheap checks first: invalid combinations and memory lower bounds, on one reused copy of the
   // base inputs (a candidate holds only what it changes).
   sim::ScheduleInputs probe = base;
+  ClosestMiss miss;
   std::vector<std::int64_t> cost(cands.size(), 0);
   std::vector<std::size_t> pending;
   for (std::size_t i = 0; i < cands.size(); ++i) {
@@ -271,10 +332,13 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
       c.error = e.what();
       continue;
     }
-    if (options.seq_len && memory_lower_bound(probe) > capacity) {
-      c.pruned = true;
-      c.prune_reason = "memory lower bound exceeds the GPU";
-      continue;
+    if (options.seq_len) {
+      if (const std::int64_t bound = memory_lower_bound(probe); bound > capacity) {
+        c.pruned = true;
+        c.prune_reason = "memory lower bound exceeds the GPU";
+        miss.offer(c, c.parallel.seq_len, "GPU", bound, capacity, true);
+        continue;
+      }
     }
     cost[i] = cost_estimate(probe);
     pending.push_back(i);
@@ -336,8 +400,16 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
     res.pruned += c.pruned ? 1 : 0;
     res.refused += c.error.empty() ? 0 : 1;
     res.evaluated += c.evaluated ? 1 : 0;
+    if (c.evaluated && !c.fits) {
+      offer_miss(c, res.max_context, capacity, miss);
+    } else if (!c.error.empty()) {
+      miss.offer_other(c, c.error);
+    }
     if (c.evaluated && c.fits)
       res.ranked.push_back(std::move(c));
+  }
+  if (res.ranked.empty()) {
+    res.closest_miss = miss.text();
   }
   auto better = [&](const Candidate& a, const Candidate& b) {
     if (res.max_context && a.max_seq_len != b.max_seq_len)

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cpsim/models/error.hpp"
+#include "cpsim/models/json_io.hpp"
 
 namespace cpsim::planner {
 namespace {
@@ -118,6 +119,7 @@ ValidationSetup parse_setup(const Json& s, const std::string& origin) {
 }  // namespace
 
 ValidationCase parse_validation_case(const std::string& json_text, const std::string& origin) {
+  models::reject_duplicate_json_keys(json_text, origin);
   Json j;
   try {
     j = Json::parse(json_text);

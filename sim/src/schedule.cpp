@@ -40,7 +40,7 @@ ConfigIssue issue(Quantity q, std::string message) {
 }
 
 // The checks every method shares, in the order the user reads them: GPUs and degrees, the
-// method's ring rule, the sequence length, the method's sequence rule, then the heads.
+// method's ring rule, the range of the sequence length, the heads, then the sequence multiples.
 std::optional<ConfigIssue> check_degrees(const ScheduleInputs& in, const CpImplementation& method) {
   const auto& p = in.parallel;
   if (p.gpus < 1 || p.gpus > 65536) {
@@ -61,8 +61,7 @@ std::optional<ConfigIssue> check_degrees(const ScheduleInputs& in, const CpImple
   return method.check_ring_degree(p);
 }
 
-std::optional<ConfigIssue> check_sequence(const ScheduleInputs& in,
-                                          const CpImplementation& method) {
+std::optional<ConfigIssue> check_sequence_range(const ScheduleInputs& in) {
   const auto& m = in.model;
   const auto& p = in.parallel;
   if (p.seq_len <= 0) {
@@ -82,6 +81,14 @@ std::optional<ConfigIssue> check_sequence(const ScheduleInputs& in,
                                                 "step; cpsim refuses lengths this absurd",
                                                 p.seq_len, m.name, lower_bound_s));
   }
+  return std::nullopt;
+}
+
+// Lengths after the heads: a degree that cannot work is the error to report, not the default
+// sequence length.
+std::optional<ConfigIssue> check_sequence_multiple(const ScheduleInputs& in,
+                                                   const CpImplementation& method) {
+  const auto& p = in.parallel;
   const bool zigzag = p.ring_layout == models::RingLayout::kZigzag && p.ring_degree > 1;
   const std::int64_t seq_multiple = methods::layout_seq_multiple(p);
   if (p.seq_len % seq_multiple != 0) {
@@ -104,9 +111,9 @@ std::optional<ConfigIssue> split_heads(const ScheduleInputs& in, HeadLayout& L) 
   const std::int64_t u = L.ulysses;
   if (m.heads % u != 0) {
     return issue(Quantity::kModelHeads,
-                 fmt::format("{} has {} attention heads, not divisible by the Ulysses degree {} "
-                             "(Ulysses splits heads across ranks)",
-                             m.name, m.heads, u));
+                 fmt::format("{} has {} attention heads, not divisible by the Ulysses degree {}{}: "
+                             "Ulysses splits heads across ranks",
+                             m.name, m.heads, u, u == p.gpus ? " (--gpus)" : ""));
   }
   if (m.kv_heads % u == 0) {
     L.kv_heads_eff = m.kv_heads;
@@ -134,10 +141,13 @@ LayoutCheck check_head_layout(const ScheduleInputs& in) {
   LayoutCheck out;
   out.issue = check_degrees(in, method);
   if (!out.issue) {
-    out.issue = check_sequence(in, method);
+    out.issue = check_sequence_range(in);
   }
   if (!out.issue) {
     out.issue = split_heads(in, out.layout);
+  }
+  if (!out.issue) {
+    out.issue = check_sequence_multiple(in, method);
   }
   if (!out.issue) {
     out.issue = method.stage_heads(in, out.layout);

@@ -599,6 +599,7 @@ void StepBuilder::add_notes() {
   if (!r_.expandable_segments) {
     w_.notes.push_back("allocator fragmentation without expandable segments is not modelled");
   }
+  w_.notes.insert(w_.notes.end(), in_.model.notes.begin(), in_.model.notes.end());
 }
 
 }  // namespace cpsim::sim::detail

@@ -114,7 +114,7 @@ class CliTest : public ::testing::Test {
           ::dup2(in_fd, 0) < 0) {
         ::_exit(127);
       }
-      ::setenv("CPSIM_DATA_DIR", CPSIM_TEST_DATA_DIR, 1);
+      ::setenv("CPSIM_DATA_DIR", data_dir_.empty() ? CPSIM_TEST_DATA_DIR : data_dir_.c_str(), 1);
       ::execv(argv[0], argv.data());
       ::_exit(127);
     }
@@ -166,6 +166,7 @@ class CliTest : public ::testing::Test {
   }
 
   fs::path dir_;
+  std::string data_dir_;  // CPSIM_DATA_DIR of the runs; empty: the source tree's data/
   int runs_ = 0;
 };
 
@@ -383,8 +384,9 @@ TEST_F(CliTest, TraceFileIsAValidChromeTrace) {
 struct BadInput {
   std::string name;
   std::vector<std::string> args;
-  std::vector<std::string> any_of;    // the line contains at least one of these
-  std::vector<std::string> all_of{};  // and all of these
+  std::vector<std::string> any_of;     // the line contains at least one of these
+  std::vector<std::string> all_of{};   // and all of these
+  std::vector<std::string> none_of{};  // and none of these (a misleading flag or field)
 };
 
 class BadInputTest : public CliTest {
@@ -412,6 +414,9 @@ class BadInputTest : public CliTest {
     }
     for (const auto& s : c.all_of) {
       EXPECT_THAT(line, HasSubstr(s));
+    }
+    for (const auto& s : c.none_of) {
+      EXPECT_THAT(line, ::testing::Not(HasSubstr(s)));
     }
   }
 };
@@ -830,6 +835,194 @@ TEST_F(CliTest, HugeContextsStayInRange) {
   const RunResult ring = run({"simulate", "--model", "llama3-8b", "--gpus", "256", "--method",
                               "ring", "--seq", "64M", "--json"});
   ASSERT_EQ(ring.exit_code, 0) << ring.err;
+}
+
+}  // namespace
+
+namespace {
+
+// Values that used to be accepted silently (a sentinel typed on the command line, a margin above
+// the GPU, offload without ZeRO, implausible profile numbers, duplicate keys, architectures cpsim
+// does not model) and errors that used to name the wrong flag.
+TEST_F(BadInputTest, NoSilentValuesNoMisleadingFlags) {
+  const Json profile =
+      Json::parse(read_file(fs::path(CPSIM_TEST_DATA_DIR) / "hardware" / "h100-sxm-80g.json"));
+  Json flops = profile;
+  flops["gpu"]["peak_bf16_flops_per_s"]["value"] = 1e308;
+  write_file(path("flops.json"), flops.dump(2));
+  Json curve = profile;
+  curve["compute"]["attention_kernels"]["fa3"]["fwd_causal_flops_per_s"]["points"][0][1] = 1e30;
+  write_file(path("curve.json"), curve.dump(2));
+  Json bits = profile;
+  bits["collectives"]["inter_node"]["all_gather"]["peak_busbw_bytes_per_s"]["value"] = 4e14;
+  write_file(path("bits.json"), bits.dump(2));
+  // Duplicate keys: nlohmann keeps the last value without a word.
+  std::string dup_profile = profile.dump(2);
+  dup_profile.replace(dup_profile.find("\"sm_count\""), 0,
+                      "\"sm_count\": {\"value\": 1, "
+                      "\"source\": \"x\"},\n    ");
+  write_file(path("dup_profile.json"), dup_profile);
+  const std::string llama = R"({"hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "vocab_size": 128256)";
+  write_file(path("dup_config.json"), llama + R"(, "num_hidden_layers": 8})");
+  write_file(path("dup_recipe.json"), R"({"schema": "cpsim.recipe/1",
+    "sharding": {"zero_stage": 3, "zero_stage": 2}})");
+  write_file(path("offload_zero0.json"), R"({"schema": "cpsim.recipe/1",
+    "sharding": {"zero_stage": 0, "optimizer_offload": true}})");
+  write_file(path("mistral.json"), llama + R"(, "model_type": "mistral", "sliding_window": 4096})");
+  write_file(path("gemma.json"), llama + R"(, "layer_types": ["sliding_attention",
+    "full_attention"]})");
+  write_file(path("mamba.json"), R"({"model_type": "mamba", "hidden_size": 2560,
+    "num_hidden_layers": 64, "vocab_size": 50280, "state_size": 16})");
+  write_file(path("jamba.json"), llama + R"(, "model_type": "jamba"})");
+  const std::vector<BadInput> cases = {
+      {"ZeRO sentinel", {"simulate", "--zero", "-1"}, {"--zero"}, {"0 to 3"}},
+      {"GPUs per node sentinel", {"simulate", "--gpus-per-node", "0"}, {"--gpus-per-node"}},
+      {"heads per stage sentinel", {"simulate", "--heads-per-stage", "0"}, {"--heads-per-stage"}},
+      {"CP degree sentinel", {"simulate", "--cp-degree", "0"}, {"--cp-degree"}},
+      {"margin above the GPU", {"maxlen", "--memory-margin", "100"}, {"--memory-margin"}, {"GiB"}},
+      {"margin equal to the GPU",
+       {"plan", "--seq", "64K", "--memory-margin", "80"},
+       {"--memory-margin"}},
+      {"optimizer offload without ZeRO",
+       {"simulate", "--optimizer-offload", "on", "--zero", "0"},
+       {"--optimizer-offload"},
+       {"ZeRO"}},
+      {"ZeRO 0 with a recipe that offloads",
+       {"simulate", "--recipe", "alst-deepspeed", "--zero", "0"},
+       {"--zero"}},
+      {"recipe offloading without ZeRO",
+       {"simulate", "--recipe", path("offload_zero0.json").string()},
+       {"sharding.optimizer_offload"}},
+      {"implausible peak FLOP/s",
+       {"simulate", "--hardware", path("flops.json").string()},
+       {"gpu.peak_bf16_flops_per_s"},
+       {"implausible"}},
+      {"implausible attention curve",
+       {"simulate", "--hardware", path("curve.json").string()},
+       {"fwd_causal_flops_per_s.points[0]"}},
+      {"bandwidth in bits",
+       {"simulate", "--hardware", path("bits.json").string()},
+       {"collectives.inter_node.all_gather.peak_busbw_bytes_per_s"}},
+      {"duplicate key in a profile",
+       {"simulate", "--hardware", path("dup_profile.json").string()},
+       {"gpu.sm_count"},
+       {"duplicate"}},
+      {"duplicate key in a config",
+       {"simulate", "--model", path("dup_config.json").string()},
+       {"dup_config.json:num_hidden_layers"},
+       {"duplicate"}},
+      {"duplicate key in a recipe",
+       {"simulate", "--recipe", path("dup_recipe.json").string()},
+       {"sharding.zero_stage"},
+       {"duplicate"}},
+      {"sliding window",
+       {"simulate", "--model", path("mistral.json").string()},
+       {"sliding_window"}},
+      {"sliding layers", {"simulate", "--model", path("gemma.json").string()}, {"layer_types[0]"}},
+      {"state-space model", {"simulate", "--model", path("mamba.json").string()}, {"model_type"}},
+      {"hybrid model", {"simulate", "--model", path("jamba.json").string()}, {"model_type"}},
+      {"CP degree not dividing GPUs",
+       {"simulate", "--cp-degree", "3"},
+       {"error: --cp-degree:"},
+       {},
+       {"--ulysses-degree"}},
+      {"ring degree not dividing GPUs",
+       {"simulate", "--method", "ring", "--ring-degree", "3"},
+       {"error: --ring-degree:"}},
+      {"three GPUs", {"simulate", "--gpus", "3"}, {"--gpus"}, {}, {"--seq"}},
+      {"too many MLP shards",
+       {"simulate", "--tiled-mlp", "100000000"},
+       {"error: --tiled-mlp:"},
+       {},
+       {"recipe."}},
+      {"misspelt subcommand",
+       {"simulat", "--gpus", "8"},
+       {"unknown subcommand 'simulat'"},
+       {"'simulate'"}},
+      {"missing recipe file",
+       {"simulate", "--recipe", "/nonexistent/r.json"},
+       {"--recipe"},
+       {"file not found", "/nonexistent/r.json"}},
+      {"missing profile file",
+       {"simulate", "--hardware", "no-such-profile.json"},
+       {"--hardware"},
+       {"file not found"}},
+      {"missing model file",
+       {"maxlen", "--model", "models/none/config.json"},
+       {"--model"},
+       {"file not found"}},
+  };
+  for (const auto& c : cases) {
+    expect_usage_error(c);
+  }
+  // Duplicate keys in the other loaders: a calibration raw file and a validation case.
+  write_file(path("dup_raw.json"), R"({"schema": "cpsim.calibration/1",
+    "schema": "cpsim.calibration/1"})");
+  expect_usage_error(
+      {"duplicate key in a calibration file",
+       {"calibrate", "fit", path("dup_raw.json").string(), "--out", path("fitted.json").string()},
+       {"dup_raw.json:schema"},
+       {"duplicate"}});
+  const fs::path data = path("data");
+  fs::copy(CPSIM_TEST_DATA_DIR, data, fs::copy_options::recursive);
+  fs::path a_case;
+  for (const auto& entry : fs::directory_iterator(data / "validation")) {
+    if (entry.path().extension() == ".json") {
+      a_case = entry.path();
+    }
+  }
+  ASSERT_FALSE(a_case.empty()) << "no validation case in " << CPSIM_TEST_DATA_DIR;
+  std::string text = read_file(a_case);
+  text.insert(text.find('{') + 1, R"( "id": "duplicate",)");
+  write_file(data / "validation" / "dup_case.json", text);
+  data_dir_ = data.string();
+  expect_usage_error(
+      {"duplicate key in a validation case", {"validate"}, {"dup_case.json:id"}, {"duplicate"}});
+  data_dir_ = "/nonexistent";
+  expect_usage_error({"data folder that does not exist",
+                      {"simulate", "--model", "llama3-8b"},
+                      {"CPSIM_DATA_DIR"},
+                      {"/nonexistent"}});
+}
+
+// A model whose data fits on no 8 GPUs: the error says what misses and by how much.
+TEST_F(BadInputTest, PlanSaysWhatDoesNotFit) {
+  expect_usage_error({"405B on 8 GPUs",
+                      {"plan", "--model", "llama3.1-405b", "--gpus", "8", "--methods", "ulysses"},
+                      {"--methods"},
+                      {"closest", "over", "GPU memory"}});
+}
+
+// Qwen-style config: heads × head_dim (32 × 128) differs from hidden_size, and a sliding window is
+// declared but switched off. It loads, says that head_dim is used, and the projections are counted
+// with head_dim.
+TEST_F(CliTest, HeadDimDifferentFromHiddenIsUsedAndNoted) {
+  const std::int64_t hidden = 2560, heads = 32, kv_heads = 8, head_dim = 128, ffn = 9728,
+                     layers = 4, vocab = 151936;
+  const Json config = {{"model_type", "qwen3"},        {"hidden_size", hidden},
+                       {"num_attention_heads", heads}, {"num_key_value_heads", kv_heads},
+                       {"head_dim", head_dim},         {"intermediate_size", ffn},
+                       {"num_hidden_layers", layers},  {"vocab_size", vocab},
+                       {"tie_word_embeddings", true},  {"sliding_window", 32768},
+                       {"use_sliding_window", false},  {"max_window_layers", 36}};
+  write_file(path("qwen.json"), config.dump(2));
+  const Json j = run_json(
+      {"simulate", "--model", path("qwen.json").string(), "--gpus", "8", "--seq", "64K", "--json"});
+  ASSERT_TRUE(j.contains("notes"));
+  bool noted = false;
+  for (const Json& n : j.at("notes")) {
+    noted = noted || n.get<std::string>().find("head_dim 128") != std::string::npos;
+  }
+  EXPECT_TRUE(noted) << j.at("notes").dump();
+  // Q/K/V/O with head_dim, q/k norms, SwiGLU, two norms per layer, tied embedding, final norm.
+  const std::int64_t per_layer = hidden * (heads + 2 * kv_heads) * head_dim +
+                                 heads * head_dim * hidden + 2 * head_dim + 3 * hidden * ffn +
+                                 2 * hidden;
+  const std::int64_t params = vocab * hidden + layers * per_layer + hidden;
+  EXPECT_EQ(j["memory_breakdown_bytes"]["model_states"].get<std::int64_t>(),
+            16 * ceil_div(params, 8));
 }
 
 }  // namespace

@@ -43,11 +43,13 @@ TEST(JsonIo, ParseNamesMalformedTextAndDuplicateKeys) {
   EXPECT_THAT(error_of([] { parse_json("{\"a\": }", "x.json"); }),
               HasSubstr("x.json|malformed JSON: parse error at line 1, column 7: syntax error"));
   EXPECT_EQ(error_of([] { parse_json(R"({"a": 1, "a": 2})", "x.json"); }),
-            "x.json:a|duplicate key");
-  EXPECT_EQ(error_of([] { parse_json(R"({"s": [{"k": 1}, {"k": 1, "k": 2}]})", "x.json"); }),
-            "x.json:s[1].k|duplicate key");
-  EXPECT_EQ(error_of([] { parse_json(R"({"s": [1, [2], {"o": {"k": 1, "k": 1}}]})", "x.json"); }),
-            "x.json:s[2].o.k|duplicate key");
+            "x.json:a|duplicate key \"a\" in one object (only one value would be read; keep one)");
+  EXPECT_EQ(
+      error_of([] { parse_json(R"({"s": [{"k": 1}, {"k": 1, "k": 2}]})", "x.json"); }),
+      "x.json:s[1].k|duplicate key \"k\" in one object (only one value would be read; keep one)");
+  EXPECT_EQ(
+      error_of([] { parse_json(R"({"s": [1, [2], {"o": {"k": 1, "k": 1}}]})", "x.json"); }),
+      "x.json:s[2].o.k|duplicate key \"k\" in one object (only one value would be read; keep one)");
   // The same key in sibling objects is no duplicate.
   const Json ok = parse_json(R"({"a": {"k": 1}, "b": {"k": 2}, "c": [{"k": 3}, {"k": 4}]})", "x");
   EXPECT_EQ(ok["c"][1]["k"], 4);

@@ -1,4 +1,5 @@
 #include "cpsim/sim/cp_method.hpp"
+
 #include "emit_common.hpp"
 
 namespace cpsim::planner::emit_detail {

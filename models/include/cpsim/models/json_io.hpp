@@ -29,6 +29,11 @@ std::string read_text_file(const std::filesystem::path& path,
 /// InputError(`<origin>:<path>`, "duplicate key") when an object names a key twice.
 Json parse_json(const std::string& text, const std::string& origin);
 
+/// The duplicate-key check of parse_json alone, for readers that parse the text themselves.
+/// Malformed text is not an error here (the reader's own parser reports it).
+/// @throws InputError(`<origin>:<path>`, "duplicate key ...") for the first key named twice.
+void reject_duplicate_json_keys(const std::string& text, const std::string& origin);
+
 /// `<origin>:<path>`, or just the origin for the root (empty path).
 std::string json_field(const std::string& origin, const std::string& path);
 /// The dotted path of member `key` below `path` ("gpu" + "name" -> "gpu.name").

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace cpsim::models {
 
@@ -28,6 +29,9 @@ struct TransformerSpec {
   double rope_theta = 10000.0;
   std::int64_t max_position_embeddings = 0;
   std::string source;  ///< where the numbers come from
+  /// How the config was read where a reader could expect otherwise (head_dim against
+  /// hidden_size); printed with the results as modelling notes.
+  std::vector<std::string> notes;
 
   /// Throws InputError naming the field if any dimension is non-positive or inconsistent.
   void validate() const;

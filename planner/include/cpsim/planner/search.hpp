@@ -51,6 +51,9 @@ struct PlanResult {
   std::vector<Candidate> best_per_method;
   std::int64_t generated = 0, pruned = 0, evaluated = 0, refused = 0, simulations = 0;
   std::string why_best;  ///< why the best beats the runner-up
+  /// When nothing fits: the candidate closest to fitting (smallest memory need against what is
+  /// usable) and by how much it misses, or the first refusal when every candidate was refused.
+  std::string closest_miss;
   bool max_context = false;
 };
 
