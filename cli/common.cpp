@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
-#include <system_error>
 
 #include <fmt/format.h>
 
@@ -16,32 +14,6 @@ models::DataDir data_dir() {
     return {std::filesystem::path(env)};
   }
   return {std::filesystem::path(CPSIM_DATA_DIR_DEFAULT)};
-}
-
-void write_file_atomically(const std::filesystem::path& path,
-                           const std::string& content,
-                           const std::string& field) {
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      throw InputError(field, fmt::format("cannot write '{}'", path.string()));
-    }
-    out << content;
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw InputError(field, fmt::format("writing '{}' failed", path.string()));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw InputError(field, fmt::format("cannot rename onto '{}'", path.string()));
-  }
 }
 
 bool parse_switch(const std::string& text, const std::string& field) {

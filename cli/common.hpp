@@ -1,5 +1,5 @@
 #pragma once
-// Shared pieces of the subcommands: data directory, atomic file writes, table formatting.
+// Shared pieces of the subcommands: data directory, table formatting (output files: output.hpp).
 
 #include <filesystem>
 #include <string>
@@ -11,12 +11,6 @@ namespace cpsim::cli {
 
 /// CPSIM_DATA_DIR from the environment, else the source tree's data/ compiled in.
 models::DataDir data_dir();
-
-/// Writes `content` to `path` through a temporary file in the same folder and a rename, so an
-/// interrupted run never leaves a half-written file. @throws InputError(field) if it cannot.
-void write_file_atomically(const std::filesystem::path& path,
-                           const std::string& content,
-                           const std::string& field);
 
 /// Parses on/off style switches. @throws InputError(field).
 bool parse_switch(const std::string& text, const std::string& field);
