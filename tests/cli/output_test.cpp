@@ -3,6 +3,7 @@
 // and the hard links of a replaced file kept), every write is checked (standard output included),
 // a failed write leaves the previous file, `-` is standard output, an empty path is bad input, and
 // with --json an error is also a JSON object on standard output.
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <poll.h>
 #include <pwd.h>
 #include <string>
 #include <sys/resource.h>
@@ -64,7 +66,7 @@ bool is_char_device(const char* path) {
   return ::lstat(path, &st) == 0 && S_ISCHR(st.st_mode);
 }
 
-struct Run {
+struct Outcome {
   int exit_code = -1;  // -1: did not exit normally
   int signal = 0;      // the signal that ended it, if any
   std::string out;     // standard output (when it went to a file of the test)
@@ -96,7 +98,7 @@ class OutputTest : public ::testing::Test {
 
   fs::path path(const std::string& name) const { return dir_ / name; }
 
-  Run run(const std::vector<std::string>& args, const RunOptions& opt = {}) {
+  Outcome run(const std::vector<std::string>& args, const RunOptions& opt = {}) {
     const int n = ++runs_;
     const std::string out_path =
         opt.stdout_path.value_or((dir_ / ("run" + std::to_string(n) + ".out")).string());
@@ -137,7 +139,7 @@ class OutputTest : public ::testing::Test {
       ::execv(argv[0], argv.data());
       ::_exit(127);
     }
-    Run r;
+    Outcome r;
     if (pid < 0) {
       ADD_FAILURE() << "fork: " << std::strerror(errno);
       return r;
@@ -166,14 +168,14 @@ class OutputTest : public ::testing::Test {
   }
 
   /// A small simulation that writes its trace to `trace_path`.
-  Run simulate_trace(const std::string& trace_path, const RunOptions& opt = {}) {
+  Outcome simulate_trace(const std::string& trace_path, const RunOptions& opt = {}) {
     return run({"simulate", "--seq", "32K", "--method", "ulysses", "--trace", trace_path}, opt);
   }
 
   /// The trace of an uninterrupted run into a new file.
   const std::string& reference_trace() {
     if (reference_.empty()) {
-      const Run r = simulate_trace(path("reference.json").string());
+      const Outcome r = simulate_trace(path("reference.json").string());
       EXPECT_EQ(r.exit_code, 0) << r.err;
       reference_ = slurp(path("reference.json"));
       EXPECT_TRUE(is_trace(reference_));
@@ -186,15 +188,48 @@ class OutputTest : public ::testing::Test {
   std::string reference_;
 };
 
+/// Reads a FIFO until its writer closes it, or until `run_over` when no writer ever opens it (a
+/// FIFO replaced by a file): opened without blocking, so the reader can always stop.
+std::string read_fifo(const fs::path& fifo, const std::atomic<bool>& run_over) {
+  std::string received;
+  const int fd = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  if (fd < 0) {
+    return received;
+  }
+  std::vector<char> chunk(1 << 16);
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    const bool over = run_over.load();
+    if (::poll(&p, 1, 50) > 0 && (p.revents & (POLLIN | POLLHUP)) != 0) {
+      const ssize_t n = ::read(fd, chunk.data(), chunk.size());
+      if (n > 0) {
+        received.append(chunk.data(), static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n == 0 || errno != EAGAIN) {
+        break;  // the writer closed it
+      }
+    } else if (over) {
+      break;  // the run ended and never wrote to the FIFO
+    }
+  }
+  ::close(fd);
+  return received;
+}
+
 TEST_F(OutputTest, FifoReaderGetsEveryByte) {
   const fs::path fifo = path("trace.fifo");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  std::atomic<bool> run_over{false};
   std::string received;
-  std::thread reader([&] { received = slurp(fifo); });
-  const Run r = simulate_trace(fifo.string());
+  std::thread reader([&] { received = read_fifo(fifo, run_over); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the reader opens first
+  const Outcome r = simulate_trace(fifo.string());
+  run_over = true;
   reader.join();
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(received, reference_trace());
+  EXPECT_EQ(received.size(), reference_trace().size());
+  EXPECT_TRUE(received == reference_trace()) << "the reader got other bytes";
   struct stat st {};
   ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
   EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "the FIFO was replaced";
@@ -205,7 +240,7 @@ TEST_F(OutputTest, SymlinkKeptAndTargetReplaced) {
   fs::create_directory(path("real"));
   spit(path("real/trace.json"), "previous");
   fs::create_symlink("real/trace.json", path("link.json"));  // relative to the link's folder
-  const Run r = simulate_trace(path("link.json").string());
+  const Outcome r = simulate_trace(path("link.json").string());
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(fs::is_symlink(path("link.json"))) << "the link became a regular file";
   EXPECT_EQ(slurp(path("real/trace.json")), reference_trace());
@@ -215,7 +250,7 @@ TEST_F(OutputTest, SymlinkKeptAndTargetReplaced) {
 
 TEST_F(OutputTest, DanglingSymlinkCreatesItsTarget) {
   fs::create_symlink("new.json", path("link.json"));
-  const Run r = simulate_trace(path("link.json").string());
+  const Outcome r = simulate_trace(path("link.json").string());
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(fs::is_symlink(path("link.json")));
   EXPECT_EQ(slurp(path("new.json")), reference_trace());
@@ -224,7 +259,7 @@ TEST_F(OutputTest, DanglingSymlinkCreatesItsTarget) {
 TEST_F(OutputTest, ModeOfReplacedFileKept) {
   spit(path("trace.json"), "previous");
   ASSERT_EQ(::chmod(path("trace.json").c_str(), 0600), 0);
-  const Run r = simulate_trace(path("trace.json").string());  // umask 022: a new file is 0644
+  const Outcome r = simulate_trace(path("trace.json").string());  // umask 022: a new file is 0644
   EXPECT_EQ(r.exit_code, 0) << r.err;
   struct stat st {};
   ASSERT_EQ(::stat(path("trace.json").c_str(), &st), 0);
@@ -233,7 +268,7 @@ TEST_F(OutputTest, ModeOfReplacedFileKept) {
 }
 
 TEST_F(OutputTest, NewFileGetsModeFromUmask) {
-  const Run r = simulate_trace(path("trace.json").string());
+  const Outcome r = simulate_trace(path("trace.json").string());
   EXPECT_EQ(r.exit_code, 0) << r.err;
   struct stat st {};
   ASSERT_EQ(::stat(path("trace.json").c_str(), &st), 0);
@@ -244,7 +279,7 @@ TEST_F(OutputTest, HardLinkKept) {
   // longer than the new text: what is left past its end must go
   spit(path("trace.json"), reference_trace() + std::string(4096, 'x'));
   fs::create_hard_link(path("trace.json"), path("other_name.json"));
-  const Run r = simulate_trace(path("trace.json").string());
+  const Outcome r = simulate_trace(path("trace.json").string());
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(fs::hard_link_count(path("trace.json")), 2u);
   EXPECT_EQ(slurp(path("other_name.json")), reference_trace());
@@ -256,7 +291,7 @@ TEST_F(OutputTest, FailedWriteLeavesPreviousFile) {
   spit(path("trace.json"), "previous");
   RunOptions opt;
   opt.file_size_limit_bytes = 4096;  // the trace is far larger: its write fails with EFBIG
-  const Run r = simulate_trace(path("trace.json").string(), opt);
+  const Outcome r = simulate_trace(path("trace.json").string(), opt);
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_THAT(r.err, StartsWith("cpsim: error: writing '" + path("trace.json").string() + "': "));
   EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line: " << r.err;
@@ -267,7 +302,7 @@ TEST_F(OutputTest, FailedWriteLeavesPreviousFile) {
 TEST_F(OutputTest, StaleTemporaryReplaced) {
   fs::create_symlink("victim.txt", path("trace.json.tmp"));  // never followed
   spit(path("victim.txt"), "untouched");
-  const Run r = simulate_trace(path("trace.json").string());
+  const Outcome r = simulate_trace(path("trace.json").string());
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(slurp(path("victim.txt")), "untouched");
   EXPECT_EQ(slurp(path("trace.json")), reference_trace());
@@ -276,7 +311,7 @@ TEST_F(OutputTest, StaleTemporaryReplaced) {
 
 // --- /dev/full: every output path must report the failure and leave the device alone ---------
 
-void expect_no_space(const Run& r, const std::string& what) {
+void expect_no_space(const Outcome& r, const std::string& what) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_EQ(r.err, "cpsim: error: writing " + what + ": No space left on device\n");
   EXPECT_TRUE(is_char_device(kDevFull)) << kDevFull << " is no longer a character device";
@@ -321,7 +356,7 @@ TEST_F(OutputTest, DevFullJsonErrorStillOneStderrLine) {
   if (!dev_full_usable()) {
     GTEST_SKIP() << "no writable " << kDevFull;
   }
-  const Run r =
+  const Outcome r =
       run({"simulate", "--seq", "32K", "--method", "ulysses", "--json", "--trace", kDevFull});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "cpsim: error: writing '/dev/full': No space left on device\n");
@@ -356,7 +391,7 @@ TEST_F(OutputTest, ReadOnlyFolder) {
     GTEST_SKIP() << "this user can write into a read-only folder";
   }
   const std::string target = path("ro/trace.json").string();
-  const Run r = simulate_trace(target, opt);
+  const Outcome r = simulate_trace(target, opt);
   if (r.exit_code == 125 || r.exit_code == 127) {
     GTEST_SKIP() << "cannot run cpsim as another user here";
   }
@@ -369,7 +404,7 @@ TEST_F(OutputTest, ReadOnlyFolder) {
 
 TEST_F(OutputTest, FolderAsOutput) {
   fs::create_directory(path("folder"));
-  const Run r = simulate_trace(path("folder").string());
+  const Outcome r = simulate_trace(path("folder").string());
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("Is a directory"));
   EXPECT_TRUE(fs::is_directory(path("folder")));
@@ -378,7 +413,7 @@ TEST_F(OutputTest, FolderAsOutput) {
 // --- standard output ---------------------------------------------------------------------------
 
 TEST_F(OutputTest, DashIsStandardOutput) {
-  const Run r = simulate_trace("-");
+  const Outcome r = simulate_trace("-");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, reference_trace()) << "stdout is the trace alone";
   EXPECT_THAT(r.err, HasSubstr("step time")) << "the summary goes to stderr";
@@ -392,7 +427,7 @@ TEST_F(OutputTest, EmptyPathIsBadInput) {
                                  "deepspeed", "--out", ""},
         std::vector<std::string>{"simulate", "--seq", "32K", "--trace", ""},
         std::vector<std::string>{"report", "--seq", "32K", "--html", ""}}) {
-    const Run r = run(args);
+    const Outcome r = run(args);
     EXPECT_EQ(r.exit_code, 2) << args.back() << r.err;
     const std::string flag = args[args.size() - 2];
     EXPECT_THAT(r.err, StartsWith("cpsim: error: " + flag)) << r.err;
@@ -408,7 +443,7 @@ TEST_F(OutputTest, ClosedPipeEndsQuietly) {
     RunOptions opt;
     opt.stdout_fd = fds[1];
     opt.ignore_sigpipe = ignore;
-    const Run r = run({"plan", "--seq", "32K", "--methods", "ulysses"}, opt);
+    const Outcome r = run({"plan", "--seq", "32K", "--methods", "ulysses"}, opt);
     ::close(fds[1]);
     EXPECT_EQ(r.err, "") << "SIGPIPE ignored: " << ignore;
     if (ignore) {
@@ -422,7 +457,7 @@ TEST_F(OutputTest, ClosedPipeEndsQuietly) {
 // --- --json errors -----------------------------------------------------------------------------
 
 TEST_F(OutputTest, JsonErrorOnBadInput) {
-  const Run r = run({"simulate", "--seq", "banana", "--json"});
+  const Outcome r = run({"simulate", "--seq", "banana", "--json"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, StartsWith("cpsim: error: --seq"));
   EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line: " << r.err;
@@ -435,7 +470,7 @@ TEST_F(OutputTest, JsonErrorOnBadInput) {
 }
 
 TEST_F(OutputTest, JsonErrorOnParseError) {
-  const Run r = run({"maxlen", "--gpus", "many", "--json"});
+  const Outcome r = run({"maxlen", "--gpus", "many", "--json"});
   EXPECT_EQ(r.exit_code, 2);
   nlohmann::json j;
   ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << r.out;
@@ -444,7 +479,7 @@ TEST_F(OutputTest, JsonErrorOnParseError) {
 }
 
 TEST_F(OutputTest, NoJsonErrorWithoutJson) {
-  const Run r = run({"simulate", "--seq", "banana"});
+  const Outcome r = run({"simulate", "--seq", "banana"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.out, "");
 }
