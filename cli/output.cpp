@@ -189,6 +189,9 @@ OutputFile::OutputFile(const std::string& path, const std::string& field)
     }
     struct stat st {};
     if (::stat(target_.c_str(), &st) != 0) {
+      if (errno == ENOTDIR) {
+        throw InputError(field_, fmt::format("the folder of '{}' does not exist", path_));
+      }
       if (errno != ENOENT) {
         fail(errno);
       }
@@ -230,6 +233,10 @@ void OutputFile::open_staged(const struct stat* existing) {
   if (fd_ < 0) {
     const int error_number = errno;
     temp_.clear();  // not ours: never removed
+    if (error_number == ENOENT || error_number == ENOTDIR) {
+      discard();
+      throw InputError(field_, fmt::format("the folder of '{}' does not exist", path_));
+    }
     fail(error_number, fmt::format("cannot create '{}'", target_ + ".tmp"));
   }
   if (mode_ == Mode::kReplace && existing != nullptr) {

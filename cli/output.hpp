@@ -70,7 +70,8 @@ class FdStreamBuf : public std::streambuf {
 /// One output being written: open -> stream() -> commit(). Destroyed without commit() (an
 /// exception, an early return), a replaced file is left as it was and the temporary is removed.
 ///
-///   OutputFile out(path, "--trace");      // @throws InputError (empty path), OutputError
+///   OutputFile out(path, "--trace");      // @throws InputError (empty path, no such folder),
+//   OutputError
 ///   write_something(out.stream());
 ///   out.commit();                          // @throws OutputError; afterwards the file is in place
 class OutputFile {
@@ -106,7 +107,8 @@ class OutputFile {
 };
 
 /// Writes `content` to `path` as described at the top of this file.
-/// @throws InputError(field) for an empty path, OutputError when it cannot be written.
+/// @throws InputError(field) for an empty path or a folder that does not exist, OutputError when
+/// it cannot be written.
 void write_output(const std::string& path, const std::string& content, const std::string& field);
 
 /// Fails early (before a long computation) when `path` cannot be written: creates and removes
