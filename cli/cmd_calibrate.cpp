@@ -1,10 +1,8 @@
 // `cpsim calibrate run` (microbenchmarks on this node -> raw JSON) and `cpsim calibrate fit` (raw
 // JSON -> hardware profile). docs/CALIBRATION.md describes both.
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <string>
-#include <system_error>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -19,25 +17,12 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "output.hpp"
 
 namespace cpsim::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-/// Fails early (before an hour of measuring) when the output cannot be written.
-void check_writable(const fs::path& path, const std::string& field) {
-  fs::path probe = path;
-  probe += ".tmp";
-  {
-    std::ofstream out(probe, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      throw InputError(field, fmt::format("cannot write '{}'", path.string()));
-    }
-  }
-  std::error_code ec;
-  fs::remove(probe, ec);
-}
 
 int run_measure(const CalibrateArgs& a) {
   if (a.out.empty()) {
@@ -62,7 +47,7 @@ int run_measure(const CalibrateArgs& a) {
   if (const auto reason = backend->unavailable_reason()) {
     throw InputError("calibrate", *reason);
   }
-  check_writable(a.out, "--out");
+  check_output_writable(a.out, "--out");  // before an hour of measuring
 
   // GEMM widths: every built-in model (quick: llama3-8b only).
   const models::DataDir data = data_dir();
@@ -88,7 +73,7 @@ int run_measure(const CalibrateArgs& a) {
     throw;
   }
   bar.finish();
-  write_file_atomically(a.out, calibrate::write_raw(raw), "--out");
+  write_output(a.out, calibrate::write_raw(raw), "--out");
 
   const calibrate::RawSamples& s = raw.samples;
   std::cout << fmt::format(
@@ -136,7 +121,7 @@ int run_fit(const CalibrateArgs& a) {
   if (!a.force) {
     calibrate::check_fit_quality(fit, a.max_mape);
   }
-  write_file_atomically(a.fit_out, text, "--out");
+  write_output(a.fit_out, text, "--out");
   std::cout << fmt::format("\nwrote {} (profile '{}'); use it with: cpsim simulate --hardware {}\n",
                            a.fit_out, fit.profile.name, a.fit_out);
   return 0;
@@ -154,7 +139,9 @@ CLI::App* register_calibrate(CLI::App& app, CalibrateArgs& a) {
       "run",
       "Microbenchmarks on the local GPUs: attention, GEMM, HBM, NCCL collectives, host copies, "
       "interference, launch overhead -> raw JSON (needs a CUDA build and a GPU)");
-  a.run_command->add_option("--out", a.out, "raw measurements file to write (JSON)")->required();
+  a.run_command->add_option("--out", a.out, "raw measurements file to write (JSON)")
+      ->required()
+      ->check(output_path_check());
   a.run_command->add_flag("--quick", a.quick,
                           "fewer points per sweep (minutes instead of tens of minutes)");
   a.run_command->add_option("--gpus", a.gpus, "GPUs to use (default: all visible)");
@@ -168,7 +155,9 @@ CLI::App* register_calibrate(CLI::App& app, CalibrateArgs& a) {
                         "cpsim.hardware/1); prints the fit error per curve");
   a.fit_command->add_option("raw", a.raw, "raw measurements (from `cpsim calibrate run`)")
       ->required();
-  a.fit_command->add_option("--out", a.fit_out, "hardware profile to write (JSON)")->required();
+  a.fit_command->add_option("--out", a.fit_out, "hardware profile to write (JSON)")
+      ->required()
+      ->check(output_path_check());
   a.fit_command
       ->add_option("--base", a.base,
                    "profile whose coefficients fill what was not measured (built-in name "

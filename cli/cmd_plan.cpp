@@ -15,6 +15,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "config_flags.hpp"
+#include "output.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -95,7 +96,7 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
   c->add_option("--emit", a.emit,
                 "write the best configuration's settings for a launcher: torchtitan, "
                 "untied-ulysses, deepspeed, accelerate, megatron, arctic");
-  c->add_option("--out", a.out, "file for --emit (default: print it)");
+  c->add_option("--out", a.out, "file for --emit (default: print it)")->check(output_path_check());
   c->add_flag("--json", a.json, "print JSON instead of text");
   return c;
 }
@@ -178,7 +179,7 @@ int run_plan(const PlanArgs& a) {
       throw InputError("--emit", first_refusal.substr(first_refusal.find(':') + 2));
     }
     if (!a.out.empty()) {
-      write_file_atomically(a.out, emitted_text, "--out");
+      write_output(a.out, emitted_text, "--out");
     }
   }
 

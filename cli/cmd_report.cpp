@@ -17,6 +17,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "config_flags.hpp"
+#include "output.hpp"
 #include "report_html.hpp"
 
 namespace cpsim::cli {
@@ -409,7 +410,9 @@ CLI::App* register_report(CLI::App& app, ReportArgs& a) {
       "Write one self-contained HTML page: memory and timeline of one step, throughput and peak "
       "memory vs length, longest context per method, and the configuration");
   add_sweep_options(c, a);
-  c->add_option("--html", a.html, "the HTML file to write")->required();
+  c->add_option("--html", a.html, "the HTML file to write (- = standard output)")
+      ->required()
+      ->check(output_path_check());
   c->add_option("--detail-method", a.detail_method,
                 "method of the memory and timeline charts (default: the first that runs)");
   c->add_option("--detail-seq", a.detail_seq,
@@ -525,11 +528,11 @@ int run_report(const ReportArgs& a) {
   page.methods = std::move(sw.methods);
   const std::string html = render_report_html(page);
   progress.clear();
-  write_file_atomically(a.html, html, "--html");
-  std::cout << fmt::format("report written to {} ({} method{}, {} length{}, {})\n", a.html,
-                           page.methods.size(), page.methods.size() == 1 ? "" : "s",
-                           page.lengths.size(), page.lengths.size() == 1 ? "" : "s",
-                           format_bytes(static_cast<double>(html.size())));
+  write_output(a.html, html, "--html");
+  (a.html == "-" ? std::cerr : std::cout) << fmt::format(
+      "report written to {} ({} method{}, {} length{}, {})\n", a.html, page.methods.size(),
+      page.methods.size() == 1 ? "" : "s", page.lengths.size(), page.lengths.size() == 1 ? "" : "s",
+      format_bytes(static_cast<double>(html.size())));
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "config_flags.hpp"
+#include "output.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -514,7 +515,10 @@ std::string human(const sim::ScheduleInputs& in,
 CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
   CLI::App* c = app.add_subcommand("simulate", "Simulate one training step of one configuration");
   add_config_options(c, a, /*with_seq=*/true);
-  c->add_option("--trace", a.trace, "write a Chrome/Perfetto trace (JSON) of the step to FILE");
+  c->add_option("--trace", a.trace,
+                "write a Chrome/Perfetto trace (JSON) of the step to FILE (- = standard output, "
+                "the summary then goes to standard error)")
+      ->check(output_path_check());
   c->add_flag("--json", a.json, "print one JSON object instead of the table");
   return c;
 }
@@ -793,17 +797,19 @@ int run_simulate(const SimulateArgs& a) {
   opts.model_allocator = true;
   const planner::Evaluation e = planner::evaluate(in, opts);
   if (!a.trace.empty()) {
-    std::ostringstream trace;
-    sim::write_chrome_trace(*e.workload, *e.result, trace);
-    write_file_atomically(a.trace, trace.str(), "--trace");
+    OutputFile trace(a.trace, "--trace");
+    sim::write_chrome_trace(*e.workload, *e.result, trace.stream());
+    trace.commit();
   }
+  // With `--trace -` the trace is standard output; the summary goes to standard error.
+  std::ostream& summary = a.trace == "-" ? std::cerr : std::cout;
   if (a.json) {
-    std::cout << to_json(a, in, e.report, &e.peak).dump(2) << "\n";
+    summary << to_json(a, in, e.report, &e.peak).dump(2) << "\n";
   } else {
-    std::cout << human(in, e.report, &e.peak);
-    if (!a.trace.empty()) {
-      std::cout << "\n  trace written to " << a.trace
-                << " (open in ui.perfetto.dev or chrome://tracing)\n";
+    summary << human(in, e.report, &e.peak);
+    if (!a.trace.empty() && a.trace != "-") {
+      summary << "\n  trace written to " << a.trace
+              << " (open in ui.perfetto.dev or chrome://tracing)\n";
     }
   }
   return 0;

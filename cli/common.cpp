@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
-#include <system_error>
 
 #include <fmt/format.h>
 
@@ -37,32 +35,6 @@ std::int64_t memory_margin_bytes(double margin_gib, const models::HardwareProfil
                                  margin_gib, capacity_gib, hardware.gpu_name, hardware.name));
   }
   return static_cast<std::int64_t>(margin_gib * static_cast<double>(kGiB));
-}
-
-void write_file_atomically(const std::filesystem::path& path,
-                           const std::string& content,
-                           const std::string& field) {
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      throw InputError(field, fmt::format("cannot write '{}'", path.string()));
-    }
-    out << content;
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw InputError(field, fmt::format("writing '{}' failed", path.string()));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw InputError(field, fmt::format("cannot rename onto '{}'", path.string()));
-  }
 }
 
 bool parse_switch(const std::string& text, const std::string& field) {

@@ -1,5 +1,5 @@
 #pragma once
-// Shared pieces of the subcommands: data directory, atomic file writes, table formatting.
+// Shared pieces of the subcommands: data directory, table formatting (output files: output.hpp).
 
 #include <cstdint>
 #include <filesystem>
@@ -17,12 +17,6 @@ models::DataDir data_dir();
 /// `--memory-margin` in GiB as bytes: at least 0 and below the profile's GPU capacity (a margin
 /// must leave some memory to plan with). @throws InputError naming --memory-margin.
 std::int64_t memory_margin_bytes(double margin_gib, const models::HardwareProfile& hardware);
-
-/// Writes `content` to `path` through a temporary file in the same folder and a rename, so an
-/// interrupted run never leaves a half-written file. @throws InputError(field) if it cannot.
-void write_file_atomically(const std::filesystem::path& path,
-                           const std::string& content,
-                           const std::string& field);
 
 /// Parses on/off style switches. @throws InputError(field).
 bool parse_switch(const std::string& text, const std::string& field);

@@ -1,18 +1,28 @@
 // cpsim: simulator and memory/throughput planner for context-parallel long-context training.
-// Exit status: 0 success, 2 bad input (one line on stderr naming the flag or field), 1 internal
-// error.
+// Exit status: 0 success, 2 bad input (one line on stderr naming the flag or field), 1 an output
+// that could not be written (one line naming the path; standard output included) or an internal
+// error. With --json (or sweep --format json) a failure also prints one JSON object on standard
+// output: {"error": {"kind": "input" | "io" | "internal", "field": ..., "path": ..., "message":
+// ...}}. A closed pipe on standard output (`cpsim plan | head -1`) ends the run quietly: by SIGPIPE
+// as usual, or with status 1 and no message when SIGPIPE is ignored.
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "cpsim/models/error.hpp"
 
 #include "commands.hpp"
 #include "config_flags.hpp"
+#include "output.hpp"
 
 namespace {
 
@@ -59,9 +69,54 @@ std::string unknown_subcommand_error(CLI::App& app, int argc, char** argv) {
          ")";
 }
 
-}  // namespace
+/// One failed run, as reported on stderr (and on stdout with --json).
+struct Failure {
+  int exit_status = 1;
+  std::string kind;   // input | io | internal
+  std::string field;  // the flag or field at fault, may be empty
+  std::string path;   // io: the output, may be empty
+  std::string message;
+  int error_number = 0;  // io: errno
+};
 
-int main(int argc, char** argv) {
+/// True when the command line asks for JSON output: --json, or --format json / --format=json.
+bool json_requested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") {
+      break;
+    }
+    if (arg == "--json" || arg == "--format=json" ||
+        (arg == "--format" && i + 1 < argc && std::string(argv[i + 1]) == "json")) {
+      return true;
+    }
+  }
+  return false;
+}
+
+/// The first `--flag` a CLI11 message names ("--gpus: ...", "Could not convert: --gpus = x"); empty
+/// when it names none.
+std::string field_of_parse_error(const std::string& message) {
+  for (std::size_t at = message.find("--"); at != std::string::npos;
+       at = message.find("--", at + 2)) {
+    if (at > 0 && message[at - 1] != ' ') {
+      continue;
+    }
+    std::size_t end = at + 2;
+    while (end < message.size() &&
+           (std::isalnum(static_cast<unsigned char>(message[end])) != 0 || message[end] == '-')) {
+      ++end;
+    }
+    if (end > at + 2) {
+      return message.substr(at, end - at);
+    }
+  }
+  return "";
+}
+
+/// Registers every subcommand, parses and runs the chosen one. Fills `failure` and returns its exit
+/// status when the run fails with an exception.
+int run_cpsim(int argc, char** argv, std::optional<Failure>& failure) {
   CLI::App app{
       "cpsim — simulate context-parallel training (Ulysses, UPipe, Ring, all-gather, FPDT, USP):\n"
       "step time, throughput, peak memory, the longest context, and launcher settings.",
@@ -71,6 +126,8 @@ int main(int argc, char** argv) {
   app.footer(
       "Lengths accept 131072, 128K, 3M (K = 1024, M = 1024^2).\n"
       "Built-in data is read from $CPSIM_DATA_DIR or the source tree's data/.\n"
+      "Output files: `-` is standard output; a file is replaced only once it is completely "
+      "written.\n"
       "Run `cpsim SUBCOMMAND --help` for the flags of each subcommand.");
 
   cpsim::cli::SimulateArgs sim_args;
@@ -92,7 +149,7 @@ int main(int argc, char** argv) {
   CLI::App* hardware = cpsim::cli::register_hardware(app, hardware_args);
 
   if (const std::string error = unknown_subcommand_error(app, argc, argv); !error.empty()) {
-    std::cerr << "cpsim: error: " << error << "\n";
+    failure = Failure{2, "input", "", "", error, 0};
     return 2;
   }
   try {
@@ -104,7 +161,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "cpsim: error: " << e.what() << "\n";
+    failure = Failure{2, "input", field_of_parse_error(e.what()), "", e.what(), 0};
     return 2;
   }
   try {
@@ -136,14 +193,64 @@ int main(int argc, char** argv) {
       return cpsim::cli::run_hardware(hardware_args);
     }
   } catch (const cpsim::sim::ConfigError& e) {
-    std::cerr << "cpsim: error: " << cpsim::cli::refusal_text(e) << "\n";
+    const cpsim::InputError refused = cpsim::cli::flag_error(e);
+    failure = Failure{2, "input", refused.field(), "", refused.what(), 0};
     return 2;
   } catch (const cpsim::InputError& e) {
-    std::cerr << "cpsim: error: " << e.what() << "\n";
+    failure = Failure{2, "input", e.field(), "", e.what(), 0};
     return 2;
+  } catch (const cpsim::cli::OutputError& e) {
+    failure = Failure{1, "io", e.field(), e.path(), e.what(), e.error_number()};
+    return 1;
   } catch (const std::exception& e) {
-    std::cerr << "cpsim: internal error: " << e.what() << "\n";
+    failure = Failure{1, "internal", "", "", e.what(), 0};
     return 1;
   }
   return 0;
+}
+
+void print_json_error(const Failure& f) {
+  nlohmann::json error = {{"kind", f.kind}, {"message", f.message}};
+  error["field"] = f.field.empty() ? nlohmann::json(nullptr) : nlohmann::json(f.field);
+  if (f.kind == "io") {
+    error["path"] = f.path;
+  }
+  std::cout << nlohmann::json{{"error", error}}.dump(2) << "\n";
+}
+
+/// Reports a failure and a failed standard output; returns the exit status.
+int finish(cpsim::cli::StdoutGuard& out,
+           int status,
+           const std::optional<Failure>& failure,
+           bool json) {
+  const int stdout_error = out.finish();
+  const bool stdout_broken_pipe =
+      stdout_error == EPIPE ||
+      (failure && failure->path == "<stdout>" && failure->error_number == EPIPE);
+  if (stdout_broken_pipe) {
+    return 1;  // the reader went away: nothing to tell it, and no one asked for an error line
+  }
+  if (failure) {
+    std::cerr << (failure->kind == "internal" ? "cpsim: internal error: " : "cpsim: error: ")
+              << failure->message << "\n";
+    if (json && stdout_error == 0) {
+      print_json_error(*failure);
+      (void)out.finish();
+    }
+    return failure->exit_status;
+  }
+  if (stdout_error != 0) {
+    std::cerr << "cpsim: error: writing <stdout>: " << std::strerror(stdout_error) << "\n";
+    return 1;
+  }
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cpsim::cli::StdoutGuard out;
+  std::optional<Failure> failure;
+  const int status = run_cpsim(argc, argv, failure);
+  return finish(out, status, failure, json_requested(argc, argv));
 }

@@ -1,5 +1,5 @@
 // Kill-a-run test of the atomic file writes: cpsim writes every output file (trace, HTML report,
-// emitted launcher settings, calibration files) with write_file_atomically (cli/common.cpp): the
+// emitted launcher settings, calibration files) through cli/output.hpp: the
 // whole text goes to `FILE.tmp` in the same folder, which is then renamed onto FILE. This test
 // starts runs that write a large file and kills them with SIGKILL at many moments: before the
 // simulation ends, while the file is being written (the kill is sent as soon as a file shows up),

@@ -379,7 +379,8 @@ TEST_F(CliTest, TraceFileIsAValidChromeTrace) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 5. Bad input: status 2, nothing on stdout, exactly one line on stderr naming the flag or field
+// 5. Bad input: status 2, nothing on stdout (with --json: one error object), exactly one line on
+// stderr naming the flag or field
 
 struct BadInput {
   std::string name;
@@ -395,7 +396,16 @@ class BadInputTest : public CliTest {
     SCOPED_TRACE(c.name + ": " + join(c.args));
     const RunResult r = run(c.args);
     EXPECT_EQ(r.exit_code, 2) << "stderr: " << r.err;
-    EXPECT_EQ(r.out, "") << "stdout must stay empty on bad input";
+    if (std::find(c.args.begin(), c.args.end(), "--json") == c.args.end()) {
+      EXPECT_EQ(r.out, "") << "stdout must stay empty on bad input";
+    } else {
+      // with --json, stdout is one error object repeating the stderr line
+      Json j;
+      EXPECT_NO_THROW(j = Json::parse(r.out)) << r.out;
+      const Json error = j.is_object() ? j.value("error", Json::object()) : Json::object();
+      EXPECT_EQ(error.value("kind", ""), "input") << r.out;
+      EXPECT_EQ("cpsim: error: " + error.value("message", "") + "\n", r.err);
+    }
     std::string line = r.err;
     if (!line.empty() && line.back() == '\n') {
       line.pop_back();
