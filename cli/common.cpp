@@ -44,6 +44,38 @@ void write_file_atomically(const std::filesystem::path& path,
   }
 }
 
+void write_file_atomically_streamed(const std::filesystem::path& path,
+                                    const std::function<void(std::ostream&)>& write,
+                                    const std::string& field) {
+  std::filesystem::path tmp = path;
+  tmp += ".tmp";
+  std::error_code ec;
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) {
+      throw InputError(field, fmt::format("cannot write '{}'", path.string()));
+    }
+    try {
+      write(out);
+      out.flush();
+    } catch (...) {
+      out.close();
+      std::filesystem::remove(tmp, ec);
+      throw;
+    }
+    if (!out) {
+      out.close();
+      std::filesystem::remove(tmp, ec);
+      throw InputError(field, fmt::format("writing '{}' failed", path.string()));
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw InputError(field, fmt::format("cannot rename onto '{}'", path.string()));
+  }
+}
+
 bool parse_switch(const std::string& text, const std::string& field) {
   std::string t = text;
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });

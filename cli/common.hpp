@@ -2,6 +2,8 @@
 // Shared pieces of the subcommands: data directory, atomic file writes, table formatting.
 
 #include <filesystem>
+#include <functional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,12 @@ models::DataDir data_dir();
 void write_file_atomically(const std::filesystem::path& path,
                            const std::string& content,
                            const std::string& field);
+
+/// The same with the content written to a stream by `write` as it is produced (nothing held in
+/// memory). An exception from `write` removes the temporary file and propagates.
+void write_file_atomically_streamed(const std::filesystem::path& path,
+                                    const std::function<void(std::ostream&)>& write,
+                                    const std::string& field);
 
 /// Parses on/off style switches. @throws InputError(field).
 bool parse_switch(const std::string& text, const std::string& field);
