@@ -1,16 +1,17 @@
 #include "trace_output.hpp"
 
-#include <chrono>
 #include <charconv>
-#include <utility>
+#include <chrono>
 #include <iostream>
 #include <unistd.h>
+#include <utility>
 
 #include <fmt/format.h>
 
-#include "common.hpp"
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
+
+#include "common.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -43,7 +44,8 @@ class TraceProgress {
 
   void operator()(std::int64_t written) {
     const auto now = Clock::now();
-    if (now - start_ < std::chrono::seconds(2) || (!tty_ && now - last_ < std::chrono::seconds(5))) {
+    if (now - start_ < std::chrono::seconds(2) ||
+        (!tty_ && now - last_ < std::chrono::seconds(5))) {
       return;
     }
     const int percent = static_cast<int>(std::min<std::int64_t>(100, 100 * written / total_));
@@ -92,10 +94,10 @@ std::vector<bool> parse_index_list(std::string_view text,
     const std::size_t dash = item.find('-');
     std::int64_t first = 0;
     std::int64_t last = 0;
-    const bool ok = dash == std::string_view::npos
-                        ? parse_index(item, first) && parse_index(item, last)
-                        : parse_index(item.substr(0, dash), first) &&
-                              parse_index(item.substr(dash + 1), last);
+    const bool ok =
+        dash == std::string_view::npos
+            ? parse_index(item, first) && parse_index(item, last)
+            : parse_index(item.substr(0, dash), first) && parse_index(item.substr(dash + 1), last);
     if (!ok || first > last) {
       throw InputError(f, fmt::format("'{}' is not an index or a range a-b (expected `all` or a "
                                       "list such as 0,3,5-7)",
@@ -162,13 +164,17 @@ void write_trace(const SimulateArgs& a,
                     format_bytes(static_cast<double>(est.bytes)), est.events,
                     format_bytes(static_cast<double>(limit))));
   }
-  std::cerr << fmt::format("cpsim simulate: trace of ranks {}, layers {}: about {} events, {}\n",
-                           ranks, layers, est.events, format_bytes(static_cast<double>(est.bytes)));
   TraceProgress progress(est.events);
   opts.progress = [&progress](std::int64_t written) { progress(written); };
   write_file_atomically_streamed(
       a.trace,
-      [&](std::ostream& out) { sim::write_chrome_trace(*e.workload, *e.result, out, opts); },
+      [&](std::ostream& out) {
+        // Once the file is open (a path that cannot be written gets its one error line only).
+        std::cerr << fmt::format(
+            "cpsim simulate: trace of ranks {}, layers {}: about {} events, {}\n", ranks, layers,
+            est.events, format_bytes(static_cast<double>(est.bytes)));
+        sim::write_chrome_trace(*e.workload, *e.result, out, opts);
+      },
       "--trace");
 }
 

@@ -6,16 +6,19 @@
 #include <string_view>
 #include <vector>
 
-#include "commands.hpp"
 #include "cpsim/planner/evaluate.hpp"
 #include "cpsim/sim/schedule.hpp"
 #include "cpsim/sim/trace.hpp"
+
+#include "commands.hpp"
 
 namespace cpsim::cli {
 
 /// Parses a list of indices below `count`: `all` (an empty mask: every index) or items `3` and
 /// `5-7` joined by commas (`0,3,5-7`). @throws InputError(field) naming the bad item.
-std::vector<bool> parse_index_list(std::string_view text, std::int64_t count, std::string_view field);
+std::vector<bool> parse_index_list(std::string_view text,
+                                   std::int64_t count,
+                                   std::string_view field);
 
 /// The ranks and layers of --trace-ranks (default: rank 0, the representative rank) and
 /// --trace-layers (default: all). @throws InputError naming the flag.

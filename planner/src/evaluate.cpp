@@ -12,8 +12,8 @@ bool trace_needs_all_ranks(const sim::ScheduleInputs& inputs, const EvaluateOpti
     return false;
   }
   const std::vector<bool>& ranks = options.trace_ranks;
-  const bool rank0_only = !ranks.empty() && ranks[0] &&
-                          std::find(ranks.begin() + 1, ranks.end(), true) == ranks.end();
+  const bool rank0_only =
+      !ranks.empty() && ranks[0] && std::find(ranks.begin() + 1, ranks.end(), true) == ranks.end();
   return !(rank0_only && sim::has_representative_rank(inputs));
 }
 }  // namespace
@@ -33,8 +33,7 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& op
   sim_options.record_trace = options.keep_trace || options.explain_peak;
   sim_options.sampled_ranks = options.trace_ranks;
   // A trace shows the reserved memory of its own run.
-  sim_options.log_allocations =
-      options.model_allocator && (!allocator_apart || options.keep_trace);
+  sim_options.log_allocations = options.model_allocator && (!allocator_apart || options.keep_trace);
   sim_options.stop_above_device_bytes = options.stop_above_device_bytes;
   auto result =
       std::make_shared<sim::SimResult>(sim::simulate(*workload, inputs.hardware, sim_options));

@@ -256,11 +256,11 @@ class Engine {
 
   const Workload& w_;
   const models::HardwareProfile& profile_;
-  const bool trace_;                     // SimOptions::record_trace
+  const bool trace_;                        // SimOptions::record_trace
   const std::vector<bool>& sampled_ranks_;  // SimOptions::sampled_ranks
-  const bool log_allocations_;           // SimOptions::log_allocations
-  const std::int64_t stop_above_bytes_;  // SimOptions::stop_above_device_bytes (max: never)
-  bool stop_ = false;                    // a rank's device memory passed stop_above_bytes_
+  const bool log_allocations_;              // SimOptions::log_allocations
+  const std::int64_t stop_above_bytes_;     // SimOptions::stop_above_device_bytes (max: never)
+  bool stop_ = false;                       // a rank's device memory passed stop_above_bytes_
   // Constant over the run: rates of the profile (per ns).
   double compute_rate_under_comm_ = 1.0;
   double h2d_rate_ = 0.0;

@@ -86,8 +86,8 @@ void for_each_flow(const Workload& w, const TraceSelection& sel, const Op& o, F&
   const Collective& c = w.collectives[static_cast<std::size_t>(o.collective)];
   const std::vector<std::int32_t>& members = w.members(c);
   const std::size_t n = members.size();
-  const auto pos = static_cast<std::size_t>(
-      std::find(members.begin(), members.end(), o.rank) - members.begin());
+  const auto pos =
+      static_cast<std::size_t>(std::find(members.begin(), members.end(), o.rank) - members.begin());
   if (n < 2 || pos == n) {
     return;
   }
@@ -136,14 +136,15 @@ class EventFormatter {
                    R"({{"ph":"M","pid":{0},"name":"process_name","args":{{"name":"rank {0}"}}}})",
                    rank);
     begin_event();
-    fmt::format_to(std::back_inserter(buf_),
-                   R"({{"ph":"M","pid":{0},"name":"process_sort_index","args":{{"sort_index":{0}}}}})",
-                   rank);
+    fmt::format_to(
+        std::back_inserter(buf_),
+        R"({{"ph":"M","pid":{0},"name":"process_sort_index","args":{{"sort_index":{0}}}}})", rank);
     for (int s = 0; s < kStreamCount; ++s) {
       begin_event();
-      fmt::format_to(std::back_inserter(buf_),
-                     R"({{"ph":"M","pid":{},"tid":{},"name":"thread_name","args":{{"name":"{}"}}}})",
-                     rank, s, to_string(static_cast<Stream>(s)));
+      fmt::format_to(
+          std::back_inserter(buf_),
+          R"({{"ph":"M","pid":{},"tid":{},"name":"thread_name","args":{{"name":"{}"}}}})", rank, s,
+          to_string(static_cast<Stream>(s)));
     }
   }
 
@@ -169,8 +170,7 @@ class EventFormatter {
       const Collective& c = w_.collectives[static_cast<std::size_t>(o.collective)];
       fmt::format_to(std::back_inserter(buf_),
                      R"(,"collective":"{}","size_bytes":{},"wire_bytes":{},"group_size":{})",
-                     models::to_string(c.kind), c.size_bytes, c.wire_bytes,
-                     w_.members(c).size());
+                     models::to_string(c.kind), c.size_bytes, c.wire_bytes, w_.members(c).size());
     }
     if (o.transfer_bytes > 0) {
       fmt::format_to(std::back_inserter(buf_), R"(,"bytes":{})", o.transfer_bytes);
@@ -288,7 +288,7 @@ class TraceWriter {
   // and reserved tracks only when their value changes.
   void write_counters(const SimResult& r, int rank) {
     const std::vector<MemorySample>& samples = r.memory_samples;
-    std::size_t next = 0;                // the next sample to look at
+    std::size_t next = 0;                  // the next sample to look at
     std::size_t pending = samples.size();  // a sample of `rank` not yet written
     std::int64_t pending_reserved = -1;
     std::int64_t reserved = -1;  // -1: not modelled
@@ -449,7 +449,8 @@ TraceEstimate estimate_chrome_trace(const Workload& w,
     }
   }
   events += slices.count + flows.count + counters.count + hosts.count;
-  bytes += slices.bytes() + flows.bytes() + counters.bytes() + hosts.bytes() + 64;  // + the enclosing object
+  bytes += slices.bytes() + flows.bytes() + counters.bytes() + hosts.bytes() +
+           64;  // + the enclosing object
   return {events, bytes};
 }
 

@@ -1,5 +1,7 @@
 // The streamed Chrome/Perfetto trace: parsed whole and checked for structure (processes, threads,
 // slices, counters, flows) and for the rank and layer selection; its size estimate.
+#include "cpsim/sim/trace.hpp"
+
 #include <map>
 #include <set>
 #include <sstream>
@@ -10,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cpsim/planner/evaluate.hpp"
-#include "cpsim/sim/trace.hpp"
+
 #include "helpers.hpp"
 
 namespace cpsim::sim {
@@ -120,8 +122,8 @@ TEST(Trace, SelectedRanksAndLayersAreAWellFormedTrace) {
   // Each track: slices in time order, none overlapping (a stream runs one op at a time).
   for (const auto& [track, list] : slices) {
     for (std::size_t k = 1; k < list.size(); ++k) {
-      EXPECT_LE(list[k - 1].second, list[k].first) << "pid " << track.first << " tid "
-                                                   << track.second;
+      EXPECT_LE(list[k - 1].second, list[k].first)
+          << "pid " << track.first << " tid " << track.second;
     }
   }
   // Flows: paired, between two selected ranks, each end at the start of a slice of its track.
@@ -135,9 +137,8 @@ TEST(Trace, SelectedRanksAndLayersAreAWellFormedTrace) {
     rank_pairs.insert({std::get<0>(start), std::get<0>(end)});
     for (const auto& point : {start, end}) {
       const auto& list = slices[{std::get<0>(point), std::get<1>(point)}];
-      const bool on_slice = std::any_of(list.begin(), list.end(), [&](const auto& s) {
-        return s.first == std::get<2>(point);
-      });
+      const bool on_slice = std::any_of(
+          list.begin(), list.end(), [&](const auto& s) { return s.first == std::get<2>(point); });
       EXPECT_TRUE(on_slice) << "flow " << id << " is not at the start of a slice";
     }
   }

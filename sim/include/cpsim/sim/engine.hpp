@@ -38,7 +38,7 @@ struct SimOptions {
   bool record_trace = false;  ///< keep per-op intervals and memory samples for a trace file
   /// With record_trace: the ranks whose memory samples are kept (index = rank; empty: every
   /// rank). Intervals are kept for every rank (peak_contents needs the peak rank's).
-  std::vector<bool> sampled_ranks;
+  std::vector<bool> sampled_ranks{};
   /// Keep every device allocation and free in order (SimResult::allocations), for the caching
   /// allocator model (allocator.hpp).
   bool log_allocations = false;
