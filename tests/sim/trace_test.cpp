@@ -170,7 +170,8 @@ TEST(Trace, EstimateIsCloseToTheWrittenSize) {
     const TraceEstimate est = estimate_chrome_trace(*e.workload, *e.result, o);
     const Written w = write(o);
     std::int64_t reserved = 0;
-    for (const Json& ev : Json::parse(w.text)["traceEvents"]) {
+    const Json parsed = Json::parse(w.text);
+    for (const Json& ev : parsed["traceEvents"]) {
       reserved += ev.value("name", "") == "reserved memory (GiB)" ? 1 : 0;
     }
     EXPECT_EQ(est.events + reserved, w.events);
