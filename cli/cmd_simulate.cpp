@@ -16,6 +16,7 @@
 #include "common.hpp"
 #include "config_flags.hpp"
 #include "output.hpp"
+#include "trace_output.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -519,6 +520,15 @@ CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
                 "write a Chrome/Perfetto trace (JSON) of the step to FILE (- = standard output, "
                 "the summary then goes to standard error)")
       ->check(output_path_check());
+  c->add_option("--trace-ranks", a.trace_ranks,
+                "ranks the trace shows: `all` or a list such as 0,3,5-7 (default: 0, the "
+                "representative rank)");
+  c->add_option("--trace-layers", a.trace_layers,
+                "layers whose ops the trace shows, e.g. 0-1,31 (default: all, with the ops "
+                "outside layers); memory counters stay complete");
+  c->add_option("--trace-max-bytes", a.trace_max_bytes,
+                "refuse a trace estimated above this size (default: 1G)");
+  c->add_flag("--trace-force", a.trace_force, "write the trace whatever its estimated size");
   c->add_flag("--json", a.json, "print one JSON object instead of the table");
   return c;
 }
@@ -791,15 +801,15 @@ int run_simulate(const SimulateArgs& a) {
     return run_comparison(a, split_methods(a.method));
   }
   const sim::ScheduleInputs in = resolve_inputs(a);
+  const sim::TraceSelection trace = trace_selection(a, in);
   planner::EvaluateOptions opts;
   opts.keep_trace = !a.trace.empty();
+  opts.trace_ranks = trace.ranks;
   opts.explain_peak = true;
   opts.model_allocator = true;
   const planner::Evaluation e = planner::evaluate(in, opts);
   if (!a.trace.empty()) {
-    OutputFile trace(a.trace, "--trace");
-    sim::write_chrome_trace(*e.workload, *e.result, trace.stream());
-    trace.commit();
+    write_trace(a, in, e, trace);
   }
   // With `--trace -` the trace is standard output; the summary goes to standard error.
   std::ostream& summary = a.trace == "-" ? std::cerr : std::cout;

@@ -38,6 +38,10 @@ struct SimulateArgs {
   std::string int32_indexing;
   std::string attention_kernel;
   std::string trace;
+  std::string trace_ranks;      // empty: the representative rank (0)
+  std::string trace_layers;     // empty: all
+  std::string trace_max_bytes;  // empty: 1 GiB
+  bool trace_force = false;
   bool json = false;
 };
 CLI::App* register_simulate(CLI::App& app, SimulateArgs& args);

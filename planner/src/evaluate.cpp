@@ -1,13 +1,26 @@
 #include "cpsim/planner/evaluate.hpp"
 
+#include <algorithm>
+
 namespace cpsim::planner {
 namespace {
 constexpr std::size_t kPeakContentsListed = 10;
+
+// A trace of rank 0 alone needs no other rank when every rank runs the same ops.
+bool trace_needs_all_ranks(const sim::ScheduleInputs& inputs, const EvaluateOptions& options) {
+  if (!options.keep_trace) {
+    return false;
+  }
+  const std::vector<bool>& ranks = options.trace_ranks;
+  const bool rank0_only =
+      !ranks.empty() && ranks[0] && std::find(ranks.begin() + 1, ranks.end(), true) == ranks.end();
+  return !(rank0_only && sim::has_representative_rank(inputs));
+}
 }  // namespace
 
 Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& options) {
   sim::BuildOptions build;
-  build.all_ranks = options.keep_trace || options.all_ranks;  // a trace shows every rank
+  build.all_ranks = options.all_ranks || trace_needs_all_ranks(inputs, options);
   build.merge_ring_steps = options.merge_ring_steps;
   auto workload = std::make_shared<sim::Workload>(sim::build_step(inputs, build));
   if (options.verify_graph) {
@@ -18,7 +31,9 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& op
   const bool allocator_apart = options.model_allocator && build.all_ranks != options.all_ranks;
   sim::SimOptions sim_options;
   sim_options.record_trace = options.keep_trace || options.explain_peak;
-  sim_options.log_allocations = options.model_allocator && !allocator_apart;
+  sim_options.sampled_ranks = options.trace_ranks;
+  // A trace shows the reserved memory of its own run.
+  sim_options.log_allocations = options.model_allocator && (!allocator_apart || options.keep_trace);
   sim_options.stop_above_device_bytes = options.stop_above_device_bytes;
   auto result =
       std::make_shared<sim::SimResult>(sim::simulate(*workload, inputs.hardware, sim_options));

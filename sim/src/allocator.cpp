@@ -327,6 +327,7 @@ class Replay {
   }
 
   AllocatorReplay result() const { return out_; }
+  std::int64_t reserved_bytes() const { return reserved_; }
 
  private:
   std::int64_t grow(Pool& pool, std::int64_t bytes) {
@@ -366,12 +367,23 @@ class Replay {
 AllocatorReplay replay_allocator(std::span<const AllocationEvent> events,
                                  std::int32_t rank,
                                  const AllocatorConfig& config) {
+  return replay_allocator(events, rank, config, nullptr);
+}
+
+AllocatorReplay replay_allocator(std::span<const AllocationEvent> events,
+                                 std::int32_t rank,
+                                 const AllocatorConfig& config,
+                                 const ReservedObserver& observer) {
   Replay replay(config);
   constexpr std::int64_t kStaticKey = std::numeric_limits<std::int64_t>::min();
   if (config.static_bytes > 0) {
     replay.allocate(kStaticKey, config.static_bytes, 0);
   }
-  for (const AllocationEvent& e : events) {
+  if (observer) {
+    observer(0, replay.reserved_bytes());
+  }
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const AllocationEvent& e = events[i];
     if (e.rank != rank || e.bytes <= 0) {
       continue;
     }
@@ -379,6 +391,9 @@ AllocatorReplay replay_allocator(std::span<const AllocationEvent> events,
       replay.allocate(e.key, e.bytes, e.stream_pool);
     } else {
       replay.release(e.key, e.bytes);
+    }
+    if (observer) {
+      observer(i + 1, replay.reserved_bytes());
     }
   }
   return replay.result();

@@ -214,6 +214,7 @@ class Engine {
       : w_(w),
         profile_(p),
         trace_(o.record_trace),
+        sampled_ranks_(o.sampled_ranks),
         log_allocations_(o.log_allocations),
         stop_above_bytes_(o.stop_above_device_bytes > 0 ? o.stop_above_device_bytes
                                                         : std::numeric_limits<std::int64_t>::max()),
@@ -249,15 +250,17 @@ class Engine {
   double rate_of(const Activity& act, std::int32_t key) const;
   [[gnu::always_inline]] inline void note_memory(std::int32_t rank, OpId op);
   [[gnu::always_inline]] inline void release(TensorId t);
+  [[gnu::cold, gnu::noinline]] void sample_memory(std::int32_t rank);
   [[gnu::cold, gnu::noinline]] void log_allocation(
       std::int64_t key, std::int64_t bytes, std::int32_t rank, Stream stream, bool allocate);
 
   const Workload& w_;
   const models::HardwareProfile& profile_;
-  const bool trace_;                     // SimOptions::record_trace
-  const bool log_allocations_;           // SimOptions::log_allocations
-  const std::int64_t stop_above_bytes_;  // SimOptions::stop_above_device_bytes (max: never)
-  bool stop_ = false;                    // a rank's device memory passed stop_above_bytes_
+  const bool trace_;                        // SimOptions::record_trace
+  const std::vector<bool>& sampled_ranks_;  // SimOptions::sampled_ranks
+  const bool log_allocations_;              // SimOptions::log_allocations
+  const std::int64_t stop_above_bytes_;     // SimOptions::stop_above_device_bytes (max: never)
+  bool stop_ = false;                       // a rank's device memory passed stop_above_bytes_
   // Constant over the run: rates of the profile (per ns).
   double compute_rate_under_comm_ = 1.0;
   double h2d_rate_ = 0.0;
@@ -428,8 +431,24 @@ inline void Engine::note_memory(std::int32_t rank, OpId op) {
     stop_ = stop_ || m.peak_bytes > stop_above_bytes_;
   }
   m.host_peak_bytes = std::max(m.host_peak_bytes, rs.host_live);
-  if (trace_) {
-    result_.memory_samples.push_back({rank, now_, rs.live});
+  if (trace_) [[unlikely]] {
+    sample_memory(rank);
+  }
+}
+
+void Engine::sample_memory(std::int32_t rank) {
+  if (!sampled_ranks_.empty() &&
+      (idx(rank) >= sampled_ranks_.size() || !sampled_ranks_[idx(rank)])) {
+    return;
+  }
+  const RankState& rs = b_.ranks[idx(rank)];
+  const MemorySample sample{rank, now_, rs.live, rs.host_live,
+                            static_cast<std::int64_t>(result_.allocations.size())};
+  std::vector<MemorySample>& samples = result_.memory_samples;
+  if (!samples.empty() && samples.back().rank == rank && samples.back().time_ns == now_) {
+    samples.back() = sample;  // the same instant: only the state after the last change shows
+  } else {
+    samples.push_back(sample);
   }
 }
 
@@ -637,8 +656,8 @@ void Engine::finish_op(OpId op) {
       release(t);
     }
   }
-  if (trace_) {
-    result_.memory_samples.push_back({o.rank, now_, rs.live});
+  if (trace_) [[unlikely]] {
+    sample_memory(o.rank);
   }
   if (rt.first_watcher != kNone) {
     wake_watchers(rt);

@@ -341,7 +341,7 @@ INSTANTIATE_TEST_SUITE_P(
     AtomicWriteTest,
     ::testing::Values(Writer{"trace",
                              {"simulate", "--model", "llama3-8b", "--gpus", "8", "--method", "ring",
-                              "--seq", "512K", "--trace", "{OUT}"},
+                              "--seq", "512K", "--trace", "{OUT}", "--trace-ranks", "all"},
                              "step.json",
                              complete_trace},
                       Writer{"report",

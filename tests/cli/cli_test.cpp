@@ -271,16 +271,16 @@ TEST_F(CliTest, SimulateIsDeterministic) {
   EXPECT_TRUE(a.out == b.out) << "stdout differs between two identical runs";
 
   std::vector<std::string> ta = args, tb = args;
-  ta.insert(ta.end(), {"--trace", path("a.trace.json").string()});
-  tb.insert(tb.end(), {"--trace", path("b.trace.json").string()});
+  ta.insert(ta.end(), {"--trace", path("a.trace.json").string(), "--trace-ranks", "all"});
+  tb.insert(tb.end(), {"--trace", path("b.trace.json").string(), "--trace-ranks", "all"});
   const RunResult c = run(ta);
   const RunResult d = run(tb);
   ASSERT_EQ(c.exit_code, 0) << c.err;
   ASSERT_EQ(d.exit_code, 0) << d.err;
   EXPECT_TRUE(c.out == d.out) << "stdout with --trace differs between two identical runs";
-  // A trace simulates every rank, the plain run one representative rank (UPipe without a ring is
-  // symmetric): every predicted quantity must agree; only the simulator's own counters differ (and
-  // the name of the op at the peak when two ops reach the same peak bytes).
+  // A trace of every rank simulates every rank, the plain run one representative rank (UPipe
+  // without a ring is symmetric): every predicted quantity must agree; only the simulator's own
+  // counters differ (and the name of the op at the peak when two ops reach the same peak bytes).
   auto predictions = [](const std::string& text) {
     nlohmann::json j = nlohmann::json::parse(text);
     j.erase("simulator");
@@ -300,8 +300,9 @@ TEST_F(CliTest, SimulateIsDeterministic) {
 
 TEST_F(CliTest, TraceFileIsAValidChromeTrace) {
   const fs::path trace = path("step.trace.json");
-  const RunResult r = run({"simulate", "--model", "llama3-8b", "--gpus", "8", "--method", "upipe",
-                           "--seq", "128K", "--trace", trace.string(), "--json"});
+  const RunResult r =
+      run({"simulate", "--model", "llama3-8b", "--gpus", "8", "--method", "upipe", "--seq", "128K",
+           "--trace", trace.string(), "--trace-ranks", "all", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(Json::accept(r.out)) << "--trace must not disturb the --json output";
   ASSERT_TRUE(fs::exists(trace));
@@ -376,6 +377,48 @@ TEST_F(CliTest, TraceFileIsAValidChromeTrace) {
     }
     EXPECT_GT(comm_events, 0) << "no X events on the comm stream";
   }
+}
+
+// By default the trace shows rank 0 (every rank runs the same schedule); --trace-layers keeps the
+// memory counters complete but the slices of the listed layers only. The size estimate goes to
+// stderr for large traces; a trace above --trace-max-bytes is refused before any file is written.
+TEST_F(CliTest, TraceSelectionEstimateAndLimit) {
+  const fs::path trace = path("sel.trace.json");
+  const std::vector<std::string> base = {"simulate", "--method", "ulysses",     "--seq",
+                                         "128K",     "--trace",  trace.string()};
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--trace-layers", "1-2"});
+  const RunResult r = run(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // A small trace is announced only on a terminal (stderr stays empty here).
+  EXPECT_THAT(r.err, Not(HasSubstr("trace of ranks")));
+  const Json t = Json::parse(read_file(trace));
+  std::set<int> pids;
+  std::set<int> layers;
+  int counters = 0;
+  for (const Json& e : t["traceEvents"]) {
+    pids.insert(e["pid"].get<int>());
+    if (e["ph"] == "X") {
+      ASSERT_TRUE(e["args"].contains("layer")) << e.dump();
+      layers.insert(e["args"]["layer"].get<int>());
+    }
+    counters += e["ph"] == "C" ? 1 : 0;
+  }
+  EXPECT_EQ(pids, std::set<int>{0});
+  EXPECT_EQ(layers, (std::set<int>{1, 2}));
+  EXPECT_GT(counters, 0);
+
+  fs::remove(trace);
+  args = base;
+  args.insert(args.end(), {"--trace-max-bytes", "64K"});
+  const RunResult refused = run(args);
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_THAT(refused.err, HasSubstr("--trace-layers"));
+  EXPECT_FALSE(fs::exists(trace));
+  args.push_back("--trace-force");
+  const RunResult forced = run(args);
+  EXPECT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_TRUE(fs::exists(trace));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -481,6 +524,28 @@ TEST_F(BadInputTest, FlagErrors) {
        {"--seq"}},
       {"empty method in a list", {"simulate", "--method", "ring,,fpdt"}, {"--method"}},
       {"trace of a comparison", {"simulate", "--method", "all", "--trace", "x.json"}, {"--trace"}},
+      {"trace rank out of range",
+       {"simulate", "--seq", "64K", "--trace", "x.json", "--trace-ranks", "0,8"},
+       {"--trace-ranks"}},
+      {"trace ranks not a list",
+       {"simulate", "--seq", "64K", "--trace", "x.json", "--trace-ranks", "0-x"},
+       {"--trace-ranks"}},
+      {"trace layers reversed",
+       {"simulate", "--seq", "64K", "--trace", "x.json", "--trace-layers", "3-1"},
+       {"--trace-layers"}},
+      {"trace layer out of range",
+       {"simulate", "--seq", "64K", "--trace", "x.json", "--trace-layers", "0,32"},
+       {"--trace-layers"}},
+      {"trace ranks without a trace",
+       {"simulate", "--seq", "64K", "--trace-ranks", "0"},
+       {"--trace-ranks"}},
+      {"trace limit not a size",
+       {"simulate", "--seq", "64K", "--trace", "x.json", "--trace-max-bytes", "lots"},
+       {"--trace-max-bytes"}},
+      {"trace above its limit",
+       {"simulate", "--seq", "64K", "--trace", "x.json", "--trace-max-bytes", "1K"},
+       {"--trace"},
+       {"--trace-layers", "--trace-force", "events"}},
   };
   for (const auto& c : cases) {
     expect_usage_error(c);

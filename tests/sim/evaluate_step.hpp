@@ -38,7 +38,8 @@ inline Evaluation evaluate(const ScheduleInputs& inputs, const EvaluateOptions& 
   const bool allocator_apart = options.model_allocator && build.all_ranks != options.all_ranks;
   SimOptions sim_options;
   sim_options.record_trace = options.keep_trace || options.explain_peak;
-  sim_options.log_allocations = options.model_allocator && !allocator_apart;
+  // A trace shows the reserved memory of its own run.
+  sim_options.log_allocations = options.model_allocator && (!allocator_apart || options.keep_trace);
   auto result = std::make_shared<SimResult>(simulate(*workload, inputs.hardware, sim_options));
   Evaluation e;
   e.report = summarize(inputs, *workload, *result);

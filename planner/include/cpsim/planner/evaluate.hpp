@@ -3,6 +3,7 @@
 /// The unit of work of every search (maxlen, plan) and of `cpsim simulate`.
 
 #include <memory>
+#include <vector>
 
 #include "cpsim/sim/engine.hpp"
 #include "cpsim/sim/result.hpp"
@@ -11,7 +12,12 @@
 namespace cpsim::planner {
 
 struct EvaluateOptions {
-  bool keep_trace = false;       ///< keep the workload and per-op intervals for a trace file
+  bool keep_trace = false;  ///< keep the workload and per-op intervals for a trace file
+  /// With keep_trace: the ranks the trace shows (index = rank; empty: every rank), whose memory
+  /// samples are kept. Rank 0 alone of a schedule where every rank runs the same ops
+  /// (sim::has_representative_rank) is simulated on the representative-rank path; otherwise every
+  /// rank is simulated.
+  std::vector<bool> trace_ranks{};
   bool all_ranks = false;        ///< simulate every rank even when one representative rank suffices
   bool merge_ring_steps = true;  ///< sim::BuildOptions::merge_ring_steps
   /// List the largest tensors live at the memory peak (Evaluation::peak); records op intervals.

@@ -21,6 +21,7 @@
 /// Not modelled: max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, the
 /// expandable "best fit by size after growth" tie-break, and record_stream delays of frees.
 #include <cstdint>
+#include <functional>
 #include <span>
 
 namespace cpsim::sim {
@@ -57,5 +58,16 @@ struct AllocatorReplay {
 AllocatorReplay replay_allocator(std::span<const AllocationEvent> events,
                                  std::int32_t rank,
                                  const AllocatorConfig& config);
+
+/// Reserved bytes over a replay: `applied` is how many entries of `events` (all ranks) have been
+/// replayed when the reserved bytes are `reserved_bytes`.
+using ReservedObserver = std::function<void(std::size_t applied, std::int64_t reserved_bytes)>;
+
+/// The same, telling `observer` the reserved bytes once before the first event (after the static
+/// memory, applied = 0) and after every event of `rank`.
+AllocatorReplay replay_allocator(std::span<const AllocationEvent> events,
+                                 std::int32_t rank,
+                                 const AllocatorConfig& config,
+                                 const ReservedObserver& observer);
 
 }  // namespace cpsim::sim

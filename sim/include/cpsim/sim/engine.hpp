@@ -36,6 +36,9 @@ constexpr std::int64_t allocation_bytes(std::int64_t requested) {
 
 struct SimOptions {
   bool record_trace = false;  ///< keep per-op intervals and memory samples for a trace file
+  /// With record_trace: the ranks whose memory samples are kept (index = rank; empty: every
+  /// rank). Intervals are kept for every rank (peak_contents needs the peak rank's).
+  std::vector<bool> sampled_ranks{};
   /// Keep every device allocation and free in order (SimResult::allocations), for the caching
   /// allocator model (allocator.hpp).
   bool log_allocations = false;
@@ -52,11 +55,15 @@ struct OpInterval {
   SimTime end_ns = 0;
 };
 
-/// Memory counter sample of one rank (trace only): device bytes by category after a change.
+/// Memory counter sample of one rank (trace only): its memory after a change. Consecutive changes
+/// of one rank at one instant are one sample (the state after the last).
 struct MemorySample {
   std::int32_t rank = 0;
   SimTime time_ns = 0;
-  std::array<std::int64_t, kMemCategoryCount> device_bytes{};
+  std::array<std::int64_t, kMemCategoryCount> device_bytes{};  ///< live, by category
+  std::int64_t host_bytes = 0;                                 ///< pinned host memory held
+  /// SimResult::allocations made so far (all ranks): the sample shows the state after them.
+  std::int64_t allocations = 0;
 };
 
 struct RankMemory {
