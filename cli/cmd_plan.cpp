@@ -20,7 +20,7 @@ namespace {
 
 constexpr int kPlanSchemaVersion = 1;
 
-// Launchers that run each method (reference/launchers.md §0), best first.
+// Launchers that run each method (planner/src/emit.cpp, launchers_for), best first.
 const char* launchers_for(models::CpMethod m) {
   switch (m) {
     case models::CpMethod::kUlysses:

@@ -12,7 +12,7 @@
 
 #include "cpsim/models/error.hpp"
 
-// Key names, values and quirks follow reference/launchers.md (sections in the comments below).
+// Key names, values and quirks follow the launchers' sources (REFERENCES.md keys below).
 // Every emitter first refuses the methods its launcher cannot run (naming launchers that can),
 // then validates the configuration (sim::derive_head_layout), then checks the launcher's own
 // constraints, and writes what the launcher cannot express into `notes` (and, where the format
@@ -226,7 +226,7 @@ const char* launcher_scope(LauncherFormat f) {
   return "";
 }
 
-/// Launchers that can run a method (reference/launchers.md §0), as `--emit` values.
+/// Launchers that can run a method (what each launcher's source offers), as `--emit` values.
 const char* launchers_for(CpMethod m) {
   switch (m) {
     case CpMethod::kUlysses:
@@ -306,7 +306,7 @@ std::string shape_summary(const models::TransformerSpec& m) {
                      m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn_hidden, m.vocab);
 }
 
-// ---- TorchTitan v0.2.x TOML (launchers.md 1a) ---------------------------------------------------
+// ---- TorchTitan v0.2.x TOML (REFERENCES.md [TorchTitan]) ----------------------------------------
 
 EmittedConfig emit_torchtitan(Plan& p) {
   require_seq_multiple_of_2cp(p, "TorchTitan",
@@ -454,7 +454,7 @@ EmittedConfig emit_torchtitan(Plan& p) {
   return out;
 }
 
-// ---- UPipe reference code: TorchTitan fork arguments (launchers.md 5a) --------------------------
+// ---- UPipe reference code: TorchTitan fork arguments (REFERENCES.md [UPipe-code]) ---------------
 
 EmittedConfig emit_untied_ulysses(Plan& p) {
   const CpMethod m = p.method();
@@ -625,7 +625,7 @@ EmittedConfig emit_untied_ulysses(Plan& p) {
   return out;
 }
 
-// ---- DeepSpeed ds_config JSON + Megatron-DeepSpeed FPDT flags (launchers.md 2a-2e) -------------
+// ---- DeepSpeed + Megatron-DeepSpeed FPDT (REFERENCES.md [DeepSpeed], [Megatron-DeepSpeed]) ------
 
 EmittedConfig emit_deepspeed(Plan& p) {
   require_zero_for_optimizer_offload(p, "DeepSpeed");
@@ -799,7 +799,7 @@ EmittedConfig emit_deepspeed(Plan& p) {
   return out;
 }
 
-// ---- HF Accelerate config YAML (launchers.md 3a) ------------------------------------------------
+// ---- HF Accelerate config YAML (REFERENCES.md [Accelerate]) -------------------------------------
 
 std::string accelerate_sp_attention(Plan& p) {
   const std::string& k = p.recipe.attention_kernel;
@@ -943,7 +943,7 @@ EmittedConfig emit_accelerate(Plan& p) {
   return out;
 }
 
-// ---- Megatron-LM arguments (launchers.md 4) -----------------------------------------------------
+// ---- Megatron-LM arguments (REFERENCES.md [Megatron-LM]) ----------------------------------------
 
 EmittedConfig emit_megatron(Plan& p) {
   const CpMethod m = p.method();
@@ -1070,8 +1070,8 @@ EmittedConfig emit_megatron(Plan& p) {
   }
   if (p.recipe.optimizer_offload) {
     p.note(
-        "optimizer offload is not emitted (Megatron-Core's optimizer CPU offload is outside "
-        "launchers.md; check your version)");
+        "optimizer offload is not emitted (Megatron-Core's optimizer CPU offload is not covered "
+        "here; check your version)");
   }
   if (p.ckpt_offload()) {
     p.note(
@@ -1129,7 +1129,7 @@ EmittedConfig emit_megatron(Plan& p) {
   return out;
 }
 
-// ---- ArcticTraining recipe YAML (launchers.md 3d) -----------------------------------------------
+// ---- ArcticTraining recipe YAML (REFERENCES.md [ArcticTraining]) --------------------------------
 
 EmittedConfig emit_arctic(Plan& p) {
   require_zero_for_optimizer_offload(p, "ArcticTraining (DeepSpeed)");

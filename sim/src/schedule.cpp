@@ -196,7 +196,7 @@ HeadLayout derive_head_layout(const ScheduleInputs& in) {
 //     ring block         n_r·2(F/u)·d·2 sent per ring step; all-gather: N·2(F/u)·d·2 gathered
 //     FPDT               per chunk of K global tokens: Q K·(H/C)·d·2, K/V K·2(H_kv'/C)·d·2
 // All-to-all bytes sent per rank in one forward layer (u > 1): s·(H + 2H_kv')·d·2 + s·H·d·2
-// (reference/papers.md §4.2: 4Nh/P for MHA).
+// (REFERENCES.md [Ulysses]: 4Nh/P for MHA).
 AttentionBuffers attention_buffers(const ScheduleInputs& in, const HeadLayout& L) {
   const std::int64_t n = in.parallel.seq_len;
   const std::int64_t s = n / L.cp;
