@@ -1,11 +1,12 @@
 // Core attention on head-sharded tensors: one flash-attention call, a ring of K/V blocks, or an
 // all-gather of K/V, over the ring group of `ring` ranks holding n_r = N / ring tokens each.
 //
-// Ring (REFERENCES.md [RingAttention], [ring-flash-attn]). K/V blocks rotate with send/recv on the
-// comm stream, double buffered: step k computes on the block received at step k−1 while the next
-// block is in flight, so communication is exposed exactly when a block's attention is shorter than
-// its transfer (the overlap condition c ≥ F/B). The send of step k waits for the attention of step
-// k−1: ring-flash-attention issues it after queuing that attention, and ProcessGroupNCCL makes its
+// Ring (REFERENCES.md [RingAttention], [ring-flash-attn]):
+// K/V blocks rotate with send/recv on the comm stream, double
+// buffered: step k computes on the block received at step k−1 while the next block is in flight,
+// so communication is exposed exactly when a block's attention is shorter than its transfer
+// (the overlap condition c ≥ F/B). The send of step k waits for the attention of step k−1:
+// ring-flash-attention issues it after queuing that attention, and ProcessGroupNCCL makes its
 // stream wait for the caller's stream at every call. Steps therefore run in lockstep (a step's
 // send and attention start together when the previous step's both have ended) and two blocks are
 // live at a time. In the backward the dK/dV hop of step k follows its attention, and the next

@@ -1,11 +1,12 @@
-// UPipe (Untied Ulysses, headwise chunking; REFERENCES.md [UPipe], [UPipe-code]). The attention of
-// a block runs in H/U stages of U query heads (U/u per rank after the all-to-all); a GQA-aware
-// order projects and sends K/V once per fetch and reuses them for the stages of the fetch; stage
-// buffers are freed before the next stage. The custom op saves its input xn, the full output
-// final_out [s, H·d] and one LSE per stage. Its backward, per stage, recomputes the Q projection +
-// RoPE + all-to-all (K/V at the start of each fetch), all-to-alls the stage's slice of final_out
-// and of dOut to head- sharded layout, runs core attention backward (a zigzag ring when ring > 1),
-// and all-to-alls dQ (and dK/dV at the end of a fetch) back into the projection backward.
+// UPipe (Untied Ulysses, headwise chunking; REFERENCES.md [UPipe], [UPipe-code]).
+// The attention of a block
+// runs in H/U stages of U query heads (U/u per rank after the all-to-all); a GQA-aware order
+// projects and sends K/V once per fetch and reuses them for the stages of the fetch; stage buffers
+// are freed before the next stage. The custom op saves its input xn, the full output final_out [s,
+// H·d] and one LSE per stage. Its backward, per stage, recomputes the Q projection + RoPE +
+// all-to-all (K/V at the start of each fetch), all-to-alls the stage's slice of final_out and of
+// dOut to head- sharded layout, runs core attention backward (a zigzag ring when ring > 1), and
+// all-to-alls dQ (and dK/dV at the end of a fetch) back into the projection backward.
 #include <iterator>
 
 #include <fmt/format.h>

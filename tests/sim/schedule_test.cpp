@@ -58,8 +58,7 @@ TEST(HeadLayout, Qwen32BStages) {
   const HeadLayout L = derive_head_layout(inputs(CpMethod::kUPipe, "qwen3-32b", 8, kM));
   EXPECT_EQ(L.stages, 8);
   EXPECT_EQ(L.stages_per_kv_fetch, 8);
-  // Head-proportional buffers shrink by 1 − U/H = 87.5 % (headwise chunking, REFERENCES.md
-  // [UPipe]).
+  // Head-proportional buffers shrink by 1 − U/H = 87.5 % (REFERENCES.md [UPipe]).
   EXPECT_DOUBLE_EQ(1.0 - static_cast<double>(L.heads_per_stage) / static_cast<double>(L.heads),
                    0.875);
 }
