@@ -1,7 +1,8 @@
 // Core attention on head-sharded tensors: one flash-attention call, a ring of K/V blocks, or an
 // all-gather of K/V, over the ring group of `ring` ranks holding n_r = N / ring tokens each.
 //
-// Ring (reference/papers.md §5.1–5.2). K/V blocks rotate with send/recv on the comm stream, double
+// Ring (REFERENCES.md [RingAttention], [ring-flash-attn]):
+// K/V blocks rotate with send/recv on the comm stream, double
 // buffered: step k computes on the block received at step k−1 while the next block is in flight,
 // so communication is exposed exactly when a block's attention is shorter than its transfer
 // (the overlap condition c ≥ F/B). The send of step k waits for the attention of step k−1:

@@ -1,4 +1,4 @@
-// FPDT / Ulysses-Offload (reference/papers.md §2; DeepSpeed fpdt_layer.py). Ulysses over chunks:
+// FPDT / Ulysses-Offload (REFERENCES.md [FPDT], [DS-FPDT]). Ulysses over chunks:
 // the global sequence is cut into nc = N / K chunks of K tokens (the chunk size is global); each
 // rank holds K/C tokens of every chunk, so after the all-to-all chunk i is a contiguous block of
 // K tokens with H/C heads on every rank.

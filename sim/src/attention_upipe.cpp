@@ -1,4 +1,5 @@
-// UPipe (Untied Ulysses, headwise chunking; reference/papers.md §1.1). The attention of a block
+// UPipe (Untied Ulysses, headwise chunking; REFERENCES.md [UPipe], [UPipe-code]).
+// The attention of a block
 // runs in H/U stages of U query heads (U/u per rank after the all-to-all); a GQA-aware order
 // projects and sends K/V once per fetch and reuses them for the stages of the fetch; stage buffers
 // are freed before the next stage. The custom op saves its input xn, the full output final_out [s,

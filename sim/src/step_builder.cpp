@@ -1,6 +1,7 @@
 // The step: embedding → L blocks forward → final norm + loss → L blocks backward → optimizer,
 // with ZeRO/FSDP sharding, activation checkpointing and checkpoint offload. Attention schemes are
-// in attention_*.cpp; the derivations of what each one saves and recomputes are in schedule.cpp.
+// in attention_*.cpp, each with the derivation of what it saves and recomputes at its top;
+// schedule.cpp derives the checkpointing modes, the attention buffer sizes and the model states.
 #include "step_builder.hpp"
 
 #include <algorithm>

@@ -14,8 +14,8 @@
 namespace cpsim::calibrate {
 namespace {
 
-constexpr double kAlpha = 12.5e-6;    // s, ~ small-message NCCL latency (hardware.md §2.3)
-constexpr double kBandwidth = 370e9;  // B/s, ~ NVLink busbw plateau (hardware.md §2.2, §5.3)
+constexpr double kAlpha = 12.5e-6;  // s, ~ small-message NCCL latency (REFERENCES.md [DeepEP-303])
+constexpr double kBandwidth = 370e9;  // B/s, ~ NVLink busbw plateau (REFERENCES.md [NCCL])
 
 /// t = alpha + bytes / bandwidth for bytes = 1 KiB, 2 KiB, ..., 4 GiB (23 samples).
 std::vector<TimingSample> clean_sweep(double alpha = kAlpha, double bandwidth = kBandwidth) {
@@ -94,7 +94,8 @@ TEST(FitAlphaBeta, RecoversParametersUnderTwoPercentNoise) {
 }
 
 TEST(FitAlphaBeta, RecoversOtherScales) {
-  // Host<->device copy scale (hardware.md §5.4): ~55 GB/s, a few microseconds of latency.
+  // Host<->device copy scale (REFERENCES.md [ml-engineering]): ~55 GB/s, a few microseconds of
+  // latency.
   const auto samples = with_noise(clean_sweep(4e-6, 55e9), 0.02, 42);
   const AlphaBetaFit fit = fit_alpha_beta(samples);
   EXPECT_LT(rel_diff(fit.alpha_s, 4e-6), 0.03);

@@ -1,5 +1,5 @@
-// End-to-end tests of the cpsim binary: the command-line contract of docs/design.md ("Command
-// line"): exit statuses, the --json schema, the trace file, error lines, and the catalog
+// End-to-end tests of the cpsim binary: the command-line contract (cli/main.cpp, README.md
+// "Examples"): exit statuses, the --json schema, the trace file, error lines, and the catalog
 // subcommands.
 #include <algorithm>
 #include <cerrno>
@@ -649,7 +649,7 @@ TEST_F(CliTest, HardwareListsAndShowsProfiles) {
   ASSERT_EQ(show.exit_code, 0) << show.err;
   EXPECT_THAT(show.out, HasSubstr("sources"));
   EXPECT_THAT(show.out, HasSubstr("gpu.peak_bf16_flops_per_s"));
-  EXPECT_THAT(show.out, HasSubstr("reference/hardware.md"));
+  EXPECT_THAT(show.out, HasSubstr("REFERENCES.md [H100-datasheet]"));
 
   const Json j = run_json({"hardware", "--json"});
   EXPECT_TRUE(j.contains("schema_version"));

@@ -33,7 +33,7 @@ TEST(ParameterCount, Llama3_8bIsExact) {
 }
 
 TEST(ParameterCount, PublishedModelSizes) {
-  // reference/launchers.md §6b ("params (our count)").
+  // REFERENCES.md [HF-configs] (parameter counts are our own count).
   struct Case {
     const char* name;
     double billions;

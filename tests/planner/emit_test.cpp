@@ -1,6 +1,8 @@
 // Launcher emitters: every emitted file is read back with a real parser (Python's tomllib, json,
-// yaml.safe_load, shlex and bash itself), and its keys and values are checked against
-// reference/launchers.md. Refusals must name a launcher that can run the method.
+// yaml.safe_load, shlex and bash itself), and its keys and values are checked against the
+// launchers' sources (REFERENCES.md [TorchTitan], [UPipe-code], [DeepSpeed], [Megatron-DeepSpeed],
+// [Accelerate], [Megatron-LM], [ArcticTraining]). Refusals must name a launcher that can run the
+// method.
 #include "cpsim/planner/emit.hpp"
 
 #include <array>
@@ -836,7 +838,7 @@ TEST_F(EmitTest, EveryFormatEitherParsesOrRefusesNamingAnotherLauncher) {
       }
     }
   }
-  EXPECT_EQ(emitted, 2 + 4 + 2 + 3 + 4 + 1);  // methods per launcher (launchers.md §0)
+  EXPECT_EQ(emitted, 2 + 4 + 2 + 3 + 4 + 1);  // methods per launcher (launchers_for)
 }
 
 TEST_F(EmitTest, InvalidConfigurationsKeepTheirOwnQuantity) {

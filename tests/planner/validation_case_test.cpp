@@ -32,7 +32,7 @@ Json good_case() {
     "setup": {"model": "llama3-8b", "gpus": 8, "gpus-per-node": 4, "recipe": "alst",
               "seq": 131072, "fused-loss": true, "heads-per-stage": 16, "zero": 3,
               "ring-layout": "zigzag"},
-    "source": "reference/papers.md",
+    "source": "REFERENCES.md [ALST]",
     "granularity": "100000"
   })");
 }
@@ -61,7 +61,7 @@ TEST(ValidationCase, GoodCaseReadsBack) {
   EXPECT_EQ(c.published, 3700000.0);
   EXPECT_EQ(c.tolerance, 0.2);
   EXPECT_EQ(c.tolerance_why, "one recipe step");
-  EXPECT_EQ(c.source, "reference/papers.md");
+  EXPECT_EQ(c.source, "REFERENCES.md [ALST]");
   EXPECT_EQ(c.granularity, "100000");
   EXPECT_EQ(c.skip, "");
   const ValidationSetup& s = c.setup;

@@ -68,8 +68,8 @@ TEST(Ring, PerStepTransferBytes) {
   EXPECT_EQ(dkv[0]->size_bytes, block * 2);  // fp32
 }
 
-// The overlap condition (reference/papers.md §5.1): a block's transfer hides behind the previous
-// block's attention when it is shorter. Forward ring phase of one layer on rank 0:
+// The overlap condition (REFERENCES.md [RingAttention]): a block's transfer hides behind the
+// previous block's attention when it is shorter. Forward ring phase of one layer on rank 0:
 //   link-bound    T_x > T_c: the phase lasts ≈ T_c + (C−1)·T_x
 //   compute-bound T_x < T_c: it lasts ≈ C·T_c
 double ring_phase_s(const models::HardwareProfile& hw,

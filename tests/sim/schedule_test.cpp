@@ -58,7 +58,7 @@ TEST(HeadLayout, Qwen32BStages) {
   const HeadLayout L = derive_head_layout(inputs(CpMethod::kUPipe, "qwen3-32b", 8, kM));
   EXPECT_EQ(L.stages, 8);
   EXPECT_EQ(L.stages_per_kv_fetch, 8);
-  // Head-proportional buffers shrink by 1 − U/H = 87.5 % (reference/papers.md §1.3).
+  // Head-proportional buffers shrink by 1 − U/H = 87.5 % (REFERENCES.md [UPipe]).
   EXPECT_DOUBLE_EQ(1.0 - static_cast<double>(L.heads_per_stage) / static_cast<double>(L.heads),
                    0.875);
 }
@@ -190,7 +190,7 @@ CommVolume count(const Workload& w, int layer, Phase phase) {
   return v;
 }
 
-// All-to-all volume per layer (reference/papers.md §4.2, GQA form): the forward sends the local
+// All-to-all volume per layer (REFERENCES.md [Ulysses], GQA form): the forward sends the local
 // QKV, s·(H + 2H_kv)·d·2 bytes, and the output, s·H·d·2 bytes, per rank; (C−1)/C of it leaves.
 TEST(CommVolume, UlyssesForwardLayer) {
   const ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, kM);

@@ -8,7 +8,7 @@
 
 namespace cpsim::planner::emit_detail {
 
-// ---- HF Accelerate config YAML (launchers.md 3a) ------------------------------------------------
+// ---- HF Accelerate config YAML (REFERENCES.md [Accelerate]) -------------------------------------
 
 std::string accelerate_sp_attention(Plan& p) {
   const std::string& k = p.recipe.attention_kernel;

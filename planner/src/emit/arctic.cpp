@@ -9,7 +9,7 @@
 
 namespace cpsim::planner::emit_detail {
 
-// ---- ArcticTraining recipe YAML (launchers.md 3d) -----------------------------------------------
+// ---- ArcticTraining recipe YAML (REFERENCES.md [ArcticTraining]) --------------------------------
 
 EmittedConfig emit_arctic(Plan& p) {
   require_zero_for_optimizer_offload(p, "ArcticTraining (DeepSpeed)");

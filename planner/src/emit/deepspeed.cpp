@@ -11,7 +11,7 @@
 
 namespace cpsim::planner::emit_detail {
 
-// ---- DeepSpeed ds_config JSON + Megatron-DeepSpeed FPDT flags (launchers.md 2a-2e) -------------
+// ---- DeepSpeed + Megatron-DeepSpeed FPDT (REFERENCES.md [DeepSpeed], [Megatron-DeepSpeed]) ------
 
 EmittedConfig emit_deepspeed(Plan& p) {
   require_zero_for_optimizer_offload(p, "DeepSpeed");

@@ -1,10 +1,11 @@
 #pragma once
 // What the launcher emitters share (private to planner/src/emit): the configuration as the
 // emitters see it (Plan), formatting helpers, refusals and the finishing step. Key names, values
-// and quirks follow reference/launchers.md (sections named in each emitter's file). Every emitter
-// is called after its launcher was checked to run the method and the configuration was validated
-// (sim::derive_head_layout); it checks the launcher's own constraints, renders the file and writes
-// what the launcher cannot express into the notes; finish() adds the header and returns it.
+// and quirks follow the launchers' sources (REFERENCES.md keys named in each emitter's file). Every
+// emitter is called after its launcher was checked to run the method and the configuration was
+// validated (sim::derive_head_layout); it checks the launcher's own constraints, renders the file
+// and writes what the launcher cannot express into the notes; finish() adds the header and returns
+// it.
 
 #include <cstdint>
 #include <initializer_list>

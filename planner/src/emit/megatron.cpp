@@ -10,7 +10,7 @@
 
 namespace cpsim::planner::emit_detail {
 
-// ---- Megatron-LM arguments (launchers.md 4) -----------------------------------------------------
+// ---- Megatron-LM arguments (REFERENCES.md [Megatron-LM]) ----------------------------------------
 
 EmittedConfig emit_megatron(Plan& p) {
   const CpMethod m = p.method();
@@ -137,8 +137,8 @@ EmittedConfig emit_megatron(Plan& p) {
   }
   if (p.recipe.optimizer_offload) {
     p.note(
-        "optimizer offload is not emitted (Megatron-Core's optimizer CPU offload is outside "
-        "launchers.md; check your version)");
+        "optimizer offload is not emitted (Megatron-Core's optimizer CPU offload is not covered "
+        "here; check your version)");
   }
   if (p.ckpt_offload()) {
     p.note(

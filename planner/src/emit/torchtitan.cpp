@@ -7,7 +7,7 @@
 
 namespace cpsim::planner::emit_detail {
 
-// ---- TorchTitan v0.2.x TOML (launchers.md 1a) ---------------------------------------------------
+// ---- TorchTitan v0.2.x TOML (REFERENCES.md [TorchTitan]) ----------------------------------------
 
 EmittedConfig emit_torchtitan(Plan& p) {
   require_seq_multiple_of_2cp(p, "TorchTitan",

@@ -9,7 +9,7 @@
 
 namespace cpsim::planner::emit_detail {
 
-// ---- UPipe reference code: TorchTitan fork arguments (launchers.md 5a) --------------------------
+// ---- UPipe reference code: TorchTitan fork arguments (REFERENCES.md [UPipe-code]) ---------------
 
 EmittedConfig emit_untied_ulysses(Plan& p) {
   const CpMethod m = p.method();

@@ -110,7 +110,7 @@ std::optional<ConfigIssue> CpImplementation::stage_heads(const ScheduleInputs& i
 //     out head-sharded   n_r·(U/u)·d·2,   out local s·U·d·2,   LSE (U/u)·n_r·4
 //     ring block         n_r·2(F/u)·d·2 sent per ring step; all-gather: N·2(F/u)·d·2 gathered
 // All-to-all bytes sent per rank in one forward layer (u > 1): s·(H + 2H_kv')·d·2 + s·H·d·2
-// (reference/papers.md §4.2: 4Nh/P for MHA). UPipe and FPDT add to this in their files.
+// (REFERENCES.md [Ulysses]: 4Nh/P for MHA). UPipe and FPDT add to this in their files.
 AttentionBuffers CpImplementation::buffers(const ScheduleInputs& in, const HeadLayout& L) const {
   const std::int64_t n = in.parallel.seq_len;
   const std::int64_t s = n / L.cp;

@@ -1,7 +1,7 @@
 #pragma once
 /// @file Fits of the alpha-beta (latency-bandwidth) cost model `t = alpha + bytes / bandwidth` to
-/// measured timings, and a hold-out check of such a fit (design.md "Cost model", "Calibration";
-/// reference/hardware.md §5.4). CPU only; Eigen stays inside fit.cpp.
+/// measured timings, and a hold-out check of such a fit (docs/MODEL.md "Compute costs",
+/// docs/CALIBRATION.md). CPU only; Eigen stays inside fit.cpp.
 
 #include <cstddef>
 #include <span>
@@ -9,7 +9,7 @@
 namespace cpsim::calibrate {
 
 /// One measurement: `bytes` moved (the caller picks the convention, e.g. bytes on the wire per
-/// rank, hardware.md §2.1) and the time it took, in seconds.
+/// rank, REFERENCES.md [nccl-tests]) and the time it took, in seconds.
 struct TimingSample {
   double bytes;
   double time_s;

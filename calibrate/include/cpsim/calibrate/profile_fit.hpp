@@ -1,9 +1,9 @@
 #pragma once
-/// @file Turns raw calibration measurements into a hardware profile (design.md "Calibration";
-/// docs/CALIBRATION.md "Fit"). CPU only. Every fitted coefficient is fitted in the form the
-/// simulator's cost model (sim/src/cost_model.cpp) evaluates it, so the profile reproduces the
-/// measured times; coefficients the raw file does not cover are copied from a base profile with
-/// their original source.
+/// @file Turns raw calibration measurements into a hardware profile (docs/CALIBRATION.md "Fit").
+/// CPU only. Every fitted coefficient is fitted in the form the simulator's cost model
+/// (sim/src/cost_model.cpp) evaluates it, so the profile reproduces the measured times;
+/// coefficients the raw file does not cover are copied from a base profile with their original
+/// source.
 
 #include <cstddef>
 #include <string>

@@ -80,7 +80,7 @@ struct MemorySample {
   double time_s = 0.0;
 };
 
-/// One NCCL collective, nccl-tests conventions (reference/hardware.md §2.1): `size_bytes` is the
+/// One NCCL collective, nccl-tests conventions (REFERENCES.md [nccl-tests]): `size_bytes` is the
 /// nccl-tests size (all-gather: output; reduce-scatter: input; all-to-all: per-rank send buffer;
 /// all-reduce: buffer; send/recv: bytes sent per rank); algbw = size / t; busbw = algbw × factor.
 struct CollectiveSample {
@@ -148,7 +148,7 @@ struct RawCalibration {
   RawSamples samples;
 };
 
-/// nccl-tests bus-bandwidth factor of `op` over `ranks` ranks (hardware.md §2.1).
+/// nccl-tests bus-bandwidth factor of `op` over `ranks` ranks (REFERENCES.md [nccl-tests]).
 inline double busbw_factor(models::Collective op, int ranks) {
   const double n = static_cast<double>(ranks);
   switch (op) {

@@ -23,7 +23,7 @@ const char* to_string(Collective c);
 enum class Span { kIntraNode, kInterNode };
 const char* to_string(Span s);
 
-/// Time model of one collective on one span (nccl-tests convention, reference/hardware.md §2.1):
+/// Time model of one collective on one span (nccl-tests convention, REFERENCES.md [nccl-tests]):
 ///   t(S) = alpha_s + wire_bytes(S) / (peak_busbw · efficiency(S))
 /// where S is the nccl-tests "size" (per-rank total buffer) and wire_bytes = S·(n−1)/n
 /// (×2 for all-reduce; S for send/recv).

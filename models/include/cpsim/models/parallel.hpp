@@ -6,7 +6,7 @@
 
 namespace cpsim::models {
 
-/// Context-parallel methods (reference/papers.md):
+/// Context-parallel methods (docs/REFERENCES.md, "Context-parallel methods"):
 ///   ulysses    all-to-all QKV to head sharding, attention over the full sequence on H/C heads
 ///   upipe      Ulysses in stages of U query heads (headwise chunking); a ring inside each stage
 ///              when ring_degree > 1

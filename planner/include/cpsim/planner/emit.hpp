@@ -1,7 +1,7 @@
 #pragma once
 /// @file Launcher settings for a planned configuration: paste-ready files and flags for TorchTitan,
 /// the UPipe reference code, DeepSpeed / Megatron-DeepSpeed, HF Accelerate, Megatron-LM and
-/// ArcticTraining (key names from reference/launchers.md).
+/// ArcticTraining (key names from the sources in docs/REFERENCES.md, "Launchers").
 
 #include <string>
 #include <vector>

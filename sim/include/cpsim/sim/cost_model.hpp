@@ -46,7 +46,7 @@ class CostModel {
   /// Flash-attention forward. FLOPs (FlashAttention convention): 4·q·k_vis·heads·d, where k_vis =
   /// kv/2 for a causal square call (bottom-right aligned: (max(0, kv−q) + kv)/2 in general) and kv
   /// otherwise. Throughput: the profile curve at S = q_len, scaled by head_dim/128 in FLOPs only,
-  /// times an occupancy factor for few-head launches (reference/hardware.md §3.4):
+  /// times an occupancy factor for few-head launches (REFERENCES.md [FA-code]):
   ///   tiles T = heads·⌈q/BlockM⌉, occ(T) = T / (SMs·⌈T/SMs⌉), relative to the occupancy of the
   ///   published set-up (16 heads × 16K tokens per launch), capped at 1.
   KernelCost attention_fwd(const AttentionShape& shape) const;

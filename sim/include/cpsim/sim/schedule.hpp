@@ -48,7 +48,7 @@ ModelStates model_states(const ScheduleInputs& inputs);
 
 struct BuildOptions {
   /// Give every rank its ops. Otherwise one representative rank is simulated whose collectives
-  /// still cost what their real groups cost (the fast path of design.md): exact when no ring part
+  /// still cost what their real groups cost (docs/MODEL.md, "Fast path"): exact when no ring part
   /// exists; with a ring each step lasts as long as its slowest ring position (tested within a few
   /// percent of the full simulation).
   bool all_ranks = false;
