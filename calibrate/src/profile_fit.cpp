@@ -181,11 +181,12 @@ class Sources {
                        c_.driver_version, c_.date, what);
   }
 
- private:
   /// What produced the measurements.
   std::string tool() const {
     return c_.method.timer == "nccl-tests" ? "nccl-tests logs" : "cpsim calibrate";
   }
+
+ private:
   const RawContext& c_;
 };
 
@@ -242,9 +243,10 @@ void Fitter::fit_context() {
   p().name = options.profile_name;
   p().gpu_name = c.device;
   p().description = fmt::format(
-      "Measured by cpsim calibrate on {} x {} ({}); coefficients the measurement does not cover "
+      "Measured by {} on {} x {} ({}); coefficients the measurement does not cover "
       "are from the base profile '{}' with their original source.",
-      c.gpu_count, c.device, c.date, options.base_name.empty() ? base.name : options.base_name);
+      sources.tool(), c.gpu_count, c.device, c.date,
+      options.base_name.empty() ? base.name : options.base_name);
   if (c.sm_count > 0) {
     if (c.sm_count != base.sm_count) {
       note(
