@@ -133,7 +133,8 @@ TEST(ImportNcclTests, LogsWithoutAProgramNameNeedOp) {
 }
 
 /// The fitted profile's bus bandwidth at the log's largest sizes, t = alpha + launch + wire /
-/// (peak · eff) as the simulator computes it, against the busbw the log prints: within 3 %.
+/// (peak · eff) as the simulator computes it, against the busbw the log prints: within 1 %
+/// (measured: 0.43 % at most).
 TEST(ImportNcclTests, FittedBusBandwidthMatchesThePrintedOneAtLargeSizes) {
   const models::HardwareProfile base =
       models::load_hardware("h100-sxm-80g", models::DataDir{CPSIM_TEST_DATA_DIR}, "--base");
@@ -151,7 +152,7 @@ TEST(ImportNcclTests, FittedBusBandwidthMatchesThePrintedOneAtLargeSizes) {
           m.alpha_s + fit.profile.collective_launch_s +
           wire / (m.peak_busbw_bytes_per_s * m.efficiency_by_size(static_cast<double>(size), 1.0));
       const double busbw = static_cast<double>(size) / t * 2.0 * (n - 1.0) / n / 1e9;
-      EXPECT_NEAR(busbw / printed, 1.0, 0.03) << size << ": fitted " << busbw << " GB/s";
+      EXPECT_NEAR(busbw / printed, 1.0, 0.01) << size << ": fitted " << busbw << " GB/s";
     }
   }
 }
