@@ -1,16 +1,20 @@
-// `cpsim calibrate run` (microbenchmarks on this node -> raw JSON) and `cpsim calibrate fit` (raw
-// JSON -> hardware profile). docs/CALIBRATION.md describes both.
+// `cpsim calibrate run` (microbenchmarks on this node -> raw JSON), `cpsim calibrate import
+// nccl-tests` (nccl-tests logs -> raw JSON) and `cpsim calibrate fit` (raw JSON files -> hardware
+// profile). docs/CALIBRATION.md describes them.
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
+#include "cpsim/calibrate/import_nccl_tests.hpp"
 #include "cpsim/calibrate/measure.hpp"
 #include "cpsim/calibrate/profile_fit.hpp"
 #include "cpsim/calibrate/profile_io.hpp"
 #include "cpsim/calibrate/raw.hpp"
+#include "cpsim/calibrate/raw_merge.hpp"
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/io.hpp"
 #include "cpsim/models/units.hpp"
@@ -89,6 +93,55 @@ int run_measure(const CalibrateArgs& a) {
   return 0;
 }
 
+/// --op: a collective name ("all_to_all") or an nccl-tests program name ("alltoall_perf").
+std::optional<models::Collective> parse_op(const std::string& text) {
+  if (text.empty()) {
+    return std::nullopt;
+  }
+  for (const models::Collective op :
+       {models::Collective::kAllToAll, models::Collective::kAllGather,
+        models::Collective::kReduceScatter, models::Collective::kAllReduce,
+        models::Collective::kSendRecv}) {
+    if (text == models::to_string(op)) {
+      return op;
+    }
+  }
+  if (auto op = calibrate::collective_of_nccl_tests_program(text)) {
+    return op;
+  }
+  if (auto op = calibrate::collective_of_nccl_tests_program(text + "_perf")) {
+    return op;
+  }
+  throw InputError("--op", fmt::format("unknown collective '{}'; known: all_to_all, all_gather, "
+                                       "reduce_scatter, all_reduce, send_recv",
+                                       text));
+}
+
+int run_import(const CalibrateArgs& a) {
+  if (a.import_out.empty()) {
+    throw InputError("--out", "required: the raw measurements file to write");
+  }
+  const std::optional<models::Collective> op = parse_op(a.op);
+  std::vector<calibrate::NcclTestsRun> runs;
+  for (const std::string& log : a.logs) {
+    runs.push_back(calibrate::load_nccl_tests_log(log, op));
+  }
+  const calibrate::RawCalibration raw = calibrate::raw_from_nccl_tests(runs, a.argv, CPSIM_VERSION);
+  const std::string text = calibrate::write_raw(raw);
+  (void)calibrate::parse_raw(text, a.import_out);  // what fit will read back
+  write_output(a.import_out, text, "--out");
+  for (const calibrate::NcclTestsRun& run : runs) {
+    std::cout << fmt::format(
+        "{}: {} ({}), {} ranks on {} node(s), {}, NCCL {}: {} sizes (out-of-place and in-place)\n",
+        run.source, models::to_string(run.op), run.program.empty() ? "--op" : run.program,
+        run.ranks, run.nodes, run.device, run.nccl_version, run.samples.size() / 2);
+  }
+  std::cout << fmt::format("wrote {}: {} collective samples from {} log(s)\n", a.import_out,
+                           raw.samples.collectives.size(), runs.size());
+  std::cout << fmt::format("next: cpsim calibrate fit {} --out PROFILE.json\n", a.import_out);
+  return 0;
+}
+
 int run_fit(const CalibrateArgs& a) {
   if (a.fit_out.empty()) {
     throw InputError("--out", "required: the hardware profile to write");
@@ -96,7 +149,16 @@ int run_fit(const CalibrateArgs& a) {
   if (!(a.max_mape > 0.0)) {
     throw InputError("--max-mape", fmt::format("must be positive, got {}", a.max_mape));
   }
-  const calibrate::RawCalibration raw = calibrate::load_raw(a.raw, "RAW");
+  std::vector<calibrate::NamedRaw> files;
+  for (const std::string& path : a.raws) {
+    files.push_back({path, calibrate::load_raw(path, "RAW")});
+  }
+  const calibrate::MergedRaw merged = calibrate::merge_raw(files);
+  const calibrate::RawCalibration& raw = merged.raw;
+  std::string names;
+  for (const std::string& path : a.raws) {
+    names += names.empty() ? path : " + " + path;
+  }
   const models::DataDir data = data_dir();
   const models::HardwareProfile base = models::load_hardware(a.base, data, "--base");
 
@@ -115,8 +177,14 @@ int run_fit(const CalibrateArgs& a) {
     throw std::logic_error(fmt::format("the fitted profile does not load: {}", e.what()));
   }
 
-  std::cout << fmt::format("fit of {} ({} x {}, {}) onto base '{}'\n\n", a.raw,
+  std::cout << fmt::format("fit of {} ({} x {}, {}) onto base '{}'\n\n", names,
                            raw.context.gpu_count, raw.context.device, raw.context.date, base.name);
+  for (const std::string& conflict : merged.conflicts) {
+    std::cout << "note: " << conflict << "\n";
+  }
+  if (!merged.conflicts.empty()) {
+    std::cout << "\n";
+  }
   std::cout << calibrate::format_fit_report(fit, a.max_mape);
   if (!a.force) {
     calibrate::check_fit_quality(fit, a.max_mape);
@@ -132,7 +200,8 @@ int run_fit(const CalibrateArgs& a) {
 CLI::App* register_calibrate(CLI::App& app, CalibrateArgs& a) {
   CLI::App* c = app.add_subcommand(
       "calibrate",
-      "Measure this node (run) and turn the measurements into a hardware profile (fit)");
+      "Measure this node (run) or import nccl-tests logs (import), and turn the measurements "
+      "into a hardware profile (fit)");
   c->require_subcommand(1);
 
   a.run_command = c->add_subcommand(
@@ -149,11 +218,28 @@ CLI::App* register_calibrate(CLI::App& app, CalibrateArgs& a) {
                             "longest attention length to try (default: up to what fits the "
                             "memory and a time cap per call)");
 
+  a.import_command = c->add_subcommand(
+      "import", "Convert measurements taken by other tools into a raw measurements file");
+  a.import_command->require_subcommand(1);
+  CLI::App* nccl = a.import_command->add_subcommand(
+      "nccl-tests",
+      "Text output of NVIDIA nccl-tests (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+      "alltoall_perf, sendrecv_perf; single- or multi-node) -> raw JSON");
+  nccl->add_option("log", a.logs, "nccl-tests output files, one run each")->required();
+  nccl->add_option("--out", a.import_out, "raw measurements file to write (JSON)")
+      ->required()
+      ->check(output_path_check());
+  nccl->add_option("--op", a.op,
+                   "collective of logs that do not name their program (all_to_all, all_gather, "
+                   "reduce_scatter, all_reduce, send_recv)");
+
   a.fit_command =
       c->add_subcommand("fit",
                         "Least-squares fit of raw measurements into a hardware profile (schema "
                         "cpsim.hardware/1); prints the fit error per curve");
-  a.fit_command->add_option("raw", a.raw, "raw measurements (from `cpsim calibrate run`)")
+  a.fit_command
+      ->add_option("raw", a.raws,
+                   "raw measurements (from `cpsim calibrate run` or `import`); several are merged")
       ->required();
   a.fit_command->add_option("--out", a.fit_out, "hardware profile to write (JSON)")
       ->required()
@@ -165,7 +251,8 @@ CLI::App* register_calibrate(CLI::App& app, CalibrateArgs& a) {
       ->capture_default_str();
   a.fit_command
       ->add_option("--max-mape", a.max_mape,
-                   "refuse the fit when a curve's hold-out MAPE exceeds this fraction")
+                   "refuse the fit when a curve's hold-out MAPE, or one of its outliers, "
+                   "exceeds this fraction")
       ->capture_default_str();
   a.fit_command->add_flag("--force", a.force, "write the profile even when a curve exceeds it");
   a.fit_command->add_option("--name", a.name, "profile name (default: the output file's stem)");
@@ -175,6 +262,9 @@ CLI::App* register_calibrate(CLI::App& app, CalibrateArgs& a) {
 int run_calibrate(const CalibrateArgs& a) {
   if (a.run_command != nullptr && a.run_command->parsed()) {
     return run_measure(a);
+  }
+  if (a.import_command != nullptr && a.import_command->parsed()) {
+    return run_import(a);
   }
   return run_fit(a);
 }

@@ -109,14 +109,19 @@ int run_report(const ReportArgs& args);
 struct CalibrateArgs {
   CLI::App* run_command = nullptr;
   CLI::App* fit_command = nullptr;
+  CLI::App* import_command = nullptr;
   std::vector<std::string> argv;  // the whole command line, recorded in the raw file
   // run
   std::string out;
   bool quick = false;
   int gpus = 0;  // 0 = all visible
   std::string max_seq;
+  // import nccl-tests
+  std::vector<std::string> logs;
+  std::string import_out;
+  std::string op;  // collective of logs that do not name their program
   // fit
-  std::string raw;
+  std::vector<std::string> raws;
   std::string fit_out;
   std::string base = "h100-sxm-80g";
   double max_mape = 0.15;

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "cpsim/calibrate/collective_fit.hpp"
 #include "cpsim/calibrate/fit.hpp"
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
@@ -164,8 +165,8 @@ class Sources {
   /// "measured: <device>, driver <v>, <date>, cpsim calibrate, N samples, MAPE x%; <detail>"
   std::string measured(const CurveFit& row, const std::string& detail) const {
     std::string s =
-        fmt::format("measured: {}, driver {}, {}, cpsim calibrate, {} samples, MAPE {}", c_.device,
-                    c_.driver_version, c_.date, row.samples, percent(row.fit_mape));
+        fmt::format("measured: {}, driver {}, {}, {}, {} samples, MAPE {}", c_.device,
+                    c_.driver_version, c_.date, tool(), row.samples, percent(row.fit_mape));
     if (row.held_out > 0) {
       s += fmt::format(" (hold-out {} on {} points)", percent(row.holdout_mape), row.held_out);
     }
@@ -180,12 +181,27 @@ class Sources {
                        c_.driver_version, c_.date, what);
   }
 
+  /// What produced the measurements.
+  std::string tool() const {
+    return c_.method.timer == "nccl-tests" ? "nccl-tests logs" : "cpsim calibrate";
+  }
+
  private:
   const RawContext& c_;
 };
 
 // ---------------------------------------------------------------------------------------------
 // Fitting context shared by the parts
+
+/// Out-of-place times per size of one collective, group size and span (nccl-tests' in-place half
+/// is kept aside for a cross-check).
+struct CollectiveGroupKey {
+  models::Span span;
+  Collective op;
+  int ranks;
+  auto operator<=>(const CollectiveGroupKey&) const = default;
+};
+using TimesBySize = std::map<std::int64_t, std::vector<double>>;
 
 struct Fitter {
   const RawCalibration& raw;
@@ -215,6 +231,10 @@ struct Fitter {
   void fit_attention_kernel(const std::string& kernel);
   void fit_host_link();
   void fit_collectives();
+  void fit_collective_group(const CollectiveGroupKey& key,
+                            const TimesBySize& times,
+                            const TimesBySize* in_place,
+                            bool in_profile);
   void fit_interference();
 };
 
@@ -223,9 +243,10 @@ void Fitter::fit_context() {
   p().name = options.profile_name;
   p().gpu_name = c.device;
   p().description = fmt::format(
-      "Measured by cpsim calibrate on {} x {} ({}); coefficients the measurement does not cover "
+      "Measured by {} on {} x {} ({}); coefficients the measurement does not cover "
       "are from the base profile '{}' with their original source.",
-      c.gpu_count, c.device, c.date, options.base_name.empty() ? base.name : options.base_name);
+      sources.tool(), c.gpu_count, c.device, c.date,
+      options.base_name.empty() ? base.name : options.base_name);
   if (c.sm_count > 0) {
     if (c.sm_count != base.sm_count) {
       note(
@@ -240,7 +261,12 @@ void Fitter::fit_context() {
     p().hbm_capacity_bytes = c.hbm_capacity_bytes;
     set_source("gpu.hbm_capacity_bytes", sources.read("cudaDeviceProp::totalGlobalMem"));
   }
-  if (c.device_count > 0 && !raw.samples.collectives.empty()) {
+  if (c.method.timer == "nccl-tests") {
+    note(
+        fmt::format("node.gpus_per_node: nccl-tests logs do not say how many GPUs a node has; "
+                    "kept from the base ({})",
+                    base.gpus_per_node));
+  } else if (c.device_count > 0 && !raw.samples.collectives.empty()) {
     p().gpus_per_node = c.device_count;
     set_source("node.gpus_per_node", sources.read("cudaGetDeviceCount on one node"));
   }
@@ -740,13 +766,59 @@ double wire_bytes(Collective op, int ranks, std::int64_t size) {
   return static_cast<double>(size);
 }
 
-struct CollectiveModelFit {
-  double alpha_s = 0.0;        ///< profile alpha (without collective_launch_s)
-  double total_alpha_s = 0.0;  ///< alpha + collective_launch_s
+/// "1K-64K: alpha 12.3 us, 45 GB/s; 128K-1G: ..." (bandwidth in the wire-bytes convention).
+std::string describe_regimes(const CollectiveCurveFit& f) {
+  std::string out;
+  for (const CollectiveRegime& g : f.regimes) {
+    const std::string bw = std::isinf(g.bandwidth_bytes_per_s)
+                               ? std::string("flat")
+                               : fmt::format("{:.1f} GB/s", g.bandwidth_bytes_per_s / 1e9);
+    out += fmt::format("{}{}-{}: alpha {:.1f} us, {}", out.empty() ? "" : "; ",
+                       format_bytes(g.first_size_bytes), format_bytes(g.last_size_bytes),
+                       g.alpha_s * 1e6, bw);
+  }
+  return out;
+}
+
+/// The profile's form of a fitted curve: alpha (without collective_launch_s), the peak busbw
+/// and the efficiency per measured size, all from the model (not the measurements), so that the
+/// simulator's t = alpha + launch + wire / (peak · eff) reproduces the model at every size.
+models::CollectiveModel to_profile_model(const CollectiveCurveFit& f,
+                                         const std::vector<CollectivePoint>& points,
+                                         double launch_s) {
+  models::CollectiveModel m;
+  m.alpha_s = std::max(0.0, f.regimes.front().alpha_s - launch_s);
+  const double total_alpha = m.alpha_s + launch_s;
+  std::vector<double> bw(points.size(), 0.0);
   double peak = 0.0;
-  LogCurve efficiency;
-  AlphaBetaFit alpha_beta{};
-};
+  double any_peak = 0.0;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const double busy = f.predicted_s[i] - total_alpha;
+    if (busy > 0.0) {
+      bw[i] = points[i].wire_bytes / busy;
+      any_peak = std::max(any_peak, bw[i]);
+      if (busy >= 0.5 * f.predicted_s[i]) {
+        peak = std::max(peak, bw[i]);  // bandwidth-bound sizes only
+      }
+    }
+  }
+  peak = peak > 0.0 ? peak : any_peak;
+  std::vector<std::pair<double, double>> eff;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    if (bw[i] > 0.0) {
+      eff.emplace_back(points[i].size_bytes, std::min(1.0, bw[i] / peak));
+    }
+  }
+  if (eff.empty() || !(peak > 0.0)) {
+    // Time never exceeds the fixed cost: no bandwidth can be told; keep a nominal one.
+    peak = f.regimes.back().bandwidth_bytes_per_s;
+    peak = std::isfinite(peak) ? peak : 1e12;
+    eff.assign(1, {points.back().size_bytes, 1.0});
+  }
+  m.peak_busbw_bytes_per_s = peak;
+  m.efficiency_by_size = LogCurve(std::move(eff));
+  return m;
+}
 
 void Fitter::fit_collectives() {
   const auto& samples = raw.samples.collectives;
@@ -756,136 +828,126 @@ void Fitter::fit_collectives() {
              : "collectives: no samples; all kept from the base");
     return;
   }
-  note("collectives.inter_node: one process measures one node; kept from the base");
-  const double launch = p().collective_launch_s;
-  const Collective ops[] = {Collective::kAllToAll, Collective::kAllGather,
-                            Collective::kReduceScatter, Collective::kAllReduce,
-                            Collective::kSendRecv};
-  for (const Collective op : ops) {
-    const std::string path = fmt::format("collectives.intra_node.{}", models::to_string(op));
-    int ranks = 0;
-    std::map<int, std::vector<TimingSample>> by_ranks;
-    for (const CollectiveSample& s : samples) {
-      if (s.op == op) {
-        ranks = std::max(ranks, s.ranks);
-        by_ranks[s.ranks].push_back(
-            {std::max(1.0, wire_bytes(op, s.ranks, s.size_bytes)), s.time_s});
-      }
-    }
-    if (ranks == 0) {
-      note(path + ": no samples; kept from the base");
-      continue;
-    }
-    // α-β per group size, for the report.
-    std::string per_ranks;
-    for (const auto& [n, ts] : by_ranks) {
-      try {
-        const AlphaBetaFit f = fit_alpha_beta(ts);
-        per_ranks += fmt::format("{}{} GPUs: alpha {:.1f} us, busbw {:.0f} GB/s",
-                                 per_ranks.empty() ? "" : "; ", n, f.alpha_s * 1e6,
-                                 f.bandwidth_bytes_per_s / 1e9);
-      } catch (const InputError&) {
-        per_ranks += fmt::format("{}{} GPUs: not fitted", per_ranks.empty() ? "" : "; ", n);
-      }
-    }
-    note(fmt::format("{} alpha-beta by group size: {}", models::to_string(op), per_ranks));
-
-    std::vector<double> sizes, wires, times;
-    for (const CollectiveSample& s : samples) {
-      if (s.op == op && s.ranks == ranks) {
-        sizes.push_back(static_cast<double>(s.size_bytes));
-        wires.push_back(std::max(1.0, wire_bytes(op, ranks, s.size_bytes)));
-        times.push_back(s.time_s);
-      }
-    }
-    const Groups groups = make_groups(sizes);
-    auto fit = [&](const std::vector<bool>& use) {
-      std::vector<TimingSample> ts;
-      for (std::size_t i = 0; i < sizes.size(); ++i) {
-        if (use[i]) {
-          ts.push_back({wires[i], times[i]});
-        }
-      }
-      CollectiveModelFit m;
-      try {
-        m.alpha_beta = fit_alpha_beta(ts);
-      } catch (const InputError& e) {
-        throw InputError("samples.collectives",
-                         fmt::format("{} on {} GPUs: {}", models::to_string(op), ranks, e.what()));
-      }
-      // The fixed cost cannot exceed the fastest measurement: clamp the intercept just below it,
-      // so that every size keeps a positive transfer time.
-      double min_time = 0.0;
-      for (const TimingSample& t : ts) {
-        min_time = min_time == 0.0 ? t.time_s : std::min(min_time, t.time_s);
-      }
-      double total = std::max(m.alpha_beta.alpha_s, launch);
-      if (total >= min_time) {
-        total = (1.0 - 1e-3) * min_time;
-      }
-      m.alpha_s = std::max(0.0, total - launch);
-      m.total_alpha_s = m.alpha_s + launch;
-      std::vector<double> bw(sizes.size(), 0.0);
-      std::vector<bool> usable(sizes.size(), false);
-      for (std::size_t i = 0; i < sizes.size(); ++i) {
-        const double busy = times[i] - m.total_alpha_s;
-        if (use[i] && busy > 0.0) {
-          bw[i] = wires[i] / busy;
-          usable[i] = true;
-        }
-      }
-      const LogCurve absolute = group_curve(groups, sizes, bw, usable);
-      // Peak: the best bandwidth among sizes where moving bytes takes at least half the time.
-      double peak = 0.0;
-      double any_peak = 0.0;
-      for (std::size_t i = 0; i < sizes.size(); ++i) {
-        if (!usable[i]) {
-          continue;
-        }
-        const double b = absolute(sizes[i], 0.0);
-        any_peak = std::max(any_peak, b);
-        if (times[i] - m.total_alpha_s >= 0.5 * times[i]) {
-          peak = std::max(peak, b);
-        }
-      }
-      if (peak <= 0.0) {
-        peak = any_peak > 0.0 ? any_peak : m.alpha_beta.bandwidth_bytes_per_s;
-      }
-      std::vector<std::pair<double, double>> eff;
-      for (const auto& [x, b] : absolute.points()) {
-        eff.emplace_back(x, std::min(1.0, b / peak));
-      }
-      if (eff.empty()) {
-        eff.emplace_back(*std::max_element(sizes.begin(), sizes.end()), 1.0);
-      }
-      m.peak = peak;
-      m.efficiency = LogCurve(std::move(eff));
-      return m;
-    };
-    CurveFit& row = add_row(path);
-    const CollectiveModelFit m = assess(
-        row, sizes, times, options.holdout_every, fit,
-        [&](const CollectiveModelFit& model, std::size_t i) {
-          return model.total_alpha_s + wires[i] / (model.peak * model.efficiency(sizes[i], 1.0));
-        });
-    row.note = fmt::format("{} GPUs, alpha {:.1f} us, peak busbw {:.0f} GB/s", ranks,
-                           m.alpha_s * 1e6, m.peak / 1e9);
-    models::CollectiveModel& target = p().collectives[models::Span::kIntraNode][op];
-    target.alpha_s = m.alpha_s;
-    target.peak_busbw_bytes_per_s = m.peak;
-    target.efficiency_by_size = m.efficiency;
-    const std::string detail = fmt::format(
-        "NCCL {} on {} GPUs, nccl-tests size and busbw conventions; weighted alpha-beta fit alpha "
-        "{:.2f} us, {:.1f} GB/s",
-        models::to_string(op), ranks, m.alpha_beta.alpha_s * 1e6,
-        m.alpha_beta.bandwidth_bytes_per_s / 1e9);
-    set_source(path + ".alpha_s",
-               sources.measured(row, detail + "; alpha here excludes compute.collective_launch_s"));
-    set_source(path + ".peak_busbw_bytes_per_s",
-               sources.measured(row, detail + "; best busbw among sizes that are bandwidth-bound"));
-    set_source(path + ".efficiency_by_size",
-               sources.measured(row, detail + "; busbw per size / peak"));
+  std::map<CollectiveGroupKey, TimesBySize> out_of_place;
+  std::map<CollectiveGroupKey, TimesBySize> in_place;
+  for (const CollectiveSample& s : samples) {
+    const models::Span span = s.nodes > 1 ? models::Span::kInterNode : models::Span::kIntraNode;
+    (s.in_place ? in_place : out_of_place)[{span, s.op, s.ranks}][s.size_bytes].push_back(s.time_s);
   }
+  if (out_of_place.empty()) {
+    note("collectives: only in-place samples; the fit uses them");
+    out_of_place.swap(in_place);
+  }
+  std::map<std::pair<models::Span, Collective>, int> largest;
+  for (const auto& [key, times] : out_of_place) {
+    int& n = largest[{key.span, key.op}];
+    n = std::max(n, key.ranks);
+  }
+  if (std::none_of(largest.begin(), largest.end(), [](const auto& entry) {
+        return entry.first.first == models::Span::kInterNode;
+      })) {
+    note("collectives.inter_node: one process measures one node; kept from the base");
+  }
+  for (const Collective op :
+       {Collective::kAllToAll, Collective::kAllGather, Collective::kReduceScatter,
+        Collective::kAllReduce, Collective::kSendRecv}) {
+    if (largest.count({models::Span::kIntraNode, op}) == 0) {
+      note(fmt::format("collectives.intra_node.{}: no samples; kept from the base",
+                       models::to_string(op)));
+    }
+  }
+  // Per span and op, the largest group first: its curve is the one the profile holds.
+  for (auto it = out_of_place.begin(); it != out_of_place.end();) {
+    auto end = it;
+    while (end != out_of_place.end() && end->first.span == it->first.span &&
+           end->first.op == it->first.op) {
+      ++end;
+    }
+    for (auto group = end; group != it;) {
+      --group;
+      const auto in_place_it = in_place.find(group->first);
+      fit_collective_group(group->first, group->second,
+                           in_place_it == in_place.end() ? nullptr : &in_place_it->second,
+                           group->first.ranks == largest[{group->first.span, group->first.op}]);
+    }
+    it = end;
+  }
+}
+
+void Fitter::fit_collective_group(const CollectiveGroupKey& key,
+                                  const TimesBySize& times,
+                                  const TimesBySize* in_place,
+                                  bool in_profile) {
+  const std::string path =
+      fmt::format("collectives.{}.{}", models::to_string(key.span), models::to_string(key.op));
+  const std::string what = fmt::format("{} on {} ranks", models::to_string(key.op), key.ranks);
+  std::vector<CollectivePoint> points;
+  bool repeated = false;
+  for (const auto& [size, ts] : times) {
+    repeated = repeated || ts.size() > 1;
+    points.push_back({static_cast<double>(size), std::max(1.0, wire_bytes(key.op, key.ranks, size)),
+                      median(ts)});
+  }
+  if (points.size() < 2) {
+    note(fmt::format("{} ({}): one size only; not fitted", path, what));
+    return;
+  }
+  CollectiveCurveFit f;
+  try {
+    f = fit_collective_curve(points, CollectiveFitOptions{});
+  } catch (const InputError& e) {
+    throw InputError("samples.collectives", fmt::format("{}: {}", what, e.what()));
+  }
+  CurveFit& row = add_row(in_profile ? path : fmt::format("{} ({} ranks)", path, key.ranks));
+  row.samples = points.size();
+  row.fit_mape = f.fit_mape;
+  row.fit_max = f.fit_max;
+  row.held_out = f.held_out;
+  row.holdout_mape = f.holdout_mape;
+  row.holdout_max = f.holdout_max;
+  for (const CollectiveOutlier& o : f.outliers) {
+    row.outliers.push_back(
+        {fmt::format("{} {} ranks {}: measured {:.1f} us, expected {:.1f} us ({:+.0f}%; {})",
+                     models::to_string(key.op), key.ranks, format_bytes(o.size_bytes),
+                     o.measured_s * 1e6, o.expected_s * 1e6, o.deviation() * 100.0, o.reason),
+         o.deviation()});
+  }
+  const std::string regimes = describe_regimes(f);
+  note(fmt::format("{} ({}): {} regime(s): {}{}", path, what, f.regimes.size(), regimes,
+                   repeated ? "; median of the repeated samples per size" : ""));
+  if (in_place != nullptr) {
+    std::vector<double> ratio;
+    for (const auto& [size, ts] : *in_place) {
+      if (const auto it = times.find(size); it != times.end()) {
+        ratio.push_back(median(ts) / median(it->second));
+      }
+    }
+    note(
+        fmt::format("{} ({}): in-place / out-of-place time, median over {} sizes: {:.3f} (the fit "
+                    "uses out-of-place)",
+                    path, what, ratio.size(), median(ratio)));
+  }
+  const models::CollectiveModel model = to_profile_model(f, points, p().collective_launch_s);
+  row.note =
+      fmt::format("{} ranks, {} regime(s), alpha {:.1f} us, peak busbw {:.0f} GB/s{}{}", key.ranks,
+                  f.regimes.size(), model.alpha_s * 1e6, model.peak_busbw_bytes_per_s / 1e9,
+                  f.outliers.empty() ? "" : fmt::format(", {} outlier(s)", f.outliers.size()),
+                  in_profile ? "" : "; not in the profile (one curve per collective)");
+  if (!in_profile) {
+    return;
+  }
+  p().collectives[key.span][key.op] = model;
+  const std::string detail = fmt::format(
+      "NCCL {}, nccl-tests size and busbw conventions; piecewise alpha-beta over {} regime(s) "
+      "({}){}",
+      what, f.regimes.size(), regimes,
+      f.outliers.empty() ? "" : fmt::format("; {} outlier(s) left out", f.outliers.size()));
+  set_source(path + ".alpha_s",
+             sources.measured(row, detail + "; alpha here excludes compute.collective_launch_s"));
+  set_source(path + ".peak_busbw_bytes_per_s",
+             sources.measured(row, detail + "; best model busbw among bandwidth-bound sizes"));
+  set_source(path + ".efficiency_by_size",
+             sources.measured(row, detail + "; model busbw per measured size / peak"));
 }
 
 void Fitter::fit_interference() {
@@ -967,6 +1029,20 @@ ProfileFit fit_profile(const RawCalibration& raw,
   return std::move(f.out);
 }
 
+namespace {
+
+/// The row's first outlier off by more than a factor 1 + max_mape, if any.
+const CurveFit::Outlier* refused_outlier(const CurveFit& row, double max_mape) {
+  for (const CurveFit::Outlier& o : row.outliers) {
+    if (std::abs(std::log1p(o.deviation)) > std::log1p(max_mape)) {
+      return &o;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 void check_fit_quality(const ProfileFit& fit, double max_mape) {
   for (const CurveFit& row : fit.curves) {
     if (row.checked && row.gate_error() > max_mape) {
@@ -977,6 +1053,13 @@ void check_fit_quality(const ProfileFit& fit, double max_mape) {
                       row.held_out > 0 ? "hold-out" : "fit", percent(row.gate_error()),
                       percent(max_mape), row.samples));
     }
+    if (const CurveFit::Outlier* o = row.checked ? refused_outlier(row, max_mape) : nullptr) {
+      throw InputError(
+          row.curve,
+          fmt::format("outlier {} is off by more than --max-mape {} ({} outlier(s) in this "
+                      "curve); measure again or pass --force to write the profile anyway",
+                      o->name, percent(max_mape), row.outliers.size()));
+    }
   }
 }
 
@@ -985,7 +1068,10 @@ std::string format_fit_report(const ProfileFit& fit, double max_mape) {
   rows.push_back({"curve", "samples", "fit MAPE", "fit max", "held out", "hold-out MAPE",
                   "hold-out max", "status", "note"});
   for (const CurveFit& r : fit.curves) {
-    const std::string status = !r.checked ? "info" : (r.gate_error() > max_mape ? "EXCEEDS" : "ok");
+    const std::string status = !r.checked                                ? "info"
+                               : r.gate_error() > max_mape               ? "EXCEEDS"
+                               : refused_outlier(r, max_mape) != nullptr ? "OUTLIER"
+                                                                         : "ok";
     rows.push_back({r.curve, std::to_string(r.samples), percent(r.fit_mape), percent(r.fit_max),
                     r.held_out > 0 ? std::to_string(r.held_out) : "-",
                     r.held_out > 0 ? percent(r.holdout_mape) : "-",
@@ -1012,6 +1098,16 @@ std::string format_fit_report(const ProfileFit& fit, double max_mape) {
       line.pop_back();
     }
     out += line + "\n";
+  }
+  std::string outliers;
+  for (const CurveFit& r : fit.curves) {
+    for (const CurveFit::Outlier& o : r.outliers) {
+      outliers += "  - " + o.name + "\n";
+    }
+  }
+  if (!outliers.empty()) {
+    out +=
+        "\noutliers (left out of the fit; refused above --max-mape unless --force):\n" + outliers;
   }
   if (!fit.notes.empty()) {
     out += "\nnotes:\n";

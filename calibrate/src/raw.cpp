@@ -185,8 +185,8 @@ MemorySample parse_memory(const Node& node) {
 }
 
 CollectiveSample parse_collective(const Node& node) {
-  node.expect_object(
-      {"op", "ranks", "size_bytes", "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s"});
+  node.expect_object({"op", "ranks", "nodes", "in_place", "size_bytes", "time_s",
+                      "algbw_bytes_per_s", "busbw_bytes_per_s"});
   CollectiveSample s;
   const Node op = node.at("op");
   const std::string op_text = op.string();
@@ -206,6 +206,15 @@ CollectiveSample parse_collective(const Node& node) {
   s.ranks = node.at("ranks").small_int();
   if (s.ranks < 2) {
     node.at("ranks").fail(fmt::format("must be at least 2, got {}", s.ranks));
+  }
+  if (node.has("nodes")) {
+    s.nodes = node.at("nodes").small_int();
+    if (s.nodes < 1 || s.nodes > s.ranks) {
+      node.at("nodes").fail(fmt::format("must be 1..ranks ({}), got {}", s.ranks, s.nodes));
+    }
+  }
+  if (node.has("in_place")) {
+    s.in_place = node.at("in_place").boolean();
   }
   s.size_bytes = node.at("size_bytes").positive_integer();
   s.time_s = node.at("time_s").positive_number();
@@ -369,12 +378,18 @@ std::string write_raw(const RawCalibration& raw) {
   }
   OrderedJson& collectives = samples["collectives"] = OrderedJson::array();
   for (const CollectiveSample& col : s.collectives) {
-    collectives.push_back(OrderedJson{{"op", models::to_string(col.op)},
-                                      {"ranks", col.ranks},
-                                      {"size_bytes", col.size_bytes},
-                                      {"time_s", col.time_s},
-                                      {"algbw_bytes_per_s", col.algbw_bytes_per_s},
-                                      {"busbw_bytes_per_s", col.busbw_bytes_per_s}});
+    OrderedJson entry{{"op", models::to_string(col.op)}, {"ranks", col.ranks}};
+    if (col.nodes != 1) {
+      entry["nodes"] = col.nodes;
+    }
+    if (col.in_place) {
+      entry["in_place"] = true;
+    }
+    entry["size_bytes"] = col.size_bytes;
+    entry["time_s"] = col.time_s;
+    entry["algbw_bytes_per_s"] = col.algbw_bytes_per_s;
+    entry["busbw_bytes_per_s"] = col.busbw_bytes_per_s;
+    collectives.push_back(std::move(entry));
   }
   OrderedJson& copies = samples["host_copies"] = OrderedJson::array();
   for (const HostCopySample& h : s.host_copies) {

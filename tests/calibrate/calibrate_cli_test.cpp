@@ -294,5 +294,78 @@ TEST_F(CalibrateCli, FitOntoAnotherBase) {
   EXPECT_THAT(p.description, HasSubstr("h200-141g"));
 }
 
+fs::path published_log(const std::string& name) {
+  return fs::path(CPSIM_TEST_DATA_DIR).parent_path() / "tests" / "data" / "nccl-tests" / name;
+}
+
+TEST_F(CalibrateCli, ImportsNcclTestsLogsAndFitsThemMergedWithARun) {
+  const std::string single = published_log("h100_1node_8gpu_all_reduce_issue290.log").string();
+  const std::string two_node =
+      published_log("h100_2node_16gpu_all_reduce_ring_issue290.log").string();
+  const fs::path nccl = path("nccl.json");
+  // The 290 logs do not name their program.
+  const RunResult no_op =
+      run({"calibrate", "import", "nccl-tests", single, "--out", nccl.string()});
+  EXPECT_EQ(no_op.exit_code, 2);
+  EXPECT_THAT(no_op.err, HasSubstr("--op"));
+  EXPECT_FALSE(fs::exists(nccl));
+
+  const RunResult imported = run({"calibrate", "import", "nccl-tests", single, two_node, "--op",
+                                  "all_reduce", "--out", nccl.string()});
+  ASSERT_EQ(imported.exit_code, 0) << imported.err;
+  EXPECT_THAT(imported.out, HasSubstr("all_reduce (--op), 8 ranks on 1 node(s)"));
+  EXPECT_THAT(imported.out, HasSubstr("all_reduce (--op), 16 ranks on 2 node(s)"));
+
+  const fs::path raw = synthetic_raw_file("raw.json");
+  const fs::path profile = path("merged.json");
+  const RunResult fit =
+      run({"calibrate", "fit", raw.string(), nccl.string(), "--out", profile.string()});
+  ASSERT_EQ(fit.exit_code, 0) << fit.err << fit.out;
+  EXPECT_THAT(fit.out, HasSubstr("collectives.inter_node.all_reduce"));
+  EXPECT_THAT(fit.out, HasSubstr("merged files disagree on method.timer"));
+  const models::HardwareProfile p =
+      models::parse_hardware_profile(read_file(profile), profile.string());
+  EXPECT_THAT(p.provenance.at("collectives.inter_node.all_reduce.peak_busbw_bytes_per_s"),
+              HasSubstr("all_reduce on 16 ranks"));
+}
+
+TEST_F(CalibrateCli, ImportRefusesAMalformedLogNamingFileAndLine) {
+  const fs::path log = path("bad.log");
+  write(log,
+        "# Collective test starting: all_gather_perf\n"
+        "#  Rank  0 Group  0 Pid 1 on host device  0 [0x18] NVIDIA H100 80GB HBM3\n"
+        "#  Rank  1 Group  0 Pid 2 on host device  1 [0x2a] NVIDIA H100 80GB HBM3\n"
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     "
+        "time   algbw   busbw #wrong\n"
+        "        1024           256     float    none      -1    10.00    0.10\n");
+  const RunResult r =
+      run({"calibrate", "import", "nccl-tests", log.string(), "--out", path("raw.json").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr(log.string() + ":5: malformed row"));
+  EXPECT_FALSE(fs::exists(path("raw.json")));
+}
+
+TEST_F(CalibrateCli, APointInflatedTenTimesIsNamedAndRefusedUnlessForced) {
+  RawCalibration raw = testing::synthetic_raw(testing::truth_profile());
+  for (CollectiveSample& s : raw.samples.collectives) {
+    if (s.op == models::Collective::kAllToAll && s.ranks == 8 && s.size_bytes == 1024) {
+      s.time_s *= 10.0;
+    }
+  }
+  const fs::path raw_path = path("raw.json");
+  write(raw_path, write_raw(raw));
+  const fs::path profile = path("p.json");
+  const RunResult refused = run({"calibrate", "fit", raw_path.string(), "--out", profile.string()});
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_THAT(refused.err, HasSubstr("collectives.intra_node.all_to_all: outlier all_to_all 8 "
+                                     "ranks 1.0 KiB: measured"));
+  EXPECT_THAT(refused.out, HasSubstr("OUTLIER"));
+  EXPECT_FALSE(fs::exists(profile));
+  const RunResult forced =
+      run({"calibrate", "fit", raw_path.string(), "--out", profile.string(), "--force"});
+  EXPECT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_TRUE(fs::exists(profile));
+}
+
 }  // namespace
 }  // namespace cpsim::calibrate

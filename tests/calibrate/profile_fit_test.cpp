@@ -182,6 +182,51 @@ TEST(ProfileFit, NoisyMeasurementsStayClose) {
   EXPECT_LT(rel(got.fwd_full_flops_per_s(8192), want.fwd_full_flops_per_s(8192)), 0.05);
 }
 
+// The review case: one 1 KiB all-to-all point inflated x10 used to pass with "MAPE 0.0 %, ok" (the
+// curve interpolated every point). It is now named and refused above --max-mape.
+TEST(ProfileFit, NamesAndRefusesASmallPointInflatedTenTimes) {
+  RawCalibration raw = testing::synthetic_raw(testing::truth_profile());
+  for (CollectiveSample& s : raw.samples.collectives) {
+    if (s.op == Collective::kAllToAll && s.ranks == 8 && s.size_bytes == 1024) {
+      s.time_s *= 10.0;
+    }
+  }
+  const ProfileFit fit = fit_profile(raw, testing::load_base(), options());
+  try {
+    check_fit_quality(fit, 0.15);
+    ADD_FAILURE() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "collectives.intra_node.all_to_all");
+    EXPECT_THAT(e.what(), HasSubstr("outlier all_to_all 8 ranks 1.0 KiB: measured"));
+    EXPECT_THAT(e.what(), HasSubstr("(+900%"));
+    EXPECT_THAT(e.what(), HasSubstr("--force"));
+  }
+  const std::string report = format_fit_report(fit, 0.15);
+  EXPECT_THAT(report, HasSubstr("OUTLIER"));
+  EXPECT_THAT(report, HasSubstr("outliers (left out of the fit"));
+  // Left out, the point does not bend the profile: alpha and peak stay those of the truth.
+  const models::CollectiveModel& got =
+      fit.profile.collective(Span::kIntraNode, Collective::kAllToAll);
+  const models::CollectiveModel& want =
+      testing::truth_profile().collective(Span::kIntraNode, Collective::kAllToAll);
+  EXPECT_LT(rel(got.alpha_s, want.alpha_s), kTolerance);
+  EXPECT_LT(rel(got.peak_busbw_bytes_per_s, want.peak_busbw_bytes_per_s), kTolerance);
+}
+
+TEST(ProfileFit, KeepsEveryGroupSizeAsItsOwnCheckedCurve) {
+  const ProfileFit fit = fit_profile(testing::synthetic_raw(testing::truth_profile()),
+                                     testing::load_base(), options());
+  bool two = false;
+  bool eight = false;
+  for (const CurveFit& r : fit.curves) {
+    two = two || r.curve == "collectives.intra_node.all_gather (2 ranks)";
+    eight = eight ||
+            (r.curve == "collectives.intra_node.all_gather" && r.note.rfind("8 ranks", 0) == 0);
+  }
+  EXPECT_TRUE(two);
+  EXPECT_TRUE(eight);
+}
+
 TEST(ProfileFit, RefusesACurveWhoseHoldOutErrorIsTooLarge) {
   RawCalibration raw = testing::synthetic_raw(testing::truth_profile());
   // Scramble the all-gather times: every odd power of two 3x slower.

@@ -42,6 +42,12 @@ struct CurveFit {
   /// occupancy model on few-head or rectangular shapes) are printed only.
   bool checked = true;
   std::string note;  ///< short remark printed with the row
+  /// A measurement the fit left out, named (op, ranks, size, measured vs expected, why).
+  struct Outlier {
+    std::string name;
+    double deviation = 0.0;  ///< measured / expected - 1
+  };
+  std::vector<Outlier> outliers;
   /// Error compared against the threshold: hold-out MAPE when points were held out, else fit MAPE.
   double gate_error() const { return held_out > 0 ? holdout_mape : fit_mape; }
 };
@@ -59,7 +65,9 @@ ProfileFit fit_profile(const RawCalibration& raw,
                        const models::HardwareProfile& base,
                        const FitOptions& options);
 
-/// @throws InputError whose field is the first checked curve with gate_error() > max_mape.
+/// @throws InputError whose field is the first checked curve with gate_error() > max_mape, or
+///         with an outlier off by more than max_mape (either way: a factor 1 + max_mape); the
+///         message names the outlier.
 void check_fit_quality(const ProfileFit& fit, double max_mape);
 
 /// The fit table printed by `cpsim calibrate fit`.

@@ -83,6 +83,8 @@ struct MemorySample {
 /// One NCCL collective, nccl-tests conventions (REFERENCES.md [nccl-tests]): `size_bytes` is the
 /// nccl-tests size (all-gather: output; reduce-scatter: input; all-to-all: per-rank send buffer;
 /// all-reduce: buffer; send/recv: bytes sent per rank); algbw = size / t; busbw = algbw × factor.
+/// `nodes` and `in_place` are written only when they differ from 1 and false (imported
+/// nccl-tests logs), so files of `calibrate run` are unchanged.
 struct CollectiveSample {
   models::Collective op = models::Collective::kAllToAll;
   int ranks = 0;
@@ -90,6 +92,8 @@ struct CollectiveSample {
   double time_s = 0.0;
   double algbw_bytes_per_s = 0.0;
   double busbw_bytes_per_s = 0.0;
+  int nodes = 1;          ///< nodes the ranks span (> 1: measured across the network)
+  bool in_place = false;  ///< nccl-tests in-place half (output buffer = input buffer)
 };
 
 enum class CopyDirection { kHostToDevice, kDeviceToHost, kDuplex };
