@@ -1,13 +1,12 @@
 // Duplicate keys in JSON text: found at any depth, named by their dotted path; distinct keys,
 // equal keys in different objects and malformed text pass (the parser afterwards reports the
 // latter).
-#include "cpsim/models/json_io.hpp"
-
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include "cpsim/models/error.hpp"
+#include "cpsim/models/json_io.hpp"
 
 namespace cpsim::models {
 namespace {
