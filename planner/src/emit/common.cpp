@@ -131,15 +131,6 @@ std::string comment_lines(const std::vector<std::string>& lines) {
 }
 // ---- Refusals -----------------------------------------------------------------------------------
 
-void require_method(LauncherFormat f, CpMethod m, std::initializer_list<CpMethod> supported) {
-  for (const CpMethod s : supported) {
-    if (s == m) {
-      return;
-    }
-  }
-  refuse_method(f, m);
-}
-
 void require_seq_multiple_of_2cp(const Plan& p, const char* launcher, const char* why) {
   const std::int64_t multiple = std::int64_t{2} * p.cp;
   if (p.seq % multiple != 0) {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "cpsim/models/error.hpp"
+#include "cpsim/sim/cp_method.hpp"
 
 #include "emit_common.hpp"
 
@@ -22,7 +23,6 @@ constexpr std::array kFormats = {LauncherFormat::kTorchTitan, LauncherFormat::kU
 using emit_detail::CpMethod;
 using emit_detail::Plan;
 using emit_detail::refuse;
-using emit_detail::require_method;
 
 }  // namespace
 
@@ -57,27 +57,9 @@ LauncherFormat parse_launcher_format(const std::string& text, const std::string&
 
 EmittedConfig emit_launcher_config(LauncherFormat format, const sim::ScheduleInputs& config) {
   const CpMethod m = config.parallel.method;
-  switch (format) {
-    case LauncherFormat::kTorchTitan:
-      require_method(format, m, {CpMethod::kRing, CpMethod::kAllGather});
-      break;
-    case LauncherFormat::kUntiedUlysses:
-      require_method(format, m,
-                     {CpMethod::kUPipe, CpMethod::kUsp, CpMethod::kUlysses, CpMethod::kRing});
-      break;
-    case LauncherFormat::kDeepSpeed:
-      require_method(format, m, {CpMethod::kUlysses, CpMethod::kFpdt});
-      break;
-    case LauncherFormat::kAccelerate:
-      require_method(format, m, {CpMethod::kUlysses, CpMethod::kRing, CpMethod::kAllGather});
-      break;
-    case LauncherFormat::kMegatron:
-      require_method(format, m,
-                     {CpMethod::kRing, CpMethod::kAllGather, CpMethod::kUlysses, CpMethod::kUsp});
-      break;
-    case LauncherFormat::kArctic:
-      require_method(format, m, {CpMethod::kUlysses});
-      break;
+  // The method's launcher table (sim/src/methods) says which launchers run it.
+  if (!sim::cp_implementation(m).launchers().runs_on(to_string(format))) {
+    emit_detail::refuse_method(format, m);
   }
   Plan plan(config);  // validates the configuration (throws InputError naming the flag)
   switch (format) {

@@ -129,8 +129,6 @@ std::string launchers_for(CpMethod m);
 
 /// Throws InputError("--emit") saying that launcher `f` cannot run `m` and which launchers can.
 [[noreturn]] void refuse_method(LauncherFormat f, CpMethod m);
-/// Throws (refuse_method) unless `m` is one of `supported`.
-void require_method(LauncherFormat f, CpMethod m, std::initializer_list<CpMethod> supported);
 void require_seq_multiple_of_2cp(const Plan& p, const char* launcher, const char* why);
 void require_zero_for_optimizer_offload(const Plan& p, const char* launcher);
 
