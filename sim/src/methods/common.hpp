@@ -10,6 +10,22 @@
 
 namespace cpsim::sim::methods {
 
+/// Base of the implementations whose layer attention is the Ulysses scheme of the step builder
+/// (all-to-all over the Ulysses group, then one call, a ring or an all-gather over the ring group:
+/// attention_ulysses.cpp and attention_core.cpp): ulysses, usp, ring and all-gather.
+class UlyssesSchemeImplementation : public CpImplementation {
+ public:
+  void attention_forward(detail::StepBuilder& b,
+                         detail::SavedLayer& sv,
+                         detail::TensorSet params,
+                         bool grad) const override;
+  detail::InputGrad attention_backward(detail::StepBuilder& b,
+                                       const detail::SavedLayer& sv,
+                                       detail::TensorSet d_o,
+                                       detail::TensorSet params,
+                                       detail::TensorSet grads) const override;
+};
+
 /// One factory per implementation file; the registry (registry.cpp) lists them.
 const CpImplementation& ulysses();
 const CpImplementation& upipe();

@@ -9,6 +9,7 @@
 
 #include "cpsim/models/units.hpp"
 
+#include "../step_builder.hpp"
 #include "common.hpp"
 
 namespace cpsim::sim {
@@ -146,6 +147,21 @@ std::int64_t CpImplementation::ops_per_block_estimate(const ScheduleInputs& in) 
 }
 
 namespace methods {
+
+void UlyssesSchemeImplementation::attention_forward(detail::StepBuilder& b,
+                                                    detail::SavedLayer& sv,
+                                                    detail::TensorSet params,
+                                                    bool grad) const {
+  b.ulysses_forward(sv, params, grad);
+}
+
+detail::InputGrad UlyssesSchemeImplementation::attention_backward(detail::StepBuilder& b,
+                                                                  const detail::SavedLayer& sv,
+                                                                  detail::TensorSet d_o,
+                                                                  detail::TensorSet params,
+                                                                  detail::TensorSet grads) const {
+  return b.ulysses_backward(sv, d_o, params, grads);
+}
 
 std::vector<int> divisors(int n) {
   std::vector<int> d;

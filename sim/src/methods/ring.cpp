@@ -23,7 +23,7 @@
 namespace cpsim::sim::methods {
 namespace {
 
-class Ring final : public CpImplementation {
+class Ring final : public UlyssesSchemeImplementation {
  public:
   models::CpMethod id() const override { return models::CpMethod::kRing; }
   bool has_ulysses_part() const override { return false; }
@@ -31,20 +31,6 @@ class Ring final : public CpImplementation {
 
   std::optional<ConfigIssue> check_ring_degree(const models::ParallelConfig& p) const override {
     return whole_ring(p);
-  }
-
-  void attention_forward(detail::StepBuilder& b,
-                         detail::SavedLayer& sv,
-                         detail::TensorSet params,
-                         bool grad) const override {
-    b.ulysses_forward(sv, params, grad);
-  }
-  detail::InputGrad attention_backward(detail::StepBuilder& b,
-                                       const detail::SavedLayer& sv,
-                                       detail::TensorSet d_o,
-                                       detail::TensorSet params,
-                                       detail::TensorSet grads) const override {
-    return b.ulysses_backward(sv, d_o, params, grads);
   }
 
   void search_candidates(const models::ParallelConfig& base,

@@ -21,7 +21,7 @@
 namespace cpsim::sim::methods {
 namespace {
 
-class Usp final : public CpImplementation {
+class Usp final : public UlyssesSchemeImplementation {
  public:
   models::CpMethod id() const override { return models::CpMethod::kUsp; }
   bool has_ulysses_part() const override { return true; }
@@ -29,20 +29,6 @@ class Usp final : public CpImplementation {
 
   std::optional<ConfigIssue> check_ring_degree(const models::ParallelConfig& /*p*/) const override {
     return std::nullopt;  // any split of C
-  }
-
-  void attention_forward(detail::StepBuilder& b,
-                         detail::SavedLayer& sv,
-                         detail::TensorSet params,
-                         bool grad) const override {
-    b.ulysses_forward(sv, params, grad);
-  }
-  detail::InputGrad attention_backward(detail::StepBuilder& b,
-                                       const detail::SavedLayer& sv,
-                                       detail::TensorSet d_o,
-                                       detail::TensorSet params,
-                                       detail::TensorSet grads) const override {
-    return b.ulysses_backward(sv, d_o, params, grads);
   }
 
   // Proper splits only: r = 1 is ulysses, r = C is ring.
