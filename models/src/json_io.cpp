@@ -136,6 +136,33 @@ void reject_duplicate_json_keys(const std::string& text, const std::string& orig
   static_cast<void>(ignored);
 }
 
+void append_json_string(std::string& out, std::string_view text) {
+  out += '"';
+  for (const char ch : text) {
+    switch (ch) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20) {
+          fmt::format_to(std::back_inserter(out), "\\u{:04x}", static_cast<unsigned char>(ch));
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += '"';
+}
+
 std::string json_field(const std::string& origin, const std::string& path) {
   return path.empty() ? origin : fmt::format("{}:{}", origin, path);
 }

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "cpsim/models/json_io.hpp"
+
 namespace cpsim::sim {
 
 bool TraceSelection::has_rank(int rank) const {
@@ -33,33 +35,7 @@ constexpr std::int64_t kProgressEvery = 1 << 14;  // events between progress cal
 constexpr std::size_t kFlushBytes = 1 << 16;      // buffered before a write to the stream
 constexpr std::int64_t kSampleEvery = 16;         // estimate: every n-th event of a kind formatted
 
-// Appends `text` as a JSON string: quoted, with quotes, backslashes and control bytes escaped.
-void append_string(std::string& out, std::string_view text) {
-  out += '"';
-  for (const char ch : text) {
-    switch (ch) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20) {
-          fmt::format_to(std::back_inserter(out), "\\u{:04x}", static_cast<unsigned char>(ch));
-        } else {
-          out += ch;
-        }
-    }
-  }
-  out += '"';
-}
+using models::append_json_string;
 
 // Microseconds with nanosecond precision, exactly ("12.345"), as Chrome's trace format expects.
 void append_us(std::string& out, SimTime t_ns) {
@@ -67,7 +43,7 @@ void append_us(std::string& out, SimTime t_ns) {
 }
 
 void append_gib(std::string& out, std::string_view key, double bytes) {
-  append_string(out, key);
+  append_json_string(out, key);
   fmt::format_to(std::back_inserter(out), ":{}", bytes / kGiB);
 }
 
@@ -153,7 +129,7 @@ class EventFormatter {
     begin_event();
     fmt::format_to(std::back_inserter(buf_), R"({{"ph":"X","pid":{},"tid":{},"name":)", o.rank,
                    static_cast<int>(o.stream));
-    append_string(buf_, w_.names[static_cast<std::size_t>(o.name)]);
+    append_json_string(buf_, w_.names[static_cast<std::size_t>(o.name)]);
     fmt::format_to(std::back_inserter(buf_), R"(,"cat":"{}","ts":)", to_string(o.kind));
     append_us(buf_, i.start_ns);
     buf_ += ",\"dur\":";

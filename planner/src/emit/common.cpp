@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "cpsim/models/error.hpp"
+#include "cpsim/models/json_io.hpp"
 
 #include "emit_common.hpp"
 
@@ -78,30 +79,9 @@ const char* boolean(bool b) {
 }
 
 std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (const char ch : s) {
-    switch (ch) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(ch));
-        } else {
-          out += ch;
-        }
-    }
-  }
-  return out + "\"";
+  std::string out;
+  models::append_json_string(out, s);
+  return out;
 }
 
 std::string shell_word(const std::string& s) {

@@ -34,6 +34,10 @@ Json parse_json(const std::string& text, const std::string& origin);
 /// @throws InputError(`<origin>:<path>`, "duplicate key ...") for the first key named twice.
 void reject_duplicate_json_keys(const std::string& text, const std::string& origin);
 
+/// Appends `text` as a double-quoted JSON string: quotes, backslashes and control bytes escaped
+/// (the same escapes serve TOML basic strings and YAML double-quoted scalars).
+void append_json_string(std::string& out, std::string_view text);
+
 /// `<origin>:<path>`, or just the origin for the root (empty path).
 std::string json_field(const std::string& origin, const std::string& path);
 /// The dotted path of member `key` below `path` ("gpu" + "name" -> "gpu.name").
