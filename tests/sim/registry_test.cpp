@@ -1,5 +1,6 @@
 // The registry of CP implementations: every method has exactly one, and each one's validation,
 // sequence multiple, search candidates, labels and launchers hold together.
+#include <optional>
 #include <set>
 #include <string>
 
@@ -35,7 +36,7 @@ TEST(Registry, EveryImplementationBuildsAndSearches) {
   for (const CpImplementation* m : cp_implementations()) {
     SCOPED_TRACE(m->name());
     EXPECT_TRUE(m->has_ulysses_part() || m->has_ring_part());
-    EXPECT_FALSE(m->launchers().launchers.empty());
+    EXPECT_FALSE(m->launchers().runs.empty());
     EXPECT_EQ(m->report_color().size(), 7u);
     // Every candidate a search offers for 8 GPUs at 1M is valid and of this method.
     models::ParallelConfig base = inputs(m->id(), "llama3-8b", 8, kM).parallel;
@@ -80,6 +81,42 @@ TEST(Registry, LauncherSentences) {
             "deepspeed (Megatron-DeepSpeed flags)");
   EXPECT_EQ(cp_implementation(CpMethod::kAllGather).launchers().sentence(),
             "torchtitan, megatron or accelerate");
+}
+
+// Every launcher of a method's table selects it; no other launcher does.
+TEST(Registry, LauncherSelectionFollowsTheTable) {
+  const ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, kM);
+  for (const CpImplementation* m : cp_implementations()) {
+    for (const char* launcher :
+         {"torchtitan", "untied-ulysses", "deepspeed", "accelerate", "megatron", "arctic"}) {
+      const std::optional<LauncherSelection> s =
+          m->launcher_selection(launcher, in.parallel, "fa3");
+      EXPECT_EQ(s.has_value(), m->launchers().runs_on(launcher)) << m->name() << " " << launcher;
+      if (s) {
+        EXPECT_FALSE(s->selects.empty()) << m->name() << " " << launcher;
+      }
+    }
+  }
+}
+
+TEST(Registry, LauncherSelectionDependsOnTheConfiguration) {
+  models::ParallelConfig p = inputs(CpMethod::kUsp, "llama3-8b", 8, kM).parallel;
+  const CpImplementation& usp = cp_implementation(CpMethod::kUsp);
+  p.ring_degree = 2;
+  EXPECT_EQ(usp.launcher_selection("megatron", p, "fa3")->selects, "a2a+p2p");
+  p.ring_degree = 1;
+  const std::optional<LauncherSelection> a2a = usp.launcher_selection("megatron", p, "fa3");
+  EXPECT_EQ(a2a->selects, "a2a");
+  ASSERT_EQ(a2a->notes.size(), 1u);
+  EXPECT_EQ(a2a->notes[0], "usp with ring degree 1 is plain a2a");
+  p.ring_degree = 8;
+  EXPECT_EQ(usp.launcher_selection("megatron", p, "fa3")->selects, "p2p");
+
+  const CpImplementation& ring = cp_implementation(CpMethod::kRing);
+  EXPECT_EQ(ring.launcher_selection("untied-ulysses", p, "fa2")->selects, "usp");
+  EXPECT_EQ(ring.launcher_selection("untied-ulysses", p, "sdpa")->selects, "torch_ring_alltoall");
+  EXPECT_EQ(ring.launcher_selection("megatron", p, "sdpa")->selects, "p2p");
+  EXPECT_FALSE(ring.launcher_selection("deepspeed", p, "fa3").has_value());
 }
 
 TEST(Registry, RefusalCarriesTheConfiguration) {

@@ -28,7 +28,8 @@ std::string accelerate_sp_attention(Plan& p) {
 }
 
 EmittedConfig emit_accelerate(Plan& p) {
-  const bool sp = p.method() == CpMethod::kUlysses;
+  // "deepspeed": Accelerate's Ulysses SP backend; else torch CP with this cp_comm_strategy.
+  const bool sp = p.selects() == "deepspeed";
   std::string y;
   y += "compute_environment: LOCAL_MACHINE\n";
   y += "debug: false\n";
@@ -105,8 +106,7 @@ EmittedConfig emit_accelerate(Plan& p) {
   } else {
     y += fmt::format("  parallelism_config_cp_size: {}\n", p.cp);
     y += "  parallelism_config_cp_backend: torch\n";
-    y += fmt::format("  parallelism_config_cp_comm_strategy: {}\n",
-                     p.method() == CpMethod::kAllGather ? "allgather" : "alltoall");
+    y += fmt::format("  parallelism_config_cp_comm_strategy: {}\n", p.selects());
   }
   y += "  parallelism_config_tp_size: 1\n";
   y += "rdzv_backend: static\n";

@@ -15,7 +15,7 @@ namespace cpsim::planner::emit_detail {
 
 EmittedConfig emit_deepspeed(Plan& p) {
   require_zero_for_optimizer_offload(p, "DeepSpeed");
-  const bool fpdt = p.method() == CpMethod::kFpdt;
+  const bool fpdt = p.selects() == "fpdt";
   std::vector<std::string> usage;  // the Megatron-DeepSpeed flags for FPDT
   const std::string comm = p.ds_comm_dtype();
 

@@ -1,7 +1,9 @@
 #include "cpsim/planner/emit.hpp"
 
 #include <array>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -57,11 +59,14 @@ LauncherFormat parse_launcher_format(const std::string& text, const std::string&
 
 EmittedConfig emit_launcher_config(LauncherFormat format, const sim::ScheduleInputs& config) {
   const CpMethod m = config.parallel.method;
-  // The method's launcher table (sim/src/methods) says which launchers run it.
-  if (!sim::cp_implementation(m).launchers().runs_on(to_string(format))) {
+  // The method's launcher table (sim/src/methods) says which launchers run it, and how.
+  std::optional<sim::LauncherSelection> selection = sim::cp_implementation(m).launcher_selection(
+      to_string(format), config.parallel, config.recipe.attention_kernel);
+  if (!selection) {
     emit_detail::refuse_method(format, m);
   }
-  Plan plan(config);  // validates the configuration (throws InputError naming the flag)
+  // Validates the configuration (throws InputError naming the flag).
+  Plan plan(config, std::move(*selection));
   switch (format) {
     case LauncherFormat::kTorchTitan:
       return emit_detail::emit_torchtitan(plan);

@@ -17,6 +17,7 @@
 
 #include "cpsim/models/error.hpp"
 #include "cpsim/planner/emit.hpp"
+#include "cpsim/sim/cp_method.hpp"
 #include "cpsim/sim/schedule.hpp"
 
 namespace cpsim::planner::emit_detail {
@@ -60,7 +61,10 @@ struct Plan {
   int nodes = 1;
   std::vector<std::string> notes;
 
-  explicit Plan(const sim::ScheduleInputs& inputs)
+  /// How the launcher selects the method for this configuration (the method's launcher table).
+  sim::LauncherSelection selection;
+
+  Plan(const sim::ScheduleInputs& inputs, sim::LauncherSelection launcher_selection)
       : in(inputs),
         model(inputs.model),
         recipe(inputs.recipe),
@@ -72,7 +76,14 @@ struct Plan {
         ring(inputs.parallel.ring_degree),
         dp(inputs.parallel.data_parallel()),
         nodes((inputs.parallel.gpus + inputs.parallel.gpus_per_node - 1) /
-              inputs.parallel.gpus_per_node) {}
+              inputs.parallel.gpus_per_node),
+        selection(std::move(launcher_selection)) {}
+  /// The launcher's word for the method (LauncherRun::selects).
+  const std::string& selects() const { return selection.selects; }
+  /// Adds the method's notes for this launcher (LauncherSelection::notes).
+  void note_selection() {
+    notes.insert(notes.end(), selection.notes.begin(), selection.notes.end());
+  }
 
   CpMethod method() const { return par.method; }
   bool full_ac() const { return recipe.checkpointing == CheckpointMode::kFull; }

@@ -13,37 +13,11 @@ namespace cpsim::planner::emit_detail {
 // ---- Megatron-LM arguments (REFERENCES.md [Megatron-LM]) ----------------------------------------
 
 EmittedConfig emit_megatron(Plan& p) {
-  const CpMethod m = p.method();
   require_seq_multiple_of_2cp(p, "Megatron-LM", "Transformer Engine's DualChunkSwap layout");
-  int a2a = 0;  // size of the all-to-all (Ulysses) part
-  std::string comm;
-  switch (m) {
-    case CpMethod::kRing:
-      comm = "p2p";
-      break;
-    case CpMethod::kAllGather:
-      comm = "all_gather";  // TE accepts only this spelling (the argparse help says allgather)
-      break;
-    case CpMethod::kUlysses:
-      comm = "a2a";
-      a2a = p.cp;
-      break;
-    case CpMethod::kUsp:
-      if (p.ring == 1) {
-        comm = "a2a";
-        a2a = p.cp;
-        p.note("usp with ring degree 1 is plain a2a");
-      } else if (p.ulysses == 1) {
-        comm = "p2p";
-        p.note("usp with Ulysses degree 1 is plain p2p");
-      } else {
-        comm = "a2a+p2p";
-        a2a = p.ulysses;
-      }
-      break;
-    default:
-      refuse_method(LauncherFormat::kMegatron, m);
-  }
+  const std::string& comm = p.selects();  // --cp-comm-type
+  p.note_selection();
+  // Size of the all-to-all (Ulysses) part: the CP group for a2a, the Ulysses degree for a2a+p2p.
+  const int a2a = comm == "a2a" ? p.cp : comm == "a2a+p2p" ? p.ulysses : 0;
   if (a2a > 1 && (p.model.kv_heads % a2a != 0 || p.model.heads % a2a != 0)) {
     refuse(fmt::format(
         "Megatron-LM's a2a CP splits query and KV heads across the {} all-to-all ranks "

@@ -13,7 +13,7 @@ EmittedConfig emit_torchtitan(Plan& p) {
   require_seq_multiple_of_2cp(p, "TorchTitan",
                               "training.seq_len must be divisible by tp x 2 x cp for CP load "
                               "balancing");
-  const bool allgather = p.method() == CpMethod::kAllGather;
+  const bool allgather = p.selects() == "allgather";  // context_parallel_rotate_method
   std::string body;
 
   // [model]

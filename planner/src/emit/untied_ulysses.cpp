@@ -12,8 +12,9 @@ namespace cpsim::planner::emit_detail {
 // ---- UPipe reference code: TorchTitan fork arguments (REFERENCES.md [UPipe-code]) ---------------
 
 EmittedConfig emit_untied_ulysses(Plan& p) {
-  const CpMethod m = p.method();
-  if (m == CpMethod::kUPipe && p.par.heads_per_stage != 0 && p.par.heads_per_stage != p.ulysses) {
+  // The fork's attention implementation: usp, upipe or torch_ring_alltoall.
+  const std::string& selects = p.selects();
+  if (selects == "upipe" && p.par.heads_per_stage != 0 && p.par.heads_per_stage != p.ulysses) {
     refuse(
         fmt::format("the UPipe reference code fixes the heads per stage U to the Ulysses degree "
                     "({}); --heads-per-stage {} cannot be expressed there (no other launcher "
@@ -24,13 +25,10 @@ EmittedConfig emit_untied_ulysses(Plan& p) {
     require_seq_multiple_of_2cp(p, "the UPipe reference code", "its ring is always zigzag");
   }
   const std::string& kernel = p.recipe.attention_kernel;
-  // Ring without an FA kernel runs the torch ring (SDPA); everything else goes through yunchang.
-  const bool torch_ring = m == CpMethod::kRing && kernel != "fa2" && kernel != "fa3";
-  std::string impl;
-  if (torch_ring) {
-    impl = "torch_ring_alltoall";
-  } else {
-    impl = m == CpMethod::kUPipe ? "upipe" : "usp";
+  // usp and upipe go through yunchang's flash-attn wrappers; the torch ring runs SDPA.
+  const bool torch_ring = selects == "torch_ring_alltoall";
+  std::string impl = selects;
+  if (!torch_ring) {
     if (kernel == "fa3") {
       impl += "_fa3";
     } else {
@@ -112,12 +110,7 @@ EmittedConfig emit_untied_ulysses(Plan& p) {
         "(FSDP CPUOffload), not only the optimizer as simulated");
   }
 
-  if (m == CpMethod::kUlysses) {
-    p.note("the fork runs Ulysses as usp (yunchang LongContextAttention) with ring degree 1");
-  }
-  if (m == CpMethod::kRing && !torch_ring) {
-    p.note("ring runs as usp with Ulysses degree 1 (yunchang zigzag ring flash attention)");
-  }
+  p.note_selection();
   if (p.ring > 1 && !p.zigzag()) {
     p.note(
         "the fork's ring is always load-balanced (zigzag / round robin); the contiguous layout "

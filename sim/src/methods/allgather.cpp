@@ -57,7 +57,9 @@ class AllGather final : public UlyssesSchemeImplementation {
   }
   std::string_view report_color() const override { return "#9467bd"; }
   LauncherSupport launchers() const override {
-    return {{"torchtitan", "megatron", "accelerate"}, {}};
+    // Transformer Engine accepts only "all_gather" (Megatron-LM's argparse help says allgather).
+    return {{{"torchtitan", "allgather"}, {"megatron", "all_gather"}, {"accelerate", "allgather"}},
+            {}};
   }
 };
 

@@ -143,7 +143,9 @@ class Fpdt final : public CpImplementation {
                        p.fpdt_offload ? "offloaded to host" : "on GPU");
   }
   std::string_view report_color() const override { return "#8c564b"; }
-  LauncherSupport launchers() const override { return {{"deepspeed"}, "Megatron-DeepSpeed flags"}; }
+  LauncherSupport launchers() const override {
+    return {{{"deepspeed", "fpdt"}}, "Megatron-DeepSpeed flags"};
+  }
 };
 
 }  // namespace

@@ -57,35 +57,50 @@ const CpImplementation& cp_implementation(models::CpMethod method) {
 }
 
 bool LauncherSupport::runs_on(std::string_view launcher) const {
-  for (const std::string_view l : launchers) {
-    if (l == launcher) {
-      return true;
+  return selects_on(launcher).has_value();
+}
+
+std::optional<std::string_view> LauncherSupport::selects_on(std::string_view launcher) const {
+  for (const LauncherRun& r : runs) {
+    if (r.launcher == launcher) {
+      return r.selects;
     }
   }
-  return false;
+  return std::nullopt;
 }
 
 std::string LauncherSupport::list() const {
   std::string s;
-  for (const std::string_view l : launchers) {
+  for (const LauncherRun& r : runs) {
     s += s.empty() ? "" : ", ";
-    s += l;
+    s += r.launcher;
   }
   return s;
 }
 
 std::string LauncherSupport::sentence() const {
   std::string s;
-  for (std::size_t i = 0; i < launchers.size(); ++i) {
+  for (std::size_t i = 0; i < runs.size(); ++i) {
     if (i > 0) {
-      s += i + 1 == launchers.size() ? " or " : ", ";
+      s += i + 1 == runs.size() ? " or " : ", ";
     }
-    s += launchers[i];
+    s += runs[i].launcher;
   }
   if (!note.empty()) {
     s += fmt::format(" ({})", note);
   }
   return s;
+}
+
+std::optional<LauncherSelection> CpImplementation::launcher_selection(
+    std::string_view launcher,
+    const models::ParallelConfig& /*p*/,
+    std::string_view /*attention_kernel*/) const {
+  const std::optional<std::string_view> selects = launchers().selects_on(launcher);
+  if (!selects) {
+    return std::nullopt;
+  }
+  return LauncherSelection{std::string(*selects), {}};
 }
 
 // Every method but UPipe runs all heads in one stage; K/V of all (replicated) KV heads are

@@ -59,7 +59,27 @@ class Ring final : public UlyssesSchemeImplementation {
   }
   std::string_view report_color() const override { return "#ff7f0e"; }
   LauncherSupport launchers() const override {
-    return {{"torchtitan", "megatron", "accelerate", "untied-ulysses"}, {}};
+    return {{{"torchtitan", "alltoall"},  // TorchTitan's name for passing K/V around the ring
+             {"megatron", "p2p"},
+             {"accelerate", "alltoall"},
+             {"untied-ulysses", "usp"}},
+            {}};
+  }
+  // The UPipe fork runs ring as yunchang's zigzag ring flash attention (usp with Ulysses degree
+  // 1) with FlashAttention kernels; with any other kernel, as the torch ring (SDPA).
+  std::optional<LauncherSelection> launcher_selection(std::string_view launcher,
+                                                      const models::ParallelConfig& p,
+                                                      std::string_view kernel) const override {
+    std::optional<LauncherSelection> s = CpImplementation::launcher_selection(launcher, p, kernel);
+    if (s && launcher == "untied-ulysses") {
+      if (kernel != "fa2" && kernel != "fa3") {
+        s->selects = "torch_ring_alltoall";
+      } else {
+        s->notes.emplace_back(
+            "ring runs as usp with Ulysses degree 1 (yunchang zigzag ring flash attention)");
+      }
+    }
+    return s;
   }
 };
 

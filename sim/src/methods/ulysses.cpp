@@ -56,8 +56,22 @@ class Ulysses final : public UlyssesSchemeImplementation {
   }
   std::string_view report_color() const override { return "#1f77b4"; }
   LauncherSupport launchers() const override {
-    return {{"arctic", "deepspeed", "accelerate", "megatron", "untied-ulysses"},
+    return {{{"arctic", "ulysses"},
+             {"deepspeed", "ulysses"},
+             {"accelerate", "deepspeed"},  // Accelerate's SP backend: DeepSpeed's ALST Ulysses
+             {"megatron", "a2a"},
+             {"untied-ulysses", "usp"}},
             "megatron with a2a"};
+  }
+  std::optional<LauncherSelection> launcher_selection(std::string_view launcher,
+                                                      const models::ParallelConfig& p,
+                                                      std::string_view kernel) const override {
+    std::optional<LauncherSelection> s = CpImplementation::launcher_selection(launcher, p, kernel);
+    if (s && launcher == "untied-ulysses") {
+      s->notes.emplace_back(
+          "the fork runs Ulysses as usp (yunchang LongContextAttention) with ring degree 1");
+    }
+    return s;
   }
 };
 

@@ -150,7 +150,7 @@ class UPipe final : public CpImplementation {
   }
   std::string_view report_color() const override { return "#2ca02c"; }
   LauncherSupport launchers() const override {
-    return {{"untied-ulysses"}, "UPipe exists only in the authors' TorchTitan fork"};
+    return {{{"untied-ulysses", "upipe"}}, "UPipe exists only in the authors' TorchTitan fork"};
   }
 };
 

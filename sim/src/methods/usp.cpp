@@ -61,7 +61,23 @@ class Usp final : public UlyssesSchemeImplementation {
   }
   std::string_view report_color() const override { return "#17becf"; }
   LauncherSupport launchers() const override {
-    return {{"megatron", "untied-ulysses"}, "megatron with a2a+p2p"};
+    return {{{"megatron", "a2a+p2p"}, {"untied-ulysses", "usp"}}, "megatron with a2a+p2p"};
+  }
+  // Megatron-LM's hierarchical a2a+p2p needs both parts; a degree-1 part is the plain other one.
+  std::optional<LauncherSelection> launcher_selection(std::string_view launcher,
+                                                      const models::ParallelConfig& p,
+                                                      std::string_view kernel) const override {
+    std::optional<LauncherSelection> s = CpImplementation::launcher_selection(launcher, p, kernel);
+    if (s && launcher == "megatron") {
+      if (p.ring_degree == 1) {
+        s->selects = "a2a";
+        s->notes.emplace_back("usp with ring degree 1 is plain a2a");
+      } else if (p.ulysses_degree() == 1) {
+        s->selects = "p2p";
+        s->notes.emplace_back("usp with Ulysses degree 1 is plain p2p");
+      }
+    }
+    return s;
   }
 };
 

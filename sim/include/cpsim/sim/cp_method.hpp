@@ -67,16 +67,35 @@ class ConfigError : public std::invalid_argument {
 /// of `simulate` ("USP (Ulysses 4 x ring 2, zigzag ring)"), or the degrees of `report`.
 enum class LabelStyle { kSearch, kDescription, kDegrees };
 
+/// One launcher that runs a method, and the launcher's own word for selecting it: Megatron-LM's
+/// `--cp-comm-type`, TorchTitan's `context_parallel_rotate_method`, the UPipe fork's attention
+/// implementation (`usp`, `upipe`, `torch_ring_alltoall`), Accelerate's backend (`deepspeed` for
+/// its Ulysses SP, else torch CP's `cp_comm_strategy`), DeepSpeed's mode (`ulysses`, `fpdt`),
+/// ArcticTraining's (`ulysses`).
+struct LauncherRun {
+  std::string_view launcher;
+  std::string_view selects;
+};
+
 /// The launchers that run a method, best first (names as `--emit` spells them), and a note on the
 /// ones that need a particular setting or fork.
 struct LauncherSupport {
-  std::vector<std::string_view> launchers;
+  std::vector<LauncherRun> runs;
   std::string_view note;  ///< empty when none
   bool runs_on(std::string_view launcher) const;
+  /// The launcher's word for the method; nullopt when it does not run it.
+  std::optional<std::string_view> selects_on(std::string_view launcher) const;
   /// "a, b, c".
   std::string list() const;
   /// "a, b or c (note)".
   std::string sentence() const;
+};
+
+/// How one launcher runs one configuration of a method: the launcher's word for it (LauncherRun)
+/// and what the launcher does differently from what cpsim simulates (notes for the emitted file).
+struct LauncherSelection {
+  std::string selects;
+  std::vector<std::string> notes;
 };
 
 /// What a search offers a method: the CP degree to split and the model's heads.
@@ -152,6 +171,12 @@ class CpImplementation {
   /// Colour of the method in reports (#rrggbb).
   virtual std::string_view report_color() const = 0;
   virtual LauncherSupport launchers() const = 0;
+  /// How `launcher` runs configuration `p` with the recipe's `attention_kernel`; nullopt when it
+  /// does not run the method. The default is the launcher's word from launchers(), no notes.
+  virtual std::optional<LauncherSelection> launcher_selection(
+      std::string_view launcher,
+      const models::ParallelConfig& p,
+      std::string_view attention_kernel) const;
 };
 
 /// Every implementation, in the order searches and `--method all` list them.
