@@ -181,6 +181,8 @@ const char* memory_band_color(int band) {
       return "#4e79a7";
     case MemCategory::kParamGather:
       return "#76b7b2";
+    case MemCategory::kGradBuffers:
+      return "#edc948";
     case MemCategory::kActivations:
       return "#59a14f";
     case MemCategory::kAttention:

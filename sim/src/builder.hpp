@@ -124,6 +124,11 @@ class Builder {
                    MemCategory category,
                    bool on_host = false);
   OpSet op(const OpSpec& spec);
+  /// The op whose start allocates `t` (its first writer); none when `t` is none or allocated
+  /// before the step.
+  OpSet producer(TensorSet t) const {
+    return t.valid() ? OpSet{w_.tensors[static_cast<std::size_t>(t.base)].producer} : OpSet{};
+  }
 
   /// Names that differ by one index (a chunk, a stage) and repeat in every layer: a series is
   /// looked up once per call site by its key, and series_name(series, i, make) interns make()

@@ -194,19 +194,21 @@ OpSet StepBuilder::reduce_grads(const std::string& name,
                                 TensorSet grads,
                                 ListRef<OpSet> deps) {
   // The gradients are cast to the reduce dtype into the collective's buffer. ZeRO ≥ 2 reduce-
-  // scatters them; ZeRO 0/1 all-reduce into the persistent unsharded gradients.
+  // scatters them; ZeRO 0/1 all-reduce into the persistent unsharded gradients. `deps` must hold
+  // the op that finishes the gradients: under ZeRO 0/1 `grads` is none (the persistent gradients
+  // are model states), and a ZeRO ≥ 2 buffer's producer is its first writer, not its last.
   const std::int64_t workspace = params * r_.grad_reduce_bytes;
   const auto kind =
       r_.zero_stage >= 2 ? models::Collective::kReduceScatter : models::Collective::kAllReduce;
   if (b_.ranks() == 1) {
     return compute(name + "(local)", OpKind::kElementwise, mem(params * r_.grad_reduce_bytes),
-                   {grads}, {}, deps, workspace, MemCategory::kParamGather);
+                   {grads}, {}, deps, workspace, MemCategory::kGradBuffers);
   }
   OpSpec& s = next_spec(name, Stream::kFsdp, OpKind::kElementwise);
   s.inputs.push_back(grads);
   s.deps.assign(deps.begin(), deps.end());
   s.workspace_bytes = workspace;
-  s.workspace_category = MemCategory::kParamGather;
+  s.workspace_category = MemCategory::kGradBuffers;
   return b_.collective(s, Group::kAll, kind, cost_, params * r_.grad_reduce_bytes);
 }
 
@@ -381,7 +383,7 @@ TensorSet StepBuilder::param_buffer(const std::string& name, std::int64_t params
 }
 
 TensorSet StepBuilder::grad_buffer(const std::string& name, std::int64_t params) {
-  return r_.zero_stage >= 2 ? b_.tensor(name, params * r_.param_bytes, MemCategory::kParamGather)
+  return r_.zero_stage >= 2 ? b_.tensor(name, params * r_.param_bytes, MemCategory::kGradBuffers)
                             : TensorSet{};
 }
 
@@ -469,7 +471,10 @@ StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x) {
   } else {
     materialised_loss(xf, head_w, dxf, head_grads);
   }
-  reduce_grads("reduce.head", p_head, head_grads, {});
+  // The loss op that writes dx_final writes the head's gradients too (the fused loss does so in
+  // the forward); from here on everything is backward.
+  b_.set_phase(Phase::kBackward);
+  reduce_grads("reduce.head", p_head, head_grads, {b_.producer(dxf)});
   TensorSet dy = b_.tensor("dy", act, MemCategory::kOther);
   std::vector<TensorSet> final_norm_in = {dxf, x};
   if (final_norm_saved.valid()) {
@@ -550,15 +555,18 @@ TensorSet StepBuilder::backward_layers(TensorSet dy, OpSet after_loss) {
     }
     TensorSet grads = grad_buffer(fmt::format("layer{}.grads", l), params_.per_layer);
     dy = backward_layer(l, checkpoints_[li], dy, layer_params_[li], grads);
-    reduce_grads(fmt::format("reduce.layer{}", l), params_.per_layer, grads, {});
+    // FSDP's post-backward hook: the block's gradients are reduced once its backward has ended
+    // (dy's producer is the block's last op on the compute stream).
+    reduce_grads(fmt::format("reduce.layer{}", l), params_.per_layer, grads, {b_.producer(dy)});
   }
   return dy;
 }
 
 OpSet StepBuilder::embedding_backward(TensorSet dy) {
   TensorSet emb_grads = grad_buffer("embedding.grads", params_.embedding);
-  compute("embedding_bwd", OpKind::kElementwise, mem(2 * act_bytes()), {dy}, {emb_grads});
-  return reduce_grads("reduce.embedding", params_.embedding, emb_grads, {});
+  const OpSet grads_done =
+      compute("embedding_bwd", OpKind::kElementwise, mem(2 * act_bytes()), {dy}, {emb_grads});
+  return reduce_grads("reduce.embedding", params_.embedding, emb_grads, {grads_done});
 }
 
 void StepBuilder::optimizer(OpSet last_reduce, TensorSet host_optimizer) {

@@ -62,6 +62,8 @@ const char* to_string(MemCategory c) {
       return "model_states";
     case MemCategory::kParamGather:
       return "param_gather";
+    case MemCategory::kGradBuffers:
+      return "grad_buffers";
     case MemCategory::kActivations:
       return "activations";
     case MemCategory::kAttention:

@@ -228,11 +228,11 @@ TEST_F(ReportTest, WritesOneSelfContainedPageWithFiveChartSections) {
         3u)
         << id << " has no data";
   }
-  // (1) memory: six stacked bands with data, the GPU limit, the peak.
+  // (1) memory: seven stacked bands with data, the GPU limit, the peak.
   const std::string mem = svg_body(html, "svg-memory");
-  EXPECT_EQ(count(mem, "<path class=\"area\""), 6u);
-  for (const char* band :
-       {"model_states", "param_gather", "activations", "attention", "other", "fixed"}) {
+  EXPECT_EQ(count(mem, "<path class=\"area\""), 7u);
+  for (const char* band : {"model_states", "param_gather", "grad_buffers", "activations",
+                           "attention", "other", "fixed"}) {
     EXPECT_THAT(mem, HasSubstr(band));
   }
   EXPECT_THAT(mem, HasSubstr("class=\"limit\""));

@@ -2,7 +2,9 @@
 // and the degenerate case U = H, all against hand-computed values.
 #include "cpsim/sim/schedule.hpp"
 
+#include <algorithm>
 #include <map>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -140,6 +142,63 @@ TEST(ModelStates, ZeroStagesAndOptimizerOffload) {
   off.recipe.optimizer_offload = true;
   off.recipe.checkpoint_offload = false;
   EXPECT_EQ(test::evaluate(off).report.host_memory_bytes, 8 * shard * (4 + 8 + 4));
+}
+
+// Gradients are reduced once they exist: each reduce starts after the last forward op has ended
+// and after the backward op that finishes its gradients (under ZeRO 0/1 the persistent gradients
+// are no tensor of the graph, so the dependency must be explicit), and its workspace is a gradient
+// buffer, not a parameter gather.
+TEST(GradientReduce, WaitsForTheBackwardThatWritesTheGradients) {
+  for (const int zero : {0, 1, 2, 3}) {
+    ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 32 * 1024);
+    in.recipe.zero_stage = zero;
+    in.recipe.grad_reduce_bytes = 4;
+    in.recipe.checkpointing = models::CheckpointMode::kFull;
+    in.recipe.checkpoint_offload = false;
+    in.recipe.fused_loss = true;
+    test::EvaluateOptions opts;
+    opts.keep_trace = true;
+    const test::Evaluation e = test::evaluate(in, opts);
+    const Workload& w = *e.workload;
+    std::map<std::string, SimTime> end_of;
+    std::map<std::int32_t, SimTime> backward_end_of_layer;  // compute stream
+    SimTime last_forward_end = 0;
+    for (const OpInterval& iv : e.result->intervals) {
+      const Op& op = w.ops[static_cast<std::size_t>(iv.op)];
+      if (op.rank != 0) {
+        continue;
+      }
+      end_of[w.names[static_cast<std::size_t>(op.name)]] = iv.end_ns;
+      if (op.phase == Phase::kForward && op.layer >= 0) {  // the blocks' forward
+        last_forward_end = std::max(last_forward_end, iv.end_ns);
+      }
+      if (op.phase == Phase::kBackward && op.stream == Stream::kCompute) {
+        SimTime& end = backward_end_of_layer[op.layer];
+        end = std::max(end, iv.end_ns);
+      }
+    }
+    int reduces = 0;
+    for (const OpInterval& iv : e.result->intervals) {
+      const Op& op = w.ops[static_cast<std::size_t>(iv.op)];
+      const std::string& name = w.names[static_cast<std::size_t>(op.name)];
+      if (op.rank != 0 || name.rfind("reduce.", 0) != 0) {
+        continue;
+      }
+      ++reduces;
+      if (name != "reduce.head") {  // the fused loss writes the head's gradients in the forward
+        EXPECT_GE(iv.start_ns, last_forward_end) << "ZeRO-" << zero << " " << name;
+      } else {
+        EXPECT_GE(iv.start_ns, end_of.at("fused_linear_ce")) << "ZeRO-" << zero;
+      }
+      EXPECT_EQ(op.workspace_category, MemCategory::kGradBuffers) << name;
+      if (name == "reduce.embedding") {
+        EXPECT_GE(iv.start_ns, end_of.at("embedding_bwd")) << "ZeRO-" << zero;
+      } else if (op.layer >= 0) {
+        EXPECT_GE(iv.start_ns, backward_end_of_layer.at(op.layer)) << "ZeRO-" << zero << name;
+      }
+    }
+    EXPECT_EQ(reduces, 32 + 2) << "ZeRO-" << zero;  // every block, the head and the embedding
+  }
 }
 
 TEST(ModelStates, GatheredLayerIsBf16OfOneBlock) {

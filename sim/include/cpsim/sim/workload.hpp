@@ -55,13 +55,14 @@ const char* to_string(Phase p);
 /// Memory categories of the tracker. Device categories first, then host.
 enum class MemCategory : std::uint8_t {
   kModelStates,  ///< sharded fp32 params, grads, optimizer states (persistent)
-  kParamGather,  ///< FSDP all-gathered bf16 params and unsharded gradient buffers
+  kParamGather,  ///< FSDP / ZeRO-3 all-gathered bf16 params (and their host-staged shards)
+  kGradBuffers,  ///< ZeRO ≥ 2 unsharded gradient buffers and the gradient-reduce workspaces
   kActivations,  ///< tensors saved for backward at layer level (checkpoints, linear inputs,
                  ///< final_out)
   kAttention,  ///< attention-stage intermediates: QKV before/after all-to-all, outputs, LSE, grads
   kOther,      ///< MLP tiles, norms, loss chunks, residual gradients, workspaces
 };
-inline constexpr int kMemCategoryCount = 5;
+inline constexpr int kMemCategoryCount = 6;
 const char* to_string(MemCategory c);
 
 struct Tensor {
