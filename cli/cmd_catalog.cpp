@@ -1,10 +1,12 @@
-// `cpsim models` and `cpsim hardware`: what is built in.
+// `cpsim models`, `cpsim hardware` and `cpsim implementations`: what is built in.
 #include <iostream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
+#include "cpsim/sim/implementation.hpp"
 
 #include "commands.hpp"
 #include "common.hpp"
@@ -113,6 +115,138 @@ int run_hardware(const CatalogArgs& a) {
     std::cout << format_table({"profile", "gpu", "hbm", "gpus/node"}, rows,
                               {false, false, true, true});
     std::cout << "\n`cpsim hardware NAME` shows every coefficient and where it comes from.\n";
+  }
+  return 0;
+}
+
+// ---- cpsim implementations ------------------------------------------------------------------
+
+namespace {
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string s;
+  for (const std::string& i : items) {
+    s += s.empty() ? i : ", " + i;
+  }
+  return s;
+}
+
+std::vector<std::string> method_names(const sim::Implementation& impl) {
+  std::vector<std::string> out;
+  for (const models::CpMethod m : impl.methods()) {
+    out.emplace_back(models::to_string(m));
+  }
+  return out;
+}
+
+/// "recipe/method" pairs of the built-in recipes it is the default of.
+std::vector<std::string> defaults_of(const sim::Implementation& impl, const models::DataDir& data) {
+  std::vector<std::string> out;
+  for (const std::string& recipe : models::list_builtin(data, "recipes")) {
+    for (const models::CpMethod m : impl.methods()) {
+      if (impl.default_for(recipe, m)) {
+        out.push_back(fmt::format("{}/{}", recipe, models::to_string(m)));
+      }
+    }
+  }
+  return out;
+}
+
+nlohmann::json ledger_json(const sim::Implementation& impl) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const sim::LedgerRow& r : impl.ledger()) {
+    rows.push_back({{"id", r.id},
+                    {"site", sim::to_string(r.site)},
+                    {"when", sim::to_string(r.when)},
+                    {"bytes_per_shd", r.shd},
+                    {"bytes_per_shkvd", r.shkd},
+                    {"bytes_per_sh", r.sh},
+                    {"tensor", r.tensor}});
+  }
+  return rows;
+}
+
+int show_implementation(const sim::Implementation& impl, const CatalogArgs& a) {
+  const models::DataDir data = data_dir();
+  if (a.json) {
+    std::vector<std::string> limits(impl.limits().begin(), impl.limits().end());
+    std::cout << nlohmann::json{{"schema_version", 1},
+                                {"name", impl.name()},
+                                {"title", impl.title()},
+                                {"methods", method_names(impl)},
+                                {"launchers", std::vector<std::string>(impl.launchers().begin(),
+                                                                       impl.launchers().end())},
+                                {"default_for", defaults_of(impl, data)},
+                                {"pinned_source", impl.pinned_source()},
+                                {"ledger_document", impl.ledger_document()},
+                                {"ledger", ledger_json(impl)},
+                                {"limits", limits}}
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("{}: {}\n  source  {}\n  ledger  {}\n  methods {}\n\n", impl.name(),
+                           impl.title(), impl.pinned_source(), impl.ledger_document(),
+                           joined(method_names(impl)));
+  std::vector<std::vector<std::string>> rows;
+  for (const sim::LedgerRow& r : impl.ledger()) {
+    rows.push_back({std::string(r.id), sim::to_string(r.site), sim::to_string(r.when),
+                    sim::row_formula(r), std::string(r.tensor)});
+  }
+  std::cout << format_table({"row", "site", "when", "bytes", "tensor"}, rows,
+                            {false, false, false, false, false});
+  std::cout << "\nBytes per layer and rank beyond the method's scheme; s = tokens per rank before "
+               "the all-to-all, H and Hkv the query and (replicated) KV heads, d the head "
+               "dimension.\n  not modelled:\n";
+  for (const std::string_view l : impl.limits()) {
+    std::cout << "    - " << l << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+CLI::App* register_implementations(CLI::App& app, CatalogArgs& a) {
+  CLI::App* c = app.add_subcommand(
+      "implementations",
+      "List the CP implementations cpsim models (the code users run: its ledger of allocations "
+      "beyond the method's scheme), or show one's ledger");
+  c->add_option("name", a.name, "implementation to show with its ledger rows");
+  c->add_flag("--json", a.json, "print JSON instead of the table");
+  return c;
+}
+
+int run_implementations(const CatalogArgs& a) {
+  if (!a.name.empty()) {
+    const sim::Implementation* impl = sim::find_implementation(a.name);
+    if (impl == nullptr) {
+      throw InputError("name", fmt::format("unknown implementation '{}'; known: {}", a.name,
+                                           sim::implementation_names()));
+    }
+    return show_implementation(*impl, a);
+  }
+  const models::DataDir data = data_dir();
+  nlohmann::json list = nlohmann::json::array();
+  std::vector<std::vector<std::string>> rows;
+  for (const sim::Implementation* impl : sim::implementations()) {
+    const std::vector<std::string> launchers(impl->launchers().begin(), impl->launchers().end());
+    list.push_back({{"name", impl->name()},
+                    {"title", impl->title()},
+                    {"methods", method_names(*impl)},
+                    {"launchers", launchers},
+                    {"default_for", defaults_of(*impl, data)},
+                    {"pinned_source", impl->pinned_source()},
+                    {"ledger_document", impl->ledger_document()}});
+    rows.push_back({std::string(impl->name()), joined(method_names(*impl)), joined(launchers),
+                    joined(defaults_of(*impl, data)), std::string(impl->pinned_source())});
+  }
+  if (a.json) {
+    std::cout << nlohmann::json{{"schema_version", 1}, {"implementations", list}}.dump(2) << "\n";
+  } else {
+    std::cout << format_table({"implementation", "methods", "launchers", "default for", "source"},
+                              rows, {false, false, false, false, false});
+    std::cout << "\n--impl NAME selects one (--impl none: the method's scheme alone, no wrapper "
+                 "allocations); `cpsim implementations NAME` shows its ledger.\n";
   }
   return 0;
 }

@@ -11,6 +11,7 @@
 #include "cpsim/models/units.hpp"
 #include "cpsim/planner/emit.hpp"
 #include "cpsim/planner/search.hpp"
+#include "cpsim/sim/implementation.hpp"
 
 #include "commands.hpp"
 #include "common.hpp"
@@ -119,8 +120,16 @@ int run_plan(const PlanArgs& a) {
     format = planner::parse_launcher_format(a.emit, "--emit");
   }
   planner::PlanOptions opts;
+  const sim::Implementation* impl = sim::find_implementation(a.config.impl);
   for (const std::string& m : split_methods(a.methods)) {
-    opts.methods.push_back(models::parse_cp_method(m, "--methods"));
+    const models::CpMethod id = models::parse_cp_method(m, "--methods");
+    if (impl == nullptr || impl->runs(id)) {  // --impl searches the methods it runs
+      opts.methods.push_back(id);
+    }
+  }
+  if (opts.methods.empty()) {
+    throw InputError("--impl",
+                     fmt::format("{} runs none of --methods {}", a.config.impl, a.methods));
   }
   SimulateArgs cfg = a.config;
   cfg.method = models::to_string(opts.methods.front());

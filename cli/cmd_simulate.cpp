@@ -10,6 +10,7 @@
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
 #include "cpsim/planner/evaluate.hpp"
+#include "cpsim/sim/implementation.hpp"
 #include "cpsim/sim/trace.hpp"
 
 #include "commands.hpp"
@@ -175,6 +176,11 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
 
   auto& p = in.parallel;
   p.method = models::parse_cp_method(a.method, "--method");
+  p.implementation = a.impl;
+  if (const sim::Implementation* impl = sim::find_implementation(a.impl);
+      impl != nullptr && !a.method_given) {
+    p.method = impl->methods().front();  // --impl alone: the implementation's first method
+  }
   p.gpus = a.gpus;
   if (a.gpus_per_node < 0) {
     throw InputError("--gpus-per-node", "must be positive");
@@ -322,6 +328,7 @@ nlohmann::json to_json(const SimulateArgs& a,
         {"gpus", in.parallel.gpus},
         {"gpus_per_node", in.parallel.gpus_per_node},
         {"method", models::to_string(in.parallel.method)},
+        {"implementation", L.implementation != nullptr ? json(L.implementation->name()) : json()},
         {"seq_len", in.parallel.seq_len},
         {"cp_degree", in.parallel.cp_degree},
         {"ulysses_degree", L.ulysses},
@@ -408,6 +415,12 @@ std::string human(const sim::ScheduleInputs& in,
                    format_length(in.parallel.seq_len), in.parallel.seq_len, in.recipe.name);
   o +=
       fmt::format("  {}\n", recipe_label(in.recipe, rep, in.parallel.local_seq(), in.model.hidden));
+  if (L.implementation != nullptr) {
+    o += fmt::format("  implementation {} ({}; ledger {})\n", L.implementation->name(),
+                     L.implementation->pinned_source(), L.implementation->ledger_document());
+  } else {
+    o += "  implementation none: the method's scheme alone (no wrapper allocations)\n";
+  }
   if (in.parallel.data_parallel() > 1) {
     o += fmt::format("  {} CP groups of {} GPUs (data parallel), FSDP over all {}\n",
                      in.parallel.data_parallel(), in.parallel.cp_degree, in.parallel.gpus);
@@ -569,7 +582,13 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
   c->add_option("--method", a.method,
                 "context-parallel method: ulysses | upipe | ring | allgather | fpdt | usp; a "
                 "comma-separated list or `all` compares them side by side")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([&a](const std::string&) { a.method_given = true; });
+  c->add_option("--impl", a.impl,
+                fmt::format("implementation of the method that runs (see `cpsim implementations`): "
+                            "{}, or none for the method's scheme alone (default: the recipe's "
+                            "default for the method; alone it also picks the method)",
+                            sim::implementation_names()));
   if (with_seq) {
     c->add_option("--seq", a.seq, "global sequence length in tokens (131072, 128K, 3M)")
         ->capture_default_str();
@@ -748,8 +767,13 @@ int run_comparison(const SimulateArgs& a, const std::vector<std::string>& method
 SimulateArgs config_for_method(const SimulateArgs& a, const std::string& method) {
   SimulateArgs m = a;
   m.method = method;
-  const sim::CpImplementation& cp =
-      sim::cp_implementation(models::parse_cp_method(method, "--method"));
+  m.method_given = true;
+  const models::CpMethod id = models::parse_cp_method(method, "--method");
+  const sim::CpImplementation& cp = sim::cp_implementation(id);
+  if (const sim::Implementation* impl = sim::find_implementation(a.impl);
+      impl != nullptr && !impl->runs(id)) {
+    m.impl.clear();  // another method's implementation: this one runs its recipe default
+  }
   if (!cp.uses_heads_per_stage()) {
     m.heads_per_stage = 0;
   }

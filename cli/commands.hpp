@@ -16,6 +16,8 @@ struct SimulateArgs {
   int gpus_per_node = 0;  // 0 = from the hardware profile
   std::string hardware = "h100-sxm-80g";
   std::string method = "upipe";
+  bool method_given = false;  ///< --method was on the command line (else --impl may choose)
+  std::string impl;           ///< --impl: empty = the recipe's default for the method
   std::string seq = "1M";
   std::string recipe = "alst";
   long long heads_per_stage = 0;
@@ -139,5 +141,7 @@ CLI::App* register_models(CLI::App& app, CatalogArgs& args);
 int run_models(const CatalogArgs& args);
 CLI::App* register_hardware(CLI::App& app, CatalogArgs& args);
 int run_hardware(const CatalogArgs& args);
+CLI::App* register_implementations(CLI::App& app, CatalogArgs& args);
+int run_implementations(const CatalogArgs& args);
 
 }  // namespace cpsim::cli

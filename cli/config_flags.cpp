@@ -21,6 +21,8 @@ std::string flag_for(sim::Quantity q, const models::ParallelConfig& p) {
       return "--heads-per-stage";
     case sim::Quantity::kFpdtChunk:
       return "--fpdt-chunk";
+    case sim::Quantity::kImplementation:
+      return "--impl";
   }
   return sim::to_string(q);
 }

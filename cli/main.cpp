@@ -147,6 +147,8 @@ int run_cpsim(int argc, char** argv, std::optional<Failure>& failure) {
   CLI::App* calibrate = cpsim::cli::register_calibrate(app, calibrate_args);
   CLI::App* models = cpsim::cli::register_models(app, models_args);
   CLI::App* hardware = cpsim::cli::register_hardware(app, hardware_args);
+  cpsim::cli::CatalogArgs implementations_args;
+  CLI::App* implementations = cpsim::cli::register_implementations(app, implementations_args);
 
   if (const std::string error = unknown_subcommand_error(app, argc, argv); !error.empty()) {
     failure = Failure{2, "input", "", "", error, 0};
@@ -191,6 +193,9 @@ int run_cpsim(int argc, char** argv, std::optional<Failure>& failure) {
     }
     if (hardware->parsed()) {
       return cpsim::cli::run_hardware(hardware_args);
+    }
+    if (implementations->parsed()) {
+      return cpsim::cli::run_implementations(implementations_args);
     }
   } catch (const cpsim::sim::ConfigError& e) {
     const cpsim::InputError refused = cpsim::cli::flag_error(e);

@@ -91,8 +91,10 @@ CoreForward StepBuilder::core_forward(
   }
   out.o_h = b_.tensor("attn_out_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
   out.lse = b_.tensor("lse" + tag, hq * nr_ * kFp32Bytes, MemCategory::kAttention);
+  // The implementation's merge around the kernel (an fp32 copy of the output, ...) is workspace.
   compute("attn_fwd" + tag, OpKind::kAttentionFwd, cost_.attention_fwd({nr_, nr_, hq, d, true}),
-          {q_h, kv_h}, {out.o_h, out.lse});
+          {q_h, kv_h}, {out.o_h, out.lse}, {}, ledger_bytes(LedgerSite::kCoreForward),
+          MemCategory::kAttention);
   return out;
 }
 
@@ -116,8 +118,23 @@ CoreBackward StepBuilder::core_backward(const std::string& tag,
   if (r_.attention_kernel == "sdpa" && hkv < hq) {
     ws += nr_ * 2 * hq * d * ab_;  // gradient of the repeated K/V before the group sum
   }
+  ws += ledger_bytes(LedgerSite::kCoreBackward);
   compute("attn_bwd" + tag, OpKind::kAttentionBwd, cost_.attention_bwd({nr_, nr_, hq, d, true}),
           {do_h, q_h, kv_h, o_h, lse}, {out.dq_h, out.dkv_h}, {}, ws, MemCategory::kAttention);
+  if (const std::int64_t finish = ledger_bytes(LedgerSite::kGradFinish); finish > 0) {
+    // The implementation's own gradient copies and casts after the kernel, while it still holds
+    // what it saved (and the kernel's dQ/dK/dV, its inputs): new dQ and dK/dV come out. Time: its
+    // buffers written and read once, the outputs written.
+    const std::int64_t dq_bytes = nr_ * hq * d * ab_;
+    const std::int64_t dkv_bytes = nr_ * 2 * hkv * d * ab_;
+    CoreBackward cast;
+    cast.dq_h = b_.tensor("dq_cast" + tag, dq_bytes, MemCategory::kAttention);
+    cast.dkv_h = b_.tensor("dkv_cast" + tag, dkv_bytes, MemCategory::kAttention);
+    compute("grad_finish" + tag, OpKind::kElementwise, mem(2 * finish + dq_bytes + dkv_bytes),
+            {out.dq_h, out.dkv_h, do_h, q_h, kv_h, o_h, lse}, {cast.dq_h, cast.dkv_h}, {}, finish,
+            MemCategory::kAttention);
+    return cast;
+  }
   return out;
 }
 

@@ -44,10 +44,15 @@ void StepBuilder::ulysses_forward(SavedLayer& sv, TensorSet params, bool grad) {
   TensorSet q_r = b_.tensor("q_rope", q_bytes, MemCategory::kAttention);
   TensorSet kv_r = b_.tensor("kv_rope", kv_bytes, MemCategory::kAttention);
   compute("rope", OpKind::kElementwise, mem(2 * (q_bytes + kv_bytes)), {q_in, kv_in}, {q_r, kv_r});
-  TensorSet q_h = exchange("a2a_q", q_r, q_bytes, MemCategory::kAttention);
-  TensorSet kv_h = exchange("a2a_kv", kv_r, kv_bytes, MemCategory::kAttention);
+  TensorSet q_h = exchange("a2a_q", q_r, q_bytes, LedgerSite::kQExchange);
+  TensorSet kv_h = exchange("a2a_kv", kv_r, kv_bytes, LedgerSite::kKvExchange);
   const CoreForward core = core_forward("", q_h, kv_h, m_.heads / u_, kv / u_);
-  sv.o = exchange("a2a_out", core.o_h, q_bytes, MemCategory::kAttention);
+  // An implementation whose caller holds q, k, v keeps them until the output all-to-all ends.
+  std::vector<TensorSet> held;
+  if (ledger_bytes(LedgerSite::kHeldThroughBlock) > 0) {
+    held = {q_r, kv_r};
+  }
+  sv.o = exchange("a2a_out", core.o_h, q_bytes, LedgerSite::kOutExchange, held);
   if (grad) {
     // The all-to-alls keep nothing for backward (theirs is the reverse all-to-all of the
     // gradient); the local Q and K/V are kept only as the input of selective recomputation.
@@ -74,16 +79,16 @@ InputGrad StepBuilder::ulysses_backward(const SavedLayer& sv,
   TensorSet q_h = sv.q_h, kv_h = sv.kv_h, o_h = sv.o_h, lse = sv.lse;
   if (!q_h.valid()) {
     // Selective checkpointing: the attention core runs again from the saved local Q and K/V.
-    q_h = exchange("a2a_q(re)", sv.q_local, q_bytes, MemCategory::kAttention);
-    kv_h = exchange("a2a_kv(re)", sv.kv_local, kv_bytes, MemCategory::kAttention);
+    q_h = exchange("a2a_q(re)", sv.q_local, q_bytes, LedgerSite::kQExchange);
+    kv_h = exchange("a2a_kv(re)", sv.kv_local, kv_bytes, LedgerSite::kKvExchange);
     const CoreForward core = core_forward("(re)", q_h, kv_h, hq, hkv);
     o_h = core.o_h;
     lse = core.lse;
   }
-  TensorSet do_h = exchange("a2a_dout", d_o, q_bytes, MemCategory::kAttention);
+  TensorSet do_h = exchange("a2a_dout", d_o, q_bytes, LedgerSite::kDoutExchange);
   const CoreBackward g = core_backward("", q_h, kv_h, o_h, lse, do_h, hq, hkv);
-  TensorSet dq = exchange("a2a_dq", g.dq_h, q_bytes, MemCategory::kAttention);
-  TensorSet dkv = exchange("a2a_dkv", g.dkv_h, kv_bytes, MemCategory::kAttention);
+  TensorSet dq = exchange("a2a_dq", g.dq_h, q_bytes, LedgerSite::kDqExchange);
+  TensorSet dkv = exchange("a2a_dkv", g.dkv_h, kv_bytes, LedgerSite::kDkvExchange);
   TensorSet dq_r = b_.tensor("dq_rope", q_bytes, MemCategory::kAttention);
   TensorSet dkv_r = b_.tensor("dkv_rope", kv_bytes, MemCategory::kAttention);
   compute("rope_bwd", OpKind::kElementwise, mem(2 * (q_bytes + kv_bytes)), {dq, dkv},

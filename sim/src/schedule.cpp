@@ -25,6 +25,7 @@
 
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
+#include "cpsim/sim/implementation.hpp"
 
 #include "methods/common.hpp"
 #include "step_builder.hpp"
@@ -134,6 +135,48 @@ std::optional<ConfigIssue> split_heads(const ScheduleInputs& in, HeadLayout& L) 
   return std::nullopt;
 }
 
+// The implementation asked for (--impl), else the recipe's default for the method, else none;
+// then its own constraints.
+std::optional<ConfigIssue> choose_implementation(const ScheduleInputs& in, HeadLayout& L) {
+  const std::string& asked = in.parallel.implementation;
+  const models::CpMethod m = in.parallel.method;
+  const Implementation* chosen = nullptr;
+  if (asked.empty()) {
+    chosen = default_implementation(in.recipe.name, m);
+  } else if (asked != "none") {
+    chosen = find_implementation(asked);
+    if (chosen == nullptr) {
+      return issue(Quantity::kImplementation,
+                   fmt::format("unknown implementation '{}'; known: {}, or none (the method's "
+                               "scheme alone)",
+                               asked, implementation_names()));
+    }
+    if (!chosen->runs(m)) {
+      std::string runs;
+      for (const models::CpMethod x : chosen->methods()) {
+        runs += fmt::format("{}{}", runs.empty() ? "" : ", ", models::to_string(x));
+      }
+      return issue(Quantity::kImplementation,
+                   fmt::format("{} does not run --method {} (it runs {})", asked,
+                               models::to_string(m), runs));
+    }
+  }
+  if (chosen == nullptr) {
+    return std::nullopt;
+  }
+  if (std::optional<ConfigIssue> refused = chosen->check(in, L)) {
+    if (asked.empty()) {
+      refused->message += fmt::format(
+          " ({} is the default implementation of {} in recipe {}; --impl none simulates the "
+          "method's scheme alone)",
+          chosen->name(), models::to_string(m), in.recipe.name);
+    }
+    return refused;
+  }
+  L.implementation = chosen;
+  return std::nullopt;
+}
+
 }  // namespace
 
 LayoutCheck check_head_layout(const ScheduleInputs& in) {
@@ -151,6 +194,9 @@ LayoutCheck check_head_layout(const ScheduleInputs& in) {
   }
   if (!out.issue) {
     out.issue = method.stage_heads(in, out.layout);
+  }
+  if (!out.issue) {
+    out.issue = choose_implementation(in, out.layout);
   }
   return out;
 }

@@ -49,6 +49,13 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
   nr_ = n_ / rg_;
   ab_ = r_.activation_bytes;
   shards_ = r_.tiled_mlp_shards > 0 ? r_.tiled_mlp_shards : ceil_div(s_, m_.hidden);
+  if (layout_.implementation != nullptr) {
+    const LedgerUnits units = ledger_units(in, layout_);
+    for (int site = 0; site < kLedgerSiteCount; ++site) {
+      ledger_bytes_[static_cast<std::size_t>(site)] =
+          layout_.implementation->site_bytes(static_cast<LedgerSite>(site), units);
+    }
+  }
   tile_ = ceil_div(s_, shards_);
 }
 
@@ -106,6 +113,37 @@ TensorSet StepBuilder::exchange(
     s.workspace_bytes = 2 * wire_bytes;
     s.workspace_category = cat;
   }
+  b_.collective(s, Group::kUlysses, models::Collective::kAllToAll, cost_, wire_bytes);
+  return out;
+}
+
+TensorSet StepBuilder::exchange(
+    Name name, TensorSet in, std::int64_t bytes, LedgerSite site, ListRef<TensorSet> held) {
+  const std::int64_t extra = ledger_bytes(site);
+  if (u_ == 1 && extra == 0 && held.size() == 0) {
+    return in;
+  }
+  const std::int32_t id = name.id(w_);
+  TensorSet out = b_.tensor(id, bytes, MemCategory::kAttention, false);
+  if (u_ == 1) {
+    // The wrapper copies even without peers: a local copy with its transients (or, with nothing
+    // to copy, an empty op that keeps `held` alive).
+    std::vector<TensorSet> inputs(held.begin(), held.end());
+    inputs.push_back(in);
+    compute(Name::interned(id), OpKind::kElementwise, mem(extra > 0 ? 2 * bytes : 0), inputs, {out},
+            {}, extra, MemCategory::kAttention);
+    return out;
+  }
+  OpSpec& s = next_spec(Name::interned(id), Stream::kComm, OpKind::kElementwise);
+  s.inputs.assign(held.begin(), held.end());
+  s.inputs.push_back(in);
+  s.outputs.push_back(out);
+  const std::int64_t wire_bytes = bytes / ab_ * r_.cp_comm_bytes;
+  s.workspace_bytes = extra;
+  if (r_.cp_comm_bytes != ab_) {
+    s.workspace_bytes += 2 * wire_bytes;  // the cast copy and the wider receive buffer (above)
+  }
+  s.workspace_category = MemCategory::kAttention;
   b_.collective(s, Group::kUlysses, models::Collective::kAllToAll, cost_, wire_bytes);
   return out;
 }
@@ -607,6 +645,11 @@ void StepBuilder::add_notes() {
   }
   if (!r_.expandable_segments) {
     w_.notes.push_back("allocator fragmentation without expandable segments is not modelled");
+  }
+  if (layout_.implementation != nullptr) {
+    for (const std::string_view limit : layout_.implementation->limits()) {
+      w_.notes.emplace_back(limit);
+    }
   }
   w_.notes.insert(w_.notes.end(), in_.model.notes.begin(), in_.model.notes.end());
 }

@@ -2,12 +2,14 @@
 // Internal: the builder of one training step. The block structure, FSDP/ZeRO, checkpointing, loss
 // and optimizer live in step_builder.cpp; each attention scheme in its own attention_*.cpp.
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "cpsim/models/transformer.hpp"
 #include "cpsim/sim/cost_model.hpp"
+#include "cpsim/sim/implementation.hpp"
 #include "cpsim/sim/schedule.hpp"
 
 #include "builder.hpp"
@@ -109,6 +111,15 @@ class StepBuilder {
   /// returns `in` itself when the group has one rank. The output tensor has the op's name.
   TensorSet exchange(
       Name name, TensorSet in, std::int64_t bytes, MemCategory cat, ListRef<OpSet> deps = {});
+  /// The same at one of the implementation's ledger sites: its bytes there are the op's
+  /// workspace (the wrapper's copies); at Ulysses degree 1 a wrapper that still copies makes it a
+  /// local copy op. `held` are read by the op too (kept alive until it ends).
+  TensorSet exchange(
+      Name name, TensorSet in, std::int64_t bytes, LedgerSite site, ListRef<TensorSet> held = {});
+  /// Bytes of the implementation's ledger rows at `site` (0 without an implementation).
+  std::int64_t ledger_bytes(LedgerSite site) const {
+    return ledger_bytes_[static_cast<std::size_t>(site)];
+  }
   OpSet host_copy(Name name,
                   bool to_device,
                   std::int64_t bytes,
@@ -252,6 +263,7 @@ class StepBuilder {
   const models::TrainingRecipe& r_;
   HeadLayout layout_;
   const CpImplementation& method_;
+  std::array<std::int64_t, kLedgerSiteCount> ledger_bytes_{};  ///< by LedgerSite
   CostModel cost_;
   Builder b_;
   Workload& w_;

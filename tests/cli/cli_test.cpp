@@ -246,15 +246,51 @@ TEST_F(CliTest, UpipeAttentionMemoryBelowUlysses) {
 }
 
 TEST_F(CliTest, UpipeWithAllHeadsInOneStageMatchesUlyssesAttentionMemory) {
-  // U = 32 = the head count of llama3-8b: one stage, i.e. plain Ulysses.
+  // U = 32 = the head count of llama3-8b: one stage, i.e. plain Ulysses (the method's scheme:
+  // yunchang, the recipe's default implementation of Ulysses, allocates more).
   const std::int64_t upipe =
       attention_peak(run_json({"simulate", "--model", "llama3-8b", "--gpus", "8", "--seq", "3M",
                                "--method", "upipe", "--heads-per-stage", "32", "--json"}));
   const std::int64_t ulysses =
       attention_peak(run_json({"simulate", "--model", "llama3-8b", "--gpus", "8", "--seq", "3M",
-                               "--method", "ulysses", "--json"}));
+                               "--method", "ulysses", "--impl", "none", "--json"}));
   EXPECT_GT(ulysses, 0);
   EXPECT_EQ(upipe, ulysses);
+}
+
+// Implementations: listed, chosen by --impl (alone it picks the method), refused naming --impl.
+TEST_F(CliTest, ImplementationsAreListedAndSelected) {
+  const Json list = run_json({"implementations", "--json"});
+  std::vector<std::string> names;
+  for (const Json& i : list.at("implementations")) {
+    names.push_back(i.at("name").get<std::string>());
+    EXPECT_FALSE(i.at("pinned_source").get<std::string>().empty());
+  }
+  EXPECT_NE(std::find(names.begin(), names.end(), "yunchang-usp"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "deepspeed-ulysses"), names.end());
+  const Json one = run_json({"implementations", "yunchang-usp", "--json"});
+  EXPECT_GE(one.at("ledger").size(), 5u);
+
+  const Json chosen = run_json({"simulate", "--impl", "yunchang-usp", "--seq", "64K", "--json"});
+  EXPECT_EQ(chosen.at("config").at("implementation"), "yunchang-usp");
+  EXPECT_EQ(chosen.at("config").at("method"), "usp");
+  const Json scheme =
+      run_json({"simulate", "--method", "ulysses", "--impl", "none", "--seq", "64K", "--json"});
+  EXPECT_TRUE(scheme.at("config").at("implementation").is_null());
+  const Json by_recipe = run_json(
+      {"simulate", "--method", "ulysses", "--recipe", "alst-deepspeed", "--seq", "64K", "--json"});
+  EXPECT_EQ(by_recipe.at("config").at("implementation"), "deepspeed-ulysses");
+
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"simulate", "--impl", "nope", "--seq", "64K"},
+        std::vector<std::string>{"simulate", "--method", "fpdt", "--impl", "yunchang-usp"},
+        std::vector<std::string>{"implementations", "nope"}}) {
+    const RunResult r = run(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  EXPECT_NE(run({"simulate", "--impl", "nope", "--seq", "64K"}).err.find("--impl"),
+            std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------

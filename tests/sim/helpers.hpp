@@ -26,6 +26,8 @@ inline ScheduleInputs inputs(models::CpMethod method,
   in.parallel.gpus_per_node = 8;
   in.parallel.seq_len = seq;
   in.parallel.heads_per_stage = heads_per_stage;
+  // The method's scheme alone; implementations (implementation.hpp) have their own tests.
+  in.parallel.implementation = "none";
   return in;
 }
 

@@ -9,6 +9,7 @@
 
 #include "cpsim/models/error.hpp"
 #include "cpsim/sim/cp_method.hpp"
+#include "cpsim/sim/implementation.hpp"
 
 #include "emit_common.hpp"
 
@@ -65,8 +66,17 @@ EmittedConfig emit_launcher_config(LauncherFormat format, const sim::ScheduleInp
   if (!selection) {
     emit_detail::refuse_method(format, m);
   }
+  // The recipe's default implementation is simulated only where this launcher runs it; elsewhere
+  // the configuration is checked against the method's scheme (the launcher's own implementation
+  // is not modelled yet).
+  sim::ScheduleInputs inputs = config;
+  if (const sim::Implementation* d =
+          sim::default_implementation(inputs.recipe.name, inputs.parallel.method);
+      inputs.parallel.implementation.empty() && d != nullptr && !d->runs_on(to_string(format))) {
+    inputs.parallel.implementation = "none";
+  }
   // Validates the configuration (throws InputError naming the flag).
-  Plan plan(config, std::move(*selection));
+  Plan plan(inputs, std::move(*selection));
   switch (format) {
     case LauncherFormat::kTorchTitan:
       return emit_detail::emit_torchtitan(plan);

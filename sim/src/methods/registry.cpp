@@ -34,6 +34,8 @@ const char* to_string(Quantity q) {
       return "heads_per_stage";
     case Quantity::kFpdtChunk:
       return "fpdt_chunk";
+    case Quantity::kImplementation:
+      return "implementation";
   }
   return "?";
 }

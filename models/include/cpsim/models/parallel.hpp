@@ -38,6 +38,9 @@ struct ParallelConfig {
   std::int64_t fpdt_chunk = 65536;  ///< FPDT chunk in global tokens
   bool fpdt_offload = true;         ///< FPDT chunks offloaded to pinned host memory
   int micro_batch = 1;
+  /// The implementation of the method that runs (sim/implementation.hpp, `--impl`): empty = the
+  /// recipe's default for the method, "none" = the method's scheme alone.
+  std::string implementation;
 
   int ulysses_degree() const { return cp_degree / ring_degree; }
   int data_parallel() const { return gpus / cp_degree; }

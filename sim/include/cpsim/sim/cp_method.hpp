@@ -39,6 +39,7 @@ enum class Quantity {
   kModelHeads,      ///< the model's query or KV heads against the Ulysses degree
   kHeadsPerStage,   ///< UPipe's U
   kFpdtChunk,       ///< FPDT's chunk
+  kImplementation,  ///< the implementation asked for (unknown, or not one of the method)
 };
 const char* to_string(Quantity q);
 

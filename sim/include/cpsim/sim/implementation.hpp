@@ -1,0 +1,122 @@
+#pragma once
+/// @file Implementations of the CP methods as users run them: yunchang's LongContextAttention,
+/// DeepSpeed's UlyssesSPAttentionHF, ... Each one runs a method's scheme (cp_method.hpp) and adds
+/// what its own code allocates beyond that scheme: its allocation ledger, read from its source at a
+/// pinned commit. One file per implementation in sim/src/implementations/, with its derivation and
+/// sources; the ledger document docs/implementations/<name>.md lists the same rows (a test keeps
+/// the two equal).
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "cpsim/models/parallel.hpp"
+#include "cpsim/sim/cp_method.hpp"
+#include "cpsim/sim/head_layout.hpp"
+
+namespace cpsim::sim {
+
+/// Where, among the ops of one layer's attention block, a ledger row's memory lives: allocated
+/// when that op starts, freed when it ends (op workspace). The sites are those of the Ulysses
+/// scheme (attention_ulysses.cpp); at Ulysses degree 1 the exchanges are local copies.
+enum class LedgerSite : std::uint8_t {
+  /// Not workspace: the projected Q, K, V (after RoPE) stay alive until the block's output
+  /// all-to-all has ended, because the caller holds them (the module's locals), and not only until
+  /// their all-to-all.
+  kHeldThroughBlock,
+  kQExchange,     ///< all-to-all of Q (forward and recomputation)
+  kKvExchange,    ///< all-to-all of K and V
+  kCoreForward,   ///< the attention kernel call and the wrapper's merge around it (ring degree 1)
+  kOutExchange,   ///< all-to-all of the output back to the sequence layout
+  kDoutExchange,  ///< backward: all-to-all of the output gradient
+  kCoreBackward,  ///< backward: the attention kernel call (ring degree 1)
+  /// backward: what the wrapper does after the kernel (gradient copies, casts, send/recv of dK/dV)
+  /// while it still holds the saved tensors; an op of its own (ring degree 1).
+  kGradFinish,
+  kDqExchange,   ///< backward: all-to-all of dQ
+  kDkvExchange,  ///< backward: all-to-all of dK and dV
+};
+inline constexpr int kLedgerSiteCount = 10;
+const char* to_string(LedgerSite s);
+
+/// When a ledger row applies.
+enum class LedgerWhen : std::uint8_t {
+  kAlways,
+  kUlyssesAbove1,         ///< Ulysses degree u > 1 (a copy the wrapper skips at u = 1)
+  kKvHeadsPerRankAbove1,  ///< u > 1 and more than one KV head per rank after the all-to-all
+};
+const char* to_string(LedgerWhen w);
+
+/// One allocation beyond the method's scheme, in bytes per element count of the rank's tensors:
+///   bytes = shd·(s·H·d) + shkd·(s·Hkv·d) + sh·(s·H)
+/// with s = N/C the rank's tokens before the all-to-all, H and Hkv the model's query and KV heads
+/// (after any replication), d the head dimension. (After the all-to-all a rank holds N/r tokens of
+/// H/u heads: the same element count.) Example: a bf16 copy of Q is shd = 2; an fp32 copy, 4.
+struct LedgerRow {
+  std::string_view id;  ///< the ledger document's row id ("F1")
+  LedgerSite site = LedgerSite::kCoreForward;
+  LedgerWhen when = LedgerWhen::kAlways;
+  std::int64_t shd = 0;
+  std::int64_t shkd = 0;
+  std::int64_t sh = 0;
+  std::string_view tensor;  ///< what it is, with its dtype
+};
+
+/// The element counts a ledger row multiplies.
+struct LedgerUnits {
+  std::int64_t shd = 0;
+  std::int64_t shkd = 0;
+  std::int64_t sh = 0;
+  std::int64_t ulysses = 1;
+  std::int64_t kv_heads_per_rank = 1;
+};
+LedgerUnits ledger_units(const ScheduleInputs& in, const HeadLayout& layout);
+std::int64_t row_bytes(const LedgerRow& row, const LedgerUnits& units);
+/// The row's bytes as the ledger documents write them: "2·sHd + 4·sHkv·d" ("0" when empty).
+std::string row_formula(const LedgerRow& row);
+
+/// An implementation users run.
+class Implementation {
+ public:
+  virtual ~Implementation() = default;
+  /// `--impl` spells it so: "yunchang-usp".
+  virtual std::string_view name() const = 0;
+  /// One line: the code it models ("yunchang LongContextAttention (Ulysses x ring) over ...").
+  virtual std::string_view title() const = 0;
+  /// Upstream repository and the commit the ledger was read at ("owner/repo@<40 hex>").
+  virtual std::string_view pinned_source() const = 0;
+  /// docs/implementations/<name>.md
+  std::string ledger_document() const {
+    return "docs/implementations/" + std::string(name()) + ".md";
+  }
+  /// The methods it runs; the first is the one `--impl` alone selects.
+  virtual std::span<const models::CpMethod> methods() const = 0;
+  bool runs(models::CpMethod m) const;
+  /// The recipes (by name) whose runs of `m` it is the default implementation of.
+  virtual bool default_for(std::string_view recipe, models::CpMethod m) const = 0;
+  /// The launchers (as `--emit` spells them) that run it.
+  virtual std::span<const std::string_view> launchers() const = 0;
+  bool runs_on(std::string_view launcher) const;
+  /// Constraints of its code beyond the method's (head divisibility, ...).
+  virtual std::optional<ConfigIssue> check(const ScheduleInputs& in,
+                                           const HeadLayout& layout) const = 0;
+  virtual std::span<const LedgerRow> ledger() const = 0;
+  /// What it models crudely or leaves out (printed with the modelling notes); one line each.
+  virtual std::span<const std::string_view> limits() const = 0;
+
+  /// Sum of the rows that apply at `site`.
+  std::int64_t site_bytes(LedgerSite site, const LedgerUnits& units) const;
+};
+
+/// Every implementation, in the order `cpsim implementations` lists them.
+std::span<const Implementation* const> implementations();
+/// The default implementation of method `m` in recipe `recipe`; nullptr: the scheme alone.
+const Implementation* default_implementation(std::string_view recipe, models::CpMethod m);
+/// By name; nullptr when unknown.
+const Implementation* find_implementation(std::string_view name);
+/// "a, b, c".
+std::string implementation_names();
+
+}  // namespace cpsim::sim

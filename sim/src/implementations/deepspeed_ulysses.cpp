@@ -1,0 +1,101 @@
+// DeepSpeed's UlyssesSPAttentionHF (Arctic Long Sequence Training, ALST): Ulysses around a
+// Hugging Face transformers attention function (FlashAttention-2/3 or SDPA), as ArcticTraining,
+// Accelerate (sp_backend: deepspeed) and the HF Trainer run it.
+//
+// Derivation (ledger: docs/implementations/deepspeed-ulysses.md, rows by id). Beyond the Ulysses
+// scheme of attention_ulysses.cpp (head-sharded Q, K/V and the kernel's output and LSE saved, the
+// kernel's backward workspace), per layer and rank, with s·H·d etc. element counts of one rank:
+//   - HF's attention module keeps its q/k/v (after RoPE) as locals until the wrapper returns;
+//   - forward all-to-alls go through _DimZeroAllToAll on a `.contiguous()` copy of a permuted
+//     view (a copy for Q, K, V); after the all-to-all, `rearrange(...).contiguous()` copies to the
+//     head-major [1, h, N, d] layout the kernel reads (h > 1): at most one transient beside input
+//     and output at any time;
+//   - the kernel's output is head-major (empty_like(q) keeps q's strides), so the wrapper copies
+//     it to [N, 1, h·d] (context_layer) and keeps that local while the output all-to-all receives
+//     into a fresh buffer and `rearrange` copies the result: two transients the size of the output;
+//   - backward all-to-alls receive a non-contiguous gradient: `empty_like(grad).contiguous()`
+//     plus `grad.contiguous()`: one transient beside input and output (dOut and dQ; dK/dV when a
+//     rank holds more than one KV head, else their gradient is already contiguous).
+// KV heads are replicated (repeat_interleave before the all-to-all) when the Ulysses degree
+// exceeds them, as cpsim's head layout does. No dtype casts in bf16 training.
+// Not modelled (limits()): the position_ids all-gather (int64, s·C elements), the replica's
+// transient before the copy, HF's packed-sequence path (extra k/v copies), the time of the copies,
+// the caching allocator's and NCCL's own buffers; FlashAttention-3's workspace is cpsim's fa3
+// kernel model.
+//
+// Sources (REFERENCES.md [DeepSpeed], [FA-code], [ALST]): deepspeedai/DeepSpeed @
+// edaa7221267243c7be7fb49c5d5f5c4fb97b4641, deepspeed/runtime/sequence_parallel/ulysses_sp.py
+// (UlyssesSPAttentionHF, combine_sequence, _partition_global_sequence),
+// deepspeed/sequence/layer.py (_DimZeroAllToAll); Dao-AILab/flash-attention
+// csrc/flash_attn/flash_api.cpp (mha_fwd output strides, mha_bwd workspace).
+#include <array>
+
+#include "cpsim/sim/cp_method.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+#include "implementations.hpp"
+
+namespace cpsim::sim::impls {
+namespace {
+
+using models::CpMethod;
+
+constexpr std::array kRows = {
+    LedgerRow{"F0", LedgerSite::kHeldThroughBlock, LedgerWhen::kUlyssesAbove1, 2, 4, 0,
+              "HF attention's q, k, v (bf16) held until the wrapper returns"},
+    LedgerRow{"F4-F6", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0,
+              "q all-to-all input copy, then the head-major copy (one at a time, bf16)"},
+    LedgerRow{"F8-F10", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0,
+              "k, v all-to-all input copies (bf16)"},
+    LedgerRow{"F18+F20", LedgerSite::kOutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
+              "context_layer copy and the output all-to-all's receive buffer (bf16)"},
+    LedgerRow{"B1", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0,
+              "dout: empty_like transient or grad.contiguous() copy (bf16)"},
+    LedgerRow{"B9", LedgerSite::kDqExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0,
+              "dq: empty_like transient or grad.contiguous() copy (bf16)"},
+    LedgerRow{"B8", LedgerSite::kDkvExchange, LedgerWhen::kKvHeadsPerRankAbove1, 0, 4, 0,
+              "dk, dv: grad.contiguous() copies (bf16), only with more than one KV head per rank"},
+};
+
+constexpr std::array<std::string_view, 3> kLimits = {
+    "deepspeed-ulysses: the position_ids all-gather, the KV replica's transient and HF's "
+    "packed-sequence copies are not modelled",
+    "deepspeed-ulysses: the copies around the all-to-alls are counted in memory, not in time",
+    "deepspeed-ulysses: PyTorch's caching allocator and NCCL's own buffers are outside the ledger",
+};
+
+constexpr std::array kMethods = {CpMethod::kUlysses};
+// Megatron-DeepSpeed (--emit deepspeed) runs DistributedAttention, not this wrapper.
+constexpr std::array<std::string_view, 2> kLaunchers = {"arctic", "accelerate"};
+
+class DeepSpeedUlysses final : public Implementation {
+ public:
+  std::string_view name() const override { return "deepspeed-ulysses"; }
+  std::string_view title() const override {
+    return "DeepSpeed UlyssesSPAttentionHF (ALST) over HF transformers attention";
+  }
+  std::string_view pinned_source() const override {
+    return "deepspeedai/DeepSpeed@edaa7221267243c7be7fb49c5d5f5c4fb97b4641";
+  }
+  std::span<const CpMethod> methods() const override { return kMethods; }
+  std::span<const std::string_view> launchers() const override { return kLaunchers; }
+  bool default_for(std::string_view recipe, CpMethod m) const override {
+    return recipe == "alst-deepspeed" && runs(m);
+  }
+  // Its head checks (ulysses_sp.py: H % C, and Hk % C or C % Hk) are the method's own.
+  std::optional<ConfigIssue> check(const ScheduleInputs& /*in*/,
+                                   const HeadLayout& /*layout*/) const override {
+    return std::nullopt;
+  }
+  std::span<const LedgerRow> ledger() const override { return kRows; }
+  std::span<const std::string_view> limits() const override { return kLimits; }
+};
+
+}  // namespace
+
+const Implementation& deepspeed_ulysses() {
+  static const DeepSpeedUlysses kImplementation;
+  return kImplementation;
+}
+
+}  // namespace cpsim::sim::impls

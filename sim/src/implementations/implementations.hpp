@@ -1,0 +1,12 @@
+#pragma once
+// Internal: the factories of the implementations (one file each in this folder), listed by the
+// registry (registry.cpp).
+
+#include "cpsim/sim/implementation.hpp"
+
+namespace cpsim::sim::impls {
+
+const Implementation& yunchang_usp();
+const Implementation& deepspeed_ulysses();
+
+}  // namespace cpsim::sim::impls

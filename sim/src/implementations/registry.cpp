@@ -1,0 +1,144 @@
+#include <array>
+
+#include <fmt/format.h>
+
+#include "cpsim/sim/implementation.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+#include "implementations.hpp"
+
+namespace cpsim::sim {
+
+const char* to_string(LedgerSite s) {
+  switch (s) {
+    case LedgerSite::kHeldThroughBlock:
+      return "held_through_block";
+    case LedgerSite::kQExchange:
+      return "q_exchange";
+    case LedgerSite::kKvExchange:
+      return "kv_exchange";
+    case LedgerSite::kCoreForward:
+      return "core_forward";
+    case LedgerSite::kOutExchange:
+      return "out_exchange";
+    case LedgerSite::kDoutExchange:
+      return "dout_exchange";
+    case LedgerSite::kCoreBackward:
+      return "core_backward";
+    case LedgerSite::kGradFinish:
+      return "grad_finish";
+    case LedgerSite::kDqExchange:
+      return "dq_exchange";
+    case LedgerSite::kDkvExchange:
+      return "dkv_exchange";
+  }
+  return "?";
+}
+
+const char* to_string(LedgerWhen w) {
+  switch (w) {
+    case LedgerWhen::kAlways:
+      return "always";
+    case LedgerWhen::kUlyssesAbove1:
+      return "u > 1";
+    case LedgerWhen::kKvHeadsPerRankAbove1:
+      return "hkv/u > 1";
+  }
+  return "?";
+}
+
+LedgerUnits ledger_units(const ScheduleInputs& in, const HeadLayout& layout) {
+  const std::int64_t s = in.parallel.seq_len / layout.cp;
+  const std::int64_t d = in.model.head_dim;
+  LedgerUnits u;
+  u.shd = s * layout.heads * d;
+  u.shkd = s * layout.kv_heads_eff * d;
+  u.sh = s * layout.heads;
+  u.ulysses = layout.ulysses;
+  u.kv_heads_per_rank = layout.kv_heads_eff / layout.ulysses;
+  return u;
+}
+
+std::int64_t row_bytes(const LedgerRow& row, const LedgerUnits& units) {
+  return row.shd * units.shd + row.shkd * units.shkd + row.sh * units.sh;
+}
+
+std::string row_formula(const LedgerRow& row) {
+  std::string s;
+  auto term = [&s](std::int64_t k, const char* unit) {
+    if (k != 0) {
+      s += fmt::format("{}{}·{}", s.empty() ? "" : " + ", k, unit);
+    }
+  };
+  term(row.shd, "sHd");
+  term(row.shkd, "sHkv·d");
+  term(row.sh, "sH");
+  return s.empty() ? "0" : s;
+}
+
+bool Implementation::runs(models::CpMethod m) const {
+  for (const models::CpMethod x : methods()) {
+    if (x == m) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::int64_t Implementation::site_bytes(LedgerSite site, const LedgerUnits& units) const {
+  std::int64_t bytes = 0;
+  for (const LedgerRow& row : ledger()) {
+    const bool applies = row.when == LedgerWhen::kAlways ||
+                         (row.when == LedgerWhen::kUlyssesAbove1 && units.ulysses > 1) ||
+                         (row.when == LedgerWhen::kKvHeadsPerRankAbove1 && units.ulysses > 1 &&
+                          units.kv_heads_per_rank > 1);
+    if (row.site == site && applies) {
+      bytes += row_bytes(row, units);
+    }
+  }
+  return bytes;
+}
+
+std::span<const Implementation* const> implementations() {
+  static const std::array<const Implementation*, 2> kAll = {&impls::yunchang_usp(),
+                                                            &impls::deepspeed_ulysses()};
+  return kAll;
+}
+
+bool Implementation::runs_on(std::string_view launcher) const {
+  for (const std::string_view l : launchers()) {
+    if (l == launcher) {
+      return true;
+    }
+  }
+  return false;
+}
+
+const Implementation* default_implementation(std::string_view recipe, models::CpMethod m) {
+  for (const Implementation* i : implementations()) {
+    if (i->default_for(recipe, m)) {
+      return i;
+    }
+  }
+  return nullptr;
+}
+
+const Implementation* find_implementation(std::string_view name) {
+  for (const Implementation* i : implementations()) {
+    if (i->name() == name) {
+      return i;
+    }
+  }
+  return nullptr;
+}
+
+std::string implementation_names() {
+  std::string s;
+  for (const Implementation* i : implementations()) {
+    s += s.empty() ? "" : ", ";
+    s += i->name();
+  }
+  return s;
+}
+
+}  // namespace cpsim::sim

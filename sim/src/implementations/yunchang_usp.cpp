@@ -1,0 +1,125 @@
+// yunchang's LongContextAttention (USP: Ulysses all-to-all × zigzag ring flash attention), as the
+// UPipe authors' TorchTitan fork runs its usp_* and ring baselines, and yunchang users run it.
+//
+// Derivation (ledger: docs/implementations/yunchang-usp.md, rows by id). The method's scheme
+// (attention_ulysses.cpp, attention_core.cpp) already holds what any Ulysses × ring code must:
+// the head-sharded Q, K/V after the all-to-all (saved), the kernel's output and fp32 LSE (saved),
+// the output all-to-all's result, and in backward the kernel's dQ/dK/dV outputs and its workspace
+// (dq_accum, softmax_d, GQA dk/dv_expanded). This implementation adds, per layer and rank, with
+// s·H·d etc. element counts of one rank (LedgerRow):
+//   - the module's q/k/v locals stay alive until attention returns (TorchTitan's Attention.forward
+//     holds xq, xk, xv across the call);
+//   - all_to_all_4D copies its input with .contiguous() before all_to_all_single (Q, K, V; u > 1);
+//     the reverse direction (output, dQ, dK/dV) copies for every u and receives into an
+//     empty_like buffer before the final transpose copy: two transients the size of the tensor;
+//   - ring degree 1 still goes through zigzag_ring_flash_attn: the kernel's bf16 block output and
+//     an fp32 copy (block_out.to(float32)) live next to the final bf16 cast;
+//   - backward at ring degree 1: a contiguous copy of half the LSE (softmax_lse1), the kernel
+//     writes into bf16 dq/dk/dv buffers, which are copied to fp32, dK/dV are sent to the rank
+//     itself (fp32 receive buffers), and the return casts them back to bf16 — all while the saved
+//     tensors are still held (an op of its own: grad_finish).
+// Not modelled (limits() prints them): the ring part at ring degree > 1 runs cpsim's ring scheme
+// (fp32 accumulators), without yunchang's merge temporaries (_update_out_and_lse: two fp32
+// tensors of the block at once) and its bf16 gradient buffers; the time of the copies inside the
+// all-to-alls; the caching allocator's and NCCL's own buffers.
+//
+// Sources (REFERENCES.md [yunchang], [FlashAttention]):
+//   github.com/feifeibear/long-context-attention @ 56118e0d8fe377d43441226dd8bdd07135c92c22
+//   (2026-05-21): yunchang/comm/all_to_all.py (all_to_all_4D), yunchang/hybrid/attn_layer.py,
+//   yunchang/ring/zigzag_ring_flash_attn.py, yunchang/ring/utils.py;
+//   github.com/Dao-AILab/flash-attention csrc/flash_attn/flash_api.cpp (mha_fwd, mha_bwd).
+//   Jiarui Fang, Shangchun Zhao, "USP: A Unified Sequence Parallelism Approach for Long Context
+//   Generative AI", arXiv:2405.07719.
+#include <array>
+
+#include <fmt/format.h>
+
+#include "cpsim/sim/cp_method.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+#include "implementations.hpp"
+
+namespace cpsim::sim::impls {
+namespace {
+
+using models::CpMethod;
+
+constexpr std::array kRows = {
+    LedgerRow{"F0", LedgerSite::kHeldThroughBlock, LedgerWhen::kAlways, 2, 4, 0,
+              "caller's q, k, v (bf16) held until attention returns"},
+    LedgerRow{"F1", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0,
+              "all_to_all_4D input copy of q (bf16)"},
+    LedgerRow{"F3+F5", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0,
+              "all_to_all_4D input copies of k and v (bf16)"},
+    LedgerRow{"F9+F14", LedgerSite::kCoreForward, LedgerWhen::kAlways, 6, 0, 0,
+              "kernel block_out (bf16) and its fp32 copy out, beside the final bf16 cast"},
+    LedgerRow{"F27+F28", LedgerSite::kOutExchange, LedgerWhen::kAlways, 4, 0, 0,
+              "output all_to_all_4D input copy and receive buffer (bf16)"},
+    LedgerRow{"B1", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0,
+              "all_to_all_4D input copy of dout (bf16)"},
+    LedgerRow{"B3", LedgerSite::kCoreBackward, LedgerWhen::kAlways, 0, 0, 2,
+              "softmax_lse1: contiguous half of the LSE (fp32)"},
+    LedgerRow{"B3 (held)", LedgerSite::kGradFinish, LedgerWhen::kAlways, 0, 0, 2,
+              "softmax_lse1, still held (fp32)"},
+    LedgerRow{"B11", LedgerSite::kGradFinish, LedgerWhen::kAlways, 4, 0, 0,
+              "dq = dq_buffer.to(float32)"},
+    LedgerRow{"B12", LedgerSite::kGradFinish, LedgerWhen::kAlways, 0, 8, 0,
+              "dk, dv = dk_buffer, dv_buffer .to(float32)"},
+    LedgerRow{"B13", LedgerSite::kGradFinish, LedgerWhen::kAlways, 0, 8, 0,
+              "next_dk, next_dv: fp32 receive buffers of the dK/dV send_recv"},
+    LedgerRow{"B15+B16 (dq)", LedgerSite::kDqExchange, LedgerWhen::kAlways, 4, 0, 0,
+              "dq all_to_all_4D input copy and receive buffer (bf16)"},
+    LedgerRow{"B15+B16 (dk, dv)", LedgerSite::kDkvExchange, LedgerWhen::kAlways, 0, 8, 0,
+              "dk, dv all_to_all_4D input copies and receive buffers (bf16)"},
+};
+
+constexpr std::array<std::string_view, 3> kLimits = {
+    "yunchang-usp: at ring degree > 1 the ring runs cpsim's ring scheme (fp32 accumulators), "
+    "without yunchang's merge temporaries and bf16 gradient buffers (ledger F16-F23, B4-B6)",
+    "yunchang-usp: the copies inside all_to_all_4D are counted in memory, not in time",
+    "yunchang-usp: PyTorch's caching allocator and NCCL's own buffers are outside the ledger",
+};
+
+constexpr std::array kMethods = {CpMethod::kUsp, CpMethod::kUlysses, CpMethod::kRing};
+constexpr std::array<std::string_view, 1> kLaunchers = {"untied-ulysses"};
+
+class YunchangUsp final : public Implementation {
+ public:
+  std::string_view name() const override { return "yunchang-usp"; }
+  std::string_view title() const override {
+    return "yunchang LongContextAttention: Ulysses all-to-all x zigzag ring flash attention";
+  }
+  std::string_view pinned_source() const override {
+    return "feifeibear/long-context-attention@56118e0d8fe377d43441226dd8bdd07135c92c22";
+  }
+  std::span<const CpMethod> methods() const override { return kMethods; }
+  std::span<const std::string_view> launchers() const override { return kLaunchers; }
+  // The UPipe authors' TorchTitan fork (recipe alst) runs Ulysses and USP through yunchang, and
+  // ring through it with FlashAttention kernels.
+  bool default_for(std::string_view recipe, CpMethod m) const override {
+    return recipe == "alst" && runs(m);
+  }
+  // all_to_all_4D splits heads with reshape(bs, s, P, hc // P, hs): no KV-head replication.
+  std::optional<ConfigIssue> check(const ScheduleInputs& in,
+                                   const HeadLayout& layout) const override {
+    if (in.model.kv_heads % layout.ulysses != 0) {
+      return ConfigIssue{
+          Quantity::kModelHeads,
+          fmt::format("yunchang's all_to_all_4D splits the {} KV heads of {} into Ulysses degree "
+                      "{} parts and does not replicate them: the Ulysses degree must divide {}",
+                      in.model.kv_heads, in.model.name, layout.ulysses, in.model.kv_heads)};
+    }
+    return std::nullopt;
+  }
+  std::span<const LedgerRow> ledger() const override { return kRows; }
+  std::span<const std::string_view> limits() const override { return kLimits; }
+};
+
+}  // namespace
+
+const Implementation& yunchang_usp() {
+  static const YunchangUsp kImplementation;
+  return kImplementation;
+}
+
+}  // namespace cpsim::sim::impls

@@ -1,0 +1,211 @@
+// The implementations' ledgers: the documents (docs/implementations/<name>.md) list the rows the
+// code has, the simulated ops carry those bytes at their sites, the worked examples of the
+// documents come out of the simulator byte for byte, and the choice of implementation (asked for,
+// recipe default, refused) follows its rules.
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cpsim/sim/implementation.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+#include "evaluate_step.hpp"
+#include "helpers.hpp"
+
+namespace cpsim::sim {
+namespace {
+
+using models::CpMethod;
+using testing::inputs;
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(' ');
+  const auto e = s.find_last_not_of(' ');
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+/// The cells of the table under the "ledger rows" marker (header and separator skipped).
+std::vector<std::vector<std::string>> document_rows(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  std::vector<std::vector<std::string>> rows;
+  std::string line;
+  bool in_table = false;
+  int skipped = 0;
+  while (std::getline(in, line)) {
+    if (line.find("<!-- ledger rows: parsed by tests/sim/ledger_test.cpp -->") == 0) {
+      in_table = true;
+      continue;
+    }
+    if (!in_table) {
+      continue;
+    }
+    if (line.empty() || line[0] != '|') {
+      break;
+    }
+    if (skipped < 2) {  // header and separator
+      ++skipped;
+      continue;
+    }
+    std::vector<std::string> cells;
+    std::stringstream cells_text(line.substr(1));
+    std::string cell;
+    while (std::getline(cells_text, cell, '|')) {
+      cells.push_back(trim(cell));
+    }
+    rows.push_back(cells);
+  }
+  return rows;
+}
+
+TEST(Ledger, DocumentListsTheRowsOfTheCode) {
+  ASSERT_GE(implementations().size(), 2U);
+  for (const Implementation* impl : implementations()) {
+    const std::string path = std::string(CPSIM_TEST_DATA_DIR) + "/../" + impl->ledger_document();
+    const std::vector<std::vector<std::string>> doc = document_rows(path);
+    ASSERT_EQ(doc.size(), impl->ledger().size()) << path;
+    for (std::size_t i = 0; i < doc.size(); ++i) {
+      const LedgerRow& row = impl->ledger()[i];
+      ASSERT_EQ(doc[i].size(), 5U) << path << " row " << i;
+      EXPECT_EQ(doc[i][0], row.id) << path;
+      EXPECT_EQ(doc[i][1], to_string(row.site)) << path << " " << row.id;
+      EXPECT_EQ(doc[i][2], to_string(row.when)) << path << " " << row.id;
+      EXPECT_EQ(doc[i][3], row_formula(row)) << path << " " << row.id;
+      EXPECT_EQ(doc[i][4], row.tensor) << path << " " << row.id;
+    }
+  }
+}
+
+TEST(Ledger, RowBytesByHand) {
+  // llama3-8b, 8 GPUs, 64K: s = 8192, H = 32, Hkv = 8, d = 128.
+  ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 64 * 1024);
+  const LedgerUnits u = ledger_units(in, derive_head_layout(in));
+  EXPECT_EQ(u.shd, 8192 * 32 * 128);
+  EXPECT_EQ(u.shkd, 8192 * 8 * 128);
+  EXPECT_EQ(u.sh, 8192 * 32);
+  EXPECT_EQ(u.kv_heads_per_rank, 1);
+  const LedgerRow row{"x", LedgerSite::kGradFinish, LedgerWhen::kAlways, 4, 16, 2, "t"};
+  EXPECT_EQ(row_bytes(row, u), 4 * 33554432LL + 16 * 8388608LL + 2 * 262144LL);
+  EXPECT_EQ(row_formula(row), "4·sHd + 16·sHkv·d + 2·sH");
+}
+
+/// Workspace of rank 0's first op named `name` in `phase` of block 5.
+std::int64_t workspace_of(const Workload& w, const std::string& name, Phase phase) {
+  for (const Op& op : w.ops) {
+    if (op.rank == 0 && op.layer == 5 && op.phase == phase &&
+        w.names[static_cast<std::size_t>(op.name)] == name) {
+      return op.workspace_bytes;
+    }
+  }
+  return -1;
+}
+
+// The ops of one block carry, beyond the method's scheme, the sum of the rows at their site.
+TEST(Ledger, OpsCarryTheRowsAtTheirSites) {
+  const std::map<std::string, std::pair<LedgerSite, Phase>> sites = {
+      {"a2a_q", {LedgerSite::kQExchange, Phase::kRecompute}},
+      {"a2a_kv", {LedgerSite::kKvExchange, Phase::kRecompute}},
+      {"attn_fwd", {LedgerSite::kCoreForward, Phase::kRecompute}},
+      {"a2a_out", {LedgerSite::kOutExchange, Phase::kRecompute}},
+      {"a2a_dout", {LedgerSite::kDoutExchange, Phase::kBackward}},
+      {"attn_bwd", {LedgerSite::kCoreBackward, Phase::kBackward}},
+      {"a2a_dq", {LedgerSite::kDqExchange, Phase::kBackward}},
+      {"a2a_dkv", {LedgerSite::kDkvExchange, Phase::kBackward}},
+  };
+  for (const Implementation* impl : implementations()) {
+    ScheduleInputs none = inputs(CpMethod::kUlysses, "qwen3-4b", 4, 64 * 1024);
+    none.recipe.cp_comm_bytes = none.recipe.activation_bytes;
+    ScheduleInputs with = none;
+    with.parallel.implementation = std::string(impl->name());
+    const HeadLayout layout = derive_head_layout(with);
+    ASSERT_EQ(layout.implementation, impl);
+    const LedgerUnits units = ledger_units(with, layout);
+    ASSERT_EQ(units.kv_heads_per_rank, 2);  // qwen3-4b: 8 KV heads over 4 ranks
+    const Workload w_none = build_step(none);
+    const Workload w_with = build_step(with);
+    for (const auto& [name, where] : sites) {
+      const std::int64_t base = workspace_of(w_none, name, where.second);
+      const std::int64_t got = workspace_of(w_with, name, where.second);
+      ASSERT_GE(base, 0) << name;
+      ASSERT_GE(got, 0) << name;
+      EXPECT_EQ(got - base, impl->site_bytes(where.first, units)) << impl->name() << " " << name;
+    }
+    const std::int64_t finish = impl->site_bytes(LedgerSite::kGradFinish, units);
+    const std::int64_t finish_op = workspace_of(w_with, "grad_finish", Phase::kBackward);
+    EXPECT_EQ(finish_op, finish > 0 ? finish : -1) << impl->name();
+  }
+}
+
+/// Peak of the attention category for the documents' worked example.
+std::int64_t attention_peak_of_example(const std::string& impl) {
+  ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 256 * 1024);
+  in.parallel.implementation = impl;
+  in.recipe.attention_kernel = "fa2";
+  in.recipe.checkpoint_offload = false;
+  in.recipe.tiled_mlp = false;
+  const test::Evaluation e = test::evaluate(in);
+  return e.report.category_peak[static_cast<std::size_t>(MemCategory::kAttention)];
+}
+
+// docs/implementations/*.md, "Worked example": the backward peaks derived by hand from the
+// upstream ledgers (yunchang: 14·sHd + 28·sHkv·d + 6·sH bytes; DeepSpeed: the FlashAttention-2
+// kernel call, 2·(6Q + 4Kg) + dq_accum + LSE + softmax_d).
+TEST(Ledger, WorkedExamplesOfTheDocuments) {
+  EXPECT_EQ(attention_peak_of_example("yunchang-usp"), 2824863744LL);
+  EXPECT_EQ(attention_peak_of_example("deepspeed-ulysses"), 2424307712LL);
+  EXPECT_EQ(attention_peak_of_example("none"), 2424307712LL);
+}
+
+TEST(Implementation, RecipeDefaults) {
+  ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 64 * 1024);
+  in.parallel.implementation.clear();
+  EXPECT_EQ(derive_head_layout(in).implementation, find_implementation("yunchang-usp"));
+  in.recipe = models::load_recipe("alst-deepspeed", testing::data());
+  EXPECT_EQ(derive_head_layout(in).implementation, find_implementation("deepspeed-ulysses"));
+  in.parallel.method = CpMethod::kFpdt;
+  in.recipe = models::load_recipe("deepspeed-fpdt", testing::data());
+  EXPECT_EQ(derive_head_layout(in).implementation, nullptr);
+  in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 64 * 1024);
+  in.parallel.implementation = "none";
+  EXPECT_EQ(derive_head_layout(in).implementation, nullptr);
+}
+
+TEST(Implementation, Refusals) {
+  ScheduleInputs in = inputs(CpMethod::kFpdt, "llama3-8b", 8, 64 * 1024);
+  in.parallel.implementation = "yunchang-usp";
+  try {
+    (void)derive_head_layout(in);
+    FAIL() << "yunchang-usp ran fpdt";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.quantity(), Quantity::kImplementation);
+    EXPECT_EQ(std::string(e.what()),
+              "yunchang-usp does not run --method fpdt (it runs usp, ulysses, ring)");
+  }
+  in.parallel.implementation = "megatron";
+  try {
+    (void)derive_head_layout(in);
+    FAIL() << "unknown implementation accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.quantity(), Quantity::kImplementation);
+  }
+  // yunchang does not replicate KV heads: Ulysses 16 over 8 KV heads is refused, also as the
+  // recipe's default (with the way out).
+  in = inputs(CpMethod::kUlysses, "llama3-8b", 16, 64 * 1024);
+  in.parallel.implementation.clear();
+  try {
+    (void)derive_head_layout(in);
+    FAIL() << "yunchang ran Ulysses 16 with 8 KV heads";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.quantity(), Quantity::kModelHeads);
+    EXPECT_NE(std::string(e.what()).find("--impl none"), std::string::npos) << e.what();
+  }
+  in.parallel.implementation = "none";
+  EXPECT_EQ(derive_head_layout(in).kv_heads_eff, 16);  // the scheme replicates
+}
+
+}  // namespace
+}  // namespace cpsim::sim
