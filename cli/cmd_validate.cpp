@@ -65,6 +65,8 @@ SimulateArgs simulate_args(const planner::ValidationSetup& s) {
   set(a.norm_kernel, s.norm_kernel);
   set(a.mlp_kernel, s.mlp_kernel);
   set(a.int32_indexing, s.int32_indexing);
+  a.impl = s.impl;
+  a.method_given = true;
   return a;
 }
 
@@ -180,6 +182,9 @@ int run_validate(const ValidateArgs& a) {
         j["tolerance"] = o.c.tolerance;
         j["bound"] = o.c.bound;
         j["note"] = o.note;
+        if (!o.passed) {
+          j["open_gap"] = o.c.open_gap;
+        }
       }
       list.push_back(j);
     }
@@ -206,6 +211,13 @@ int run_validate(const ValidateArgs& a) {
     }
     std::cout << format_table({"case", "published", "predicted", "error", "tolerance", "result"},
                               rows, {false, true, true, true, true, false});
+    std::cout << "\nfailing:\n";
+    for (const Outcome& o : outcomes) {
+      if (!o.skipped && !o.passed) {
+        std::cout << fmt::format("  {}: {}\n", o.c.id,
+                                 o.c.open_gap.empty() ? "no known cause" : o.c.open_gap);
+      }
+    }
     std::cout << "\nskipped:\n";
     for (const Outcome& o : outcomes) {
       if (o.skipped)

@@ -110,6 +110,8 @@ ValidationSetup parse_setup(const Json& s, const std::string& origin) {
       a.mlp_kernel = text();
     else if (key == "int32-indexing")
       a.int32_indexing = text();
+    else if (key == "impl")
+      a.impl = text();
     else
       throw InputError(field, "unknown setup key (use the flags of `cpsim simulate`)");
   }
@@ -159,6 +161,10 @@ ValidationCase parse_validation_case(const std::string& json_text, const std::st
       c.bound = j.at("bound").get<std::string>();
     if (j.contains("setup_note"))
       c.setup_note = j.at("setup_note").get<std::string>();
+    if (j.contains("bound_quote"))
+      c.bound_quote = j.at("bound_quote").get<std::string>();
+    if (j.contains("open_gap"))
+      c.open_gap = j.at("open_gap").get<std::string>();
   } catch (const Json::exception& e) {
     throw InputError(origin, fmt::format("wrong type: {}", e.what()));
   }
@@ -175,7 +181,16 @@ ValidationCase parse_validation_case(const std::string& json_text, const std::st
   if (c.bound == "lower" && c.quantity != "max_seq_len") {
     throw InputError(origin + ":bound", "a lower bound applies to max_seq_len cases only");
   }
+  if (c.bound == "lower" && c.bound_quote.empty()) {
+    throw InputError(origin + ":bound_quote",
+                     "a lower bound needs the source's own words that the run was not at the "
+                     "limit");
+  }
   c.setup = parse_setup(need("setup"), origin);
+  if (c.setup.impl.empty()) {
+    throw InputError(origin + ":setup.impl",
+                     "name the implementation the run used (`cpsim implementations`), or none");
+  }
   return c;
 }
 

@@ -31,7 +31,7 @@ Json good_case() {
     "tolerance": {"relative": 0.2, "why": "one recipe step"},
     "setup": {"model": "llama3-8b", "gpus": 8, "gpus-per-node": 4, "recipe": "alst",
               "seq": 131072, "fused-loss": true, "heads-per-stage": 16, "zero": 3,
-              "ring-layout": "zigzag"},
+              "ring-layout": "zigzag", "impl": "deepspeed-ulysses"},
     "source": "REFERENCES.md [ALST]",
     "granularity": "100000"
   })");
@@ -98,6 +98,9 @@ TEST(ValidationCase, OptionalFieldsDefault) {
 TEST(ValidationCase, BoundSetupNoteAndKernelKeys) {
   Json j = good_case();
   j["bound"] = "lower";
+  EXPECT_EQ(error_field(j), "case.json:bound_quote");  // one-sided only with the source's words
+  j["bound_quote"] = "we stopped at 3.7M, well below the limit";
+  j["open_gap"] = "not yet";
   j["setup_note"] = "offloads parameters";
   j["setup"]["param-offload"] = "on";
   j["setup"]["norm-kernel"] = "eager";
@@ -105,12 +108,18 @@ TEST(ValidationCase, BoundSetupNoteAndKernelKeys) {
   j["setup"]["int32-indexing"] = false;
   const ValidationCase c = parse_validation_case(j.dump(), "case.json");
   EXPECT_EQ(c.bound, "lower");
+  EXPECT_EQ(c.bound_quote, "we stopped at 3.7M, well below the limit");
+  EXPECT_EQ(c.open_gap, "not yet");
+  EXPECT_EQ(c.setup.impl, "deepspeed-ulysses");
   EXPECT_EQ(c.setup_note, "offloads parameters");
   EXPECT_EQ(c.setup.param_offload, "on");
   EXPECT_EQ(c.setup.norm_kernel, "eager");
   EXPECT_EQ(c.setup.mlp_kernel, "fused");
   EXPECT_EQ(c.setup.int32_indexing, "false");
   EXPECT_EQ(parse_validation_case(good_case().dump(), "case.json").bound, "two-sided");
+  Json no_impl = good_case();
+  no_impl["setup"].erase("impl");
+  EXPECT_EQ(error_field(no_impl), "case.json:setup.impl");
 }
 
 TEST(ValidationCase, EveryPublicCaseLoads) {

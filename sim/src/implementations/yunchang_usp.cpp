@@ -23,7 +23,7 @@
 // tensors of the block at once) and its bf16 gradient buffers; the time of the copies inside the
 // all-to-alls; the caching allocator's and NCCL's own buffers.
 //
-// Sources (REFERENCES.md [yunchang], [FlashAttention]):
+// Sources (REFERENCES.md [yunchang], [FA-code], [USP]):
 //   github.com/feifeibear/long-context-attention @ 56118e0d8fe377d43441226dd8bdd07135c92c22
 //   (2026-05-21): yunchang/comm/all_to_all.py (all_to_all_4D), yunchang/hybrid/attn_layer.py,
 //   yunchang/ring/zigzag_ring_flash_attn.py, yunchang/ring/utils.py;

@@ -33,6 +33,8 @@ struct ValidationSetup {
   std::optional<std::string> norm_kernel;
   std::optional<std::string> mlp_kernel;
   std::optional<std::string> int32_indexing;
+  /// The implementation the run used (`--impl`; "none": not one cpsim models). Required.
+  std::string impl;
   std::optional<int> gpus;
   std::optional<int> gpus_per_node;
   std::optional<int> heads_per_stage;
@@ -55,6 +57,11 @@ struct ValidationCase {
   /// is a length that ran, a lower bound on the maximum: predicted ≥ published · (1 − tolerance).
   std::string bound = "two-sided";
   std::string setup_note;  ///< why the set-up is what it is, when the source leaves it implicit
+  /// A lower bound's justification: the source's own words that the run was not at the limit
+  /// (required with bound "lower").
+  std::string bound_quote;
+  /// Why cpsim does not meet the case yet (printed when it fails); empty: no known gap.
+  std::string open_gap;
   double published = 0.0;
   double tolerance = 0.0;  ///< relative, in (0, 1]
   int row = 0;             ///< row of the validation table in the reference, 0 when none
