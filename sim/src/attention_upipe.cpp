@@ -55,15 +55,15 @@ void StepBuilder::upipe_forward(SavedLayer& sv, TensorSet params) {
               {sv.xn, params}, {kvp});
       TensorSet kvr = b_.tensor(names(2, 's', st), kv_bytes, MemCategory::kAttention);
       compute(stage_name(3), OpKind::kElementwise, mem(kv_bytes), {kvp}, {kvr});
-      kv_h = exchange(stage_name(4), kvr, kv_bytes, MemCategory::kAttention);
+      kv_h = exchange(stage_name(4), kvr, kv_bytes, LedgerSite::kKvExchange);
     }
     TensorSet q = b_.tensor(names(5, 's', st), q_bytes, MemCategory::kAttention);
     compute(stage_name(6), OpKind::kGemm, gemm(s_, u * d, h), {sv.xn, params}, {q});
     TensorSet qr = b_.tensor(names(7, 's', st), q_bytes, MemCategory::kAttention);
     compute(stage_name(8), OpKind::kElementwise, mem(2 * q_bytes), {q}, {qr});
-    TensorSet q_h = exchange(stage_name(9), qr, q_bytes, MemCategory::kAttention);
+    TensorSet q_h = exchange(stage_name(9), qr, q_bytes, LedgerSite::kQExchange);
     const CoreForward core = core_forward(tag, q_h, kv_h, q_local, kv_local);
-    TensorSet o_s = exchange(stage_name(10), core.o_h, q_bytes, MemCategory::kAttention);
+    TensorSet o_s = exchange(stage_name(10), core.o_h, q_bytes, LedgerSite::kOutExchange);
     fills.push_back(
         compute(stage_name(11), OpKind::kElementwise, mem(2 * q_bytes), {o_s}, {}, {alloc}));
     sv.lses.push_back(core.lse);
@@ -104,13 +104,13 @@ InputGrad StepBuilder::upipe_backward(const SavedLayer& sv,
               {sv.xn, params}, {kvp});
       TensorSet kvr = b_.tensor(names(2, 's', st), kv_bytes, MemCategory::kAttention);
       compute(stage_name(3), OpKind::kElementwise, mem(kv_bytes), {kvp}, {kvr});
-      kv_h = exchange(stage_name(4), kvr, kv_bytes, MemCategory::kAttention);
+      kv_h = exchange(stage_name(4), kvr, kv_bytes, LedgerSite::kKvExchange);
     }
     TensorSet q = b_.tensor(names(5, 's', st), q_bytes, MemCategory::kAttention);
     compute(stage_name(6), OpKind::kGemm, gemm(s_, u * d, h), {sv.xn, params}, {q});
     TensorSet qr = b_.tensor(names(7, 's', st), q_bytes, MemCategory::kAttention);
     compute(stage_name(8), OpKind::kElementwise, mem(2 * q_bytes), {q}, {qr});
-    TensorSet q_h = exchange(stage_name(9), qr, q_bytes, MemCategory::kAttention);
+    TensorSet q_h = exchange(stage_name(9), qr, q_bytes, LedgerSite::kQExchange);
     // The stage's slice of final_out and of dOut, to head-sharded layout.
     TensorSet o_slice = b_.tensor(names(10, 's', st), q_bytes, MemCategory::kAttention);
     compute(stage_name(11), OpKind::kElementwise, mem(2 * q_bytes), {sv.final_out}, {o_slice});
@@ -131,14 +131,14 @@ InputGrad StepBuilder::upipe_backward(const SavedLayer& sv,
           compute(stage_name(16), OpKind::kElementwise, mem(3 * nr_ * 2 * kv_local * d * ab_),
                   {g.dkv_h, dkv_acc}, {}, {dkv_ready});
     }
-    TensorSet dq = exchange(stage_name(17), dq_h, q_bytes, MemCategory::kAttention);
+    TensorSet dq = exchange(stage_name(17), dq_h, q_bytes, LedgerSite::kDqExchange);
     TensorSet dqr = b_.tensor(names(18, 's', st), q_bytes, MemCategory::kAttention);
     compute(stage_name(19), OpKind::kElementwise, mem(2 * q_bytes), {dq}, {dqr});
     dx_writes.push_back(compute(stage_name(20), OpKind::kGemm, times(gemm(s_, u * d, h), 2.0),
                                 {dqr, sv.xn, params, grads}, {}, {dx_writes.back()}));
     if (fetch_end) {
       TensorSet dkv =
-          exchange(stage_name(21), dkv_acc, kv_bytes, MemCategory::kAttention, {dkv_ready});
+          exchange(stage_name(21), dkv_acc, kv_bytes, LedgerSite::kDkvExchange, {}, {dkv_ready});
       TensorSet dkvr = b_.tensor(names(22, 's', st), kv_bytes, MemCategory::kAttention);
       compute(stage_name(23), OpKind::kElementwise, mem(kv_bytes), {dkv}, {dkvr});
       dx_writes.push_back(compute(stage_name(24), OpKind::kGemm,

@@ -117,8 +117,12 @@ TensorSet StepBuilder::exchange(
   return out;
 }
 
-TensorSet StepBuilder::exchange(
-    Name name, TensorSet in, std::int64_t bytes, LedgerSite site, ListRef<TensorSet> held) {
+TensorSet StepBuilder::exchange(Name name,
+                                TensorSet in,
+                                std::int64_t bytes,
+                                LedgerSite site,
+                                ListRef<TensorSet> held,
+                                ListRef<OpSet> deps) {
   const std::int64_t extra = ledger_bytes(site);
   if (u_ == 1 && extra == 0 && held.size() == 0) {
     return in;
@@ -131,13 +135,14 @@ TensorSet StepBuilder::exchange(
     std::vector<TensorSet> inputs(held.begin(), held.end());
     inputs.push_back(in);
     compute(Name::interned(id), OpKind::kElementwise, mem(extra > 0 ? 2 * bytes : 0), inputs, {out},
-            {}, extra, MemCategory::kAttention);
+            deps, extra, MemCategory::kAttention);
     return out;
   }
   OpSpec& s = next_spec(Name::interned(id), Stream::kComm, OpKind::kElementwise);
   s.inputs.assign(held.begin(), held.end());
   s.inputs.push_back(in);
   s.outputs.push_back(out);
+  s.deps.assign(deps.begin(), deps.end());
   const std::int64_t wire_bytes = bytes / ab_ * r_.cp_comm_bytes;
   s.workspace_bytes = extra;
   if (r_.cp_comm_bytes != ab_) {

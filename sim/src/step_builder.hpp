@@ -114,8 +114,12 @@ class StepBuilder {
   /// The same at one of the implementation's ledger sites: its bytes there are the op's
   /// workspace (the wrapper's copies); at Ulysses degree 1 a wrapper that still copies makes it a
   /// local copy op. `held` are read by the op too (kept alive until it ends).
-  TensorSet exchange(
-      Name name, TensorSet in, std::int64_t bytes, LedgerSite site, ListRef<TensorSet> held = {});
+  TensorSet exchange(Name name,
+                     TensorSet in,
+                     std::int64_t bytes,
+                     LedgerSite site,
+                     ListRef<TensorSet> held = {},
+                     ListRef<OpSet> deps = {});
   /// Bytes of the implementation's ledger rows at `site` (0 without an implementation).
   std::int64_t ledger_bytes(LedgerSite site) const {
     return ledger_bytes_[static_cast<std::size_t>(site)];

@@ -248,9 +248,9 @@ TEST_F(CliTest, UpipeAttentionMemoryBelowUlysses) {
 TEST_F(CliTest, UpipeWithAllHeadsInOneStageMatchesUlyssesAttentionMemory) {
   // U = 32 = the head count of llama3-8b: one stage, i.e. plain Ulysses (the method's scheme:
   // yunchang, the recipe's default implementation of Ulysses, allocates more).
-  const std::int64_t upipe =
-      attention_peak(run_json({"simulate", "--model", "llama3-8b", "--gpus", "8", "--seq", "3M",
-                               "--method", "upipe", "--heads-per-stage", "32", "--json"}));
+  const std::int64_t upipe = attention_peak(
+      run_json({"simulate", "--model", "llama3-8b", "--gpus", "8", "--seq", "3M", "--method",
+                "upipe", "--heads-per-stage", "32", "--impl", "none", "--json"}));
   const std::int64_t ulysses =
       attention_peak(run_json({"simulate", "--model", "llama3-8b", "--gpus", "8", "--seq", "3M",
                                "--method", "ulysses", "--impl", "none", "--json"}));

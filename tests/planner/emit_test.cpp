@@ -483,6 +483,16 @@ TEST_F(EmitTest, UntiedUlyssesStageSizeIsTheUlyssesDegree) {
   in.parallel.heads_per_stage = 8;  // == Ulysses degree: fine
   EXPECT_NO_THROW((void)emit_launcher_config(LauncherFormat::kUntiedUlysses, in));
   in.parallel.heads_per_stage = 16;
+  // The fork's UPipe op (the recipe's default implementation) refuses it first ...
+  try {
+    (void)emit_launcher_config(LauncherFormat::kUntiedUlysses, in);
+    FAIL() << "accepted U = 16 with Ulysses degree 8";
+  } catch (const sim::ConfigError& e) {
+    EXPECT_EQ(e.quantity(), sim::Quantity::kHeadsPerStage);
+    EXPECT_THAT(e.what(), HasSubstr("Ulysses degree 8"));
+  }
+  // ... and the launcher's emitter when the method's scheme alone is simulated.
+  in.parallel.implementation = "none";
   try {
     (void)emit_launcher_config(LauncherFormat::kUntiedUlysses, in);
     FAIL() << "accepted U = 16 with Ulysses degree 8";

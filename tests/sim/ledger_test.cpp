@@ -93,11 +93,13 @@ TEST(Ledger, RowBytesByHand) {
   EXPECT_EQ(row_formula(row), "4·sHd + 16·sHkv·d + 2·sH");
 }
 
-/// Workspace of rank 0's first op named `name` in `phase` of block 5.
+/// Workspace of rank 0's first op named `name` (or `name[s<stage>]`, UPipe's stages) in `phase`
+/// of block 5.
 std::int64_t workspace_of(const Workload& w, const std::string& name, Phase phase) {
   for (const Op& op : w.ops) {
+    const std::string& n = w.names[static_cast<std::size_t>(op.name)];
     if (op.rank == 0 && op.layer == 5 && op.phase == phase &&
-        w.names[static_cast<std::size_t>(op.name)] == name) {
+        (n == name || n.rfind(name + "[s", 0) == 0)) {
       return op.workspace_bytes;
     }
   }
@@ -117,14 +119,18 @@ TEST(Ledger, OpsCarryTheRowsAtTheirSites) {
       {"a2a_dkv", {LedgerSite::kDkvExchange, Phase::kBackward}},
   };
   for (const Implementation* impl : implementations()) {
-    ScheduleInputs none = inputs(CpMethod::kUlysses, "qwen3-4b", 4, 64 * 1024);
+    // Ulysses where it runs it (the Ulysses scheme), else its first method (UPipe: U = u).
+    const CpMethod method =
+        impl->runs(CpMethod::kUlysses) ? CpMethod::kUlysses : impl->methods().front();
+    ScheduleInputs none = inputs(method, "qwen3-4b", 4, 64 * 1024);
     none.recipe.cp_comm_bytes = none.recipe.activation_bytes;
     ScheduleInputs with = none;
     with.parallel.implementation = std::string(impl->name());
     const HeadLayout layout = derive_head_layout(with);
     ASSERT_EQ(layout.implementation, impl);
     const LedgerUnits units = ledger_units(with, layout);
-    ASSERT_EQ(units.kv_heads_per_rank, 2);  // qwen3-4b: 8 KV heads over 4 ranks
+    // qwen3-4b: 8 KV heads over 4 ranks (UPipe: one fetch of U = 4 KV heads, one per rank)
+    ASSERT_EQ(units.kv_heads_per_rank, method == CpMethod::kUlysses ? 2 : 1);
     const Workload w_none = build_step(none);
     const Workload w_with = build_step(with);
     for (const auto& [name, where] : sites) {

@@ -8,5 +8,6 @@ namespace cpsim::sim::impls {
 
 const Implementation& yunchang_usp();
 const Implementation& deepspeed_ulysses();
+const Implementation& untied_ulysses_upipe();
 
 }  // namespace cpsim::sim::impls

@@ -48,14 +48,16 @@ const char* to_string(LedgerWhen w) {
 }
 
 LedgerUnits ledger_units(const ScheduleInputs& in, const HeadLayout& layout) {
+  // One stage's heads: all of them outside UPipe (heads_per_stage = H, kv_heads_per_fetch =
+  // the KV heads after replication).
   const std::int64_t s = in.parallel.seq_len / layout.cp;
   const std::int64_t d = in.model.head_dim;
   LedgerUnits u;
-  u.shd = s * layout.heads * d;
-  u.shkd = s * layout.kv_heads_eff * d;
-  u.sh = s * layout.heads;
+  u.shd = s * layout.heads_per_stage * d;
+  u.shkd = s * layout.kv_heads_per_fetch * d;
+  u.sh = s * layout.heads_per_stage;
   u.ulysses = layout.ulysses;
-  u.kv_heads_per_rank = layout.kv_heads_eff / layout.ulysses;
+  u.kv_heads_per_rank = layout.kv_heads_per_fetch / layout.ulysses;
   return u;
 }
 
@@ -100,8 +102,8 @@ std::int64_t Implementation::site_bytes(LedgerSite site, const LedgerUnits& unit
 }
 
 std::span<const Implementation* const> implementations() {
-  static const std::array<const Implementation*, 2> kAll = {&impls::yunchang_usp(),
-                                                            &impls::deepspeed_ulysses()};
+  static const std::array<const Implementation*, 3> kAll = {
+      &impls::yunchang_usp(), &impls::deepspeed_ulysses(), &impls::untied_ulysses_upipe()};
   return kAll;
 }
 

@@ -51,9 +51,10 @@ const char* to_string(LedgerWhen w);
 
 /// One allocation beyond the method's scheme, in bytes per element count of the rank's tensors:
 ///   bytes = shd·(s·H·d) + shkd·(s·Hkv·d) + sh·(s·H)
-/// with s = N/C the rank's tokens before the all-to-all, H and Hkv the model's query and KV heads
-/// (after any replication), d the head dimension. (After the all-to-all a rank holds N/r tokens of
-/// H/u heads: the same element count.) Example: a bf16 copy of Q is shd = 2; an fp32 copy, 4.
+/// with s = N/C the rank's tokens before the all-to-all, H and Hkv the query and KV heads of one
+/// stage (all of the model's heads, KV heads after any replication; UPipe: the U heads of a stage
+/// and the KV heads of one fetch), d the head dimension. (After the all-to-all a rank holds N/r
+/// tokens of H/u heads: the same element count.) Example: a bf16 copy of Q is shd = 2.
 struct LedgerRow {
   std::string_view id;  ///< the ledger document's row id ("F1")
   LedgerSite site = LedgerSite::kCoreForward;
