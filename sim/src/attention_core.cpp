@@ -256,8 +256,10 @@ CoreForward StepBuilder::ring_forward(
     } else {
       step.inputs.push_back(acc);
     }
-    // The block's own output and LSE before they are merged.
-    step.workspace_bytes = nr_ * hq * d * ab_ + hq * nr_ * kFp32Bytes;
+    // The block's own output and LSE before they are merged, and what the implementation's merge
+    // and send add.
+    step.workspace_bytes =
+        nr_ * hq * d * ab_ + hq * nr_ * kFp32Bytes + ledger_bytes(LedgerSite::kRingForwardStep);
     step.workspace_category = MemCategory::kAttention;
     previous = b_.op(step);
     cur = next;
@@ -324,7 +326,8 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
       step.inputs.push_back(dkv);
     }
     // FlashAttention's fp32 dQ accumulator and row sums, and the block's dQ, dK, dV.
-    step.workspace_bytes = flash_bwd_workspace(nr_, nr_, hq, hkv) + nr_ * (hq + 2 * hkv) * d * ab_;
+    step.workspace_bytes = flash_bwd_workspace(nr_, nr_, hq, hkv) + nr_ * (hq + 2 * hkv) * d * ab_ +
+                           ledger_bytes(LedgerSite::kRingBackwardStep);
     step.workspace_category = MemCategory::kAttention;
     const OpSet computed = b_.op(step);
     // The dK/dV accumulator travels with its K/V block: one hop after every step brings it home.

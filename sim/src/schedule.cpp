@@ -164,6 +164,7 @@ std::optional<ConfigIssue> choose_implementation(const ScheduleInputs& in, HeadL
   if (chosen == nullptr) {
     return std::nullopt;
   }
+  chosen->shape(in, L);
   if (std::optional<ConfigIssue> refused = chosen->check(in, L)) {
     if (asked.empty()) {
       refused->message += fmt::format(

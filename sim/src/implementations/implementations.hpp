@@ -9,5 +9,6 @@ namespace cpsim::sim::impls {
 const Implementation& yunchang_usp();
 const Implementation& deepspeed_ulysses();
 const Implementation& untied_ulysses_upipe();
+const Implementation& torch_native_cp();
 
 }  // namespace cpsim::sim::impls

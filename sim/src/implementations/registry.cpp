@@ -31,6 +31,10 @@ const char* to_string(LedgerSite s) {
       return "dq_exchange";
     case LedgerSite::kDkvExchange:
       return "dkv_exchange";
+    case LedgerSite::kRingForwardStep:
+      return "ring_forward_step";
+    case LedgerSite::kRingBackwardStep:
+      return "ring_backward_step";
   }
   return "?";
 }
@@ -102,8 +106,9 @@ std::int64_t Implementation::site_bytes(LedgerSite site, const LedgerUnits& unit
 }
 
 std::span<const Implementation* const> implementations() {
-  static const std::array<const Implementation*, 3> kAll = {
-      &impls::yunchang_usp(), &impls::deepspeed_ulysses(), &impls::untied_ulysses_upipe()};
+  static const std::array<const Implementation*, 4> kAll = {
+      &impls::yunchang_usp(), &impls::deepspeed_ulysses(), &impls::untied_ulysses_upipe(),
+      &impls::torch_native_cp()};
   return kAll;
 }
 

@@ -37,8 +37,13 @@ enum class LedgerSite : std::uint8_t {
   kGradFinish,
   kDqExchange,   ///< backward: all-to-all of dQ
   kDkvExchange,  ///< backward: all-to-all of dK and dV
+  /// Each forward step of the ring part (ring degree > 1): the block's kernel call and the merge
+  /// of its output into the accumulators, while the next K/V block is in flight.
+  kRingForwardStep,
+  /// Each backward step of the ring part: the block's kernel call and the dK/dV hop.
+  kRingBackwardStep,
 };
-inline constexpr int kLedgerSiteCount = 10;
+inline constexpr int kLedgerSiteCount = 12;
 const char* to_string(LedgerSite s);
 
 /// When a ledger row applies.
@@ -100,6 +105,9 @@ class Implementation {
   /// The launchers (as `--emit` spells them) that run it.
   virtual std::span<const std::string_view> launchers() const = 0;
   bool runs_on(std::string_view launcher) const;
+  /// What its code changes in the head layout before anything is sized (e.g. K/V repeated to the
+  /// query heads before attention); the default changes nothing.
+  virtual void shape(const ScheduleInputs& /*in*/, HeadLayout& /*layout*/) const {}
   /// Constraints of its code beyond the method's (head divisibility, ...).
   virtual std::optional<ConfigIssue> check(const ScheduleInputs& in,
                                            const HeadLayout& layout) const = 0;

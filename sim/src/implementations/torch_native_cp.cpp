@@ -1,0 +1,106 @@
+// PyTorch's native context parallelism (torch.distributed.tensor.experimental.context_parallel)
+// as TorchTitan v0.2.0/v0.2.1 runs it with the ring rotation ("alltoall": K/V blocks passed peer
+// to peer), over SDPA (cuDNN, else flash), and the UPipe authors' fork runs it as
+// `torch_ring_alltoall`.
+//
+// Derivation (ledger: docs/implementations/torch-native-cp.md, rows by id). TorchTitan's attention
+// calls repeat_kv before SDPA: K and V are materialised at the query heads, so the ring passes,
+// saves and differentiates blocks of H heads (shape(): the KV heads of the layout become H). On top
+// of cpsim's ring scheme (attention_core.cpp: an fp32 output/LSE accumulator, the current and the
+// next K/V block, the block's output in the step; backward: an fp32 dQ accumulator, an fp32 dK/dV
+// accumulator with the one in flight, one block's bf16 dQ/dK/dV and the kernel's workspace), the
+// code holds per step, in element counts of one rank (s·H·d, s·Hkv·d with Hkv = H after the
+// repeat):
+//   forward  the send buffer cat(k, v) beside the two received blocks (three pairs live); the
+//            merger (_SDPAMerger) upcasts the block output to fp32 and computes the new output
+//            through two fp32 temporaries of the output's size; the previous step's LSE;
+//   backward a third K/V pair; the previous step's bf16 dQ/dK/dV still held while the next kernel
+//            runs; the dK/dV rotation in fp32 with a cat() send buffer and partial-update cats
+//            beside the two accumulators cpsim has; the contiguous half of the LSE.
+// Not modelled (limits()): the all-gather rotation (TorchTitan's default rotate method), whose
+// gathered K/V, per-step merge and fp32 dK/dV all-to-all differ from cpsim's all-gather scheme;
+// TorchTitan v0.2.2 (no repeat_kv, enable_gqa); the cuDNN kernel's workspace, which its run-time
+// heuristics choose; the merge's time.
+//
+// Sources (REFERENCES.md [TorchTitan], [torch-cp]): pytorch/pytorch
+// torch/distributed/tensor/experimental/_context_parallel/_attention.py @
+// 09b101c59aae511b84dfe4bac39b50cc50f7accf (_templated_ring_attention and its backward,
+// _SDPAMerger, the rotaters); pytorch/torchtitan v0.2.0 (29624e37fa6dd319fd671b009338651b5c665da2),
+// torchtitan/models/llama3/model/model.py (repeat_kv before SDPA),
+// torchtitan/models/attention.py (SDPA backend priority: cuDNN, flash, efficient).
+#include <array>
+
+#include "cpsim/sim/cp_method.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+#include "implementations.hpp"
+
+namespace cpsim::sim::impls {
+namespace {
+
+using models::CpMethod;
+
+constexpr std::array kRows = {
+    LedgerRow{"F4+F7", LedgerSite::kRingForwardStep, LedgerWhen::kAlways, 0, 4, 0,
+              "send buffer cat(k, v) beside the two received blocks (bf16)"},
+    LedgerRow{"F11+F13", LedgerSite::kRingForwardStep, LedgerWhen::kAlways, 12, 0, 0,
+              "merger: block output upcast to fp32 and two fp32 temporaries"},
+    LedgerRow{"F9", LedgerSite::kRingForwardStep, LedgerWhen::kAlways, 0, 0, 4,
+              "the previous step's LSE (fp32)"},
+    LedgerRow{"B6", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 0, 4, 0,
+              "third K/V pair of the rotation (bf16)"},
+    LedgerRow{"B8", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 2, 4, 0,
+              "the previous step's dQ, dK, dV (bf16), held while the next kernel runs"},
+    LedgerRow{"B14+B15", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 0, 16, 0,
+              "dK/dV rotation in fp32: cat() send buffer and partial-update cats"},
+    LedgerRow{"B7", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 0, 0, 2,
+              "contiguous half of the LSE (fp32)"},
+};
+
+constexpr std::array<std::string_view, 3> kLimits = {
+    "torch-native-cp: models the ring rotation (alltoall) of TorchTitan v0.2.0/v0.2.1 with "
+    "repeat_kv; the all-gather rotation and v0.2.2 (enable_gqa) are not modelled",
+    "torch-native-cp: the cuDNN kernel's workspace (chosen at run time) is not modelled",
+    "torch-native-cp: the fp32 merges are counted in memory, not in time",
+};
+
+constexpr std::array kMethods = {CpMethod::kRing};
+constexpr std::array<std::string_view, 3> kLaunchers = {"torchtitan", "accelerate",
+                                                        "untied-ulysses"};
+
+class TorchNativeCp final : public Implementation {
+ public:
+  std::string_view name() const override { return "torch-native-cp"; }
+  std::string_view title() const override {
+    return "PyTorch context_parallel (ring rotation) over SDPA, as TorchTitan runs it";
+  }
+  std::string_view pinned_source() const override {
+    return "pytorch/pytorch@09b101c59aae511b84dfe4bac39b50cc50f7accf";
+  }
+  std::span<const CpMethod> methods() const override { return kMethods; }
+  std::span<const std::string_view> launchers() const override { return kLaunchers; }
+  bool default_for(std::string_view recipe, CpMethod m) const override {
+    return recipe == "torch-native" && runs(m);
+  }
+  // repeat_kv before SDPA: every K/V tensor of the attention has the query heads.
+  void shape(const ScheduleInputs& in, HeadLayout& layout) const override {
+    layout.kv_heads_eff = in.model.heads;
+    layout.kv_replication = in.model.heads / in.model.kv_heads;
+    layout.kv_heads_per_fetch = in.model.heads;
+  }
+  std::optional<ConfigIssue> check(const ScheduleInputs& /*in*/,
+                                   const HeadLayout& /*layout*/) const override {
+    return std::nullopt;
+  }
+  std::span<const LedgerRow> ledger() const override { return kRows; }
+  std::span<const std::string_view> limits() const override { return kLimits; }
+};
+
+}  // namespace
+
+const Implementation& torch_native_cp() {
+  static const TorchNativeCp kImplementation;
+  return kImplementation;
+}
+
+}  // namespace cpsim::sim::impls
