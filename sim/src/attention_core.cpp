@@ -212,7 +212,7 @@ CoreForward StepBuilder::ring_forward(
     const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv) {
   const std::int64_t d = m_.head_dim;
   const std::int64_t kv_bytes = nr_ * 2 * hkv * d * ab_;
-  TensorSet acc = b_.tensor("ring_out_acc" + tag, nr_ * hq * d * kFp32Bytes + hq * nr_ * kFp32Bytes,
+  TensorSet acc = b_.tensor("ring_out_acc" + tag, nr_ * hq * d * acc_bytes_ + hq * nr_ * kFp32Bytes,
                             MemCategory::kAttention);
   TensorSet cur = kv_h;
   const auto steps = static_cast<int>(rg_);
@@ -258,8 +258,11 @@ CoreForward StepBuilder::ring_forward(
     }
     // The block's own output and LSE before they are merged, and what the implementation's merge
     // and send add.
-    step.workspace_bytes =
-        nr_ * hq * d * ab_ + hq * nr_ * kFp32Bytes + ledger_bytes(LedgerSite::kRingForwardStep);
+    // Kept per earlier step: at step k the scheme itself holds blocks k and k + 1 and one merged
+    // output, so code that keeps every step's block and output holds k − 1 more of each.
+    step.workspace_bytes = nr_ * hq * d * ab_ + hq * nr_ * kFp32Bytes +
+                           ledger_bytes(LedgerSite::kRingForwardStep) +
+                           std::max(last - 1, 0) * ledger_bytes(LedgerSite::kRingForwardHeld);
     step.workspace_category = MemCategory::kAttention;
     previous = b_.op(step);
     cur = next;
@@ -267,8 +270,9 @@ CoreForward StepBuilder::ring_forward(
   CoreForward out;
   out.o_h = b_.tensor("attn_out_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
   out.lse = b_.tensor("lse" + tag, hq * nr_ * kFp32Bytes, MemCategory::kAttention);
-  compute("ring_out_cast" + tag, OpKind::kElementwise, mem(nr_ * hq * d * (kFp32Bytes + ab_)),
-          {acc}, {out.o_h, out.lse});
+  compute("ring_out_cast" + tag, OpKind::kElementwise, mem(nr_ * hq * d * (acc_bytes_ + ab_)),
+          {acc}, {out.o_h, out.lse}, {}, (steps - 1) * ledger_bytes(LedgerSite::kRingForwardHeld),
+          MemCategory::kAttention);
   return out;
 }
 
@@ -282,9 +286,9 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
                                         std::int64_t hkv) {
   const std::int64_t d = m_.head_dim;
   const std::int64_t kv_bytes = nr_ * 2 * hkv * d * ab_;
-  const std::int64_t dkv_acc_bytes = nr_ * 2 * hkv * d * kFp32Bytes;
+  const std::int64_t dkv_acc_bytes = nr_ * 2 * hkv * d * acc_bytes_;
   TensorSet dq_acc =
-      b_.tensor("ring_dq_acc" + tag, nr_ * hq * d * kFp32Bytes, MemCategory::kAttention);
+      b_.tensor("ring_dq_acc" + tag, nr_ * hq * d * acc_bytes_, MemCategory::kAttention);
   TensorSet dkv = b_.tensor("ring_dkv_acc0" + tag, dkv_acc_bytes, MemCategory::kAttention);
   TensorSet cur = kv_h;
   const auto steps = static_cast<int>(rg_);
@@ -347,10 +351,16 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
     cur = next;
   }
   CoreBackward out;
+  if (acc_bytes_ == ab_) {
+    // Accumulated in the activations' dtype: the accumulators are the gradients (no cast).
+    out.dq_h = dq_acc;
+    out.dkv_h = dkv;
+    return out;
+  }
   out.dq_h = b_.tensor("dq_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
   out.dkv_h = b_.tensor("dkv_h" + tag, kv_bytes, MemCategory::kAttention);
   compute("ring_grad_cast" + tag, OpKind::kElementwise,
-          mem(nr_ * (hq + 2 * hkv) * d * (kFp32Bytes + ab_)), {dq_acc, dkv}, {out.dq_h, out.dkv_h});
+          mem(nr_ * (hq + 2 * hkv) * d * (acc_bytes_ + ab_)), {dq_acc, dkv}, {out.dq_h, out.dkv_h});
   return out;
 }
 

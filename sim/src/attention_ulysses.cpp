@@ -87,8 +87,14 @@ InputGrad StepBuilder::ulysses_backward(const SavedLayer& sv,
   }
   TensorSet do_h = exchange("a2a_dout", d_o, q_bytes, LedgerSite::kDoutExchange);
   const CoreBackward g = core_backward("", q_h, kv_h, o_h, lse, do_h, hq, hkv);
-  TensorSet dq = exchange("a2a_dq", g.dq_h, q_bytes, LedgerSite::kDqExchange);
-  TensorSet dkv = exchange("a2a_dkv", g.dkv_h, kv_bytes, LedgerSite::kDkvExchange);
+  // An implementation that wraps kernel and all-to-alls in one autograd function keeps what it
+  // saved, and the incoming gradient, until the gradients' all-to-alls end.
+  std::vector<TensorSet> held;
+  if (ledger_bytes(LedgerSite::kHeldThroughBackward) > 0) {
+    held = {q_h, kv_h, o_h, lse, do_h, d_o};
+  }
+  TensorSet dq = exchange("a2a_dq", g.dq_h, q_bytes, LedgerSite::kDqExchange, held);
+  TensorSet dkv = exchange("a2a_dkv", g.dkv_h, kv_bytes, LedgerSite::kDkvExchange, held);
   TensorSet dq_r = b_.tensor("dq_rope", q_bytes, MemCategory::kAttention);
   TensorSet dkv_r = b_.tensor("dkv_rope", kv_bytes, MemCategory::kAttention);
   compute("rope_bwd", OpKind::kElementwise, mem(2 * (q_bytes + kv_bytes)), {dq, dkv},

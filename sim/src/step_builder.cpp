@@ -50,6 +50,7 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
   ab_ = r_.activation_bytes;
   shards_ = r_.tiled_mlp_shards > 0 ? r_.tiled_mlp_shards : ceil_div(s_, m_.hidden);
   if (layout_.implementation != nullptr) {
+    acc_bytes_ = layout_.implementation->ring_accumulator_bytes(in);
     const LedgerUnits units = ledger_units(in, layout_);
     for (int site = 0; site < kLedgerSiteCount; ++site) {
       ledger_bytes_[static_cast<std::size_t>(site)] =

@@ -268,6 +268,7 @@ class StepBuilder {
   HeadLayout layout_;
   const CpImplementation& method_;
   std::array<std::int64_t, kLedgerSiteCount> ledger_bytes_{};  ///< by LedgerSite
+  std::int64_t acc_bytes_ = 4;  ///< ring output and gradient accumulators (implementation's dtype)
   CostModel cost_;
   Builder b_;
   Workload& w_;

@@ -106,6 +106,22 @@ std::int64_t workspace_of(const Workload& w, const std::string& name, Phase phas
   return -1;
 }
 
+/// Bytes an op keeps alive beside the tensor it exchanges: its inputs but the last (rank 0, block
+/// 5, the first op named `name` in `phase`); -1 when there is no such op.
+std::int64_t held_bytes_of(const Workload& w, const std::string& name, Phase phase) {
+  for (const Op& op : w.ops) {
+    if (op.rank == 0 && op.layer == 5 && op.phase == phase &&
+        w.names[static_cast<std::size_t>(op.name)] == name) {
+      std::int64_t bytes = 0;
+      for (std::int32_t e = op.inputs_begin; e + 1 < op.inputs_end; ++e) {
+        bytes += w.tensors[static_cast<std::size_t>(w.edges[static_cast<std::size_t>(e)])].bytes;
+      }
+      return bytes;
+    }
+  }
+  return -1;
+}
+
 // The ops of one block carry, beyond the method's scheme, the sum of the rows at their site.
 TEST(Ledger, OpsCarryTheRowsAtTheirSites) {
   const std::map<std::string, std::pair<LedgerSite, Phase>> sites = {
@@ -120,10 +136,19 @@ TEST(Ledger, OpsCarryTheRowsAtTheirSites) {
       {"ring_attn_fwd0", {LedgerSite::kRingForwardStep, Phase::kRecompute}},
       {"ring_attn_bwd0", {LedgerSite::kRingBackwardStep, Phase::kBackward}},
   };
+  std::vector<std::pair<const Implementation*, CpMethod>> runs;
   for (const Implementation* impl : implementations()) {
-    // Ulysses where it runs it (the Ulysses scheme), else its first method (UPipe: U = u).
-    const CpMethod method =
-        impl->runs(CpMethod::kUlysses) ? CpMethod::kUlysses : impl->methods().front();
+    // Ulysses and ring where it runs them (their schemes), else its first method (UPipe: U = u).
+    for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kRing}) {
+      if (impl->runs(m)) {
+        runs.emplace_back(impl, m);
+      }
+    }
+    if (!impl->runs(CpMethod::kUlysses) && !impl->runs(CpMethod::kRing)) {
+      runs.emplace_back(impl, impl->methods().front());
+    }
+  }
+  for (const auto& [impl, method] : runs) {
     ScheduleInputs none = inputs(method, "qwen3-4b", 4, 64 * 1024);
     none.recipe.cp_comm_bytes = none.recipe.activation_bytes;
     if (method == CpMethod::kRing) {
@@ -147,16 +172,32 @@ TEST(Ledger, OpsCarryTheRowsAtTheirSites) {
     for (const auto& [name, where] : sites) {
       const std::int64_t base = workspace_of(w_none, name, where.second);
       const std::int64_t got = workspace_of(w_with, name, where.second);
-      if (base < 0 && impl->site_bytes(where.first, units) == 0) {
-        continue;  // not an op of this method's scheme, and no rows there
+      if (base < 0) {    // not an op of the scheme (the ring has no all-to-all) ...
+        if (got >= 0) {  // ... but of the implementation's (a copy it makes without peers)
+          EXPECT_EQ(got, impl->site_bytes(where.first, units)) << impl->name() << " " << name;
+        }
+        continue;
       }
       ASSERT_GE(base, 0) << impl->name() << " " << name;
       ASSERT_GE(got, 0) << impl->name() << " " << name;
       EXPECT_EQ(got - base, impl->site_bytes(where.first, units)) << impl->name() << " " << name;
     }
+    // Held tensors: the output all-to-all keeps the projected Q, K, V; the gradients' all-to-all
+    // what the backward kernel read and the incoming gradient.
+    if (method == CpMethod::kUlysses) {
+      const std::int64_t block = impl->site_bytes(LedgerSite::kHeldThroughBlock, units);
+      EXPECT_EQ(held_bytes_of(w_with, "a2a_out", Phase::kRecompute), block) << impl->name();
+      const std::int64_t backward = impl->site_bytes(LedgerSite::kHeldThroughBackward, units);
+      EXPECT_EQ(held_bytes_of(w_with, "a2a_dq", Phase::kBackward), backward) << impl->name();
+    }
+    // Kept per completed ring step: the merge after the last of the 4 steps holds 3 steps' worth.
+    const std::int64_t held = impl->site_bytes(LedgerSite::kRingForwardHeld, units);
+    if (method == CpMethod::kRing) {
+      EXPECT_EQ(workspace_of(w_with, "ring_out_cast", Phase::kRecompute), 3 * held) << impl->name();
+    }
     const std::int64_t finish = impl->site_bytes(LedgerSite::kGradFinish, units);
     const std::int64_t finish_op = workspace_of(w_with, "grad_finish", Phase::kBackward);
-    EXPECT_EQ(finish_op, finish > 0 ? finish : -1) << impl->name();
+    EXPECT_EQ(finish_op, finish > 0 && method != CpMethod::kRing ? finish : -1) << impl->name();
   }
 }
 
@@ -195,6 +236,27 @@ TEST(Ledger, TorchNativeRingWorkedExample) {
   EXPECT_EQ(e.report.layout.implementation, find_implementation("torch-native-cp"));
   EXPECT_EQ(e.report.category_peak[static_cast<std::size_t>(MemCategory::kAttention)],
             31 * 256 * kMiB + 10 * kMiB);
+}
+
+// megatron-core-cp (docs/implementations/megatron-core-cp.md, section 3): p2p forward peak of the
+// worst rank 3364 MiB plus the caller's q, k, v (384 MiB); a2a backward peak 2692 MiB
+// (644 saved + dout + dout' + 4·(Q + 2K)).
+TEST(Ledger, MegatronWorkedExamples) {
+  constexpr std::int64_t kMiB = 1 << 20;
+  for (const auto& [method, mib] :
+       {std::pair{CpMethod::kRing, 3364 + 384}, std::pair{CpMethod::kUlysses, 2692}}) {
+    ScheduleInputs in = inputs(method, "llama3-8b", 8, 256 * 1024);
+    if (method == CpMethod::kRing) {
+      in.parallel.ring_degree = 8;
+    }
+    in.parallel.implementation = "megatron-core-cp";
+    in.recipe.attention_kernel = "cudnn";
+    in.recipe.checkpoint_offload = false;
+    in.recipe.tiled_mlp = false;
+    const test::Evaluation e = test::evaluate(in);
+    EXPECT_EQ(e.report.category_peak[static_cast<std::size_t>(MemCategory::kAttention)], mib * kMiB)
+        << models::to_string(method);
+  }
 }
 
 TEST(Implementation, RecipeDefaults) {

@@ -10,5 +10,6 @@ const Implementation& yunchang_usp();
 const Implementation& deepspeed_ulysses();
 const Implementation& untied_ulysses_upipe();
 const Implementation& torch_native_cp();
+const Implementation& megatron_core_cp();
 
 }  // namespace cpsim::sim::impls

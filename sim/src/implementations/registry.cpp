@@ -13,6 +13,8 @@ const char* to_string(LedgerSite s) {
   switch (s) {
     case LedgerSite::kHeldThroughBlock:
       return "held_through_block";
+    case LedgerSite::kHeldThroughBackward:
+      return "held_through_backward";
     case LedgerSite::kQExchange:
       return "q_exchange";
     case LedgerSite::kKvExchange:
@@ -35,6 +37,8 @@ const char* to_string(LedgerSite s) {
       return "ring_forward_step";
     case LedgerSite::kRingBackwardStep:
       return "ring_backward_step";
+    case LedgerSite::kRingForwardHeld:
+      return "ring_forward_held";
   }
   return "?";
 }
@@ -106,9 +110,9 @@ std::int64_t Implementation::site_bytes(LedgerSite site, const LedgerUnits& unit
 }
 
 std::span<const Implementation* const> implementations() {
-  static const std::array<const Implementation*, 4> kAll = {
+  static const std::array<const Implementation*, 5> kAll = {
       &impls::yunchang_usp(), &impls::deepspeed_ulysses(), &impls::untied_ulysses_upipe(),
-      &impls::torch_native_cp()};
+      &impls::torch_native_cp(), &impls::megatron_core_cp()};
   return kAll;
 }
 

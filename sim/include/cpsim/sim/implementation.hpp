@@ -26,6 +26,10 @@ enum class LedgerSite : std::uint8_t {
   /// all-to-all has ended, because the caller holds them (the module's locals), and not only until
   /// their all-to-all.
   kHeldThroughBlock,
+  /// Not workspace: what the backward kernel read (head-sharded Q, K/V, output, LSE, dOut) and
+  /// the incoming output gradient stay alive until the gradients' all-to-alls end (one autograd
+  /// function around kernel and all-to-alls).
+  kHeldThroughBackward,
   kQExchange,     ///< all-to-all of Q (forward and recomputation)
   kKvExchange,    ///< all-to-all of K and V
   kCoreForward,   ///< the attention kernel call and the wrapper's merge around it (ring degree 1)
@@ -42,8 +46,13 @@ enum class LedgerSite : std::uint8_t {
   kRingForwardStep,
   /// Each backward step of the ring part: the block's kernel call and the dK/dV hop.
   kRingBackwardStep,
+  /// Kept from every forward step of the ring part until the output is merged after the last step
+  /// (code that keeps each step's received K/V and output in a list): beyond the scheme's current
+  /// and next block and its merged output, step k holds these bytes k − 1 times, the final merge
+  /// C − 1 times.
+  kRingForwardHeld,
 };
-inline constexpr int kLedgerSiteCount = 12;
+inline constexpr int kLedgerSiteCount = 14;
 const char* to_string(LedgerSite s);
 
 /// When a ledger row applies.
@@ -108,6 +117,9 @@ class Implementation {
   /// What its code changes in the head layout before anything is sized (e.g. K/V repeated to the
   /// query heads before attention); the default changes nothing.
   virtual void shape(const ScheduleInputs& /*in*/, HeadLayout& /*layout*/) const {}
+  /// Bytes per element of the ring part's output and dQ/dK/dV accumulators (fp32 in most code;
+  /// Transformer Engine accumulates in the activations' dtype).
+  virtual std::int64_t ring_accumulator_bytes(const ScheduleInputs& /*in*/) const { return 4; }
   /// Constraints of its code beyond the method's (head divisibility, ...).
   virtual std::optional<ConfigIssue> check(const ScheduleInputs& in,
                                            const HeadLayout& layout) const = 0;

@@ -1,0 +1,117 @@
+// Context parallelism of Megatron-Core through Transformer Engine's DotProductAttention, as
+// Megatron-LM and NeMo run it: `--cp-comm-type p2p` (ring), `a2a` (Ulysses) and `a2a+p2p` (USP),
+// always on TE's cuDNN fused-attention kernels (Megatron's sbhd layout rules out flash-attn
+// under CP).
+//
+// Derivation (ledger: docs/implementations/megatron-core-cp.md, rows by id). On top of cpsim's
+// schemes, per layer and rank (element counts of one rank: s·H·d, s·Hkv·d):
+//   - Megatron's attention keeps query, key and value as locals until core attention returns;
+//   - a2a (flash_attn_a2a_communicate): each all-to-all copies its input (movedim().contiguous()),
+//     receives into an empty_like buffer and then copies again (the sequence reorder, or the
+//     final movedim().contiguous()), so two transients the size of the tensor live beside input
+//     and output; dQ, dK and dV go through one call (their copies live together); one autograd
+//     function wraps the all-to-alls and the kernel, so what it saved and the incoming gradient
+//     live until the gradients' all-to-all ends; TE does not replicate KV heads (it asserts
+//     Hkv % a2a size == 0);
+//   - p2p (AttnFuncWithCPAndKVP2P): the forward keeps every received K/V buffer, every step's
+//   output
+//     and LSE in lists until the output is merged after the last step; the merged output and the
+//     dQ/dK/dV accumulators are in the activations' dtype (bf16), not fp32, and the dK/dV
+//     accumulate inside the communication buffers, so no cast ends the backward.
+// Not modelled (limits()): the cuDNN kernels' workspace (chosen by cuDNN at run time); the
+// all_gather comm type (TE regathers K/V and keeps per-step gradient lists); FP8; a contiguous
+// copy of V before CP when it is a strided view (backends.py); the returned dK/dV pinning their
+// whole communication buffer; Megatron's vocab-parallel cross-entropy (one fp32 copy of the
+// logits, backward in place: cpsim's loss models are the fused one and Hugging Face's).
+//
+// Sources (REFERENCES.md [TransformerEngine], [Megatron-LM]): NVIDIA/TransformerEngine @
+// d0067d0da6cb01811b8072a7d304f0e00344ce2b,
+// transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py
+// (AttnFuncWithCPAndKVP2P, AttnFuncWithCPAndQKVOA2A, flash_attn_a2a_communicate), backends.py;
+// NVIDIA/Megatron-LM @ d98e8a64ddf34856e74b24714e3bedb2f5a39553,
+// megatron/core/extensions/transformer_engine.py (sbhd, cp_comm_type),
+// megatron/core/transformer/attention.py.
+#include <array>
+
+#include <fmt/format.h>
+
+#include "cpsim/sim/cp_method.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+#include "implementations.hpp"
+
+namespace cpsim::sim::impls {
+namespace {
+
+using models::CpMethod;
+
+constexpr std::array kRows = {
+    LedgerRow{"A0", LedgerSite::kHeldThroughBlock, LedgerWhen::kAlways, 2, 4, 0,
+              "attention's query, key, value (bf16) held until core attention returns"},
+    LedgerRow{"A1+A2 (q)", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
+              "q all-to-all: input copy and empty_like receive buffer (bf16)"},
+    LedgerRow{"A1+A2 (k, v)", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 8, 0,
+              "k, v all-to-all: input copies and receive buffers (bf16)"},
+    LedgerRow{"A7+A8", LedgerSite::kOutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
+              "output all-to-all: reorder copy and receive buffer (bf16)"},
+    LedgerRow{"A11", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
+              "dout all-to-all: input copy and receive buffer (bf16)"},
+    LedgerRow{"A10+A11", LedgerSite::kHeldThroughBackward, LedgerWhen::kUlyssesAbove1, 8, 4, 4,
+              "saved q', k', v', out_, LSE and dout' held to the function's return, with dout"},
+    LedgerRow{"A14", LedgerSite::kDqExchange, LedgerWhen::kUlyssesAbove1, 4, 12, 0,
+              "one all-to-all call for dq, dk, dv: reorder copies and receive buffers of all "
+              "three and the dk, dv results (bf16)"},
+    LedgerRow{"P3+P5+P6", LedgerSite::kRingForwardHeld, LedgerWhen::kAlways, 2, 4, 4,
+              "per step kept to the merge: received K/V (bf16), output (bf16), LSE (fp32)"},
+};
+
+constexpr std::array<std::string_view, 3> kLimits = {
+    "megatron-core-cp: the cuDNN fused-attention workspace (chosen at run time) and the "
+    "all_gather comm type are not modelled",
+    "megatron-core-cp: Megatron's vocab-parallel cross-entropy is not cpsim's loss model; the "
+    "returned dK/dV pinning their communication buffer is not modelled",
+    "megatron-core-cp: the copies around the all-to-alls are counted in memory, not in time",
+};
+
+constexpr std::array kMethods = {CpMethod::kRing, CpMethod::kUlysses, CpMethod::kUsp};
+constexpr std::array<std::string_view, 1> kLaunchers = {"megatron"};
+
+class MegatronCoreCp final : public Implementation {
+ public:
+  std::string_view name() const override { return "megatron-core-cp"; }
+  std::string_view title() const override {
+    return "Megatron-Core CP through Transformer Engine (p2p, a2a, a2a+p2p; cuDNN attention)";
+  }
+  std::string_view pinned_source() const override {
+    return "NVIDIA/TransformerEngine@d0067d0da6cb01811b8072a7d304f0e00344ce2b";
+  }
+  std::span<const CpMethod> methods() const override { return kMethods; }
+  std::span<const std::string_view> launchers() const override { return kLaunchers; }
+  bool default_for(std::string_view /*recipe*/, CpMethod /*m*/) const override { return false; }
+  std::int64_t ring_accumulator_bytes(const ScheduleInputs& in) const override {
+    return in.recipe.activation_bytes;
+  }
+  // TE's a2a splits heads without replicating KV heads (context_parallel.py asserts it).
+  std::optional<ConfigIssue> check(const ScheduleInputs& in,
+                                   const HeadLayout& layout) const override {
+    if (in.model.kv_heads % layout.ulysses != 0) {
+      return ConfigIssue{
+          Quantity::kModelHeads,
+          fmt::format("Transformer Engine's a2a splits the {} KV heads of {} over the all-to-all "
+                      "group of {} without replicating them: the group size must divide {}",
+                      in.model.kv_heads, in.model.name, layout.ulysses, in.model.kv_heads)};
+    }
+    return std::nullopt;
+  }
+  std::span<const LedgerRow> ledger() const override { return kRows; }
+  std::span<const std::string_view> limits() const override { return kLimits; }
+};
+
+}  // namespace
+
+const Implementation& megatron_core_cp() {
+  static const MegatronCoreCp kImplementation;
+  return kImplementation;
+}
+
+}  // namespace cpsim::sim::impls
