@@ -219,11 +219,13 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
   const double fetch_kv_s = cost_.host_copy_s(kv_h_bytes, true);
   const double offload_q_s = cost_.host_copy_s(q_h_bytes, false);
   const double offload_out_s = cost_.host_copy_s(q_h_bytes + lse_bytes, false);
-  const std::int64_t attn_ws = chunk * hq * d * ab_ + lse_bytes;
+  // The block's output and LSE before the merge, and the implementation's merge temporaries.
+  const std::int64_t attn_ws =
+      chunk * hq * d * ab_ + lse_bytes + ledger_bytes(LedgerSite::kCoreForward);
   Emitter e(b_);
   ChunkNames name(b_, "fpdt_forward", kFwdNames, kFwdStems);
-  auto exchange = [&](std::int32_t n, TensorSet in, std::int64_t bytes) {
-    return StepBuilder::exchange(Name::interned(n), in, bytes, MemCategory::kAttention);
+  auto exchange = [&](std::int32_t n, TensorSet in, std::int64_t bytes, LedgerSite site) {
+    return StepBuilder::exchange(Name::interned(n), in, bytes, site);
   };
   const auto attention = MemCategory::kAttention;
 
@@ -240,8 +242,8 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
     TensorSet q_r = b_.tensor(name(kQRope, 'c', i), q_local_bytes, attention, false);
     TensorSet kv_r = b_.tensor(name(kKvRope, 'c', i), kv_local_bytes, attention, false);
     e.compute(name(kRope, 'c', i), OpKind::kElementwise, rope, {q, kvp}, {q_r, kv_r});
-    TensorSet q_h = exchange(name(kA2aQ, 'c', i), q_r, q_local_bytes);
-    TensorSet kv_h = exchange(name(kA2aKv, 'c', i), kv_r, kv_local_bytes);
+    TensorSet q_h = exchange(name(kA2aQ, 'c', i), q_r, q_local_bytes, LedgerSite::kQExchange);
+    TensorSet kv_h = exchange(name(kA2aKv, 'c', i), kv_r, kv_local_bytes, LedgerSite::kKvExchange);
     if (offload) {
       TensorSet host = b_.tensor(name(kKvHost, 'c', i), kv_h_bytes, attention, true);
       e.copy(name(kOffloadKv, 'c', i), false, kv_h_bytes, offload_kv_s, {kv_h}, {host});
@@ -303,7 +305,8 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
     TensorSet o_h = b_.tensor(name(kOutH, 'c', i), q_h_bytes, attention, false);
     TensorSet lse = b_.tensor(name(kLse, 'c', i), lse_bytes, attention, false);
     e.compute(name(kOutCast, 'c', i), OpKind::kElementwise, out_cast, {acc}, {o_h, lse});
-    TensorSet o_local = exchange(name(kA2aOut, 'c', i), o_h, q_local_bytes);
+    TensorSet o_local =
+        exchange(name(kA2aOut, 'c', i), o_h, q_local_bytes, LedgerSite::kOutExchange);
     fills.push_back(
         e.compute(name(kFillOut, 'c', i), OpKind::kElementwise, fill, {o_local}, {}, {alloc}));
     if (grad) {
@@ -353,8 +356,10 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
   const KernelCost add = mem(3 * (dq_bytes + dkv_acc_bytes));
   const KernelCost full_block = plus(cost_.attention_bwd({chunk, chunk, hq, d, false}), add);
   const KernelCost diag_block = plus(cost_.attention_bwd({chunk, chunk, hq, d, true}), add);
-  // FlashAttention workspace (fp32 dQ accumulator, row sums) and the block's dK/dV.
-  const std::int64_t ws = dq_bytes + hq * chunk * kFp32Bytes + kv_h_bytes;
+  // FlashAttention workspace (fp32 dQ accumulator, row sums; GQA: dK/dV expanded or fp32
+  // accumulators), the block's dK/dV and the implementation's per-block buffers.
+  const std::int64_t ws = flash_bwd_workspace(chunk, chunk, hq, hkv) + kv_h_bytes +
+                          ledger_bytes(LedgerSite::kCoreBackward);
   // Q, output + LSE, dOut and fp32 dQ of one query chunk per inner step (offloading).
   const std::int64_t bundle = 2 * q_h_bytes + lse_bytes + q_h_bytes + dq_bytes;
   // Every chunk has the same shapes.
@@ -373,8 +378,8 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
   };
   Emitter e(b_);
   ChunkNames name(b_, "fpdt_backward", kBwdNames, kBwdStems);
-  auto exchange = [&](std::int32_t n, TensorSet in, std::int64_t bytes) {
-    return StepBuilder::exchange(Name::interned(n), in, bytes, MemCategory::kAttention);
+  auto exchange = [&](std::int32_t n, TensorSet in, std::int64_t bytes, LedgerSite site) {
+    return StepBuilder::exchange(Name::interned(n), in, bytes, site);
   };
   const auto attention = MemCategory::kAttention;
 
@@ -390,7 +395,8 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
   for (std::int64_t i = 0; i < nc; ++i) {
     TensorSet slice = b_.tensor(name(kDoutSlice, 'c', i), q_local_bytes, attention, false);
     e.compute(name(kSliceDout, 'c', i), OpKind::kElementwise, slice_dout, {d_o}, {slice});
-    TensorSet do_h = exchange(name(kA2aDout, 'c', i), slice, q_local_bytes);
+    TensorSet do_h =
+        exchange(name(kA2aDout, 'c', i), slice, q_local_bytes, LedgerSite::kDoutExchange);
     if (offload) {
       TensorSet host = b_.tensor(name(kDoutHost, 'c', i), q_h_bytes, attention, true);
       e.copy(name(kOffloadDout, 'c', i), false, q_h_bytes, offload_dout_s, {do_h}, {host});
@@ -462,7 +468,8 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
     // dK/dV of chunk j are complete: back to sequence sharding and into the K/V projection.
     TensorSet dkv_h = b_.tensor(name(kDkvH, 'k', j), kv_h_bytes, attention, false);
     e.compute(name(kDkvCast, 'k', j), OpKind::kElementwise, dkv_cast, {dkv_acc}, {dkv_h}, {join});
-    TensorSet dkv = exchange(name(kA2aDkv, 'k', j), dkv_h, kv_local_bytes);
+    TensorSet dkv =
+        exchange(name(kA2aDkv, 'k', j), dkv_h, kv_local_bytes, LedgerSite::kDkvExchange);
     // dQ of chunk j received its last contribution in this outer iteration.
     TensorSet dq_j = b_.tensor(name(kDqFinal, 'k', j), dq_bytes, attention, false);
     if (offload) {
@@ -472,7 +479,7 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
     }
     TensorSet dq_h = b_.tensor(name(kDqH, 'k', j), q_h_bytes, attention, false);
     e.compute(name(kDqCast, 'k', j), OpKind::kElementwise, dq_cast, {dq_j}, {dq_h});
-    TensorSet dqs = exchange(name(kA2aDq, 'k', j), dq_h, q_local_bytes);
+    TensorSet dqs = exchange(name(kA2aDq, 'k', j), dq_h, q_local_bytes, LedgerSite::kDqExchange);
     TensorSet dq_r = b_.tensor(name(kDqRope, 'k', j), q_local_bytes, attention, false);
     TensorSet dkv_r = b_.tensor(name(kDkvRope, 'k', j), kv_local_bytes, attention, false);
     e.compute(name(kRopeBwd, 'k', j), OpKind::kElementwise, rope_bwd, {dqs, dkv}, {dq_r, dkv_r});

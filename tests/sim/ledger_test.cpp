@@ -93,13 +93,13 @@ TEST(Ledger, RowBytesByHand) {
   EXPECT_EQ(row_formula(row), "4·sHd + 16·sHkv·d + 2·sH");
 }
 
-/// Workspace of rank 0's first op named `name` (or `name[s<stage>]`, UPipe's stages) in `phase`
-/// of block 5.
+/// Workspace of rank 0's first op named `name` (or `name[...]`: UPipe's stages, FPDT's chunks)
+/// in `phase` of block 5.
 std::int64_t workspace_of(const Workload& w, const std::string& name, Phase phase) {
   for (const Op& op : w.ops) {
     const std::string& n = w.names[static_cast<std::size_t>(op.name)];
     if (op.rank == 0 && op.layer == 5 && op.phase == phase &&
-        (n == name || n.rfind(name + "[s", 0) == 0)) {
+        (n == name || n.rfind(name + "[", 0) == 0)) {
       return op.workspace_bytes;
     }
   }
@@ -165,7 +165,7 @@ TEST(Ledger, OpsCarryTheRowsAtTheirSites) {
     const LedgerUnits units = ledger_units(with, layout);
     // qwen3-4b: 8 KV heads over 4 ranks (UPipe: one fetch of U = 4 KV heads, one per rank)
     if (method != CpMethod::kRing) {
-      ASSERT_EQ(units.kv_heads_per_rank, method == CpMethod::kUlysses ? 2 : 1);
+      ASSERT_EQ(units.kv_heads_per_rank, method == CpMethod::kUPipe ? 1 : 2);
     }
     const Workload w_none = build_step(none);
     const Workload w_with = build_step(with);
@@ -267,7 +267,9 @@ TEST(Implementation, RecipeDefaults) {
   EXPECT_EQ(derive_head_layout(in).implementation, find_implementation("deepspeed-ulysses"));
   in.parallel.method = CpMethod::kFpdt;
   in.recipe = models::load_recipe("deepspeed-fpdt", testing::data());
-  EXPECT_EQ(derive_head_layout(in).implementation, nullptr);
+  EXPECT_EQ(derive_head_layout(in).implementation, find_implementation("deepspeed-fpdt"));
+  in.recipe = models::load_recipe("alst", testing::data());
+  EXPECT_EQ(derive_head_layout(in).implementation, nullptr);  // no default for fpdt in alst
   in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 64 * 1024);
   in.parallel.implementation = "none";
   EXPECT_EQ(derive_head_layout(in).implementation, nullptr);

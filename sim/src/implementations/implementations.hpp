@@ -11,5 +11,6 @@ const Implementation& deepspeed_ulysses();
 const Implementation& untied_ulysses_upipe();
 const Implementation& torch_native_cp();
 const Implementation& megatron_core_cp();
+const Implementation& deepspeed_fpdt();
 
 }  // namespace cpsim::sim::impls

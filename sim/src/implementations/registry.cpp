@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <array>
 
 #include <fmt/format.h>
@@ -57,8 +58,9 @@ const char* to_string(LedgerWhen w) {
 
 LedgerUnits ledger_units(const ScheduleInputs& in, const HeadLayout& layout) {
   // One stage's heads: all of them outside UPipe (heads_per_stage = H, kv_heads_per_fetch =
-  // the KV heads after replication).
-  const std::int64_t s = in.parallel.seq_len / layout.cp;
+  // the KV heads after replication); one chunk's tokens in FPDT.
+  const std::int64_t s =
+      in.parallel.seq_len / layout.cp / std::max<std::int64_t>(layout.fpdt_chunks, 1);
   const std::int64_t d = in.model.head_dim;
   LedgerUnits u;
   u.shd = s * layout.heads_per_stage * d;
@@ -110,9 +112,9 @@ std::int64_t Implementation::site_bytes(LedgerSite site, const LedgerUnits& unit
 }
 
 std::span<const Implementation* const> implementations() {
-  static const std::array<const Implementation*, 5> kAll = {
-      &impls::yunchang_usp(), &impls::deepspeed_ulysses(), &impls::untied_ulysses_upipe(),
-      &impls::torch_native_cp(), &impls::megatron_core_cp()};
+  static const std::array<const Implementation*, 6> kAll = {
+      &impls::yunchang_usp(),    &impls::deepspeed_ulysses(), &impls::untied_ulysses_upipe(),
+      &impls::torch_native_cp(), &impls::megatron_core_cp(),  &impls::deepspeed_fpdt()};
   return kAll;
 }
 

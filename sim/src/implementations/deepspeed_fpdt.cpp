@@ -1,0 +1,102 @@
+// DeepSpeed's FPDT (Fully Pipelined Distributed Transformer, "Ulysses-Offload"),
+// deepspeed/sequence/fpdt_layer.py, as Megatron-DeepSpeed runs it with
+// `--ds-sequence-parallel-fpdt` (chunks of `--ds-sequence-parallel-fpdt-chunk-size` global
+// tokens, offloaded with `--ds-sequence-parallel-fpdt-offloading`).
+//
+// Derivation (ledger: docs/implementations/deepspeed-fpdt.md, rows by id). cpsim's FPDT scheme
+// (attention_fpdt.cpp) holds, per chunk, the projections, the all-to-all results, the fp32
+// online-softmax accumulator, the double-buffered K/V prefetch from pinned memory and, in
+// backward, the prefetched Q/output/LSE/dOut/dQ bundles, the fp32 dK/dV accumulator and dQ, and
+// the kernel's workspace. Beyond that, per chunk (element counts of one chunk: s·H·d etc. with s
+// the rank's tokens of one chunk):
+//   - every single_all_to_all copies its input (input_t), receives into an empty_like buffer and
+//     copies the result again: two transients of the tensor's size (Q; K and V one at a time; the
+//     output; dOut; dQ; dK and dV);
+//   - the online-softmax update (_update_out_and_lse) upcasts the block output to fp32 and builds
+//     the new output from two exp-scaled fp32 products and their sum;
+//   - backward: each block allocates new zeroed bf16 dq/dk/dv (torch.zeros) while the previous
+//     block's are still referenced, and the kernel writes dq into a bf16 buffer before it is added
+//     into the fp32 dQ.
+// Not modelled (limits()): the RoPE reference path's transients after the all-to-all (about four
+// times the operand), chunk 0's Q/K/V/output/LSE prefetched at the end of the forward and kept to
+// the backward, the torch.cat of the output chunks at the end of the forward (the whole local
+// output twice), the fp32 weight-gradient accumulators, the non-offloading path's n-chunk fp32
+// gradient lists, and FPDT_FFN / FPDT_LogitsLoss.
+//
+// Sources (REFERENCES.md [DS-FPDT], [Megatron-DeepSpeed], [FPDT]): deepspeedai/DeepSpeed @
+// edaa7221267243c7be7fb49c5d5f5c4fb97b4641 (fpdt_layer.py last changed at
+// 310eb8cb485ca30cc951f7735f5e342126ea5b55), deepspeed/sequence/fpdt_layer.py,
+// deepspeed/sequence/layer.py (single_all_to_all); deepspeedai/Megatron-DeepSpeed @
+// 4efb479d5317ce9b86096b9d8e3e8030b0b5263b, megatron/model/transformer.py.
+#include <array>
+
+#include "cpsim/sim/cp_method.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+#include "implementations.hpp"
+
+namespace cpsim::sim::impls {
+namespace {
+
+using models::CpMethod;
+
+constexpr std::array kRows = {
+    LedgerRow{"f4", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
+              "q all-to-all: input_t copy and receive buffer (bf16)"},
+    LedgerRow{"f5", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0,
+              "k or v all-to-all: input_t copy and receive buffer (one at a time, bf16)"},
+    LedgerRow{"f10", LedgerSite::kCoreForward, LedgerWhen::kAlways, 16, 0, 0,
+              "_update_out_and_lse: fp32 block output, two exp-scaled fp32 products, their sum"},
+    LedgerRow{"f13", LedgerSite::kOutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
+              "output all-to-all: input_t copy and receive buffer (bf16)"},
+    LedgerRow{"b5", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
+              "dout all-to-all: input_t copy and receive buffer (bf16)"},
+    LedgerRow{"b8", LedgerSite::kCoreBackward, LedgerWhen::kAlways, 4, 4, 0,
+              "new zeroed dq, dk, dv of the block beside the previous block's (bf16)"},
+    LedgerRow{"b13 (dq)", LedgerSite::kDqExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
+              "dq all-to-all: input_t copy and receive buffer (bf16)"},
+    LedgerRow{"b13 (dk, dv)", LedgerSite::kDkvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0,
+              "dk or dv all-to-all: input_t copy and receive buffer (one at a time, bf16)"},
+};
+
+constexpr std::array<std::string_view, 3> kLimits = {
+    "deepspeed-fpdt: RoPE's transients after the all-to-all, chunk 0's prefetch kept from the "
+    "forward to the backward and the final torch.cat of the output chunks are not modelled",
+    "deepspeed-fpdt: the fp32 weight-gradient accumulators, FPDT_FFN and FPDT_LogitsLoss are not "
+    "modelled; without offloading the code keeps n-chunk fp32 gradient lists cpsim does not",
+    "deepspeed-fpdt: the copies around the all-to-alls are counted in memory, not in time",
+};
+
+constexpr std::array kMethods = {CpMethod::kFpdt};
+constexpr std::array<std::string_view, 1> kLaunchers = {"deepspeed"};
+
+class DeepSpeedFpdt final : public Implementation {
+ public:
+  std::string_view name() const override { return "deepspeed-fpdt"; }
+  std::string_view title() const override {
+    return "DeepSpeed FPDT (fpdt_layer.py) under Megatron-DeepSpeed";
+  }
+  std::string_view pinned_source() const override {
+    return "deepspeedai/DeepSpeed@edaa7221267243c7be7fb49c5d5f5c4fb97b4641";
+  }
+  std::span<const CpMethod> methods() const override { return kMethods; }
+  std::span<const std::string_view> launchers() const override { return kLaunchers; }
+  bool default_for(std::string_view recipe, CpMethod m) const override {
+    return recipe == "deepspeed-fpdt" && runs(m);
+  }
+  std::optional<ConfigIssue> check(const ScheduleInputs& /*in*/,
+                                   const HeadLayout& /*layout*/) const override {
+    return std::nullopt;
+  }
+  std::span<const LedgerRow> ledger() const override { return kRows; }
+  std::span<const std::string_view> limits() const override { return kLimits; }
+};
+
+}  // namespace
+
+const Implementation& deepspeed_fpdt() {
+  static const DeepSpeedFpdt kImplementation;
+  return kImplementation;
+}
+
+}  // namespace cpsim::sim::impls
