@@ -7,6 +7,7 @@
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
 #include "cpsim/planner/maxlen.hpp"
+#include "cpsim/sim/implementation.hpp"
 
 #include "commands.hpp"
 #include "common.hpp"
@@ -44,7 +45,9 @@ nlohmann::json outcome_json(const Outcome& o) {
     return {{"method", o.method}, {"error", o.error}};
   }
   const auto& r = o.res;
+  const sim::Implementation* impl = sim::requested_implementation(o.in);
   return {{"method", o.method},
+          {"implementation", impl != nullptr ? nlohmann::json(impl->name()) : nlohmann::json()},
           {"max_seq_len", r.max_seq_len},
           {"step_tokens", r.step},
           {"binding_constraint", binding_json(r.binding)},
@@ -125,8 +128,10 @@ int run_maxlen(const MaxLenArgs& a) {
       continue;
     }
     const auto& r = o.res;
-    std::cout << fmt::format("{} on {} x {}, {}, recipe {}\n", o.in.model.name, o.in.parallel.gpus,
-                             o.in.hardware.name, o.method, o.in.recipe.name);
+    const sim::Implementation* impl = sim::requested_implementation(o.in);
+    std::cout << fmt::format("{} on {} x {}, {}, recipe {}, implementation {}\n", o.in.model.name,
+                             o.in.parallel.gpus, o.in.hardware.name, o.method, o.in.recipe.name,
+                             impl != nullptr ? impl->name() : "none");
     if (r.max_seq_len == 0) {
       std::cout << fmt::format("  not even {} tokens fit\n  binding constraint   {}\n\n",
                                format_length(r.step), r.binding.text);

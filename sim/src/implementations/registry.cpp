@@ -136,6 +136,14 @@ const Implementation* default_implementation(std::string_view recipe, models::Cp
   return nullptr;
 }
 
+const Implementation* requested_implementation(const ScheduleInputs& in) {
+  const std::string& asked = in.parallel.implementation;
+  if (asked.empty()) {
+    return default_implementation(in.recipe.name, in.parallel.method);
+  }
+  return asked == "none" ? nullptr : find_implementation(asked);
+}
+
 const Implementation* find_implementation(std::string_view name) {
   for (const Implementation* i : implementations()) {
     if (i->name() == name) {

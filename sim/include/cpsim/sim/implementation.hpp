@@ -135,6 +135,10 @@ class Implementation {
 std::span<const Implementation* const> implementations();
 /// The default implementation of method `m` in recipe `recipe`; nullptr: the scheme alone.
 const Implementation* default_implementation(std::string_view recipe, models::CpMethod m);
+/// The implementation a configuration asks for (`ParallelConfig::implementation`, by name), else
+/// the recipe's default for its method; nullptr for "none", an unknown name or no default. Not
+/// validated (check_head_layout does that).
+const Implementation* requested_implementation(const ScheduleInputs& in);
 /// By name; nullptr when unknown.
 const Implementation* find_implementation(std::string_view name);
 /// "a, b, c".
