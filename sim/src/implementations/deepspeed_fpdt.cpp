@@ -70,32 +70,20 @@ constexpr std::array<std::string_view, 3> kLimits = {
 constexpr std::array kMethods = {CpMethod::kFpdt};
 constexpr std::array<std::string_view, 1> kLaunchers = {"deepspeed"};
 
-class DeepSpeedFpdt final : public Implementation {
- public:
-  std::string_view name() const override { return "deepspeed-fpdt"; }
-  std::string_view title() const override {
-    return "DeepSpeed FPDT (fpdt_layer.py) under Megatron-DeepSpeed";
-  }
-  std::string_view pinned_source() const override {
-    return "deepspeedai/DeepSpeed@edaa7221267243c7be7fb49c5d5f5c4fb97b4641";
-  }
-  std::span<const CpMethod> methods() const override { return kMethods; }
-  std::span<const std::string_view> launchers() const override { return kLaunchers; }
-  bool default_for(std::string_view recipe, CpMethod m) const override {
-    return recipe == "deepspeed-fpdt" && runs(m);
-  }
-  std::optional<ConfigIssue> check(const ScheduleInputs& /*in*/,
-                                   const HeadLayout& /*layout*/) const override {
-    return std::nullopt;
-  }
-  std::span<const LedgerRow> ledger() const override { return kRows; }
-  std::span<const std::string_view> limits() const override { return kLimits; }
-};
+constexpr ImplementationTable kTable{
+    "deepspeed-fpdt",
+    "DeepSpeed FPDT (fpdt_layer.py) under Megatron-DeepSpeed",
+    "deepspeedai/DeepSpeed@edaa7221267243c7be7fb49c5d5f5c4fb97b4641",
+    kMethods,
+    kLaunchers,
+    "deepspeed-fpdt",
+    kRows,
+    kLimits};
 
 }  // namespace
 
 const Implementation& deepspeed_fpdt() {
-  static const DeepSpeedFpdt kImplementation;
+  static const Implementation kImplementation(kTable);
   return kImplementation;
 }
 

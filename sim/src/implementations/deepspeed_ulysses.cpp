@@ -68,33 +68,21 @@ constexpr std::array kMethods = {CpMethod::kUlysses};
 // Megatron-DeepSpeed (--emit deepspeed) runs DistributedAttention, not this wrapper.
 constexpr std::array<std::string_view, 2> kLaunchers = {"arctic", "accelerate"};
 
-class DeepSpeedUlysses final : public Implementation {
- public:
-  std::string_view name() const override { return "deepspeed-ulysses"; }
-  std::string_view title() const override {
-    return "DeepSpeed UlyssesSPAttentionHF (ALST) over HF transformers attention";
-  }
-  std::string_view pinned_source() const override {
-    return "deepspeedai/DeepSpeed@edaa7221267243c7be7fb49c5d5f5c4fb97b4641";
-  }
-  std::span<const CpMethod> methods() const override { return kMethods; }
-  std::span<const std::string_view> launchers() const override { return kLaunchers; }
-  bool default_for(std::string_view recipe, CpMethod m) const override {
-    return recipe == "alst-deepspeed" && runs(m);
-  }
-  // Its head checks (ulysses_sp.py: H % C, and Hk % C or C % Hk) are the method's own.
-  std::optional<ConfigIssue> check(const ScheduleInputs& /*in*/,
-                                   const HeadLayout& /*layout*/) const override {
-    return std::nullopt;
-  }
-  std::span<const LedgerRow> ledger() const override { return kRows; }
-  std::span<const std::string_view> limits() const override { return kLimits; }
-};
+// Its head checks (ulysses_sp.py: H % C, and Hk % C or C % Hk) are the method's own.
+constexpr ImplementationTable kTable{
+    "deepspeed-ulysses",
+    "DeepSpeed UlyssesSPAttentionHF (ALST) over HF transformers attention",
+    "deepspeedai/DeepSpeed@edaa7221267243c7be7fb49c5d5f5c4fb97b4641",
+    kMethods,
+    kLaunchers,
+    "alst-deepspeed",
+    kRows,
+    kLimits};
 
 }  // namespace
 
 const Implementation& deepspeed_ulysses() {
-  static const DeepSpeedUlysses kImplementation;
+  static const Implementation kImplementation(kTable);
   return kImplementation;
 }
 

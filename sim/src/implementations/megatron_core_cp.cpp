@@ -76,18 +76,20 @@ constexpr std::array<std::string_view, 3> kLimits = {
 constexpr std::array kMethods = {CpMethod::kRing, CpMethod::kUlysses, CpMethod::kUsp};
 constexpr std::array<std::string_view, 1> kLaunchers = {"megatron"};
 
+// No built-in recipe is Megatron's: `--impl megatron-core-cp` selects it.
+constexpr ImplementationTable kTable{
+    "megatron-core-cp",
+    "Megatron-Core CP through Transformer Engine (p2p, a2a, a2a+p2p; cuDNN attention)",
+    "NVIDIA/TransformerEngine@d0067d0da6cb01811b8072a7d304f0e00344ce2b",
+    kMethods,
+    kLaunchers,
+    "",
+    kRows,
+    kLimits};
+
 class MegatronCoreCp final : public Implementation {
  public:
-  std::string_view name() const override { return "megatron-core-cp"; }
-  std::string_view title() const override {
-    return "Megatron-Core CP through Transformer Engine (p2p, a2a, a2a+p2p; cuDNN attention)";
-  }
-  std::string_view pinned_source() const override {
-    return "NVIDIA/TransformerEngine@d0067d0da6cb01811b8072a7d304f0e00344ce2b";
-  }
-  std::span<const CpMethod> methods() const override { return kMethods; }
-  std::span<const std::string_view> launchers() const override { return kLaunchers; }
-  bool default_for(std::string_view /*recipe*/, CpMethod /*m*/) const override { return false; }
+  MegatronCoreCp() : Implementation(kTable) {}
   std::int64_t ring_accumulator_bytes(const ScheduleInputs& in) const override {
     return in.recipe.activation_bytes;
   }
@@ -103,8 +105,6 @@ class MegatronCoreCp final : public Implementation {
     }
     return std::nullopt;
   }
-  std::span<const LedgerRow> ledger() const override { return kRows; }
-  std::span<const std::string_view> limits() const override { return kLimits; }
 };
 
 }  // namespace

@@ -118,6 +118,10 @@ std::span<const Implementation* const> implementations() {
   return kAll;
 }
 
+bool Implementation::default_for(std::string_view recipe, models::CpMethod m) const {
+  return !table_.default_recipe.empty() && recipe == table_.default_recipe && runs(m);
+}
+
 bool Implementation::runs_on(std::string_view launcher) const {
   for (const std::string_view l : launchers()) {
     if (l == launcher) {

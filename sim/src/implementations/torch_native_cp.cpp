@@ -68,32 +68,25 @@ constexpr std::array kMethods = {CpMethod::kRing};
 constexpr std::array<std::string_view, 3> kLaunchers = {"torchtitan", "accelerate",
                                                         "untied-ulysses"};
 
+constexpr ImplementationTable kTable{
+    "torch-native-cp",
+    "PyTorch context_parallel (ring rotation) over SDPA, as TorchTitan runs it",
+    "pytorch/pytorch@09b101c59aae511b84dfe4bac39b50cc50f7accf",
+    kMethods,
+    kLaunchers,
+    "torch-native",
+    kRows,
+    kLimits};
+
 class TorchNativeCp final : public Implementation {
  public:
-  std::string_view name() const override { return "torch-native-cp"; }
-  std::string_view title() const override {
-    return "PyTorch context_parallel (ring rotation) over SDPA, as TorchTitan runs it";
-  }
-  std::string_view pinned_source() const override {
-    return "pytorch/pytorch@09b101c59aae511b84dfe4bac39b50cc50f7accf";
-  }
-  std::span<const CpMethod> methods() const override { return kMethods; }
-  std::span<const std::string_view> launchers() const override { return kLaunchers; }
-  bool default_for(std::string_view recipe, CpMethod m) const override {
-    return recipe == "torch-native" && runs(m);
-  }
+  TorchNativeCp() : Implementation(kTable) {}
   // repeat_kv before SDPA: every K/V tensor of the attention has the query heads.
   void shape(const ScheduleInputs& in, HeadLayout& layout) const override {
     layout.kv_heads_eff = in.model.heads;
     layout.kv_replication = in.model.heads / in.model.kv_heads;
     layout.kv_heads_per_fetch = in.model.heads;
   }
-  std::optional<ConfigIssue> check(const ScheduleInputs& /*in*/,
-                                   const HeadLayout& /*layout*/) const override {
-    return std::nullopt;
-  }
-  std::span<const LedgerRow> ledger() const override { return kRows; }
-  std::span<const std::string_view> limits() const override { return kLimits; }
 };
 
 }  // namespace

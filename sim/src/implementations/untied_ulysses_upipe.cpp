@@ -69,20 +69,19 @@ constexpr std::array<std::string_view, 3> kLimits = {
 constexpr std::array kMethods = {CpMethod::kUPipe};
 constexpr std::array<std::string_view, 1> kLaunchers = {"untied-ulysses"};
 
+constexpr ImplementationTable kTable{
+    "untied-ulysses-upipe",
+    "UPipe custom op (UpipeAttnGQAFunc) of the Untied Ulysses TorchTitan fork",
+    "togethercomputer/Untied-Ulysses@e465aa8e8fec72f448c0d3767a8bc569682586e1",
+    kMethods,
+    kLaunchers,
+    "alst",
+    kRows,
+    kLimits};
+
 class UntiedUlyssesUpipe final : public Implementation {
  public:
-  std::string_view name() const override { return "untied-ulysses-upipe"; }
-  std::string_view title() const override {
-    return "UPipe custom op (UpipeAttnGQAFunc) of the Untied Ulysses TorchTitan fork";
-  }
-  std::string_view pinned_source() const override {
-    return "togethercomputer/Untied-Ulysses@e465aa8e8fec72f448c0d3767a8bc569682586e1";
-  }
-  std::span<const CpMethod> methods() const override { return kMethods; }
-  std::span<const std::string_view> launchers() const override { return kLaunchers; }
-  bool default_for(std::string_view recipe, CpMethod m) const override {
-    return recipe == "alst" && runs(m);
-  }
+  UntiedUlyssesUpipe() : Implementation(kTable) {}
   // pipe_degree = n_heads // ulysses_degree stages of u heads each (fully_fused_attn.py).
   std::optional<ConfigIssue> check(const ScheduleInputs& /*in*/,
                                    const HeadLayout& layout) const override {
@@ -95,8 +94,6 @@ class UntiedUlyssesUpipe final : public Implementation {
     }
     return std::nullopt;
   }
-  std::span<const LedgerRow> ledger() const override { return kRows; }
-  std::span<const std::string_view> limits() const override { return kLimits; }
 };
 
 }  // namespace

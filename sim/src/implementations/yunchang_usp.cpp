@@ -83,22 +83,21 @@ constexpr std::array<std::string_view, 3> kLimits = {
 constexpr std::array kMethods = {CpMethod::kUsp, CpMethod::kUlysses, CpMethod::kRing};
 constexpr std::array<std::string_view, 1> kLaunchers = {"untied-ulysses"};
 
+// The UPipe authors' TorchTitan fork (recipe alst) runs Ulysses and USP through yunchang, and
+// ring through it with FlashAttention kernels.
+constexpr ImplementationTable kTable{
+    "yunchang-usp",
+    "yunchang LongContextAttention: Ulysses all-to-all x zigzag ring flash attention",
+    "feifeibear/long-context-attention@56118e0d8fe377d43441226dd8bdd07135c92c22",
+    kMethods,
+    kLaunchers,
+    "alst",
+    kRows,
+    kLimits};
+
 class YunchangUsp final : public Implementation {
  public:
-  std::string_view name() const override { return "yunchang-usp"; }
-  std::string_view title() const override {
-    return "yunchang LongContextAttention: Ulysses all-to-all x zigzag ring flash attention";
-  }
-  std::string_view pinned_source() const override {
-    return "feifeibear/long-context-attention@56118e0d8fe377d43441226dd8bdd07135c92c22";
-  }
-  std::span<const CpMethod> methods() const override { return kMethods; }
-  std::span<const std::string_view> launchers() const override { return kLaunchers; }
-  // The UPipe authors' TorchTitan fork (recipe alst) runs Ulysses and USP through yunchang, and
-  // ring through it with FlashAttention kernels.
-  bool default_for(std::string_view recipe, CpMethod m) const override {
-    return recipe == "alst" && runs(m);
-  }
+  YunchangUsp() : Implementation(kTable) {}
   // all_to_all_4D splits heads with reshape(bs, s, P, hc // P, hs): no KV-head replication.
   std::optional<ConfigIssue> check(const ScheduleInputs& in,
                                    const HeadLayout& layout) const override {
@@ -111,8 +110,6 @@ class YunchangUsp final : public Implementation {
     }
     return std::nullopt;
   }
-  std::span<const LedgerRow> ledger() const override { return kRows; }
-  std::span<const std::string_view> limits() const override { return kLimits; }
 };
 
 }  // namespace

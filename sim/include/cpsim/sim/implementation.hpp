@@ -92,43 +92,60 @@ std::int64_t row_bytes(const LedgerRow& row, const LedgerUnits& units);
 /// The row's bytes as the ledger documents write them: "2·sHd + 4·sHkv·d" ("0" when empty).
 std::string row_formula(const LedgerRow& row);
 
-/// An implementation users run.
+/// What an implementation is, as data (one constexpr table per file in sim/src/implementations).
+struct ImplementationTable {
+  std::string_view name;           ///< as `--impl` spells it: "yunchang-usp"
+  std::string_view title;          ///< one line: the code it models
+  std::string_view pinned_source;  ///< upstream repository and commit: "owner/repo@<40 hex>"
+  std::span<const models::CpMethod> methods;    ///< the first is the one `--impl` alone selects
+  std::span<const std::string_view> launchers;  ///< as `--emit` spells them
+  /// The recipe whose runs of its methods it is the default implementation of; empty: none.
+  std::string_view default_recipe;
+  std::span<const LedgerRow> ledger;
+  /// What it models crudely or leaves out (printed with the modelling notes); one line each.
+  std::span<const std::string_view> limits;
+};
+
+/// An implementation users run: its table, and hooks where its code changes the scheme.
 class Implementation {
  public:
+  explicit Implementation(const ImplementationTable& table) : table_(table) {}
   virtual ~Implementation() = default;
-  /// `--impl` spells it so: "yunchang-usp".
-  virtual std::string_view name() const = 0;
-  /// One line: the code it models ("yunchang LongContextAttention (Ulysses x ring) over ...").
-  virtual std::string_view title() const = 0;
-  /// Upstream repository and the commit the ledger was read at ("owner/repo@<40 hex>").
-  virtual std::string_view pinned_source() const = 0;
+  Implementation(const Implementation&) = delete;
+  Implementation& operator=(const Implementation&) = delete;
+
+  std::string_view name() const { return table_.name; }
+  std::string_view title() const { return table_.title; }
+  std::string_view pinned_source() const { return table_.pinned_source; }
+  std::span<const models::CpMethod> methods() const { return table_.methods; }
+  std::span<const std::string_view> launchers() const { return table_.launchers; }
+  std::span<const LedgerRow> ledger() const { return table_.ledger; }
+  std::span<const std::string_view> limits() const { return table_.limits; }
   /// docs/implementations/<name>.md
   std::string ledger_document() const {
     return "docs/implementations/" + std::string(name()) + ".md";
   }
-  /// The methods it runs; the first is the one `--impl` alone selects.
-  virtual std::span<const models::CpMethod> methods() const = 0;
   bool runs(models::CpMethod m) const;
-  /// The recipes (by name) whose runs of `m` it is the default implementation of.
-  virtual bool default_for(std::string_view recipe, models::CpMethod m) const = 0;
-  /// The launchers (as `--emit` spells them) that run it.
-  virtual std::span<const std::string_view> launchers() const = 0;
   bool runs_on(std::string_view launcher) const;
+  /// Whether it is the default implementation of `m` in recipe `recipe`.
+  bool default_for(std::string_view recipe, models::CpMethod m) const;
+  /// Sum of the rows that apply at `site`.
+  std::int64_t site_bytes(LedgerSite site, const LedgerUnits& units) const;
+
   /// What its code changes in the head layout before anything is sized (e.g. K/V repeated to the
   /// query heads before attention); the default changes nothing.
   virtual void shape(const ScheduleInputs& /*in*/, HeadLayout& /*layout*/) const {}
   /// Bytes per element of the ring part's output and dQ/dK/dV accumulators (fp32 in most code;
   /// Transformer Engine accumulates in the activations' dtype).
   virtual std::int64_t ring_accumulator_bytes(const ScheduleInputs& /*in*/) const { return 4; }
-  /// Constraints of its code beyond the method's (head divisibility, ...).
-  virtual std::optional<ConfigIssue> check(const ScheduleInputs& in,
-                                           const HeadLayout& layout) const = 0;
-  virtual std::span<const LedgerRow> ledger() const = 0;
-  /// What it models crudely or leaves out (printed with the modelling notes); one line each.
-  virtual std::span<const std::string_view> limits() const = 0;
+  /// Constraints of its code beyond the method's (head divisibility, ...); the default has none.
+  virtual std::optional<ConfigIssue> check(const ScheduleInputs& /*in*/,
+                                           const HeadLayout& /*layout*/) const {
+    return std::nullopt;
+  }
 
-  /// Sum of the rows that apply at `site`.
-  std::int64_t site_bytes(LedgerSite site, const LedgerUnits& units) const;
+ private:
+  ImplementationTable table_;
 };
 
 /// Every implementation, in the order `cpsim implementations` lists them.
