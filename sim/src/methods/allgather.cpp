@@ -20,41 +20,15 @@
 namespace cpsim::sim::methods {
 namespace {
 
-class AllGather final : public UlyssesSchemeImplementation {
+class AllGather final : public WholeRingImplementation {
  public:
   models::CpMethod id() const override { return models::CpMethod::kAllGather; }
-  bool has_ulysses_part() const override { return false; }
-  bool has_ring_part() const override { return true; }
   bool gathers_kv() const override { return true; }
 
-  std::optional<ConfigIssue> check_ring_degree(const models::ParallelConfig& p) const override {
-    return whole_ring(p);
-  }
+ protected:
+  Words words() const override { return {"allgather", "all-gather CP", "all-gather"}; }
 
-  void search_candidates(const models::ParallelConfig& base,
-                         const SearchSpace& /*space*/,
-                         std::vector<models::ParallelConfig>& out) const override {
-    if (base.cp_degree > 1) {
-      models::ParallelConfig p = base;
-      p.ring_degree = base.cp_degree;
-      out.push_back(p);
-    }
-  }
-
-  std::string label(LabelStyle style,
-                    const models::ParallelConfig& p,
-                    const HeadLayout* /*layout*/) const override {
-    const char* layout = models::to_string(p.ring_layout);
-    switch (style) {
-      case LabelStyle::kSearch:
-        return fmt::format("allgather C{}", p.cp_degree);
-      case LabelStyle::kDescription:
-        return fmt::format("all-gather CP (C={}, {} layout)", p.cp_degree, layout);
-      case LabelStyle::kDegrees:
-        break;
-    }
-    return fmt::format("all-gather {} ({})", p.ring_degree, layout);
-  }
+ public:
   std::string_view report_color() const override { return "#9467bd"; }
   LauncherSupport launchers() const override {
     // Transformer Engine accepts only "all_gather" (Megatron-LM's argparse help says allgather).

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cpsim/sim/cp_method.hpp"
@@ -24,6 +25,31 @@ class UlyssesSchemeImplementation : public CpImplementation {
                                        detail::TensorSet d_o,
                                        detail::TensorSet params,
                                        detail::TensorSet grads) const override;
+};
+
+/// Base of ring and all-gather: no Ulysses part, the ring is the whole CP group (one search
+/// candidate per CP degree), labels from the method's words.
+class WholeRingImplementation : public UlyssesSchemeImplementation {
+ public:
+  bool has_ulysses_part() const override { return false; }
+  bool has_ring_part() const override { return true; }
+  std::optional<ConfigIssue> check_ring_degree(const models::ParallelConfig& p) const override;
+  void search_candidates(const models::ParallelConfig& base,
+                         const SearchSpace& space,
+                         std::vector<models::ParallelConfig>& out) const override;
+  std::string label(LabelStyle style,
+                    const models::ParallelConfig& p,
+                    const HeadLayout* layout) const override;
+
+ protected:
+  /// The words of the labels: "ring" in search labels and degrees, "Ring attention" in
+  /// descriptions.
+  struct Words {
+    std::string_view search;
+    std::string_view description;
+    std::string_view degrees;
+  };
+  virtual Words words() const = 0;
 };
 
 /// One factory per implementation file; the registry (registry.cpp) lists them.

@@ -205,6 +205,37 @@ std::optional<ConfigIssue> no_ring(const models::ParallelConfig& p) {
   return std::nullopt;
 }
 
+std::optional<ConfigIssue> WholeRingImplementation::check_ring_degree(
+    const models::ParallelConfig& p) const {
+  return whole_ring(p);
+}
+
+void WholeRingImplementation::search_candidates(const models::ParallelConfig& base,
+                                                const SearchSpace& /*space*/,
+                                                std::vector<models::ParallelConfig>& out) const {
+  if (base.cp_degree > 1) {
+    models::ParallelConfig p = base;
+    p.ring_degree = base.cp_degree;
+    out.push_back(p);
+  }
+}
+
+std::string WholeRingImplementation::label(LabelStyle style,
+                                           const models::ParallelConfig& p,
+                                           const HeadLayout* /*layout*/) const {
+  const Words w = words();
+  const char* layout = models::to_string(p.ring_layout);
+  switch (style) {
+    case LabelStyle::kSearch:
+      return fmt::format("{} C{}", w.search, p.cp_degree);
+    case LabelStyle::kDescription:
+      return fmt::format("{} (C={}, {} layout)", w.description, p.cp_degree, layout);
+    case LabelStyle::kDegrees:
+      break;
+  }
+  return fmt::format("{} {} ({})", w.degrees, p.ring_degree, layout);
+}
+
 std::optional<ConfigIssue> whole_ring(const models::ParallelConfig& p) {
   if (p.ring_degree != p.cp_degree) {
     return ConfigIssue{Quantity::kRingDegree,

@@ -23,40 +23,14 @@
 namespace cpsim::sim::methods {
 namespace {
 
-class Ring final : public UlyssesSchemeImplementation {
+class Ring final : public WholeRingImplementation {
  public:
   models::CpMethod id() const override { return models::CpMethod::kRing; }
-  bool has_ulysses_part() const override { return false; }
-  bool has_ring_part() const override { return true; }
 
-  std::optional<ConfigIssue> check_ring_degree(const models::ParallelConfig& p) const override {
-    return whole_ring(p);
-  }
+ protected:
+  Words words() const override { return {"ring", "Ring attention", "ring"}; }
 
-  void search_candidates(const models::ParallelConfig& base,
-                         const SearchSpace& /*space*/,
-                         std::vector<models::ParallelConfig>& out) const override {
-    if (base.cp_degree > 1) {
-      models::ParallelConfig p = base;
-      p.ring_degree = base.cp_degree;
-      out.push_back(p);
-    }
-  }
-
-  std::string label(LabelStyle style,
-                    const models::ParallelConfig& p,
-                    const HeadLayout* /*layout*/) const override {
-    const char* layout = models::to_string(p.ring_layout);
-    switch (style) {
-      case LabelStyle::kSearch:
-        return fmt::format("ring C{}", p.cp_degree);
-      case LabelStyle::kDescription:
-        return fmt::format("Ring attention (C={}, {} layout)", p.cp_degree, layout);
-      case LabelStyle::kDegrees:
-        break;
-    }
-    return fmt::format("ring {} ({})", p.ring_degree, layout);
-  }
+ public:
   std::string_view report_color() const override { return "#ff7f0e"; }
   LauncherSupport launchers() const override {
     return {{{"torchtitan", "alltoall"},  // TorchTitan's name for passing K/V around the ring
