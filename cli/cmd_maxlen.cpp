@@ -1,5 +1,7 @@
 // `cpsim maxlen`: the longest sequence a configuration trains, and what stops it going longer.
+#include <algorithm>
 #include <iostream>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -61,11 +63,22 @@ nlohmann::json outcome_json(const Outcome& o) {
           {"warnings", r.warnings}};
 }
 
+// 0 when some length fits for at least one method, else kExitDoesNotFit.
+int maxlen_status(const std::vector<Outcome>& outcomes) {
+  const bool one_fits = std::any_of(outcomes.begin(), outcomes.end(), [](const Outcome& o) {
+    return o.error.empty() && o.res.max_seq_len > 0;
+  });
+  return one_fits ? 0 : kExitDoesNotFit;
+}
+
 }  // namespace
 
 CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& a) {
   CLI::App* c = app.add_subcommand(
       "maxlen", "The longest sequence a configuration can train, and the constraint that binds");
+  c->footer(
+      "Exit status 3 when not even the shortest length searched fits (with several methods: for "
+      "none of them), after printing the answer; 2 for bad input.");
   add_config_options(c, a.config, /*with_seq=*/false);
   c->add_option("--granularity", a.granularity,
                 "lengths searched are multiples of this (and of what the method requires)")
@@ -120,7 +133,7 @@ int run_maxlen(const MaxLenArgs& a) {
                        .dump(2)
                 << "\n";
     }
-    return 0;
+    return maxlen_status(outcomes);
   }
   for (const Outcome& o : outcomes) {
     if (!o.error.empty()) {
@@ -154,7 +167,7 @@ int run_maxlen(const MaxLenArgs& a) {
     }
     std::cout << "\n";
   }
-  return 0;
+  return maxlen_status(outcomes);
 }
 
 }  // namespace cpsim::cli

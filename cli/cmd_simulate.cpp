@@ -528,6 +528,10 @@ std::string human(const sim::ScheduleInputs& in,
 
 CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
   CLI::App* c = app.add_subcommand("simulate", "Simulate one training step of one configuration");
+  c->footer(
+      "Exit status 3 when the configuration does not fit (GPU memory, host memory or a kernel's "
+      "32-bit limit; with several methods: when none fits), after printing the answer; 2 for bad "
+      "input.");
   add_config_options(c, a, /*with_seq=*/true);
   c->add_option("--trace", a.trace,
                 "write a Chrome/Perfetto trace (JSON) of the step to FILE (- = standard output, "
@@ -657,6 +661,14 @@ bool is_shared_flag(const std::string& f) {
          f == "--int32-indexing" || f.find(".json") != std::string::npos;
 }
 
+// A comparison's exit status: 0 when at least one method fits, else kExitDoesNotFit.
+template <typename Row>
+int comparison_status(const std::vector<Row>& rows) {
+  const bool one_fits = std::any_of(rows.begin(), rows.end(),
+                                    [](const Row& r) { return r.error.empty() && r.rep.fits(); });
+  return one_fits ? 0 : kExitDoesNotFit;
+}
+
 // Side-by-side table of several methods, with what sets each one's peak and time.
 int run_comparison(const SimulateArgs& a, const std::vector<std::string>& methods) {
   struct Row {
@@ -709,7 +721,7 @@ int run_comparison(const SimulateArgs& a, const std::vector<std::string>& method
                                 {"comparison", list}}
                      .dump(2)
               << "\n";
-    return 0;
+    return comparison_status(rows);
   }
   const Row& first =
       *std::find_if(rows.begin(), rows.end(), [](const Row& r) { return r.error.empty(); });
@@ -758,7 +770,7 @@ int run_comparison(const SimulateArgs& a, const std::vector<std::string>& method
         format_bytes(static_cast<double>(p.breakdown_at_peak[top])),
         p.step_time_s > 0 ? 100.0 * p.exposed_comm_s / p.step_time_s : 0.0);
   }
-  return 0;
+  return comparison_status(rows);
 }
 
 }  // namespace
@@ -846,7 +858,7 @@ int run_simulate(const SimulateArgs& a) {
               << " (open in ui.perfetto.dev or chrome://tracing)\n";
     }
   }
-  return 0;
+  return e.report.fits() ? 0 : kExitDoesNotFit;
 }
 
 }  // namespace cpsim::cli

@@ -10,6 +10,11 @@
 
 namespace cpsim::cli {
 
+/// Exit status of `simulate` and `maxlen` when the answer is "does not fit": the configuration
+/// simulated does not fit (GPU, host or kernel limits; with several methods: none fits), or not
+/// even the shortest length searched fits. 2 stays bad input, 1 an I/O or internal failure.
+inline constexpr int kExitDoesNotFit = 3;
+
 struct SimulateArgs {
   std::string model = "llama3-8b";
   int gpus = 8;

@@ -128,6 +128,10 @@ int run_cpsim(int argc, char** argv, std::optional<Failure>& failure) {
       "Built-in data is read from $CPSIM_DATA_DIR or the source tree's data/.\n"
       "Output files: `-` is standard output; a file is replaced only once it is completely "
       "written.\n"
+      "Exit status: 0 done; 1 an output could not be written or an internal error; 2 bad input "
+      "(one line naming the flag or field); 3 does not fit (`simulate`: the configuration, or with "
+      "several methods every one of them; `maxlen`: not even the shortest length, for any method "
+      "asked), with the full answer printed as usual; `validate` exits 1 when a case misses.\n"
       "Run `cpsim SUBCOMMAND --help` for the flags of each subcommand.");
 
   cpsim::cli::SimulateArgs sim_args;

@@ -152,14 +152,25 @@ std::string format_seconds(double seconds) {
     double scale;
     const char* name;
   };
-  static constexpr std::array<Unit, 3> kUnits = {{{1e-6, "us"}, {1e-3, "ms"}, {1.0, "s"}}};
-  for (std::size_t i = 0; i + 1 < kUnits.size(); ++i) {
-    const double scaled = magnitude / kUnits[i].scale;
-    if (round_three_digits(scaled) < 1000.0) {
-      return fmt::format("{}{} {}", sign, format_three_digits(scaled), kUnits[i].name);
+  // Each unit is used while the value printed in it stays below `below` (three significant
+  // digits): 100 s and more read as minutes, 100 min as hours, 48 h as days.
+  struct Range {
+    Unit unit;
+    double below;
+  };
+  static constexpr std::array<Range, 6> kRanges = {{{{1e-6, "us"}, 1000.0},
+                                                    {{1e-3, "ms"}, 1000.0},
+                                                    {{1.0, "s"}, 100.0},
+                                                    {{60.0, "min"}, 100.0},
+                                                    {{3600.0, "h"}, 48.0},
+                                                    {{86400.0, "d"}, 0.0}}};
+  for (std::size_t i = 0; i + 1 < kRanges.size(); ++i) {
+    const double scaled = magnitude / kRanges[i].unit.scale;
+    if (round_three_digits(scaled) < kRanges[i].below) {
+      return fmt::format("{}{} {}", sign, format_three_digits(scaled), kRanges[i].unit.name);
     }
   }
-  return fmt::format("{}{} s", sign, format_three_digits(magnitude));
+  return fmt::format("{}{} d", sign, format_three_digits(magnitude / kRanges.back().unit.scale));
 }
 
 }  // namespace cpsim

@@ -939,7 +939,7 @@ TEST_F(BadInputTest, BadFilesAndFlags) {
 TEST_F(CliTest, HugeContextsStayInRange) {
   const RunResult r = run({"simulate", "--model", "llama3-8b", "--gpus", "1024", "--method",
                            "ulysses", "--cp-degree", "8", "--seq", "100000000", "--json"});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 3) << r.err;  // does not fit
   const Json j = Json::parse(r.out);
   EXPECT_EQ(j.at("tokens_per_step").get<std::int64_t>(), 100000000LL * 128);
   EXPECT_GT(j.at("step_time_s").get<double>(), 0.0);
@@ -949,7 +949,31 @@ TEST_F(CliTest, HugeContextsStayInRange) {
   // also under the sanitizers.
   const RunResult ring = run({"simulate", "--model", "llama3-8b", "--gpus", "256", "--method",
                               "ring", "--seq", "64M", "--json"});
-  ASSERT_EQ(ring.exit_code, 0) << ring.err;
+  ASSERT_EQ(ring.exit_code, 0) << ring.err;  // 256K tokens per GPU: fits
+  EXPECT_TRUE(Json::parse(ring.out).at("fits").get<bool>());
+}
+
+// Exit status 3 says "does not fit" after the full answer; 0 that it fits; bad input stays 2.
+TEST_F(CliTest, ExitStatusSaysWhetherItFits) {
+  const RunResult fits = run({"simulate", "--method", "ulysses", "--seq", "64K"});
+  EXPECT_EQ(fits.exit_code, 0) << fits.err;
+  EXPECT_NE(fits.out.find("fits,"), std::string::npos);
+  const RunResult over = run({"simulate", "--method", "ulysses", "--seq", "8M"});
+  EXPECT_EQ(over.exit_code, 3) << over.err;
+  EXPECT_NE(over.out.find("DOES NOT FIT"), std::string::npos);
+  EXPECT_TRUE(over.err.empty()) << over.err;
+  const RunResult over_json = run({"simulate", "--method", "ulysses", "--seq", "8M", "--json"});
+  EXPECT_EQ(over_json.exit_code, 3);
+  EXPECT_FALSE(Json::parse(over_json.out).at("fits").get<bool>());
+  // A comparison: 0 when one method fits (UPipe at 3M), 3 when none does.
+  EXPECT_EQ(run({"simulate", "--method", "ulysses,upipe", "--seq", "3M"}).exit_code, 0);
+  EXPECT_EQ(run({"simulate", "--method", "ulysses,ring", "--seq", "16M", "--json"}).exit_code, 3);
+  const RunResult none =
+      run({"maxlen", "--model", "llama3-70b", "--gpus", "1", "--method", "ulysses"});
+  EXPECT_EQ(none.exit_code, 3) << none.err;
+  EXPECT_NE(none.out.find("not even"), std::string::npos);
+  EXPECT_EQ(run({"maxlen", "--method", "ulysses", "--json"}).exit_code, 0);
+  EXPECT_EQ(run({"simulate", "--method", "ulysses", "--seq", "nonsense"}).exit_code, 2);
 }
 
 }  // namespace

@@ -97,7 +97,15 @@ TEST(FormatSeconds, UsesThreeSignificantDigits) {
   EXPECT_EQ(format_seconds(42e-9), "42 ns");
   EXPECT_EQ(format_seconds(0.0), "0 ns");
   EXPECT_EQ(format_seconds(1.5e-6), "1.50 us");
-  EXPECT_EQ(format_seconds(3600.0), "3600 s");
+  // Long steps and runs in the units a person reads: min from 100 s, h from 100 min, d from 48 h.
+  EXPECT_EQ(format_seconds(99.94), "99.9 s");
+  EXPECT_EQ(format_seconds(99.96), "1.67 min");  // 100 s
+  EXPECT_EQ(format_seconds(2621.0), "43.7 min");
+  EXPECT_EQ(format_seconds(3600.0), "60.0 min");
+  EXPECT_EQ(format_seconds(6000.0), "1.67 h");
+  EXPECT_EQ(format_seconds(47.9 * 3600.0), "47.9 h");
+  EXPECT_EQ(format_seconds(48.0 * 3600.0), "2.00 d");
+  EXPECT_EQ(format_seconds(1500.0 * 86400.0), "1500 d");
   // 999.96 ms prints as 1.00 s, not 1000 ms.
   EXPECT_EQ(format_seconds(0.99996), "1.00 s");
   EXPECT_EQ(format_seconds(-0.5), "-500 ms");
