@@ -82,8 +82,9 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
   c->add_option("--seq", a.seq, "rank configurations by tokens/s/GPU at this length");
   c->add_flag("--max-context", a.max_context,
               "rank by the longest context, then throughput (default)");
-  c->add_option("--methods", a.methods, "methods to search: a comma-separated list or all")
-      ->capture_default_str();
+  c->add_option("--methods", a.methods,
+                "methods to search: a comma-separated list or all (default: --method when given, "
+                "else all)");
   c->add_option("--top", a.top, "configurations to list")->capture_default_str();
   c->add_option("--memory-margin", a.memory_margin_gib,
                 "GiB kept free on every GPU: from 0 to below the GPU's capacity");
@@ -92,7 +93,8 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
   c->add_flag(
       "--fixed-recipe", a.fixed_recipe,
       "--seq mode: keep the recipe's AC, offload, tiling, loss and ZeRO settings instead of "
-      "searching them");
+      "searching them (each of --zero, --ac, --ac-offload, --tiled-mlp, --fused-loss given alone "
+      "keeps that one; the longest-context search always keeps the recipe)");
   c->add_option("--threads", a.threads, "parallel evaluations")->capture_default_str();
   c->add_option("--emit", a.emit,
                 "write the best configuration's settings for a launcher: torchtitan, "
@@ -101,6 +103,40 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
   c->add_flag("--json", a.json, "print JSON instead of text");
   return c;
 }
+
+namespace {
+
+// The methods to search: --methods, else --method when given (one method or a list), else all.
+std::string methods_to_search(const PlanArgs& a) {
+  if (!a.methods.empty() && a.config.method_given) {
+    throw InputError("--method", "give either --method or --methods");
+  }
+  if (!a.methods.empty()) {
+    return a.methods;
+  }
+  return a.config.method_given ? a.config.method : "all";
+}
+
+// What the command line fixed: the search keeps these (a flag left out is searched).
+planner::PlanConstraints fixed_by_flags(const PlanArgs& a) {
+  const SimulateArgs& f = a.config;
+  planner::PlanConstraints fixed;
+  fixed.cp_degree = f.cp_degree;
+  fixed.ulysses_degree = f.ulysses_degree;
+  fixed.ring_degree = f.ring_degree;
+  fixed.heads_per_stage = f.heads_per_stage;
+  fixed.fpdt_chunk = f.fpdt_chunk.empty() ? 0 : parse_length(f.fpdt_chunk, "--fpdt-chunk");
+  fixed.ring_layout = !f.ring_layout.empty();
+  const bool all = a.fixed_recipe;
+  fixed.zero_stage = all || f.zero >= 0;
+  fixed.checkpointing = all || !f.ac.empty();
+  fixed.checkpoint_offload = all || !f.ac_offload.empty();
+  fixed.tiled_mlp = all || !f.tiled_mlp.empty();
+  fixed.fused_loss = all || !f.fused_loss.empty();
+  return fixed;
+}
+
+}  // namespace
 
 int run_plan(const PlanArgs& a) {
   if (!a.seq.empty() && a.max_context) {
@@ -115,32 +151,47 @@ int run_plan(const PlanArgs& a) {
   if (!a.out.empty() && a.emit.empty()) {
     throw InputError("--out", "needs --emit FORMAT");
   }
+  if (a.fixed_recipe && a.seq.empty()) {
+    throw InputError("--fixed-recipe",
+                     "only with --seq: the longest-context search always keeps the recipe");
+  }
   std::optional<planner::LauncherFormat> format;
   if (!a.emit.empty()) {
     format = planner::parse_launcher_format(a.emit, "--emit");
   }
   planner::PlanOptions opts;
   const sim::Implementation* impl = sim::find_implementation(a.config.impl);
-  for (const std::string& m : split_methods(a.methods)) {
-    const models::CpMethod id = models::parse_cp_method(m, "--methods");
+  const std::string methods = methods_to_search(a);
+  const char* methods_flag = a.methods.empty() && a.config.method_given ? "--method" : "--methods";
+  for (const std::string& m : split_methods(methods)) {
+    const models::CpMethod id = models::parse_cp_method(m, methods_flag);
     if (impl == nullptr || impl->runs(id)) {  // --impl searches the methods it runs
       opts.methods.push_back(id);
     }
   }
   if (opts.methods.empty()) {
     throw InputError("--impl",
-                     fmt::format("{} runs none of --methods {}", a.config.impl, a.methods));
+                     fmt::format("{} runs none of {} {}", a.config.impl, methods_flag, methods));
   }
   SimulateArgs cfg = a.config;
   cfg.method = models::to_string(opts.methods.front());
   cfg.seq = a.seq.empty() ? "64K" : a.seq;
-  const sim::ScheduleInputs base = resolve_inputs(config_for_method(cfg, cfg.method));
+  sim::ScheduleInputs base = resolve_inputs(config_for_method(cfg, cfg.method));
+  // Knobs of a method other than the first searched: the base keeps them for the methods that
+  // read them (config_for_method dropped them for the first).
+  if (!a.config.ring_layout.empty()) {
+    base.parallel.ring_layout = models::parse_ring_layout(a.config.ring_layout, "--ring-layout");
+  }
+  if (!a.config.fpdt_offload.empty()) {
+    base.parallel.fpdt_offload = parse_switch(a.config.fpdt_offload, "--fpdt-offload");
+  }
   if (!a.seq.empty()) {
     opts.seq_len = parse_length(a.seq, "--seq");
   }
   opts.memory_margin_bytes = memory_margin_bytes(a.memory_margin_gib, base.hardware);
   opts.granularity = parse_length(a.granularity, "--granularity");
   opts.vary_recipe = !a.fixed_recipe;
+  opts.fixed = fixed_by_flags(a);
   opts.refusal_text = refusal_text;
   opts.threads = a.threads;
   opts.top = a.top;
@@ -156,7 +207,7 @@ int run_plan(const PlanArgs& a) {
   }
   if (res.ranked.empty()) {
     const std::string closest = res.closest_miss.empty() ? "" : "; " + res.closest_miss;
-    throw InputError(a.seq.empty() ? "--methods" : "--seq",
+    throw DoesNotFit(a.seq.empty() ? "--methods" : "--seq",
                      a.seq.empty()
                          ? fmt::format("no configuration of {} on {} GPUs fits even the shortest "
                                        "length searched{}",

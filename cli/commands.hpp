@@ -1,7 +1,9 @@
 #pragma once
 // Subcommands: each registers its flags on a CLI11 subcommand and runs after parsing.
 
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -14,6 +16,18 @@ namespace cpsim::cli {
 /// simulated does not fit (GPU, host or kernel limits; with several methods: none fits), or not
 /// even the shortest length searched fits. 2 stays bad input, 1 an I/O or internal failure.
 inline constexpr int kExitDoesNotFit = 3;
+
+/// "Nothing fits" as an answer rather than bad input (`plan` when no configuration fits): exits
+/// kExitDoesNotFit with one line, kind "does_not_fit", naming the flag whose value nothing fits.
+class DoesNotFit : public std::runtime_error {
+ public:
+  DoesNotFit(std::string field, const std::string& message)
+      : std::runtime_error(message), field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
+};
 
 struct SimulateArgs {
   std::string model = "llama3-8b";
@@ -76,7 +90,7 @@ struct PlanArgs {
   SimulateArgs config;
   std::string seq;  // empty = longest context
   bool max_context = false;
-  std::string methods = "all";
+  std::string methods;  // empty: --method if given, else all
   int top = 5;
   double memory_margin_gib = 0.0;
   std::string granularity = "64K";

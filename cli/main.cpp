@@ -72,7 +72,7 @@ std::string unknown_subcommand_error(CLI::App& app, int argc, char** argv) {
 /// One failed run, as reported on stderr (and on stdout with --json).
 struct Failure {
   int exit_status = 1;
-  std::string kind;   // input | io | internal
+  std::string kind;   // input | io | internal | does_not_fit
   std::string field;  // the flag or field at fault, may be empty
   std::string path;   // io: the output, may be empty
   std::string message;
@@ -131,7 +131,8 @@ int run_cpsim(int argc, char** argv, std::optional<Failure>& failure) {
       "Exit status: 0 done; 1 an output could not be written or an internal error; 2 bad input "
       "(one line naming the flag or field); 3 does not fit (`simulate`: the configuration, or with "
       "several methods every one of them; `maxlen`: not even the shortest length, for any method "
-      "asked), with the full answer printed as usual; `validate` exits 1 when a case misses.\n"
+      "asked), with the full answer printed as usual; `plan`: no configuration, one line naming "
+      "the closest); `validate` exits 1 when a case misses.\n"
       "Run `cpsim SUBCOMMAND --help` for the flags of each subcommand.");
 
   cpsim::cli::SimulateArgs sim_args;
@@ -201,6 +202,9 @@ int run_cpsim(int argc, char** argv, std::optional<Failure>& failure) {
     if (implementations->parsed()) {
       return cpsim::cli::run_implementations(implementations_args);
     }
+  } catch (const cpsim::cli::DoesNotFit& e) {
+    failure = Failure{cpsim::cli::kExitDoesNotFit, "does_not_fit", e.field(), "", e.what(), 0};
+    return cpsim::cli::kExitDoesNotFit;
   } catch (const cpsim::sim::ConfigError& e) {
     const cpsim::InputError refused = cpsim::cli::flag_error(e);
     failure = Failure{2, "input", refused.field(), "", refused.what(), 0};
@@ -240,7 +244,9 @@ int finish(cpsim::cli::StdoutGuard& out,
     return 1;  // the reader went away: nothing to tell it, and no one asked for an error line
   }
   if (failure) {
-    std::cerr << (failure->kind == "internal" ? "cpsim: internal error: " : "cpsim: error: ")
+    std::cerr << (failure->kind == "internal"       ? "cpsim: internal error: "
+                  : failure->kind == "does_not_fit" ? "cpsim: does not fit: "
+                                                    : "cpsim: error: ")
               << failure->message << "\n";
     if (json && stdout_error == 0) {
       print_json_error(*failure);

@@ -64,6 +64,111 @@ std::int64_t cost_estimate(const sim::ScheduleInputs& in) {
   return per_block * (full_ac ? 3 : 2) * in.model.layers;
 }
 
+// The recipes of the --seq search: ZeRO 3/2 × AC (full+offload, full, selective, none) × tiled
+// MLP × fused loss, each knob the user fixed kept at the base recipe's value.
+std::vector<models::TrainingRecipe> recipe_space(const models::TrainingRecipe& base,
+                                                 const PlanConstraints& fixed) {
+  const std::vector<int> zeros =
+      fixed.zero_stage ? std::vector<int>{base.zero_stage} : std::vector<int>{3, 2};
+  std::vector<std::pair<CheckpointMode, bool>> acs;
+  for (const auto& ac :
+       {std::pair{CheckpointMode::kFull, true}, std::pair{CheckpointMode::kFull, false},
+        std::pair{CheckpointMode::kSelective, false}, std::pair{CheckpointMode::kNone, false}}) {
+    if ((!fixed.checkpointing || ac.first == base.checkpointing) &&
+        (!fixed.checkpoint_offload || ac.second == base.checkpoint_offload)) {
+      acs.push_back(ac);
+    }
+  }
+  if (acs.empty()) {  // a fixed pair outside the list: searched as given (validation refuses it)
+    acs.emplace_back(base.checkpointing, base.checkpoint_offload);
+  }
+  const std::vector<bool> tileds =
+      fixed.tiled_mlp ? std::vector<bool>{base.tiled_mlp} : std::vector<bool>{true, false};
+  const std::vector<bool> fuseds =
+      fixed.fused_loss ? std::vector<bool>{base.fused_loss} : std::vector<bool>{true, false};
+  std::vector<models::TrainingRecipe> recipes;
+  for (const int zero : zeros) {
+    for (const auto& [ac, offload] : acs) {
+      for (const bool tiled : tileds) {
+        for (const bool fused : fuseds) {
+          models::TrainingRecipe r = base;
+          r.zero_stage = zero;
+          r.checkpointing = ac;
+          r.checkpoint_offload = offload;
+          r.tiled_mlp = tiled;
+          r.tiled_norm = tiled ? base.tiled_norm || tiled : base.tiled_norm;
+          r.fused_loss = fused;
+          recipes.push_back(r);
+        }
+      }
+    }
+  }
+  return recipes;
+}
+
+// Whether `p` (a structure the method proposed) has every value the user fixed that the method
+// reads.
+bool keeps_fixed(const sim::CpImplementation& method,
+                 const models::ParallelConfig& p,
+                 const PlanConstraints& fixed) {
+  return (fixed.ulysses_degree == 0 || !method.has_ulysses_part() ||
+          p.ulysses_degree() == fixed.ulysses_degree) &&
+         (fixed.ring_degree == 0 || !method.has_ring_part() ||
+          p.ring_degree == fixed.ring_degree) &&
+         (fixed.heads_per_stage == 0 || !method.uses_heads_per_stage() ||
+          p.heads_per_stage == fixed.heads_per_stage) &&
+         (fixed.fpdt_chunk == 0 || !method.uses_fpdt_chunk() || p.fpdt_chunk == fixed.fpdt_chunk);
+}
+
+// The method's structures at each CP degree, keeping the values the user fixed. When none of
+// the method's proposals has them, the configuration as given is searched alone (at the largest
+// CP degree), so that its refusal or result names the value rather than the method vanishing.
+void append_structures(const sim::CpImplementation& method,
+                       const sim::ScheduleInputs& base,
+                       const PlanOptions& options,
+                       const std::vector<int>& cps,
+                       std::vector<models::ParallelConfig>& out) {
+  const PlanConstraints& fixed = options.fixed;
+  sim::SearchSpace space;
+  space.heads = base.model.heads;
+  space.seq_len = options.seq_len;
+  const std::size_t before = out.size();
+  std::vector<models::ParallelConfig> proposed;
+  for (const int c : cps) {
+    models::ParallelConfig p = base.parallel;
+    p.method = method.id();
+    p.cp_degree = c;
+    p.heads_per_stage = 0;
+    if (!fixed.ring_layout) {
+      p.ring_layout = models::RingLayout::kZigzag;
+    }
+    space.cp_degree = c;
+    proposed.clear();
+    method.search_candidates(p, space, proposed);
+    for (const models::ParallelConfig& q : proposed) {
+      if (keeps_fixed(method, q, fixed)) {
+        out.push_back(q);
+      }
+    }
+  }
+  if (out.size() > before || proposed.empty()) {
+    return;
+  }
+  models::ParallelConfig given = proposed.back();  // at the largest CP degree searched
+  if (method.has_ring_part() && fixed.ring_degree > 0) {
+    given.ring_degree = fixed.ring_degree;
+  } else if (method.has_ring_part() && method.has_ulysses_part() && fixed.ulysses_degree > 0) {
+    given.ring_degree = std::max(1, given.cp_degree / fixed.ulysses_degree);
+  }
+  if (method.uses_heads_per_stage() && fixed.heads_per_stage > 0) {
+    given.heads_per_stage = fixed.heads_per_stage;
+  }
+  if (method.uses_fpdt_chunk() && fixed.fpdt_chunk > 0) {
+    given.fpdt_chunk = fixed.fpdt_chunk;
+  }
+  out.push_back(given);
+}
+
 }  // namespace
 
 // Two instants, each with only tensors the step builder certainly holds then (allocation rounding
@@ -115,46 +220,19 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
   const bool max_context = !options.seq_len.has_value();
   // The longest context uses every GPU in one CP group: activations shrink with C while model
   // states are sharded over all GPUs anyway, so data parallelism never lengthens the context.
-  const std::vector<int> cps = max_context ? std::vector<int>{gpus} : divisors(gpus);
+  // A fixed Ulysses or ring degree may need a smaller group: every degree is searched then.
+  const PlanConstraints& fixed = options.fixed;
+  const bool fixed_part = fixed.ulysses_degree > 0 || fixed.ring_degree > 0;
+  const std::vector<int> cps = fixed.cp_degree > 0          ? std::vector<int>{fixed.cp_degree}
+                               : max_context && !fixed_part ? std::vector<int>{gpus}
+                                                            : divisors(gpus);
 
-  std::vector<models::TrainingRecipe> recipes{base.recipe};
-  if (!max_context && options.vary_recipe) {
-    recipes.clear();
-    for (const int zero : {3, 2}) {
-      for (const auto& [ac, offload] :
-           {std::pair{CheckpointMode::kFull, true}, std::pair{CheckpointMode::kFull, false},
-            std::pair{CheckpointMode::kSelective, false},
-            std::pair{CheckpointMode::kNone, false}}) {
-        for (const bool tiled : {true, false}) {
-          for (const bool fused : {true, false}) {
-            models::TrainingRecipe r = base.recipe;
-            r.zero_stage = zero;
-            r.checkpointing = ac;
-            r.checkpoint_offload = offload;
-            r.tiled_mlp = tiled;
-            r.tiled_norm = tiled ? base.recipe.tiled_norm || tiled : base.recipe.tiled_norm;
-            r.fused_loss = fused;
-            recipes.push_back(r);
-          }
-        }
-      }
-    }
-  }
-
+  const std::vector<models::TrainingRecipe> recipes =
+      !max_context && options.vary_recipe ? recipe_space(base.recipe, options.fixed)
+                                          : std::vector<models::TrainingRecipe>{base.recipe};
   std::vector<models::ParallelConfig> structures;
-  sim::SearchSpace space;
-  space.heads = base.model.heads;
-  space.seq_len = options.seq_len;
   for (const sim::CpImplementation* method : methods_of(options)) {
-    for (const int c : cps) {
-      models::ParallelConfig p = base.parallel;
-      p.method = method->id();
-      p.cp_degree = c;
-      p.heads_per_stage = 0;
-      p.ring_layout = models::RingLayout::kZigzag;
-      space.cp_degree = c;
-      method->search_candidates(p, space, structures);
-    }
+    append_structures(*method, base, options, cps, structures);
   }
   std::vector<Candidate> out;
   out.reserve(structures.size() * recipes.size());

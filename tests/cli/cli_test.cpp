@@ -1165,3 +1165,38 @@ TEST_F(CliTest, HeadDimDifferentFromHiddenIsUsedAndNoted) {
 }
 
 }  // namespace
+
+namespace {
+
+// Every flag plan takes constrains the search (or is refused): what the recommendation shows.
+TEST_F(CliTest, PlanHonoursEveryFlag) {
+  auto best = [this](std::vector<std::string> args) {
+    args.insert(args.begin(), "plan");
+    args.push_back("--json");
+    const RunResult r = run(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return Json::parse(r.out).at("best").at("label").get<std::string>();
+  };
+  EXPECT_EQ(best({"--method", "ring"}).rfind("ring C8", 0), 0u);
+  EXPECT_EQ(best({"--methods", "ring", "--cp-degree", "4"}).rfind("ring C4 dp2", 0), 0u);
+  EXPECT_NE(best({"--methods", "fpdt", "--fpdt-chunk", "32K"}).find("chunk 32K"),
+            std::string::npos);
+  EXPECT_NE(best({"--methods", "upipe", "--impl", "none", "--heads-per-stage", "16"}).find("U16"),
+            std::string::npos);
+  const std::string fixed = best({"--seq", "256K", "--zero", "3", "--ac", "selective"});
+  EXPECT_NE(fixed.find("ac selective"), std::string::npos) << fixed;
+  EXPECT_NE(fixed.find("zero3"), std::string::npos) << fixed;
+  const RunResult both = run({"plan", "--method", "ring", "--methods", "ulysses"});
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_NE(both.err.find("--method"), std::string::npos);
+  const RunResult fixed_alone = run({"plan", "--fixed-recipe"});
+  EXPECT_EQ(fixed_alone.exit_code, 2);
+  EXPECT_NE(fixed_alone.err.find("--fixed-recipe"), std::string::npos);
+  // Nothing fits: exit 3, one line naming the closest configuration.
+  const RunResult none = run({"plan", "--seq", "1M", "--zero", "3", "--ac", "selective"});
+  EXPECT_EQ(none.exit_code, 3);
+  EXPECT_NE(none.err.find("cpsim: does not fit: "), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("the closest"), std::string::npos) << none.err;
+}
+
+}  // namespace

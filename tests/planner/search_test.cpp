@@ -359,3 +359,75 @@ TEST(Plan, MaxContextPicksTheLongest) {
 
 }  // namespace
 }  // namespace cpsim::planner
+
+namespace cpsim::planner {
+namespace {
+
+// Values the user fixed are kept by the enumeration (each for the methods that read it), and the
+// rest is still searched: the count of what remains is derived by hand for 8 GPUs and 16 heads.
+TEST(PlanConstraints, EnumerationKeepsWhatTheUserFixed) {
+  sim::ScheduleInputs base = small(CpMethod::kUlysses, 8);
+  PlanOptions o;
+  o.seq_len = 64 * 1024;
+  const std::size_t all = enumerate_candidates(base, o).size();
+  // --cp-degree 4: every structure has C = 4 (dp 2).
+  o.fixed.cp_degree = 4;
+  const std::vector<Candidate> c4 = enumerate_candidates(base, o);
+  ASSERT_FALSE(c4.empty());
+  EXPECT_LT(c4.size(), all);
+  for (const Candidate& c : c4) {
+    EXPECT_EQ(c.parallel.cp_degree, 4) << c.label;
+  }
+  // --heads-per-stage 8 for UPipe at C = 8 (u8 r1): U = 8 only, 32 recipes (2 ZeRO × 4 AC × tiled
+  // × fused); with ZeRO and fused loss fixed as well: 4 AC × 2 tiled = 8.
+  o = PlanOptions{};
+  o.seq_len = 64 * 1024;
+  o.methods = {CpMethod::kUPipe};
+  o.fixed.cp_degree = 8;
+  o.fixed.ring_degree = 1;
+  o.fixed.heads_per_stage = 8;
+  std::vector<Candidate> upipe = enumerate_candidates(base, o);
+  EXPECT_EQ(upipe.size(), 32u);
+  for (const Candidate& c : upipe) {
+    EXPECT_EQ(c.parallel.heads_per_stage, 8) << c.label;
+    EXPECT_EQ(c.parallel.ring_degree, 1) << c.label;
+  }
+  base.recipe.zero_stage = 3;
+  base.recipe.fused_loss = false;
+  o.fixed.zero_stage = true;
+  o.fixed.fused_loss = true;
+  upipe = enumerate_candidates(base, o);
+  EXPECT_EQ(upipe.size(), 8u);
+  for (const Candidate& c : upipe) {
+    EXPECT_EQ(c.recipe.zero_stage, 3) << c.label;
+    EXPECT_FALSE(c.recipe.fused_loss) << c.label;
+  }
+  // --fpdt-chunk 32K: the FPDT structures all have that chunk; a chunk the method never proposes
+  // (48K) is searched as given, alone, so that its refusal or result names it.
+  o = PlanOptions{};
+  o.seq_len = 256 * 1024;
+  o.vary_recipe = false;
+  o.methods = {CpMethod::kFpdt};
+  o.fixed.cp_degree = 8;
+  o.fixed.fpdt_chunk = 32 * 1024;
+  std::vector<Candidate> fpdt = enumerate_candidates(base, o);
+  ASSERT_EQ(fpdt.size(), 1u);
+  EXPECT_EQ(fpdt.front().parallel.fpdt_chunk, 32 * 1024);
+  o.fixed.fpdt_chunk = 48 * 1024;
+  fpdt = enumerate_candidates(base, o);
+  ASSERT_EQ(fpdt.size(), 1u);
+  EXPECT_EQ(fpdt.front().parallel.fpdt_chunk, 48 * 1024);
+  // A fixed Ulysses degree in the longest-context search: every CP degree is searched, and every
+  // USP structure has u = 2.
+  o = PlanOptions{};
+  o.methods = {CpMethod::kUsp};
+  o.fixed.ulysses_degree = 2;
+  const std::vector<Candidate> usp = enumerate_candidates(base, o);
+  ASSERT_FALSE(usp.empty());
+  for (const Candidate& c : usp) {
+    EXPECT_EQ(c.parallel.ulysses_degree(), 2) << c.label;
+  }
+}
+
+}  // namespace
+}  // namespace cpsim::planner

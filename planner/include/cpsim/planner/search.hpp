@@ -12,8 +12,28 @@
 
 namespace cpsim::planner {
 
+/// What the user fixed on the command line: the search keeps these values instead of varying
+/// them. A structural value applies only to the methods that read it (heads per stage: UPipe;
+/// the chunk: FPDT; the Ulysses degree: methods with a Ulysses part; the ring degree and layout:
+/// methods with a ring part); 0 / false = searched.
+struct PlanConstraints {
+  int cp_degree = 0;
+  int ulysses_degree = 0;
+  int ring_degree = 0;
+  std::int64_t heads_per_stage = 0;
+  std::int64_t fpdt_chunk = 0;
+  bool ring_layout = false;  ///< keep the base's ring layout (else zigzag)
+  // Recipe knobs kept at the base recipe's value in the --seq search (vary_recipe).
+  bool zero_stage = false;
+  bool checkpointing = false;
+  bool checkpoint_offload = false;
+  bool tiled_mlp = false;
+  bool fused_loss = false;
+};
+
 struct PlanOptions {
   std::vector<models::CpMethod> methods;  ///< empty = all
+  PlanConstraints fixed;                  ///< values the search keeps
   std::optional<std::int64_t> seq_len;    ///< rank by throughput at this length; else max context
   std::int64_t memory_margin_bytes = 0;
   std::int64_t granularity = 64 * 1024;  ///< max-context mode
