@@ -47,6 +47,7 @@ nlohmann::json candidate_json(const planner::Candidate& c, bool max_context) {
       {"fused_loss", r.fused_loss},
       {"zero_stage", r.zero_stage},
       {"seq_len", p.seq_len},
+      {"tokens_per_step", p.seq_len * p.data_parallel() * p.micro_batch},
       {"step_time_s", c.report.step_time_s},
       {"tokens_per_s_per_gpu", c.report.tokens_per_s_per_gpu},
       {"mfu", c.report.mfu},
@@ -65,8 +66,10 @@ std::vector<std::string> row(const planner::Candidate& c, bool max_context) {
   std::vector<std::string> r;
   if (max_context)
     r.push_back(format_length(c.max_seq_len));
+  const std::int64_t tokens_per_step =
+      c.parallel.seq_len * c.parallel.data_parallel() * c.parallel.micro_batch;
   r.insert(r.end(), {fmt::format("{:.1f}", c.report.tokens_per_s_per_gpu),
-                     format_seconds(c.report.step_time_s),
+                     format_length(tokens_per_step), format_seconds(c.report.step_time_s),
                      format_bytes(static_cast<double>(c.report.peak_memory_bytes)), c.label});
   return r;
 }
@@ -95,6 +98,10 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
       "--seq mode: keep the recipe's AC, offload, tiling, loss and ZeRO settings instead of "
       "searching them (each of --zero, --ac, --ac-offload, --tiled-mlp, --fused-loss given alone "
       "keeps that one; the longest-context search always keeps the recipe)");
+  c->add_flag("--allow-data-parallel", a.allow_data_parallel,
+              "--seq mode: also search CP groups smaller than --gpus with the rest data parallel; "
+              "each step then trains GPUs/C sequences (tokens/step in the tables), a larger "
+              "global batch than one sequence");
   c->add_option("--threads", a.threads, "parallel evaluations")->capture_default_str();
   c->add_option("--emit", a.emit,
                 "write the best configuration's settings for a launcher: torchtitan, "
@@ -192,6 +199,11 @@ int run_plan(const PlanArgs& a) {
   opts.granularity = parse_length(a.granularity, "--granularity");
   opts.vary_recipe = !a.fixed_recipe;
   opts.fixed = fixed_by_flags(a);
+  if (a.allow_data_parallel && a.seq.empty()) {
+    throw InputError("--allow-data-parallel",
+                     "only with --seq: the longest context uses every GPU in one CP group");
+  }
+  opts.allow_data_parallel = a.allow_data_parallel;
   opts.refusal_text = refusal_text;
   opts.threads = a.threads;
   opts.top = a.top;
@@ -300,7 +312,7 @@ int run_plan(const PlanArgs& a) {
   std::vector<std::string> header;
   if (mc)
     header.push_back("max context");
-  header.insert(header.end(), {"tok/s/GPU", "step", "peak", "configuration"});
+  header.insert(header.end(), {"tok/s/GPU", "tokens/step", "step", "peak", "configuration"});
   std::vector<bool> numeric(header.size(), true);
   numeric.back() = false;
   auto print = [&](const std::string& title, const std::vector<planner::Candidate>& list,

@@ -22,7 +22,7 @@ inline constexpr int kExitDoesNotFit = 3;
 class DoesNotFit : public std::runtime_error {
  public:
   DoesNotFit(std::string field, const std::string& message)
-      : std::runtime_error(message), field_(std::move(field)) {}
+      : std::runtime_error(field + ": " + message), field_(std::move(field)) {}
   const std::string& field() const { return field_; }
 
  private:
@@ -95,6 +95,7 @@ struct PlanArgs {
   double memory_margin_gib = 0.0;
   std::string granularity = "64K";
   bool fixed_recipe = false;
+  bool allow_data_parallel = false;
   int threads = 2;
   std::string emit;
   std::string out;

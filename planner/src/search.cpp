@@ -155,10 +155,15 @@ void append_structures(const sim::CpImplementation& method,
     return;
   }
   models::ParallelConfig given = proposed.back();  // at the largest CP degree searched
-  if (method.has_ring_part() && fixed.ring_degree > 0) {
-    given.ring_degree = fixed.ring_degree;
-  } else if (method.has_ring_part() && method.has_ulysses_part() && fixed.ulysses_degree > 0) {
-    given.ring_degree = std::max(1, given.cp_degree / fixed.ulysses_degree);
+  if (method.has_ring_part() && method.has_ulysses_part()) {
+    given.ring_degree = fixed.ring_degree > 0 ? fixed.ring_degree
+                        : fixed.ulysses_degree > 0
+                            ? std::max(1, given.cp_degree / fixed.ulysses_degree)
+                            : given.ring_degree;
+  } else if (method.has_ring_part() && fixed.ring_degree > 0) {
+    given.cp_degree = given.ring_degree = fixed.ring_degree;  // the ring is the whole group
+  } else if (method.has_ulysses_part() && fixed.ulysses_degree > 0) {
+    given.cp_degree = fixed.ulysses_degree;
   }
   if (method.uses_heads_per_stage() && fixed.heads_per_stage > 0) {
     given.heads_per_stage = fixed.heads_per_stage;
@@ -220,12 +225,15 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
   const bool max_context = !options.seq_len.has_value();
   // The longest context uses every GPU in one CP group: activations shrink with C while model
   // states are sharded over all GPUs anyway, so data parallelism never lengthens the context.
-  // A fixed Ulysses or ring degree may need a smaller group: every degree is searched then.
+  // Throughput at --seq: smaller groups (data parallel) only when the user allows a larger
+  // global batch. A fixed Ulysses or ring degree may need a smaller group: every degree is
+  // searched then.
   const PlanConstraints& fixed = options.fixed;
   const bool fixed_part = fixed.ulysses_degree > 0 || fixed.ring_degree > 0;
-  const std::vector<int> cps = fixed.cp_degree > 0          ? std::vector<int>{fixed.cp_degree}
-                               : max_context && !fixed_part ? std::vector<int>{gpus}
-                                                            : divisors(gpus);
+  const bool smaller_groups = fixed_part || (!max_context && options.allow_data_parallel);
+  const std::vector<int> cps = fixed.cp_degree > 0 ? std::vector<int>{fixed.cp_degree}
+                               : smaller_groups    ? divisors(gpus)
+                                                   : std::vector<int>{gpus};
 
   const std::vector<models::TrainingRecipe> recipes =
       !max_context && options.vary_recipe ? recipe_space(base.recipe, options.fixed)

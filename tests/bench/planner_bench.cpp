@@ -81,6 +81,7 @@ void BM_PlanSeq1M(benchmark::State& state) {
   planner::PlanOptions o;
   o.seq_len = 1 << 20;
   o.threads = 2;
+  o.allow_data_parallel = true;  // every CP degree, as `--allow-data-parallel`
   std::int64_t configurations = 0;
   for (auto _ : state) {
     const planner::PlanResult r = planner::plan(in, o);
@@ -98,6 +99,7 @@ void BM_PlanSweepGpus(benchmark::State& state) {
   planner::PlanOptions o;
   o.seq_len = 1 << 20;
   o.threads = 2;
+  o.allow_data_parallel = true;
   std::vector<sim::ScheduleInputs> bases;
   for (const int gpus : {8, 16, 32, 64}) {
     sim::ScheduleInputs in = base(models::CpMethod::kUlysses);

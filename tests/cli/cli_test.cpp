@@ -1127,11 +1127,24 @@ TEST_F(BadInputTest, NoSilentValuesNoMisleadingFlags) {
 }
 
 // A model whose data fits on no 8 GPUs: the error says what misses and by how much.
-TEST_F(BadInputTest, PlanSaysWhatDoesNotFit) {
-  expect_usage_error({"405B on 8 GPUs",
-                      {"plan", "--model", "llama3.1-405b", "--gpus", "8", "--methods", "ulysses"},
-                      {"--methods"},
-                      {"closest", "over", "GPU memory"}});
+// Nothing fitting is an answer, not bad input: exit 3 and one line naming the flag, the closest
+// configuration and by how much it misses (also as a JSON error of kind does_not_fit).
+TEST_F(CliTest, PlanSaysWhatDoesNotFit) {
+  const std::vector<std::string> args = {"plan", "--model",   "llama3.1-405b", "--gpus",
+                                         "8",    "--methods", "ulysses"};
+  const RunResult r = run(args);
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  for (const char* word : {"cpsim: does not fit: --methods", "closest", "over", "GPU memory"}) {
+    EXPECT_NE(r.err.find(word), std::string::npos) << word << " in " << r.err;
+  }
+  std::vector<std::string> json_args = args;
+  json_args.push_back("--json");
+  const RunResult j = run(json_args);
+  EXPECT_EQ(j.exit_code, 3);
+  const Json error = Json::parse(j.out).at("error");
+  EXPECT_EQ(error.at("kind"), "does_not_fit");
+  EXPECT_EQ(error.at("field"), "--methods");
 }
 
 // Qwen-style config: heads × head_dim (32 × 128) differs from hidden_size, and a sliding window is

@@ -195,6 +195,7 @@ TEST(LowerBound, NeverAboveTheSimulatedPeak) {
         base.hardware.hbm_capacity_bytes = 1LL << 40;
         PlanOptions o;
         o.seq_len = seq;
+        o.allow_data_parallel = true;
         for (const Candidate& c : enumerate_candidates(base, o)) {
           sim::ScheduleInputs in = c.inputs(base);
           in.parallel.seq_len = seq;
@@ -226,6 +227,7 @@ TEST(Plan, SameOptimumAsExhaustiveSimulation) {
   PlanOptions o;
   o.seq_len = 64 * 1024;
   o.threads = 2;
+  o.allow_data_parallel = true;
   const PlanResult res = plan(base, o);
   ASSERT_FALSE(res.ranked.empty());
   EXPECT_GT(res.pruned, 0);
@@ -258,6 +260,7 @@ TEST(Plan, RanksExactlyWhatFitsAlthoughOverfullRunsStopEarly) {
   PlanOptions o;
   o.seq_len = 128 * 1024;
   o.threads = 1;
+  o.allow_data_parallel = true;
   const PlanResult res = plan(base, o);
   std::map<std::string, sim::StepReport> fitting;
   int overfull = 0;
@@ -370,7 +373,15 @@ TEST(PlanConstraints, EnumerationKeepsWhatTheUserFixed) {
   PlanOptions o;
   o.seq_len = 64 * 1024;
   const std::size_t all = enumerate_candidates(base, o).size();
-  // --cp-degree 4: every structure has C = 4 (dp 2).
+  // Without consent to data parallelism every structure uses all 8 GPUs in one group; with it
+  // the groups of 1, 2 and 4 GPUs are searched too.
+  for (const Candidate& c : enumerate_candidates(base, o)) {
+    EXPECT_EQ(c.parallel.cp_degree, 8) << c.label;
+  }
+  PlanOptions dp = o;
+  dp.allow_data_parallel = true;
+  EXPECT_GT(enumerate_candidates(base, dp).size(), all);
+  // --cp-degree 4: every structure has C = 4 (dp 2), the user's own choice.
   o.fixed.cp_degree = 4;
   const std::vector<Candidate> c4 = enumerate_candidates(base, o);
   ASSERT_FALSE(c4.empty());

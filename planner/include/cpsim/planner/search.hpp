@@ -38,6 +38,10 @@ struct PlanOptions {
   std::int64_t memory_margin_bytes = 0;
   std::int64_t granularity = 64 * 1024;  ///< max-context mode
   bool vary_recipe = true;  ///< --seq mode: also search AC/offload, tiled MLP, fused loss, ZeRO
+  /// --seq mode: also search CP groups smaller than the GPU count, the rest data parallel. That
+  /// multiplies the tokens of a step (the global batch), so only when the user allows it; a fixed
+  /// CP, Ulysses or ring degree below the GPU count is the user's own choice of it.
+  bool allow_data_parallel = false;
   int threads = 2;
   int top = 5;
   RefusalText refusal_text;  ///< candidates' errors (see MaxLenOptions)
