@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
+#include <tuple>
 #include <unistd.h>
 #include <vector>
 
@@ -35,6 +36,7 @@ using models::CheckpointMode;
 using models::CpMethod;
 using nlohmann::json;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 namespace fs = std::filesystem;
@@ -368,10 +370,33 @@ TEST_F(EmitTest, TorchTitanAllGatherContiguousSelectiveOffload) {
   EXPECT_EQ(t["parallelism"]["fsdp_reshard_after_forward"], "never");
   EXPECT_EQ(t["activation_checkpoint"]["mode"], "selective");
   EXPECT_EQ(t["training"]["enable_cpu_offload"], true);
-  EXPECT_FALSE(t.contains("model"));  // no llama3 flavor has Qwen3's shape
+  // TorchTitan v0.2.x's qwen3 model (torchtitan/models/qwen3/__init__.py) has this flavor.
+  EXPECT_EQ(t["model"]["name"], "qwen3");
+  EXPECT_EQ(t["model"]["flavor"], "8B");
   const std::string notes = joined(e.notes);
   EXPECT_THAT(notes, HasSubstr("parameters, gradients and optimizer states"));
   EXPECT_THAT(notes, HasSubstr("contiguous"));
+  EXPECT_THAT(notes, Not(HasSubstr("flavor")));
+}
+
+// Every built-in model has its TorchTitan v0.2.x flavor (name and flavor as upstream spells them);
+// a shape that differs in one field (the embeddings untied) has none and says so.
+TEST_F(EmitTest, TorchTitanModelFlavorForEveryBuiltInModel) {
+  const std::vector<std::tuple<std::string, std::string, std::string>> expected = {
+      {"llama3-8b", "llama3", "8B"}, {"llama3-70b", "llama3", "70B"},
+      {"qwen3-4b", "qwen3", "4B"},   {"qwen3-8b", "qwen3", "8B"},
+      {"qwen3-14b", "qwen3", "14B"}, {"qwen3-32b", "qwen3", "32B"}};
+  for (const auto& [model, name, flavor] : expected) {
+    const sim::ScheduleInputs in = inputs(CpMethod::kRing, 8, 8, 8, 128 * kK, model.c_str());
+    const json t = parse_toml(emit_launcher_config(LauncherFormat::kTorchTitan, in).text);
+    EXPECT_EQ(t["model"]["name"], name) << model;
+    EXPECT_EQ(t["model"]["flavor"], flavor) << model;
+  }
+  sim::ScheduleInputs untied = inputs(CpMethod::kRing, 8, 8, 8, 128 * kK, "qwen3-4b");
+  untied.model.tied_embeddings = false;
+  const EmittedConfig e = emit_launcher_config(LauncherFormat::kTorchTitan, untied);
+  EXPECT_FALSE(parse_toml(e.text).contains("model"));
+  EXPECT_THAT(joined(e.notes), HasSubstr("no TorchTitan llama3 or qwen3 flavor matches"));
 }
 
 TEST_F(EmitTest, TorchTitanRefusesUlyssesFamilyNamingOtherLaunchers) {

@@ -146,6 +146,34 @@ Flavor llama3_flavor(const models::TransformerSpec& m) {
   return {};
 }
 
+// The dense flavors of torchtitan/models/qwen3/__init__.py (the same in v0.2.0, v0.2.1 and
+// v0.2.2): head_dim 128, vocab 151936, q/k RMSNorm; 0.6B to 4B tie the embeddings
+// (enable_weight_tying), 8B and larger do not.
+Flavor qwen3_flavor(const models::TransformerSpec& m) {
+  struct Shape {
+    std::int64_t layers, hidden, heads, kv, ffn;
+    bool tied;
+    const char* flavor;
+  };
+  static constexpr std::array kShapes = {
+      Shape{28, 1024, 16, 8, 3072, true, "0.6B"},  Shape{28, 2048, 16, 8, 6144, true, "1.7B"},
+      Shape{36, 2560, 32, 8, 9728, true, "4B"},    Shape{36, 4096, 32, 8, 12288, false, "8B"},
+      Shape{40, 5120, 40, 8, 17408, false, "14B"}, Shape{64, 5120, 64, 8, 25600, false, "32B"}};
+  for (const Shape& s : kShapes) {
+    if (m.layers == s.layers && m.hidden == s.hidden && m.heads == s.heads && m.kv_heads == s.kv &&
+        m.ffn_hidden == s.ffn && m.tied_embeddings == s.tied && m.head_dim == 128 &&
+        m.vocab == 151936 && m.qk_norm) {
+      return {"qwen3", s.flavor};
+    }
+  }
+  return {};
+}
+
+Flavor torchtitan_flavor(const models::TransformerSpec& m) {
+  const Flavor llama = llama3_flavor(m);
+  return llama.name != nullptr ? llama : qwen3_flavor(m);
+}
+
 std::string shape_summary(const models::TransformerSpec& m) {
   return fmt::format("{} layers, hidden {}, {} heads, {} KV heads, head_dim {}, ffn {}, vocab {}",
                      m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn_hidden, m.vocab);

@@ -152,6 +152,10 @@ struct Flavor {
 
 /// TorchTitan `llama3` flavors whose shapes match the model exactly (torchtitan/models/llama3).
 Flavor llama3_flavor(const models::TransformerSpec& m);
+/// TorchTitan `qwen3` dense flavors whose shapes match the model exactly (torchtitan/models/qwen3).
+Flavor qwen3_flavor(const models::TransformerSpec& m);
+/// The TorchTitan v0.2.x model (llama3 or qwen3) whose flavor matches the model exactly.
+Flavor torchtitan_flavor(const models::TransformerSpec& m);
 std::string shape_summary(const models::TransformerSpec& m);
 
 // ---- Finishing step -----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ EmittedConfig emit_torchtitan(Plan& p) {
   std::string body;
 
   // [model]
-  const Flavor fl = llama3_flavor(p.model);
+  const Flavor fl = torchtitan_flavor(p.model);
   if (fl.name != nullptr) {
     body += fmt::format("[model]\nname = {}\nflavor = {}\n\n", quoted(fl.name), quoted(fl.flavor));
   } else {
@@ -25,8 +25,8 @@ EmittedConfig emit_torchtitan(Plan& p) {
         fmt::format("# [model] name / flavor: pick the TorchTitan model registered for {} ({})\n\n",
                     p.model.name, shape_summary(p.model));
     p.note(
-        fmt::format("no TorchTitan llama3 flavor matches {} exactly; set [model] name and "
-                    "flavor yourself",
+        fmt::format("no TorchTitan llama3 or qwen3 flavor matches {} exactly; set [model] name "
+                    "and flavor yourself",
                     p.model.name));
   }
 
