@@ -260,7 +260,11 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
       // the file comment).
       const auto visible_begin = kv_store.begin() + (i + 1 == nc ? 0 : i - 1);
       const auto visible_end = kv_store.begin() + i;
-      const KernelCost prev_cost = times(full_block, static_cast<double>(i));
+      // The implementation's merge (_update_out_and_lse) runs for every block but each query
+      // chunk's first: i − 1 times here, once in the diagonal block below.
+      const KernelCost prev_cost =
+          with_traffic(times(full_block, static_cast<double>(i)), LedgerSite::kCoreForward,
+                       static_cast<double>(i - 1));
       const std::int32_t prev_name =
           name(kAttnPrev, i, [&] { return fmt::format("attn_fwd[k0..{}][c{}]", i - 1, i); });
       TensorSet rest;
@@ -296,8 +300,9 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
       }
       join = e.compute(name(kFetchJoin, 'c', i), OpKind::kElementwise, {0.0, 0.0}, {rest}, {},
                        {prev, fetch_rest});
-      e.compute(name(kAttnDiag, 'c', i), OpKind::kAttentionFwd, diag_block, {q_h, kv_h, acc}, {},
-                {join}, attn_ws, attention);
+      e.compute(name(kAttnDiag, 'c', i), OpKind::kAttentionFwd,
+                with_traffic(diag_block, LedgerSite::kCoreForward), {q_h, kv_h, acc}, {}, {join},
+                attn_ws, attention);
     } else {
       e.compute(name(kAttnDiag, 'c', i), OpKind::kAttentionFwd, diag_block, {q_h, kv_h}, {acc}, {},
                 attn_ws, attention);
@@ -445,7 +450,10 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
         ins.push_back(last_dout);  // query chunks j+1..: read again (and freed) at their own j
       }
     }
-    const KernelCost k = plus(diag_block, times(full_block, static_cast<double>(pairs - 1)));
+    // The implementation's per-block buffers (new zeroed dq, dk, dv) for each of the pairs blocks.
+    const KernelCost k =
+        with_traffic(plus(diag_block, times(full_block, static_cast<double>(pairs - 1))),
+                     LedgerSite::kCoreBackward, static_cast<double>(pairs));
     OpSpec& b = e.next(
         name(kAttnBwd, j, [&] { return fmt::format("attn_bwd[q{}..{}][k{}]", j, nc - 1, j); }),
         Stream::kCompute, OpKind::kAttentionBwd, k.time_s, k.flops);
