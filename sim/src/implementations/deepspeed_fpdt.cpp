@@ -60,7 +60,7 @@ constexpr std::array kRows = {
               "dk or dv all-to-all: input_t copy and receive buffer (one at a time, bf16)"},
 };
 
-constexpr std::array<std::string_view, 3> kLimits = {
+constexpr std::array<std::string_view, 4> kLimits = {
     "deepspeed-fpdt: RoPE's transients after the all-to-all, chunk 0's prefetch kept from the "
     "forward to the backward and the final torch.cat of the output chunks are not modelled",
     "deepspeed-fpdt: the fp32 weight-gradient accumulators, FPDT_FFN and FPDT_LogitsLoss are not "
@@ -68,6 +68,11 @@ constexpr std::array<std::string_view, 3> kLimits = {
     "deepspeed-fpdt: the copies' time (ledger traffic) runs as one op before each all-to-all, "
     "on the compute stream; the merge's traffic (f10) is the code's four fp32 kernels less the "
     "scheme's generic merge, without the LSE-sized terms",
+    "deepspeed-fpdt: synchronisation: the scheme's forward waits for each chunk's Q/K/V offloads "
+    "after its first block and for the output offloads before the projection; the host "
+    "round trips of torch.cuda.synchronize and dist.barrier (per block and chunk) cost nothing "
+    "beyond the launches, and the backward's dQ write-back and prefetches run on two copy "
+    "streams sharing the link where the code has one stream",
 };
 
 constexpr std::array kMethods = {CpMethod::kFpdt};
