@@ -287,6 +287,39 @@ TEST(Ledger, OpsTakeTheTrafficOfTheirSites) {
   }
 }
 
+// torch-native-cp: TorchTitan's backend priority puts cuDNN first, and PyTorch's
+// can_use_cudnn_attention passes for bf16 with head_dim 128 (sdp_utils.cpp): the recipe's sdpa
+// is timed with the profile's cudnn curves; fp32 or head_dim 256 fall back to the recipe's.
+TEST(Ledger, TorchNativeSdpaRunsCudnn) {
+  const Implementation* impl = find_implementation("torch-native-cp");
+  ASSERT_NE(impl, nullptr);
+  ScheduleInputs in = inputs(CpMethod::kRing, "llama3-8b", 8, 64 * 1024);
+  in.parallel.ring_degree = in.parallel.cp_degree;
+  in.parallel.implementation = "torch-native-cp";
+  in.recipe.attention_kernel = "sdpa";
+  EXPECT_EQ(impl->attention_kernel(in), "cudnn");
+  ScheduleInputs as_cudnn = in;
+  as_cudnn.recipe.attention_kernel = "cudnn";
+  const Workload w_sdpa = build_step(in);
+  const Workload w_cudnn = build_step(as_cudnn);
+  EXPECT_EQ(duration_of(w_sdpa, "ring_attn_fwd0", Phase::kForward),
+            duration_of(w_cudnn, "ring_attn_fwd0", Phase::kForward));
+  EXPECT_EQ(duration_of(w_sdpa, "ring_attn_bwd0", Phase::kBackward),
+            duration_of(w_cudnn, "ring_attn_bwd0", Phase::kBackward));
+  ScheduleInputs fp32 = in;
+  fp32.recipe.activation_bytes = 4;
+  EXPECT_EQ(impl->attention_kernel(fp32), "sdpa");
+  ScheduleInputs wide = in;
+  wide.model.head_dim = 256;
+  EXPECT_EQ(impl->attention_kernel(wide), "sdpa");
+  ScheduleInputs no_curves = in;
+  no_curves.hardware.attention_kernels.erase("cudnn");
+  EXPECT_EQ(impl->attention_kernel(no_curves), "sdpa");
+  ScheduleInputs flash = in;
+  flash.recipe.attention_kernel = "fa3";
+  EXPECT_EQ(impl->attention_kernel(flash), "fa3");
+}
+
 /// Peak of the attention category for the documents' worked example.
 std::int64_t attention_peak_of_example(const std::string& impl) {
   ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 256 * 1024);

@@ -161,6 +161,12 @@ class Implementation {
   /// Bytes per element of the ring part's output and dQ/dK/dV accumulators (fp32 in most code;
   /// Transformer Engine accumulates in the activations' dtype).
   virtual std::int64_t ring_accumulator_bytes(const ScheduleInputs& /*in*/) const { return 4; }
+  /// The attention kernel whose profile curves time its attention calls: the one PyTorch's or
+  /// the library's dispatch picks for the recipe's kernel at these shapes; the default is the
+  /// recipe's.
+  virtual std::string attention_kernel(const ScheduleInputs& in) const {
+    return in.recipe.attention_kernel;
+  }
   /// Constraints of its code beyond the method's (head divisibility, ...); the default has none.
   virtual std::optional<ConfigIssue> check(const ScheduleInputs& /*in*/,
                                            const HeadLayout& /*layout*/) const {
