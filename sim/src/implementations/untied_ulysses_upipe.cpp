@@ -57,7 +57,7 @@ constexpr std::array kRows = {
               "dK or dV all-to-all send and receive buffers (one at a time, bf16)"},
 };
 
-constexpr std::array<std::string_view, 3> kLimits = {
+constexpr std::array<std::string_view, 4> kLimits = {
     "untied-ulysses-upipe: with a ring degree above 1 the fork passes Q around the ring; cpsim's "
     "ring passes K/V",
     "untied-ulysses-upipe: RoPE's fp32 cos/sin copies and the weight-gradient slices are not "
@@ -65,6 +65,9 @@ constexpr std::array<std::string_view, 3> kLimits = {
     "compute stream",
     "untied-ulysses-upipe: models the op after e465aa8 (2026-05-23); the earlier forward held up "
     "to five more stage buffers",
+    "untied-ulysses-upipe: above 4M tokens the fork's scripts set INP_PIN_MEMORY=False, so the "
+    "checkpoint offloads (save_on_cpu) go to pageable host memory; cpsim still times them at the "
+    "profile's pinned copy bandwidth and counts them as pinned (no pageable figure with a source)",
 };
 
 constexpr std::array kMethods = {CpMethod::kUPipe};

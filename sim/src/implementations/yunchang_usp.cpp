@@ -76,13 +76,16 @@ constexpr std::array kRows = {
               hbm(0, 8, 0), "dk, dv all_to_all_4D input copies and receive buffers (bf16)"},
 };
 
-constexpr std::array<std::string_view, 3> kLimits = {
+constexpr std::array<std::string_view, 4> kLimits = {
     "yunchang-usp: at ring degree > 1 the ring runs cpsim's ring scheme (fp32 accumulators), "
     "without yunchang's merge temporaries and bf16 gradient buffers (ledger F16-F23, B4-B6)",
     "yunchang-usp: the copies' time (ledger traffic) runs as one op before each all-to-all, on "
     "the compute stream, the post-receive copies included; the final casts of the output back to "
     "bf16 (after F14) are not timed; the dK/dV send_recv to itself is timed as a copy",
     "yunchang-usp: PyTorch's caching allocator and NCCL's own buffers are outside the ledger",
+    "yunchang-usp: above 4M tokens the UPipe authors' scripts offload checkpoints to pageable "
+    "host memory (INP_PIN_MEMORY=False); cpsim times them at the pinned copy bandwidth (no "
+    "pageable figure with a source; see docs/implementations/untied-ulysses-upipe.md)",
 };
 
 constexpr std::array kMethods = {CpMethod::kUsp, CpMethod::kUlysses, CpMethod::kRing};
