@@ -64,7 +64,8 @@ constexpr std::array<std::string_view, 3> kLimits = {
     "packed-sequence copies are not modelled",
     "deepspeed-ulysses: the copies' time (ledger traffic) runs as one op before each "
     "all-to-all, on the compute stream; the key/value_layer copies made only when more than one "
-    "KV head is left per rank (F10) and the output's final reshape copy (F21) are not timed",
+    "KV head is left per rank (F10) and the output's final reshape copy (F21) are not timed, the "
+    "query_layer copy (F6, made only with more than one query head per rank) always is",
     "deepspeed-ulysses: PyTorch's caching allocator and NCCL's own buffers are outside the ledger",
 };
 
