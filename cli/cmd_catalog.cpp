@@ -161,6 +161,9 @@ nlohmann::json ledger_json(const sim::Implementation& impl) {
                     {"bytes_per_shd", r.shd},
                     {"bytes_per_shkvd", r.shkd},
                     {"bytes_per_sh", r.sh},
+                    {"traffic_per_shd", r.traffic.shd},
+                    {"traffic_per_shkvd", r.traffic.shkd},
+                    {"traffic_per_sh", r.traffic.sh},
                     {"tensor", r.tensor}});
   }
   return rows;
@@ -191,13 +194,15 @@ int show_implementation(const sim::Implementation& impl, const CatalogArgs& a) {
   std::vector<std::vector<std::string>> rows;
   for (const sim::LedgerRow& r : impl.ledger()) {
     rows.push_back({std::string(r.id), sim::to_string(r.site), sim::to_string(r.when),
-                    sim::row_formula(r), std::string(r.tensor)});
+                    sim::row_formula(r), sim::traffic_formula(r), std::string(r.tensor)});
   }
-  std::cout << format_table({"row", "site", "when", "bytes", "tensor"}, rows,
-                            {false, false, false, false, false});
+  std::cout << format_table({"row", "site", "when", "bytes", "traffic", "tensor"}, rows,
+                            {false, false, false, false, false, false});
   std::cout << "\nBytes per layer and rank beyond the method's scheme; s = tokens per rank before "
                "the all-to-all, H and Hkv the query and (replicated) KV heads, d the head "
-               "dimension.\n  not modelled:\n";
+               "dimension. Traffic: HBM bytes its kernels read and write (copies, casts, merges, "
+               "zero fills), timed on the op's compute stream at the memory-bound rate.\n"
+               "  not modelled:\n";
   for (const std::string_view l : impl.limits()) {
     std::cout << "    - " << l << "\n";
   }

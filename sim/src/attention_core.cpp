@@ -91,8 +91,10 @@ CoreForward StepBuilder::core_forward(
   }
   out.o_h = b_.tensor("attn_out_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
   out.lse = b_.tensor("lse" + tag, hq * nr_ * kFp32Bytes, MemCategory::kAttention);
-  // The implementation's merge around the kernel (an fp32 copy of the output, ...) is workspace.
-  compute("attn_fwd" + tag, OpKind::kAttentionFwd, cost_.attention_fwd({nr_, nr_, hq, d, true}),
+  // The implementation's merge around the kernel (an fp32 copy of the output, ...) is workspace,
+  // and its kernels' traffic time on the same op.
+  compute("attn_fwd" + tag, OpKind::kAttentionFwd,
+          with_traffic(cost_.attention_fwd({nr_, nr_, hq, d, true}), LedgerSite::kCoreForward),
           {q_h, kv_h}, {out.o_h, out.lse}, {}, ledger_bytes(LedgerSite::kCoreForward),
           MemCategory::kAttention);
   return out;
@@ -119,18 +121,21 @@ CoreBackward StepBuilder::core_backward(const std::string& tag,
     ws += nr_ * 2 * hq * d * ab_;  // gradient of the repeated K/V before the group sum
   }
   ws += ledger_bytes(LedgerSite::kCoreBackward);
-  compute("attn_bwd" + tag, OpKind::kAttentionBwd, cost_.attention_bwd({nr_, nr_, hq, d, true}),
+  compute("attn_bwd" + tag, OpKind::kAttentionBwd,
+          with_traffic(cost_.attention_bwd({nr_, nr_, hq, d, true}), LedgerSite::kCoreBackward),
           {do_h, q_h, kv_h, o_h, lse}, {out.dq_h, out.dkv_h}, {}, ws, MemCategory::kAttention);
   if (const std::int64_t finish = ledger_bytes(LedgerSite::kGradFinish); finish > 0) {
     // The implementation's own gradient copies and casts after the kernel, while it still holds
-    // what it saved (and the kernel's dQ/dK/dV, its inputs): new dQ and dK/dV come out. Time: its
-    // buffers written and read once, the outputs written.
+    // what it saved (and the kernel's dQ/dK/dV, its inputs): new dQ and dK/dV come out. Time: the
+    // traffic of its rows' kernels, then the casts back to the activation dtype that write the
+    // outputs (fp32 read: twice the outputs' bytes, the outputs written: 3× their bytes).
     const std::int64_t dq_bytes = nr_ * hq * d * ab_;
     const std::int64_t dkv_bytes = nr_ * 2 * hkv * d * ab_;
     CoreBackward cast;
     cast.dq_h = b_.tensor("dq_cast" + tag, dq_bytes, MemCategory::kAttention);
     cast.dkv_h = b_.tensor("dkv_cast" + tag, dkv_bytes, MemCategory::kAttention);
-    compute("grad_finish" + tag, OpKind::kElementwise, mem(2 * finish + dq_bytes + dkv_bytes),
+    compute("grad_finish" + tag, OpKind::kElementwise,
+            with_traffic(mem(3 * (dq_bytes + dkv_bytes)), LedgerSite::kGradFinish),
             {out.dq_h, out.dkv_h, do_h, q_h, kv_h, o_h, lse}, {cast.dq_h, cast.dkv_h}, {}, finish,
             MemCategory::kAttention);
     return cast;
@@ -249,6 +254,7 @@ CoreForward StepBuilder::ring_forward(
             k, 2, [&] { return fmt::format("ring_attn_fwd{}{}", step_label(seg), tag); })),
         Stream::kCompute, OpKind::kAttentionFwd);
     step.time_s_per_rank = ring_step_times(seg, hq, false, &step.flops);
+    add_step_traffic(step.time_s_per_rank, LedgerSite::kRingForwardStep, seg.steps);
     step.inputs.push_back(q_h);
     step.inputs.push_back(cur);
     if (k == 0) {
@@ -322,6 +328,7 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
             k, 2, [&] { return fmt::format("ring_attn_bwd{}{}", step_label(seg), tag); })),
         Stream::kCompute, OpKind::kAttentionBwd);
     step.time_s_per_rank = ring_step_times(seg, hq, true, &step.flops);
+    add_step_traffic(step.time_s_per_rank, LedgerSite::kRingBackwardStep, seg.steps);
     step.inputs.assign({q_h, cur, o_h, lse, do_h});
     if (k == 0) {
       step.outputs.assign({dq_acc, dkv});

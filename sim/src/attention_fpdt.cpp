@@ -233,6 +233,7 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
   const OpSet alloc = compute("fpdt_alloc_out", OpKind::kElementwise, {0.0, 0.0}, {}, {sv.o});
   std::vector<OpSet> fills;
   std::vector<TensorSet> kv_store;  // per chunk: on host when offloading, else on the GPU
+  OpSet out_offloaded;              // the last chunk's output and LSE offload
   fills.reserve(static_cast<std::size_t>(nc));
   kv_store.reserve(static_cast<std::size_t>(nc));
   for (std::int64_t i = 0; i < nc; ++i) {
@@ -244,10 +245,20 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
     e.compute(name(kRope, 'c', i), OpKind::kElementwise, rope, {q, kvp}, {q_r, kv_r});
     TensorSet q_h = exchange(name(kA2aQ, 'c', i), q_r, q_local_bytes, LedgerSite::kQExchange);
     TensorSet kv_h = exchange(name(kA2aKv, 'c', i), kv_r, kv_local_bytes, LedgerSite::kKvExchange);
+    // DeepSpeed's fpdt_layer.py @ edaa722 (F): the chunk's Q, K and V go to pinned host memory on
+    // offload_stream as soon as they are made (F:655-658), and after every block of the chunk the
+    // compute stream waits for offload_stream and the host synchronises (F:731-732): the work
+    // after the chunk's first block waits for these offloads (`offloaded`).
+    OpSet offloaded;
     if (offload) {
       TensorSet host = b_.tensor(name(kKvHost, 'c', i), kv_h_bytes, attention, true);
-      e.copy(name(kOffloadKv, 'c', i), false, kv_h_bytes, offload_kv_s, {kv_h}, {host});
+      offloaded = e.copy(name(kOffloadKv, 'c', i), false, kv_h_bytes, offload_kv_s, {kv_h}, {host});
       kv_store.push_back(host);
+      if (grad) {  // Q is kept for the backward (the copies run in order: the last one is enough)
+        TensorSet q_host = b_.tensor(name(kQHost, 'c', i), q_h_bytes, attention, true);
+        offloaded = e.copy(name(kOffloadQ, 'c', i), false, q_h_bytes, offload_q_s, {q_h}, {q_host});
+        sv.chunk_q.push_back(q_host);
+      }
     } else {
       kv_store.push_back(kv_h);
     }
@@ -260,7 +271,11 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
       // the file comment).
       const auto visible_begin = kv_store.begin() + (i + 1 == nc ? 0 : i - 1);
       const auto visible_end = kv_store.begin() + i;
-      const KernelCost prev_cost = times(full_block, static_cast<double>(i));
+      // The implementation's merge (_update_out_and_lse) runs for every block but each query
+      // chunk's first: i − 1 times here, once in the diagonal block below.
+      const KernelCost prev_cost =
+          with_traffic(times(full_block, static_cast<double>(i)), LedgerSite::kCoreForward,
+                       static_cast<double>(i - 1));
       const std::int32_t prev_name =
           name(kAttnPrev, i, [&] { return fmt::format("attn_fwd[k0..{}][c{}]", i - 1, i); });
       TensorSet rest;
@@ -295,16 +310,18 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
         prev = e.emit();
       }
       join = e.compute(name(kFetchJoin, 'c', i), OpKind::kElementwise, {0.0, 0.0}, {rest}, {},
-                       {prev, fetch_rest});
-      e.compute(name(kAttnDiag, 'c', i), OpKind::kAttentionFwd, diag_block, {q_h, kv_h, acc}, {},
-                {join}, attn_ws, attention);
+                       {prev, fetch_rest, offloaded});
+      e.compute(name(kAttnDiag, 'c', i), OpKind::kAttentionFwd,
+                with_traffic(diag_block, LedgerSite::kCoreForward), {q_h, kv_h, acc}, {}, {join},
+                attn_ws, attention);
     } else {
       e.compute(name(kAttnDiag, 'c', i), OpKind::kAttentionFwd, diag_block, {q_h, kv_h}, {acc}, {},
                 attn_ws, attention);
     }
     TensorSet o_h = b_.tensor(name(kOutH, 'c', i), q_h_bytes, attention, false);
     TensorSet lse = b_.tensor(name(kLse, 'c', i), lse_bytes, attention, false);
-    e.compute(name(kOutCast, 'c', i), OpKind::kElementwise, out_cast, {acc}, {o_h, lse});
+    e.compute(name(kOutCast, 'c', i), OpKind::kElementwise, out_cast, {acc}, {o_h, lse},
+              {offloaded});
     TensorSet o_local =
         exchange(name(kA2aOut, 'c', i), o_h, q_local_bytes, LedgerSite::kOutExchange);
     fills.push_back(
@@ -312,13 +329,10 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
     if (grad) {
       // Saved for backward: Q, output and LSE of the chunk (K/V are already stored).
       if (offload) {
-        TensorSet q_host = b_.tensor(name(kQHost, 'c', i), q_h_bytes, attention, true);
-        e.copy(name(kOffloadQ, 'c', i), false, q_h_bytes, offload_q_s, {q_h}, {q_host});
         TensorSet o_host =
             b_.tensor(name(kOutHost, 'c', i), q_h_bytes + lse_bytes, attention, true);
-        e.copy(name(kOffloadOut, 'c', i), false, q_h_bytes + lse_bytes, offload_out_s, {o_h, lse},
-               {o_host});
-        sv.chunk_q.push_back(q_host);
+        out_offloaded = e.copy(name(kOffloadOut, 'c', i), false, q_h_bytes + lse_bytes,
+                               offload_out_s, {o_h, lse}, {o_host});
         sv.chunk_o.push_back(o_host);
         sv.chunk_lse.push_back(o_host);
       } else {
@@ -331,7 +345,12 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
   if (grad) {
     sv.chunk_kv = kv_store;
   }
-  // The output projection waits for every chunk's output to be written.
+  // The output projection waits for every chunk's output to be written, and for the output and
+  // LSE offloads (the compute stream waits for general_offload_stream before the cat, F:749-750;
+  // the copies run in order, so the last one is enough).
+  if (out_offloaded.valid()) {
+    fills.push_back(out_offloaded);
+  }
   sv.attn_ready = compute("fpdt_out_ready", OpKind::kElementwise, {0.0, 0.0}, {}, {}, fills);
 }
 
@@ -445,7 +464,10 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
         ins.push_back(last_dout);  // query chunks j+1..: read again (and freed) at their own j
       }
     }
-    const KernelCost k = plus(diag_block, times(full_block, static_cast<double>(pairs - 1)));
+    // The implementation's per-block buffers (new zeroed dq, dk, dv) for each of the pairs blocks.
+    const KernelCost k =
+        with_traffic(plus(diag_block, times(full_block, static_cast<double>(pairs - 1))),
+                     LedgerSite::kCoreBackward, static_cast<double>(pairs));
     OpSpec& b = e.next(
         name(kAttnBwd, j, [&] { return fmt::format("attn_bwd[q{}..{}][k{}]", j, nc - 1, j); }),
         Stream::kCompute, OpKind::kAttentionBwd, k.time_s, k.flops);

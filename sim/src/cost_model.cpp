@@ -35,10 +35,12 @@ KernelCost CostModel::gemm(std::int64_t m, std::int64_t n, std::int64_t k) const
 }
 
 KernelCost CostModel::memory_bound(std::int64_t bytes) const {
-  return {profile_.kernel_launch_s +
-              static_cast<double>(bytes) /
-                  (profile_.hbm_bandwidth_bytes_per_s * profile_.memory_bound_efficiency),
-          0.0};
+  return {profile_.kernel_launch_s + memory_traffic_s(bytes), 0.0};
+}
+
+double CostModel::memory_traffic_s(std::int64_t bytes) const {
+  return static_cast<double>(bytes) /
+         (profile_.hbm_bandwidth_bytes_per_s * profile_.memory_bound_efficiency);
 }
 
 double CostModel::occupancy_factor(std::int64_t tiles) const {

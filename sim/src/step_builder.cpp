@@ -30,7 +30,9 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
       r_(in.recipe),
       layout_(layout),
       method_(cp_implementation(in.parallel.method)),
-      cost_(in.hardware, in.recipe.attention_kernel),
+      cost_(in.hardware,
+            layout.implementation != nullptr ? layout.implementation->attention_kernel(in)
+                                             : in.recipe.attention_kernel),
       b_(w,
          in.parallel.gpus,
          simulated_ranks,
@@ -55,6 +57,8 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
     for (int site = 0; site < kLedgerSiteCount; ++site) {
       ledger_bytes_[static_cast<std::size_t>(site)] =
           layout_.implementation->site_bytes(static_cast<LedgerSite>(site), units);
+      ledger_traffic_[static_cast<std::size_t>(site)] =
+          layout_.implementation->site_traffic_bytes(static_cast<LedgerSite>(site), units);
     }
   }
   tile_ = ceil_div(s_, shards_);
@@ -125,25 +129,39 @@ TensorSet StepBuilder::exchange(Name name,
                                 ListRef<TensorSet> held,
                                 ListRef<OpSet> deps) {
   const std::int64_t extra = ledger_bytes(site);
+  const std::int64_t traffic = ledger_traffic(site);
   if (u_ == 1 && extra == 0 && held.size() == 0) {
     return in;
   }
   const std::int32_t id = name.id(w_);
   TensorSet out = b_.tensor(id, bytes, MemCategory::kAttention, false);
   if (u_ == 1) {
-    // The wrapper copies even without peers: a local copy with its transients (or, with nothing
-    // to copy, an empty op that keeps `held` alive).
+    // The wrapper copies even without peers: a local copy with its transients and the traffic of
+    // the wrapper's copies (or, with nothing to copy, an empty op that keeps `held` alive).
     std::vector<TensorSet> inputs(held.begin(), held.end());
     inputs.push_back(in);
-    compute(Name::interned(id), OpKind::kElementwise, mem(extra > 0 ? 2 * bytes : 0), inputs, {out},
-            deps, extra, MemCategory::kAttention);
+    compute(Name::interned(id), OpKind::kElementwise,
+            with_traffic(mem(extra > 0 ? 2 * bytes : 0), site), inputs, {out}, deps, extra,
+            MemCategory::kAttention);
     return out;
+  }
+  // The wrapper's copies around the all-to-all (send-buffer copies, casts, reorders) are kernels
+  // on the compute stream: one op "copy.<name>" with their traffic, which the all-to-all waits
+  // for (copies after the receive are put before it too: the chain's length is the same). Their
+  // memory stays the all-to-all's workspace.
+  OpSet copied;
+  if (traffic > 0) {
+    const std::string copy_name = "copy." + w_.names[static_cast<std::size_t>(id)];
+    copied = compute(copy_name, OpKind::kElementwise, with_traffic(mem(0), site), {in}, {}, deps);
   }
   OpSpec& s = next_spec(Name::interned(id), Stream::kComm, OpKind::kElementwise);
   s.inputs.assign(held.begin(), held.end());
   s.inputs.push_back(in);
   s.outputs.push_back(out);
   s.deps.assign(deps.begin(), deps.end());
+  if (copied.valid()) {
+    s.deps.push_back(copied);
+  }
   const std::int64_t wire_bytes = bytes / ab_ * r_.cp_comm_bytes;
   s.workspace_bytes = extra;
   if (r_.cp_comm_bytes != ab_) {

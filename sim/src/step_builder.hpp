@@ -124,6 +124,23 @@ class StepBuilder {
   std::int64_t ledger_bytes(LedgerSite site) const {
     return ledger_bytes_[static_cast<std::size_t>(site)];
   }
+  /// HBM bytes the implementation's ledger rows at `site` read and write (0 without one).
+  std::int64_t ledger_traffic(LedgerSite site) const {
+    return ledger_traffic_[static_cast<std::size_t>(site)];
+  }
+  /// `k` with the time of `blocks` × the traffic at `site` added (same launch).
+  KernelCost with_traffic(KernelCost k, LedgerSite site, double blocks = 1.0) const {
+    k.time_s += blocks * cost_.memory_traffic_s(ledger_traffic(site));
+    return k;
+  }
+  /// Adds `steps` × the traffic time at `site` to every rank's time of a ring segment (the
+  /// implementation's per-step merge, casts and send-buffer copies; skipped steps included).
+  void add_step_traffic(std::vector<double>& times, LedgerSite site, int steps) const {
+    const double s = steps * cost_.memory_traffic_s(ledger_traffic(site));
+    for (double& t : times) {
+      t += s;
+    }
+  }
   OpSet host_copy(Name name,
                   bool to_device,
                   std::int64_t bytes,
@@ -267,7 +284,8 @@ class StepBuilder {
   const models::TrainingRecipe& r_;
   HeadLayout layout_;
   const CpImplementation& method_;
-  std::array<std::int64_t, kLedgerSiteCount> ledger_bytes_{};  ///< by LedgerSite
+  std::array<std::int64_t, kLedgerSiteCount> ledger_bytes_{};    ///< by LedgerSite
+  std::array<std::int64_t, kLedgerSiteCount> ledger_traffic_{};  ///< by LedgerSite
   std::int64_t acc_bytes_ = 4;  ///< ring output and gradient accumulators (implementation's dtype)
   CostModel cost_;
   Builder b_;

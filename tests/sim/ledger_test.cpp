@@ -70,12 +70,13 @@ TEST(Ledger, DocumentListsTheRowsOfTheCode) {
     ASSERT_EQ(doc.size(), impl->ledger().size()) << path;
     for (std::size_t i = 0; i < doc.size(); ++i) {
       const LedgerRow& row = impl->ledger()[i];
-      ASSERT_EQ(doc[i].size(), 5U) << path << " row " << i;
+      ASSERT_EQ(doc[i].size(), 6U) << path << " row " << i;
       EXPECT_EQ(doc[i][0], row.id) << path;
       EXPECT_EQ(doc[i][1], to_string(row.site)) << path << " " << row.id;
       EXPECT_EQ(doc[i][2], to_string(row.when)) << path << " " << row.id;
       EXPECT_EQ(doc[i][3], row_formula(row)) << path << " " << row.id;
-      EXPECT_EQ(doc[i][4], row.tensor) << path << " " << row.id;
+      EXPECT_EQ(doc[i][4], traffic_formula(row)) << path << " " << row.id;
+      EXPECT_EQ(doc[i][5], row.tensor) << path << " " << row.id;
     }
   }
 }
@@ -88,9 +89,13 @@ TEST(Ledger, RowBytesByHand) {
   EXPECT_EQ(u.shkd, 8192 * 8 * 128);
   EXPECT_EQ(u.sh, 8192 * 32);
   EXPECT_EQ(u.kv_heads_per_rank, 1);
-  const LedgerRow row{"x", LedgerSite::kGradFinish, LedgerWhen::kAlways, 4, 16, 2, "t"};
+  const LedgerRow row{"x", LedgerSite::kGradFinish, LedgerWhen::kAlways, 4, 16, 2, {}, "t"};
   EXPECT_EQ(row_bytes(row, u), 4 * 33554432LL + 16 * 8388608LL + 2 * 262144LL);
   EXPECT_EQ(row_formula(row), "4·sHd + 16·sHkv·d + 2·sH");
+  EXPECT_EQ(traffic_formula(row), "0");
+  const LedgerRow cast{"y", LedgerSite::kGradFinish, LedgerWhen::kAlways, 4, 0, 0, {6, 0, 4}, "t"};
+  EXPECT_EQ(row_traffic_bytes(cast, u), 6 * 33554432LL + 4 * 262144LL);
+  EXPECT_EQ(traffic_formula(cast), "6·sHd + 4·sH");
 }
 
 /// Workspace of rank 0's first op named `name` (or `name[...]`: UPipe's stages, FPDT's chunks)
@@ -199,6 +204,120 @@ TEST(Ledger, OpsCarryTheRowsAtTheirSites) {
     const std::int64_t finish_op = workspace_of(w_with, "grad_finish", Phase::kBackward);
     EXPECT_EQ(finish_op, finish > 0 && method != CpMethod::kRing ? finish : -1) << impl->name();
   }
+}
+
+/// Duration of rank 0's first op named `name` in `phase` of block 5; -1 when there is none.
+SimTime duration_of(const Workload& w, const std::string& name, Phase phase) {
+  for (const Op& op : w.ops) {
+    if (op.rank == 0 && op.layer == 5 && op.phase == phase &&
+        w.names[static_cast<std::size_t>(op.name)] == name) {
+      return op.duration_ns;
+    }
+  }
+  return -1;
+}
+
+// The time of the rows' kernels, by hand: yunchang-usp, Ulysses, llama3-8b on 8 H100s, 64K
+// (s = 8192, H = 32, Hkv = 8, d = 128; s·H·d = 33,554,432). The H100 profile's memory-bound rate
+// is 3.35e12 B/s × 0.85 = 2.8475e12 B/s.
+//   attn_fwd (core_forward, F9+F14: block_out.to(float32), 2 + 4 bytes per element):
+//     6 × 33,554,432 B / 2.8475e12 B/s = 70,702.9 ns more than the scheme's attn_fwd.
+//   copy.a2a_q (q_exchange, F1: all_to_all_4D's .contiguous() copy of q, 2 + 2 bytes):
+//     1 µs launch + 4 × 33,554,432 B / 2.8475e12 B/s = 48,135.3 ns; the scheme has no such op.
+//   copy.a2a_kv (kv_exchange, F3+F5: copies of k and v, 2 × (2 + 2) bytes per s·Hkv·d):
+//     1 µs + 8 × 8,388,608 B / 2.8475e12 B/s = 24,567.6 ns.
+TEST(Ledger, TrafficTimesTheSiteByHand) {
+  ScheduleInputs none = inputs(CpMethod::kUlysses, "llama3-8b", 8, 64 * 1024);
+  none.parallel.implementation = "none";
+  ScheduleInputs with = none;
+  with.parallel.implementation = "yunchang-usp";
+  const Workload w_none = build_step(none);
+  const Workload w_with = build_step(with);
+  const SimTime base = duration_of(w_none, "attn_fwd", Phase::kForward);
+  ASSERT_GT(base, 0);
+  EXPECT_NEAR(static_cast<double>(duration_of(w_with, "attn_fwd", Phase::kForward) - base), 70702.9,
+              1.0);
+  EXPECT_EQ(duration_of(w_none, "copy.a2a_q", Phase::kForward), -1);
+  EXPECT_NEAR(static_cast<double>(duration_of(w_with, "copy.a2a_q", Phase::kForward)), 48135.3,
+              1.0);
+  EXPECT_NEAR(static_cast<double>(duration_of(w_with, "copy.a2a_kv", Phase::kForward)), 24567.6,
+              1.0);
+  // The all-to-all itself is unchanged (its time is the collective's).
+  EXPECT_EQ(duration_of(w_with, "a2a_q", Phase::kForward),
+            duration_of(w_none, "a2a_q", Phase::kForward));
+}
+
+// Every implementation: each site's op takes the traffic of the rows there on top of the scheme's
+// op (ulysses single call; ring steps of the representative rank).
+TEST(Ledger, OpsTakeTheTrafficOfTheirSites) {
+  for (const Implementation* impl : implementations()) {
+    for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kRing}) {
+      if (!impl->runs(m)) {
+        continue;
+      }
+      ScheduleInputs none = inputs(m, "qwen3-4b", 4, 64 * 1024);
+      if (m == CpMethod::kRing) {
+        none.parallel.ring_degree = none.parallel.cp_degree;
+      }
+      none.parallel.implementation = "none";
+      ScheduleInputs with = none;
+      with.parallel.implementation = std::string(impl->name());
+      const HeadLayout layout = derive_head_layout(with);
+      none.model.kv_heads = layout.kv_heads_eff;  // repeat_kv: the scheme at that shape
+      const LedgerUnits units = ledger_units(with, layout);
+      const double rate = with.hardware.hbm_bandwidth_bytes_per_s *
+                          with.hardware.memory_bound_efficiency / 1e9;  // bytes per ns
+      const Workload w_none = build_step(none);
+      const Workload w_with = build_step(with);
+      const std::string fwd = m == CpMethod::kRing ? "ring_attn_fwd0" : "attn_fwd";
+      const std::string bwd = m == CpMethod::kRing ? "ring_attn_bwd0" : "attn_bwd";
+      const LedgerSite fwd_site =
+          m == CpMethod::kRing ? LedgerSite::kRingForwardStep : LedgerSite::kCoreForward;
+      const LedgerSite bwd_site =
+          m == CpMethod::kRing ? LedgerSite::kRingBackwardStep : LedgerSite::kCoreBackward;
+      EXPECT_NEAR(static_cast<double>(duration_of(w_with, fwd, Phase::kForward) -
+                                      duration_of(w_none, fwd, Phase::kForward)),
+                  static_cast<double>(impl->site_traffic_bytes(fwd_site, units)) / rate, 1.0)
+          << impl->name();
+      EXPECT_NEAR(static_cast<double>(duration_of(w_with, bwd, Phase::kBackward) -
+                                      duration_of(w_none, bwd, Phase::kBackward)),
+                  static_cast<double>(impl->site_traffic_bytes(bwd_site, units)) / rate, 1.0)
+          << impl->name();
+    }
+  }
+}
+
+// torch-native-cp: TorchTitan's backend priority puts cuDNN first, and PyTorch's
+// can_use_cudnn_attention passes for bf16 with head_dim 128 (sdp_utils.cpp): the recipe's sdpa
+// is timed with the profile's cudnn curves; fp32 or head_dim 256 fall back to the recipe's.
+TEST(Ledger, TorchNativeSdpaRunsCudnn) {
+  const Implementation* impl = find_implementation("torch-native-cp");
+  ASSERT_NE(impl, nullptr);
+  ScheduleInputs in = inputs(CpMethod::kRing, "llama3-8b", 8, 64 * 1024);
+  in.parallel.ring_degree = in.parallel.cp_degree;
+  in.parallel.implementation = "torch-native-cp";
+  in.recipe.attention_kernel = "sdpa";
+  EXPECT_EQ(impl->attention_kernel(in), "cudnn");
+  ScheduleInputs as_cudnn = in;
+  as_cudnn.recipe.attention_kernel = "cudnn";
+  const Workload w_sdpa = build_step(in);
+  const Workload w_cudnn = build_step(as_cudnn);
+  EXPECT_EQ(duration_of(w_sdpa, "ring_attn_fwd0", Phase::kForward),
+            duration_of(w_cudnn, "ring_attn_fwd0", Phase::kForward));
+  EXPECT_EQ(duration_of(w_sdpa, "ring_attn_bwd0", Phase::kBackward),
+            duration_of(w_cudnn, "ring_attn_bwd0", Phase::kBackward));
+  ScheduleInputs fp32 = in;
+  fp32.recipe.activation_bytes = 4;
+  EXPECT_EQ(impl->attention_kernel(fp32), "sdpa");
+  ScheduleInputs wide = in;
+  wide.model.head_dim = 256;
+  EXPECT_EQ(impl->attention_kernel(wide), "sdpa");
+  ScheduleInputs no_curves = in;
+  no_curves.hardware.attention_kernels.erase("cudnn");
+  EXPECT_EQ(impl->attention_kernel(no_curves), "sdpa");
+  ScheduleInputs flash = in;
+  flash.recipe.attention_kernel = "fa3";
+  EXPECT_EQ(impl->attention_kernel(flash), "fa3");
 }
 
 /// Peak of the attention category for the documents' worked example.

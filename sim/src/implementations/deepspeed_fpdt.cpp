@@ -41,30 +41,38 @@ namespace {
 using models::CpMethod;
 
 constexpr std::array kRows = {
-    LedgerRow{"f4", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
+    LedgerRow{"f4", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0, hbm(4, 0, 0),
               "q all-to-all: input_t copy and receive buffer (bf16)"},
-    LedgerRow{"f5", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0,
+    LedgerRow{"f5", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0, hbm(0, 8, 0),
               "k or v all-to-all: input_t copy and receive buffer (one at a time, bf16)"},
-    LedgerRow{"f10", LedgerSite::kCoreForward, LedgerWhen::kAlways, 16, 0, 0,
+    LedgerRow{"f10", LedgerSite::kCoreForward, LedgerWhen::kAlways, 16, 0, 0, hbm(22, 0, 0),
               "_update_out_and_lse: fp32 block output, two exp-scaled fp32 products, their sum"},
-    LedgerRow{"f13", LedgerSite::kOutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
+    LedgerRow{"f13", LedgerSite::kOutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0, hbm(4, 0, 0),
               "output all-to-all: input_t copy and receive buffer (bf16)"},
-    LedgerRow{"b5", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
+    LedgerRow{"b5", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0, hbm(4, 0, 0),
               "dout all-to-all: input_t copy and receive buffer (bf16)"},
-    LedgerRow{"b8", LedgerSite::kCoreBackward, LedgerWhen::kAlways, 4, 4, 0,
+    LedgerRow{"b8", LedgerSite::kCoreBackward, LedgerWhen::kAlways, 4, 4, 0, hbm(2, 4, 0),
               "new zeroed dq, dk, dv of the block beside the previous block's (bf16)"},
     LedgerRow{"b13 (dq)", LedgerSite::kDqExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
-              "dq all-to-all: input_t copy and receive buffer (bf16)"},
+              hbm(4, 0, 0), "dq all-to-all: input_t copy and receive buffer (bf16)"},
     LedgerRow{"b13 (dk, dv)", LedgerSite::kDkvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0,
+              hbm(0, 8, 0),
               "dk or dv all-to-all: input_t copy and receive buffer (one at a time, bf16)"},
 };
 
-constexpr std::array<std::string_view, 3> kLimits = {
+constexpr std::array<std::string_view, 4> kLimits = {
     "deepspeed-fpdt: RoPE's transients after the all-to-all, chunk 0's prefetch kept from the "
     "forward to the backward and the final torch.cat of the output chunks are not modelled",
     "deepspeed-fpdt: the fp32 weight-gradient accumulators, FPDT_FFN and FPDT_LogitsLoss are not "
     "modelled; without offloading the code keeps n-chunk fp32 gradient lists cpsim does not",
-    "deepspeed-fpdt: the copies around the all-to-alls are counted in memory, not in time",
+    "deepspeed-fpdt: the copies' time (ledger traffic) runs as one op before each all-to-all, "
+    "on the compute stream; the merge's traffic (f10) is the code's four fp32 kernels less the "
+    "scheme's generic merge, without the LSE-sized terms",
+    "deepspeed-fpdt: synchronisation: the scheme's forward waits for each chunk's Q/K/V offloads "
+    "after its first block and for the output offloads before the projection; the host "
+    "round trips of torch.cuda.synchronize and dist.barrier (per block and chunk) cost nothing "
+    "beyond the launches, and the backward's dQ write-back and prefetches run on two copy "
+    "streams sharing the link where the code has one stream",
 };
 
 constexpr std::array kMethods = {CpMethod::kFpdt};

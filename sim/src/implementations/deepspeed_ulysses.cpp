@@ -19,8 +19,9 @@
 // KV heads are replicated (repeat_interleave before the all-to-all) when the Ulysses degree
 // exceeds them, as cpsim's head layout does. No dtype casts in bf16 training.
 // Not modelled (limits()): the position_ids all-gather (int64, s·C elements), the replica's
-// transient before the copy, HF's packed-sequence path (extra k/v copies), the time of the copies,
-// the caching allocator's and NCCL's own buffers; FlashAttention-3's workspace is cpsim's fa3
+// transient before the copy, HF's packed-sequence path (extra k/v copies), the time of the
+// copies a row does not list (F10 with more than one KV head per rank, F21), the caching
+// allocator's and NCCL's own buffers; FlashAttention-3's workspace is cpsim's fa3
 // kernel model.
 //
 // Sources (REFERENCES.md [DeepSpeed], [FA-code], [ALST]): deepspeedai/DeepSpeed @
@@ -42,25 +43,29 @@ using models::CpMethod;
 
 constexpr std::array kRows = {
     LedgerRow{"F0", LedgerSite::kHeldThroughBlock, LedgerWhen::kUlyssesAbove1, 2, 4, 0,
-              "HF attention's q, k, v (bf16) held until the wrapper returns"},
-    LedgerRow{"F4-F6", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0,
+              hbm(0, 0, 0), "HF attention's q, k, v (bf16) held until the wrapper returns"},
+    LedgerRow{"F4-F6", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(8, 0, 0),
               "q all-to-all input copy, then the head-major copy (one at a time, bf16)"},
-    LedgerRow{"F8-F10", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0,
+    LedgerRow{"F8-F10", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0, hbm(0, 8, 0),
               "k, v all-to-all input copies (bf16)"},
     LedgerRow{"F18+F20", LedgerSite::kOutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
-              "context_layer copy and the output all-to-all's receive buffer (bf16)"},
-    LedgerRow{"B1", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0,
+              hbm(4, 0, 0), "context_layer copy and the output all-to-all's receive buffer (bf16)"},
+    LedgerRow{"B1", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(4, 0, 0),
               "dout: empty_like transient or grad.contiguous() copy (bf16)"},
-    LedgerRow{"B9", LedgerSite::kDqExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0,
+    LedgerRow{"B9", LedgerSite::kDqExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(4, 0, 0),
               "dq: empty_like transient or grad.contiguous() copy (bf16)"},
     LedgerRow{"B8", LedgerSite::kDkvExchange, LedgerWhen::kKvHeadsPerRankAbove1, 0, 4, 0,
+              hbm(0, 8, 0),
               "dk, dv: grad.contiguous() copies (bf16), only with more than one KV head per rank"},
 };
 
 constexpr std::array<std::string_view, 3> kLimits = {
     "deepspeed-ulysses: the position_ids all-gather, the KV replica's transient and HF's "
     "packed-sequence copies are not modelled",
-    "deepspeed-ulysses: the copies around the all-to-alls are counted in memory, not in time",
+    "deepspeed-ulysses: the copies' time (ledger traffic) runs as one op before each "
+    "all-to-all, on the compute stream; the key/value_layer copies made only when more than one "
+    "KV head is left per rank (F10) and the output's final reshape copy (F21) are not timed, the "
+    "query_layer copy (F6, made only with more than one query head per rank) always is",
     "deepspeed-ulysses: PyTorch's caching allocator and NCCL's own buffers are outside the ledger",
 };
 

@@ -46,22 +46,23 @@ namespace {
 using models::CpMethod;
 
 constexpr std::array kRows = {
-    LedgerRow{"A0", LedgerSite::kHeldThroughBlock, LedgerWhen::kAlways, 2, 4, 0,
+    LedgerRow{"A0", LedgerSite::kHeldThroughBlock, LedgerWhen::kAlways, 2, 4, 0, hbm(0, 0, 0),
               "attention's query, key, value (bf16) held until core attention returns"},
     LedgerRow{"A1+A2 (q)", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
-              "q all-to-all: input copy and empty_like receive buffer (bf16)"},
+              hbm(4, 0, 0), "q all-to-all: input copy and empty_like receive buffer (bf16)"},
     LedgerRow{"A1+A2 (k, v)", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 8, 0,
-              "k, v all-to-all: input copies and receive buffers (bf16)"},
-    LedgerRow{"A7+A8", LedgerSite::kOutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
+              hbm(0, 8, 0), "k, v all-to-all: input copies and receive buffers (bf16)"},
+    LedgerRow{"A7+A8", LedgerSite::kOutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0, hbm(4, 0, 0),
               "output all-to-all: reorder copy and receive buffer (bf16)"},
-    LedgerRow{"A11", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
+    LedgerRow{"A11", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0, hbm(4, 0, 0),
               "dout all-to-all: input copy and receive buffer (bf16)"},
     LedgerRow{"A10+A11", LedgerSite::kHeldThroughBackward, LedgerWhen::kUlyssesAbove1, 8, 4, 4,
+              hbm(0, 0, 0),
               "saved q', k', v', out_, LSE and dout' held to the function's return, with dout"},
-    LedgerRow{"A14", LedgerSite::kDqExchange, LedgerWhen::kUlyssesAbove1, 4, 12, 0,
+    LedgerRow{"A14", LedgerSite::kDqExchange, LedgerWhen::kUlyssesAbove1, 4, 12, 0, hbm(4, 16, 0),
               "one all-to-all call for dq, dk, dv: reorder copies and receive buffers of all "
               "three and the dk, dv results (bf16)"},
-    LedgerRow{"P3+P5+P6", LedgerSite::kRingForwardHeld, LedgerWhen::kAlways, 2, 4, 4,
+    LedgerRow{"P3+P5+P6", LedgerSite::kRingForwardHeld, LedgerWhen::kAlways, 2, 4, 4, hbm(0, 0, 0),
               "per step kept to the merge: received K/V (bf16), output (bf16), LSE (fp32)"},
 };
 
@@ -70,7 +71,9 @@ constexpr std::array<std::string_view, 3> kLimits = {
     "all_gather comm type are not modelled",
     "megatron-core-cp: Megatron's vocab-parallel cross-entropy is not cpsim's loss model; the "
     "returned dK/dV pinning their communication buffer is not modelled",
-    "megatron-core-cp: the copies around the all-to-alls are counted in memory, not in time",
+    "megatron-core-cp: the copies' time (ledger traffic) runs as one op before each all-to-all, "
+    "on the compute stream; the index_select reorders after the receive (A3, A9) and the ring's "
+    "out correction beyond the scheme's merge are not timed",
 };
 
 constexpr std::array kMethods = {CpMethod::kRing, CpMethod::kUlysses, CpMethod::kUsp};

@@ -75,17 +75,38 @@ std::int64_t row_bytes(const LedgerRow& row, const LedgerUnits& units) {
   return row.shd * units.shd + row.shkd * units.shkd + row.sh * units.sh;
 }
 
-std::string row_formula(const LedgerRow& row) {
+namespace {
+std::string formula(std::int64_t shd, std::int64_t shkd, std::int64_t sh) {
   std::string s;
   auto term = [&s](std::int64_t k, const char* unit) {
     if (k != 0) {
       s += fmt::format("{}{}·{}", s.empty() ? "" : " + ", k, unit);
     }
   };
-  term(row.shd, "sHd");
-  term(row.shkd, "sHkv·d");
-  term(row.sh, "sH");
+  term(shd, "sHd");
+  term(shkd, "sHkv·d");
+  term(sh, "sH");
   return s.empty() ? "0" : s;
+}
+
+bool applies(const LedgerRow& row, const LedgerUnits& units) {
+  return row.when == LedgerWhen::kAlways ||
+         (row.when == LedgerWhen::kUlyssesAbove1 && units.ulysses > 1) ||
+         (row.when == LedgerWhen::kKvHeadsPerRankAbove1 && units.ulysses > 1 &&
+          units.kv_heads_per_rank > 1);
+}
+}  // namespace
+
+std::string row_formula(const LedgerRow& row) {
+  return formula(row.shd, row.shkd, row.sh);
+}
+
+std::int64_t row_traffic_bytes(const LedgerRow& row, const LedgerUnits& units) {
+  return row.traffic.shd * units.shd + row.traffic.shkd * units.shkd + row.traffic.sh * units.sh;
+}
+
+std::string traffic_formula(const LedgerRow& row) {
+  return formula(row.traffic.shd, row.traffic.shkd, row.traffic.sh);
 }
 
 bool Implementation::runs(models::CpMethod m) const {
@@ -100,12 +121,18 @@ bool Implementation::runs(models::CpMethod m) const {
 std::int64_t Implementation::site_bytes(LedgerSite site, const LedgerUnits& units) const {
   std::int64_t bytes = 0;
   for (const LedgerRow& row : ledger()) {
-    const bool applies = row.when == LedgerWhen::kAlways ||
-                         (row.when == LedgerWhen::kUlyssesAbove1 && units.ulysses > 1) ||
-                         (row.when == LedgerWhen::kKvHeadsPerRankAbove1 && units.ulysses > 1 &&
-                          units.kv_heads_per_rank > 1);
-    if (row.site == site && applies) {
+    if (row.site == site && applies(row, units)) {
       bytes += row_bytes(row, units);
+    }
+  }
+  return bytes;
+}
+
+std::int64_t Implementation::site_traffic_bytes(LedgerSite site, const LedgerUnits& units) const {
+  std::int64_t bytes = 0;
+  for (const LedgerRow& row : ledger()) {
+    if (row.site == site && applies(row, units)) {
+      bytes += row_traffic_bytes(row, units);
     }
   }
   return bytes;

@@ -20,7 +20,12 @@
 // Not modelled (limits()): the all-gather rotation (TorchTitan's default rotate method), whose
 // gathered K/V, per-step merge and fp32 dK/dV all-to-all differ from cpsim's all-gather scheme;
 // TorchTitan v0.2.2 (no repeat_kv, enable_gqa); the cuDNN kernel's workspace, which its run-time
-// heuristics choose; the merge's time.
+// heuristics choose. Time (ledger traffic, per ring step): the cat() send buffer (A:419 region,
+// `next_kv = torch.cat(...)` every step but the last: k and v read, the buffer written); the
+// merger (`step`: out.to(float32), 2 + 4 bytes; `_merge_one`: out − block_out, sigmoid·(...),
+// out − (...): 12 + 8 + 12 bytes per element; the LSE update: 56 bytes per s·H) less the
+// scheme's merge (3 × 4 bytes); the dK/dV send cat in fp32 (8 + 8 bytes per s·Hkv·d); the LSE
+// half's .contiguous().
 //
 // Sources (REFERENCES.md [TorchTitan], [torch-cp]): pytorch/pytorch
 // torch/distributed/tensor/experimental/_context_parallel/_attention.py @
@@ -41,27 +46,34 @@ namespace {
 using models::CpMethod;
 
 constexpr std::array kRows = {
-    LedgerRow{"F4+F7", LedgerSite::kRingForwardStep, LedgerWhen::kAlways, 0, 4, 0,
+    LedgerRow{"F4+F7", LedgerSite::kRingForwardStep, LedgerWhen::kAlways, 0, 4, 0, hbm(0, 8, 0),
               "send buffer cat(k, v) beside the two received blocks (bf16)"},
     LedgerRow{"F11+F13", LedgerSite::kRingForwardStep, LedgerWhen::kAlways, 12, 0, 0,
-              "merger: block output upcast to fp32 and two fp32 temporaries"},
-    LedgerRow{"F9", LedgerSite::kRingForwardStep, LedgerWhen::kAlways, 0, 0, 4,
+              hbm(26, 0, 56), "merger: block output upcast to fp32 and two fp32 temporaries"},
+    LedgerRow{"F9", LedgerSite::kRingForwardStep, LedgerWhen::kAlways, 0, 0, 4, hbm(0, 0, 0),
               "the previous step's LSE (fp32)"},
-    LedgerRow{"B6", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 0, 4, 0,
+    LedgerRow{"B6", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 0, 4, 0, hbm(0, 0, 0),
               "third K/V pair of the rotation (bf16)"},
-    LedgerRow{"B8", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 2, 4, 0,
+    LedgerRow{"B8", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 2, 4, 0, hbm(0, 0, 0),
               "the previous step's dQ, dK, dV (bf16), held while the next kernel runs"},
     LedgerRow{"B14+B15", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 0, 16, 0,
-              "dK/dV rotation in fp32: cat() send buffer and partial-update cats"},
-    LedgerRow{"B7", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 0, 0, 2,
+              hbm(0, 16, 0), "dK/dV rotation in fp32: cat() send buffer and partial-update cats"},
+    LedgerRow{"B7", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 0, 0, 2, hbm(0, 0, 4),
               "contiguous half of the LSE (fp32)"},
 };
 
-constexpr std::array<std::string_view, 3> kLimits = {
+constexpr std::array<std::string_view, 4> kLimits = {
     "torch-native-cp: models the ring rotation (alltoall) of TorchTitan v0.2.0/v0.2.1 with "
     "repeat_kv; the all-gather rotation and v0.2.2 (enable_gqa) are not modelled",
     "torch-native-cp: the cuDNN kernel's workspace (chosen at run time) is not modelled",
-    "torch-native-cp: the fp32 merges are counted in memory, not in time",
+    "torch-native-cp: the merger's and rotation's traffic is timed on every ring step at the "
+    "full block size, though the partial steps work on half the queries (B7 only runs there); "
+    "_partial_update's cats (B15) are not timed; the merger's last cast back to bf16 is the "
+    "scheme's",
+    "torch-native-cp: with the recipe's sdpa kernel the attention is timed with the profile's "
+    "cudnn curves (TorchTitan puts cuDNN first and can_use_cudnn_attention passes for bf16, "
+    "head_dim <= 128); a cuDNN older than 9, a deterministic run or a profile without cudnn "
+    "curves would fall back to flash, which only the last case follows",
 };
 
 constexpr std::array kMethods = {CpMethod::kRing};
@@ -86,6 +98,22 @@ class TorchNativeCp final : public Implementation {
     layout.kv_heads_eff = in.model.heads;
     layout.kv_replication = in.model.heads / in.model.kv_heads;
     layout.kv_heads_per_fetch = in.model.heads;
+  }
+  // TorchTitan runs SDPA under sdpa_kernel([CUDNN, FLASH, EFFICIENT(, MATH)], set_priority=True)
+  // (torchtitan/models/attention.py, ScaledDotProductAttentionWrapper, @ 0012170a; v0.2.0
+  // :83-104 per the ledger document), so select_sdp_backend (PyTorch
+  // aten/src/ATen/native/transformers/cuda/sdp_utils.cpp @ 001f694a) tries cuDNN first.
+  // can_use_cudnn_attention passes for these calls: dense bf16/fp16 tensors (check_dtypes_low_
+  // precision), no mask, no dropout, batch and heads ≤ 65535, head_dim a multiple of 8 and
+  // ≤ 128 (check_cudnn_tensor_shapes; 256 only with newer cuDNN on sm90/sm10x), GQA allowed
+  // (check_batch_size_and_num_heads_dense<true, false, true>; repeat_kv makes Hkv = H anyway),
+  // sm80-sm121, not deterministic. The CP dispatcher then runs
+  // aten._scaled_dot_product_cudnn_attention per ring step. Otherwise flash (the recipe's sdpa).
+  std::string attention_kernel(const ScheduleInputs& in) const override {
+    const bool cudnn = in.recipe.attention_kernel == "sdpa" && in.recipe.activation_bytes == 2 &&
+                       in.model.head_dim % 8 == 0 && in.model.head_dim <= 128 &&
+                       in.hardware.attention_kernels.count("cudnn") > 0;
+    return cudnn ? std::string("cudnn") : in.recipe.attention_kernel;
   }
 };
 

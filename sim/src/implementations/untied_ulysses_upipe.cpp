@@ -41,29 +41,33 @@ namespace {
 using models::CpMethod;
 
 constexpr std::array kRows = {
-    LedgerRow{"F5", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0,
+    LedgerRow{"F5", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(4, 0, 0),
               "Q all-to-all send buffer (contiguous copy, bf16)"},
-    LedgerRow{"F7", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 2, 0,
+    LedgerRow{"F7", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 2, 0, hbm(0, 8, 0),
               "K or V all-to-all send buffer (one at a time, bf16)"},
-    LedgerRow{"F9+F10+F12", LedgerSite::kCoreForward, LedgerWhen::kAlways, 8, 0, 0,
+    LedgerRow{"F9+F10+F12", LedgerSite::kCoreForward, LedgerWhen::kAlways, 8, 0, 0, hbm(6, 0, 0),
               "unused ring receive buffer and block_out (bf16), block_out's fp32 copy"},
     LedgerRow{"F14+F15", LedgerSite::kOutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
-              "output all-to-all send and receive buffers (bf16)"},
-    LedgerRow{"B6", LedgerSite::kCoreBackward, LedgerWhen::kAlways, 0, 0, 2,
+              hbm(4, 0, 0), "output all-to-all send and receive buffers (bf16)"},
+    LedgerRow{"B6", LedgerSite::kCoreBackward, LedgerWhen::kAlways, 0, 0, 2, hbm(0, 0, 4),
               "lse_second: contiguous half of the stage's LSE (fp32)"},
-    LedgerRow{"B12", LedgerSite::kDqExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
+    LedgerRow{"B12", LedgerSite::kDqExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0, hbm(4, 0, 0),
               "dQ all-to-all send and receive buffers (bf16)"},
-    LedgerRow{"B16", LedgerSite::kDkvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0,
+    LedgerRow{"B16", LedgerSite::kDkvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0, hbm(0, 8, 0),
               "dK or dV all-to-all send and receive buffers (one at a time, bf16)"},
 };
 
-constexpr std::array<std::string_view, 3> kLimits = {
+constexpr std::array<std::string_view, 4> kLimits = {
     "untied-ulysses-upipe: with a ring degree above 1 the fork passes Q around the ring; cpsim's "
     "ring passes K/V",
     "untied-ulysses-upipe: RoPE's fp32 cos/sin copies and the weight-gradient slices are not "
-    "modelled; the copies inside the all-to-alls are memory, not time",
+    "modelled; the copies' time (ledger traffic) runs as one op before each all-to-all, on the "
+    "compute stream",
     "untied-ulysses-upipe: models the op after e465aa8 (2026-05-23); the earlier forward held up "
     "to five more stage buffers",
+    "untied-ulysses-upipe: above 4M tokens the fork's scripts set INP_PIN_MEMORY=False, so the "
+    "checkpoint offloads (save_on_cpu) go to pageable host memory; cpsim still times them at the "
+    "profile's pinned copy bandwidth and counts them as pinned (no pageable figure with a source)",
 };
 
 constexpr std::array kMethods = {CpMethod::kUPipe};

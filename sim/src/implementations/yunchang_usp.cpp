@@ -20,8 +20,11 @@
 //     tensors are still held (an op of its own: grad_finish).
 // Not modelled (limits() prints them): the ring part at ring degree > 1 runs cpsim's ring scheme
 // (fp32 accumulators), without yunchang's merge temporaries (_update_out_and_lse: two fp32
-// tensors of the block at once) and its bf16 gradient buffers; the time of the copies inside the
-// all-to-alls; the caching allocator's and NCCL's own buffers.
+// tensors of the block at once) and its bf16 gradient buffers; the caching allocator's and
+// NCCL's own buffers. Time (ledger traffic): each .contiguous() copy reads and writes its bytes
+// (2 + 2 per bf16 element), each .to(float32) reads 2 and writes 4, a receive buffer filled by
+// the all-to-all costs nothing more; next_dk/next_dv (B13) are written by the send_recv to the
+// rank itself, a copy of the fp32 dk, dv (8 + 8).
 //
 // Sources (REFERENCES.md [yunchang], [FA-code], [USP]):
 //   github.com/feifeibear/long-context-attention @ 56118e0d8fe377d43441226dd8bdd07135c92c22
@@ -45,39 +48,44 @@ namespace {
 using models::CpMethod;
 
 constexpr std::array kRows = {
-    LedgerRow{"F0", LedgerSite::kHeldThroughBlock, LedgerWhen::kAlways, 2, 4, 0,
+    LedgerRow{"F0", LedgerSite::kHeldThroughBlock, LedgerWhen::kAlways, 2, 4, 0, hbm(0, 0, 0),
               "caller's q, k, v (bf16) held until attention returns"},
-    LedgerRow{"F1", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0,
+    LedgerRow{"F1", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(4, 0, 0),
               "all_to_all_4D input copy of q (bf16)"},
-    LedgerRow{"F3+F5", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0,
+    LedgerRow{"F3+F5", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0, hbm(0, 8, 0),
               "all_to_all_4D input copies of k and v (bf16)"},
-    LedgerRow{"F9+F14", LedgerSite::kCoreForward, LedgerWhen::kAlways, 6, 0, 0,
+    LedgerRow{"F9+F14", LedgerSite::kCoreForward, LedgerWhen::kAlways, 6, 0, 0, hbm(6, 0, 0),
               "kernel block_out (bf16) and its fp32 copy out, beside the final bf16 cast"},
-    LedgerRow{"F27+F28", LedgerSite::kOutExchange, LedgerWhen::kAlways, 4, 0, 0,
+    LedgerRow{"F27+F28", LedgerSite::kOutExchange, LedgerWhen::kAlways, 4, 0, 0, hbm(4, 0, 0),
               "output all_to_all_4D input copy and receive buffer (bf16)"},
-    LedgerRow{"B1", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0,
+    LedgerRow{"B1", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(4, 0, 0),
               "all_to_all_4D input copy of dout (bf16)"},
-    LedgerRow{"B3", LedgerSite::kCoreBackward, LedgerWhen::kAlways, 0, 0, 2,
+    LedgerRow{"B3", LedgerSite::kCoreBackward, LedgerWhen::kAlways, 0, 0, 2, hbm(0, 0, 4),
               "softmax_lse1: contiguous half of the LSE (fp32)"},
-    LedgerRow{"B3 (held)", LedgerSite::kGradFinish, LedgerWhen::kAlways, 0, 0, 2,
+    LedgerRow{"B3 (held)", LedgerSite::kGradFinish, LedgerWhen::kAlways, 0, 0, 2, hbm(0, 0, 0),
               "softmax_lse1, still held (fp32)"},
-    LedgerRow{"B11", LedgerSite::kGradFinish, LedgerWhen::kAlways, 4, 0, 0,
+    LedgerRow{"B11", LedgerSite::kGradFinish, LedgerWhen::kAlways, 4, 0, 0, hbm(6, 0, 0),
               "dq = dq_buffer.to(float32)"},
-    LedgerRow{"B12", LedgerSite::kGradFinish, LedgerWhen::kAlways, 0, 8, 0,
+    LedgerRow{"B12", LedgerSite::kGradFinish, LedgerWhen::kAlways, 0, 8, 0, hbm(0, 12, 0),
               "dk, dv = dk_buffer, dv_buffer .to(float32)"},
-    LedgerRow{"B13", LedgerSite::kGradFinish, LedgerWhen::kAlways, 0, 8, 0,
+    LedgerRow{"B13", LedgerSite::kGradFinish, LedgerWhen::kAlways, 0, 8, 0, hbm(0, 16, 0),
               "next_dk, next_dv: fp32 receive buffers of the dK/dV send_recv"},
-    LedgerRow{"B15+B16 (dq)", LedgerSite::kDqExchange, LedgerWhen::kAlways, 4, 0, 0,
+    LedgerRow{"B15+B16 (dq)", LedgerSite::kDqExchange, LedgerWhen::kAlways, 4, 0, 0, hbm(4, 0, 0),
               "dq all_to_all_4D input copy and receive buffer (bf16)"},
     LedgerRow{"B15+B16 (dk, dv)", LedgerSite::kDkvExchange, LedgerWhen::kAlways, 0, 8, 0,
-              "dk, dv all_to_all_4D input copies and receive buffers (bf16)"},
+              hbm(0, 8, 0), "dk, dv all_to_all_4D input copies and receive buffers (bf16)"},
 };
 
-constexpr std::array<std::string_view, 3> kLimits = {
+constexpr std::array<std::string_view, 4> kLimits = {
     "yunchang-usp: at ring degree > 1 the ring runs cpsim's ring scheme (fp32 accumulators), "
     "without yunchang's merge temporaries and bf16 gradient buffers (ledger F16-F23, B4-B6)",
-    "yunchang-usp: the copies inside all_to_all_4D are counted in memory, not in time",
+    "yunchang-usp: the copies' time (ledger traffic) runs as one op before each all-to-all, on "
+    "the compute stream, the post-receive copies included; the final casts of the output back to "
+    "bf16 (after F14) are not timed; the dK/dV send_recv to itself is timed as a copy",
     "yunchang-usp: PyTorch's caching allocator and NCCL's own buffers are outside the ledger",
+    "yunchang-usp: above 4M tokens the UPipe authors' scripts offload checkpoints to pageable "
+    "host memory (INP_PIN_MEMORY=False); cpsim times them at the pinned copy bandwidth (no "
+    "pageable figure with a source; see docs/implementations/untied-ulysses-upipe.md)",
 };
 
 constexpr std::array kMethods = {CpMethod::kUsp, CpMethod::kUlysses, CpMethod::kRing};

@@ -42,6 +42,9 @@ class CostModel {
   /// An elementwise/normalisation kernel moving `bytes` through HBM: t = launch + bytes / (bw ·
   /// eff).
   KernelCost memory_bound(std::int64_t bytes) const;
+  /// The same without the launch: bytes / (bw · eff), for traffic added to an op that is launched
+  /// anyway (an implementation's copies and casts, LedgerRow::traffic).
+  double memory_traffic_s(std::int64_t bytes) const;
 
   /// Flash-attention forward. FLOPs (FlashAttention convention): 4·q·k_vis·heads·d, where k_vis =
   /// kv/2 for a causal square call (bottom-right aligned: (max(0, kv−q) + kv)/2 in general) and kv

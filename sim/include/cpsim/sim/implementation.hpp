@@ -69,6 +69,22 @@ const char* to_string(LedgerWhen w);
 /// stage (all of the model's heads, KV heads after any replication; UPipe: the U heads of a stage
 /// and the KV heads of one fetch), d the head dimension. (After the all-to-all a rank holds N/r
 /// tokens of H/u heads: the same element count.) Example: a bf16 copy of Q is shd = 2.
+///
+/// `traffic`, in the same units: the HBM bytes read plus written by the kernel(s) that write the
+/// row's tensors (a bf16 `.contiguous()` copy of Q: 2 + 2 = 4 per s·H·d; `.to(float32)` of it:
+/// 2 + 4 = 6; a zero fill: its bytes), less what the scheme already times at that op for the same
+/// work (its generic fp32 merge). 0 for a pure allocation whose contents a timed op writes (an
+/// all-to-all's receive buffer, a kernel's output) and for tensors only held. The simulator runs
+/// it on the op's compute stream at the memory-bound rate (CostModel::memory_traffic_s).
+struct LedgerTraffic {
+  std::int64_t shd = 0;
+  std::int64_t shkd = 0;
+  std::int64_t sh = 0;
+};
+/// A row's traffic, as the tables write it: hbm(shd, shkd, sh).
+constexpr LedgerTraffic hbm(std::int64_t shd, std::int64_t shkd, std::int64_t sh) {
+  return LedgerTraffic{shd, shkd, sh};
+}
 struct LedgerRow {
   std::string_view id;  ///< the ledger document's row id ("F1")
   LedgerSite site = LedgerSite::kCoreForward;
@@ -76,6 +92,7 @@ struct LedgerRow {
   std::int64_t shd = 0;
   std::int64_t shkd = 0;
   std::int64_t sh = 0;
+  LedgerTraffic traffic;    ///< bytes its kernels read and write (see above)
   std::string_view tensor;  ///< what it is, with its dtype
 };
 
@@ -91,6 +108,10 @@ LedgerUnits ledger_units(const ScheduleInputs& in, const HeadLayout& layout);
 std::int64_t row_bytes(const LedgerRow& row, const LedgerUnits& units);
 /// The row's bytes as the ledger documents write them: "2·sHd + 4·sHkv·d" ("0" when empty).
 std::string row_formula(const LedgerRow& row);
+/// HBM bytes read and written by the row's kernels (`LedgerRow::traffic`).
+std::int64_t row_traffic_bytes(const LedgerRow& row, const LedgerUnits& units);
+/// The row's traffic as the ledger documents write it ("4·sHd", "0" when none).
+std::string traffic_formula(const LedgerRow& row);
 
 /// What an implementation is, as data (one constexpr table per file in sim/src/implementations).
 struct ImplementationTable {
@@ -131,6 +152,8 @@ class Implementation {
   bool default_for(std::string_view recipe, models::CpMethod m) const;
   /// Sum of the rows that apply at `site`.
   std::int64_t site_bytes(LedgerSite site, const LedgerUnits& units) const;
+  /// Sum of the traffic of the rows that apply at `site`.
+  std::int64_t site_traffic_bytes(LedgerSite site, const LedgerUnits& units) const;
 
   /// What its code changes in the head layout before anything is sized (e.g. K/V repeated to the
   /// query heads before attention); the default changes nothing.
@@ -138,6 +161,12 @@ class Implementation {
   /// Bytes per element of the ring part's output and dQ/dK/dV accumulators (fp32 in most code;
   /// Transformer Engine accumulates in the activations' dtype).
   virtual std::int64_t ring_accumulator_bytes(const ScheduleInputs& /*in*/) const { return 4; }
+  /// The attention kernel whose profile curves time its attention calls: the one PyTorch's or
+  /// the library's dispatch picks for the recipe's kernel at these shapes; the default is the
+  /// recipe's.
+  virtual std::string attention_kernel(const ScheduleInputs& in) const {
+    return in.recipe.attention_kernel;
+  }
   /// Constraints of its code beyond the method's (head divisibility, ...); the default has none.
   virtual std::optional<ConfigIssue> check(const ScheduleInputs& /*in*/,
                                            const HeadLayout& /*layout*/) const {
