@@ -29,7 +29,9 @@ std::string strip_exception_prefix(std::string message) {
 }
 
 /// Parse callback state that refuses a key named twice in one object. One frame per open
-/// container: its path, the keys seen (objects) or the next element index (arrays).
+/// container: how its parent names it (a key, or an index in an array), the keys seen (objects)
+/// or the next element index (arrays). Paths are built only for an error: storing each frame's
+/// whole path made deeply nested text quadratic in memory (100,000 nested arrays took 15 GB).
 class DuplicateKeyCheck {
  public:
   explicit DuplicateKeyCheck(const std::string& origin) : origin_(origin) {}
@@ -38,7 +40,7 @@ class DuplicateKeyCheck {
     switch (event) {
       case Json::parse_event_t::object_start:
       case Json::parse_event_t::array_start:
-        frames_.push_back({element_path(), event == Json::parse_event_t::array_start, 0, {}});
+        open(event == Json::parse_event_t::array_start);
         break;
       case Json::parse_event_t::object_end:
       case Json::parse_event_t::array_end:
@@ -58,28 +60,42 @@ class DuplicateKeyCheck {
 
  private:
   struct Frame {
-    std::string path;
-    bool is_array;
-    std::size_t next_index;
+    std::string key;        ///< its key in the parent object (parent not an array)
+    std::size_t index = 0;  ///< its index in the parent array
+    bool is_array = false;
+    std::size_t next_index = 0;
     std::unordered_set<std::string> keys;
   };
 
-  /// The path of the container that starts now (counts it as an array element).
-  std::string element_path() {
-    if (frames_.empty()) {
-      return "";
+  /// A container starts (counted as an element of a parent array).
+  void open(bool is_array) {
+    Frame frame;
+    frame.is_array = is_array;
+    if (!frames_.empty()) {
+      Frame& parent = frames_.back();
+      if (parent.is_array) {
+        frame.index = parent.next_index++;
+      } else {
+        frame.key = last_key_;
+      }
     }
-    Frame& parent = frames_.back();
-    if (parent.is_array) {
-      return fmt::format("{}[{}]", parent.path, parent.next_index++);
+    frames_.push_back(std::move(frame));
+  }
+
+  /// The dotted path of the innermost open container ("gpu", "c.points[1]").
+  std::string path() const {
+    std::string out;
+    for (std::size_t i = 1; i < frames_.size(); ++i) {
+      out = frames_[i - 1].is_array ? fmt::format("{}[{}]", out, frames_[i].index)
+                                    : json_child_path(out, frames_[i].key);
     }
-    return json_child_path(parent.path, last_key_);
+    return out;
   }
 
   void add_key(const std::string& key) {
     Frame& object = frames_.back();
     if (!object.keys.insert(key).second) {
-      throw InputError(json_field(origin_, json_child_path(object.path, key)),
+      throw InputError(json_field(origin_, json_child_path(path(), key)),
                        fmt::format("duplicate key \"{}\" in one object (only one value would be "
                                    "read; keep one)",
                                    key));
