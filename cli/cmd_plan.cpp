@@ -143,6 +143,15 @@ planner::PlanConstraints fixed_by_flags(const PlanArgs& a) {
   return fixed;
 }
 
+// Files the emitted one refers to, printed after it (without --out).
+void print_companions(const std::vector<planner::CompanionFile>& companions) {
+  for (const planner::CompanionFile& f : companions) {
+    std::cout << fmt::format("\n--- {} ({}) ---\n{}", f.path, f.what, f.text);
+    if (!f.text.empty() && f.text.back() != '\n')
+      std::cout << "\n";
+  }
+}
+
 }  // namespace
 
 int run_plan(const PlanArgs& a) {
@@ -231,14 +240,17 @@ int run_plan(const PlanArgs& a) {
 
   // Emit the best configuration the chosen launcher can run.
   std::string emitted_text, emit_note;
+  std::vector<planner::CompanionFile> companions;  // written beside --out (or printed)
   const planner::Candidate* emitted = nullptr;
   if (format) {
     std::string first_refusal;
     for (const planner::Candidate& c : res.ranked) {
       try {
-        const planner::EmittedConfig e = planner::emit_launcher_config(*format, c.inputs(base));
+        const planner::EmittedConfig e =
+            planner::emit_launcher_config(*format, c.inputs(base), {a.out});
         emitted = &c;
         emitted_text = e.text;
+        companions = e.companions;
         for (const auto& n : e.notes)
           emit_note += "  note: " + n + "\n";
         break;
@@ -251,6 +263,12 @@ int run_plan(const PlanArgs& a) {
       throw InputError("--emit", first_refusal.substr(first_refusal.find(':') + 2));
     }
     if (!a.out.empty()) {
+      // The companions first: the main file names them, so it lands only once they exist.
+      for (const planner::CompanionFile& f : companions) {
+        if (a.out != "-") {
+          write_output(f.path, f.text, "--out");
+        }
+      }
       write_output(a.out, emitted_text, "--out");
     }
   }
@@ -287,10 +305,17 @@ int run_plan(const PlanArgs& a) {
     if (opts.seq_len)
       j["seq_len"] = *opts.seq_len;
     if (emitted != nullptr) {
+      nlohmann::json files = nlohmann::json::array();
+      for (const planner::CompanionFile& f : companions) {
+        files.push_back({{"file", f.path},
+                         {"what", f.what},
+                         {"text", a.out.empty() || a.out == "-" ? f.text : ""}});
+      }
       j["emitted"] = {{"format", a.emit},
                       {"label", emitted->label},
                       {"file", a.out},
-                      {"text", a.out.empty() ? emitted_text : ""}};
+                      {"text", a.out.empty() ? emitted_text : ""},
+                      {"companions", files}};
     }
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -349,8 +374,14 @@ int run_plan(const PlanArgs& a) {
       std::cout << fmt::format("\n--- {} settings ---\n{}", a.emit, emitted_text);
       if (!emitted_text.empty() && emitted_text.back() != '\n')
         std::cout << "\n";
+      print_companions(companions);
     } else {
       std::cout << fmt::format("\n{} settings written to {}\n", a.emit, a.out);
+      for (const planner::CompanionFile& f : companions) {
+        if (a.out != "-") {
+          std::cout << fmt::format("  with {}: {}\n", f.path, f.what);
+        }
+      }
     }
     std::cout << emit_note;
   } else {
@@ -369,6 +400,7 @@ int run_plan(const PlanArgs& a) {
                                  name, e.text);
         if (!e.text.empty() && e.text.back() != '\n')
           std::cout << "\n";
+        print_companions(e.companions);
         for (const auto& n : e.notes)
           std::cout << "  note: " << n << "\n";
         std::cout << fmt::format(

@@ -815,6 +815,27 @@ TEST_F(CliTest, PlanEmitsAParsableFile) {
   EXPECT_THAT(read_file(out), HasSubstr("context_parallel_degree"));
 }
 
+// A launcher that needs two files gets both: Accelerate's YAML names the DeepSpeed JSON written
+// beside it (the companion lands first), and JSON output lists it.
+TEST_F(CliTest, PlanEmitsTheFilesARunNeeds) {
+  const std::string out = path("acc.yaml").string();
+  const RunResult r = run({"plan", "--seq", "256K", "--methods", "ulysses", "--recipe",
+                           "alst-deepspeed", "--emit", "accelerate", "--out", out, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string companion = path("acc.ds_config.json").string();
+  const Json emitted = Json::parse(r.out).at("emitted");
+  ASSERT_EQ(emitted.at("companions").size(), 1U);
+  EXPECT_EQ(emitted.at("companions")[0].at("file"), companion);
+  EXPECT_THAT(read_file(out), HasSubstr("deepspeed_config_file: \"" + companion + "\""));
+  const Json ds = Json::parse(read_file(companion));
+  EXPECT_EQ(ds.at("seq_parallel_communication_data_type"), "bf16");
+  // Printed without --out: the companion follows the YAML.
+  const RunResult shown = run({"plan", "--seq", "256K", "--methods", "ulysses", "--recipe",
+                               "alst-deepspeed", "--emit", "accelerate"});
+  ASSERT_EQ(shown.exit_code, 0) << shown.err;
+  EXPECT_THAT(shown.out, HasSubstr("--- cpsim_accelerate.ds_config.json ("));
+}
+
 TEST_F(BadInputTest, PlannerErrors) {
   const std::vector<BadInput> cases = {
       {"emit a method the launcher cannot run",

@@ -27,6 +27,22 @@ std::string accelerate_sp_attention(Plan& p) {
   return "sdpa";
 }
 
+// The ds_config JSON of Accelerate's DeepSpeed path: the batch keys "auto" (Accelerate fills
+// them from the trainer), the shared bf16 / ZeRO / communication-dtype keys.
+CompanionFile accelerate_ds_config(Plan& p) {
+  CompanionFile file;
+  file.path = companion_path(p.main_path, "cpsim_accelerate.yaml", ".ds_config.json");
+  file.what = "DeepSpeed config that the YAML's deepspeed_config_file names";
+  file.text =
+      "{\n  \"train_batch_size\": \"auto\",\n  \"train_micro_batch_size_per_gpu\": "
+      "\"auto\",\n  \"gradient_accumulation_steps\": 1";
+  for (const std::string& line : ds_config_common_lines(p)) {
+    file.text += ",\n" + line;
+  }
+  file.text += "\n}\n";
+  return file;
+}
+
 EmittedConfig emit_accelerate(Plan& p) {
   // "deepspeed": Accelerate's Ulysses SP backend; else torch CP with this cp_comm_strategy.
   const bool sp = p.selects() == "deepspeed";
@@ -34,15 +50,16 @@ EmittedConfig emit_accelerate(Plan& p) {
   y += "compute_environment: LOCAL_MACHINE\n";
   y += "debug: false\n";
   if (sp) {
+    // DeepSpeed keys live in a ds_config JSON beside the YAML, as Accelerate's ALST example does
+    // (examples/alst_ulysses_sequence_parallelism): `seq_parallel_communication_data_type` is no
+    // accelerate config key, and with `deepspeed_config_file` Accelerate refuses zero_stage,
+    // offload and mixed_precision in the YAML (utils/dataclasses.py, _deepspeed_config_checks).
     require_zero_for_optimizer_offload(p, "DeepSpeed");
-    const std::string comm = p.ds_comm_dtype();
+    p.companions.push_back(accelerate_ds_config(p));
     y += "distributed_type: DEEPSPEED\n";
     y += "deepspeed_config:\n";
-    y += fmt::format("  zero_stage: {}\n", p.recipe.zero_stage);
-    if (p.recipe.optimizer_offload) {
-      y += "  offload_optimizer_device: cpu\n";
-    }
-    y += fmt::format("  seq_parallel_communication_data_type: {}\n", comm);
+    y += fmt::format("  deepspeed_config_file: {}\n", quoted(p.companions.back().path));
+    y += "  zero3_init_flag: false\n";
   } else {
     require_seq_multiple_of_2cp(p, "Accelerate CP", "torch CP load balancing; TRL docs");
     y += "distributed_type: FSDP\n";
@@ -91,7 +108,9 @@ EmittedConfig emit_accelerate(Plan& p) {
   y += "downcast_bf16: 'no'\n";
   y += "machine_rank: 0\n";
   y += "main_training_function: main\n";
-  y += fmt::format("mixed_precision: {}\n", p.recipe.param_bytes == 2 ? "bf16" : "'no'");
+  if (!sp) {  // with a DeepSpeed JSON, its bf16 block says it
+    y += fmt::format("mixed_precision: {}\n", p.recipe.param_bytes == 2 ? "bf16" : "'no'");
+  }
   y += fmt::format("num_machines: {}\n", p.nodes);
   y += fmt::format("num_processes: {}\n", p.par.gpus);
   y += "parallelism_config:\n";

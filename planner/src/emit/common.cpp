@@ -187,9 +187,28 @@ void add_environment_line(const Plan& p, std::vector<std::string>& usage) {
   }
 }
 
+std::vector<std::string> ds_config_common_lines(Plan& p) {
+  std::vector<std::string> lines;
+  lines.push_back(
+      fmt::format("  \"bf16\": {{\"enabled\": {}}}", boolean(p.recipe.param_bytes == 2)));
+  std::string zero =
+      fmt::format("  \"zero_optimization\": {{\n    \"stage\": {}", p.recipe.zero_stage);
+  if (p.recipe.optimizer_offload) {
+    zero += ",\n    \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}";
+  }
+  lines.push_back(zero + "\n  }");
+  lines.push_back(
+      fmt::format("  \"seq_parallel_communication_data_type\": {}", quoted(p.ds_comm_dtype())));
+  if (p.recipe.param_bytes != 2) {
+    p.note("bf16 is off: the recipe computes in a non-bf16 dtype");
+  }
+  return lines;
+}
+
 EmittedConfig finish(Plan& p, LauncherText text) {
   EmittedConfig out;
   out.suggested_filename = text.filename;
+  out.companions = std::move(p.companions);
   std::vector<std::string> header = {p.provenance()};
   header.insert(header.end(), std::make_move_iterator(text.usage.begin()),
                 std::make_move_iterator(text.usage.end()));

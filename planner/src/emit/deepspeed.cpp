@@ -13,32 +13,51 @@ namespace cpsim::planner::emit_detail {
 
 // ---- DeepSpeed + Megatron-DeepSpeed FPDT (REFERENCES.md [DeepSpeed], [Megatron-DeepSpeed]) ------
 
+namespace {
+
+// The FPDT run's Megatron-DeepSpeed flags as a file beside the ds_config JSON (which they name),
+// so that a script keeping the files keeps the flags: a bash array to source.
+CompanionFile megatron_deepspeed_flags_file(const Plan& p,
+                                            const std::vector<std::string>& flags,
+                                            const std::string& ds_config) {
+  CompanionFile file;
+  file.path = companion_path(p.main_path, "cpsim_deepspeed.json", ".megatron-deepspeed.sh");
+  file.what = "Megatron-DeepSpeed flags of the FPDT run (a bash array naming the ds_config JSON)";
+  file.text = comment_lines(
+      {p.provenance(),
+       fmt::format("Megatron-DeepSpeed flags of this FPDT run; ds_config: {}", ds_config),
+       fmt::format("usage: source {} && deepspeed pretrain_gpt.py "
+                   "\"${{CPSIM_MEGATRON_DEEPSPEED_FLAGS[@]}}\" <data, tokenizer and optimizer "
+                   "flags>",
+                   file.path)});
+  file.text += "CPSIM_MEGATRON_DEEPSPEED_FLAGS=(\n";
+  for (const std::string& flag : flags) {
+    file.text += "  " + flag + "\n";
+  }
+  file.text += ")\n";
+  return file;
+}
+
+}  // namespace
+
 EmittedConfig emit_deepspeed(Plan& p) {
   require_zero_for_optimizer_offload(p, "DeepSpeed");
   const bool fpdt = p.selects() == "fpdt";
   std::vector<std::string> usage;  // the Megatron-DeepSpeed flags for FPDT
-  const std::string comm = p.ds_comm_dtype();
 
   std::string j = "{\n";
   j += "  \"train_micro_batch_size_per_gpu\": 1,\n";
   j += "  \"gradient_accumulation_steps\": 1,\n";
-  j += fmt::format("  \"bf16\": {{\"enabled\": {}}},\n", boolean(p.recipe.param_bytes == 2));
-  j += fmt::format("  \"zero_optimization\": {{\n    \"stage\": {}", p.recipe.zero_stage);
-  if (p.recipe.optimizer_offload) {
-    j += ",\n    \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}";
+  for (const std::string& line : ds_config_common_lines(p)) {
+    j += line + ",\n";
   }
-  j += "\n  },\n";
   j += fmt::format("  \"sequence_parallel_size\": {},\n", p.ulysses);
-  j += fmt::format("  \"seq_parallel_communication_data_type\": {},\n", quoted(comm));
   j += fmt::format(
       "  \"activation_checkpointing\": {{\n    \"partition_activations\": false,\n    "
       "\"cpu_checkpointing\": {},\n    \"contiguous_memory_optimization\": false\n  }}\n",
       boolean(p.ckpt_offload()));
   j += "}\n";
   p.note_if_ckpt_offload_ignored();
-  if (p.recipe.param_bytes != 2) {
-    p.note("bf16 is off: the recipe computes in a non-bf16 dtype");
-  }
 
   if (fpdt) {
     const std::int64_t chunk = p.par.fpdt_chunk;
@@ -50,8 +69,9 @@ EmittedConfig emit_deepspeed(Plan& p) {
                       chunk, p.ulysses, 32 * p.ulysses));
     }
     const std::int64_t max_pos = std::max(p.model.max_position_embeddings, p.seq);
+    const std::string ds_config = p.main_file("cpsim_deepspeed.json");
     std::vector<std::string> f = {"--deepspeed",
-                                  "--deepspeed_config cpsim_deepspeed.json",
+                                  "--deepspeed_config " + shell_word(ds_config),
                                   fmt::format("--zero-stage {}", p.recipe.zero_stage),
                                   "--no-pipeline-parallel",
                                   fmt::format("--ds-sequence-parallel-size {}", p.ulysses),
@@ -109,6 +129,7 @@ EmittedConfig emit_deepspeed(Plan& p) {
       line += fmt::format(" {}", s);
     }
     usage.push_back(std::move(line));
+    p.companions.push_back(megatron_deepspeed_flags_file(p, f, ds_config));
     if (p.recipe.attention_kernel == "fa3") {
       p.note(
           "--use-flash-attn-v3 exists only in the UPipe authors' FPDT fork (Untied-Ulysses "

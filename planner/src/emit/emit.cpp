@@ -58,7 +58,20 @@ LauncherFormat parse_launcher_format(const std::string& text, const std::string&
   throw InputError(field, fmt::format("unknown launcher format '{}'; known: {}", text, known));
 }
 
-EmittedConfig emit_launcher_config(LauncherFormat format, const sim::ScheduleInputs& config) {
+std::string companion_path(const std::string& main_path,
+                           const std::string& default_main,
+                           const std::string& suffix) {
+  const std::string& main = main_path.empty() || main_path == "-" ? default_main : main_path;
+  const std::size_t slash = main.find_last_of('/');
+  const std::size_t dot = main.find_last_of('.');
+  const bool has_extension =
+      dot != std::string::npos && dot > 0 && (slash == std::string::npos || dot > slash + 1);
+  return (has_extension ? main.substr(0, dot) : main) + suffix;
+}
+
+EmittedConfig emit_launcher_config(LauncherFormat format,
+                                   const sim::ScheduleInputs& config,
+                                   const EmitOptions& options) {
   const CpMethod m = config.parallel.method;
   // The method's launcher table (sim/src/methods) says which launchers run it, and how.
   std::optional<sim::LauncherSelection> selection = sim::cp_implementation(m).launcher_selection(
@@ -77,6 +90,7 @@ EmittedConfig emit_launcher_config(LauncherFormat format, const sim::ScheduleInp
   }
   // Validates the configuration (throws InputError naming the flag).
   Plan plan(inputs, std::move(*selection));
+  plan.main_path = options.main_path;
   switch (format) {
     case LauncherFormat::kTorchTitan:
       return emit_detail::emit_torchtitan(plan);

@@ -60,6 +60,8 @@ struct Plan {
   int dp = 1;
   int nodes = 1;
   std::vector<std::string> notes;
+  std::vector<CompanionFile> companions;
+  std::string main_path;  ///< EmitOptions::main_path
 
   /// How the launcher selects the method for this configuration (the method's launcher table).
   sim::LauncherSelection selection;
@@ -109,6 +111,11 @@ struct Plan {
                       "checkpointing {} nothing is offloaded, so none is emitted",
                       models::to_string(recipe.checkpointing)));
     }
+  }
+
+  /// Where the main file goes (or its suggested name), as a companion refers to it.
+  std::string main_file(const std::string& default_main) const {
+    return main_path.empty() || main_path == "-" ? default_main : main_path;
   }
 
   /// DeepSpeed's `seq_parallel_communication_data_type`.
@@ -179,6 +186,11 @@ void add_environment_line(const Plan& p, std::vector<std::string>& usage);
 EmittedConfig finish(Plan& p, LauncherText text);
 
 // ---- The emitters (one file each) ---------------------------------------------------------------
+
+/// The ds_config JSON keys both DeepSpeed paths share (bf16, ZeRO stage and optimizer offload,
+/// the communication dtype), one `"key": value` line each, indented by two spaces, no trailing
+/// comma on the last.
+std::vector<std::string> ds_config_common_lines(Plan& p);
 
 EmittedConfig emit_torchtitan(Plan& p);
 EmittedConfig emit_untied_ulysses(Plan& p);

@@ -23,15 +23,40 @@ const char* to_string(LauncherFormat f);
 /// @throws InputError(field) listing the known names.
 LauncherFormat parse_launcher_format(const std::string& text, const std::string& field);
 
+/// A second file the run needs beside the main one, which refers to it by `path`: Accelerate's
+/// DeepSpeed JSON (`deepspeed_config_file`), the Megatron-DeepSpeed flags of an FPDT run (a shell
+/// file naming the ds_config JSON).
+struct CompanionFile {
+  std::string path;  ///< where to write it: beside the main file (see companion_path)
+  std::string text;
+  std::string what;  ///< one line: what it is and how the run uses it
+};
+
 struct EmittedConfig {
   std::string text;                ///< file contents (TOML, JSON, YAML) or a shell argument list
   std::string suggested_filename;  ///< e.g. "cpsim_torchtitan.toml"
   std::vector<std::string> notes;  ///< what the launcher cannot express, and simplifications
+  std::vector<CompanionFile> companions;  ///< files the main one refers to; written with it
 };
+
+struct EmitOptions {
+  /// Where the main file will be written, as the user gave it; empty or "-": not written (the
+  /// companions are then named after the suggested file name).
+  std::string main_path;
+};
+
+/// The path of a companion of the main file: `main_path` (or `default_main` when it is empty or
+/// "-") without its extension, then `suffix`. "out/run.yaml", ".ds_config.json" →
+/// "out/run.ds_config.json".
+std::string companion_path(const std::string& main_path,
+                           const std::string& default_main,
+                           const std::string& suffix);
 
 /// Renders the configuration for one launcher.
 /// @throws InputError("--emit") when that launcher cannot run the method (or a knob of the
 ///         configuration), naming a launcher that can.
-EmittedConfig emit_launcher_config(LauncherFormat format, const sim::ScheduleInputs& config);
+EmittedConfig emit_launcher_config(LauncherFormat format,
+                                   const sim::ScheduleInputs& config,
+                                   const EmitOptions& options = {});
 
 }  // namespace cpsim::planner
