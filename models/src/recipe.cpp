@@ -123,6 +123,7 @@ void TrainingRecipe::validate() const {
     throw InputError("recipe.sharding.param_offload",
                      fmt::format("parameter offload needs ZeRO stage 3, got stage {}", zero_stage));
   }
+  check_range(reduce_bucket_elements, 0, std::int64_t{1} << 40, "sharding.reduce_bucket_elements");
   check_range(tiled_mlp_shards, 0, std::int64_t{1} << 20, "tiled_mlp.shards");
   if (attention_kernel.empty()) {
     throw InputError("recipe.attention_kernel", "must not be empty");

@@ -107,11 +107,14 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
   }
 
   const Json* sharding = section(
-      "sharding", {"zero_stage", "fsdp_prefetch_layers", "optimizer_offload", "param_offload"});
+      "sharding", {"zero_stage", "fsdp_prefetch_layers", "optimizer_offload", "param_offload",
+                   "reduce_bucket_elements", "host_grad_partition_buffer"});
   read_int(sharding, "sharding", "zero_stage", recipe.zero_stage);
   read_int(sharding, "sharding", "fsdp_prefetch_layers", recipe.fsdp_prefetch_layers);
   read_bool(sharding, "sharding", "optimizer_offload", recipe.optimizer_offload);
   read_bool(sharding, "sharding", "param_offload", recipe.param_offload);
+  read_int(sharding, "sharding", "reduce_bucket_elements", recipe.reduce_bucket_elements);
+  read_bool(sharding, "sharding", "host_grad_partition_buffer", recipe.host_grad_partition_buffer);
 
   const Json* ac = section("activation_checkpointing",
                            {"mode", "offload_to_host", "keep_first_last_on_gpu", "reentrant"});

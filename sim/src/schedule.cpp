@@ -262,6 +262,13 @@ std::string int32_index_violation(const ScheduleInputs& in, const HeadLayout& L)
 // ZeRO-2 on the GPU keeps no gradient partition (it is streamed to host as it is reduced).
 // With parameter offload (ZeRO-3 offload_param) the compute-dtype shard p' moves to host too:
 // the GPU keeps no model state at all between block gathers.
+// DeepSpeed ZeRO-3 (recipe host_grad_partition_buffer) also keeps the rank's reduced gradient
+// partitions in a flat buffer of the gradient dtype g on the optimizer's device, the host when it
+// is offloaded: ⌈P/G⌉·g more host bytes beside the fp32 copy CPU Adam reads. Source:
+// deepspeedai/DeepSpeed@edaa7221267243c7be7fb49c5d5f5c4fb97b4641
+// deepspeed/runtime/zero/stage3.py:328 (device = cpu with offload_optimizer), :742-744
+// (grad_partitions_flat_buffer, gradient_accumulation_dtype), deepspeed/runtime/engine.py:1485-1493
+// (that dtype is the model's, bf16, under ZeRO); the same lines in v0.17.2, which the recipes ran.
 ModelStates model_states(const ScheduleInputs& in) {
   const auto& r = in.recipe;
   const std::int64_t total = models::count_parameters(in.model).total;
@@ -293,6 +300,9 @@ ModelStates model_states(const ScheduleInputs& in) {
       r.optimizer_offload ? (r.zero_stage == 0 ? total : shard) * (m + o + kFp32Bytes) : 0;
   if (r.param_offload && r.zero_stage == 3) {
     s.host_bytes += shard * p;
+  }
+  if (r.host_grad_partition_buffer && r.optimizer_offload && r.zero_stage == 3) {
+    s.host_bytes += shard * g;
   }
   return s;
 }

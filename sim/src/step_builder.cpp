@@ -400,13 +400,14 @@ void StepBuilder::build() {
   b_.set_phase(Phase::kForward);
   b_.set_layer(-1);
   const TensorSet host_optimizer = pin_host_optimizer_states();
+  const TensorSet reduce_bucket = allocate_reduce_bucket();
   TensorSet x = embedding_forward();
   x = forward_layers(x);
   const LossEnd loss = loss_forward_backward(x);
   const TensorSet dy = backward_layers(loss.dy, loss.last_op);
   b_.set_layer(-1);
   const OpSet last_reduce = embedding_backward(dy);
-  optimizer(last_reduce, host_optimizer);
+  optimizer(last_reduce, host_optimizer, reduce_bucket);
   add_notes();
 }
 
@@ -433,6 +434,25 @@ TensorSet StepBuilder::pin_host_optimizer_states() {
       b_.tensor("optimizer_states.host", host_states, MemCategory::kModelStates, true);
   compute("pin_optimizer_states", OpKind::kElementwise, {0.0, 0.0}, {}, {host_optimizer});
   return host_optimizer;
+}
+
+TensorSet StepBuilder::allocate_reduce_bucket() {
+  // DeepSpeed ZeRO-3 with contiguous_gradients (default on) allocates one flat GPU buffer of
+  // reduce_bucket_size elements per gradient-communication dtype when the optimizer is built,
+  // copies each gradient into it and reduce-scatters from it; it lives for the whole run. Source:
+  // deepspeedai/DeepSpeed@edaa7221267243c7be7fb49c5d5f5c4fb97b4641
+  // deepspeed/runtime/zero/stage3.py:731-735 (v0.17.2, which the ALST recipes ran: :557-561);
+  // defaults contiguous_gradients true and reduce_bucket_size 5e8 in
+  // deepspeed/runtime/zero/config.py:102,113. Here it is live from the step's start to the
+  // optimizer, which reads the gradients last.
+  if (r_.zero_stage != 3 || r_.reduce_bucket_elements <= 0) {
+    return {};
+  }
+  TensorSet bucket =
+      b_.tensor("zero3_reduce_bucket", r_.reduce_bucket_elements * r_.grad_reduce_bytes,
+                MemCategory::kGradBuffers);
+  compute("allocate_reduce_bucket", OpKind::kElementwise, {0.0, 0.0}, {}, {bucket});
+  return bucket;
 }
 
 std::int64_t StepBuilder::act_bytes() const {
@@ -631,19 +651,19 @@ OpSet StepBuilder::embedding_backward(TensorSet dy) {
   return reduce_grads("reduce.embedding", params_.embedding, emb_grads, {grads_done});
 }
 
-void StepBuilder::optimizer(OpSet last_reduce, TensorSet host_optimizer) {
+void StepBuilder::optimizer(OpSet last_reduce, TensorSet host_optimizer, TensorSet reduce_bucket) {
   b_.set_phase(Phase::kOptimizer);
   const std::int64_t updated =
       r_.zero_stage == 0 ? params_.total : ceil_div(params_.total, in_.parallel.gpus);
   if (!r_.optimizer_offload) {
     // AdamW on the GPU: reads param, grad, m, v (fp32) and writes param, m, v: 28 bytes/param.
-    compute("adamw", OpKind::kOptimizer, mem(updated * 28), {}, {}, {last_reduce});
+    compute("adamw", OpKind::kOptimizer, mem(updated * 28), {reduce_bucket}, {}, {last_reduce});
     return;
   }
   // Offloaded: gradients to host (fp32), CPU Adam at the node's rate shared by its GPUs,
   // updated compute-dtype parameters back to the GPU.
   TensorSet grads_host = b_.tensor("grads.host_copy", 0, MemCategory::kOther, true);
-  OpSet d2h = host_copy("grads_to_host", false, updated * kFp32Bytes, TensorSet{}, grads_host,
+  OpSet d2h = host_copy("grads_to_host", false, updated * kFp32Bytes, reduce_bucket, grads_host,
                         {last_reduce});
   const double rate =
       in_.hardware.cpu_adam_params_per_s / static_cast<double>(in_.parallel.gpus_per_node);

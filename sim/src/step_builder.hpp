@@ -172,6 +172,8 @@ class StepBuilder {
   // ---- the step (step_builder.cpp): embedding, blocks forward, loss, blocks backward, optimizer
   void set_static_memory();
   TensorSet pin_host_optimizer_states();
+  /// DeepSpeed ZeRO-3's persistent gradient bucket (recipe reduce_bucket_elements); none without.
+  TensorSet allocate_reduce_bucket();
   std::int64_t act_bytes() const;  ///< one [s, h] activation
   /// Gathered parameters (ZeRO-3) and unsharded gradients (ZeRO ≥ 2); none otherwise.
   TensorSet param_buffer(const std::string& name, std::int64_t params);
@@ -198,7 +200,7 @@ class StepBuilder {
   /// Blocks L−1..0 backward from `dy` (after `after_loss`); returns the embedding's gradient.
   TensorSet backward_layers(TensorSet dy, OpSet after_loss);
   OpSet embedding_backward(TensorSet dy);
-  void optimizer(OpSet last_reduce, TensorSet host_optimizer);
+  void optimizer(OpSet last_reduce, TensorSet host_optimizer, TensorSet reduce_bucket);
   void add_notes();
 
   // ---- blocks (step_layers.cpp): built, or instances of a template ----

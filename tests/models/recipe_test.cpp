@@ -61,7 +61,8 @@ TEST(Recipe, ParsesEveryField) {
     "precision": {"param_bytes": 4, "activation_bytes": 4, "master_param_bytes": 0,
                   "grad_bytes": 2, "grad_reduce_bytes": 2, "optimizer_state_bytes": 4},
     "optimizer": "sgd",
-    "sharding": {"zero_stage": 1, "fsdp_prefetch_layers": 2},
+    "sharding": {"zero_stage": 1, "fsdp_prefetch_layers": 2, "reduce_bucket_elements": 1000,
+                 "host_grad_partition_buffer": true},
     "activation_checkpointing": {"mode": "selective", "offload_to_host": false,
                                  "keep_first_last_on_gpu": false},
     "tiled_mlp": {"enabled": false, "shards": 4},
@@ -80,6 +81,8 @@ TEST(Recipe, ParsesEveryField) {
   EXPECT_EQ(r.optimizer, "sgd");
   EXPECT_EQ(r.zero_stage, 1);
   EXPECT_EQ(r.fsdp_prefetch_layers, 2);
+  EXPECT_EQ(r.reduce_bucket_elements, 1000);
+  EXPECT_TRUE(r.host_grad_partition_buffer);
   EXPECT_EQ(r.checkpointing, CheckpointMode::kSelective);
   EXPECT_FALSE(r.checkpoint_offload);
   EXPECT_FALSE(r.offload_keep_first_last);
@@ -89,6 +92,20 @@ TEST(Recipe, ParsesEveryField) {
   EXPECT_FALSE(r.fused_loss);
   EXPECT_FALSE(r.expandable_segments);
   EXPECT_EQ(r.attention_kernel, "cudnn");
+}
+
+// DeepSpeed's defaults, which the ALST recipes keep (their zero_optimization sets only stage and
+// offload): reduce_bucket_size 5e8 (deepspeed/runtime/zero/config.py), gradient partitions with
+// the offloaded optimizer.
+TEST(Recipe, AlstDeepSpeedKeepsDeepSpeedBuffers) {
+  const TrainingRecipe r = load_recipe("alst-deepspeed", DataDir{CPSIM_TEST_DATA_DIR});
+  EXPECT_EQ(r.reduce_bucket_elements, 500000000);
+  EXPECT_TRUE(r.host_grad_partition_buffer);
+  EXPECT_EQ(TrainingRecipe{}.reduce_bucket_elements, 0);
+  EXPECT_FALSE(TrainingRecipe{}.host_grad_partition_buffer);
+  TrainingRecipe negative;
+  negative.reduce_bucket_elements = -1;
+  EXPECT_THROW(negative.validate(), InputError);
 }
 
 TEST(Recipe, AbsentKeysKeepTheDefaults) {

@@ -137,14 +137,15 @@ TEST(QkNorm, KeepsProjectionOutput) {
 }
 
 // ZeRO-3 offload_param moves the bf16 shard to host: Llama-3-8B (8,030,261,248 parameters) on one
-// GPU with optimizer offload keeps nothing on the GPU and P·(4 + 8 + 4) + P·2 bytes on host.
+// GPU with optimizer offload keeps nothing on the GPU and P·(4 + 8 + 4) + P·2 bytes on host, plus
+// DeepSpeed's bf16 gradient-partition buffer (P·2), which lives with the offloaded optimizer.
 TEST(ParamOffload, ShardsLiveOnHost) {
   ScheduleInputs in = alst_deepspeed("llama3-8b", 1, 65536);
   in.recipe.param_offload = true;
   const ModelStates s = model_states(in);
   const std::int64_t p = 8030261248;
   EXPECT_EQ(s.gpu_bytes, 0);
-  EXPECT_EQ(s.host_bytes, p * 16 + p * 2);
+  EXPECT_EQ(s.host_bytes, p * 16 + p * 2 + p * 2);
   // Each block's parameters come from host before use (issued while the block before runs).
   const Workload w = build_step(in);
   const Op* copy = find_op(w, "allgather.layer4(from host)", 3, Phase::kForward);
@@ -154,6 +155,36 @@ TEST(ParamOffload, ShardsLiveOnHost) {
 
   in.recipe.zero_stage = 2;
   EXPECT_THROW(in.recipe.validate(), InputError);
+}
+
+// DeepSpeed ZeRO-3 buffers of recipe alst-deepspeed (DeepSpeed defaults: reduce_bucket_size 5e8,
+// contiguous_gradients on; gradients bf16). Llama-3-8B on 8 GPUs, s = 8192:
+//   - the reduce bucket, 500,000,000 bf16 elements = 1,000,000,000 bytes on the GPU, is live from
+//     the step's start to the optimizer, so the peak (inside the backward) grows by exactly that;
+//   - with the optimizer offloaded, the bf16 gradient partitions ⌈P/8⌉·2 = 2,007,565,312 bytes
+//     per rank sit in host memory: 8 ranks per node, 16,060,522,496 bytes more per node.
+TEST(DeepSpeedZero3, ReduceBucketAndHostGradientPartitions) {
+  ScheduleInputs in = alst_deepspeed("llama3-8b", 8, 65536);
+  in.recipe.checkpoint_offload = false;
+  const Workload w = build_step(in);
+  EXPECT_EQ(tensor_bytes(w, "zero3_reduce_bucket"), 1000000000);
+  const test::Evaluation with = test::evaluate(in);
+
+  ScheduleInputs without_bucket = in;
+  without_bucket.recipe.reduce_bucket_elements = 0;
+  const test::Evaluation plain = test::evaluate(without_bucket);
+  ASSERT_EQ(plain.report.peak_op, with.report.peak_op);
+  EXPECT_EQ(with.report.peak_memory_bytes - plain.report.peak_memory_bytes, 1000000000);
+  EXPECT_EQ(tensor_bytes(build_step(without_bucket), "zero3_reduce_bucket"), -1);  // none
+
+  ScheduleInputs gpu_grads = in;
+  gpu_grads.recipe.host_grad_partition_buffer = false;
+  EXPECT_EQ(with.report.host_memory_bytes - test::evaluate(gpu_grads).report.host_memory_bytes,
+            8 * 2007565312LL);
+  // Only with the optimizer offloaded (on the GPU the buffer is the model states' g term).
+  in.recipe.optimizer_offload = false;
+  gpu_grads.recipe.optimizer_offload = false;
+  EXPECT_EQ(model_states(in).host_bytes, model_states(gpu_grads).host_bytes);
 }
 
 // Reentrant checkpointing holds the recomputed block output and the incoming gradient until the

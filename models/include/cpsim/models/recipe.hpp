@@ -64,6 +64,14 @@ struct TrainingRecipe {
   /// ZeRO-3 `offload_param`: the compute-dtype parameter shards live in host memory and are copied
   /// to the GPU (then all-gathered) block by block. Requires zero_stage 3.
   bool param_offload = false;
+  /// DeepSpeed ZeRO-3 `reduce_bucket_size` with `contiguous_gradients` (both on by default): one
+  /// flat GPU buffer of this many elements in the gradient-reduce dtype, allocated when the
+  /// optimizer is built and kept for the whole run (stage3.py, "IPG"). 0 = no such buffer (FSDP).
+  std::int64_t reduce_bucket_elements = 0;
+  /// DeepSpeed ZeRO-3 keeps the rank's reduced gradient partitions in one flat buffer of the
+  /// gradient dtype (`grad_bytes`) on the optimizer's device: with optimizer offload that is host
+  /// memory, besides the fp32 gradient copy CPU Adam reads (stage3.py grad_partitions_flat_buffer).
+  bool host_grad_partition_buffer = false;
   // Activation checkpointing
   CheckpointMode checkpointing = CheckpointMode::kFull;
   bool checkpoint_offload = true;       ///< block inputs offloaded to pinned host memory
