@@ -106,6 +106,9 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
   c->add_option("--emit", a.emit,
                 "write the best configuration's settings for a launcher: torchtitan, "
                 "untied-ulysses, deepspeed, accelerate, megatron, arctic");
+  c->add_option("--dataset", a.dataset,
+                "training data for launchers whose file names it (arctic: data.sources): a "
+                "Hugging Face dataset id, name:split, or a local path");
   c->add_option("--out", a.out, "file for --emit (default: print it)")->check(output_path_check());
   c->add_flag("--json", a.json, "print JSON instead of text");
   return c;
@@ -247,7 +250,7 @@ int run_plan(const PlanArgs& a) {
     for (const planner::Candidate& c : res.ranked) {
       try {
         const planner::EmittedConfig e =
-            planner::emit_launcher_config(*format, c.inputs(base), {a.out});
+            planner::emit_launcher_config(*format, c.inputs(base), {a.out, a.dataset});
         emitted = &c;
         emitted_text = e.text;
         companions = e.companions;
@@ -255,6 +258,9 @@ int run_plan(const PlanArgs& a) {
           emit_note += "  note: " + n + "\n";
         break;
       } catch (const InputError& e) {
+        if (e.field() != "--emit") {
+          throw;  // an input the launcher's file needs (--dataset, --model): every row needs it
+        }
         if (first_refusal.empty())
           first_refusal = e.what();
       }
@@ -395,7 +401,7 @@ int run_plan(const PlanArgs& a) {
       start = comma == std::string::npos ? names.size() : comma + 2;
       try {
         const planner::EmittedConfig e = planner::emit_launcher_config(
-            planner::parse_launcher_format(name, "--emit"), best.inputs(base));
+            planner::parse_launcher_format(name, "--emit"), best.inputs(base), {"", a.dataset});
         std::cout << fmt::format("\n--- {} settings for the recommended configuration ---\n{}",
                                  name, e.text);
         if (!e.text.empty() && e.text.back() != '\n')

@@ -96,6 +96,7 @@ struct PlanArgs {
   std::string granularity = "64K";
   bool fixed_recipe = false;
   bool allow_data_parallel = false;
+  std::string dataset;  ///< --dataset: what launchers that name the data get (arctic)
   int threads = 2;
   std::string emit;
   std::string out;

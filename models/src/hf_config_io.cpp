@@ -169,10 +169,14 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
     }
   }
 
+  const Json* hub = hf.optional("_name_or_path");
+  if (hub != nullptr && hub->is_string()) {
+    spec.hf_name_or_path = hub->get<std::string>();
+  }
   if (const Json* name = hf.optional("name")) {
     spec.name = json_string(*name, hf.field("name"));
-  } else if (const Json* hub = hf.optional("_name_or_path"); hub && hub->is_string()) {
-    spec.name = hub->get<std::string>();
+  } else if (!spec.hf_name_or_path.empty()) {
+    spec.name = spec.hf_name_or_path;
   }
   if (spec.name.empty()) {
     spec.name = name_from_origin(origin);
@@ -198,7 +202,13 @@ TransformerSpec load_model(const std::string& name_or_path,
                            const std::string& field) {
   const ResolvedFile file =
       resolve_file(name_or_path, data, "models", "model", "or give a path to a config.json", field);
-  return parse_hf_config(read_text_file(file.path, field), file.origin);
+  TransformerSpec spec = parse_hf_config(read_text_file(file.path, field), file.origin);
+  // A Hugging Face folder given by path: loaders take the folder holding config.json.
+  if (!file.builtin && file.path.filename() == "config.json") {
+    const std::filesystem::path folder = file.path.parent_path();
+    spec.hf_name_or_path = folder.empty() ? "." : folder.string();
+  }
+  return spec;
 }
 
 }  // namespace cpsim::models

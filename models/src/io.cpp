@@ -102,7 +102,7 @@ ResolvedFile resolve_file(const std::string& name_or_path,
       }
       const fs::path builtin = data.root / kind / (stem + ".json");
       if (fs::is_regular_file(builtin, ec)) {
-        return {builtin, stem + ".json"};
+        return {builtin, stem + ".json", true};
       }
     }
   }

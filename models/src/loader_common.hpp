@@ -35,6 +35,7 @@ struct ResolvedFile {
   std::filesystem::path path;
   std::string
       origin;  ///< prefix of error fields: the path as given, or "<name>.json" for built-ins
+  bool builtin = false;  ///< found under data.root/kind, not as a path
 };
 
 /// `name_or_path` as an existing file, else as a built-in `data.root/kind/<name>.json`.

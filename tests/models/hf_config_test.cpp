@@ -270,6 +270,24 @@ TEST(HfConfig, LoadModelFromAPathAndAFolder) {
   EXPECT_EQ(from_file.layers, 2);
   EXPECT_EQ(from_file.name, "Tiny-Model");
   EXPECT_EQ(load_model(dir.string(), data).layers, 2);
+  // What from_pretrained takes: the folder of a config.json given by path (even when the file
+  // names a hub id), the hub id of a built-in, nothing for another file without one.
+  EXPECT_EQ(from_file.hf_name_or_path, dir.string());
+  EXPECT_EQ(load_model(dir.string(), data).hf_name_or_path, dir.string());
+  EXPECT_EQ(load_model("llama3-8b", data).hf_name_or_path, "meta-llama/Meta-Llama-3-8B");
+  EXPECT_EQ(load_model("qwen3-32b", data).hf_name_or_path, "Qwen/Qwen3-32B");
+  {
+    std::ofstream out(dir / "tiny.json");
+    out << config.dump(2);
+  }
+  EXPECT_EQ(load_model((dir / "tiny.json").string(), data).hf_name_or_path, "");
+  config["_name_or_path"] = "org/tiny";
+  {
+    std::ofstream out(dir / "tiny.json");
+    out << config.dump(2);
+  }
+  EXPECT_EQ(load_model((dir / "tiny.json").string(), data).hf_name_or_path, "org/tiny");
+  config.erase("_name_or_path");
 
   config["num_attention_heads"] = "many";
   {

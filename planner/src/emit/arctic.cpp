@@ -13,6 +13,21 @@ namespace cpsim::planner::emit_detail {
 
 EmittedConfig emit_arctic(Plan& p) {
   require_zero_for_optimizer_offload(p, "ArcticTraining (DeepSpeed)");
+  // arctic_training/config/data.py: `sources` is required (a string is a Hugging Face dataset id
+  // or a registered source name, "name:split" picks a split); model.name_or_path goes to
+  // transformers' from_pretrained.
+  if (p.dataset.empty()) {
+    throw InputError("--dataset",
+                     "ArcticTraining's recipe requires data.sources: give the training data as a "
+                     "Hugging Face dataset id (name or name:split) or a local path");
+  }
+  if (p.model.hf_name_or_path.empty()) {
+    throw InputError("--model",
+                     fmt::format("ArcticTraining loads the model with from_pretrained, which needs "
+                                 "a Hugging Face id or folder; {} has neither: give --model as the "
+                                 "model's folder or its config.json",
+                                 p.model.name));
+  }
   const std::string comm = p.ds_comm_dtype();
   const std::string& k = p.recipe.attention_kernel;
   std::string attn = "flash_attention_2";
@@ -33,15 +48,14 @@ EmittedConfig emit_arctic(Plan& p) {
   y += fmt::format("tiled_mlp_compute: {}\n", boolean(p.recipe.tiled_mlp));
   y += "model:\n";
   y += "  type: liger\n";
-  y += fmt::format("  name_or_path: {}  # a Hugging Face id or local path of this model\n",
-                   quoted(p.model.name));
+  y += fmt::format("  name_or_path: {}\n", quoted(p.model.hf_name_or_path));
   y += fmt::format("  attn_implementation: {}\n", attn);
   if (p.recipe.checkpointing == CheckpointMode::kNone) {
     y += "  disable_activation_checkpoint: true\n";
   }
   y += "data:\n";
   y += fmt::format("  max_length: {}\n", p.seq);
-  y += "  # sources: add your training data sources here\n";
+  y += fmt::format("  sources:\n    - {}\n", quoted(p.dataset));
   y += "deepspeed:\n";
   y += "  zero_optimization:\n";
   y += fmt::format("    stage: {}\n", p.recipe.zero_stage);

@@ -91,6 +91,7 @@ EmittedConfig emit_launcher_config(LauncherFormat format,
   // Validates the configuration (throws InputError naming the flag).
   Plan plan(inputs, std::move(*selection));
   plan.main_path = options.main_path;
+  plan.dataset = options.dataset;
   switch (format) {
     case LauncherFormat::kTorchTitan:
       return emit_detail::emit_torchtitan(plan);

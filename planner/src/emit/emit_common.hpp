@@ -62,6 +62,7 @@ struct Plan {
   std::vector<std::string> notes;
   std::vector<CompanionFile> companions;
   std::string main_path;  ///< EmitOptions::main_path
+  std::string dataset;    ///< EmitOptions::dataset
 
   /// How the launcher selects the method for this configuration (the method's launcher table).
   sim::LauncherSelection selection;

@@ -29,6 +29,10 @@ struct TransformerSpec {
   double rope_theta = 10000.0;
   std::int64_t max_position_embeddings = 0;
   std::string source;  ///< where the numbers come from
+  /// What a Hugging Face loader takes for this model (`from_pretrained`): the hub id of a
+  /// built-in (its `_name_or_path`) or the folder of a config.json given by path; empty when
+  /// unknown (a config file not named config.json without `_name_or_path`).
+  std::string hf_name_or_path;
   /// How the config was read where a reader could expect otherwise (head_dim against
   /// hidden_size); printed with the results as modelling notes.
   std::vector<std::string> notes;

@@ -43,6 +43,9 @@ struct EmitOptions {
   /// Where the main file will be written, as the user gave it; empty or "-": not written (the
   /// companions are then named after the suggested file name).
   std::string main_path;
+  /// The training data for launchers whose file must name it (ArcticTraining's data.sources): a
+  /// Hugging Face dataset id or a local path; empty: such a launcher refuses, naming --dataset.
+  std::string dataset;
 };
 
 /// The path of a companion of the main file: `main_path` (or `default_main` when it is empty or
