@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -206,6 +207,36 @@ TimelineCoverage timeline_coverage(const sim::Workload& w, const sim::SimResult&
 
 // ---- Throughput and peak vs length --------------------------------------------------------------
 
+namespace {
+
+// Each point in % of the best at its length: the fastest point that fits there, or the fastest
+// of all where none fits.
+std::vector<Series> relative_to_best(const std::vector<Series>& throughput) {
+  std::map<std::int64_t, std::pair<double, double>> best;  // seq -> (best fitting, best of all)
+  for (const Series& s : throughput) {
+    for (const SeriesPoint& pt : s.points) {
+      auto& [fitting, any] = best[pt.seq];
+      any = std::max(any, pt.value);
+      if (pt.fits) {
+        fitting = std::max(fitting, pt.value);
+      }
+    }
+  }
+  std::vector<Series> out = throughput;
+  for (Series& s : out) {
+    for (SeriesPoint& pt : s.points) {
+      const auto& [fitting, any] = best.at(pt.seq);
+      const double reference = fitting > 0 ? fitting : any;
+      pt.value = reference > 0 ? 100.0 * pt.value / reference : 0.0;
+      pt.tip += fmt::format(" ({:.1f} % of the fastest {}at this length)", pt.value,
+                            fitting > 0 ? "that fits " : "");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 LengthSeries length_series(const ReportPage& page) {
   LengthSeries out;
   for (std::size_t i = 0; i < page.methods.size(); ++i) {
@@ -237,6 +268,7 @@ LengthSeries length_series(const ReportPage& page) {
     out.throughput.push_back(std::move(a));
     out.peak.push_back(std::move(b));
   }
+  out.relative_throughput = relative_to_best(out.throughput);
   return out;
 }
 

@@ -132,6 +132,9 @@ struct Series {
 
 struct LengthSeries {
   std::vector<Series> throughput;  ///< tokens/s per GPU
+  /// Throughput in % of the fastest method that fits at the same length (of the fastest
+  /// simulated where none fits): methods within a few % of each other stay apart.
+  std::vector<Series> relative_throughput;
   std::vector<Series> peak;        ///< peak GPU memory in GiB
   std::vector<std::string> notes;  ///< methods and points that cannot run
   double capacity_gib = 0;         ///< the largest GPU capacity of any point

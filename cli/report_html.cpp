@@ -683,7 +683,8 @@ void length_chart(Out& o,
                   const std::vector<std::int64_t>& lengths,
                   const std::vector<Series>& series,
                   bool log_y,
-                  double limit_gib) {
+                  double limit_gib,
+                  bool percent = false) {
   const int W = 580, H = 420;
   const Plot p{78, 40, 560, 318};
   double lo = 1e300, hi = 0;
@@ -737,6 +738,16 @@ void length_chart(Out& o,
                    : v >= 1e4 ? fmt::format("{:.0f}k", v / 1e3)
                    : v >= 1   ? fmt::format("{:.0f}", v)
                               : fmt::format("{}", v));
+    }
+  } else if (percent) {
+    // From a round 5 % below the lowest point to just above 100 %.
+    const double bottom = std::max(0.0, 5.0 * std::floor(lo / 5.0) - 5.0);
+    const double top = std::max(hi, 100.0) + 2.0;
+    y = Scale{bottom, top, p.bottom, p.top};
+    const Ticks t = linear_ticks(bottom, top, 7);
+    yv = t.values;
+    for (double v : yv) {
+      yl.push_back(tick_label(v, t.decimals) + " %");
     }
   } else {
     const double top = hi * 1.08;
@@ -1076,9 +1087,13 @@ std::string render_report_html(const ReportPage& page) {
   o +=
       "<p class=\"cap\">One line per method; a red × marks a length that does not fit (GPU or host "
       "memory); the line is dashed where it does not fit. Throughput is simulated even where the "
-      "step would run out of memory.</p>\n<div class=\"row\">\n";
-  length_chart(o, "svg-throughput", "Training throughput", "tokens/s per GPU (log scale)",
-               page.lengths, lengths.throughput, true, 0.0);
+      "step would run out of memory, and drawn relative to the fastest method that fits at each "
+      "length (100 %; where none fits, the fastest simulated), so methods a few per cent apart "
+      "stay apart; the absolute tokens/s per GPU is in each point's tooltip and in the tables "
+      "below.</p>\n<div class=\"row\">\n";
+  length_chart(o, "svg-throughput", "Training throughput relative to the fastest",
+               "tokens/s per GPU, % of the fastest that fits", page.lengths,
+               lengths.relative_throughput, false, 0.0, true);
   length_chart(o, "svg-peak", "Peak GPU memory (highest rank)", "peak GPU memory (GiB)",
                page.lengths, lengths.peak, false, lengths.capacity_gib);
   o += "</div>\n";

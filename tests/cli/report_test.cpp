@@ -256,6 +256,10 @@ TEST_F(ReportTest, WritesOneSelfContainedPageWithFiveChartSections) {
   for (const char* method : {">ulysses<", ">upipe<", ">ring<"}) {
     EXPECT_THAT(tput, HasSubstr(method));
   }
+  // Relative to the fastest that fits at each length: a 100 % tick, and every point's tooltip
+  // says its share.
+  EXPECT_THAT(tput, HasSubstr(">100 %<"));
+  EXPECT_EQ(count(tput, "at this length)"), 3u * 4u);
   // (4) one bar per method; (5) the configuration tables.
   EXPECT_EQ(count(svg_body(html, "svg-maxlen"), "<rect x="), 3u);
   EXPECT_THAT(html, HasSubstr("<table id=\"config-setup\">"));
