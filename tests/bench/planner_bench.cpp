@@ -79,7 +79,7 @@ BENCHMARK(BM_MaxLenOneThread)
     ->Arg(static_cast<int>(models::CpMethod::kUsp))
     ->Unit(benchmark::kMillisecond);
 
-// maxlen of one implementation (the argument: its index in sim::implementations()) as
+// The inputs of one implementation as
 // `cpsim maxlen --model llama3-8b --gpus 8 --impl NAME --recipe R` runs it: R is the recipe it is
 // the default of (alst for megatron-core-cp, which is no recipe's default), the method the
 // implementation's first, the degrees the CLI's (ring-only methods: ring degree 8; otherwise
@@ -100,7 +100,9 @@ sim::ScheduleInputs implementation_inputs(const sim::Implementation& impl) {
   return in;
 }
 
-void BM_MaxLenImpl(benchmark::State& state) {
+// maxlen of one implementation (the argument: its index in sim::implementations()) as the CLI
+// runs it, and with one thread.
+void run_max_len_impl(benchmark::State& state, int threads) {
   const auto all = sim::implementations();
   if (static_cast<std::size_t>(state.range(0)) >= all.size()) {
     state.SkipWithError("no implementation with this index");
@@ -108,10 +110,14 @@ void BM_MaxLenImpl(benchmark::State& state) {
   }
   const sim::Implementation& impl = *all[static_cast<std::size_t>(state.range(0))];
   const sim::ScheduleInputs in = implementation_inputs(impl);
+  planner::MaxLenOptions o;
+  if (threads > 0) {
+    o.threads = threads;
+  }
   int evaluations = 0;
   std::int64_t max_seq_len = 0;
   for (auto _ : state) {
-    const planner::MaxLenResult r = planner::max_seq_len(in, {});
+    const planner::MaxLenResult r = planner::max_seq_len(in, o);
     evaluations += r.evaluations;
     max_seq_len = r.max_seq_len;
     benchmark::DoNotOptimize(r.max_seq_len);
@@ -121,7 +127,16 @@ void BM_MaxLenImpl(benchmark::State& state) {
   state.counters["simulations_per_s"] =
       benchmark::Counter(static_cast<double>(evaluations), benchmark::Counter::kIsRate);
 }
+
+void BM_MaxLenImpl(benchmark::State& state) {
+  run_max_len_impl(state, 0);
+}
 BENCHMARK(BM_MaxLenImpl)->DenseRange(0, 5)->Unit(benchmark::kMillisecond);
+
+void BM_MaxLenImplOneThread(benchmark::State& state) {
+  run_max_len_impl(state, 1);
+}
+BENCHMARK(BM_MaxLenImplOneThread)->DenseRange(0, 5)->Unit(benchmark::kMillisecond);
 
 void BM_PlanSeq1M(benchmark::State& state) {
   const sim::ScheduleInputs in = base(models::CpMethod::kUlysses);
