@@ -420,7 +420,7 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
           format_length(hi * res.step), format_length((hi + 1) * res.step)));
       lo = hi + 1;
       std::int64_t stride = 1;
-      while (lo + stride <= k_max && probe(lo + stride, Need::kFits).fits) {
+      while (lo + stride <= k_max && probe(lo + stride).fits) {
         lo += stride;
         stride *= 2;
       }
