@@ -1,8 +1,10 @@
 #include "layer_template.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace cpsim::sim::detail {
 namespace {
@@ -219,11 +221,11 @@ Mark LayerTemplate::instantiate(Workload& w, std::int32_t layer, ListRef<Binding
   // Ops in one copy, then their ids moved in one pass. Edges to local ops and tensors move by the
   // instance's start; a dependency on a port's producer is left out or de-duplicated as
   // Builder::op does (so an instance can have fewer edges than the recording).
-  // Copied, not resized and then overwritten (an Op's default member initialisers would write
-  // every op twice).
   const auto o0 = static_cast<std::size_t>(at.ops);
-  w.ops.insert(w.ops.end(), ops_.begin(), ops_.end());
+  w.ops.resize(o0 + ops_.size());
+  static_assert(std::is_trivially_copyable_v<Op>);
   Op* const ops = w.ops.data();
+  std::memcpy(ops + o0, ops_.data(), ops_.size() * sizeof(Op));
   w.edges.resize(static_cast<std::size_t>(at.edges) + edges_.size());
   std::int32_t* const edges = w.edges.data();
   Tensor* const tensors = w.tensors.data();
