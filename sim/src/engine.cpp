@@ -198,8 +198,6 @@ struct Simulator::Scratch {
   std::uint32_t run = 0;  // runs so far (TensorState::run of this run)
   std::vector<RankState> ranks;
   std::vector<std::int32_t> woken;  // wake_watchers: queues whose head became ready (n_queues)
-  /// Engine::copy_rate by direction (D2H, H2D) and key; 0 = not computed yet in this run.
-  std::array<std::vector<double>, 2> copy_rates;
 };
 
 namespace {
@@ -249,8 +247,7 @@ class Engine {
   void refresh(std::int32_t a);
   [[gnu::always_inline]] inline void push_event(SimTime time, std::int32_t target);
   std::int32_t rate_key(const Activity& act) const;
-  double rate_of(const Activity& act, std::int32_t key);
-  double copy_rate(bool to_device, std::int32_t key);
+  double rate_of(const Activity& act, std::int32_t key) const;
   [[gnu::always_inline]] inline void note_memory(std::int32_t rank, OpId op);
   [[gnu::always_inline]] inline void release(TensorId t);
   [[gnu::cold, gnu::noinline]] void sample_memory(std::int32_t rank);
@@ -327,33 +324,18 @@ std::int32_t Engine::rate_key(const Activity& act) const {
   return 0;
 }
 
-// A copy's rate for its key: its direction's rate shared by the copies in that direction, capped
-// at half the duplex total when both directions are busy. Computed once per key and direction in a
-// run (the same expression on the same operands: the same double every time).
-double Engine::copy_rate(bool to_device, std::int32_t key) {
-  std::vector<double>& table = b_.copy_rates[to_device ? 1 : 0];
-  const auto k = static_cast<std::size_t>(key);
-  if (k >= table.size()) {
-    table.resize(k + 1, 0.0);
-  }
-  if (table[k] == 0.0) {
-    const std::int32_t same = key / 2;
-    const double base_rate = to_device ? h2d_rate_ : d2h_rate_;
-    double rate = base_rate / same;
-    if (key % 2 != 0) {
-      rate = std::min(rate, duplex_half_rate_ / same);
-    }
-    table[k] = rate;
-  }
-  return table[k];
-}
-
-double Engine::rate_of(const Activity& act, std::int32_t key) {
+double Engine::rate_of(const Activity& act, std::int32_t key) const {
   switch (act.kind) {
     case ActivityKind::kCompute:
       return key == 0 ? 1.0 : compute_rate_under_comm_;
-    case ActivityKind::kCopy:
-      return copy_rate(act.to_device, key);
+    case ActivityKind::kCopy: {
+      const std::int32_t same = key / 2;
+      double rate = act.base_rate / same;
+      if (key % 2 != 0) {
+        rate = std::min(rate, duplex_half_rate_ / same);
+      }
+      return rate;
+    }
     case ActivityKind::kCollective:
       return act.base_rate / key;
   }
@@ -758,8 +740,6 @@ void Engine::setup() {
   b_.op.resize(n_ops);
   b_.queues.assign(n_queues, Queue{});
   b_.woken.resize(n_queues);
-  b_.copy_rates[0].clear();
-  b_.copy_rates[1].clear();
   b_.collectives.assign(w_.collectives.size(), CollectiveRuntime{});
   b_.ranks.assign(n_ranks, {});
   result_.memory.assign(n_ranks, {});
