@@ -107,10 +107,10 @@ BindingConstraint binding_of(const Probe& p, std::int64_t seq, std::int64_t marg
 
 /// The probes of one search: evaluated on demand (get), or ahead of demand by a helper thread
 /// (hint: the length the search will likely ask for next). A probe asked for while the helper
-/// evaluates it is waited for; a hint for a length already known or under way is dropped, and one
-/// given while the helper is busy waits for it (only the latest). Which lengths were evaluated
-/// speculatively changes nothing the search reads: a probe's outcome depends only on its length
-/// (a probe evaluated only for whether it fits is evaluated again when its report is read).
+/// evaluates it is waited for; a hint for a length already known or under way, or while the helper
+/// is busy, is dropped. Which lengths were evaluated speculatively changes nothing the search
+/// reads: a probe's outcome depends only on its length (a probe evaluated only for whether it
+/// fits is evaluated again when its report is read).
 class ProbeCache {
  public:
   ProbeCache(const sim::ScheduleInputs& base,
@@ -168,11 +168,7 @@ class ProbeCache {
     }
     {
       const std::lock_guard<std::mutex> lock(mutex_);
-      if (slots_.count(k) > 0) {
-        return;
-      }
-      if (helper_busy_) {
-        queued_ = k;  // the helper takes it next unless the search has asked for it by then
+      if (helper_busy_ || slots_.count(k) > 0) {
         return;
       }
       slots_[k].state = Slot::kRunning;
@@ -259,12 +255,6 @@ class ProbeCache {
       slot.error = done.error;
       slot.state = Slot::kDone;
       helper_busy_ = false;
-      if (queued_ > 0 && slots_.count(queued_) == 0) {
-        slots_[queued_].state = Slot::kRunning;
-        hinted_ = queued_;
-        helper_busy_ = true;
-      }
-      queued_ = 0;
       cv_.notify_all();
     }
   }
@@ -277,7 +267,6 @@ class ProbeCache {
   std::condition_variable cv_;
   std::map<std::int64_t, Slot> slots_;  // std::map: references stay valid while it grows
   std::int64_t hinted_ = 0;
-  std::int64_t queued_ = 0;  // the latest hint given while the helper was busy (0: none)
   bool helper_busy_ = false;
   bool stop_ = false;
   EvaluationScratch caller_scratch_;  // used by get(), on the search's thread only
