@@ -53,7 +53,14 @@ struct Probe {
   bool fits = false;
   std::optional<sim::StepReport> report;  // absent when the length itself is refused
   std::string refusal;
+  /// The simulation stopped once device memory passed the usable capacity (Need::kFits): `fits`
+  /// is false and final, the report is not the step's.
+  bool partial = false;
 };
+
+/// What a caller reads of a probe: `fits` alone, or its whole report as well (pressure, binding,
+/// the step at the longest length).
+enum class Need { kFits, kReport };
 
 BindingConstraint binding_of(const Probe& p, std::int64_t seq, std::int64_t margin) {
   BindingConstraint b;
@@ -102,7 +109,8 @@ BindingConstraint binding_of(const Probe& p, std::int64_t seq, std::int64_t marg
 /// (hint: the length the search will likely ask for next). A probe asked for while the helper
 /// evaluates it is waited for; a hint for a length already known or under way, or while the helper
 /// is busy, is dropped. Which lengths were evaluated speculatively changes nothing the search
-/// reads: a probe's outcome depends only on its length.
+/// reads: a probe's outcome depends only on its length (a probe evaluated only for whether it
+/// fits is evaluated again when its report is read).
 class ProbeCache {
  public:
   ProbeCache(const sim::ScheduleInputs& base,
@@ -128,14 +136,19 @@ class ProbeCache {
     }
   }
 
-  /// The probe at k·step; rethrows what its evaluation threw (other than a refused length).
-  const Probe& get(std::int64_t k) {
+  /// The probe at k·step; rethrows what its evaluation threw (other than a refused length). With
+  /// Need::kFits a length that does not fit may be simulated only until its memory passes the
+  /// usable capacity; a later Need::kReport evaluates it again in full.
+  const Probe& get(std::int64_t k, Need need = Need::kReport) {
     std::unique_lock<std::mutex> lock(mutex_);
     Slot& slot = slots_[k];
+    if (slot.state == Slot::kDone && slot.probe.partial && need == Need::kReport) {
+      slot.state = Slot::kEmpty;
+    }
     if (slot.state == Slot::kEmpty) {
       slot.state = Slot::kRunning;
       lock.unlock();
-      Slot done = evaluate_at(k, caller_scratch_, caller_k_);
+      Slot done = evaluate_at(k, caller_scratch_, caller_k_, need);
       lock.lock();
       slot.probe = std::move(done.probe);
       slot.error = done.error;
@@ -174,7 +187,10 @@ class ProbeCache {
   };
 
   /// Evaluates k·step in `scratch` (the calling thread's), which last evaluated `last_k`.
-  Slot evaluate_at(std::int64_t k, EvaluationScratch& scratch, std::int64_t& last_k) const {
+  Slot evaluate_at(std::int64_t k,
+                   EvaluationScratch& scratch,
+                   std::int64_t& last_k,
+                   Need need = Need::kReport) const {
     // A longer probe than the scratch has seen builds a proportionally larger workload (FPDT and
     // UPipe grow with the length): room for it up front instead of growing vectors by doubling,
     // each doubling a copy into freshly faulted memory. Only capacities change.
@@ -197,9 +213,18 @@ class ProbeCache {
     Slot s;
     sim::ScheduleInputs in = base_;
     in.parallel.seq_len = k * step_;
+    // Only whether it fits: the run may stop once device memory passes capacity − margin, which
+    // is exactly when the peak no longer fits (peak + margin > capacity). A run that does not
+    // stop is the same run as without the limit (the limit only ends the loop).
+    EvaluateOptions options;
+    if (need == Need::kFits) {
+      options.stop_above_device_bytes =
+          std::max<std::int64_t>(1, base_.hardware.hbm_capacity_bytes - margin_);
+    }
     try {
-      s.probe.report = evaluate(in, {}, scratch).report;
-      s.probe.fits = fits_with_margin(*s.probe.report, margin_);
+      s.probe.report = evaluate(in, options, scratch).report;
+      s.probe.partial = s.probe.report->stopped_early;
+      s.probe.fits = !s.probe.partial && fits_with_margin(*s.probe.report, margin_);
     } catch (const sim::ConfigError& e) {
       // A length the method refuses ends the search there; anything else is an error.
       if (e.quantity() == sim::Quantity::kSeqLen ||
@@ -273,7 +298,7 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
   ProbeCache cache(base, res.step, options.memory_margin_bytes, options.threads,
                    options.refusal_text);
   std::vector<bool> asked;
-  auto probe = [&](std::int64_t k) -> const Probe& {
+  auto probe = [&](std::int64_t k, Need need = Need::kReport) -> const Probe& {
     if (static_cast<std::size_t>(k) >= asked.size()) {
       asked.resize(static_cast<std::size_t>(k) + 1);
     }
@@ -281,7 +306,7 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
       asked[static_cast<std::size_t>(k)] = true;
       ++res.evaluations;
     }
-    return cache.get(k);
+    return cache.get(k, need);
   };
   // Speculation (threads > 1): while the search evaluates a length, the helper evaluates the one
   // it will likely ask for next.
@@ -377,7 +402,7 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
     if (lo >= 2) {
       hint(lo - 1);
     }
-    if (hi + 1 <= k_max && probe(hi + 1).fits) {
+    if (hi + 1 <= k_max && probe(hi + 1, Need::kFits).fits) {
       res.monotone = false;
       res.warnings.push_back(fmt::format(
           "memory is not monotone in the length: {} does not fit but {} does; searching on",
@@ -393,7 +418,7 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
     }
     break;
   }
-  if (lo >= 2 && !probe(lo - 1).fits) {
+  if (lo >= 2 && !probe(lo - 1, Need::kFits).fits) {
     res.monotone = false;
     res.warnings.push_back(
         fmt::format("memory is not monotone in the length: {} fits but {} does not",

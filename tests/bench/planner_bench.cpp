@@ -1,7 +1,9 @@
-// Speed of the planner: `maxlen` for Llama-3-8B on 8 GPUs per method, as the CLI runs it and on
-// one thread (target ≤ 50 ms), `plan --seq 1M` over every method on 8 GPUs, and the same plan on 8,
-// 16, 32 and 64 GPUs: 12,640 configurations (target: ≥ 10k configurations in ≤ 1 s on 2 cores).
+// Speed of the planner: `maxlen` for Llama-3-8B on 8 GPUs per method (recipe alst), as the CLI
+// runs it and on one thread, and per implementation with its default recipe (target ≤ 50 ms each),
+// `plan --seq 1M` over every method on 8 GPUs, and the same plan on 8, 16, 32 and 64 GPUs: 12,640
+// configurations (target: ≥ 10k configurations in ≤ 1 s on 2 cores).
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -9,6 +11,7 @@
 #include "cpsim/models/io.hpp"
 #include "cpsim/planner/maxlen.hpp"
 #include "cpsim/planner/search.hpp"
+#include "cpsim/sim/implementation.hpp"
 
 namespace {
 
@@ -75,6 +78,65 @@ BENCHMARK(BM_MaxLenOneThread)
     ->Arg(static_cast<int>(models::CpMethod::kAllGather))
     ->Arg(static_cast<int>(models::CpMethod::kUsp))
     ->Unit(benchmark::kMillisecond);
+
+// The inputs of one implementation as
+// `cpsim maxlen --model llama3-8b --gpus 8 --impl NAME --recipe R` runs it: R is the recipe it is
+// the default of (alst for megatron-core-cp, which is no recipe's default), the method the
+// implementation's first, the degrees the CLI's (ring-only methods: ring degree 8; otherwise
+// Ulysses 8 within the node).
+sim::ScheduleInputs implementation_inputs(const sim::Implementation& impl) {
+  const models::CpMethod method = impl.methods().front();
+  std::string recipe = "alst";
+  for (const char* r : {"alst", "alst-deepspeed", "torch-native", "deepspeed-fpdt"}) {
+    if (impl.default_for(r, method)) {
+      recipe = r;
+      break;
+    }
+  }
+  sim::ScheduleInputs in = base(method);
+  in.recipe = models::load_recipe(recipe, kData);
+  in.parallel.implementation = std::string(impl.name());
+  in.parallel.ring_degree = sim::cp_implementation(method).has_ulysses_part() ? 1 : 8;
+  return in;
+}
+
+// maxlen of one implementation (the argument: its index in sim::implementations()) as the CLI
+// runs it, and with one thread.
+void run_max_len_impl(benchmark::State& state, int threads) {
+  const auto all = sim::implementations();
+  if (static_cast<std::size_t>(state.range(0)) >= all.size()) {
+    state.SkipWithError("no implementation with this index");
+    return;
+  }
+  const sim::Implementation& impl = *all[static_cast<std::size_t>(state.range(0))];
+  const sim::ScheduleInputs in = implementation_inputs(impl);
+  planner::MaxLenOptions o;
+  if (threads > 0) {
+    o.threads = threads;
+  }
+  int evaluations = 0;
+  std::int64_t max_seq_len = 0;
+  for (auto _ : state) {
+    const planner::MaxLenResult r = planner::max_seq_len(in, o);
+    evaluations += r.evaluations;
+    max_seq_len = r.max_seq_len;
+    benchmark::DoNotOptimize(r.max_seq_len);
+  }
+  state.SetLabel(std::string(impl.name()) + " / " + in.recipe.name);
+  state.counters["max_seq_len"] = static_cast<double>(max_seq_len);
+  state.counters["simulations_per_s"] =
+      benchmark::Counter(static_cast<double>(evaluations), benchmark::Counter::kIsRate);
+}
+
+void BM_MaxLenImpl(benchmark::State& state) {
+  run_max_len_impl(state, 0);
+}
+BENCHMARK(BM_MaxLenImpl)->DenseRange(0, 5)->Unit(benchmark::kMillisecond);
+
+void BM_MaxLenImplOneThread(benchmark::State& state) {
+  run_max_len_impl(state, 1);
+}
+BENCHMARK(BM_MaxLenImplOneThread)->DenseRange(0, 5)->Unit(benchmark::kMillisecond);
 
 void BM_PlanSeq1M(benchmark::State& state) {
   const sim::ScheduleInputs in = base(models::CpMethod::kUlysses);
