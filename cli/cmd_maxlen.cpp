@@ -105,6 +105,7 @@ int run_maxlen(const MaxLenArgs& a) {
     cfg.seq = "64K";  // replaced by the search; any valid length resolves the other flags
     try {
       o.in = resolve_inputs(cfg);
+      o.method = models::to_string(o.in.parallel.method);  // --impl alone picks its method
       o.res = planner::max_seq_len(o.in, opts);
     } catch (const sim::ConfigError& e) {
       if (methods.size() == 1)

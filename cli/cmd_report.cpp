@@ -161,7 +161,7 @@ Sweep run_points(const ReportArgs& a, Progress& progress) {
     const models::DataDir data = data_dir();
     (void)models::load_model(a.config.model, data);
     (void)models::load_hardware(a.config.hardware, data);
-    (void)models::load_recipe(a.config.recipe, data);
+    (void)models::load_recipe(recipe_for(a.config), data);
   }
   std::optional<InputError> first_point_error;
   bool any = false;

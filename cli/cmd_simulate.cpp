@@ -97,6 +97,16 @@ void check_cp_degree_divides_gpus(const SimulateArgs& a, int cp_degree) {
 
 }  // namespace
 
+std::string recipe_for(const SimulateArgs& a) {
+  if (!a.recipe_given) {
+    if (const sim::Implementation* impl = sim::find_implementation(a.impl);
+        impl != nullptr && !impl->default_recipe().empty()) {
+      return std::string(impl->default_recipe());
+    }
+  }
+  return a.recipe;
+}
+
 sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   const models::DataDir data = data_dir();
   sim::ScheduleInputs in;
@@ -105,7 +115,7 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   }
   in.model = models::load_model(a.model, data);
   in.hardware = models::load_hardware(a.hardware, data);
-  in.recipe = models::load_recipe(a.recipe, data);
+  in.recipe = models::load_recipe(recipe_for(a), data);
   auto& r = in.recipe;
   if (!a.ac.empty()) {
     r.checkpointing = models::parse_checkpoint_mode(a.ac, "--ac");
@@ -597,7 +607,11 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
     c->add_option("--seq", a.seq, "global sequence length in tokens (131072, 128K, 3M)")
         ->capture_default_str();
   }
-  c->add_option("--recipe", a.recipe, "built-in recipe name or recipe file")->capture_default_str();
+  c->add_option("--recipe", a.recipe,
+                "built-in recipe name or recipe file (default: alst, or the recipe --impl's "
+                "implementation is the default of, e.g. alst-deepspeed for deepspeed-ulysses)")
+      ->capture_default_str()
+      ->each([&a](const std::string&) { a.recipe_given = true; });
   c->add_option(
        "--heads-per-stage", a.heads_per_stage,
        "UPipe: query heads per stage U, a multiple of the CP degree (default: the CP degree)")
@@ -780,6 +794,8 @@ SimulateArgs config_for_method(const SimulateArgs& a, const std::string& method)
   SimulateArgs m = a;
   m.method = method;
   m.method_given = true;
+  m.recipe = recipe_for(a);  // one recipe for every method compared
+  m.recipe_given = true;
   const models::CpMethod id = models::parse_cp_method(method, "--method");
   const sim::CpImplementation& cp = sim::cp_implementation(id);
   if (const sim::Implementation* impl = sim::find_implementation(a.impl);

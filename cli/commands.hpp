@@ -39,6 +39,7 @@ struct SimulateArgs {
   std::string impl;           ///< --impl: empty = the recipe's default for the method
   std::string seq = "1M";
   std::string recipe = "alst";
+  bool recipe_given = false;  ///< --recipe was on the command line (else --impl's recipe applies)
   long long heads_per_stage = 0;
   int cp_degree = 0;       // 0 = all GPUs (or ulysses × ring when both are given)
   int ulysses_degree = 0;  // 0 = derived
@@ -72,6 +73,9 @@ int run_simulate(const SimulateArgs& args);
 void add_config_options(CLI::App* command, SimulateArgs& args, bool with_seq);
 /// Loads the model, profile and recipe and applies the flags. @throws InputError naming the flag.
 sim::ScheduleInputs resolve_inputs(const SimulateArgs& args);
+/// The recipe a configuration runs: --recipe, else the one --impl's implementation is the
+/// default of, else alst.
+std::string recipe_for(const SimulateArgs& args);
 /// The arguments for one method of a comparison: knobs of other methods are dropped.
 SimulateArgs config_for_method(const SimulateArgs& args, const std::string& method);
 /// A method name, a comma-separated list or `all`.

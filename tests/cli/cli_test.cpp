@@ -31,6 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kTimeoutSeconds = 60;
 constexpr std::int64_t kLlama3_8bParameters = 8030261248;
@@ -1231,6 +1232,31 @@ TEST_F(CliTest, PlanHonoursEveryFlag) {
   EXPECT_EQ(none.exit_code, 3);
   EXPECT_NE(none.err.find("cpsim: does not fit: "), std::string::npos) << none.err;
   EXPECT_NE(none.err.find("the closest"), std::string::npos) << none.err;
+}
+
+}  // namespace
+
+namespace {
+
+// --impl alone picks the implementation's first method and the recipe it is the default of; an
+// explicit --recipe wins; the answer names what ran.
+TEST_F(CliTest, ImplAlonePicksItsMethodAndRecipe) {
+  const RunResult r = run({"maxlen", "--impl", "deepspeed-ulysses"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out,
+              HasSubstr(", ulysses, recipe alst-deepspeed, implementation deepspeed-ulysses"));
+  const RunResult j = run({"maxlen", "--impl", "deepspeed-ulysses", "--json"});
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  EXPECT_EQ(Json::parse(j.out).at("method"), "ulysses");
+  const RunResult explicit_recipe =
+      run({"simulate", "--impl", "deepspeed-ulysses", "--recipe", "alst", "--seq", "64K"});
+  ASSERT_EQ(explicit_recipe.exit_code, 0) << explicit_recipe.err;
+  EXPECT_THAT(explicit_recipe.out, HasSubstr("recipe alst"));
+  EXPECT_THAT(explicit_recipe.out, Not(HasSubstr("alst-deepspeed")));
+  // megatron-core-cp is no recipe's default: alst stays.
+  const RunResult megatron = run({"simulate", "--impl", "megatron-core-cp", "--seq", "64K"});
+  ASSERT_EQ(megatron.exit_code, 0) << megatron.err;
+  EXPECT_THAT(megatron.out, HasSubstr("recipe alst"));
 }
 
 }  // namespace

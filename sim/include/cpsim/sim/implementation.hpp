@@ -139,6 +139,8 @@ class Implementation {
   std::string_view title() const { return table_.title; }
   std::string_view pinned_source() const { return table_.pinned_source; }
   std::span<const models::CpMethod> methods() const { return table_.methods; }
+  /// The recipe whose runs of its methods it is the default of; empty: none.
+  std::string_view default_recipe() const { return table_.default_recipe; }
   std::span<const std::string_view> launchers() const { return table_.launchers; }
   std::span<const LedgerRow> ledger() const { return table_.ledger; }
   std::span<const std::string_view> limits() const { return table_.limits; }
