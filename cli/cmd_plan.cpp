@@ -146,6 +146,24 @@ planner::PlanConstraints fixed_by_flags(const PlanArgs& a) {
   return fixed;
 }
 
+// What the launcher's file changes in the base recipe for the configuration `c` (what --emit's
+// search ran instead of the recipe asked for).
+std::vector<std::string> launcher_changes(planner::LauncherFormat f,
+                                          const sim::ScheduleInputs& base,
+                                          const planner::Candidate& c) {
+  sim::ScheduleInputs in = base;
+  in.parallel = c.parallel;
+  return planner::recipe_as_run(f, in).changes;
+}
+
+std::string join(const std::vector<std::string>& parts, const std::string& separator) {
+  std::string out;
+  for (const std::string& p : parts) {
+    out += out.empty() ? p : separator + p;
+  }
+  return out;
+}
+
 // Files the emitted one refers to, printed after it (without --out).
 void print_companions(const std::vector<planner::CompanionFile>& companions) {
   for (const planner::CompanionFile& f : companions) {
@@ -216,6 +234,24 @@ int run_plan(const PlanArgs& a) {
                      "only with --seq: the longest context uses every GPU in one CP group");
   }
   opts.allow_data_parallel = a.allow_data_parallel;
+  opts.launcher = format;  // --emit: search only what that launcher's file runs
+  if (format) {
+    // Only the methods the launcher runs; none of them: say which launchers run them.
+    std::vector<models::CpMethod> runs;
+    std::string others;
+    for (const models::CpMethod m : opts.methods) {
+      if (sim::cp_implementation(m).launchers().runs_on(a.emit)) {
+        runs.push_back(m);
+      } else {
+        others += fmt::format("{}{} (launchers: {})", others.empty() ? "" : "; ",
+                              models::to_string(m), launchers_for(m));
+      }
+    }
+    if (runs.empty()) {
+      throw InputError("--emit", fmt::format("{} cannot run {}", a.emit, others));
+    }
+    opts.methods = std::move(runs);
+  }
   opts.refusal_text = refusal_text;
   opts.threads = a.threads;
   opts.top = a.top;
@@ -321,7 +357,8 @@ int run_plan(const PlanArgs& a) {
                       {"label", emitted->label},
                       {"file", a.out},
                       {"text", a.out.empty() ? emitted_text : ""},
-                      {"companions", files}};
+                      {"companions", files},
+                      {"searched_as_run", launcher_changes(*format, base, res.ranked.front())}};
     }
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -369,7 +406,13 @@ int run_plan(const PlanArgs& a) {
   if (!res.why_best.empty()) {
     std::cout << "  why: " << res.why_best << "\n";
   }
-  std::cout << fmt::format("  launchers that run it: {}\n", launchers_for(best.parallel.method));
+  if (format) {
+    const std::vector<std::string> changes = launcher_changes(*format, base, best);
+    std::cout << fmt::format("  searched as {} runs its file{}{}\n", a.emit,
+                             changes.empty() ? "" : ": ", join(changes, "; "));
+  } else {
+    std::cout << fmt::format("  launchers that run it: {}\n", launchers_for(best.parallel.method));
+  }
   if (emitted != nullptr) {
     if (emitted != &best) {
       std::cout << fmt::format(

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <limits>
 #include <numeric>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -174,6 +175,29 @@ void append_structures(const sim::CpImplementation& method,
   out.push_back(given);
 }
 
+// The candidates a launcher runs, each recipe as the launcher's file makes it run; candidates that
+// become the same configuration are kept once (the first), methods it cannot run are dropped.
+std::vector<Candidate> as_run_by(LauncherFormat launcher,
+                                 const sim::ScheduleInputs& base,
+                                 std::vector<Candidate> candidates) {
+  sim::ScheduleInputs probe = base;
+  std::set<std::string> seen;
+  std::vector<Candidate> out;
+  for (Candidate& c : candidates) {
+    c.apply_to(probe);
+    if (!sim::cp_implementation(c.parallel.method)
+             .launcher_selection(to_string(launcher), c.parallel, c.recipe.attention_kernel)) {
+      continue;
+    }
+    c.recipe = recipe_as_run(launcher, probe).recipe;
+    c.label = structure_label(c.parallel) + " | " + recipe_label(c.recipe);
+    if (seen.insert(c.label).second) {
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 // Two instants, each with only tensors the step builder certainly holds then (allocation rounding
@@ -253,7 +277,7 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
       c.label = structure + " | " + recipe_label(r);
     }
   }
-  return out;
+  return options.launcher ? as_run_by(*options.launcher, base, std::move(out)) : out;
 }
 
 sim::ScheduleInputs Candidate::inputs(const sim::ScheduleInputs& base) const {

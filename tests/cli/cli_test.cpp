@@ -1260,3 +1260,33 @@ TEST_F(CliTest, ImplAlonePicksItsMethodAndRecipe) {
 }
 
 }  // namespace
+
+namespace {
+
+// plan --emit searches what the launcher's file runs: TorchTitan's TOML has no checkpoint
+// offload, tiled MLP or fused loss, so the length it writes is the one that fits without them
+// (the 3.8M of the recipe asked for does not run there), and the answer says what changed.
+TEST_F(CliTest, PlanEmitsOnlyWhatTheLauncherRuns) {
+  const std::string out = path("titan.toml").string();
+  const RunResult r = run({"plan", "--emit", "torchtitan", "--out", out});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("searched as torchtitan runs its file: checkpoint offload off"));
+  EXPECT_THAT(r.out, HasSubstr("tiled MLP off"));
+  const std::string toml = read_file(out);
+  EXPECT_THAT(toml, HasSubstr("seq_len = 262144"));
+  EXPECT_THAT(toml, Not(HasSubstr("no TorchTitan TOML key")));
+  // The same length as simulating that configuration by hand fits, one step more does not.
+  EXPECT_EQ(run({"simulate", "--method", "ring", "--seq", "256K", "--ac-offload", "off",
+                 "--tiled-mlp", "off", "--fused-loss", "off", "--attention-kernel", "sdpa"})
+                .exit_code,
+            0);
+  EXPECT_EQ(run({"simulate", "--method", "ring", "--seq", "320K", "--ac-offload", "off",
+                 "--tiled-mlp", "off", "--fused-loss", "off", "--attention-kernel", "sdpa"})
+                .exit_code,
+            3);
+  const RunResult refused = run({"plan", "--methods", "upipe", "--emit", "torchtitan"});
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_THAT(refused.err, HasSubstr("--emit: torchtitan cannot run upipe (launchers: "));
+}
+
+}  // namespace

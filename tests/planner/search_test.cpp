@@ -4,6 +4,7 @@
 #include "cpsim/planner/search.hpp"
 
 #include <map>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -438,6 +439,57 @@ TEST(PlanConstraints, EnumerationKeepsWhatTheUserFixed) {
   for (const Candidate& c : usp) {
     EXPECT_EQ(c.parallel.ulysses_degree(), 2) << c.label;
   }
+}
+
+}  // namespace
+}  // namespace cpsim::planner
+
+namespace cpsim::planner {
+namespace {
+
+// --emit searches what the launcher's file runs: only its methods, each recipe as the file makes
+// it run (TorchTitan's TOML has no key for checkpoint offload, tiled MLP or a fused loss), each
+// configuration once; and what a launcher runs, it runs again unchanged.
+TEST(PlanAsLauncherRuns, TorchTitanSearchesOnlyWhatItsTomlRuns) {
+  const sim::ScheduleInputs base = small(CpMethod::kUlysses, 8);
+  PlanOptions o;
+  o.seq_len = 64 * 1024;
+  o.launcher = LauncherFormat::kTorchTitan;
+  const std::vector<Candidate> cands = enumerate_candidates(base, o);
+  ASSERT_FALSE(cands.empty());
+  std::set<std::string> labels;
+  for (const Candidate& c : cands) {
+    EXPECT_TRUE(c.parallel.method == CpMethod::kRing || c.parallel.method == CpMethod::kAllGather)
+        << c.label;
+    EXPECT_FALSE(c.recipe.tiled_mlp) << c.label;
+    EXPECT_FALSE(c.recipe.fused_loss) << c.label;
+    EXPECT_FALSE(c.recipe.checkpoint_offload &&
+                 c.recipe.checkpointing == models::CheckpointMode::kFull)
+        << c.label;
+    EXPECT_TRUE(labels.insert(c.label).second) << "twice: " << c.label;
+  }
+  // ZeRO 3/2 × AC full, selective, none (offload gone) × one tiling × one loss, per structure.
+  EXPECT_EQ(cands.size() % 6, 0u);
+}
+
+TEST(PlanAsLauncherRuns, EveryLauncherRunsItsOwnRecipeUnchanged) {
+  for (const LauncherFormat f :
+       {LauncherFormat::kTorchTitan, LauncherFormat::kUntiedUlysses, LauncherFormat::kDeepSpeed,
+        LauncherFormat::kAccelerate, LauncherFormat::kMegatron, LauncherFormat::kArctic}) {
+    for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kRing, CpMethod::kFpdt}) {
+      sim::ScheduleInputs in = small(m, 8);
+      in.recipe.attention_kernel = "cudnn";
+      const RecipeAsRun once = recipe_as_run(f, in);
+      in.recipe = once.recipe;
+      const RecipeAsRun twice = recipe_as_run(f, in);
+      EXPECT_TRUE(twice.changes.empty()) << to_string(f) << " " << models::to_string(m);
+    }
+  }
+  // Megatron-LM's distributed optimizer: ZeRO-3 runs as ZeRO-1, and says so.
+  sim::ScheduleInputs in = small(CpMethod::kRing, 8);
+  const RecipeAsRun megatron = recipe_as_run(LauncherFormat::kMegatron, in);
+  EXPECT_EQ(megatron.recipe.zero_stage, 1);
+  EXPECT_FALSE(megatron.changes.empty());
 }
 
 }  // namespace

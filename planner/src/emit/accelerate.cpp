@@ -43,6 +43,33 @@ CompanionFile accelerate_ds_config(Plan& p) {
   return file;
 }
 
+// What the accelerate config runs (the notes of emit_accelerate): no checkpoint offload or tiled
+// MLP in Accelerate / Transformers; the DeepSpeed path's attention is flash_attention_2/3 or
+// sdpa; torch CP runs SDPA with full per-block checkpointing and CP tensors in the compute dtype.
+// Gradient checkpointing and Liger are trainer arguments the notes name: kept.
+RecipeAsRun accelerate_recipe_as_run(const sim::ScheduleInputs& in) {
+  RecipeAsRun r{in.recipe, {}};
+  models::TrainingRecipe& x = r.recipe;
+  if (x.checkpointing == CheckpointMode::kFull) {
+    run_as(r, x.checkpoint_offload, false, "checkpoint offload off (not in Accelerate)");
+  }
+  run_as(r, x.tiled_mlp, false, "tiled MLP off (not in Accelerate)");
+  run_as(r, x.tiled_norm, false, "tiled RMSNorm off (not in Accelerate)");
+  const bool sp = launcher_word(LauncherFormat::kAccelerate, in) == "deepspeed";
+  const std::string& k = x.attention_kernel;
+  if (sp && k != "fa2" && k != "fa3" && k != "sdpa") {
+    run_as(r, x.attention_kernel, std::string("sdpa"), "attention through sdpa");
+  }
+  if (!sp) {
+    run_as(r, x.attention_kernel, std::string("sdpa"), "attention through SDPA (torch CP)");
+    if (x.checkpointing == CheckpointMode::kSelective) {
+      run_as(r, x.checkpointing, CheckpointMode::kFull, "full per-block checkpointing (FSDP)");
+    }
+    comm_dtype_fixed(r, "Accelerate's torch CP");
+  }
+  return r;
+}
+
 EmittedConfig emit_accelerate(Plan& p) {
   // "deepspeed": Accelerate's Ulysses SP backend; else torch CP with this cp_comm_strategy.
   const bool sp = p.selects() == "deepspeed";

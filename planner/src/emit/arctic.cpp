@@ -11,6 +11,23 @@ namespace cpsim::planner::emit_detail {
 
 // ---- ArcticTraining recipe YAML (REFERENCES.md [ArcticTraining]) --------------------------------
 
+// What the recipe YAML runs (the notes of emit_arctic): the liger model always fuses the loss;
+// whole-block checkpointing; attention flash_attention_2 or sdpa.
+RecipeAsRun arctic_recipe_as_run(const sim::ScheduleInputs& in) {
+  RecipeAsRun r{in.recipe, {}};
+  models::TrainingRecipe& x = r.recipe;
+  run_as(r, x.fused_loss, true, "Liger's fused loss (the liger model always fuses it)");
+  if (x.checkpointing == CheckpointMode::kSelective) {
+    run_as(r, x.checkpointing, CheckpointMode::kFull, "full per-block checkpointing");
+  }
+  const std::string kernel = x.attention_kernel == "sdpa" || x.attention_kernel == "cudnn"
+                                 ? std::string("sdpa")
+                                 : std::string("fa2");
+  run_as(r, x.attention_kernel, kernel,
+         fmt::format("attention through {}", kernel == "sdpa" ? "sdpa" : "flash_attention_2"));
+  return r;
+}
+
 EmittedConfig emit_arctic(Plan& p) {
   require_zero_for_optimizer_offload(p, "ArcticTraining (DeepSpeed)");
   // arctic_training/config/data.py: `sources` is required (a string is a Hugging Face dataset id

@@ -187,6 +187,18 @@ void add_environment_line(const Plan& p, std::vector<std::string>& usage) {
   }
 }
 
+std::string launcher_word(LauncherFormat f, const sim::ScheduleInputs& in) {
+  const std::optional<sim::LauncherSelection> s =
+      sim::cp_implementation(in.parallel.method)
+          .launcher_selection(to_string(f), in.parallel, in.recipe.attention_kernel);
+  return s ? s->selects : std::string();
+}
+
+void comm_dtype_fixed(RecipeAsRun& r, const char* launcher) {
+  run_as(r, r.recipe.cp_comm_bytes, r.recipe.activation_bytes,
+         fmt::format("CP communication in the compute dtype ({} fixes it)", launcher));
+}
+
 std::vector<std::string> ds_config_common_lines(Plan& p) {
   std::vector<std::string> lines;
   lines.push_back(

@@ -40,6 +40,30 @@ CompanionFile megatron_deepspeed_flags_file(const Plan& p,
 
 }  // namespace
 
+// What the ds_config (and, for FPDT, the Megatron-DeepSpeed flags) run: FPDT through
+// --use-flash-attn-v2 with full checkpointing; the Hugging Face Ulysses path has no key for tiled
+// MLP, the fused loss or checkpoint offload of HF checkpointing (code changes, named in the notes).
+RecipeAsRun deepspeed_recipe_as_run(const sim::ScheduleInputs& in) {
+  RecipeAsRun r{in.recipe, {}};
+  models::TrainingRecipe& x = r.recipe;
+  if (launcher_word(LauncherFormat::kDeepSpeed, in) == "fpdt") {
+    run_as(r, x.attention_kernel, std::string("fa2"), "attention through --use-flash-attn-v2");
+    if (x.checkpointing == CheckpointMode::kSelective) {
+      run_as(r, x.checkpointing, CheckpointMode::kFull,
+             "full checkpointing (Megatron-DeepSpeed has no selective flag for FPDT)");
+    }
+    return r;
+  }
+  if (x.checkpointing == CheckpointMode::kFull) {
+    run_as(r, x.checkpoint_offload, false,
+           "checkpoint offload off (HF checkpointing offloads only with a code change)");
+  }
+  run_as(r, x.tiled_mlp, false, "tiled MLP off (a code change, no ds_config key)");
+  run_as(r, x.tiled_norm, false, "tiled RMSNorm off (a code change, no ds_config key)");
+  run_as(r, x.fused_loss, false, "logits materialised (the tiled loss is a code change)");
+  return r;
+}
+
 EmittedConfig emit_deepspeed(Plan& p) {
   require_zero_for_optimizer_offload(p, "DeepSpeed");
   const bool fpdt = p.selects() == "fpdt";

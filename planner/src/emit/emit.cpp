@@ -58,6 +58,24 @@ LauncherFormat parse_launcher_format(const std::string& text, const std::string&
   throw InputError(field, fmt::format("unknown launcher format '{}'; known: {}", text, known));
 }
 
+RecipeAsRun recipe_as_run(LauncherFormat format, const sim::ScheduleInputs& config) {
+  switch (format) {
+    case LauncherFormat::kTorchTitan:
+      return emit_detail::torchtitan_recipe_as_run(config);
+    case LauncherFormat::kUntiedUlysses:
+      return emit_detail::untied_ulysses_recipe_as_run(config);
+    case LauncherFormat::kDeepSpeed:
+      return emit_detail::deepspeed_recipe_as_run(config);
+    case LauncherFormat::kAccelerate:
+      return emit_detail::accelerate_recipe_as_run(config);
+    case LauncherFormat::kMegatron:
+      return emit_detail::megatron_recipe_as_run(config);
+    case LauncherFormat::kArctic:
+      return emit_detail::arctic_recipe_as_run(config);
+  }
+  return {config.recipe, {}};
+}
+
 std::string companion_path(const std::string& main_path,
                            const std::string& default_main,
                            const std::string& suffix) {

@@ -188,6 +188,29 @@ EmittedConfig finish(Plan& p, LauncherText text);
 
 // ---- The emitters (one file each) ---------------------------------------------------------------
 
+// ---- The recipe a launcher runs (recipe_as_run)
+// ---------------------------------------------------
+
+/// Sets a recipe knob to what the launcher runs and names the change (nothing when it already is).
+template <typename T>
+void run_as(RecipeAsRun& r, T& knob, T value, const std::string& what) {
+  if (knob != value) {
+    knob = value;
+    r.changes.push_back(what);
+  }
+}
+/// The launcher's word for the configuration's method ("" when it cannot run it).
+std::string launcher_word(LauncherFormat f, const sim::ScheduleInputs& in);
+/// The CP communication dtype fixed to the compute dtype (launchers without a key for it).
+void comm_dtype_fixed(RecipeAsRun& r, const char* launcher);
+
+RecipeAsRun torchtitan_recipe_as_run(const sim::ScheduleInputs& in);
+RecipeAsRun untied_ulysses_recipe_as_run(const sim::ScheduleInputs& in);
+RecipeAsRun deepspeed_recipe_as_run(const sim::ScheduleInputs& in);
+RecipeAsRun accelerate_recipe_as_run(const sim::ScheduleInputs& in);
+RecipeAsRun megatron_recipe_as_run(const sim::ScheduleInputs& in);
+RecipeAsRun arctic_recipe_as_run(const sim::ScheduleInputs& in);
+
 /// The ds_config JSON keys both DeepSpeed paths share (bf16, ZeRO stage and optimizer offload,
 /// the communication dtype), one `"key": value` line each, indented by two spaces, no trailing
 /// comma on the last.

@@ -12,6 +12,30 @@ namespace cpsim::planner::emit_detail {
 
 // ---- Megatron-LM arguments (REFERENCES.md [Megatron-LM]) ----------------------------------------
 
+// What the arguments run (the notes of emit_megatron): the distributed optimizer (ZeRO-1: no
+// parameter or gradient sharding in memory), no optimizer or checkpoint offload, tiled MLP or
+// fused loss flag; attention through TE's flash or fused (cuDNN) backend; CP tensors in the
+// compute dtype.
+RecipeAsRun megatron_recipe_as_run(const sim::ScheduleInputs& in) {
+  RecipeAsRun r{in.recipe, {}};
+  models::TrainingRecipe& x = r.recipe;
+  if (x.zero_stage > 1) {
+    run_as(r, x.zero_stage, 1, "ZeRO-1 (--use-distributed-optimizer shards optimizer states only)");
+  }
+  run_as(r, x.optimizer_offload, false, "no optimizer offload (not emitted)");
+  if (x.checkpointing == CheckpointMode::kFull) {
+    run_as(r, x.checkpoint_offload, false, "checkpoint offload off (incompatible with recompute)");
+  }
+  run_as(r, x.tiled_mlp, false, "tiled MLP off (no Megatron-LM flag)");
+  run_as(r, x.tiled_norm, false, "tiled RMSNorm off (no Megatron-LM flag)");
+  run_as(r, x.fused_loss, false, "logits materialised (no fused linear cross-entropy flag)");
+  if (x.attention_kernel != "fa2" && x.attention_kernel != "fa3" && x.attention_kernel != "cudnn") {
+    run_as(r, x.attention_kernel, std::string("fa2"), "attention through TE's flash backend");
+  }
+  comm_dtype_fixed(r, "Megatron-LM (TE)");
+  return r;
+}
+
 EmittedConfig emit_megatron(Plan& p) {
   require_seq_multiple_of_2cp(p, "Megatron-LM", "Transformer Engine's DualChunkSwap layout");
   const std::string& comm = p.selects();  // --cp-comm-type

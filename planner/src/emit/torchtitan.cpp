@@ -9,6 +9,27 @@ namespace cpsim::planner::emit_detail {
 
 // ---- TorchTitan v0.2.x TOML (REFERENCES.md [TorchTitan]) ----------------------------------------
 
+// What the TOML cannot set (the notes of emit_torchtitan): no checkpoint offload, tiled MLP/norm
+// or fused loss key; CP attention runs SDPA (TorchTitan's ScaledDotProductAttention: cuDNN, flash,
+// efficient in that priority, torchtitan/models/attention.py in v0.2.0); gradients reduce in
+// float32; CP tensors move in the compute dtype.
+RecipeAsRun torchtitan_recipe_as_run(const sim::ScheduleInputs& in) {
+  RecipeAsRun r{in.recipe, {}};
+  models::TrainingRecipe& x = r.recipe;
+  if (x.checkpointing == CheckpointMode::kFull) {
+    run_as(r, x.checkpoint_offload, false, "checkpoint offload off (no TorchTitan TOML key)");
+  }
+  run_as(r, x.tiled_mlp, false, "tiled MLP off (no TorchTitan TOML key)");
+  run_as(r, x.tiled_norm, false, "tiled RMSNorm off (no TorchTitan TOML key)");
+  run_as(r, x.fused_loss, false, "logits materialised (no fused-loss TOML key)");
+  if (x.attention_kernel != "sdpa" && x.attention_kernel != "cudnn") {
+    run_as(r, x.attention_kernel, std::string("sdpa"), "attention through PyTorch SDPA");
+  }
+  run_as(r, x.grad_reduce_bytes, std::int64_t{4}, "gradients reduced in float32");
+  comm_dtype_fixed(r, "TorchTitan");
+  return r;
+}
+
 EmittedConfig emit_torchtitan(Plan& p) {
   require_seq_multiple_of_2cp(p, "TorchTitan",
                               "training.seq_len must be divisible by tp x 2 x cp for CP load "

@@ -11,6 +11,23 @@ namespace cpsim::planner::emit_detail {
 
 // ---- UPipe reference code: TorchTitan fork arguments (REFERENCES.md [UPipe-code]) ---------------
 
+// What the fork's arguments run (the notes of emit_untied_ulysses): flash-attn (fa2 or fa3) in
+// its upipe / usp / ring attention, SDPA in its torch ring; Liger's fused loss always; tiled MLP
+// and RMSNorm switched together; CP tensors in the compute dtype.
+RecipeAsRun untied_ulysses_recipe_as_run(const sim::ScheduleInputs& in) {
+  RecipeAsRun r{in.recipe, {}};
+  models::TrainingRecipe& x = r.recipe;
+  const bool torch_ring =
+      launcher_word(LauncherFormat::kUntiedUlysses, in) == "torch_ring_alltoall";
+  if (!torch_ring && x.attention_kernel != "fa2" && x.attention_kernel != "fa3") {
+    run_as(r, x.attention_kernel, std::string("fa2"), "attention through flash-attn 2");
+  }
+  run_as(r, x.fused_loss, true, "Liger's fused linear cross-entropy (always on in the fork)");
+  run_as(r, x.tiled_norm, x.tiled_mlp, "tiled RMSNorm switched with tiled MLP");
+  comm_dtype_fixed(r, "the fork");
+  return r;
+}
+
 EmittedConfig emit_untied_ulysses(Plan& p) {
   // The fork's attention implementation: usp, upipe or torch_ring_alltoall.
   const std::string& selects = p.selects();

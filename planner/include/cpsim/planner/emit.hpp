@@ -55,6 +55,18 @@ std::string companion_path(const std::string& main_path,
                            const std::string& default_main,
                            const std::string& suffix);
 
+/// The recipe a launcher runs from the file cpsim emits for it, as written: a knob the file cannot
+/// set is what the launcher does without it (checkpoint offload, tiled MLP or a fused loss off; the
+/// attention kernel the launcher selects; the communication dtype it fixes), each change named.
+/// `plan --emit` searches these recipes, so the file it writes is what it simulated. Knobs set in
+/// the user's training script and named in the file's notes (Hugging Face gradient checkpointing,
+/// Liger through the trainer) are kept.
+struct RecipeAsRun {
+  models::TrainingRecipe recipe;
+  std::vector<std::string> changes;  ///< "tiled MLP off (no TorchTitan TOML key)"
+};
+RecipeAsRun recipe_as_run(LauncherFormat format, const sim::ScheduleInputs& config);
+
 /// Renders the configuration for one launcher.
 /// @throws InputError("--emit") when that launcher cannot run the method (or a knob of the
 ///         configuration), naming a launcher that can.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cpsim/planner/emit.hpp"
 #include "cpsim/planner/maxlen.hpp"
 
 namespace cpsim::planner {
@@ -42,6 +43,10 @@ struct PlanOptions {
   /// multiplies the tokens of a step (the global batch), so only when the user allows it; a fixed
   /// CP, Ulysses or ring degree below the GPU count is the user's own choice of it.
   bool allow_data_parallel = false;
+  /// Search only what this launcher runs from the file cpsim emits for it: the methods it runs,
+  /// each recipe as the file makes it run (recipe_as_run); the emitted file is then what was
+  /// simulated. nullopt: every method, the recipes as given.
+  std::optional<LauncherFormat> launcher;
   int threads = 2;
   int top = 5;
   RefusalText refusal_text;  ///< candidates' errors (see MaxLenOptions)
