@@ -453,7 +453,10 @@ int run_plan(const PlanArgs& a) {
         for (const auto& n : e.notes)
           std::cout << "  note: " << n << "\n";
         std::cout << fmt::format(
-            "(other launchers: cpsim plan ... --emit LAUNCHER [--out FILE])\n");
+            "(this plan searched the recipe as given; the notes say what {} cannot set. `cpsim "
+            "plan ... --emit LAUNCHER [--out FILE]` searches only what LAUNCHER runs from its "
+            "file and writes that)\n",
+            name);
         break;
       } catch (const InputError&) {
         continue;  // this launcher cannot express the configuration: try the next
