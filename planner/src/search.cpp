@@ -190,6 +190,7 @@ std::vector<Candidate> as_run_by(LauncherFormat launcher,
       continue;
     }
     c.recipe = recipe_as_run(launcher, probe).recipe;
+    c.parallel.implementation = implementation_run_by(launcher, probe);
     c.label = structure_label(c.parallel) + " | " + recipe_label(c.recipe);
     if (seen.insert(c.label).second) {
       out.push_back(std::move(c));

@@ -494,3 +494,23 @@ TEST(PlanAsLauncherRuns, EveryLauncherRunsItsOwnRecipeUnchanged) {
 
 }  // namespace
 }  // namespace cpsim::planner
+
+namespace cpsim::planner {
+namespace {
+
+// The implementation a launcher runs: the recipe's default where it runs there, else the first
+// implementation of the method on that launcher, else the scheme alone; one asked for is kept.
+TEST(PlanAsLauncherRuns, ImplementationOfTheLauncher) {
+  sim::ScheduleInputs ulysses = small(CpMethod::kUlysses, 8);  // recipe alst
+  EXPECT_EQ(implementation_run_by(LauncherFormat::kArctic, ulysses), "deepspeed-ulysses");
+  EXPECT_EQ(implementation_run_by(LauncherFormat::kUntiedUlysses, ulysses), "yunchang-usp");
+  EXPECT_EQ(implementation_run_by(LauncherFormat::kMegatron, ulysses), "megatron-core-cp");
+  EXPECT_EQ(implementation_run_by(LauncherFormat::kDeepSpeed, ulysses), "none");
+  const sim::ScheduleInputs ring = small(CpMethod::kRing, 8);
+  EXPECT_EQ(implementation_run_by(LauncherFormat::kTorchTitan, ring), "torch-native-cp");
+  ulysses.parallel.implementation = "none";
+  EXPECT_EQ(implementation_run_by(LauncherFormat::kArctic, ulysses), "none");
+}
+
+}  // namespace
+}  // namespace cpsim::planner

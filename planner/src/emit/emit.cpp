@@ -76,6 +76,24 @@ RecipeAsRun recipe_as_run(LauncherFormat format, const sim::ScheduleInputs& conf
   return {config.recipe, {}};
 }
 
+std::string implementation_run_by(LauncherFormat format, const sim::ScheduleInputs& config) {
+  const models::ParallelConfig& p = config.parallel;
+  if (!p.implementation.empty()) {
+    return p.implementation;
+  }
+  const std::string launcher = to_string(format);
+  if (const sim::Implementation* d = sim::default_implementation(config.recipe.name, p.method);
+      d != nullptr && d->runs_on(launcher)) {
+    return std::string(d->name());
+  }
+  for (const sim::Implementation* impl : sim::implementations()) {
+    if (impl->runs(p.method) && impl->runs_on(launcher)) {
+      return std::string(impl->name());
+    }
+  }
+  return "none";
+}
+
 std::string companion_path(const std::string& main_path,
                            const std::string& default_main,
                            const std::string& suffix) {
@@ -97,17 +115,32 @@ EmittedConfig emit_launcher_config(LauncherFormat format,
   if (!selection) {
     emit_detail::refuse_method(format, m);
   }
-  // The recipe's default implementation is simulated only where this launcher runs it; elsewhere
-  // the configuration is checked against the method's scheme (the launcher's own implementation
-  // is not modelled yet).
+  // The configuration is checked against the implementation this launcher runs (the method's
+  // scheme alone where none is modelled).
   sim::ScheduleInputs inputs = config;
-  if (const sim::Implementation* d =
-          sim::default_implementation(inputs.recipe.name, inputs.parallel.method);
-      inputs.parallel.implementation.empty() && d != nullptr && !d->runs_on(to_string(format))) {
-    inputs.parallel.implementation = "none";
+  inputs.parallel.implementation = implementation_run_by(format, config);
+  // Validates the configuration (throws InputError naming the flag). A constraint of an
+  // implementation this launcher brings in (neither asked for nor the recipe's default) where the
+  // method's scheme alone is valid is the launcher's refusal, naming the launchers that can.
+  std::optional<Plan> checked;
+  try {
+    checked.emplace(inputs, std::move(*selection));
+  } catch (const sim::ConfigError& e) {
+    const sim::Implementation* d = sim::default_implementation(config.recipe.name, m);
+    sim::ScheduleInputs scheme = inputs;
+    scheme.parallel.implementation = "none";
+    if (!config.parallel.implementation.empty() ||
+        (d != nullptr && d->name() == inputs.parallel.implementation) ||
+        sim::check_head_layout(scheme).issue) {
+      throw;
+    }
+    emit_detail::refuse(
+        fmt::format("{} runs {} here, which cannot run this configuration: {}; "
+                    "launchers that run {}: {}",
+                    to_string(format), inputs.parallel.implementation, e.what(), to_string(m),
+                    emit_detail::launchers_for(m)));
   }
-  // Validates the configuration (throws InputError naming the flag).
-  Plan plan(inputs, std::move(*selection));
+  Plan& plan = *checked;
   plan.main_path = options.main_path;
   plan.dataset = options.dataset;
   switch (format) {

@@ -67,6 +67,12 @@ struct RecipeAsRun {
 };
 RecipeAsRun recipe_as_run(LauncherFormat format, const sim::ScheduleInputs& config);
 
+/// The implementation (`ParallelConfig::implementation`) that runs the configuration's method under
+/// this launcher: the one asked for when given; else the recipe's default where it runs on the
+/// launcher, else the first implementation of the method that does; "none" (the method's scheme
+/// alone) when no modelled implementation runs there.
+std::string implementation_run_by(LauncherFormat format, const sim::ScheduleInputs& config);
+
 /// Renders the configuration for one launcher.
 /// @throws InputError("--emit") when that launcher cannot run the method (or a knob of the
 ///         configuration), naming a launcher that can.
