@@ -1,6 +1,7 @@
 #include "cpsim/planner/emit.hpp"
 
 #include <array>
+#include <cassert>
 #include <optional>
 #include <string>
 #include <utility>
@@ -58,22 +59,36 @@ LauncherFormat parse_launcher_format(const std::string& text, const std::string&
   throw InputError(field, fmt::format("unknown launcher format '{}'; known: {}", text, known));
 }
 
+namespace {
+
+// Each launcher's two functions, both in its emitter file, in LauncherFormat order.
+struct LauncherFunctions {
+  LauncherFormat format;
+  EmittedConfig (*emit)(emit_detail::Plan&);
+  RecipeAsRun (*recipe_as_run)(const sim::ScheduleInputs&);
+};
+constexpr std::array<LauncherFunctions, 6> kLaunchers = {{
+    {LauncherFormat::kTorchTitan, emit_detail::emit_torchtitan,
+     emit_detail::torchtitan_recipe_as_run},
+    {LauncherFormat::kUntiedUlysses, emit_detail::emit_untied_ulysses,
+     emit_detail::untied_ulysses_recipe_as_run},
+    {LauncherFormat::kDeepSpeed, emit_detail::emit_deepspeed, emit_detail::deepspeed_recipe_as_run},
+    {LauncherFormat::kAccelerate, emit_detail::emit_accelerate,
+     emit_detail::accelerate_recipe_as_run},
+    {LauncherFormat::kMegatron, emit_detail::emit_megatron, emit_detail::megatron_recipe_as_run},
+    {LauncherFormat::kArctic, emit_detail::emit_arctic, emit_detail::arctic_recipe_as_run},
+}};
+
+const LauncherFunctions& functions_of(LauncherFormat format) {
+  const auto i = static_cast<std::size_t>(format);
+  assert(i < kLaunchers.size() && kLaunchers[i].format == format);
+  return kLaunchers[i];
+}
+
+}  // namespace
+
 RecipeAsRun recipe_as_run(LauncherFormat format, const sim::ScheduleInputs& config) {
-  switch (format) {
-    case LauncherFormat::kTorchTitan:
-      return emit_detail::torchtitan_recipe_as_run(config);
-    case LauncherFormat::kUntiedUlysses:
-      return emit_detail::untied_ulysses_recipe_as_run(config);
-    case LauncherFormat::kDeepSpeed:
-      return emit_detail::deepspeed_recipe_as_run(config);
-    case LauncherFormat::kAccelerate:
-      return emit_detail::accelerate_recipe_as_run(config);
-    case LauncherFormat::kMegatron:
-      return emit_detail::megatron_recipe_as_run(config);
-    case LauncherFormat::kArctic:
-      return emit_detail::arctic_recipe_as_run(config);
-  }
-  return {config.recipe, {}};
+  return functions_of(format).recipe_as_run(config);
 }
 
 std::string implementation_run_by(LauncherFormat format, const sim::ScheduleInputs& config) {
@@ -143,21 +158,7 @@ EmittedConfig emit_launcher_config(LauncherFormat format,
   Plan& plan = *checked;
   plan.main_path = options.main_path;
   plan.dataset = options.dataset;
-  switch (format) {
-    case LauncherFormat::kTorchTitan:
-      return emit_detail::emit_torchtitan(plan);
-    case LauncherFormat::kUntiedUlysses:
-      return emit_detail::emit_untied_ulysses(plan);
-    case LauncherFormat::kDeepSpeed:
-      return emit_detail::emit_deepspeed(plan);
-    case LauncherFormat::kAccelerate:
-      return emit_detail::emit_accelerate(plan);
-    case LauncherFormat::kMegatron:
-      return emit_detail::emit_megatron(plan);
-    case LauncherFormat::kArctic:
-      return emit_detail::emit_arctic(plan);
-  }
-  refuse(fmt::format("unknown launcher format {}", static_cast<int>(format)));
+  return functions_of(format).emit(plan);
 }
 
 }  // namespace cpsim::planner
