@@ -50,11 +50,7 @@ CompanionFile accelerate_ds_config(Plan& p) {
 RecipeAsRun accelerate_recipe_as_run(const sim::ScheduleInputs& in) {
   RecipeAsRun r{in.recipe, {}};
   models::TrainingRecipe& x = r.recipe;
-  if (x.checkpointing == CheckpointMode::kFull) {
-    run_as(r, x.checkpoint_offload, false, "checkpoint offload off (not in Accelerate)");
-  }
-  run_as(r, x.tiled_mlp, false, "tiled MLP off (not in Accelerate)");
-  run_as(r, x.tiled_norm, false, "tiled RMSNorm off (not in Accelerate)");
+  no_offload_or_tiling(r, "not in Accelerate", "not in Accelerate");
   const bool sp = launcher_word(LauncherFormat::kAccelerate, in) == "deepspeed";
   const std::string& k = x.attention_kernel;
   if (sp && k != "fa2" && k != "fa3" && k != "sdpa") {

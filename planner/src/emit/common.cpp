@@ -194,6 +194,17 @@ std::string launcher_word(LauncherFormat f, const sim::ScheduleInputs& in) {
   return s ? s->selects : std::string();
 }
 
+void no_offload_or_tiling(RecipeAsRun& r,
+                          const std::string& offload_why,
+                          const std::string& tiling_why) {
+  models::TrainingRecipe& x = r.recipe;
+  if (x.checkpointing == CheckpointMode::kFull) {
+    run_as(r, x.checkpoint_offload, false, fmt::format("checkpoint offload off ({})", offload_why));
+  }
+  run_as(r, x.tiled_mlp, false, fmt::format("tiled MLP off ({})", tiling_why));
+  run_as(r, x.tiled_norm, false, fmt::format("tiled RMSNorm off ({})", tiling_why));
+}
+
 void comm_dtype_fixed(RecipeAsRun& r, const char* launcher) {
   run_as(r, r.recipe.cp_comm_bytes, r.recipe.activation_bytes,
          fmt::format("CP communication in the compute dtype ({} fixes it)", launcher));

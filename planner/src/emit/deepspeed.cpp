@@ -54,12 +54,8 @@ RecipeAsRun deepspeed_recipe_as_run(const sim::ScheduleInputs& in) {
     }
     return r;
   }
-  if (x.checkpointing == CheckpointMode::kFull) {
-    run_as(r, x.checkpoint_offload, false,
-           "checkpoint offload off (HF checkpointing offloads only with a code change)");
-  }
-  run_as(r, x.tiled_mlp, false, "tiled MLP off (a code change, no ds_config key)");
-  run_as(r, x.tiled_norm, false, "tiled RMSNorm off (a code change, no ds_config key)");
+  no_offload_or_tiling(r, "HF checkpointing offloads only with a code change",
+                       "a code change, no ds_config key");
   run_as(r, x.fused_loss, false, "logits materialised (the tiled loss is a code change)");
   return r;
 }

@@ -201,6 +201,12 @@ void run_as(RecipeAsRun& r, T& knob, T value, const std::string& what) {
 }
 /// The launcher's word for the configuration's method ("" when it cannot run it).
 std::string launcher_word(LauncherFormat f, const sim::ScheduleInputs& in);
+/// Checkpoint offload (under full checkpointing), tiled MLP and tiled RMSNorm off, for a launcher
+/// whose file cannot set them: "checkpoint offload off (<offload_why>)", "tiled MLP off
+/// (<tiling_why>)", "tiled RMSNorm off (<tiling_why>)".
+void no_offload_or_tiling(RecipeAsRun& r,
+                          const std::string& offload_why,
+                          const std::string& tiling_why);
 /// The CP communication dtype fixed to the compute dtype (launchers without a key for it).
 void comm_dtype_fixed(RecipeAsRun& r, const char* launcher);
 

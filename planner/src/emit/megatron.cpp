@@ -23,11 +23,7 @@ RecipeAsRun megatron_recipe_as_run(const sim::ScheduleInputs& in) {
     run_as(r, x.zero_stage, 1, "ZeRO-1 (--use-distributed-optimizer shards optimizer states only)");
   }
   run_as(r, x.optimizer_offload, false, "no optimizer offload (not emitted)");
-  if (x.checkpointing == CheckpointMode::kFull) {
-    run_as(r, x.checkpoint_offload, false, "checkpoint offload off (incompatible with recompute)");
-  }
-  run_as(r, x.tiled_mlp, false, "tiled MLP off (no Megatron-LM flag)");
-  run_as(r, x.tiled_norm, false, "tiled RMSNorm off (no Megatron-LM flag)");
+  no_offload_or_tiling(r, "incompatible with recompute", "no Megatron-LM flag");
   run_as(r, x.fused_loss, false, "logits materialised (no fused linear cross-entropy flag)");
   if (x.attention_kernel != "fa2" && x.attention_kernel != "fa3" && x.attention_kernel != "cudnn") {
     run_as(r, x.attention_kernel, std::string("fa2"), "attention through TE's flash backend");

@@ -16,11 +16,7 @@ namespace cpsim::planner::emit_detail {
 RecipeAsRun torchtitan_recipe_as_run(const sim::ScheduleInputs& in) {
   RecipeAsRun r{in.recipe, {}};
   models::TrainingRecipe& x = r.recipe;
-  if (x.checkpointing == CheckpointMode::kFull) {
-    run_as(r, x.checkpoint_offload, false, "checkpoint offload off (no TorchTitan TOML key)");
-  }
-  run_as(r, x.tiled_mlp, false, "tiled MLP off (no TorchTitan TOML key)");
-  run_as(r, x.tiled_norm, false, "tiled RMSNorm off (no TorchTitan TOML key)");
+  no_offload_or_tiling(r, "no TorchTitan TOML key", "no TorchTitan TOML key");
   run_as(r, x.fused_loss, false, "logits materialised (no fused-loss TOML key)");
   if (x.attention_kernel != "sdpa" && x.attention_kernel != "cudnn") {
     run_as(r, x.attention_kernel, std::string("sdpa"), "attention through PyTorch SDPA");
