@@ -119,23 +119,24 @@ bool Implementation::runs(models::CpMethod m) const {
 }
 
 std::int64_t Implementation::site_bytes(LedgerSite site, const LedgerUnits& units) const {
-  std::int64_t bytes = 0;
-  for (const LedgerRow& row : ledger()) {
-    if (row.site == site && applies(row, units)) {
-      bytes += row_bytes(row, units);
-    }
-  }
-  return bytes;
+  return site_sum(site, units, row_bytes);
 }
 
 std::int64_t Implementation::site_traffic_bytes(LedgerSite site, const LedgerUnits& units) const {
-  std::int64_t bytes = 0;
+  return site_sum(site, units, row_traffic_bytes);
+}
+
+std::int64_t Implementation::site_sum(LedgerSite site,
+                                      const LedgerUnits& units,
+                                      std::int64_t (*per_row)(const LedgerRow&,
+                                                              const LedgerUnits&)) const {
+  std::int64_t sum = 0;
   for (const LedgerRow& row : ledger()) {
     if (row.site == site && applies(row, units)) {
-      bytes += row_traffic_bytes(row, units);
+      sum += per_row(row, units);
     }
   }
-  return bytes;
+  return sum;
 }
 
 std::span<const Implementation* const> implementations() {

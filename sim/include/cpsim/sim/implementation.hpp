@@ -176,6 +176,11 @@ class Implementation {
   }
 
  private:
+  /// Sum of `per_row` over the rows that apply at `site`.
+  std::int64_t site_sum(LedgerSite site,
+                        const LedgerUnits& units,
+                        std::int64_t (*per_row)(const LedgerRow&, const LedgerUnits&)) const;
+
   ImplementationTable table_;
 };
 
