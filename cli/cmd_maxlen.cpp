@@ -57,6 +57,9 @@ nlohmann::json outcome_json(const Outcome& o) {
           {"step_time_s", r.max_seq_len > 0 ? r.at_max.step_time_s : 0.0},
           {"tokens_per_s_per_gpu", r.max_seq_len > 0 ? r.at_max.tokens_per_s_per_gpu : 0.0},
           {"host_memory_bytes", r.max_seq_len > 0 ? r.at_max.host_memory_bytes : 0},
+          {"reserved_memory_bytes", r.max_seq_len > 0 ? r.at_max.reserved_peak_bytes : 0},
+          {"gpu_margin_bytes", o.in.margin.gpu_bytes},
+          {"host_margin_bytes", o.in.margin.host_bytes},
           {"headroom_bytes", r.headroom_bytes},
           {"evaluations", r.evaluations},
           {"monotone", r.monotone},
@@ -83,8 +86,6 @@ CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& a) {
   c->add_option("--granularity", a.granularity,
                 "lengths searched are multiples of this (and of what the method requires)")
       ->capture_default_str();
-  c->add_option("--memory-margin", a.memory_margin_gib,
-                "GiB kept free on every GPU: from 0 to below the GPU's capacity");
   c->add_flag("--json", a.json, "print JSON instead of text");
   return c;
 }
@@ -93,8 +94,6 @@ int run_maxlen(const MaxLenArgs& a) {
   planner::MaxLenOptions opts;
   opts.granularity = parse_length(a.granularity, "--granularity");
   opts.refusal_text = refusal_text;
-  opts.memory_margin_bytes = memory_margin_bytes(
-      a.memory_margin_gib, models::load_hardware(a.config.hardware, data_dir()));
   const std::vector<std::string> methods = split_methods(a.config.method);
   std::vector<Outcome> outcomes;
   for (const std::string& m : methods) {
@@ -155,11 +154,13 @@ int run_maxlen(const MaxLenArgs& a) {
                              format_length(r.max_seq_len), r.max_seq_len, format_length(r.step));
     std::cout << fmt::format("  binding constraint   {}\n", r.binding.text);
     std::cout << fmt::format(
-        "  at the longest       peak {} (headroom {}), step {}, {:.1f} "
-        "tokens/s/GPU, host {} per node\n",
+        "  at the longest       peak {}, reserved {} (headroom {} beyond a {} margin), step {}, "
+        "{:.1f} tokens/s/GPU, host {} per node\n",
         format_bytes(static_cast<double>(r.at_max.peak_memory_bytes)),
-        format_bytes(static_cast<double>(r.headroom_bytes)), format_seconds(r.at_max.step_time_s),
-        r.at_max.tokens_per_s_per_gpu,
+        format_bytes(static_cast<double>(r.at_max.reserved_peak_bytes)),
+        format_bytes(static_cast<double>(r.headroom_bytes)),
+        format_bytes(static_cast<double>(r.at_max.gpu_margin_bytes)),
+        format_seconds(r.at_max.step_time_s), r.at_max.tokens_per_s_per_gpu,
         format_bytes(static_cast<double>(r.at_max.host_memory_bytes)));
     std::cout << fmt::format("  searched             {} simulations{}\n", r.evaluations,
                              r.monotone ? ", memory monotone around the limit" : "");

@@ -89,8 +89,6 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
                 "methods to search: a comma-separated list or all (default: --method when given, "
                 "else all)");
   c->add_option("--top", a.top, "configurations to list")->capture_default_str();
-  c->add_option("--memory-margin", a.memory_margin_gib,
-                "GiB kept free on every GPU: from 0 to below the GPU's capacity");
   c->add_option("--granularity", a.granularity, "max-context mode: length step")
       ->capture_default_str();
   c->add_flag(
@@ -225,7 +223,6 @@ int run_plan(const PlanArgs& a) {
   if (!a.seq.empty()) {
     opts.seq_len = parse_length(a.seq, "--seq");
   }
-  opts.memory_margin_bytes = memory_margin_bytes(a.memory_margin_gib, base.hardware);
   opts.granularity = parse_length(a.granularity, "--granularity");
   opts.vary_recipe = !a.fixed_recipe;
   opts.fixed = fixed_by_flags(a);
@@ -332,6 +329,8 @@ int run_plan(const PlanArgs& a) {
         {"model", base.model.name},
         {"hardware", base.hardware.name},
         {"gpus", base.parallel.gpus},
+        {"memory_margin",
+         {{"gpu_bytes", base.margin.gpu_bytes}, {"host_bytes", base.margin.host_bytes}}},
         {"counts",
          {{"generated", res.generated},
           {"refused", res.refused},
@@ -370,6 +369,11 @@ int run_plan(const PlanArgs& a) {
                                ? "longest context (then throughput)"
                                : fmt::format("tokens/s/GPU at {}", format_length(*opts.seq_len)),
                            base.recipe.name);
+  std::cout << fmt::format(
+      "  fits = the caching allocator's reserved memory leaves {} free on every GPU and host "
+      "memory leaves {} free per node (--memory-margin, --host-memory-margin)\n",
+      format_bytes(static_cast<double>(base.margin.gpu_bytes)),
+      format_bytes(static_cast<double>(base.margin.host_bytes)));
   std::cout << fmt::format(
       "  {} configurations: {} refused (invalid for the model or GPUs), {} pruned "
       "by the memory lower bound, {} evaluated ({} simulations, {:.2f} s, {:.0f} "

@@ -205,7 +205,9 @@ Sweep run_points(const ReportArgs& a, Progress& progress) {
       sim::ScheduleInputs in = ms.inputs;
       in.parallel.seq_len = len;
       try {
-        pt.report = planner::evaluate(in).report;
+        planner::EvaluateOptions with_allocator;  // "fits" is decided on the reserved memory
+        with_allocator.model_allocator = true;
+        pt.report = planner::evaluate(in, with_allocator).report;
         any = true;
       } catch (const sim::ConfigError& e) {
         const InputError flagged = flag_error(e);

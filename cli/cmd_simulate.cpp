@@ -115,6 +115,15 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   }
   in.model = models::load_model(a.model, data);
   in.hardware = models::load_hardware(a.hardware, data);
+  if (!a.memory_margin.empty()) {
+    in.margin.gpu_bytes = memory_margin_bytes(a.memory_margin, in.hardware.hbm_capacity_bytes,
+                                              "--memory-margin", "GPU's memory");
+  }
+  if (!a.host_memory_margin.empty()) {
+    in.margin.host_bytes =
+        memory_margin_bytes(a.host_memory_margin, in.hardware.host_memory_bytes_per_node,
+                            "--host-memory-margin", "node's host memory");
+  }
   in.recipe = models::load_recipe(recipe_for(a), data);
   auto& r = in.recipe;
   if (!a.ac.empty()) {
@@ -372,13 +381,16 @@ nlohmann::json to_json(const SimulateArgs& a,
       {"category_peak_bytes", category_peaks},
       {"peak", {{"rank", rep.peak_rank}, {"op", rep.peak_op}}},
       {"gpu_capacity_bytes", rep.gpu_capacity_bytes},
+      {"gpu_margin_bytes", rep.gpu_margin_bytes},
       {"headroom_bytes", rep.gpu_headroom_bytes},
+      {"fits_decided_on", rep.reserved_checked ? "reserved" : "allocated"},
       {"reserved_memory_bytes",
        rep.reserved_peak_bytes > 0 ? json(rep.reserved_peak_bytes) : json(nullptr)},
       {"allocator_cache_releases", rep.allocator_cache_releases},
       {"allocator_out_of_memory", rep.allocator_out_of_memory},
       {"host_memory_bytes", rep.host_memory_bytes},
       {"host_capacity_bytes", rep.host_capacity_bytes},
+      {"host_margin_bytes", rep.host_margin_bytes},
       {"fits", rep.fits()},
       {"fits_gpu", rep.fits_gpu},
       {"fits_host", rep.fits_host},
@@ -441,11 +453,21 @@ std::string human(const sim::ScheduleInputs& in,
   o += fmt::format("  model TFLOP/s/GPU    {:.1f}  (MFU {:.1f} %, model FLOPs exclude recompute)\n",
                    rep.model_tflops_per_gpu, 100.0 * rep.mfu);
   o += "\n";
+  const std::string margin =
+      rep.gpu_margin_bytes > 0
+          ? fmt::format(" beyond the {} margin",
+                        format_bytes(static_cast<double>(rep.gpu_margin_bytes)))
+          : "";
+  const std::string decided_by = rep.reserved_checked ? " (reserved)" : "";
   const std::string verdict =
-      rep.fits_gpu ? fmt::format("fits, {} headroom",
-                                 format_bytes(static_cast<double>(rep.gpu_headroom_bytes)))
-                   : fmt::format("DOES NOT FIT, {} over",
-                                 format_bytes(static_cast<double>(-rep.gpu_headroom_bytes)));
+      rep.fits_gpu ? fmt::format("fits, {} headroom{}{}",
+                                 format_bytes(static_cast<double>(rep.gpu_headroom_bytes)),
+                                 decided_by, margin)
+      : rep.allocator_out_of_memory
+          ? "DOES NOT FIT (the caching allocator runs out of memory)"
+          : fmt::format("DOES NOT FIT, {} over{}{}",
+                        format_bytes(static_cast<double>(-rep.gpu_headroom_bytes)), decided_by,
+                        rep.gpu_margin_bytes > 0 ? " with the margin" : "");
   o += fmt::format("  peak GPU memory      {} of {}: {}\n",
                    format_bytes(static_cast<double>(rep.peak_memory_bytes)),
                    format_bytes(static_cast<double>(rep.gpu_capacity_bytes)), verdict);
@@ -498,10 +520,14 @@ std::string human(const sim::ScheduleInputs& in,
       o += "    " + line + "\n";
     }
   }
-  o += fmt::format("  host memory (pinned) {} per node of {}: {}\n",
+  o += fmt::format("  host memory (pinned) {} per node of {}: {}{}\n",
                    format_bytes(static_cast<double>(rep.host_memory_bytes)),
                    format_bytes(static_cast<double>(rep.host_capacity_bytes)),
-                   rep.fits_host ? "fits" : "DOES NOT FIT");
+                   rep.fits_host ? "fits" : "DOES NOT FIT",
+                   rep.host_margin_bytes > 0
+                       ? fmt::format(" with a {} margin",
+                                     format_bytes(static_cast<double>(rep.host_margin_bytes)))
+                       : "");
   o += "\n";
   const auto& A = rep.attention;
   o += fmt::format(
@@ -663,6 +689,16 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
   c->add_option("--attention-kernel", a.attention_kernel,
                 "attention kernel curve of the profile: "
                 "fa3 | fa2 | cudnn | sdpa (default: recipe)");
+  a.memory_margin = kDefaultGpuMargin;
+  a.host_memory_margin = kDefaultHostMargin;
+  c->add_option("--memory-margin", a.memory_margin,
+                "kept free on every GPU for a step to count as fitting, against the reserved "
+                "memory (what nvidia-smi shows): N% of the GPU or GiB (4, 4GiB, 512MiB); 0 "
+                "for none")
+      ->capture_default_str();
+  c->add_option("--host-memory-margin", a.host_memory_margin,
+                "kept free on every node's host memory: N% or GiB")
+      ->capture_default_str();
 }
 
 namespace {
@@ -672,7 +708,8 @@ bool is_shared_flag(const std::string& f) {
   return f == "--gpus" || f == "--hardware" || f == "--recipe" || f == "--ac" ||
          f == "--ac-offload" || f == "--tiled-mlp" || f == "--fused-loss" || f == "--zero" ||
          f == "--param-offload" || f == "--norm-kernel" || f == "--mlp-kernel" ||
-         f == "--int32-indexing" || f.find(".json") != std::string::npos;
+         f == "--int32-indexing" || f == "--memory-margin" || f == "--host-memory-margin" ||
+         f.find(".json") != std::string::npos;
 }
 
 // A comparison's exit status: 0 when at least one method fits, else kExitDoesNotFit.
@@ -698,7 +735,9 @@ int run_comparison(const SimulateArgs& a, const std::vector<std::string>& method
     const SimulateArgs m = config_for_method(a, method);
     try {
       row.in = resolve_inputs(m);
-      row.rep = planner::evaluate(row.in).report;
+      planner::EvaluateOptions with_allocator;  // "fits" is decided on the reserved memory
+      with_allocator.model_allocator = true;
+      row.rep = planner::evaluate(row.in, with_allocator).report;
     } catch (const sim::ConfigError& e) {
       // A length out of range, or a flag every method shares, stops the comparison; a method that
       // cannot run this configuration (heads vs degree, divisibility) is reported in its row.

@@ -59,6 +59,8 @@ struct SimulateArgs {
   std::string mlp_kernel;
   std::string int32_indexing;
   std::string attention_kernel;
+  std::string memory_margin;       ///< --memory-margin (set to the default by the flag)
+  std::string host_memory_margin;  ///< --host-memory-margin
   std::string trace;
   std::string trace_ranks;      // empty: the representative rank (0)
   std::string trace_layers;     // empty: all
@@ -84,7 +86,6 @@ std::vector<std::string> split_methods(const std::string& text);
 struct MaxLenArgs {
   SimulateArgs config;
   std::string granularity = "64K";
-  double memory_margin_gib = 0.0;
   bool json = false;
 };
 CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& args);
@@ -96,7 +97,6 @@ struct PlanArgs {
   bool max_context = false;
   std::string methods;  // empty: --method if given, else all
   int top = 5;
-  double memory_margin_gib = 0.0;
   std::string granularity = "64K";
   bool fixed_recipe = false;
   bool allow_data_parallel = false;

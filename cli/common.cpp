@@ -1,7 +1,9 @@
 #include "common.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -25,16 +27,45 @@ models::DataDir data_dir() {
   return {std::filesystem::path(CPSIM_DATA_DIR_DEFAULT)};
 }
 
-std::int64_t memory_margin_bytes(double margin_gib, const models::HardwareProfile& hardware) {
-  const double capacity_gib =
-      static_cast<double>(hardware.hbm_capacity_bytes) / static_cast<double>(kGiB);
-  if (!(margin_gib >= 0.0) || !(margin_gib < capacity_gib)) {
-    throw InputError("--memory-margin",
-                     fmt::format("{} GiB is out of range: the margin kept free on every GPU must "
-                                 "be at least 0 and below the {:.4g} GiB of {} ({})",
-                                 margin_gib, capacity_gib, hardware.gpu_name, hardware.name));
+std::int64_t memory_margin_bytes(const std::string& text,
+                                 std::int64_t capacity_bytes,
+                                 const std::string& field,
+                                 const std::string& what) {
+  std::string number = text;
+  double unit = static_cast<double>(kGiB);  // a plain number is GiB
+  bool percent = false;
+  auto strip = [&number](std::string_view suffix) {
+    if (number.size() > suffix.size() && number.ends_with(suffix)) {
+      number.resize(number.size() - suffix.size());
+      return true;
+    }
+    return false;
+  };
+  if (strip("%")) {
+    percent = true;
+  } else if (strip("GiB")) {
+    unit = static_cast<double>(kGiB);
+  } else if (strip("MiB")) {
+    unit = static_cast<double>(kMiB);
   }
-  return static_cast<std::int64_t>(margin_gib * static_cast<double>(kGiB));
+  double value = 0.0;
+  const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
+  const double capacity = static_cast<double>(capacity_bytes);
+  const double bytes = percent ? value / 100.0 * capacity : value * unit;
+  if (percent && capacity_bytes <= 0 && ec == std::errc() && value >= 0.0 && value < 100.0) {
+    return 0;  // a profile without this memory: nothing to keep free
+  }
+  if (ec != std::errc() || end != number.data() + number.size() || number.empty()) {
+    throw InputError(field, fmt::format("expected a percentage of the {} (5%) or a size in GiB "
+                                        "(4, 4GiB, 512MiB), got '{}'",
+                                        what, text));
+  }
+  if (!(bytes >= 0.0) || !(bytes < capacity)) {
+    throw InputError(field, fmt::format("'{}' is out of range: the margin kept free must be at "
+                                        "least 0 and below the {} of {:.4g} GiB",
+                                        text, what, capacity / static_cast<double>(kGiB)));
+  }
+  return static_cast<std::int64_t>(bytes);
 }
 
 bool parse_switch(const std::string& text, const std::string& field) {

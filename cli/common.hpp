@@ -14,9 +14,19 @@ namespace cpsim::cli {
 /// @throws InputError naming CPSIM_DATA_DIR when it is set but is not a directory.
 models::DataDir data_dir();
 
-/// `--memory-margin` in GiB as bytes: at least 0 and below the profile's GPU capacity (a margin
-/// must leave some memory to plan with). @throws InputError naming --memory-margin.
-std::int64_t memory_margin_bytes(double margin_gib, const models::HardwareProfile& hardware);
+/// Default safety margins (docs/MODEL.md, "Safety margin"): a policy for what the model leaves
+/// out, not a measurement. GPU: against the reserved memory (what nvidia-smi shows); host: per
+/// node.
+inline constexpr const char* kDefaultGpuMargin = "5%";
+inline constexpr const char* kDefaultHostMargin = "10%";
+
+/// A memory margin as bytes: "N%" of `capacity_bytes` or a size in GiB ("4", "4GiB", "512MiB"),
+/// at least 0 and below the capacity (a margin must leave memory to plan with).
+/// @throws InputError naming `field`.
+std::int64_t memory_margin_bytes(const std::string& text,
+                                 std::int64_t capacity_bytes,
+                                 const std::string& field,
+                                 const std::string& what);
 
 /// Parses on/off style switches. @throws InputError(field).
 bool parse_switch(const std::string& text, const std::string& field);

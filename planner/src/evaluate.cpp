@@ -49,6 +49,11 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& op
     e.report.reserved_peak_bytes = r.reserved_peak_bytes;
     e.report.allocator_cache_releases = r.allocator_cache_releases;
     e.report.allocator_out_of_memory = r.allocator_out_of_memory;
+    // The verdict follows the reserved memory: the plain run's.
+    e.report.reserved_checked = r.reserved_checked;
+    e.report.gpu_headroom_bytes = r.gpu_headroom_bytes;
+    e.report.fits_gpu = r.fits_gpu;
+    e.report.binding = r.binding;
   }
   if (options.explain_peak) {
     e.peak = sim::peak_contents(*workload, *result, e.report.peak_rank, kPeakContentsListed);

@@ -43,10 +43,6 @@ std::string default_refusal_text(const sim::ConfigError& e) {
   return fmt::format("{}: {}", sim::to_string(e.quantity()), e.what());
 }
 
-bool fits_with_margin(const sim::StepReport& r, std::int64_t margin) {
-  return r.peak_memory_bytes + margin <= r.gpu_capacity_bytes && r.fits_host && r.fits_kernels;
-}
-
 namespace {
 
 struct Probe {
@@ -62,7 +58,7 @@ struct Probe {
 /// the step at the longest length).
 enum class Need { kFits, kReport };
 
-BindingConstraint binding_of(const Probe& p, std::int64_t seq, std::int64_t margin) {
+BindingConstraint binding_of(const Probe& p, std::int64_t seq) {
   BindingConstraint b;
   b.seq_len = seq;
   if (!p.report) {
@@ -76,12 +72,30 @@ BindingConstraint binding_of(const Probe& p, std::int64_t seq, std::int64_t marg
     b.text = fmt::format("at {}: {}", format_length(seq), r.kernel_limit);
     return b;
   }
-  if (r.peak_memory_bytes + margin > r.gpu_capacity_bytes) {
+  const std::int64_t usable = r.gpu_capacity_bytes - r.gpu_margin_bytes;
+  if (!r.fits_gpu && r.peak_memory_bytes <= usable) {
+    // The allocated peak fits; the caching allocator's segments do not.
+    b.kind = BindingConstraint::Kind::kGpuMemory;
+    b.rank = r.peak_rank;
+    b.op = r.peak_op;
+    b.category = "reserved";
+    b.used_bytes = r.reserved_peak_bytes;
+    b.limit_bytes = usable;
+    b.text = fmt::format(
+        "GPU reserved memory at {}: the caching allocator holds {} of {} on rank {} ({} "
+        "allocated at its peak){}",
+        format_length(seq), format_bytes(static_cast<double>(b.used_bytes)),
+        format_bytes(static_cast<double>(b.limit_bytes)), b.rank,
+        format_bytes(static_cast<double>(r.peak_memory_bytes)),
+        r.allocator_out_of_memory ? "; out of memory from fragmentation" : "");
+    return b;
+  }
+  if (!r.fits_gpu) {
     b.kind = BindingConstraint::Kind::kGpuMemory;
     b.rank = r.peak_rank;
     b.op = r.peak_op;
     b.used_bytes = r.peak_memory_bytes;
-    b.limit_bytes = r.gpu_capacity_bytes - margin;
+    b.limit_bytes = usable;
     std::size_t top = static_cast<std::size_t>(sim::MemCategory::kActivations);
     for (std::size_t c = top; c < sim::kMemCategoryCount; ++c) {
       if (r.breakdown_at_peak[c] > r.breakdown_at_peak[top])
@@ -97,7 +111,7 @@ BindingConstraint binding_of(const Probe& p, std::int64_t seq, std::int64_t marg
   } else {
     b.kind = BindingConstraint::Kind::kHostMemory;
     b.used_bytes = r.host_memory_bytes;
-    b.limit_bytes = r.host_capacity_bytes;
+    b.limit_bytes = r.host_capacity_bytes - r.host_margin_bytes;
     b.text = fmt::format("host memory at {}: {} of pinned buffers per node, {} available",
                          format_length(seq), format_bytes(static_cast<double>(b.used_bytes)),
                          format_bytes(static_cast<double>(b.limit_bytes)));
@@ -115,10 +129,9 @@ class ProbeCache {
  public:
   ProbeCache(const sim::ScheduleInputs& base,
              std::int64_t step,
-             std::int64_t margin,
              int threads,
              RefusalText refusal_text)
-      : base_(base), step_(step), margin_(margin), refusal_text_(std::move(refusal_text)) {
+      : base_(base), step_(step), refusal_text_(std::move(refusal_text)) {
     if (threads > 1) {
       helper_ = std::thread([this] { help(); });
     }
@@ -219,12 +232,12 @@ class ProbeCache {
     EvaluateOptions options;
     if (need == Need::kFits) {
       options.stop_above_device_bytes =
-          std::max<std::int64_t>(1, base_.hardware.hbm_capacity_bytes - margin_);
+          std::max<std::int64_t>(1, base_.hardware.hbm_capacity_bytes - base_.margin.gpu_bytes);
     }
     try {
       s.probe.report = evaluate(in, options, scratch).report;
       s.probe.partial = s.probe.report->stopped_early;
-      s.probe.fits = !s.probe.partial && fits_with_margin(*s.probe.report, margin_);
+      s.probe.fits = !s.probe.partial && s.probe.report->fits();
     } catch (const sim::ConfigError& e) {
       // A length the method refuses ends the search there; anything else is an error.
       if (e.quantity() == sim::Quantity::kSeqLen ||
@@ -261,7 +274,6 @@ class ProbeCache {
 
   const sim::ScheduleInputs& base_;
   const std::int64_t step_;
-  const std::int64_t margin_;
   const RefusalText refusal_text_;
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -277,6 +289,61 @@ class ProbeCache {
 };
 
 }  // namespace
+
+// The search decides on the allocated peak, a lower bound of the reserved memory (reserved
+// segments hold every allocated byte), so its answer bounds the reserved one from above. Here the
+// caching allocator is replayed at the answer; while it does not fit, the length steps down,
+// by strides that double until one fits, then bisects back up between the last two.
+void check_reserved_memory(const sim::ScheduleInputs& base, MaxLenResult& result) {
+  if (result.max_seq_len <= 0) {
+    return;
+  }
+  EvaluateOptions logged;
+  logged.model_allocator = true;
+  auto at = [&](std::int64_t k) {
+    sim::ScheduleInputs in = base;
+    in.parallel.seq_len = k * result.step;
+    ++result.evaluations;
+    return evaluate(in, logged).report;
+  };
+  std::int64_t good = result.max_seq_len / result.step;
+  sim::StepReport good_report = at(good);
+  if (good_report.fits()) {
+    result.at_max = std::move(good_report);
+    return;
+  }
+  std::int64_t bad = good;
+  sim::StepReport bad_report = std::move(good_report);
+  std::int64_t stride = 1;
+  good = 0;
+  for (std::int64_t k = bad - 1; k > 0; k = std::max<std::int64_t>(0, bad - stride)) {
+    sim::StepReport r = at(k);
+    if (r.fits()) {
+      good = k;
+      good_report = std::move(r);
+      break;
+    }
+    bad = k;
+    bad_report = std::move(r);
+    stride *= 2;
+  }
+  while (bad - good > 1) {
+    const std::int64_t mid = good + (bad - good) / 2;
+    sim::StepReport r = at(mid);
+    if (r.fits()) {
+      good = mid;
+      good_report = std::move(r);
+    } else {
+      bad = mid;
+      bad_report = std::move(r);
+    }
+  }
+  Probe failed;
+  failed.report = std::move(bad_report);
+  result.binding = binding_of(failed, bad * result.step);
+  result.max_seq_len = good * result.step;
+  result.at_max = good > 0 ? std::move(good_report) : sim::StepReport{};
+}
 
 MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& options) {
   if (options.granularity <= 0) {
@@ -295,8 +362,7 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
     (void)sim::derive_head_layout(probe);
   }
   const std::int64_t k_max = options.max_tokens / res.step;
-  ProbeCache cache(base, res.step, options.memory_margin_bytes, options.threads,
-                   options.refusal_text);
+  ProbeCache cache(base, res.step, options.threads, options.refusal_text);
   std::vector<bool> asked;
   auto probe = [&](std::int64_t k, Need need = Need::kReport) -> const Probe& {
     if (static_cast<std::size_t>(k) >= asked.size()) {
@@ -324,11 +390,12 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
       return std::nullopt;
     }
     const sim::StepReport& r = *p.report;
-    const double usable = static_cast<double>(r.gpu_capacity_bytes - options.memory_margin_bytes);
+    const double usable = static_cast<double>(r.gpu_capacity_bytes - r.gpu_margin_bytes);
     double x = usable > 0 ? static_cast<double>(r.peak_memory_bytes) / usable : 2.0;
+    const double host_usable = static_cast<double>(r.host_capacity_bytes - r.host_margin_bytes);
     if (r.host_capacity_bytes > 0) {
-      x = std::max(
-          x, static_cast<double>(r.host_memory_bytes) / static_cast<double>(r.host_capacity_bytes));
+      x = std::max(x,
+                   host_usable > 0 ? static_cast<double>(r.host_memory_bytes) / host_usable : 2.0);
     }
     return x;
   };
@@ -431,13 +498,15 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
     res.binding.text =
         fmt::format("search ceiling of {} tokens reached", format_length(options.max_tokens));
   } else {
-    res.binding = binding_of(probe(hi), hi * res.step, options.memory_margin_bytes);
+    res.binding = binding_of(probe(hi), hi * res.step);
   }
   if (lo > 0) {
     res.at_max = *probe(lo).report;
-    res.headroom_bytes =
-        res.at_max.gpu_capacity_bytes - options.memory_margin_bytes - res.at_max.peak_memory_bytes;
   }
+  if (options.check_reserved) {
+    check_reserved_memory(base, res);
+  }
+  res.headroom_bytes = lo > 0 ? res.at_max.gpu_headroom_bytes : 0;
   return res;
 }
 

@@ -332,10 +332,9 @@ std::string explain(const Candidate& best, const Candidate& second, bool max_con
   if (max_context && best.max_seq_len != second.max_seq_len) {
     return fmt::format(
         "{} reaches {} vs {} for {}: one step longer the runner-up is stopped by {}; at its own "
-        "limit the best has {} of headroom",
+        "limit the best has {} of headroom beyond the margin",
         best.label, format_length(best.max_seq_len), format_length(second.max_seq_len),
-        second.label, second.binding.text,
-        format_bytes(static_cast<double>(a.gpu_capacity_bytes - a.peak_memory_bytes)));
+        second.label, second.binding.text, format_bytes(static_cast<double>(a.gpu_headroom_bytes)));
   }
   const double gain = b.tokens_per_s_per_gpu > 0
                           ? 100.0 * (a.tokens_per_s_per_gpu / b.tokens_per_s_per_gpu - 1.0)
@@ -412,6 +411,117 @@ void offer_miss(const Candidate& c, bool max_context, std::int64_t capacity, Clo
 
 }  // namespace
 
+namespace {
+
+bool ranks_before(const Candidate& a, const Candidate& b, bool max_context) {
+  if (max_context && a.max_seq_len != b.max_seq_len)
+    return a.max_seq_len > b.max_seq_len;
+  if (a.report.tokens_per_s_per_gpu != b.report.tokens_per_s_per_gpu)
+    return a.report.tokens_per_s_per_gpu > b.report.tokens_per_s_per_gpu;
+  if (a.report.peak_memory_bytes != b.report.peak_memory_bytes)
+    return a.report.peak_memory_bytes < b.report.peak_memory_bytes;
+  return a.label < b.label;
+}
+
+// Checks one candidate's reserved memory (once); true when that moved it (a shorter longest
+// context, or no longer fitting).
+bool check_reserved(const sim::ScheduleInputs& base,
+                    const PlanOptions& options,
+                    Candidate& c,
+                    bool max_context,
+                    std::int64_t& simulations) {
+  if (c.reserved_checked) {
+    return false;
+  }
+  c.reserved_checked = true;
+  const sim::ScheduleInputs in = c.inputs(base);
+  if (!max_context) {
+    EvaluateOptions logged;
+    logged.model_allocator = true;
+    simulations += 1;
+    c.report = evaluate(in, logged).report;
+    c.fits = c.report.fits();
+    return !c.fits;
+  }
+  MaxLenResult m;
+  m.step = std::lcm(options.granularity, required_multiple(in));
+  m.max_seq_len = c.max_seq_len;
+  m.at_max = c.report;
+  m.binding = c.binding;
+  check_reserved_memory(in, m);
+  simulations += m.evaluations;
+  const bool changed = m.max_seq_len != c.max_seq_len;
+  c.max_seq_len = m.max_seq_len;
+  c.binding = m.binding;
+  c.report = m.at_max;
+  c.fits = m.max_seq_len > 0;
+  if (c.fits) {
+    c.parallel.seq_len = m.max_seq_len;
+  }
+  return changed;
+}
+
+// Ranks `res.ranked` (fitting on their allocated peak) and checks the reserved memory of every
+// candidate the plan shows (the top, each method's best, the Pareto front, the runner-up), best
+// first; a check that moves a candidate re-ranks and goes on until every shown one is checked.
+// The allocated peak bounds the reserved memory from below, so unchecked candidates can only move
+// down: none of them belongs above a checked one.
+void rank_checking_reserved(const sim::ScheduleInputs& base,
+                            const PlanOptions& options,
+                            PlanResult& res,
+                            ClosestMiss& miss) {
+  const bool mc = res.max_context;
+  auto better = [mc](const Candidate& a, const Candidate& b) { return ranks_before(a, b, mc); };
+  const std::vector<const sim::CpImplementation*> methods = methods_of(options);
+  for (;;) {
+    std::stable_sort(res.ranked.begin(), res.ranked.end(), better);
+    res.pareto = pareto_front(res.ranked, mc);
+    res.best_per_method.clear();
+    for (const sim::CpImplementation* m : methods) {
+      for (const Candidate& c : res.ranked) {
+        if (c.parallel.method == m->id()) {
+          res.best_per_method.push_back(c);
+          break;
+        }
+      }
+    }
+    std::vector<std::string> shown;
+    for (std::size_t i = 0;
+         i < res.ranked.size() && i < static_cast<std::size_t>(std::max(2, options.top)); ++i)
+      shown.push_back(res.ranked[i].label);
+    for (const Candidate& c : res.pareto)
+      shown.push_back(c.label);
+    for (const Candidate& c : res.best_per_method)
+      shown.push_back(c.label);
+    bool moved = false;
+    for (Candidate& c : res.ranked) {
+      if (std::find(shown.begin(), shown.end(), c.label) != shown.end()) {
+        moved = check_reserved(base, options, c, mc, res.simulations) || moved;
+      }
+    }
+    const auto gone = std::stable_partition(res.ranked.begin(), res.ranked.end(),
+                                            [](const Candidate& c) { return c.fits; });
+    for (auto it = gone; it != res.ranked.end(); ++it) {
+      offer_miss(*it, mc, base.hardware.hbm_capacity_bytes - base.margin.gpu_bytes, miss);
+      moved = true;
+    }
+    res.ranked.erase(gone, res.ranked.end());
+    if (!moved) {
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+bool check_reserved_memory(const sim::ScheduleInputs& base,
+                           const PlanOptions& options,
+                           Candidate& candidate,
+                           bool max_context) {
+  std::int64_t simulations = 0;
+  return check_reserved(base, options, candidate, max_context, simulations);
+}
+
 PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   const RefusalText refusal_text =
       options.refusal_text ? options.refusal_text : RefusalText(default_refusal_text);
@@ -419,7 +529,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   res.max_context = !options.seq_len.has_value();
   std::vector<Candidate> cands = enumerate_candidates(base, options);
   res.generated = static_cast<std::int64_t>(cands.size());
-  const std::int64_t capacity = base.hardware.hbm_capacity_bytes - options.memory_margin_bytes;
+  const std::int64_t capacity = base.hardware.hbm_capacity_bytes - base.margin.gpu_bytes;
 
   // Cheap checks first: invalid combinations and memory lower bounds, on one reused copy of the
   // base inputs (a candidate holds only what it changes).
@@ -472,13 +582,13 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
       try {
         if (options.seq_len) {
           c.report = evaluate(in, seq_options, scratch).report;
-          c.fits = fits_with_margin(c.report, options.memory_margin_bytes);
+          c.fits = c.report.fits();
           simulations += 1;
         } else {
           MaxLenOptions mo;
           mo.granularity = options.granularity;
-          mo.memory_margin_bytes = options.memory_margin_bytes;
-          mo.threads = 1;  // the candidates already share the threads
+          mo.check_reserved = false;  // the candidates shown are checked below
+          mo.threads = 1;             // the candidates already share the threads
           mo.refusal_text = refusal_text;
           const MaxLenResult m = max_seq_len(in, mo);
           simulations += m.evaluations;
@@ -519,27 +629,9 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
     if (c.evaluated && c.fits)
       res.ranked.push_back(std::move(c));
   }
+  rank_checking_reserved(base, options, res, miss);
   if (res.ranked.empty()) {
     res.closest_miss = miss.text();
-  }
-  auto better = [&](const Candidate& a, const Candidate& b) {
-    if (res.max_context && a.max_seq_len != b.max_seq_len)
-      return a.max_seq_len > b.max_seq_len;
-    if (a.report.tokens_per_s_per_gpu != b.report.tokens_per_s_per_gpu)
-      return a.report.tokens_per_s_per_gpu > b.report.tokens_per_s_per_gpu;
-    if (a.report.peak_memory_bytes != b.report.peak_memory_bytes)
-      return a.report.peak_memory_bytes < b.report.peak_memory_bytes;
-    return a.label < b.label;
-  };
-  std::stable_sort(res.ranked.begin(), res.ranked.end(), better);
-  res.pareto = pareto_front(res.ranked, res.max_context);
-  for (const sim::CpImplementation* m : methods_of(options)) {
-    for (const Candidate& c : res.ranked) {
-      if (c.parallel.method == m->id()) {
-        res.best_per_method.push_back(c);
-        break;
-      }
-    }
   }
   // The runner-up is the best configuration of another method when there is one: "why this
   // method" is the question; variants of the winner differ by little.

@@ -117,8 +117,7 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
   rep.fixed_overhead_bytes = pm.fixed_overhead_bytes;
   rep.category_peak = pm.category_peak;
   rep.gpu_capacity_bytes = in.hardware.hbm_capacity_bytes;
-  rep.gpu_headroom_bytes = rep.gpu_capacity_bytes - rep.peak_memory_bytes;
-  rep.fits_gpu = rep.gpu_headroom_bytes >= 0;
+  rep.gpu_margin_bytes = in.margin.gpu_bytes;
   rep.stopped_early = r.stopped_early;
   if (!r.allocations.empty()) {
     // The caching allocator's reserved memory on the peak rank: what nvidia-smi shows is this plus
@@ -133,7 +132,12 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
     rep.reserved_peak_bytes = replay.peak_reserved_bytes + pm.fixed_overhead_bytes;
     rep.allocator_cache_releases = replay.cache_releases;
     rep.allocator_out_of_memory = replay.out_of_memory;
+    rep.reserved_checked = true;
   }
+  // Reserved memory holds every allocated byte (plus cached blocks), so it decides when modelled.
+  const std::int64_t decisive = std::max(rep.peak_memory_bytes, rep.reserved_peak_bytes);
+  rep.gpu_headroom_bytes = rep.gpu_capacity_bytes - rep.gpu_margin_bytes - decisive;
+  rep.fits_gpu = rep.gpu_headroom_bytes >= 0 && !rep.allocator_out_of_memory;
 
   // Host memory per node: the sum of the host peaks of the node's ranks (symmetric ranks peak
   // together, so the sum is the node's peak). On the representative-rank path every rank of a node
@@ -152,12 +156,17 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
     rep.host_memory_bytes = std::max(rep.host_memory_bytes, node);
   }
   rep.host_capacity_bytes = in.hardware.host_memory_bytes_per_node;
-  rep.fits_host = rep.host_memory_bytes <= rep.host_capacity_bytes;
+  rep.host_margin_bytes = in.margin.host_bytes;
+  rep.fits_host = rep.host_memory_bytes + rep.host_margin_bytes <= rep.host_capacity_bytes;
   rep.layout = w.layout;
   rep.kernel_limit = int32_index_violation(in, rep.layout);
   rep.fits_kernels = rep.kernel_limit.empty();
-  if (!rep.fits_gpu) {
+  if (!rep.fits_gpu && rep.peak_memory_bytes + rep.gpu_margin_bytes > rep.gpu_capacity_bytes) {
     rep.binding = fmt::format("GPU memory on rank {} at {}", rep.peak_rank, rep.peak_op);
+  } else if (!rep.fits_gpu) {
+    rep.binding = fmt::format(
+        "GPU reserved memory on rank {} (the caching allocator's segments{})", rep.peak_rank,
+        rep.allocator_out_of_memory ? ": out of memory from fragmentation" : "");
   } else if (!rep.fits_host) {
     rep.binding = "host memory (pinned checkpoint offload)";
   } else if (!rep.fits_kernels) {

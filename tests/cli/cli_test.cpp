@@ -802,6 +802,44 @@ TEST_F(CliTest, MaxlenJsonContract) {
   EXPECT_GE(j.at("headroom_bytes").get<std::int64_t>(), 0);
 }
 
+// "Fits" keeps the default margin (5 % of the GPU against the reserved memory, 10 % of the host)
+// unless told otherwise; a larger margin gives a shorter longest context, and the answer's reserved
+// memory plus the margin stays within the GPU.
+TEST_F(CliTest, MaxlenKeepsTheMarginOnReservedMemory) {
+  const RunResult by_default = run({"maxlen", "--method", "ulysses", "--json"});
+  ASSERT_EQ(by_default.exit_code, 0) << by_default.err;
+  const Json d = Json::parse(by_default.out);
+  const std::int64_t capacity = 85520809984;  // h100-sxm-80g
+  EXPECT_EQ(d.at("gpu_margin_bytes").get<std::int64_t>(), capacity / 20);
+  EXPECT_EQ(d.at("host_margin_bytes").get<std::int64_t>(), 200000000000);  // 10 % of 2 TB
+  const std::int64_t reserved = d.at("reserved_memory_bytes").get<std::int64_t>();
+  EXPECT_GE(reserved, d.at("peak_memory_bytes").get<std::int64_t>());
+  EXPECT_EQ(d.at("headroom_bytes").get<std::int64_t>(), capacity - capacity / 20 - reserved);
+  EXPECT_GE(d.at("headroom_bytes").get<std::int64_t>(), 0);
+
+  const RunResult none = run({"maxlen", "--method", "ulysses", "--memory-margin", "0", "--json"});
+  const RunResult wide = run({"maxlen", "--method", "ulysses", "--memory-margin", "16", "--json"});
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  ASSERT_EQ(wide.exit_code, 0) << wide.err;
+  const std::int64_t at_none = Json::parse(none.out).at("max_seq_len").get<std::int64_t>();
+  const std::int64_t at_default = d.at("max_seq_len").get<std::int64_t>();
+  const Json w = Json::parse(wide.out);
+  EXPECT_GT(at_none, at_default);
+  EXPECT_GT(at_default, w.at("max_seq_len").get<std::int64_t>());
+  EXPECT_EQ(w.at("gpu_margin_bytes").get<std::int64_t>(), std::int64_t{16} << 30);
+
+  // simulate at the longest length fits with the default margin (exit 0), one step longer does
+  // not (exit 3), and says so against the reserved memory.
+  const RunResult at =
+      run({"simulate", "--method", "ulysses", "--seq", std::to_string(at_default), "--json"});
+  EXPECT_EQ(at.exit_code, 0) << at.err;
+  EXPECT_EQ(Json::parse(at.out).at("fits_decided_on"), "reserved");
+  const RunResult above =
+      run({"simulate", "--method", "ulysses", "--seq", std::to_string(at_default + 65536)});
+  EXPECT_EQ(above.exit_code, 3) << above.out;
+  EXPECT_THAT(above.out, HasSubstr("DOES NOT FIT"));
+}
+
 TEST_F(CliTest, PlanEmitsAParsableFile) {
   const std::string out = path("plan.toml").string();
   const RunResult r =
@@ -1046,6 +1084,14 @@ TEST_F(BadInputTest, NoSilentValuesNoMisleadingFlags) {
       {"margin equal to the GPU",
        {"plan", "--seq", "64K", "--memory-margin", "80"},
        {"--memory-margin"}},
+      {"margin of the whole GPU", {"simulate", "--memory-margin", "100%"}, {"--memory-margin"}},
+      {"margin with a unit not known", {"maxlen", "--memory-margin", "4GB"}, {"--memory-margin"}},
+      {"host margin not a number",
+       {"plan", "--host-memory-margin", "x%"},
+       {"--host-memory-margin"}},
+      {"negative host margin",
+       {"simulate", "--host-memory-margin", "-1%"},
+       {"--host-memory-margin"}},
       {"optimizer offload without ZeRO",
        {"simulate", "--optimizer-offload", "on", "--zero", "0"},
        {"--optimizer-offload"},

@@ -15,14 +15,19 @@
 namespace cpsim::planner {
 namespace {
 
-MaxLenOptions maxlen_options(std::int64_t granularity,
-                             std::int64_t margin_bytes = 0,
-                             int threads = 2) {
+MaxLenOptions maxlen_options(std::int64_t granularity, int threads = 2) {
   MaxLenOptions o;
   o.granularity = granularity;
-  o.memory_margin_bytes = margin_bytes;
   o.threads = threads;
   return o;
+}
+
+// A whole evaluation with the caching allocator replayed: what a plan checks before it shows a
+// candidate.
+sim::StepReport evaluate_reserved(const sim::ScheduleInputs& in) {
+  EvaluateOptions o;
+  o.model_allocator = true;
+  return evaluate(in, o).report;
 }
 
 using models::CpMethod;
@@ -57,7 +62,7 @@ sim::ScheduleInputs small(CpMethod method, int gpus) {
 
 bool fits_at(sim::ScheduleInputs in, std::int64_t n) {
   in.parallel.seq_len = n;
-  return fits_with_margin(evaluate(in).report, 0);
+  return evaluate(in).report.fits();
 }
 
 // One scratch reused across evaluations of different sizes and methods (the larger first, so that
@@ -102,6 +107,7 @@ TEST(MaxLen, MatchesBruteForceForEveryMethod) {
       in.parallel.ring_degree = 2;
     MaxLenOptions o;
     o.granularity = 16 * 1024;
+    o.check_reserved = false;  // the search on the allocated peak alone
     const MaxLenResult r = max_seq_len(in, o);
     ASSERT_GT(r.max_seq_len, 0);
     // Brute force: every multiple of the step up to twice the answer.
@@ -130,6 +136,24 @@ TEST(MaxLen, MatchesBruteForceForEveryMethod) {
       EXPECT_FALSE(rep.fits_host);
     }
     EXPECT_EQ(r.headroom_bytes, r.at_max.gpu_capacity_bytes - r.at_max.peak_memory_bytes);
+
+    // With the reserved memory checked at the answer (the default): the longest length whose
+    // caching allocator fits, by brute force below the allocated answer.
+    o.check_reserved = true;
+    const MaxLenResult held = max_seq_len(in, o);
+    std::int64_t held_brute = 0;
+    for (std::int64_t n = r.step; n <= r.max_seq_len; n += r.step) {
+      sim::ScheduleInputs at = in;
+      at.parallel.seq_len = n;
+      if (evaluate_reserved(at).fits())
+        held_brute = n;
+    }
+    EXPECT_EQ(held.max_seq_len, held_brute);
+    EXPECT_LE(held.max_seq_len, r.max_seq_len);
+    EXPECT_TRUE(held.at_max.reserved_checked);
+    EXPECT_EQ(held.binding.seq_len, held.max_seq_len + held.step);
+    EXPECT_EQ(held.headroom_bytes,
+              held.at_max.gpu_capacity_bytes - held.at_max.reserved_peak_bytes);
   }
 }
 
@@ -141,9 +165,9 @@ TEST(MaxLen, SameResultForAnyThreadCount) {
     sim::ScheduleInputs in = small(m, 4);
     if (m == CpMethod::kUsp)
       in.parallel.ring_degree = 2;
-    const MaxLenResult one = max_seq_len(in, maxlen_options(16 * 1024, 0, 1));
+    const MaxLenResult one = max_seq_len(in, maxlen_options(16 * 1024, 1));
     for (int run = 0; run < 3; ++run) {
-      const MaxLenResult two = max_seq_len(in, maxlen_options(16 * 1024, 0, 2));
+      const MaxLenResult two = max_seq_len(in, maxlen_options(16 * 1024, 2));
       EXPECT_EQ(two.max_seq_len, one.max_seq_len);
       EXPECT_EQ(two.step, one.step);
       EXPECT_EQ(two.evaluations, one.evaluations);
@@ -175,9 +199,56 @@ TEST(MaxLen, MarginAndRequiredMultiple) {
   sim::ScheduleInputs in = small(CpMethod::kRing, 4);
   EXPECT_EQ(required_multiple(in), 8);  // zigzag: 2·C
   const MaxLenResult plain = max_seq_len(in, maxlen_options(16 * 1024));
-  const MaxLenResult margin = max_seq_len(in, maxlen_options(16 * 1024, 512LL << 20));
+  in.margin.gpu_bytes = 512LL << 20;
+  const MaxLenResult margin = max_seq_len(in, maxlen_options(16 * 1024));
   EXPECT_LT(margin.max_seq_len, plain.max_seq_len);
   EXPECT_GE(margin.headroom_bytes, 0);
+  // The answer is checked on the reserved memory: it fits with the margin, one step more does not.
+  EXPECT_TRUE(margin.at_max.reserved_checked);
+  EXPECT_GE(margin.at_max.reserved_peak_bytes, margin.at_max.peak_memory_bytes);
+  EXPECT_LE(margin.at_max.reserved_peak_bytes + in.margin.gpu_bytes,
+            in.hardware.hbm_capacity_bytes);
+  EXPECT_EQ(margin.headroom_bytes, in.hardware.hbm_capacity_bytes - in.margin.gpu_bytes -
+                                       margin.at_max.reserved_peak_bytes);
+  sim::ScheduleInputs longer = in;
+  longer.parallel.seq_len = margin.max_seq_len + margin.step;
+  EXPECT_FALSE(evaluate_reserved(longer).fits());
+}
+
+// A margin is kept against the reserved memory: a step whose reserved memory is R fits with a
+// margin of capacity − R and not with one byte more; without the allocator model the allocated
+// peak decides. The host margin likewise against the host peak.
+TEST(Margin, DecidesOnReservedMemoryExactly) {
+  sim::ScheduleInputs in = small(CpMethod::kUlysses, 4);
+  in.parallel.seq_len = 32 * 1024;
+  const sim::StepReport bare = evaluate_reserved(in);
+  ASSERT_TRUE(bare.fits());
+  ASSERT_GT(bare.reserved_peak_bytes, bare.peak_memory_bytes);
+  in.margin.gpu_bytes = in.hardware.hbm_capacity_bytes - bare.reserved_peak_bytes;
+  const sim::StepReport edge = evaluate_reserved(in);
+  EXPECT_TRUE(edge.fits_gpu);
+  EXPECT_EQ(edge.gpu_headroom_bytes, 0);
+  in.margin.gpu_bytes += 1;
+  const sim::StepReport over = evaluate_reserved(in);
+  EXPECT_FALSE(over.fits_gpu);
+  EXPECT_EQ(over.gpu_headroom_bytes, -1);
+  EXPECT_NE(over.binding.find("reserved"), std::string::npos) << over.binding;
+  // The allocated peak alone (no allocator model) still fits under that margin.
+  const sim::StepReport allocated_only = evaluate(in).report;
+  EXPECT_FALSE(allocated_only.reserved_checked);
+  EXPECT_TRUE(allocated_only.fits_gpu);
+  EXPECT_EQ(allocated_only.gpu_headroom_bytes,
+            in.hardware.hbm_capacity_bytes - in.margin.gpu_bytes - bare.peak_memory_bytes);
+
+  sim::ScheduleInputs host = small(CpMethod::kFpdt, 4);
+  host.recipe.checkpoint_offload = true;
+  host.parallel.seq_len = 64 * 1024;
+  const sim::StepReport h = evaluate(host).report;
+  ASSERT_GT(h.host_memory_bytes, 0);
+  host.margin.host_bytes = h.host_capacity_bytes - h.host_memory_bytes;
+  EXPECT_TRUE(evaluate(host).report.fits_host);
+  host.margin.host_bytes += 1;
+  EXPECT_FALSE(evaluate(host).report.fits_host);
 }
 
 // Every configuration the search enumerates (methods, degrees, AC and offload, tiling, loss, ZeRO)
@@ -238,7 +309,7 @@ TEST(Plan, SameOptimumAsExhaustiveSimulation) {
     c.parallel.seq_len = 64 * 1024;
     try {
       const sim::StepReport r = evaluate(c.inputs(base)).report;
-      if (fits_with_margin(r, 0) && r.tokens_per_s_per_gpu > best) {
+      if (r.fits() && evaluate_reserved(c.inputs(base)).fits() && r.tokens_per_s_per_gpu > best) {
         best = r.tokens_per_s_per_gpu;
         best_label = c.label;
       }
@@ -269,7 +340,7 @@ TEST(Plan, RanksExactlyWhatFitsAlthoughOverfullRunsStopEarly) {
     c.parallel.seq_len = *o.seq_len;
     try {
       const sim::StepReport r = evaluate(c.inputs(base)).report;
-      if (fits_with_margin(r, 0)) {
+      if (r.fits()) {
         fitting.emplace(c.label, r);
       } else if (memory_lower_bound(c.inputs(base)) <= base.hardware.hbm_capacity_bytes) {
         ++overfull;  // simulated by the plan, and stopped early
@@ -277,7 +348,7 @@ TEST(Plan, RanksExactlyWhatFitsAlthoughOverfullRunsStopEarly) {
         stop.stop_above_device_bytes = base.hardware.hbm_capacity_bytes;
         const sim::StepReport s = evaluate(c.inputs(base), stop).report;
         EXPECT_TRUE(s.stopped_early) << c.label;
-        EXPECT_FALSE(fits_with_margin(s, 0)) << c.label;
+        EXPECT_FALSE(s.fits()) << c.label;
         EXPECT_LT(s.events, r.events) << c.label;
       }
     } catch (const sim::ConfigError&) {
@@ -285,9 +356,10 @@ TEST(Plan, RanksExactlyWhatFitsAlthoughOverfullRunsStopEarly) {
     }
   }
   EXPECT_GT(overfull, 0);  // the case exercises early stops
-  ASSERT_EQ(res.ranked.size(), fitting.size());
+  std::set<std::string> ranked;
   for (const Candidate& c : res.ranked) {
     SCOPED_TRACE(c.label);
+    ranked.insert(c.label);
     ASSERT_EQ(fitting.count(c.label), 1U);
     const sim::StepReport& r = fitting.at(c.label);
     EXPECT_FALSE(c.report.stopped_early);
@@ -295,6 +367,21 @@ TEST(Plan, RanksExactlyWhatFitsAlthoughOverfullRunsStopEarly) {
     EXPECT_EQ(c.report.peak_memory_bytes, r.peak_memory_bytes);
     EXPECT_EQ(c.report.events, r.events);
   }
+  // What fits on its allocated peak and is not ranked failed its reserved-memory check.
+  for (const auto& [label, r] : fitting) {
+    if (ranked.count(label) == 0) {
+      SCOPED_TRACE(label);
+      for (Candidate c : enumerate_candidates(base, o)) {
+        if (c.label == label) {
+          c.parallel.seq_len = *o.seq_len;
+          EXPECT_FALSE(evaluate_reserved(c.inputs(base)).fits());
+        }
+      }
+    }
+  }
+  // The first of the ranking is checked on its reserved memory.
+  ASSERT_FALSE(res.ranked.empty());
+  EXPECT_TRUE(res.ranked.front().reserved_checked);
 }
 
 // The one-pass front against the definition (every pair compared), on ranked lists with ties in

@@ -34,8 +34,11 @@ using RefusalText = std::function<std::string(const sim::ConfigError&)>;
 std::string default_refusal_text(const sim::ConfigError& e);
 
 struct MaxLenOptions {
-  std::int64_t granularity = 64 * 1024;             ///< tokens
-  std::int64_t memory_margin_bytes = 0;             ///< kept free on every GPU
+  std::int64_t granularity = 64 * 1024;  ///< tokens
+  /// Replay the caching allocator at the answer and step down while its reserved memory does not
+  /// fit (check_reserved_memory). Off: the answer holds for the allocated peak only (an upper
+  /// bound), for searches that check the few answers they show.
+  bool check_reserved = true;
   std::int64_t max_tokens = std::int64_t{1} << 30;  ///< search ceiling
   /// Evaluations at once: above 1, a helper thread evaluates the length the search is likely to
   /// probe next while the current one runs. The search only reads the lengths it asks for, so
@@ -49,7 +52,7 @@ struct MaxLenResult {
   std::int64_t step = 0;            ///< granularity combined with what the method requires
   sim::StepReport at_max;           ///< the step at max_seq_len (when > 0)
   BindingConstraint binding;        ///< why max_seq_len + step does not fit
-  std::int64_t headroom_bytes = 0;  ///< GPU capacity − margin − peak at max_seq_len
+  std::int64_t headroom_bytes = 0;  ///< GPU capacity − margin − peak (reserved) at max_seq_len
   int evaluations = 0;  ///< lengths the search probed (speculative evaluations not counted)
   bool monotone = true;
   std::vector<std::string> warnings;
@@ -59,9 +62,13 @@ struct MaxLenResult {
 /// the FPDT chunk.
 std::int64_t required_multiple(const sim::ScheduleInputs& inputs);
 
-/// Whether a report fits under a margin: peak + margin ≤ GPU capacity and host ≤ host capacity.
-bool fits_with_margin(const sim::StepReport& report, std::int64_t margin_bytes);
+/// Replays the caching allocator at `result.max_seq_len` (base's margin) and lowers the length,
+/// binding and step report to the longest length whose reserved memory fits. Memory is taken to
+/// be monotone in the length below the answer.
+void check_reserved_memory(const sim::ScheduleInputs& base, MaxLenResult& result);
 
+/// The margin is `base.margin`; the GPU peak is checked against it on the allocated peak during the
+/// search and on the reserved memory at the answer (check_reserved).
 /// @throws InputError for configurations that cannot run at any length (heads vs degrees, flags).
 MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& options = {});
 

@@ -36,8 +36,7 @@ struct PlanOptions {
   std::vector<models::CpMethod> methods;  ///< empty = all
   PlanConstraints fixed;                  ///< values the search keeps
   std::optional<std::int64_t> seq_len;    ///< rank by throughput at this length; else max context
-  std::int64_t memory_margin_bytes = 0;
-  std::int64_t granularity = 64 * 1024;  ///< max-context mode
+  std::int64_t granularity = 64 * 1024;   ///< max-context mode
   bool vary_recipe = true;  ///< --seq mode: also search AC/offload, tiled MLP, fused loss, ZeRO
   /// --seq mode: also search CP groups smaller than the GPU count, the rest data parallel. That
   /// multiplies the tokens of a step (the global batch), so only when the user allows it; a fixed
@@ -63,6 +62,9 @@ struct Candidate {
   std::string prune_reason;
   bool evaluated = false;
   bool fits = false;
+  /// The caching allocator was replayed at the answer (else it fits on its allocated peak, an
+  /// upper bound of what fits): PlanResult checks every candidate it shows.
+  bool reserved_checked = false;
   std::string error;             ///< configuration refused by the simulator
   sim::StepReport report;        ///< at the plan's length, or at max_seq_len
   std::int64_t max_seq_len = 0;  ///< max-context mode
@@ -74,8 +76,11 @@ struct Candidate {
   void apply_to(sim::ScheduleInputs& into) const;
 };
 
+/// The margin is the base's (ScheduleInputs::margin).
 struct PlanResult {
-  std::vector<Candidate> ranked;  ///< fitting candidates, best first
+  /// Fitting candidates, best first. Those shown (the first max(2, top), each method's best, the
+  /// Pareto front) have their reserved memory checked; the others fit on their allocated peak.
+  std::vector<Candidate> ranked;
   std::vector<Candidate> pareto;  ///< non-dominated (throughput vs peak, or vs max context)
   std::vector<Candidate> best_per_method;
   std::int64_t generated = 0, pruned = 0, evaluated = 0, refused = 0, simulations = 0;
@@ -99,6 +104,13 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
                                             const PlanOptions& options);
 
 PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options);
+
+/// Checks a candidate of a plan that PlanResult did not (reserved_checked false) the way it checks
+/// those it shows; true when that lowered its longest context or it no longer fits.
+bool check_reserved_memory(const sim::ScheduleInputs& base,
+                           const PlanOptions& options,
+                           Candidate& candidate,
+                           bool max_context);
 
 /// The candidates of `ranked` (best first, as PlanResult::ranked) that no other dominates: at
 /// least as fast and at most as much peak memory, one strictly (`max_context`: at least as long a

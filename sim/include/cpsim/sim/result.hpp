@@ -30,7 +30,10 @@ struct StepReport {
   std::int64_t fixed_overhead_bytes = 0;
   std::array<std::int64_t, kMemCategoryCount> category_peak{};
   std::int64_t gpu_capacity_bytes = 0;
-  std::int64_t gpu_headroom_bytes = 0;  ///< capacity − peak (negative when it does not fit)
+  std::int64_t gpu_margin_bytes = 0;  ///< ScheduleInputs::margin: kept free to count as fitting
+  /// capacity − margin − the memory that decides (reserved when modelled, else the allocated
+  /// peak); negative when it does not fit.
+  std::int64_t gpu_headroom_bytes = 0;
   /// Device memory the process holds at most (PyTorch's reserved memory, modelled in
   /// allocator.hpp, plus the fixed overheads): what nvidia-smi would show. 0 when not modelled
   /// (SimOptions::log_allocations off).
@@ -47,9 +50,15 @@ struct StepReport {
   // Host memory (pinned offload buffers), the busiest node
   std::int64_t host_memory_bytes = 0;
   std::int64_t host_capacity_bytes = 0;
+  std::int64_t host_margin_bytes = 0;  ///< kept free on every node to count as fitting
 
+  /// Allocated peak + margin ≤ capacity, and, when the allocator is modelled, reserved + margin ≤
+  /// capacity without an allocator out-of-memory.
   bool fits_gpu = true;
-  bool fits_host = true;
+  /// Whether fits_gpu includes the reserved memory (the caching allocator was replayed); false:
+  /// the allocated peak alone, a necessary condition.
+  bool reserved_checked = false;
+  bool fits_host = true;  ///< host peak + host margin ≤ host capacity
   /// False when a kernel of the recipe cannot address a tensor (int32_index_violation).
   bool fits_kernels = true;
   std::string kernel_limit;  ///< why fits_kernels is false

@@ -1,6 +1,8 @@
 #pragma once
 /// @file What one training step is built from: model, recipe, parallel layout, hardware.
 
+#include <cstdint>
+
 #include "cpsim/models/hardware.hpp"
 #include "cpsim/models/parallel.hpp"
 #include "cpsim/models/recipe.hpp"
@@ -8,11 +10,20 @@
 
 namespace cpsim::sim {
 
+/// Memory a step must leave free to count as fitting: on every GPU (against the reserved memory
+/// when the caching allocator is modelled, else the allocated peak) and on every node's host
+/// memory. A policy of the caller; 0 here (the front end picks a default, docs/MODEL.md).
+struct MemoryMargin {
+  std::int64_t gpu_bytes = 0;
+  std::int64_t host_bytes = 0;
+};
+
 struct ScheduleInputs {
   models::TransformerSpec model;
   models::TrainingRecipe recipe;
   models::ParallelConfig parallel;
   models::HardwareProfile hardware;
+  MemoryMargin margin;
 };
 
 }  // namespace cpsim::sim
