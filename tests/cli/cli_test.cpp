@@ -87,14 +87,17 @@ class CliTest : public ::testing::Test {
   // Runs the cpsim binary with `args` (no shell), stdout and stderr redirected to files in the
   // test's directory, with CPSIM_DATA_DIR pointing at the source tree's data/. A run that takes
   // longer than kTimeoutSeconds is killed and reported as a failure.
-  RunResult run(const std::vector<std::string>& args) {
+  RunResult run(const std::vector<std::string>& args) { return run_program(CPSIM_BINARY, args); }
+
+  // The same for another program (an absolute path).
+  RunResult run_program(const std::string& program, const std::vector<std::string>& args) {
     const int n = ++runs_;
     const fs::path out_path = dir_ / ("run" + std::to_string(n) + ".stdout");
     const fs::path err_path = dir_ / ("run" + std::to_string(n) + ".stderr");
     RunResult result;
 
     std::vector<std::string> argv_storage;
-    argv_storage.emplace_back(CPSIM_BINARY);
+    argv_storage.emplace_back(program);
     argv_storage.insert(argv_storage.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : argv_storage) {
@@ -839,6 +842,99 @@ TEST_F(CliTest, MaxlenKeepsTheMarginOnReservedMemory) {
   EXPECT_EQ(above.exit_code, 3) << above.out;
   EXPECT_THAT(above.out, HasSubstr("DOES NOT FIT"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Round trip of every launcher's file: `plan --emit X` writes it; tests/roundtrip/
+// read_launcher_file.py parses it with the launcher's own parser (tomllib, PyYAML, json, bash) and
+// maps its keys to what the launcher does with them, from the file alone (a recipe file and
+// `simulate` flags); `simulate` of that configuration fits with the default margin at the emitted
+// length, and is the step the plan simulated (same peak and step time).
+// Launcher sources the reader follows: TorchTitan v0.2.2, Accelerate 1.12 (parallelism_config),
+// ArcticTraining b28638e, Megatron-LM core_r0.15, Megatron-DeepSpeed FPDT flags, the UPipe fork
+// (REFERENCES.md, "Launchers").
+
+struct RoundTripCase {
+  std::string launcher;
+  std::vector<std::string> plan_args;  // beyond --emit and --out
+  std::string file;
+  std::string recipe = "alst";  // the plan's --recipe: the user's recipe the reader starts from
+};
+
+class RoundTrip : public CliTest, public ::testing::WithParamInterface<RoundTripCase> {};
+
+TEST_P(RoundTrip, EmittedFileReadsBackToAStepThatFits) {
+  const RoundTripCase& c = GetParam();
+  const fs::path root = fs::path(CPSIM_TEST_DATA_DIR).parent_path();
+  const fs::path reader = root / "tests/roundtrip/read_launcher_file.py";
+  const std::string python = "/usr/bin/python3";  // scripts/setup.sh installs python3-yaml
+  ASSERT_TRUE(fs::exists(python)) << "python3 is missing: run scripts/setup.sh";
+  const std::string out = path(c.file).string();
+  std::vector<std::string> plan = {"plan", "--emit", c.launcher, "--out", out, "--json"};
+  plan.insert(plan.end(), c.plan_args.begin(), c.plan_args.end());
+  const Json j = run_json(plan);
+  ASSERT_TRUE(j.contains("emitted")) << j.dump();
+  const std::string label = j.at("emitted").at("label");
+  Json planned;
+  for (const char* list : {"top", "best_per_method", "pareto"}) {
+    for (const Json& cand : j.at(list)) {
+      if (cand.at("label") == label) {
+        planned = cand;
+      }
+    }
+  }
+  ASSERT_FALSE(planned.is_null()) << "the emitted configuration is not among those shown";
+
+  const RunResult read =
+      run_program(python, {reader.string(), c.launcher, out, "--data", CPSIM_TEST_DATA_DIR,
+                           "--base-recipe", (root / "data/recipes" / (c.recipe + ".json")).string(),
+                           "--gpus", "8", "--recipe-out", path("read_back_recipe.json").string()});
+  ASSERT_EQ(read.exit_code, 0) << read.err;
+  std::vector<std::string> simulate = {"simulate", "--json"};
+  std::istringstream lines(read.out);
+  for (std::string line; std::getline(lines, line);) {
+    simulate.push_back(line);
+  }
+  const RunResult sim = run(simulate);
+  ASSERT_EQ(sim.exit_code, 0) << join(simulate) << "\n" << sim.out.substr(0, 400) << sim.err;
+  const Json s = Json::parse(sim.out);
+  EXPECT_TRUE(s.at("fits").get<bool>());
+  EXPECT_EQ(s.at("fits_decided_on"), "reserved");
+  EXPECT_GT(s.at("gpu_margin_bytes").get<std::int64_t>(), 0);
+  EXPECT_EQ(s.at("config").at("seq_len"), planned.at("seq_len"));
+  EXPECT_EQ(s.at("config").at("method"), planned.at("method"));
+  EXPECT_EQ(s.at("config").at("cp_degree"), planned.at("cp_degree"));
+  // The file runs the step the plan simulated.
+  EXPECT_EQ(s.at("peak_memory_bytes"), planned.at("peak_memory_bytes")) << join(simulate);
+  EXPECT_EQ(s.at("step_time_s"), planned.at("step_time_s")) << join(simulate);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryLauncher,
+    RoundTrip,
+    ::testing::Values(
+        RoundTripCase{"torchtitan", {}, "job.toml"},
+        RoundTripCase{"untied-ulysses", {}, "args.sh"},
+        RoundTripCase{"deepspeed", {}, "ds_config.json"},
+        RoundTripCase{"accelerate", {}, "accelerate.yaml"},
+        RoundTripCase{"megatron", {}, "megatron.sh"},
+        RoundTripCase{"arctic", {"--dataset", "HuggingFaceH4/ultrachat_200k"}, "arctic.yaml"},
+        RoundTripCase{"torchtitan", {"--seq", "128K", "--methods", "allgather"}, "ag.toml"},
+        RoundTripCase{"accelerate", {"--seq", "256K", "--methods", "ring"}, "cp.yaml"},
+        RoundTripCase{"megatron", {"--seq", "32K", "--methods", "ulysses"}, "a2a.sh"},
+        RoundTripCase{"untied-ulysses", {"--methods", "usp"}, "usp.sh"},
+        RoundTripCase{"arctic",
+                      {"--recipe", "alst-deepspeed", "--dataset", "HuggingFaceH4/ultrachat_200k"},
+                      "alst.yaml",
+                      "alst-deepspeed"}),
+    [](const ::testing::TestParamInfo<RoundTripCase>& param) {
+      std::string name = param.param.launcher + "_" + std::to_string(param.index);
+      for (char& ch : name) {
+        if (std::isalnum(static_cast<unsigned char>(ch)) == 0) {
+          ch = '_';
+        }
+      }
+      return name;
+    });
 
 TEST_F(CliTest, PlanEmitsAParsableFile) {
   const std::string out = path("plan.toml").string();

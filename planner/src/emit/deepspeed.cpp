@@ -30,6 +30,9 @@ CompanionFile megatron_deepspeed_flags_file(const Plan& p,
                    "\"${{CPSIM_MEGATRON_DEEPSPEED_FLAGS[@]}}\" <data, tokenizer and optimizer "
                    "flags>",
                    file.path)});
+  if (p.recipe.expandable_segments) {
+    file.text += "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n";
+  }
   file.text += "CPSIM_MEGATRON_DEEPSPEED_FLAGS=(\n";
   for (const std::string& flag : flags) {
     file.text += "  " + flag + "\n";
