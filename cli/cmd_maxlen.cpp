@@ -1,6 +1,7 @@
 // `cpsim maxlen`: the longest sequence a configuration trains, and what stops it going longer.
 #include <algorithm>
 #include <iostream>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
+#include "cpsim/planner/emit.hpp"
 #include "cpsim/planner/maxlen.hpp"
 #include "cpsim/sim/implementation.hpp"
 
@@ -40,6 +42,7 @@ struct Outcome {
   std::string error;
   sim::ScheduleInputs in;
   planner::MaxLenResult res;
+  std::vector<std::string> launcher_changes;  ///< --launcher: what it changed in the recipe
 };
 
 nlohmann::json outcome_json(const Outcome& o) {
@@ -61,6 +64,7 @@ nlohmann::json outcome_json(const Outcome& o) {
           {"gpu_margin_bytes", o.in.margin.gpu_bytes},
           {"host_margin_bytes", o.in.margin.host_bytes},
           {"headroom_bytes", r.headroom_bytes},
+          {"launcher_changes", o.launcher_changes},
           {"evaluations", r.evaluations},
           {"monotone", r.monotone},
           {"warnings", r.warnings}};
@@ -86,6 +90,10 @@ CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& a) {
   c->add_option("--granularity", a.granularity,
                 "lengths searched are multiples of this (and of what the method requires)")
       ->capture_default_str();
+  c->add_option("--launcher", a.launcher,
+                "answer for the configuration as this launcher runs it from the file cpsim emits "
+                "(its recipe knobs and implementation): torchtitan, untied-ulysses, deepspeed, "
+                "accelerate, megatron, arctic");
   c->add_flag("--json", a.json, "print JSON instead of text");
   return c;
 }
@@ -95,6 +103,10 @@ int run_maxlen(const MaxLenArgs& a) {
   opts.granularity = parse_length(a.granularity, "--granularity");
   opts.refusal_text = refusal_text;
   const std::vector<std::string> methods = split_methods(a.config.method);
+  std::optional<planner::LauncherFormat> launcher;
+  if (!a.launcher.empty()) {
+    launcher = planner::parse_launcher_format(a.launcher, "--launcher");
+  }
   std::vector<Outcome> outcomes;
   for (const std::string& m : methods) {
     Outcome o;
@@ -105,6 +117,11 @@ int run_maxlen(const MaxLenArgs& a) {
     try {
       o.in = resolve_inputs(cfg);
       o.method = models::to_string(o.in.parallel.method);  // --impl alone picks its method
+      if (launcher) {
+        planner::ConfigAsRun run = planner::config_as_run(*launcher, o.in, "--launcher");
+        o.in = std::move(run.inputs);
+        o.launcher_changes = std::move(run.changes);
+      }
       o.res = planner::max_seq_len(o.in, opts);
     } catch (const sim::ConfigError& e) {
       if (methods.size() == 1)
@@ -153,6 +170,14 @@ int run_maxlen(const MaxLenArgs& a) {
     std::cout << fmt::format("  longest context      {} ({} tokens; searched in steps of {})\n",
                              format_length(r.max_seq_len), r.max_seq_len, format_length(r.step));
     std::cout << fmt::format("  binding constraint   {}\n", r.binding.text);
+    if (!a.launcher.empty()) {
+      std::string changes;
+      for (const std::string& c : o.launcher_changes) {
+        changes += (changes.empty() ? ": " : "; ") + c;
+      }
+      std::cout << fmt::format("  launcher             {} runs the recipe {}{}\n", a.launcher,
+                               changes.empty() ? "unchanged" : "changed", changes);
+    }
     std::cout << fmt::format(
         "  at the longest       peak {}, reserved {} (headroom {} beyond a {} margin), step {}, "
         "{:.1f} tokens/s/GPU, host {} per node\n",

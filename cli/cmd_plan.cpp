@@ -101,6 +101,10 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
               "each step then trains GPUs/C sequences (tokens/step in the tables), a larger "
               "global batch than one sequence");
   c->add_option("--threads", a.threads, "parallel evaluations")->capture_default_str();
+  c->add_option("--launcher", a.launcher,
+                "search only what this launcher runs from the file cpsim emits for it (as --emit "
+                "does), without writing the file: torchtitan, untied-ulysses, deepspeed, "
+                "accelerate, megatron, arctic");
   c->add_option("--emit", a.emit,
                 "write the best configuration's settings for a launcher: torchtitan, "
                 "untied-ulysses, deepspeed, accelerate, megatron, arctic");
@@ -162,6 +166,60 @@ std::string join(const std::vector<std::string>& parts, const std::string& separ
   return out;
 }
 
+constexpr std::array kLauncherOrder = {
+    planner::LauncherFormat::kTorchTitan, planner::LauncherFormat::kUntiedUlysses,
+    planner::LauncherFormat::kDeepSpeed,  planner::LauncherFormat::kAccelerate,
+    planner::LauncherFormat::kMegatron,   planner::LauncherFormat::kArctic};
+
+// What launcher `f` changes in the configuration `c` (recipe knobs, the implementation); empty:
+// it runs `c` exactly as simulated. @throws InputError when it cannot run the method.
+std::vector<std::string> changes_by(planner::LauncherFormat f,
+                                    const sim::ScheduleInputs& base,
+                                    const planner::Candidate& c) {
+  const sim::ScheduleInputs in = c.inputs(base);
+  const sim::Implementation* impl = sim::requested_implementation(in);
+  const std::string simulated = impl != nullptr ? std::string(impl->name()) : "none";
+  planner::ConfigAsRun run = planner::config_as_run(f, in, "--launcher");
+  if (run.inputs.parallel.implementation != simulated) {
+    run.changes.insert(run.changes.begin(), "implementation " + run.inputs.parallel.implementation);
+  }
+  return run.changes;
+}
+
+bool runs_exactly(planner::LauncherFormat f,
+                  const sim::ScheduleInputs& base,
+                  const planner::Candidate& c) {
+  try {
+    return changes_by(f, base, c).empty();
+  } catch (const InputError&) {
+    return false;
+  }
+}
+
+// The launchers that run the configuration `c` exactly as simulated (their file sets every knob
+// and runs the same implementation), then those that would change it, with what changes.
+std::string launchers_as_simulated(const sim::ScheduleInputs& base, const planner::Candidate& c) {
+  std::vector<std::string> exact, changed;
+  for (const planner::LauncherFormat f : kLauncherOrder) {
+    try {
+      const std::vector<std::string> changes = changes_by(f, base, c);
+      if (changes.empty()) {
+        exact.emplace_back(planner::to_string(f));
+      } else {
+        changed.push_back(fmt::format("{} ({})", planner::to_string(f), join(changes, "; ")));
+      }
+    } catch (const InputError&) {
+      // cannot run the method
+    }
+  }
+  std::string out =
+      exact.empty() ? "none exactly as simulated" : join(exact, ", ") + " exactly as simulated";
+  if (!changed.empty()) {
+    out += "; with changes: " + join(changed, ", ");
+  }
+  return out;
+}
+
 // Files the emitted one refers to, printed after it (without --out).
 void print_companions(const std::vector<planner::CompanionFile>& companions) {
   for (const planner::CompanionFile& f : companions) {
@@ -190,9 +248,16 @@ int run_plan(const PlanArgs& a) {
     throw InputError("--fixed-recipe",
                      "only with --seq: the longest-context search always keeps the recipe");
   }
+  if (!a.launcher.empty() && !a.emit.empty() && a.launcher != a.emit) {
+    throw InputError("--launcher",
+                     fmt::format("'{}' is not the launcher of --emit '{}'", a.launcher, a.emit));
+  }
+  // --emit X searches as --launcher X does, then writes X's file.
+  const std::string launcher = a.emit.empty() ? a.launcher : a.emit;
+  const char* launcher_flag = a.emit.empty() ? "--launcher" : "--emit";
   std::optional<planner::LauncherFormat> format;
-  if (!a.emit.empty()) {
-    format = planner::parse_launcher_format(a.emit, "--emit");
+  if (!launcher.empty()) {
+    format = planner::parse_launcher_format(launcher, launcher_flag);
   }
   planner::PlanOptions opts;
   const sim::Implementation* impl = sim::find_implementation(a.config.impl);
@@ -237,7 +302,7 @@ int run_plan(const PlanArgs& a) {
     std::vector<models::CpMethod> runs;
     std::string others;
     for (const models::CpMethod m : opts.methods) {
-      if (sim::cp_implementation(m).launchers().runs_on(a.emit)) {
+      if (sim::cp_implementation(m).launchers().runs_on(launcher)) {
         runs.push_back(m);
       } else {
         others += fmt::format("{}{} (launchers: {})", others.empty() ? "" : "; ",
@@ -245,7 +310,7 @@ int run_plan(const PlanArgs& a) {
       }
     }
     if (runs.empty()) {
-      throw InputError("--emit", fmt::format("{} cannot run {}", a.emit, others));
+      throw InputError(launcher_flag, fmt::format("{} cannot run {}", launcher, others));
     }
     opts.methods = std::move(runs);
   }
@@ -352,7 +417,7 @@ int run_plan(const PlanArgs& a) {
                          {"what", f.what},
                          {"text", a.out.empty() || a.out == "-" ? f.text : ""}});
       }
-      j["emitted"] = {{"format", a.emit},
+      j["emitted"] = {{"format", launcher},
                       {"label", emitted->label},
                       {"file", a.out},
                       {"text", a.out.empty() ? emitted_text : ""},
@@ -412,24 +477,24 @@ int run_plan(const PlanArgs& a) {
   }
   if (format) {
     const std::vector<std::string> changes = launcher_changes(*format, base, best);
-    std::cout << fmt::format("  searched as {} runs its file{}{}\n", a.emit,
+    std::cout << fmt::format("  searched as {} runs its file{}{}\n", launcher,
                              changes.empty() ? "" : ": ", join(changes, "; "));
   } else {
-    std::cout << fmt::format("  launchers that run it: {}\n", launchers_for(best.parallel.method));
+    std::cout << fmt::format("  launchers that run it: {}\n", launchers_as_simulated(base, best));
   }
   if (emitted != nullptr) {
     if (emitted != &best) {
       std::cout << fmt::format(
-          "\n{} cannot run the best configuration; emitted the best it can run: {}\n", a.emit,
+          "\n{} cannot run the best configuration; emitted the best it can run: {}\n", launcher,
           emitted->label);
     }
     if (a.out.empty()) {
-      std::cout << fmt::format("\n--- {} settings ---\n{}", a.emit, emitted_text);
+      std::cout << fmt::format("\n--- {} settings ---\n{}", launcher, emitted_text);
       if (!emitted_text.empty() && emitted_text.back() != '\n')
         std::cout << "\n";
       print_companions(companions);
     } else {
-      std::cout << fmt::format("\n{} settings written to {}\n", a.emit, a.out);
+      std::cout << fmt::format("\n{} settings written to {}\n", launcher, a.out);
       for (const planner::CompanionFile& f : companions) {
         if (a.out != "-") {
           std::cout << fmt::format("  with {}: {}\n", f.path, f.what);
@@ -438,33 +503,35 @@ int run_plan(const PlanArgs& a) {
     }
     std::cout << emit_note;
   } else {
-    // Settings of the recommended configuration for the first launcher that runs it.
-    std::string names = launchers_for(best.parallel.method);
-    std::size_t start = 0;
-    while (start < names.size()) {
-      const std::size_t comma = names.find(',', start);
-      const std::string name =
-          names.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      start = comma == std::string::npos ? names.size() : comma + 2;
+    // Settings of the recommended configuration for the first launcher that runs it exactly as
+    // simulated; none does: how to plan for one.
+    const sim::CpImplementation& method = sim::cp_implementation(best.parallel.method);
+    bool printed = false;
+    for (const planner::LauncherFormat f : kLauncherOrder) {
+      if (printed || !method.launchers().runs_on(planner::to_string(f)) ||
+          !runs_exactly(f, base, best)) {
+        continue;
+      }
       try {
-        const planner::EmittedConfig e = planner::emit_launcher_config(
-            planner::parse_launcher_format(name, "--emit"), best.inputs(base), {"", a.dataset});
+        const planner::EmittedConfig e =
+            planner::emit_launcher_config(f, best.inputs(base), {"", a.dataset});
         std::cout << fmt::format("\n--- {} settings for the recommended configuration ---\n{}",
-                                 name, e.text);
+                                 planner::to_string(f), e.text);
         if (!e.text.empty() && e.text.back() != '\n')
           std::cout << "\n";
         print_companions(e.companions);
         for (const auto& n : e.notes)
           std::cout << "  note: " << n << "\n";
-        std::cout << fmt::format(
-            "(this plan searched the recipe as given; the notes say what {} cannot set. `cpsim "
-            "plan ... --emit LAUNCHER [--out FILE]` searches only what LAUNCHER runs from its "
-            "file and writes that)\n",
-            name);
-        break;
+        printed = true;
       } catch (const InputError&) {
         continue;  // this launcher cannot express the configuration: try the next
       }
+    }
+    if (!printed) {
+      std::cout << fmt::format(
+          "\nno launcher runs this configuration exactly as simulated: `cpsim plan --launcher X` "
+          "(or --emit X --out FILE) searches only what X runs from its file ({})\n",
+          launchers_for(best.parallel.method));
     }
   }
   return 0;

@@ -86,6 +86,7 @@ std::vector<std::string> split_methods(const std::string& text);
 struct MaxLenArgs {
   SimulateArgs config;
   std::string granularity = "64K";
+  std::string launcher;  ///< --launcher: the configuration as that launcher runs it
   bool json = false;
 };
 CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& args);
@@ -102,6 +103,7 @@ struct PlanArgs {
   bool allow_data_parallel = false;
   std::string dataset;  ///< --dataset: what launchers that name the data get (arctic)
   int threads = 2;
+  std::string launcher;  ///< --launcher: search only what it runs, without writing its file
   std::string emit;
   std::string out;
   bool json = false;

@@ -936,6 +936,42 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// --launcher X answers for what X runs from its file: plan searches what --emit X searches
+// (without writing a file), maxlen answers for the configuration as X runs it; a method X cannot
+// run is refused naming --launcher.
+TEST_F(CliTest, LauncherConstrainsPlanAndMaxlen) {
+  const Json as_launcher = run_json({"plan", "--launcher", "torchtitan", "--json"});
+  const Json as_emit = run_json({"plan", "--emit", "torchtitan", "--json"});
+  EXPECT_EQ(as_launcher.at("best").at("label"), as_emit.at("best").at("label"));
+  EXPECT_EQ(as_launcher.at("best").at("max_seq_len"), as_emit.at("best").at("max_seq_len"));
+  EXPECT_EQ(as_launcher.at("emitted").at("format"), "torchtitan");
+
+  const Json m = run_json({"maxlen", "--launcher", "torchtitan", "--method", "ring", "--json"});
+  EXPECT_EQ(m.at("implementation"), "torch-native-cp");
+  EXPECT_EQ(m.at("max_seq_len"), as_launcher.at("best").at("max_seq_len"));
+  EXPECT_FALSE(m.at("launcher_changes").empty());
+  const Json plain = run_json({"maxlen", "--method", "ring", "--json"});
+  EXPECT_GT(plain.at("max_seq_len").get<std::int64_t>(), m.at("max_seq_len").get<std::int64_t>());
+
+  const RunResult fpdt = run({"maxlen", "--launcher", "torchtitan", "--method", "fpdt"});
+  EXPECT_EQ(fpdt.exit_code, 2);
+  EXPECT_THAT(fpdt.err, HasSubstr("--launcher"));
+  const RunResult both = run({"plan", "--launcher", "torchtitan", "--emit", "megatron"});
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_THAT(both.err, HasSubstr("--launcher"));
+  const RunResult unknown = run({"maxlen", "--launcher", "slurm"});
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_THAT(unknown.err, HasSubstr("--launcher"));
+
+  // Without a launcher, settings are printed only for a launcher that runs the recommendation
+  // exactly as simulated; the default plan's FPDT runs with another kernel under DeepSpeed.
+  const RunResult best = run({"plan"});
+  ASSERT_EQ(best.exit_code, 0) << best.err;
+  EXPECT_THAT(best.out, HasSubstr("launchers that run it: none exactly as simulated"));
+  EXPECT_THAT(best.out, Not(HasSubstr("settings for the recommended configuration")));
+  EXPECT_THAT(best.out, HasSubstr("cpsim plan --launcher X"));
+}
+
 TEST_F(CliTest, PlanEmitsAParsableFile) {
   const std::string out = path("plan.toml").string();
   const RunResult r =

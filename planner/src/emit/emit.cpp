@@ -109,6 +109,24 @@ std::string implementation_run_by(LauncherFormat format, const sim::ScheduleInpu
   return "none";
 }
 
+ConfigAsRun config_as_run(LauncherFormat format,
+                          const sim::ScheduleInputs& config,
+                          const std::string& field) {
+  const sim::CpImplementation& method = sim::cp_implementation(config.parallel.method);
+  if (!method.launcher_selection(to_string(format), config.parallel,
+                                 config.recipe.attention_kernel)) {
+    throw InputError(field, fmt::format("{} cannot run {} (launchers: {})", to_string(format),
+                                        models::to_string(config.parallel.method),
+                                        method.launchers().sentence()));
+  }
+  ConfigAsRun run{config, {}};
+  RecipeAsRun recipe = recipe_as_run(format, config);
+  run.inputs.recipe = std::move(recipe.recipe);
+  run.changes = std::move(recipe.changes);
+  run.inputs.parallel.implementation = implementation_run_by(format, config);
+  return run;
+}
+
 std::string companion_path(const std::string& main_path,
                            const std::string& default_main,
                            const std::string& suffix) {

@@ -73,6 +73,18 @@ RecipeAsRun recipe_as_run(LauncherFormat format, const sim::ScheduleInputs& conf
 /// alone) when no modelled implementation runs there.
 std::string implementation_run_by(LauncherFormat format, const sim::ScheduleInputs& config);
 
+/// A configuration as a launcher runs it from the file cpsim emits for it: the recipe as run
+/// (recipe_as_run) and the implementation that runs the method there (implementation_run_by).
+struct ConfigAsRun {
+  sim::ScheduleInputs inputs;
+  std::vector<std::string> changes;  ///< what the launcher changes in the recipe asked for
+};
+/// @throws InputError(field) when the launcher cannot run the method (or its kernel choice),
+///         naming the launchers that can.
+ConfigAsRun config_as_run(LauncherFormat format,
+                          const sim::ScheduleInputs& config,
+                          const std::string& field);
+
 /// Renders the configuration for one launcher.
 /// @throws InputError("--emit") when that launcher cannot run the method (or a knob of the
 ///         configuration), naming a launcher that can.
