@@ -13,6 +13,9 @@ struct ScheduleInputs {
   models::TrainingRecipe recipe;
   models::ParallelConfig parallel;
   models::HardwareProfile hardware;
+  /// Set by tensor_parallel_rank(): `model` is already one tensor-parallel rank's share (heads,
+  /// KV heads, FFN width and vocabulary divided by parallel.tp_degree).
+  bool tp_rank_model = false;
 };
 
 }  // namespace cpsim::sim
