@@ -114,7 +114,7 @@ std::int64_t block0_saved_bytes(const Workload& w) {
 }
 
 TEST(TensorParallel, SequenceParallelHalvesBlockActivations) {
-  // Korthikanti et al. 2022 (§4.2.2, eq. 5): with sequence parallelism every activation a block
+  // Korthikanti et al. 2022 (§4.2.2): with sequence parallelism every activation a block
   // keeps is divided by t. Same s per CP rank: T = 1 on 4 GPUs against T = 2 on 8, no
   // checkpointing, untiled MLP: block 0 writes exactly half the bytes.
   ScheduleInputs one = inputs(CpMethod::kUlysses, "llama3-8b", 4, 64 * kK);
