@@ -85,6 +85,17 @@ TEST(TensorParallel, GroupsPlaceTpInsideCpStride) {
   EXPECT_TRUE(a2a_seen);
 }
 
+TEST(TensorParallel, RepresentativeRankIsExact) {
+  // Without a ring every rank runs the same ops; TP groups and stride-T CP groups included.
+  const ScheduleInputs in = tp2_ulysses4();
+  test::EvaluateOptions all;
+  all.all_ranks = true;
+  const test::Evaluation fast = test::evaluate(in);
+  const test::Evaluation full = test::evaluate(in, all);
+  EXPECT_EQ(fast.report.step_time_s, full.report.step_time_s);
+  EXPECT_EQ(fast.report.peak_memory_bytes, full.report.peak_memory_bytes);
+}
+
 TEST(TensorParallel, ShardedModelStates) {
   // One TP rank's parameters: attention (2·4096·4096 + 2·4096·1024)/2 = 20,971,520, MLP
   // 3·4096·14336/2 = 88,080,384, norms 2·4096 = 8,192 (replicated): 109,060,096 per layer;
