@@ -392,8 +392,9 @@ TensorSet StepBuilder::layer_backward(
   // all-gather before gate/up a reduce-scatter of dh1n; a regathering implementation issues the
   // gather of its saved input next (Megatron overlaps it with the dgrad GEMM; cpsim with whatever
   // runs on the compute stream). Megatron also overlaps the reduce-scatter of the input gradient
-  // with the wgrad GEMM (layers.py:700-707, async_op); the MLP backward is one op here, so that
-  // reduce-scatter is exposed (a limit noted with the results).
+  // with the wgrad GEMM (layers.py:700-707, async_op): the untiled MLP's gate/up wgrad is an op of
+  // its own for that; the Q/K/V backward is the scheme's one op, so its reduce-scatter is exposed
+  // (a limit noted with the results).
   const TensorSet dy_full = tp_exchange("tp_ag.dy", dy, true);
   const TensorSet h1n = tp_regather_ ? tp_exchange("tp_ag.h1n(re)", sv.h1n, true) : sv.h1n;
   // MLP backward.
@@ -417,8 +418,22 @@ TensorSet StepBuilder::layer_backward(
     // Gradients held at once: the product's, then dgate and dup (3f); Liger writes the latter two
     // over gate and up, leaving only the product's (f).
     const std::int64_t grads_f = r_.mlp_kernel == models::MlpKernel::kFused ? 1 : 3;
-    compute("mlp_bwd", OpKind::kGemm, bwd, std::move(kept), {dh1n, grads}, {},
-            grads_f * s_ * f * ab_);
+    if (tp_ > 1 && tp_regather_) {
+      // Megatron: down's dgrad and wgrad, the activation's backward and gate/up's dgrad; then
+      // gate/up's wgrad (reading the gathered h1n) while dh1n is reduce-scattered. dgate/dup
+      // (2f, none extra for Liger's in-place kernel) live until that wgrad.
+      kept.erase(std::find(kept.begin(), kept.end(), h1n));
+      const TensorSet dgate_up =
+          b_.tensor("dgate_up", (grads_f - 1) * s_ * f * ab_, MemCategory::kOther);
+      const KernelCost dgrad =
+          plus(plus(times(gemm(s_, h, f), 2.0), gemm(s_, 2 * f, h)), mem(6 * s_ * f * ab_));
+      compute("mlp_bwd", OpKind::kGemm, dgrad, std::move(kept), {dh1n, dgate_up, grads}, {},
+              s_ * f * ab_);
+      compute("mlp_wgrad", OpKind::kGemm, gemm(s_, 2 * f, h), {dgate_up, h1n, params}, {});
+    } else {
+      compute("mlp_bwd", OpKind::kGemm, bwd, std::move(kept), {dh1n, grads}, {},
+              grads_f * s_ * f * ab_);
+    }
   }
   dh1n = tp_exchange("tp_rs.dh1n", dh1n, false);
   // norm2 backward plus the residual: dh1 = dy + norm2_bwd(dh1n).
@@ -798,8 +813,8 @@ void StepBuilder::add_notes() {
     w_.notes.push_back(
         "TP collectives run exposed (Megatron's --tp-comm-overlap and TorchTitan's async TP are "
         "off "
-        "by default); the backward reduce-scatter of a block's input gradient is not overlapped "
-        "with its weight-gradient GEMM as Megatron does");
+        "by default); Megatron's overlap of the Q/K/V input gradient's reduce-scatter with their "
+        "weight-gradient GEMM is not modelled (the MLP's is)");
   }
   if (!r_.expandable_segments) {
     w_.notes.push_back("allocator fragmentation without expandable segments is not modelled");

@@ -60,6 +60,36 @@ TEST(TensorParallel, CollectiveBytesPerLayer) {
   EXPECT_EQ(backward["tp_rs."], 2);
 }
 
+TEST(TensorParallel, MlpReduceScatterOverlapsWeightGradient) {
+  // Megatron (and the scheme alone) reduce-scatter dh1n while gate/up's wgrad GEMM runs
+  // (layers.py:700-707); torch-native-cp's DTensor backward reduce-scatters after it.
+  ScheduleInputs in = tp2_ulysses4();
+  in.recipe.tiled_mlp = false;
+  in.recipe.checkpoint_offload = false;
+  test::EvaluateOptions keep;
+  keep.keep_trace = true;
+  const test::Evaluation e = test::evaluate(in, keep);
+  const Workload& w = *e.workload;
+  SimTime wgrad_start = -1, wgrad_end = -1, rs_start = -1;
+  for (const OpInterval& t : e.result->intervals) {  // in the order ops ended
+    const Op& op = w.ops[static_cast<std::size_t>(t.op)];
+    if (op.rank != 0 || op.layer != 0 || op.phase != Phase::kBackward) {
+      continue;
+    }
+    const std::string& name = w.names[static_cast<std::size_t>(op.name)];
+    if (name == "mlp_wgrad") {
+      wgrad_start = t.start_ns;
+      wgrad_end = t.end_ns;
+    } else if (name == "tp_rs.dh1n") {
+      rs_start = t.start_ns;
+    }
+  }
+  ASSERT_GE(wgrad_start, 0);
+  ASSERT_GE(rs_start, 0);
+  EXPECT_EQ(rs_start, wgrad_start);  // both wait for mlp_bwd only
+  EXPECT_LT(rs_start, wgrad_end);
+}
+
 TEST(TensorParallel, GroupsPlaceTpInsideCpStride) {
   const ScheduleInputs in = tp2_ulysses4();
   BuildOptions all;
