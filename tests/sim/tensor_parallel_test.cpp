@@ -49,6 +49,7 @@ TEST(TensorParallel, CollectiveBytesPerLayer) {
     const Collective& c = w.collectives[static_cast<std::size_t>(op.collective)];
     EXPECT_EQ(c.size_bytes, kS) << name;
     EXPECT_EQ(c.wire_bytes, kS / 2) << name;
+    EXPECT_EQ(c.span, models::Span::kIntraNode) << name;
     (op.phase == Phase::kForward ? forward : backward)[name.substr(0, 6)]++;
   }
   // Forward: all-gather before Q/K/V and gate/up, reduce-scatter after o_proj and down.
@@ -124,6 +125,32 @@ TEST(TensorParallel, RepresentativeRankIsExact) {
   const test::Evaluation full = test::evaluate(in, all);
   EXPECT_EQ(fast.report.step_time_s, full.report.step_time_s);
   EXPECT_EQ(fast.report.peak_memory_bytes, full.report.peak_memory_bytes);
+}
+
+TEST(TensorParallel, TpStaysInsideANodeWhenCpSpansTwo) {
+  // 16 GPUs, 8 per node, TP 2 × CP 8: a CP group covers ranks 0, 2, ..., 14 (two nodes), a TP
+  // group ranks 0 and 1 (one node).
+  ScheduleInputs in = tp2_ulysses4();
+  in.parallel.gpus = 16;
+  in.parallel.cp_degree = 8;
+  const Workload w = build_step(in);
+  int tp_ops = 0, a2a_ops = 0;
+  for (const Op& op : w.ops) {
+    const std::string& name = w.names[static_cast<std::size_t>(op.name)];
+    if (op.collective < 0 || op.layer != 0) {
+      continue;
+    }
+    const Collective& c = w.collectives[static_cast<std::size_t>(op.collective)];
+    if (name.rfind("tp_", 0) == 0) {
+      EXPECT_EQ(c.span, models::Span::kIntraNode) << name;
+      ++tp_ops;
+    } else if (name.rfind("a2a", 0) == 0) {
+      EXPECT_EQ(c.span, models::Span::kInterNode) << name;
+      ++a2a_ops;
+    }
+  }
+  EXPECT_GT(tp_ops, 0);
+  EXPECT_GT(a2a_ops, 0);
 }
 
 TEST(TensorParallel, ShardedModelStates) {
