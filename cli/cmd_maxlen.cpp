@@ -162,6 +162,11 @@ int run_maxlen(const MaxLenArgs& a) {
     std::cout << fmt::format("{} on {} x {}, {}, recipe {}, implementation {}\n", o.in.model.name,
                              o.in.parallel.gpus, o.in.hardware.name, o.method, o.in.recipe.name,
                              impl != nullptr ? impl->name() : "none");
+    if (o.in.parallel.tp_degree > 1 || o.in.parallel.micro_batches > 1) {
+      std::cout << fmt::format("  TP {} (sequence parallel) x CP {}, {} micro-batch(es) per step\n",
+                               o.in.parallel.tp_degree, o.in.parallel.cp_degree,
+                               o.in.parallel.micro_batches);
+    }
     if (r.max_seq_len == 0) {
       std::cout << fmt::format("  not even {} tokens fit\n  binding constraint   {}\n\n",
                                format_length(r.step), r.binding.text);

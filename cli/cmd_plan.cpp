@@ -132,6 +132,11 @@ std::string methods_to_search(const PlanArgs& a) {
 // What the command line fixed: the search keeps these (a flag left out is searched).
 planner::PlanConstraints fixed_by_flags(const PlanArgs& a) {
   const SimulateArgs& f = a.config;
+  if (f.tp != 1 || f.micro_batches != 1) {
+    throw InputError(f.tp != 1 ? "--tp" : "--micro-batches",
+                     "plan does not search tensor parallelism or micro-batches yet; use simulate "
+                     "or maxlen");
+  }
   planner::PlanConstraints fixed;
   fixed.cp_degree = f.cp_degree;
   fixed.ulysses_degree = f.ulysses_degree;

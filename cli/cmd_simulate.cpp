@@ -81,6 +81,9 @@ void check_cp_degree_divides_gpus(const SimulateArgs& a, int cp_degree) {
   if (cp_degree >= 1 && a.gpus % cp_degree == 0) {
     return;
   }
+  if (a.tp > 1 && a.cp_degree <= 0 && a.ulysses_degree <= 0 && a.ring_degree <= 0) {
+    throw InputError("--tp", fmt::format("TP degree {} must divide --gpus {}", a.tp, a.gpus));
+  }
   std::string flag = "--cp-degree";
   std::string from = fmt::format("CP degree {}", cp_degree);
   if (a.cp_degree <= 0 && a.ulysses_degree > 0 && a.ring_degree > 0) {
@@ -226,9 +229,14 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   } else if (ring_only && a.ring_degree > 0) {
     p.cp_degree = a.ring_degree;
   } else {
-    p.cp_degree = a.gpus;
+    p.cp_degree = a.gpus / std::max(1, a.tp);  // the GPUs that TP leaves
+    if (a.gpus % std::max(1, a.tp) != 0) {
+      p.cp_degree = 0;
+    }
   }
   check_cp_degree_divides_gpus(a, p.cp_degree);
+  p.tp_degree = a.tp;
+  p.micro_batches = a.micro_batches;
   if (ring_only) {
     p.ring_degree = a.ring_degree > 0 ? a.ring_degree : p.cp_degree;
     if (a.ulysses_degree > 1) {
@@ -411,6 +419,11 @@ nlohmann::json to_json(const SimulateArgs& a,
        {{"ops", rep.ops}, {"events", rep.events}, {"simulated_ranks", rep.simulated_ranks}}},
       {"notes", rep.notes},
   };
+  // Written only when set, so that a run without them reads as before.
+  if (in.parallel.tp_degree > 1 || in.parallel.micro_batches > 1) {
+    j["config"]["tp_degree"] = in.parallel.tp_degree;
+    j["config"]["micro_batches"] = in.parallel.micro_batches;
+  }
   if (peak != nullptr) {
     json largest = json::array();
     for (const sim::LiveTensor& t : peak->largest) {
@@ -443,9 +456,23 @@ std::string human(const sim::ScheduleInputs& in,
   } else {
     o += "  implementation none: the method's scheme alone (no wrapper allocations)\n";
   }
-  if (in.parallel.data_parallel() > 1) {
+  const int tp = in.parallel.tp_degree;
+  if (tp > 1) {
+    o += fmt::format(
+        "  TP {} with sequence parallelism (groups of {} consecutive GPUs; CP groups "
+        "of stride {}), sharding over the {} GPUs of each TP position\n",
+        tp, tp, tp, in.parallel.gpus / tp);
+  }
+  if (in.parallel.data_parallel() > 1 && tp == 1) {
     o += fmt::format("  {} CP groups of {} GPUs (data parallel), FSDP over all {}\n",
                      in.parallel.data_parallel(), in.parallel.cp_degree, in.parallel.gpus);
+  } else if (in.parallel.data_parallel() > 1) {
+    o += fmt::format("  {} data-parallel replicas of CP {} x TP {} GPUs\n",
+                     in.parallel.data_parallel(), in.parallel.cp_degree, tp);
+  }
+  if (tp > 1 || in.parallel.micro_batches > 1) {
+    o += fmt::format("  {} micro-batch{} per step: {} tokens per step\n", in.parallel.micro_batches,
+                     in.parallel.micro_batches > 1 ? "es" : "", rep.tokens_per_step);
   }
   o += "\n";
   o += fmt::format("  step time            {}\n", format_seconds(rep.step_time_s));
@@ -654,6 +681,15 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
                 "ring part of C: usp, upipe (default: C / GPUs per node across nodes, else 1); "
                 "ring and allgather use C")
       ->check(whole_number_in(1, kMaxGpus));
+  c->add_option("--tp", a.tp,
+                "tensor-parallel degree T with sequence parallelism (Megatron-style), T "
+                "consecutive GPUs of a node; the CP degree defaults to GPUs / T "
+                "(megatron-core-cp, torch-native-cp and --impl none run it; default: 1)")
+      ->check(whole_number_in(1, kMaxGpus));
+  c->add_option("--micro-batches", a.micro_batches,
+                "gradient accumulation: micro-batches of one sequence per optimizer step "
+                "(default: 1)")
+      ->check(whole_number_in(1, 65536));
   c->add_option("--ring-layout", a.ring_layout,
                 "token layout of ring attention: zigzag | contiguous "
                 "(default: zigzag)");

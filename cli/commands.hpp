@@ -44,6 +44,8 @@ struct SimulateArgs {
   int cp_degree = 0;       // 0 = all GPUs (or ulysses × ring when both are given)
   int ulysses_degree = 0;  // 0 = derived
   int ring_degree = 0;     // 0 = derived
+  int tp = 1;              // tensor-parallel degree
+  int micro_batches = 1;   // gradient-accumulation micro-batches per step
   std::string ring_layout;
   std::string fpdt_chunk;
   std::string fpdt_offload;

@@ -23,6 +23,10 @@ std::string flag_for(sim::Quantity q, const models::ParallelConfig& p) {
       return "--fpdt-chunk";
     case sim::Quantity::kImplementation:
       return "--impl";
+    case sim::Quantity::kTpDegree:
+      return "--tp";
+    case sim::Quantity::kMicroBatches:
+      return "--micro-batches";
   }
   return sim::to_string(q);
 }

@@ -9,14 +9,20 @@
 
 namespace cpsim::sim::detail {
 
-Builder::Builder(
-    Workload& w, int ranks, int simulated_ranks, int cp_degree, int ring_degree, int gpus_per_node)
+Builder::Builder(Workload& w,
+                 int ranks,
+                 int simulated_ranks,
+                 int cp_degree,
+                 int ring_degree,
+                 int gpus_per_node,
+                 int tp_degree)
     : w_(w),
       ranks_(ranks),
       sim_ranks_(simulated_ranks),
       cp_(cp_degree),
       ring_(ring_degree),
-      gpus_per_node_(gpus_per_node) {
+      gpus_per_node_(gpus_per_node),
+      tp_(tp_degree) {
   w_.ranks = simulated_ranks;
   w_.represented_ranks = ranks;
   w_.gpus_per_node = gpus_per_node;
@@ -65,7 +71,9 @@ int Builder::group_size(Group g) const {
     case Group::kRing:
       return ring_;
     case Group::kAll:
-      return ranks_;
+      return ranks_ / tp_;
+    case Group::kTp:
+      return tp_;
   }
   return 1;
 }
@@ -78,9 +86,18 @@ std::vector<std::int32_t> Builder::members(Group g, int rank) const {
 }
 
 std::vector<std::int32_t> Builder::all_members(Group g, int rank) const {
+  // Without TP the layout below; with TP it is laid over the ranks of `rank`'s TP position
+  // (index rank / T, rank = index · T + position).
+  const int tp_pos = rank % tp_;
+  std::vector<std::int32_t> m;
+  if (g == Group::kTp) {
+    for (int i = 0; i < tp_; ++i)
+      m.push_back(rank - tp_pos + i);
+    return m;
+  }
+  rank /= tp_;
   const int u = cp_ / ring_;
   const int cp_base = rank / cp_ * cp_;
-  std::vector<std::int32_t> m;
   switch (g) {
     case Group::kCp:
       for (int i = 0; i < cp_; ++i)
@@ -95,9 +112,14 @@ std::vector<std::int32_t> Builder::all_members(Group g, int rank) const {
         m.push_back(cp_base + (rank - cp_base) % u + i * u);
       break;
     case Group::kAll:
-      for (int i = 0; i < ranks_; ++i)
+      for (int i = 0; i < ranks_ / tp_; ++i)
         m.push_back(i);
       break;
+    case Group::kTp:
+      break;
+  }
+  for (std::int32_t& r : m) {
+    r = r * tp_ + tp_pos;
   }
   return m;
 }
@@ -105,6 +127,10 @@ std::vector<std::int32_t> Builder::all_members(Group g, int rank) const {
 // Positions and spans follow the layout of all_members: CP groups of C consecutive ranks, Ulysses
 // groups of u consecutive ranks, ring groups of stride u inside the CP group.
 int Builder::position(Group g, int rank) const {
+  if (g == Group::kTp) {
+    return rank % tp_;
+  }
+  rank /= tp_;
   const int u = cp_ / ring_;
   switch (g) {
     case Group::kCp:
@@ -115,14 +141,20 @@ int Builder::position(Group g, int rank) const {
       return rank % cp_ / u;
     case Group::kAll:
       return rank;
+    case Group::kTp:
+      break;
   }
   return 0;
 }
 
 models::Span Builder::span_of(Group g) const {
-  // The first and the last member of the group of rank 0.
+  // The first and the last member of the group of rank 0 (TP: ranks 0..T−1; the others: their
+  // layout over TP position 0, stride T).
   const int last =
-      g == Group::kAll ? ranks_ - 1 : (group_size(g) - 1) * (g == Group::kRing ? cp_ / ring_ : 1);
+      g == Group::kTp
+          ? tp_ - 1
+          : tp_ * (g == Group::kAll ? ranks_ / tp_ - 1
+                                    : (group_size(g) - 1) * (g == Group::kRing ? cp_ / ring_ : 1));
   return last / gpus_per_node_ == 0 ? models::Span::kIntraNode : models::Span::kInterNode;
 }
 

@@ -32,12 +32,16 @@ struct OpSet {
 
 /// Communication groups. A CP group is C consecutive ranks (one per data-parallel replica); inside
 /// it, Ulysses groups are u consecutive ranks (inside a node when u ≤ GPUs per node) and ring
-/// groups are the r ranks with stride u (the USP "ulysses low" placement).
+/// groups are the r ranks with stride u (the USP "ulysses low" placement). With tensor
+/// parallelism of degree T, T consecutive ranks form a TP group and every other group is the same
+/// layout over the ranks of one TP position (stride T): Megatron's and TorchTitan's rank order
+/// with TP innermost, then CP, then data parallel.
 enum class Group : std::uint8_t {
   kCp,       ///< the rank's whole CP group
   kUlysses,  ///< the rank's Ulysses (all-to-all) group
   kRing,     ///< the rank's ring group
-  kAll,      ///< every rank (FSDP / ZeRO)
+  kAll,      ///< every rank of the same TP position (FSDP / ZeRO; all ranks without TP)
+  kTp,       ///< the rank's TP group (T consecutive ranks)
 };
 
 /// A list argument of a builder call: a braced list or a vector, read during the call only (no
@@ -108,7 +112,8 @@ class Builder {
           int simulated_ranks,
           int cp_degree,
           int ring_degree,
-          int gpus_per_node);
+          int gpus_per_node,
+          int tp_degree = 1);
 
   void set_phase(Phase p) { phase_ = p; }
   void set_layer(std::int32_t layer) { layer_ = layer; }
@@ -205,9 +210,10 @@ class Builder {
   int cp_;
   int ring_;
   int gpus_per_node_;
+  int tp_ = 1;
   Phase phase_ = Phase::kForward;
   std::int32_t layer_ = -1;
-  std::array<Groups, 4> groups_;
+  std::array<Groups, 5> groups_;
   /// An op with at most this many candidate dependencies (explicit ones and its inputs'
   /// producers) de-duplicates them by a scan; one with more by dep_mark_.
   static constexpr std::size_t kDepsScanned = 16;

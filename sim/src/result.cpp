@@ -88,12 +88,13 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
   StepReport rep;
   const auto& par = in.parallel;
   rep.step_time_s = simtime_to_seconds(r.step_time_ns);
-  rep.tokens_per_step = par.seq_len * par.data_parallel();
+  // Gradient accumulation: M micro-batches of one sequence per data-parallel replica.
+  rep.tokens_per_step = par.seq_len * par.data_parallel() * std::max(1, par.micro_batches);
   const double gpus = static_cast<double>(par.gpus);
   if (rep.step_time_s > 0) {
     rep.tokens_per_s_per_gpu = static_cast<double>(rep.tokens_per_step) / rep.step_time_s / gpus;
-    rep.model_flops_per_step =
-        models::model_step_flops(in.model, par.seq_len).total() * par.data_parallel();
+    rep.model_flops_per_step = models::model_step_flops(in.model, par.seq_len).total() *
+                               par.data_parallel() * std::max(1, par.micro_batches);
     rep.model_tflops_per_gpu = rep.model_flops_per_step / rep.step_time_s / gpus / 1e12;
     rep.mfu = rep.model_tflops_per_gpu * 1e12 / in.hardware.peak_bf16_flops_per_s;
   }

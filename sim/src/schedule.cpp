@@ -91,12 +91,15 @@ std::optional<ConfigIssue> check_sequence_multiple(const ScheduleInputs& in,
                                                    const CpImplementation& method) {
   const auto& p = in.parallel;
   const bool zigzag = p.ring_layout == models::RingLayout::kZigzag && p.ring_degree > 1;
-  const std::int64_t seq_multiple = methods::layout_seq_multiple(p);
+  // Sequence parallelism splits each CP rank's s tokens T ways (Megatron: s/T rows per rank;
+  // TorchTitan parallelize.py:70-74 asks seq % (TP × 2 × CP) == 0).
+  const std::int64_t seq_multiple = methods::layout_seq_multiple(p) * p.tp_degree;
   if (p.seq_len % seq_multiple != 0) {
     return issue(
         Quantity::kSeqLenMultiple,
-        fmt::format("sequence length {} must be divisible by {}{}", p.seq_len, seq_multiple,
-                    zigzag ? " (2 × CP degree for the zigzag layout)" : " (the CP degree)"));
+        fmt::format("sequence length {} must be divisible by {}{}{}", p.seq_len, seq_multiple,
+                    zigzag ? " (2 × CP degree for the zigzag layout)" : " (the CP degree)",
+                    p.tp_degree > 1 ? " × the TP degree" : ""));
   }
   return method.check_sequence(in);
 }
@@ -126,11 +129,15 @@ std::optional<ConfigIssue> split_heads(const ScheduleInputs& in, HeadLayout& L) 
                                                     m.name, m.kv_heads, u));
   }
   L.kv_replication = L.kv_heads_eff / m.kv_heads;
-  if (L.cp > p.gpus_per_node && L.cp % p.gpus_per_node != 0) {
-    return issue(Quantity::kCpDegree,
-                 fmt::format("a CP group spanning nodes must cover whole nodes: degree {} is "
-                             "not a multiple of --gpus-per-node {}",
-                             L.cp, p.gpus_per_node));
+  // A CP group of stride T spans C·T GPUs (TP inside it).
+  const std::int64_t span = L.cp * p.tp_degree;
+  if (span > p.gpus_per_node && span % p.gpus_per_node != 0) {
+    return issue(
+        Quantity::kCpDegree,
+        fmt::format("a CP group spanning nodes must cover whole nodes: degree {}{} is "
+                    "not a multiple of --gpus-per-node {}",
+                    L.cp, p.tp_degree > 1 ? fmt::format(" × TP degree {}", p.tp_degree) : "",
+                    p.gpus_per_node));
   }
   return std::nullopt;
 }
@@ -164,6 +171,11 @@ std::optional<ConfigIssue> choose_implementation(const ScheduleInputs& in, HeadL
   if (chosen == nullptr) {
     return std::nullopt;
   }
+  if (in.parallel.tp_degree > 1 && !chosen->tp_refusal().empty()) {
+    return issue(Quantity::kTpDegree,
+                 fmt::format("{} does not run tensor parallelism (TP {}): {}", chosen->name(),
+                             in.parallel.tp_degree, chosen->tp_refusal()));
+  }
   chosen->shape(in, L);
   if (std::optional<ConfigIssue> refused = chosen->check(in, L)) {
     if (asked.empty()) {
@@ -178,9 +190,83 @@ std::optional<ConfigIssue> choose_implementation(const ScheduleInputs& in, HeadL
   return std::nullopt;
 }
 
+std::optional<ConfigIssue> check_tensor_parallel(const ScheduleInputs& in) {
+  const auto& m = in.model;
+  const auto& p = in.parallel;
+  const int t = p.tp_degree;
+  if (p.micro_batches < 1) {
+    return issue(Quantity::kMicroBatches,
+                 fmt::format("must be at least 1, got {}", p.micro_batches));
+  }
+  if (t == 1) {
+    return std::nullopt;
+  }
+  if (t < 1 || p.gpus_per_node < 1 || p.gpus_per_node % t != 0) {
+    return issue(Quantity::kTpDegree,
+                 fmt::format("TP degree {} must divide --gpus-per-node {} (a TP group stays "
+                             "inside a node, on its fast links)",
+                             t, p.gpus_per_node));
+  }
+  if (p.cp_degree < 1 || p.gpus % (static_cast<std::int64_t>(t) * p.cp_degree) != 0) {
+    return issue(
+        Quantity::kTpDegree,
+        fmt::format("TP degree {} × CP degree {} must divide --gpus {}", t, p.cp_degree, p.gpus));
+  }
+  // Column-parallel Q/K/V split whole heads: Megatron divides heads and query groups by T
+  // (megatron/core/transformer/attention.py:364-367, utils.py divide() asserts); TorchTitan's
+  // colwise wk/wv shards KV·d rows T ways and views them as heads (llama3/model/model.py:253-258).
+  // Megatron's KV < T path (one replicated K/V head per rank, attention.py:353-360) is not
+  // modelled.
+  if (m.heads % t != 0 || m.kv_heads % t != 0) {
+    return issue(Quantity::kTpDegree,
+                 fmt::format("TP degree {} must divide the {} attention heads and {} KV heads of "
+                             "{} (column-parallel Q/K/V split whole heads; Megatron's replicated "
+                             "K/V heads for fewer KV heads than T are not modelled)",
+                             t, m.heads, m.kv_heads, m.name));
+  }
+  if (m.ffn_hidden % t != 0) {
+    return issue(Quantity::kTpDegree, fmt::format("TP degree {} must divide the FFN width {} of {}",
+                                                  t, m.ffn_hidden, m.name));
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
-LayoutCheck check_head_layout(const ScheduleInputs& in) {
+// One tensor-parallel rank's share of the model (Megatron-style TP, Korthikanti et al. 2022 §4):
+// Q/K/V and the MLP's gate/up are column parallel (H/T query heads, H_kv/T KV heads, f/T FFN
+// columns per rank), the output projection and down projection row parallel (same shares of their
+// input width); norms replicated; embedding and LM head vocabulary parallel (⌈V/T⌉ rows: Megatron
+// pads V to a multiple of 128·T, arguments.py make_vocab_size_divisible_by, not modelled). Every
+// per-rank GEMM, weight, gradient and optimizer state count follows from these shapes.
+ScheduleInputs tensor_parallel_rank(const ScheduleInputs& in) {
+  ScheduleInputs out = in;
+  const int t = in.parallel.tp_degree;
+  if (t <= 1 || in.tp_rank_model) {
+    return out;
+  }
+  auto& m = out.model;
+  m.name = fmt::format("{} (one of {} TP ranks)", in.model.name, t);
+  m.heads /= t;
+  m.kv_heads /= t;
+  m.ffn_hidden /= t;
+  m.vocab = (m.vocab + t - 1) / t;
+  out.tp_rank_model = true;
+  return out;
+}
+
+namespace {
+
+// `in` itself (T = 1, or already a rank's view), else one TP rank's view kept in `storage`.
+const ScheduleInputs& rank_view(const ScheduleInputs& in, std::optional<ScheduleInputs>& storage) {
+  if (in.parallel.tp_degree <= 1 || in.tp_rank_model) {
+    return in;
+  }
+  storage = tensor_parallel_rank(in);
+  return *storage;
+}
+
+LayoutCheck check_rank_layout(const ScheduleInputs& in) {
   const CpImplementation& method = cp_implementation(in.parallel.method);
   LayoutCheck out;
   out.issue = check_degrees(in, method);
@@ -202,6 +288,24 @@ LayoutCheck check_head_layout(const ScheduleInputs& in) {
   return out;
 }
 
+}  // namespace
+
+LayoutCheck check_head_layout(const ScheduleInputs& in) {
+  if (in.parallel.tp_degree == 1 || in.tp_rank_model) {
+    LayoutCheck out;
+    out.issue = check_tensor_parallel(in);
+    return out.issue ? out : check_rank_layout(in);
+  }
+  LayoutCheck out;
+  // The GPU count and the CP degree first, as without TP, then TP's own rules.
+  out.issue = check_degrees(in, cp_implementation(in.parallel.method));
+  if (!out.issue) {
+    out.issue = check_tensor_parallel(in);
+  }
+  std::optional<ScheduleInputs> storage;
+  return out.issue ? out : check_rank_layout(rank_view(in, storage));
+}
+
 HeadLayout derive_head_layout(const ScheduleInputs& in) {
   LayoutCheck checked = check_head_layout(in);
   if (checked.issue) {
@@ -210,7 +314,9 @@ HeadLayout derive_head_layout(const ScheduleInputs& in) {
   return checked.layout;
 }
 
-AttentionBuffers attention_buffers(const ScheduleInputs& in, const HeadLayout& L) {
+AttentionBuffers attention_buffers(const ScheduleInputs& inputs, const HeadLayout& L) {
+  std::optional<ScheduleInputs> storage;
+  const ScheduleInputs& in = rank_view(inputs, storage);
   return cp_implementation(in.parallel.method).buffers(in, L);
 }
 
@@ -220,10 +326,12 @@ AttentionBuffers attention_buffers(const ScheduleInputs& in, const HeadLayout& L
 // 500_000 × 4096 ≈ 2^31), and FlashAttention-2 its head-sharded Q/O/dQ of n_r × (H/u) × d per
 // call ("FA2 as well, but FA3 solves it"). The limit is what the kernels of the recipe can address,
 // not memory: it binds whatever the GPU's size.
-std::string int32_index_violation(const ScheduleInputs& in, const HeadLayout& L) {
-  if (!in.recipe.int32_kernel_indexing) {
+std::string int32_index_violation(const ScheduleInputs& inputs, const HeadLayout& L) {
+  if (!inputs.recipe.int32_kernel_indexing) {
     return {};
   }
+  std::optional<ScheduleInputs> storage;
+  const ScheduleInputs& in = rank_view(inputs, storage);
   constexpr std::int64_t kLimit = std::int64_t{1} << 31;
   const auto& m = in.model;
   const std::int64_t s = in.parallel.seq_len / L.cp;
@@ -231,7 +339,8 @@ std::string int32_index_violation(const ScheduleInputs& in, const HeadLayout& L)
     const char* what;
     std::int64_t rows, cols;
   };
-  std::vector<Indexed> tensors = {{"RMSNorm input", s, m.hidden},
+  // The norm runs on the sequence-parallel s/T tokens under tensor parallelism.
+  std::vector<Indexed> tensors = {{"RMSNorm input", s / in.parallel.tp_degree, m.hidden},
                                   {"RoPE query", s, m.heads * m.head_dim}};
   if (in.recipe.attention_kernel == "fa2") {
     const AttentionBuffers a = attention_buffers(in, L);
@@ -269,10 +378,16 @@ std::string int32_index_violation(const ScheduleInputs& in, const HeadLayout& L)
 // deepspeed/runtime/zero/stage3.py:328 (device = cpu with offload_optimizer), :742-744
 // (grad_partitions_flat_buffer, gradient_accumulation_dtype), deepspeed/runtime/engine.py:1485-1493
 // (that dtype is the model's, bf16, under ZeRO); the same lines in v0.17.2, which the recipes ran.
-ModelStates model_states(const ScheduleInputs& in) {
+// With tensor parallelism P is one TP rank's share (tensor_parallel_rank: sharded matrices / T,
+// norms whole) and the shards are spread over the G/T ranks that hold the same share (the data-
+// and context-parallel ranks: Megatron's distributed optimizer and TorchTitan's FSDP mesh both
+// leave the TP dimension out).
+ModelStates model_states(const ScheduleInputs& inputs) {
+  std::optional<ScheduleInputs> storage;
+  const ScheduleInputs& in = rank_view(inputs, storage);
   const auto& r = in.recipe;
   const std::int64_t total = models::count_parameters(in.model).total;
-  const std::int64_t gpus = std::max(1, in.parallel.gpus);
+  const std::int64_t gpus = std::max(1, in.parallel.gpus / std::max(1, in.parallel.tp_degree));
   const std::int64_t shard = (total + gpus - 1) / gpus;
   const std::int64_t p = r.param_bytes, m = r.master_param_bytes, g = r.grad_bytes,
                      o = r.optimizer_state_bytes;
@@ -323,12 +438,15 @@ void build_step(const ScheduleInputs& inputs, Workload& into, const BuildOptions
   inputs.model.validate();
   inputs.recipe.validate();
   const HeadLayout layout = derive_head_layout(inputs);
+  // The step of one TP rank: its share of the model (tensor_parallel_rank).
+  std::optional<ScheduleInputs> storage;
+  const ScheduleInputs& rank = rank_view(inputs, storage);
   // One representative rank unless asked otherwise: exact without a ring; with a ring each step
   // takes its slowest position's time (see attention_core.cpp).
   const bool fast = !options.all_ranks;
   into.clear();
   into.layout = layout;
-  detail::StepBuilder builder(inputs, layout, into, fast ? 1 : inputs.parallel.gpus,
+  detail::StepBuilder builder(rank, layout, into, fast ? 1 : inputs.parallel.gpus,
                               fast && options.merge_ring_steps, options.repeat_layers);
   builder.build();
 }

@@ -38,7 +38,8 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
          simulated_ranks,
          in.parallel.cp_degree,
          in.parallel.ring_degree,
-         in.parallel.gpus_per_node),
+         in.parallel.gpus_per_node,
+         in.parallel.tp_degree),
       w_(w) {
   params_ = models::count_parameters(m_);
   n_ = in.parallel.seq_len;
@@ -48,6 +49,9 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
   repeat_layers_ = repeat_layers;
   u_ = c_ / rg_;
   s_ = n_ / c_;
+  tp_ = in.parallel.tp_degree;
+  sp_ = s_ / tp_;
+  tp_regather_ = layout_.implementation == nullptr || layout_.implementation->tp_regathers_inputs();
   nr_ = n_ / rg_;
   ab_ = r_.activation_bytes;
   shards_ = r_.tiled_mlp_shards > 0 ? r_.tiled_mlp_shards : ceil_div(s_, m_.hidden);
@@ -172,6 +176,30 @@ TensorSet StepBuilder::exchange(Name name,
   return out;
 }
 
+// Megatron-style sequence parallelism (Korthikanti et al. 2022, §4.2.2: g = all-gather forward /
+// reduce-scatter backward, ḡ the reverse): each column-parallel block (Q/K/V, gate/up, LM head)
+// starts with an all-gather of its [s/T, h] input, each row-parallel block (output projection,
+// down, vocabulary-parallel embedding) ends with a reduce-scatter of its partial [s, h] output.
+// NCCL's convention (docs/MODEL.md): S = the whole [s, h] tensor for both, wire S·(T−1)/T. They
+// run synchronously (exposed), as Megatron without --tp-comm-overlap (off by default) and
+// TorchTitan without async TP (off by default) run them.
+TensorSet StepBuilder::tp_exchange(
+    const char* name, TensorSet in, bool gather, MemCategory cat, ListRef<OpSet> deps) {
+  if (tp_ == 1) {
+    return in;
+  }
+  const std::int64_t full_bytes = s_ * m_.hidden * ab_;
+  TensorSet out = b_.tensor(name, gather ? full_bytes : sp_ * m_.hidden * ab_, cat);
+  OpSpec& s = next_spec(name, Stream::kComm, OpKind::kElementwise);
+  s.inputs.push_back(in);
+  s.outputs.push_back(out);
+  s.deps.assign(deps.begin(), deps.end());
+  b_.collective(s, Group::kTp,
+                gather ? models::Collective::kAllGather : models::Collective::kReduceScatter, cost_,
+                full_bytes);
+  return out;
+}
+
 OpSet StepBuilder::host_copy(Name name,
                              bool to_device,
                              std::int64_t bytes,
@@ -209,7 +237,7 @@ std::int64_t StepBuilder::norm_workspace() const {
   if (r_.norm_kernel == models::NormKernel::kFused) {
     return 0;
   }
-  const std::int64_t rows = r_.tiled_norm ? tile_ : s_;
+  const std::int64_t rows = r_.tiled_norm ? std::min(tile_, sp_) : sp_;
   return rows * m_.hidden * 2 * kFp32Bytes;
 }
 
@@ -232,8 +260,8 @@ OpSet StepBuilder::gather_params(const std::string& name,
   if (r_.param_offload) {
     // ZeRO-3 offload_param: the rank's shard comes from host memory first, then the all-gather
     // (on one GPU the copy fills the whole buffer).
-    const std::int64_t shard_bytes = ceil_div(params, b_.ranks()) * r_.param_bytes;
-    if (b_.ranks() == 1) {
+    const std::int64_t shard_bytes = ceil_div(params, b_.group_size(Group::kAll)) * r_.param_bytes;
+    if (b_.group_size(Group::kAll) == 1) {
       return host_copy(name + "(from host)", true, shard_bytes, TensorSet{}, out, deps);
     }
     staged = b_.tensor(name + ".shard", shard_bytes, MemCategory::kParamGather);
@@ -262,7 +290,7 @@ OpSet StepBuilder::reduce_grads(const std::string& name,
   const std::int64_t workspace = params * r_.grad_reduce_bytes;
   const auto kind =
       r_.zero_stage >= 2 ? models::Collective::kReduceScatter : models::Collective::kAllReduce;
-  if (b_.ranks() == 1) {
+  if (b_.group_size(Group::kAll) == 1) {
     return compute(name + "(local)", OpKind::kElementwise, mem(params * r_.grad_reduce_bytes),
                    {grads}, {}, deps, workspace, MemCategory::kGradBuffers);
   }
@@ -274,47 +302,67 @@ OpSet StepBuilder::reduce_grads(const std::string& name,
   return b_.collective(s, Group::kAll, kind, cost_, params * r_.grad_reduce_bytes);
 }
 
+// With tensor parallelism (T > 1) the norms and residuals run on the rank's s/T tokens (sequence
+// parallel), each GEMM block on all s tokens of its TP share (tp_exchange around them). What the
+// backward keeps of a column-parallel block's input is the implementation's: Megatron's linears
+// save the [s/T, h] shard and gather it again (tensor_parallel/layers.py:604, 623-629, 667-680 @
+// d98e8a6), TorchTitan's DTensor linears save the gathered [s, h] input (PrepareModuleInput to
+// Replicate before wq/wk/wv and w1/w3, llama3/infra/parallelize.py:219-240 @ 73a0e69). Everything
+// else a block keeps is a TP share already (heads/T, f/T) or s/T tokens: Korthikanti et al.'s
+// activations per layer with SP, sbh·(34/t + 5as/(ht)) in their dropout-and-softmax accounting.
 SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) {
   const std::int64_t h = m_.hidden;
-  const std::int64_t act_bytes = s_ * h * ab_;
+  const std::int64_t act_bytes = sp_ * h * ab_;
+  const MemCategory gathered_cat =
+      grad && !tp_regather_ ? MemCategory::kActivations : MemCategory::kOther;
   SavedLayer sv;
   sv.x = x;
   sv.xn = b_.tensor("xn", act_bytes, MemCategory::kActivations);
   std::vector<TensorSet> norm1_out = {sv.xn};
-  if (const std::int64_t saved = norm_saved_bytes(s_, h); saved > 0 && grad) {
+  if (const std::int64_t saved = norm_saved_bytes(sp_, h); saved > 0 && grad) {
     sv.norm1_saved = b_.tensor("norm1_saved", saved, MemCategory::kActivations);
     norm1_out.push_back(sv.norm1_saved);
   }
   sv.first_op = compute("norm1", OpKind::kElementwise, mem(2 * act_bytes), {x}, norm1_out, {},
                         norm_workspace());
+  const TensorSet xn_sp = sv.xn;
+  sv.xn = tp_exchange("tp_ag.xn", xn_sp, true, gathered_cat);
   method_.attention_forward(*this, sv, params, grad);
+  if (tp_regather_) {
+    sv.xn = xn_sp;  // the backward gathers it again
+  }
   // Output projection and residual.
-  TensorSet attn_out = b_.tensor("attn_out", act_bytes, MemCategory::kOther);
+  TensorSet attn_out = b_.tensor("attn_out", s_ * h * ab_, MemCategory::kOther);
   compute("o_proj", OpKind::kGemm, gemm(s_, h, m_.q_width()), {sv.o, params}, {attn_out},
           {sv.attn_ready});
+  attn_out = tp_exchange("tp_rs.attn_out", attn_out, false);
   sv.h1 = b_.tensor("h1", act_bytes, MemCategory::kActivations);
   compute("residual1", OpKind::kElementwise, mem(3 * act_bytes), {x, attn_out}, {sv.h1});
   sv.h1n = b_.tensor("h1n", act_bytes, MemCategory::kActivations);
   std::vector<TensorSet> norm2_out = {sv.h1n};
-  if (const std::int64_t saved = norm_saved_bytes(s_, h); saved > 0 && grad) {
+  if (const std::int64_t saved = norm_saved_bytes(sp_, h); saved > 0 && grad) {
     sv.norm2_saved = b_.tensor("norm2_saved", saved, MemCategory::kActivations);
     norm2_out.push_back(sv.norm2_saved);
   }
   compute("norm2", OpKind::kElementwise, mem(2 * act_bytes), {sv.h1}, norm2_out, {},
           norm_workspace());
+  const TensorSet h1n = tp_exchange("tp_ag.h1n", sv.h1n, true, gathered_cat);
+  if (!tp_regather_) {
+    sv.h1n = h1n;
+  }
   // MLP (SwiGLU): gate/up GEMM [s, h] × [h, 2f], activation, down GEMM [s, f] × [f, h].
   const std::int64_t f = m_.ffn_hidden;
-  TensorSet mlp_out = b_.tensor("mlp_out", act_bytes, MemCategory::kOther);
+  TensorSet mlp_out = b_.tensor("mlp_out", s_ * h * ab_, MemCategory::kOther);
   if (r_.tiled_mlp) {
     // Tiles of `tile_` tokens; only one tile's intermediates (gate, up, act) are live at a time.
     const KernelCost one =
         plus(plus(gemm(tile_, 2 * f, h), mem(4 * tile_ * f * ab_)), gemm(tile_, h, f));
     compute(fmt::format("mlp_tiled[{}]", shards_), OpKind::kGemm,
-            times(one, static_cast<double>(shards_)), {sv.h1n, params}, {mlp_out}, {},
+            times(one, static_cast<double>(shards_)), {h1n, params}, {mlp_out}, {},
             3 * tile_ * f * ab_);
   } else {
     TensorSet gate_up = b_.tensor("gate_up", s_ * 2 * f * ab_, MemCategory::kActivations);
-    compute("mlp_gate_up", OpKind::kGemm, gemm(s_, 2 * f, h), {sv.h1n, params}, {gate_up});
+    compute("mlp_gate_up", OpKind::kGemm, gemm(s_, 2 * f, h), {h1n, params}, {gate_up});
     TensorSet act = b_.tensor("mlp_act", s_ * f * ab_, MemCategory::kActivations);
     std::vector<TensorSet> act_out = {act};
     if (grad && r_.mlp_kernel == models::MlpKernel::kEager) {
@@ -329,6 +377,7 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
       sv.act = act;
     }
   }
+  mlp_out = tp_exchange("tp_rs.mlp_out", mlp_out, false);
   sv.out = b_.tensor("block_out", act_bytes, MemCategory::kActivations);
   sv.last_op =
       compute("residual2", OpKind::kElementwise, mem(3 * act_bytes), {sv.h1, mlp_out}, {sv.out});
@@ -338,9 +387,18 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
 TensorSet StepBuilder::layer_backward(
     const SavedLayer& sv, TensorSet dy, TensorSet params, TensorSet grads, bool reentrant) {
   const std::int64_t h = m_.hidden, f = m_.ffn_hidden;
-  const std::int64_t act_bytes = s_ * h * ab_;
+  const std::int64_t act_bytes = sp_ * h * ab_;
+  // With T > 1 the backward of the reduce-scatter after down is an all-gather of dy, that of the
+  // all-gather before gate/up a reduce-scatter of dh1n; a regathering implementation issues the
+  // gather of its saved input next (Megatron overlaps it with the dgrad GEMM; cpsim with whatever
+  // runs on the compute stream). Megatron also overlaps the reduce-scatter of the input gradient
+  // with the wgrad GEMM (layers.py:700-707, async_op): the untiled MLP's gate/up wgrad is an op of
+  // its own for that; the Q/K/V backward is the scheme's one op, so its reduce-scatter is exposed
+  // (a limit noted with the results).
+  const TensorSet dy_full = tp_exchange("tp_ag.dy", dy, true);
+  const TensorSet h1n = tp_regather_ ? tp_exchange("tp_ag.h1n(re)", sv.h1n, true) : sv.h1n;
   // MLP backward.
-  TensorSet dh1n = b_.tensor("dh1n", act_bytes, MemCategory::kOther);
+  TensorSet dh1n = b_.tensor("dh1n", s_ * h * ab_, MemCategory::kOther);
   if (r_.tiled_mlp) {
     // Per tile: recompute gate/up and activation, then dgrad and wgrad of both GEMMs.
     const KernelCost fwd =
@@ -348,21 +406,36 @@ TensorSet StepBuilder::layer_backward(
     const KernelCost bwd =
         plus(times(plus(gemm(tile_, 2 * f, h), gemm(tile_, h, f)), 2.0), mem(6 * tile_ * f * ab_));
     compute(fmt::format("mlp_tiled_bwd[{}]", shards_), OpKind::kGemm,
-            times(plus(fwd, bwd), static_cast<double>(shards_)), {dy, sv.h1n, params},
+            times(plus(fwd, bwd), static_cast<double>(shards_)), {dy_full, h1n, params},
             {dh1n, grads}, {}, 6 * tile_ * f * ab_);
   } else {
     const KernelCost bwd =
         plus(times(plus(gemm(s_, 2 * f, h), gemm(s_, h, f)), 2.0), mem(6 * s_ * f * ab_));
-    std::vector<TensorSet> kept = {dy, sv.h1n, sv.gate_up, sv.act, params};
+    std::vector<TensorSet> kept = {dy_full, h1n, sv.gate_up, sv.act, params};
     if (sv.mlp_silu.valid()) {
       kept.push_back(sv.mlp_silu);
     }
     // Gradients held at once: the product's, then dgate and dup (3f); Liger writes the latter two
     // over gate and up, leaving only the product's (f).
     const std::int64_t grads_f = r_.mlp_kernel == models::MlpKernel::kFused ? 1 : 3;
-    compute("mlp_bwd", OpKind::kGemm, bwd, std::move(kept), {dh1n, grads}, {},
-            grads_f * s_ * f * ab_);
+    if (tp_ > 1 && tp_regather_) {
+      // Megatron: down's dgrad and wgrad, the activation's backward and gate/up's dgrad; then
+      // gate/up's wgrad (reading the gathered h1n) while dh1n is reduce-scattered. dgate/dup
+      // (2f, none extra for Liger's in-place kernel) live until that wgrad.
+      kept.erase(std::find(kept.begin(), kept.end(), h1n));
+      const TensorSet dgate_up =
+          b_.tensor("dgate_up", (grads_f - 1) * s_ * f * ab_, MemCategory::kOther);
+      const KernelCost dgrad =
+          plus(plus(times(gemm(s_, h, f), 2.0), gemm(s_, 2 * f, h)), mem(6 * s_ * f * ab_));
+      compute("mlp_bwd", OpKind::kGemm, dgrad, std::move(kept), {dh1n, dgate_up, grads}, {},
+              s_ * f * ab_);
+      compute("mlp_wgrad", OpKind::kGemm, gemm(s_, 2 * f, h), {dgate_up, h1n, params}, {});
+    } else {
+      compute("mlp_bwd", OpKind::kGemm, bwd, std::move(kept), {dh1n, grads}, {},
+              grads_f * s_ * f * ab_);
+    }
   }
+  dh1n = tp_exchange("tp_rs.dh1n", dh1n, false);
   // norm2 backward plus the residual: dh1 = dy + norm2_bwd(dh1n).
   TensorSet dh1 = b_.tensor("dh1", act_bytes, MemCategory::kOther);
   std::vector<TensorSet> norm2_in = {dh1n, sv.h1, dy};
@@ -372,12 +445,20 @@ TensorSet StepBuilder::layer_backward(
   compute("norm2_bwd", OpKind::kElementwise, mem(4 * act_bytes), std::move(norm2_in), {dh1}, {},
           norm_workspace());
   // Output projection backward: dO = dh1 · Woᵀ, and its weight gradient.
+  const TensorSet dh1_full = tp_exchange("tp_ag.dh1", dh1, true);
+  SavedLayer regathered;
+  if (tp_ > 1 && tp_regather_) {
+    regathered = sv;
+    regathered.xn = tp_exchange("tp_ag.xn(re)", sv.xn, true);
+  }
+  const SavedLayer& saved = tp_ > 1 && tp_regather_ ? regathered : sv;
   TensorSet d_o = b_.tensor("dout", s_ * m_.q_width() * ab_, MemCategory::kAttention);
   compute("o_proj_bwd", OpKind::kGemm, times(gemm(s_, h, m_.q_width()), 2.0),
-          {dh1, sv.o, params, grads}, {d_o});
-  const InputGrad g = method_.attention_backward(*this, sv, d_o, params, grads);
+          {dh1_full, sv.o, params, grads}, {d_o});
+  const InputGrad g = method_.attention_backward(*this, saved, d_o, params, grads);
+  const TensorSet dxn = tp_exchange("tp_rs.dxn", g.dxn, false, MemCategory::kOther, {g.ready});
   TensorSet dx = b_.tensor("dx", act_bytes, MemCategory::kOther);
-  std::vector<TensorSet> norm1_in = {g.dxn, sv.x, dh1};
+  std::vector<TensorSet> norm1_in = {dxn, sv.x, dh1};
   if (sv.norm1_saved.valid()) {
     norm1_in.push_back(sv.norm1_saved);
   }
@@ -395,20 +476,37 @@ TensorSet StepBuilder::layer_backward(
 
 // ---- the step ---------------------------------------------------------------------------------
 
+// Gradient accumulation over M micro-batches of one sequence (ParallelConfig::micro_batches):
+// M forward/backward passes, one after the other (no pipeline), then one optimizer step; only
+// one micro-batch's activations are live at a time. Gradients are reduced after every micro-batch
+// under ZeRO ≥ 2 (FSDP2 reduce-scatters each backward unless told not to sync; DeepSpeed ZeRO-2/3
+// reduce per micro-batch), after the last one under ZeRO 0/1 (Megatron's DDP runs the first M−1
+// under no_sync: megatron/core/pipeline_parallel/schedules.py forward_backward_no_pipelining @
+// d98e8a6). ZeRO-3 gathers the parameters again in every pass.
 void StepBuilder::build() {
   set_static_memory();
   b_.set_phase(Phase::kForward);
   b_.set_layer(-1);
   const TensorSet host_optimizer = pin_host_optimizer_states();
   const TensorSet reduce_bucket = allocate_reduce_bucket();
-  TensorSet x = embedding_forward();
-  x = forward_layers(x);
-  const LossEnd loss = loss_forward_backward(x);
-  const TensorSet dy = backward_layers(loss.dy, loss.last_op);
-  b_.set_layer(-1);
-  const OpSet last_reduce = embedding_backward(dy);
+  const int micro_batches = std::max(1, in_.parallel.micro_batches);
+  OpSet last_reduce;
+  for (int mb = 0; mb < micro_batches; ++mb) {
+    b_.set_phase(Phase::kForward);
+    b_.set_layer(-1);
+    last_reduce = micro_batch(r_.zero_stage >= 2 || mb + 1 == micro_batches);
+  }
   optimizer(last_reduce, host_optimizer, reduce_bucket);
   add_notes();
+}
+
+OpSet StepBuilder::micro_batch(bool reduce) {
+  TensorSet x = embedding_forward();
+  x = forward_layers(x);
+  const LossEnd loss = loss_forward_backward(x, reduce);
+  const TensorSet dy = backward_layers(loss.dy, loss.last_op, reduce);
+  b_.set_layer(-1);
+  return embedding_backward(dy, reduce);
 }
 
 void StepBuilder::set_static_memory() {
@@ -456,7 +554,7 @@ TensorSet StepBuilder::allocate_reduce_bucket() {
 }
 
 std::int64_t StepBuilder::act_bytes() const {
-  return s_ * m_.hidden * ab_;
+  return sp_ * m_.hidden * ab_;
 }
 
 TensorSet StepBuilder::param_buffer(const std::string& name, std::int64_t params) {
@@ -498,8 +596,12 @@ void StepBuilder::prefetch_layer(int l, OpSet after) {
 TensorSet StepBuilder::embedding_forward() {
   TensorSet emb_w = param_buffer("embedding.params", params_.embedding);
   OpSet ag_emb = gather_into("allgather.embedding", params_.embedding, emb_w, {});
-  TensorSet x = b_.tensor("x0", act_bytes(), MemCategory::kActivations);
-  compute("embedding", OpKind::kElementwise, mem(2 * act_bytes()), {emb_w}, {x});
+  // Vocabulary-parallel embedding (T > 1): each rank looks up the rows it holds into a partial
+  // [s, h] sum, reduce-scattered to the rank's s/T tokens (Megatron reduce_scatter_embeddings,
+  // layers.py:367-378; TorchTitan RowwiseParallel to Shard(1), parallelize.py:177-180).
+  TensorSet x = b_.tensor("x0", s_ * m_.hidden * ab_, MemCategory::kActivations);
+  compute("embedding", OpKind::kElementwise, mem(2 * s_ * m_.hidden * ab_), {emb_w}, {x});
+  x = tp_exchange("tp_rs.embedding", x, false, MemCategory::kActivations);
   gather_layer(0, {ag_emb});
   return x;
 }
@@ -529,7 +631,7 @@ TensorSet StepBuilder::forward_layers(TensorSet x) {
   return x;
 }
 
-StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x) {
+StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x, bool reduce) {
   b_.set_layer(-1);
   const std::int64_t h = m_.hidden;
   const std::int64_t act = act_bytes();
@@ -540,23 +642,36 @@ StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x) {
   TensorSet xf = b_.tensor("x_final", act, MemCategory::kActivations);
   std::vector<TensorSet> final_norm_out = {xf};
   TensorSet final_norm_saved;
-  if (const std::int64_t kept = norm_saved_bytes(s_, h); kept > 0) {
+  if (const std::int64_t kept = norm_saved_bytes(sp_, h); kept > 0) {
     final_norm_saved = b_.tensor("final_norm_saved", kept, MemCategory::kActivations);
     final_norm_out.push_back(final_norm_saved);
   }
   compute("final_norm", OpKind::kElementwise, mem(2 * act), {x}, final_norm_out, {},
           norm_workspace());
-  TensorSet dxf = b_.tensor("dx_final", act, MemCategory::kOther);
+  // T > 1: the vocabulary-parallel LM head reads all s tokens (all-gather) and its input gradient
+  // is a partial sum (reduce-scatter); the loss over V/T logits per rank all-reduces the logits'
+  // max, the sum of exponentials and the target logit over the TP group: three all-reduces of s
+  // fp32 values (Megatron tensor_parallel/cross_entropy.py; TorchTitan loss_parallel).
+  const TensorSet xf_full = tp_exchange("tp_ag.x_final", xf, true, MemCategory::kActivations);
+  if (tp_ > 1) {
+    OpSpec& s = next_spec("tp_allreduce.cross_entropy", Stream::kComm, OpKind::kElementwise);
+    s.inputs.push_back(xf_full);
+    b_.collective(s, Group::kTp, models::Collective::kAllReduce, cost_, s_ * kFp32Bytes, 3);
+  }
+  TensorSet dxf = b_.tensor("dx_final", s_ * h * ab_, MemCategory::kOther);
   TensorSet head_grads = grad_buffer("head.grads", p_head);
   if (r_.fused_loss) {
-    fused_loss(xf, head_w, dxf, head_grads);
+    fused_loss(xf_full, head_w, dxf, head_grads);
   } else {
-    materialised_loss(xf, head_w, dxf, head_grads);
+    materialised_loss(xf_full, head_w, dxf, head_grads);
   }
   // The loss op that writes dx_final writes the head's gradients too (the fused loss does so in
   // the forward); from here on everything is backward.
   b_.set_phase(Phase::kBackward);
-  reduce_grads("reduce.head", p_head, head_grads, {b_.producer(dxf)});
+  if (reduce) {
+    reduce_grads("reduce.head", p_head, head_grads, {b_.producer(dxf)});
+  }
+  dxf = tp_exchange("tp_rs.dx_final", dxf, false);
   TensorSet dy = b_.tensor("dy", act, MemCategory::kOther);
   std::vector<TensorSet> final_norm_in = {dxf, x};
   if (final_norm_saved.valid()) {
@@ -619,7 +734,7 @@ void StepBuilder::materialised_loss(TensorSet xf,
           {dxf, head_grads});
 }
 
-TensorSet StepBuilder::backward_layers(TensorSet dy, OpSet after_loss) {
+TensorSet StepBuilder::backward_layers(TensorSet dy, OpSet after_loss, bool reduce) {
   const int layers = static_cast<int>(m_.layers);
   const bool full_ac = r_.checkpointing == models::CheckpointMode::kFull;
   b_.set_phase(Phase::kBackward);
@@ -639,22 +754,29 @@ TensorSet StepBuilder::backward_layers(TensorSet dy, OpSet after_loss) {
     dy = backward_layer(l, checkpoints_[li], dy, layer_params_[li], grads);
     // FSDP's post-backward hook: the block's gradients are reduced once its backward has ended
     // (dy's producer is the block's last op on the compute stream).
+    if (!reduce) {
+      continue;
+    }
     reduce_grads(fmt::format("reduce.layer{}", l), params_.per_layer, grads, {b_.producer(dy)});
   }
   return dy;
 }
 
-OpSet StepBuilder::embedding_backward(TensorSet dy) {
+OpSet StepBuilder::embedding_backward(TensorSet dy, bool reduce) {
   TensorSet emb_grads = grad_buffer("embedding.grads", params_.embedding);
-  const OpSet grads_done =
-      compute("embedding_bwd", OpKind::kElementwise, mem(2 * act_bytes()), {dy}, {emb_grads});
+  dy = tp_exchange("tp_ag.dembedding", dy, true);
+  const OpSet grads_done = compute("embedding_bwd", OpKind::kElementwise,
+                                   mem(2 * s_ * m_.hidden * ab_), {dy}, {emb_grads});
+  if (!reduce) {
+    return grads_done;
+  }
   return reduce_grads("reduce.embedding", params_.embedding, emb_grads, {grads_done});
 }
 
 void StepBuilder::optimizer(OpSet last_reduce, TensorSet host_optimizer, TensorSet reduce_bucket) {
   b_.set_phase(Phase::kOptimizer);
   const std::int64_t updated =
-      r_.zero_stage == 0 ? params_.total : ceil_div(params_.total, in_.parallel.gpus);
+      r_.zero_stage == 0 ? params_.total : ceil_div(params_.total, b_.group_size(Group::kAll));
   if (!r_.optimizer_offload) {
     // AdamW on the GPU: reads param, grad, m, v (fp32) and writes param, m, v: 28 bytes/param.
     compute("adamw", OpKind::kOptimizer, mem(updated * 28), {reduce_bucket}, {}, {last_reduce});
@@ -686,6 +808,13 @@ void StepBuilder::add_notes() {
   if (b_.span_of(Group::kAll) == models::Span::kInterNode ||
       b_.span_of(Group::kCp) == models::Span::kInterNode) {
     w_.notes.push_back("inter-node collectives use one NIC per GPU at the NIC's busbw (crude)");
+  }
+  if (tp_ > 1) {
+    w_.notes.push_back(
+        "TP collectives run exposed (Megatron's --tp-comm-overlap and TorchTitan's async TP are "
+        "off "
+        "by default); Megatron's overlap of the Q/K/V input gradient's reduce-scatter with their "
+        "weight-gradient GEMM is not modelled (the MLP's is)");
   }
   if (!r_.expandable_segments) {
     w_.notes.push_back("allocator fragmentation without expandable segments is not modelled");

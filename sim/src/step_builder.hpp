@@ -141,6 +141,14 @@ class StepBuilder {
       t += s;
     }
   }
+  /// Sequence parallelism (T > 1): all-gather of a sequence-sharded [s/T, h] activation to
+  /// [s, h] (`gather`), or reduce-scatter of a partial [s, h] sum to [s/T, h], over the TP group on
+  /// the communication stream; a new tensor of category `cat`. Returns `in` when T = 1.
+  TensorSet tp_exchange(const char* name,
+                        TensorSet in,
+                        bool gather,
+                        MemCategory cat = MemCategory::kOther,
+                        ListRef<OpSet> deps = {});
   OpSet host_copy(Name name,
                   bool to_device,
                   std::int64_t bytes,
@@ -194,14 +202,18 @@ class StepBuilder {
     TensorSet dy;   ///< gradient of the last block's output
     OpSet last_op;  ///< the final norm's backward
   };
-  LossEnd loss_forward_backward(TensorSet x);
+  LossEnd loss_forward_backward(TensorSet x, bool reduce);
   void fused_loss(TensorSet xf, TensorSet head_w, TensorSet dxf, TensorSet head_grads);
   void materialised_loss(TensorSet xf, TensorSet head_w, TensorSet dxf, TensorSet head_grads);
   /// Blocks L−1..0 backward from `dy` (after `after_loss`); returns the embedding's gradient.
-  TensorSet backward_layers(TensorSet dy, OpSet after_loss);
-  OpSet embedding_backward(TensorSet dy);
+  TensorSet backward_layers(TensorSet dy, OpSet after_loss, bool reduce);
+  OpSet embedding_backward(TensorSet dy, bool reduce);
   void optimizer(OpSet last_reduce, TensorSet host_optimizer, TensorSet reduce_bucket);
   void add_notes();
+  /// One micro-batch's embedding, forward, loss and backward; `reduce`: its gradients are reduced
+  /// (every micro-batch under ZeRO ≥ 2, the last one only under ZeRO 0/1). Returns the op the
+  /// optimizer waits for.
+  OpSet micro_batch(bool reduce);
 
   // ---- blocks (step_layers.cpp): built, or instances of a template ----
   struct LayerEnds {
@@ -300,6 +312,9 @@ class StepBuilder {
   bool merge_ring_ = false;    // BuildOptions::merge_ring_steps
   bool repeat_layers_ = true;  // BuildOptions::repeat_layers
   std::int64_t s_ = 0;         // local tokens N / C
+  std::int64_t tp_ = 1;        // tensor-parallel degree T
+  std::int64_t sp_ = 0;        // sequence-parallel tokens s / T (norms, residuals, block I/O)
+  bool tp_regather_ = true;    // TP linears save [s/T, h] inputs and gather them again
   std::int64_t nr_ = 0;        // tokens after the Ulysses all-to-all: N / ring
   std::int64_t ab_ = 2;        // activation bytes
   std::int64_t shards_ = 1, tile_ = 0;

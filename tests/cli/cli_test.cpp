@@ -297,6 +297,30 @@ TEST_F(CliTest, ImplementationsAreListedAndSelected) {
             std::string::npos);
 }
 
+TEST_F(CliTest, TensorParallelAndMicroBatches) {
+  // TP 2 on 8 GPUs: CP degree 4 by default; M micro-batches multiply the tokens per step.
+  const Json tp = run_json({"simulate", "--impl", "megatron-core-cp", "--method", "ulysses", "--tp",
+                            "2", "--micro-batches", "3", "--seq", "64K", "--json"});
+  EXPECT_EQ(tp.at("config").at("tp_degree"), 2);
+  EXPECT_EQ(tp.at("config").at("cp_degree"), 4);
+  EXPECT_EQ(tp.at("config").at("micro_batches"), 3);
+  EXPECT_EQ(tp.at("tokens_per_step"), 3 * 65536);
+  // A run without the flags writes neither key.
+  const Json plain = run_json({"simulate", "--method", "ulysses", "--seq", "64K", "--json"});
+  EXPECT_FALSE(plain.at("config").contains("tp_degree"));
+  // Refusals: exit 2, one line naming --tp.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"simulate", "--impl", "deepspeed-ulysses", "--tp", "2", "--seq",
+                                 "64K"},
+        std::vector<std::string>{"simulate", "--method", "ulysses", "--tp", "3", "--seq", "64K"},
+        std::vector<std::string>{"plan", "--tp", "2"}}) {
+    const RunResult r = run(args);
+    EXPECT_EQ(r.exit_code, 2) << join(args) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find("--tp"), std::string::npos) << r.err;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Determinism
 

@@ -86,7 +86,10 @@ constexpr ImplementationTable kTable{
     kLaunchers,
     "deepspeed-fpdt",
     kRows,
-    kLimits};
+    kLimits,
+    "Megatron-DeepSpeed's tensor parallelism around deepspeed/sequence/fpdt_layer.py (its chunked "
+    "attention, FFN and loss under TP) is not modelled by cpsim",
+    false};
 
 }  // namespace
 

@@ -82,7 +82,10 @@ constexpr ImplementationTable kTable{
     kLaunchers,
     "alst-deepspeed",
     kRows,
-    kLimits};
+    kLimits,
+    "DeepSpeed's ALST parallel state has sequence- and data-parallel groups only, no "
+    "tensor-parallel group (deepspeed/runtime/sequence_parallel/parallel_state_sp.py:13-58)",
+    false};
 
 }  // namespace
 

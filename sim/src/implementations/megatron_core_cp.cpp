@@ -88,7 +88,9 @@ constexpr ImplementationTable kTable{
     kLaunchers,
     "",
     kRows,
-    kLimits};
+    kLimits,
+    "",
+    true};
 
 class MegatronCoreCp final : public Implementation {
  public:

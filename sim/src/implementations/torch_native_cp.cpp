@@ -88,7 +88,9 @@ constexpr ImplementationTable kTable{
     kLaunchers,
     "torch-native",
     kRows,
-    kLimits};
+    kLimits,
+    "",
+    false};
 
 class TorchNativeCp final : public Implementation {
  public:

@@ -81,7 +81,10 @@ constexpr ImplementationTable kTable{
     kLaunchers,
     "alst",
     kRows,
-    kLimits};
+    kLimits,
+    "tensor parallelism around the UPipe op of the Untied Ulysses fork (which projects Q/K/V "
+    "inside the op, stage by stage) is not modelled by cpsim",
+    false};
 
 class UntiedUlyssesUpipe final : public Implementation {
  public:

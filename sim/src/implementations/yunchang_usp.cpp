@@ -101,7 +101,10 @@ constexpr ImplementationTable kTable{
     kLaunchers,
     "alst",
     kRows,
-    kLimits};
+    kLimits,
+    "tensor parallelism around yunchang's LongContextAttention in the Untied Ulysses fork is not "
+    "modelled by cpsim",
+    false};
 
 class YunchangUsp final : public Implementation {
  public:

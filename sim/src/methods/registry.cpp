@@ -34,6 +34,10 @@ const char* to_string(Quantity q) {
       return "heads_per_stage";
     case Quantity::kFpdtChunk:
       return "fpdt_chunk";
+    case Quantity::kTpDegree:
+      return "tp_degree";
+    case Quantity::kMicroBatches:
+      return "micro_batches";
     case Quantity::kImplementation:
       return "implementation";
   }

@@ -38,12 +38,18 @@ struct ParallelConfig {
   std::int64_t fpdt_chunk = 65536;  ///< FPDT chunk in global tokens
   bool fpdt_offload = true;         ///< FPDT chunks offloaded to pinned host memory
   int micro_batch = 1;
+  /// Tensor-parallel degree T (Megatron-style, with sequence parallelism): T consecutive ranks of
+  /// a node share each block's GEMMs (column/row parallel) and hold s/T tokens of the norms and
+  /// residuals; a CP group is C ranks of stride T (Megatron's "tp-cp-ep-dp-pp" rank order).
+  int tp_degree = 1;
+  /// Gradient accumulation: micro-batches of one sequence per optimizer step.
+  int micro_batches = 1;
   /// The implementation of the method that runs (sim/implementation.hpp, `--impl`): empty = the
   /// recipe's default for the method, "none" = the method's scheme alone.
   std::string implementation;
 
   int ulysses_degree() const { return cp_degree / ring_degree; }
-  int data_parallel() const { return gpus / cp_degree; }
+  int data_parallel() const { return gpus / (cp_degree * tp_degree); }
   std::int64_t local_seq() const { return seq_len / cp_degree; }
 };
 

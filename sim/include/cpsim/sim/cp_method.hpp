@@ -40,6 +40,8 @@ enum class Quantity {
   kHeadsPerStage,   ///< UPipe's U
   kFpdtChunk,       ///< FPDT's chunk
   kImplementation,  ///< the implementation asked for (unknown, or not one of the method)
+  kTpDegree,        ///< tensor-parallel degree T (placement, heads, the implementation's support)
+  kMicroBatches,    ///< micro-batches per optimizer step
 };
 const char* to_string(Quantity q);
 

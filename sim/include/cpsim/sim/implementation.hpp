@@ -125,6 +125,13 @@ struct ImplementationTable {
   std::span<const LedgerRow> ledger;
   /// What it models crudely or leaves out (printed with the modelling notes); one line each.
   std::span<const std::string_view> limits;
+  /// Tensor parallelism around its CP (ParallelConfig::tp_degree > 1): empty when its launcher
+  /// runs it, else why not (one line, naming the source).
+  std::string_view tp_refusal;
+  /// Under TP with sequence parallelism, its column-parallel linears save their sequence-sharded
+  /// input [s/T, h] and all-gather it again in backward for the weight gradient (Megatron);
+  /// false: the gathered input [s, h] is what autograd saves (TorchTitan's DTensor linears).
+  bool tp_regathers_inputs;
 };
 
 /// An implementation users run: its table, and hooks where its code changes the scheme.
@@ -144,6 +151,9 @@ class Implementation {
   std::span<const std::string_view> launchers() const { return table_.launchers; }
   std::span<const LedgerRow> ledger() const { return table_.ledger; }
   std::span<const std::string_view> limits() const { return table_.limits; }
+  /// Empty when it runs tensor parallelism around its CP, else why not.
+  std::string_view tp_refusal() const { return table_.tp_refusal; }
+  bool tp_regathers_inputs() const { return table_.tp_regathers_inputs; }
   /// docs/implementations/<name>.md
   std::string ledger_document() const {
     return "docs/implementations/" + std::string(name()) + ".md";

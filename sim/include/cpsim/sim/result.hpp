@@ -14,7 +14,7 @@ namespace cpsim::sim {
 struct StepReport {
   // Time and throughput
   double step_time_s = 0.0;
-  std::int64_t tokens_per_step = 0;  ///< seq_len × data-parallel replicas
+  std::int64_t tokens_per_step = 0;  ///< seq_len × data-parallel replicas × micro-batches
   double tokens_per_s_per_gpu = 0.0;
   double model_flops_per_step = 0.0;  ///< no recomputation counted (models::model_step_flops)
   double model_tflops_per_gpu = 0.0;  ///< model FLOPs / step time / GPUs, in TFLOP/s

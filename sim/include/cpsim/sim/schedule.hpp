@@ -31,6 +31,11 @@ LayoutCheck check_head_layout(const ScheduleInputs& inputs);
 /// check_head_layout for callers that cannot go on without a layout. @throws ConfigError.
 HeadLayout derive_head_layout(const ScheduleInputs& inputs);
 
+/// One tensor-parallel rank's view of `inputs` (parallel.tp_degree = T): the model's heads, KV
+/// heads, FFN width and vocabulary divided by T (tp_rank_model set); the inputs themselves when
+/// T = 1 or already a rank's view. Not validated (check_head_layout does that).
+ScheduleInputs tensor_parallel_rank(const ScheduleInputs& inputs);
+
 AttentionBuffers attention_buffers(const ScheduleInputs& inputs, const HeadLayout& layout);
 
 /// With `recipe.int32_kernel_indexing`, the first tensor a 32-bit-indexed kernel would see with

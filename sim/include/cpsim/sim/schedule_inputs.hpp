@@ -24,6 +24,9 @@ struct ScheduleInputs {
   models::ParallelConfig parallel;
   models::HardwareProfile hardware;
   MemoryMargin margin;
+  /// Set by tensor_parallel_rank(): `model` is already one tensor-parallel rank's share (heads,
+  /// KV heads, FFN width and vocabulary divided by parallel.tp_degree).
+  bool tp_rank_model = false;
 };
 
 }  // namespace cpsim::sim
