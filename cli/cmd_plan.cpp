@@ -47,7 +47,7 @@ nlohmann::json candidate_json(const planner::Candidate& c, bool max_context) {
       {"fused_loss", r.fused_loss},
       {"zero_stage", r.zero_stage},
       {"seq_len", p.seq_len},
-      {"tokens_per_step", p.seq_len * p.data_parallel() * p.micro_batch},
+      {"tokens_per_step", c.report.tokens_per_step},
       {"step_time_s", c.report.step_time_s},
       {"tokens_per_s_per_gpu", c.report.tokens_per_s_per_gpu},
       {"mfu", c.report.mfu},
@@ -66,8 +66,7 @@ std::vector<std::string> row(const planner::Candidate& c, bool max_context) {
   std::vector<std::string> r;
   if (max_context)
     r.push_back(format_length(c.max_seq_len));
-  const std::int64_t tokens_per_step =
-      c.parallel.seq_len * c.parallel.data_parallel() * c.parallel.micro_batch;
+  const std::int64_t tokens_per_step = c.report.tokens_per_step;
   r.insert(r.end(), {fmt::format("{:.1f}", c.report.tokens_per_s_per_gpu),
                      format_length(tokens_per_step), format_seconds(c.report.step_time_s),
                      format_bytes(static_cast<double>(c.report.peak_memory_bytes)), c.label});
@@ -132,12 +131,8 @@ std::string methods_to_search(const PlanArgs& a) {
 // What the command line fixed: the search keeps these (a flag left out is searched).
 planner::PlanConstraints fixed_by_flags(const PlanArgs& a) {
   const SimulateArgs& f = a.config;
-  if (f.tp != 1 || f.micro_batches != 1) {
-    throw InputError(f.tp != 1 ? "--tp" : "--micro-batches",
-                     "plan does not search tensor parallelism or micro-batches yet; use simulate "
-                     "or maxlen");
-  }
   planner::PlanConstraints fixed;
+  fixed.tp_degree = f.tp_given ? f.tp : 0;  // --micro-batches: every candidate runs the base's
   fixed.cp_degree = f.cp_degree;
   fixed.ulysses_degree = f.ulysses_degree;
   fixed.ring_degree = f.ring_degree;

@@ -684,8 +684,10 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
   c->add_option("--tp", a.tp,
                 "tensor-parallel degree T with sequence parallelism (Megatron-style), T "
                 "consecutive GPUs of a node; the CP degree defaults to GPUs / T "
-                "(megatron-core-cp, torch-native-cp and --impl none run it; default: 1)")
-      ->check(whole_number_in(1, kMaxGpus));
+                "(megatron-core-cp, torch-native-cp and --impl none run it; default: 1; plan "
+                "searches it unless given)")
+      ->check(whole_number_in(1, kMaxGpus))
+      ->each([&a](const std::string&) { a.tp_given = true; });
   c->add_option("--micro-batches", a.micro_batches,
                 "gradient accumulation: micro-batches of one sequence per optimizer step "
                 "(default: 1)")

@@ -45,6 +45,7 @@ struct SimulateArgs {
   int ulysses_degree = 0;  // 0 = derived
   int ring_degree = 0;     // 0 = derived
   int tp = 1;              // tensor-parallel degree
+  bool tp_given = false;   ///< --tp was on the command line (plan: else searched)
   int micro_batches = 1;   // gradient-accumulation micro-batches per step
   std::string ring_layout;
   std::string fpdt_chunk;

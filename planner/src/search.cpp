@@ -50,6 +50,12 @@ std::string recipe_label(const models::TrainingRecipe& r) {
 
 std::string structure_label(const models::ParallelConfig& p) {
   std::string s = sim::cp_implementation(p.method).label(sim::LabelStyle::kSearch, p, nullptr);
+  if (p.tp_degree > 1) {
+    s += fmt::format(" tp{}", p.tp_degree);
+  }
+  if (p.micro_batches > 1) {
+    s += fmt::format(" mb{}", p.micro_batches);
+  }
   if (p.data_parallel() > 1) {
     s += fmt::format(" dp{}", p.data_parallel());
   }
@@ -105,6 +111,25 @@ std::vector<models::TrainingRecipe> recipe_space(const models::TrainingRecipe& b
     }
   }
   return recipes;
+}
+
+// The TP degrees searched: the one fixed, else every T that divides the GPUs of a node, the GPUs,
+// the query and KV heads and the FFN width (Megatron-Core's and TorchTitan's requirements; what
+// else a T needs, the simulator checks per candidate).
+std::vector<int> tp_degrees(const sim::ScheduleInputs& base, const PlanConstraints& fixed) {
+  if (fixed.tp_degree > 0) {
+    return {fixed.tp_degree};
+  }
+  const models::TransformerSpec& m = base.model;
+  const int per_node = std::max(1, base.parallel.gpus_per_node);
+  std::vector<int> out;
+  for (const int t : divisors(per_node)) {
+    if (base.parallel.gpus % t == 0 && m.heads % t == 0 && m.kv_heads % t == 0 &&
+        m.ffn_hidden % t == 0) {
+      out.push_back(t);
+    }
+  }
+  return out;
 }
 
 // Whether `p` (a structure the method proposed) has every value the user fixed that the method
@@ -216,8 +241,12 @@ std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
   const auto& r = in.recipe;
   const std::int64_t s = in.parallel.seq_len / in.parallel.cp_degree;
   const std::int64_t ab = r.activation_bytes;
-  const std::int64_t act = s * m.hidden * ab;
-  const std::int64_t mlp_tensor = s * m.ffn_hidden * ab;  // one [s, f] tensor
+  // Tensor parallelism with sequence parallelism: norms, residuals and block inputs hold s/T
+  // tokens, the MLP's tensors f/T columns, the logits ⌈V/T⌉ (docs/MODEL.md).
+  const std::int64_t t = std::max(1, in.parallel.tp_degree);
+  const std::int64_t act = s / t * m.hidden * ab;
+  const std::int64_t mlp_tensor = s * (m.ffn_hidden / t) * ab;  // one [s, f/T] tensor
+  const std::int64_t vocab = (m.vocab + t - 1) / t;
   const bool full_ac = r.checkpointing == CheckpointMode::kFull;
   std::int64_t saved = 0;
   if (full_ac) {
@@ -232,7 +261,7 @@ std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
       saved += m.layers * 3 * mlp_tensor;  // gate/up and activation
     }
   }
-  const std::int64_t loss = r.fused_loss ? 0 : s * m.vocab * 3 * kFp32Bytes + act;
+  const std::int64_t loss = r.fused_loss ? 0 : s * vocab * 3 * kFp32Bytes + act;
   std::int64_t last_mlp_backward = 2 * act;
   if (!r.tiled_mlp) {
     last_mlp_backward += (full_ac ? 4 : 1) * mlp_tensor;
@@ -256,16 +285,26 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
   const PlanConstraints& fixed = options.fixed;
   const bool fixed_part = fixed.ulysses_degree > 0 || fixed.ring_degree > 0;
   const bool smaller_groups = fixed_part || (!max_context && options.allow_data_parallel);
-  const std::vector<int> cps = fixed.cp_degree > 0 ? std::vector<int>{fixed.cp_degree}
-                               : smaller_groups    ? divisors(gpus)
-                                                   : std::vector<int>{gpus};
 
   const std::vector<models::TrainingRecipe> recipes =
       !max_context && options.vary_recipe ? recipe_space(base.recipe, options.fixed)
                                           : std::vector<models::TrainingRecipe>{base.recipe};
+  // Tensor parallelism inside a node: T GPUs of a node per TP group, the CP group over the
+  // GPUs / T TP positions (the whole of them for the longest context).
   std::vector<models::ParallelConfig> structures;
-  for (const sim::CpImplementation* method : methods_of(options)) {
-    append_structures(*method, base, options, cps, structures);
+  sim::ScheduleInputs at_tp = base;
+  for (const int tp : tp_degrees(base, fixed)) {
+    at_tp.parallel.tp_degree = tp;
+    const int positions = gpus / tp;
+    if (fixed.cp_degree > 0 && positions % fixed.cp_degree != 0) {
+      continue;  // the CP group given does not fit the TP positions
+    }
+    const std::vector<int> cps = fixed.cp_degree > 0 ? std::vector<int>{fixed.cp_degree}
+                                 : smaller_groups    ? divisors(positions)
+                                                     : std::vector<int>{positions};
+    for (const sim::CpImplementation* method : methods_of(options)) {
+      append_structures(*method, at_tp, options, cps, structures);
+    }
   }
   std::vector<Candidate> out;
   out.reserve(structures.size() * recipes.size());

@@ -313,11 +313,20 @@ TEST_F(CliTest, TensorParallelAndMicroBatches) {
        {std::vector<std::string>{"simulate", "--impl", "deepspeed-ulysses", "--tp", "2", "--seq",
                                  "64K"},
         std::vector<std::string>{"simulate", "--method", "ulysses", "--tp", "3", "--seq", "64K"},
-        std::vector<std::string>{"plan", "--tp", "2"}}) {
+        std::vector<std::string>{"plan", "--tp", "2", "--methods", "ulysses", "--impl",
+                                 "deepspeed-ulysses"}}) {
     const RunResult r = run(args);
-    EXPECT_EQ(r.exit_code, 2) << join(args) << r.err;
+    // plan: every candidate refused, so nothing fits (3), naming why.
+    EXPECT_EQ(r.exit_code, args[0] == "plan" ? 3 : 2) << join(args) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_NE(r.err.find("--tp"), std::string::npos) << r.err;
+  }
+  // plan keeps a TP degree given, and --micro-batches: every row runs them.
+  const Json plan = run_json({"plan", "--tp", "2", "--micro-batches", "2", "--seq", "64K",
+                              "--methods", "ring", "--impl", "megatron-core-cp", "--json"});
+  for (const Json& row : plan.at("top")) {
+    EXPECT_NE(row.at("label").get<std::string>().find("tp2 mb2"), std::string::npos) << row;
+    EXPECT_EQ(row.at("tokens_per_step"), 2 * 65536);
   }
 }
 
@@ -882,6 +891,7 @@ struct RoundTripCase {
   std::vector<std::string> plan_args;  // beyond --emit and --out
   std::string file;
   std::string recipe = "alst";  // the plan's --recipe: the user's recipe the reader starts from
+  std::string gpus = "8";       // the plan's --gpus: what the launch command starts
 };
 
 class RoundTrip : public CliTest, public ::testing::WithParamInterface<RoundTripCase> {};
@@ -908,10 +918,10 @@ TEST_P(RoundTrip, EmittedFileReadsBackToAStepThatFits) {
   }
   ASSERT_FALSE(planned.is_null()) << "the emitted configuration is not among those shown";
 
-  const RunResult read =
-      run_program(python, {reader.string(), c.launcher, out, "--data", CPSIM_TEST_DATA_DIR,
-                           "--base-recipe", (root / "data/recipes" / (c.recipe + ".json")).string(),
-                           "--gpus", "8", "--recipe-out", path("read_back_recipe.json").string()});
+  const RunResult read = run_program(
+      python, {reader.string(), c.launcher, out, "--data", CPSIM_TEST_DATA_DIR, "--base-recipe",
+               (root / "data/recipes" / (c.recipe + ".json")).string(), "--gpus", c.gpus,
+               "--recipe-out", path("read_back_recipe.json").string()});
   ASSERT_EQ(read.exit_code, 0) << read.err;
   std::vector<std::string> simulate = {"simulate", "--json"};
   std::istringstream lines(read.out);
@@ -946,6 +956,14 @@ INSTANTIATE_TEST_SUITE_P(
         RoundTripCase{"accelerate", {"--seq", "256K", "--methods", "ring"}, "cp.yaml"},
         RoundTripCase{"megatron", {"--seq", "32K", "--methods", "ulysses"}, "a2a.sh"},
         RoundTripCase{"untied-ulysses", {"--methods", "usp"}, "usp.sh"},
+        RoundTripCase{"megatron", {"--seq", "64K", "--methods", "ring", "--tp", "2"}, "tp.sh"},
+        RoundTripCase{"torchtitan",
+                      {"--model", "llama3-70b", "--gpus", "32", "--methods", "ring", "--tp", "4"},
+                      "tp70b.toml",
+                      "alst",
+                      "32"},
+        RoundTripCase{"megatron", {"--seq", "64K", "--micro-batches", "4"}, "mb.sh"},
+        RoundTripCase{"deepspeed", {"--micro-batches", "2"}, "mb.json"},
         RoundTripCase{"arctic",
                       {"--recipe", "alst-deepspeed", "--dataset", "HuggingFaceH4/ultrachat_200k"},
                       "alst.yaml",

@@ -460,6 +460,19 @@ TEST(PlanConstraints, EnumerationKeepsWhatTheUserFixed) {
   sim::ScheduleInputs base = small(CpMethod::kUlysses, 8);
   PlanOptions o;
   o.seq_len = 64 * 1024;
+  // Tensor parallelism: T divides the 8 GPUs of a node, the 16 heads, the 8 KV heads and the FFN
+  // width 2816: 1, 2, 4, 8, each with the CP group over the 8 / T TP positions; --tp keeps one.
+  std::set<int> tps;
+  for (const Candidate& c : enumerate_candidates(base, o)) {
+    tps.insert(c.parallel.tp_degree);
+    EXPECT_EQ(c.parallel.cp_degree * c.parallel.tp_degree, 8) << c.label;
+  }
+  EXPECT_EQ(tps, (std::set<int>{1, 2, 4, 8}));
+  o.fixed.tp_degree = 2;
+  for (const Candidate& c : enumerate_candidates(base, o)) {
+    EXPECT_EQ(c.parallel.tp_degree, 2) << c.label;
+  }
+  o.fixed.tp_degree = 1;  // the counts below are without TP
   const std::size_t all = enumerate_candidates(base, o).size();
   // Without consent to data parallelism every structure uses all 8 GPUs in one group; with it
   // the groups of 1, 2 and 4 GPUs are searched too.
@@ -481,6 +494,7 @@ TEST(PlanConstraints, EnumerationKeepsWhatTheUserFixed) {
   // × fused); with ZeRO and fused loss fixed as well: 4 AC × 2 tiled = 8.
   o = PlanOptions{};
   o.seq_len = 64 * 1024;
+  o.fixed.tp_degree = 1;
   o.methods = {CpMethod::kUPipe};
   o.fixed.cp_degree = 8;
   o.fixed.ring_degree = 1;

@@ -183,6 +183,11 @@ def read_torchtitan(path, recipe, a):
         flags += ["--ring-layout", "zigzag"]
     if par.get("data_parallel_replicate_degree", 1) != 1:
         raise Unreadable("[parallelism] data_parallel_replicate_degree: HSDP is not modelled")
+    tp = int(par.get("tensor_parallel_degree", 1))  # TorchTitan's TP plan is sequence parallel
+    dp = a.gpus // (tp * int(par["context_parallel_degree"]))
+    global_batch = int(train.get("global_batch_size", -1))  # -1: local batch x data parallel
+    micro = 1 if global_batch < 0 else global_batch // (int(train["local_batch_size"]) * dp)
+    flags += ["--tp", str(tp), "--micro-batches", str(micro)]
     # FSDP2 over dp_shard x cp; "never" keeps the gathered parameters after the forward.
     reshard = par.get("fsdp_reshard_after_forward", "default")
     recipe["sharding"]["zero_stage"] = 2 if reshard == "never" else 3
@@ -240,7 +245,8 @@ def read_megatron_deepspeed(sh_path, recipe, a):
     if not os.path.isabs(ds_path):
         ds_path = os.path.join(os.path.dirname(sh_path), os.path.basename(ds_path))
     with open(ds_path) as f:
-        ds_config_into(recipe, json.load(f))
+        ds = json.load(f)
+    ds_config_into(recipe, ds)
     if "--ds-sequence-parallel-fpdt" not in o:
         raise Unreadable("--ds-sequence-parallel-fpdt missing: not an FPDT run")
     sp = int(o["--ds-sequence-parallel-size"])
@@ -249,7 +255,8 @@ def read_megatron_deepspeed(sh_path, recipe, a):
     flags = ["--model", model_of_shape(shape, a.data, "model flags"), "--method", "fpdt",
              "--impl", "deepspeed-fpdt", "--seq", o["--seq-length"], "--cp-degree", str(sp),
              "--fpdt-chunk", o["--ds-sequence-parallel-fpdt-chunk-size"],
-             "--fpdt-offload", "on" if "--ds-sequence-parallel-fpdt-offloading" in o else "off"]
+             "--fpdt-offload", "on" if "--ds-sequence-parallel-fpdt-offloading" in o else "off",
+             "--micro-batches", str(ds.get("gradient_accumulation_steps", 1))]
     if int(o["--zero-stage"]) != recipe["sharding"]["zero_stage"]:
         raise Unreadable("--zero-stage disagrees with the ds_config's zero_optimization.stage")
     ac = recipe["activation_checkpointing"]
@@ -284,8 +291,11 @@ def read_accelerate(path, recipe, a):
         if not os.path.isabs(ds_file):
             ds_file = os.path.join(os.path.dirname(path), os.path.basename(ds_file))
         with open(ds_file) as f:
-            ds_config_into(recipe, json.load(f))
+            ds = json.load(f)
+        ds_config_into(recipe, ds)
+        flags += ["--micro-batches", str(ds.get("gradient_accumulation_steps", 1))]
     else:
+        flags += ["--tp", str(p.get("parallelism_config_tp_size", 1))]
         strategy = p["parallelism_config_cp_comm_strategy"]
         method = {"alltoall": "ring", "allgather": "allgather"}[strategy]
         flags += ["--method", method, "--cp-degree", str(p["parallelism_config_cp_size"])]
@@ -321,8 +331,15 @@ def read_megatron(path, recipe, a):
     comm = o.get("--cp-comm-type", "p2p")
     flags = ["--model", model_of_shape(shape, a.data, "model flags"), "--impl", "megatron-core-cp",
              "--seq", o["--seq-length"], "--cp-degree", str(cp)]
-    if int(o["--tensor-model-parallel-size"]) != 1 or int(o["--pipeline-model-parallel-size"]) != 1:
-        raise Unreadable("tensor or pipeline parallelism: not read back")
+    tp = int(o["--tensor-model-parallel-size"])
+    if int(o["--pipeline-model-parallel-size"]) != 1:
+        raise Unreadable("pipeline parallelism: not read back")
+    if tp > 1 and "--sequence-parallel" not in o:
+        raise Unreadable("tensor parallelism without --sequence-parallel: not modelled")
+    dp = a.gpus // (tp * cp)
+    global_batch = int(o.get("--global-batch-size", int(o["--micro-batch-size"]) * dp))
+    flags += ["--tp", str(tp),
+              "--micro-batches", str(global_batch // (int(o["--micro-batch-size"]) * dp))]
     if comm == "p2p":
         flags += ["--method", "ring", "--ring-layout", "zigzag"]  # Megatron's CP load balancing
     elif comm == "a2a":
@@ -362,6 +379,7 @@ def read_arctic(path, recipe, a):
     # arctic_training/config/trainer.py, config/model.py at b28638e).
     ds_config_into(recipe, y.get("deepspeed", {}), bf16_default=y["model"].get("dtype", "bf16")
                    in ("bf16", "bfloat16", "torch.bfloat16", "bfloat"))
+    flags += ["--micro-batches", str(y.get("gradient_accumulation_steps", 1))]
     ac = recipe["activation_checkpointing"]
     ac["mode"] = "full"  # ArcticTraining checkpoints every block
     ac["offload_to_host"] = bool(y.get("activation_checkpoint_cpu_offload", False))

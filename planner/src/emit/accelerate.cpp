@@ -35,7 +35,8 @@ CompanionFile accelerate_ds_config(Plan& p) {
   file.what = "DeepSpeed config that the YAML's deepspeed_config_file names";
   file.text =
       "{\n  \"train_batch_size\": \"auto\",\n  \"train_micro_batch_size_per_gpu\": "
-      "\"auto\",\n  \"gradient_accumulation_steps\": 1";
+      "\"auto\",\n  \"gradient_accumulation_steps\": " +
+      std::to_string(p.par.micro_batches);
   for (const std::string& line : ds_config_common_lines(p)) {
     file.text += ",\n" + line;
   }
@@ -150,7 +151,7 @@ EmittedConfig emit_accelerate(Plan& p) {
     y += "  parallelism_config_cp_backend: torch\n";
     y += fmt::format("  parallelism_config_cp_comm_strategy: {}\n", p.selects());
   }
-  y += "  parallelism_config_tp_size: 1\n";
+  y += fmt::format("  parallelism_config_tp_size: {}\n", p.par.tp_degree);
   y += "rdzv_backend: static\n";
   y += "same_network: true\n";
   y += "use_cpu: false\n";

@@ -60,6 +60,9 @@ EmittedConfig emit_arctic(Plan& p) {
   std::string y;
   y += "type: sft\n";
   y += "micro_batch_size: 1\n";
+  if (p.par.micro_batches > 1) {
+    y += fmt::format("gradient_accumulation_steps: {}\n", p.par.micro_batches);
+  }
   y += fmt::format("sequence_parallel_size: {}\n", p.ulysses);
   y += fmt::format("activation_checkpoint_cpu_offload: {}\n", boolean(p.ckpt_offload()));
   y += fmt::format("tiled_mlp_compute: {}\n", boolean(p.recipe.tiled_mlp));

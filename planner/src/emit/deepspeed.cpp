@@ -70,7 +70,7 @@ EmittedConfig emit_deepspeed(Plan& p) {
 
   std::string j = "{\n";
   j += "  \"train_micro_batch_size_per_gpu\": 1,\n";
-  j += "  \"gradient_accumulation_steps\": 1,\n";
+  j += fmt::format("  \"gradient_accumulation_steps\": {},\n", p.par.micro_batches);
   for (const std::string& line : ds_config_common_lines(p)) {
     j += line + ",\n";
   }

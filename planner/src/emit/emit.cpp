@@ -148,6 +148,21 @@ EmittedConfig emit_launcher_config(LauncherFormat format,
   if (!selection) {
     emit_detail::refuse_method(format, m);
   }
+  // What each file can say about tensor parallelism and gradient accumulation.
+  const bool writes_tp = format == LauncherFormat::kMegatron ||
+                         format == LauncherFormat::kTorchTitan ||
+                         format == LauncherFormat::kAccelerate;
+  if (config.parallel.tp_degree > 1 && !writes_tp) {
+    emit_detail::refuse(
+        fmt::format("{} files set no tensor parallelism (--tp {}); launchers that "
+                    "do: torchtitan, megatron, accelerate (torch CP)",
+                    to_string(format), config.parallel.tp_degree));
+  }
+  if (config.parallel.micro_batches > 1 && format == LauncherFormat::kUntiedUlysses) {
+    emit_detail::refuse(fmt::format(
+        "the UPipe reference code's arguments set no gradient accumulation (--micro-batches {})",
+        config.parallel.micro_batches));
+  }
   // The configuration is checked against the implementation this launcher runs (the method's
   // scheme alone where none is modelled).
   sim::ScheduleInputs inputs = config;

@@ -78,7 +78,10 @@ EmittedConfig emit_megatron(Plan& p) {
   if (p.model.qk_norm) {
     a.push_back({"--qk-layernorm"});
   }
-  a.push_back({"--tensor-model-parallel-size", "1"});
+  a.push_back({"--tensor-model-parallel-size", fmt::format("{}", p.par.tp_degree)});
+  if (p.par.tp_degree > 1) {
+    a.push_back({"--sequence-parallel"});  // Megatron-style SP, as simulated
+  }
   a.push_back({"--pipeline-model-parallel-size", "1"});
   a.push_back({"--context-parallel-size", fmt::format("{}", p.cp)});
   a.push_back({"--cp-comm-type", comm});
@@ -87,6 +90,8 @@ EmittedConfig emit_megatron(Plan& p) {
                  fmt::format("{}", p.ring)});
   }
   a.push_back({"--micro-batch-size", "1"});
+  // Gradient accumulation: micro-batches per step = global / (micro-batch size x data parallel).
+  a.push_back({"--global-batch-size", fmt::format("{}", p.par.micro_batches * p.dp)});
   a.push_back({p.recipe.param_bytes == 2 ? "--bf16" : "--fp16"});
   if (p.recipe.zero_stage >= 1) {
     a.push_back({"--use-distributed-optimizer"});

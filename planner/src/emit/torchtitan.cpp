@@ -49,6 +49,11 @@ EmittedConfig emit_torchtitan(Plan& p) {
 
   // [training]
   body += "[training]\nlocal_batch_size = 1\n";
+  if (p.par.micro_batches > 1) {
+    body += fmt::format(
+        "global_batch_size = {}  # {} micro-batches (gradient accumulation) x data parallel {}\n",
+        p.par.micro_batches * p.dp, p.par.micro_batches, p.dp);
+  }
   body += fmt::format("seq_len = {}  # divisible by 2 x cp = {}\n", p.seq, 2 * p.cp);
   body += fmt::format("mixed_precision_param = {}\n",
                       quoted(p.recipe.param_bytes == 4 ? "float32" : "bfloat16"));
@@ -69,6 +74,11 @@ EmittedConfig emit_torchtitan(Plan& p) {
 
   // [parallelism]
   body += "\n[parallelism]\ndata_parallel_replicate_degree = 1\n";
+  if (p.par.tp_degree > 1) {
+    body += fmt::format(
+        "tensor_parallel_degree = {}  # with sequence parallelism (TorchTitan's TP plan)\n",
+        p.par.tp_degree);
+  }
   body += fmt::format(
       "data_parallel_shard_degree = -1  # the leftover ranks ({}); FSDP shards over dp_shard x cp "
       "= {} GPUs\n",

@@ -18,6 +18,7 @@ namespace cpsim::planner {
 /// the chunk: FPDT; the Ulysses degree: methods with a Ulysses part; the ring degree and layout:
 /// methods with a ring part); 0 / false = searched.
 struct PlanConstraints {
+  int tp_degree = 0;  ///< 0: every T dividing the GPUs of a node, the heads and the KV heads
   int cp_degree = 0;
   int ulysses_degree = 0;
   int ring_degree = 0;
