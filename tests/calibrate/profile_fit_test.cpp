@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -287,6 +288,31 @@ TEST(ProfileFit, AttentionOnlyRawUpdatesOnlyThatKernel) {
   EXPECT_EQ(fit.profile.gemm_max_efficiency, base.gemm_max_efficiency);
   EXPECT_EQ(fit.profile.provenance.at("compute.gemm_max_efficiency"),
             base.provenance.at("compute.gemm_max_efficiency"));
+
+  // The report says which kernels predictions now use measured curves for.
+  ASSERT_GE(fit.attention_origins.size(), 5U);
+  std::vector<std::string> order;
+  for (const AttentionKernelOrigin& o : fit.attention_origins) {
+    order.push_back(o.kernel);
+  }
+  EXPECT_EQ(std::vector<std::string>(order.begin(), order.begin() + 5),
+            (std::vector<std::string>{"fa3", "fa2", "cudnn", "sdpa", "cpsim-flash"}));
+  EXPECT_EQ(fit.attention_origins[3].measured_curves, 4);
+  EXPECT_EQ(fit.attention_origins[3].samples, only.attention.size());
+  EXPECT_EQ(fit.attention_origins[0].measured_curves, 0);
+  EXPECT_EQ(fit.attention_origins[0].curves, 4);
+  EXPECT_EQ(fit.attention_origins[4].curves, 0);
+  const std::string report = format_fit_report(fit, 0.15);
+  EXPECT_NE(report.find("  sdpa             measured (" + std::to_string(only.attention.size()) +
+                        " samples)\n"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("  fa3              published (the base profile's curves; not measured "
+                        "here)\n"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("  cpsim-flash      absent from the profile\n"), std::string::npos)
+      << report;
 }
 
 TEST(ProfileFit, OccupancyAndFlopsFollowTheSimulator) {
