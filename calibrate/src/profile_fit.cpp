@@ -932,22 +932,36 @@ void Fitter::fit_collective_group(const CollectiveGroupKey& key,
       fmt::format("{} ranks, {} regime(s), alpha {:.1f} us, peak busbw {:.0f} GB/s{}{}", key.ranks,
                   f.regimes.size(), model.alpha_s * 1e6, model.peak_busbw_bytes_per_s / 1e9,
                   f.outliers.empty() ? "" : fmt::format(", {} outlier(s)", f.outliers.size()),
-                  in_profile ? "" : "; not in the profile (one curve per collective)");
-  if (!in_profile) {
-    return;
-  }
-  p().collectives[key.span][key.op] = model;
+                  in_profile ? "; the main curve" : "; in the profile's by_ranks");
+  models::CollectiveModel& target = p().collectives[key.span][key.op];
   const std::string detail = fmt::format(
       "NCCL {}, nccl-tests size and busbw conventions; piecewise alpha-beta over {} regime(s) "
       "({}){}",
       what, f.regimes.size(), regimes,
       f.outliers.empty() ? "" : fmt::format("; {} outlier(s) left out", f.outliers.size()));
-  set_source(path + ".alpha_s",
-             sources.measured(row, detail + "; alpha here excludes compute.collective_launch_s"));
-  set_source(path + ".peak_busbw_bytes_per_s",
-             sources.measured(row, detail + "; best model busbw among bandwidth-bound sizes"));
-  set_source(path + ".efficiency_by_size",
-             sources.measured(row, detail + "; model busbw per measured size / peak"));
+  const auto set_sources = [&](const std::string& at) {
+    set_source(at + ".alpha_s",
+               sources.measured(row, detail + "; alpha here excludes compute.collective_launch_s"));
+    set_source(at + ".peak_busbw_bytes_per_s",
+               sources.measured(row, detail + "; best model busbw among bandwidth-bound sizes"));
+    set_source(at + ".efficiency_by_size",
+               sources.measured(row, detail + "; model busbw per measured size / peak"));
+  };
+  if (in_profile) {
+    // The largest group is fitted first: it replaces the main curve and any per-group curves
+    // the base had for this collective.
+    static_cast<models::CollectiveCurve&>(target) = model;
+    target.by_ranks.clear();
+    auto& prov = p().provenance;
+    const std::string by_prefix = path + ".by_ranks.";
+    for (auto it = prov.lower_bound(by_prefix);
+         it != prov.end() && it->first.rfind(by_prefix, 0) == 0;) {
+      it = prov.erase(it);
+    }
+    set_sources(path);
+  }
+  target.by_ranks[key.ranks] = static_cast<const models::CollectiveCurve&>(model);
+  set_sources(fmt::format("{}.by_ranks.{}", path, key.ranks));
 }
 
 void Fitter::fit_interference() {
