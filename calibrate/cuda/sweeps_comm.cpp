@@ -526,12 +526,11 @@ void run_interference(Session& s) {
   }
 
   if (s.gpus < 2) {
-    s.notes.push_back("interference with all-to-all skipped: one GPU");
+    s.notes.push_back("with all-to-all skipped: one GPU");
     return;
   }
   if (!s.control.nccl_usable) {
-    s.notes.push_back(
-        "interference with all-to-all skipped: a collective timed out or failed earlier");
+    s.notes.push_back("with all-to-all skipped: a collective timed out or failed earlier");
     s.progress.done();
     return;
   }
@@ -546,9 +545,9 @@ void run_interference(Session& s) {
   auto wait = [&](const char* what) {
     const WaitResult w = wait_with_deadline(rig.poll(), s.control.collective_timeout_s, clock);
     if (w.status != WaitStatus::kComplete) {
-      s.notes.push_back(fmt::format(
-          "interference with all-to-all: the {} {} ({}); its communicators were aborted", what,
-          w.status == WaitStatus::kTimedOut ? "timed out" : "failed", w.message));
+      s.notes.push_back(
+          fmt::format("with all-to-all: the {} {} ({}); its communicators were aborted", what,
+                      w.status == WaitStatus::kTimedOut ? "timed out" : "failed", w.message));
       rig.close();
       return false;
     }
