@@ -1,6 +1,7 @@
 // `cpsim calibrate run` (microbenchmarks on this node -> raw JSON), `cpsim calibrate import
 // nccl-tests` (nccl-tests logs -> raw JSON) and `cpsim calibrate fit` (raw JSON files -> hardware
 // profile). docs/CALIBRATION.md describes them.
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "cpsim/calibrate/profile_io.hpp"
 #include "cpsim/calibrate/raw.hpp"
 #include "cpsim/calibrate/raw_merge.hpp"
+#include "cpsim/calibrate/run.hpp"
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/io.hpp"
 #include "cpsim/models/units.hpp"
@@ -28,14 +30,28 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int run_measure(const CalibrateArgs& a) {
-  if (a.out.empty()) {
-    throw InputError("--out", "required: the raw measurements file to write");
+calibrate::RunRequest measure_request(const CalibrateArgs& a) {
+  if (a.out.empty() || a.out == "-") {
+    throw InputError("--out", "must be a file: calibrate run rewrites it after every sweep");
   }
   if (a.gpus < 0) {
     throw InputError("--gpus", fmt::format("must be 0 (all) or positive, got {}", a.gpus));
   }
-  calibrate::MeasureOptions options;
+  if (!(a.collective_timeout_s > 0.0)) {
+    throw InputError("--collective-timeout",
+                     fmt::format("must be positive seconds, got {}", a.collective_timeout_s));
+  }
+  calibrate::RunRequest request;
+  request.out = a.out;
+  request.resume = a.resume;
+  request.collective_timeout_s = a.collective_timeout_s;
+  if (!a.only.empty()) {
+    request.only = calibrate::parse_sweep_list(a.only, "--only");
+  }
+  if (!a.skip.empty()) {
+    request.skip = calibrate::parse_sweep_list(a.skip, "--skip");
+  }
+  calibrate::MeasureOptions& options = request.options;
   options.quick = a.quick;
   options.gpus = a.gpus;
   if (!a.max_seq.empty()) {
@@ -46,13 +62,6 @@ int run_measure(const CalibrateArgs& a) {
   }
   options.argv = a.argv;
   options.cpsim_version = CPSIM_VERSION;
-
-  const std::unique_ptr<calibrate::MeasureBackend> backend = calibrate::make_measure_backend();
-  if (const auto reason = backend->unavailable_reason()) {
-    throw InputError("calibrate", *reason);
-  }
-  check_output_writable(a.out, "--out");  // before an hour of measuring
-
   // GEMM widths: every built-in model (quick: llama3-8b only).
   const models::DataDir data = data_dir();
   std::vector<models::TransformerSpec> specs;
@@ -62,23 +71,37 @@ int run_measure(const CalibrateArgs& a) {
     }
   }
   options.gemm_widths = calibrate::model_gemm_widths(specs);
+  return request;
+}
+
+int run_measure(const CalibrateArgs& a) {
+  const calibrate::RunRequest request = measure_request(a);
+  const std::unique_ptr<calibrate::MeasureBackend> backend = calibrate::make_measure_backend();
+  if (const auto reason = backend->unavailable_reason()) {
+    throw InputError("calibrate", *reason);
+  }
+  check_output_writable(a.out, "--out");  // before an hour of measuring
 
   calibrate::ProgressBar bar(::isatty(STDERR_FILENO) == 1);
-  calibrate::RawCalibration raw;
+  calibrate::RunSummary summary;
   try {
-    raw = backend->run(options, [&bar](std::size_t done, std::size_t total,
-                                       const std::string& label) { bar(done, total, label); });
+    summary = calibrate::run_calibration(
+        *backend, request,
+        [&bar](std::size_t done, std::size_t total, const std::string& label) {
+          bar(done, total, label);
+        },
+        [&a](const std::string& text) { write_output(a.out, text, "--out"); });
   } catch (const calibrate::MeasureError& e) {
     bar.finish();
-    std::cerr << "cpsim: error: calibrate: " << e.what() << " (nothing was written)\n";
+    std::cerr << "cpsim: error: calibrate: " << e.what() << " (nothing was measured)\n";
     return 1;
   } catch (...) {
     bar.finish();
     throw;
   }
   bar.finish();
-  write_output(a.out, calibrate::write_raw(raw), "--out");
 
+  const calibrate::RawCalibration& raw = summary.raw;
   const calibrate::RawSamples& s = raw.samples;
   std::cout << fmt::format(
       "wrote {}: {} x {}, {} GEMM, {} attention, {} memory, {} collective, {} host-copy, {} "
@@ -86,11 +109,25 @@ int run_measure(const CalibrateArgs& a) {
       a.out, raw.context.gpu_count, raw.context.device, s.gemm.size(), s.attention.size(),
       s.memory.size(), s.collectives.size(), s.host_copies.size(), s.interference.size(),
       s.launch.size());
+  for (const calibrate::SweepRecord& r : raw.context.sweeps) {
+    const bool kept =
+        std::find(summary.kept.begin(), summary.kept.end(), r.name) != summary.kept.end();
+    std::cout << fmt::format("sweep {}: {}{}\n", r.name, r.status, kept ? " (kept, --resume)" : "");
+  }
+  for (const std::string& warning : summary.warnings) {
+    std::cout << "warning: " << warning << "\n";
+  }
   for (const std::string& note : raw.context.notes) {
     std::cout << "note: " << note << "\n";
   }
+  if (!summary.failed.empty()) {
+    std::cout << fmt::format(
+        "some sweeps failed; after fixing the cause: cpsim calibrate run "
+        "--out {} --resume\n",
+        a.out);
+  }
   std::cout << fmt::format("next: cpsim calibrate fit {} --out PROFILE.json\n", a.out);
-  return 0;
+  return summary.failed.empty() ? 0 : 1;
 }
 
 /// --op: a collective name ("all_to_all") or an nccl-tests program name ("alltoall_perf").
@@ -217,6 +254,18 @@ CLI::App* register_calibrate(CLI::App& app, CalibrateArgs& a) {
   a.run_command->add_option("--max-seq", a.max_seq,
                             "longest attention length to try (default: up to what fits the "
                             "memory and a time cap per call)");
+  a.run_command->add_flag("--resume", a.resume,
+                          "keep the sweeps --out already holds as done (same node and cpsim) "
+                          "and run the rest");
+  a.run_command->add_option("--only", a.only,
+                            "comma-separated sweeps to run: launch, memory, gemm, attention, "
+                            "collectives, host_copies, interference");
+  a.run_command->add_option("--skip", a.skip, "comma-separated sweeps not to run");
+  a.run_command
+      ->add_option("--collective-timeout", a.collective_timeout_s,
+                   "seconds one wait on NCCL work may take before its communicators are "
+                   "aborted and the remaining collectives skipped")
+      ->capture_default_str();
 
   a.import_command = c->add_subcommand(
       "import", "Convert measurements taken by other tools into a raw measurements file");

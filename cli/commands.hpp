@@ -148,6 +148,10 @@ struct CalibrateArgs {
   bool quick = false;
   int gpus = 0;  // 0 = all visible
   std::string max_seq;
+  bool resume = false;
+  std::string only;  // comma-separated sweeps
+  std::string skip;
+  double collective_timeout_s = 120.0;
   // import nccl-tests
   std::vector<std::string> logs;
   std::string import_out;

@@ -12,6 +12,7 @@
 #include <memory>
 #include <nccl.h>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
@@ -75,7 +76,7 @@ class CudaBackend final : public MeasureBackend {
     return std::nullopt;
   }
 
-  RawCalibration run(const MeasureOptions& options, const ProgressFn& progress) override {
+  RawContext open(const MeasureOptions& options) override {
     if (const auto reason = unavailable_reason()) {
       throw InputError("calibrate", *reason);
     }
@@ -84,7 +85,8 @@ class CudaBackend final : public MeasureBackend {
     if (options.gpus > count) {
       throw InputError("--gpus", fmt::format("{} GPUs requested, {} visible", options.gpus, count));
     }
-    Session s(options, progress);
+    session_ = std::make_unique<Session>(options);
+    Session& s = *session_;
     s.gpus = options.gpus > 0 ? options.gpus : count;
     for (int d = 0; d < s.gpus; ++d) {
       s.devices.push_back(d);
@@ -92,9 +94,9 @@ class CudaBackend final : public MeasureBackend {
     if (options.quick) {
       s.timing = cuda::TimingConfig{2, 5, 1e-3, 32};
     }
-
-    RawCalibration raw;
-    RawContext& c = raw.context;
+    // Before any allocation of ours: who else uses the GPUs, clocks, throttling.
+    RawContext c;
+    c.checks = cuda::check_gpus(s.devices, c.notes);
     cudaDeviceProp prop{};
     CPSIM_CUDA_CHECK(cudaGetDeviceProperties(&prop, s.devices.front()));
     c.device = prop.name;
@@ -102,28 +104,12 @@ class CudaBackend final : public MeasureBackend {
       cudaDeviceProp other{};
       CPSIM_CUDA_CHECK(cudaGetDeviceProperties(&other, d));
       if (std::string(other.name) != c.device) {
-        s.notes.push_back(fmt::format("GPU {} is a {}, GPU 0 a {}: compute sweeps ran on GPU 0", d,
+        c.notes.push_back(fmt::format("GPU {} is a {}, GPU 0 a {}: compute sweeps ran on GPU 0", d,
                                       other.name, c.device));
       }
     }
     check_kernels_load(s.devices.front(), prop);
-    c.gpu_count = s.gpus;
-    c.device_count = count;
-    c.driver_version = driver_release();
-    int version = 0;
-    CPSIM_CUDA_CHECK(cudaDriverGetVersion(&version));
-    c.cuda_driver_version = cuda_version(version);
-    CPSIM_CUDA_CHECK(cudaRuntimeGetVersion(&version));
-    c.cuda_runtime_version = cuda_version(version);
-    if (s.gpus >= 2) {
-      CPSIM_NCCL_CHECK(ncclGetVersion(&version));
-      c.nccl_version =
-          fmt::format("{}.{}.{}", version / 10000, (version % 10000) / 100, version % 100);
-    } else {
-      c.nccl_version = "none";
-    }
-    const std::size_t lt = cublasLtGetVersion();
-    c.cublaslt_version = fmt::format("{}.{}.{}", lt / 10000, (lt % 10000) / 100, lt % 100);
+    fill_versions(c, s.gpus, count);
     c.sm_count = prop.multiProcessorCount;
     c.hbm_capacity_bytes = static_cast<std::int64_t>(prop.totalGlobalMem);
     c.l2_cache_bytes = prop.l2CacheSize;
@@ -132,6 +118,7 @@ class CudaBackend final : public MeasureBackend {
     c.sm_clock_max_mhz = khz / 1000.0;
     CPSIM_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, s.devices.front()));
     c.memory_clock_max_mhz = khz / 1000.0;
+    c.sm_clock_measured_mhz = cuda::measure_sm_clock_mhz(s.devices.front());
     c.date = utc_now();
     c.cpsim_version = options.cpsim_version;
     c.argv = options.argv;
@@ -141,28 +128,99 @@ class CudaBackend final : public MeasureBackend {
     s.sm_count = prop.multiProcessorCount;
     c.method = RawMethod{"cuda-event", "median", s.timing.warmup, s.timing.repetitions,
                          static_cast<std::int64_t>(s.rotation_bytes)};
+    return c;
+  }
 
-    s.progress.set_total(cuda::plan_launch(s) + 1 + cuda::plan_memory(s) + cuda::plan_gemm(s) +
-                         cuda::plan_attention(s) + cuda::plan_collectives(s) +
-                         cuda::plan_host_copies(s) + cuda::plan_interference(s));
-    cuda::run_launch(s);
-    s.progress.start("SM clock");
-    c.sm_clock_measured_mhz = cuda::measure_sm_clock_mhz(s.devices.front());
-    s.progress.done();
-    cuda::run_memory(s);
-    cuda::run_gemm(s);
-    cuda::run_attention(s);
-    cuda::run_collectives(s);
-    cuda::run_host_copies(s);
-    cuda::run_interference(s);
-    s.progress.finish("done");
+  std::size_t plan(std::string_view sweep) const override {
+    const Session& s = session();
+    if (sweep == "launch") {
+      return cuda::plan_launch(s);
+    }
+    if (sweep == "memory") {
+      return cuda::plan_memory(s);
+    }
+    if (sweep == "gemm") {
+      return cuda::plan_gemm(s);
+    }
+    if (sweep == "attention") {
+      return cuda::plan_attention(s);
+    }
+    if (sweep == "collectives") {
+      return cuda::plan_collectives(s);
+    }
+    if (sweep == "host_copies") {
+      return cuda::plan_host_copies(s);
+    }
+    return cuda::plan_interference(s);
+  }
 
-    c.notes = std::move(s.notes);
-    raw.samples = std::move(s.samples);
-    return raw;
+  SweepOutput run_sweep(std::string_view sweep, const SweepControl& control) override {
+    Session& s = session();
+    s.samples = RawSamples{};
+    s.notes.clear();
+    s.control = control;
+    s.progress.set_step(control.step);
+    if (sweep == "launch") {
+      cuda::run_launch(s);
+    } else if (sweep == "memory") {
+      cuda::run_memory(s);
+    } else if (sweep == "gemm") {
+      cuda::run_gemm(s);
+    } else if (sweep == "attention") {
+      cuda::run_attention(s);
+    } else if (sweep == "host_copies") {
+      cuda::run_host_copies(s);
+    } else if (sweep == "interference") {
+      cuda::run_interference(s);
+    } else {
+      throw std::logic_error(fmt::format("run_sweep: no sweep '{}' here", sweep));
+    }
+    s.progress.set_step({});
+    return SweepOutput{std::move(s.samples), std::move(s.notes)};
+  }
+
+  CollectivePlan collective_plan() const override { return cuda::collective_plan(session()); }
+
+  TimingPlan timing_plan() const override {
+    const cuda::TimingConfig& t = session().timing;
+    return TimingPlan{t.repetitions, t.target_rep_s, t.max_inner};
+  }
+
+  std::unique_ptr<CollectiveRig> collective_rig() override {
+    return cuda::make_nccl_rig(session());
   }
 
  private:
+  Session& session() const {
+    if (!session_) {
+      throw std::logic_error("the CUDA backend was used before open()");
+    }
+    return *session_;
+  }
+
+  /// Driver, CUDA, NCCL and cuBLASLt versions.
+  static void fill_versions(RawContext& c, int gpus, int count) {
+    c.gpu_count = gpus;
+    c.device_count = count;
+    c.driver_version = driver_release();
+    int version = 0;
+    CPSIM_CUDA_CHECK(cudaDriverGetVersion(&version));
+    c.cuda_driver_version = cuda_version(version);
+    CPSIM_CUDA_CHECK(cudaRuntimeGetVersion(&version));
+    c.cuda_runtime_version = cuda_version(version);
+    if (gpus >= 2) {
+      CPSIM_NCCL_CHECK(ncclGetVersion(&version));
+      c.nccl_version =
+          fmt::format("{}.{}.{}", version / 10000, (version % 10000) / 100, version % 100);
+    } else {
+      c.nccl_version = "none";
+    }
+    const std::size_t lt = cublasLtGetVersion();
+    c.cublaslt_version = fmt::format("{}.{}.{}", lt / 10000, (lt % 10000) / 100, lt % 100);
+  }
+
+  std::unique_ptr<Session> session_;
+
   /// The kernels are built for CMAKE_CUDA_ARCHITECTURES (90 by default); another GPU generation
   /// needs a rebuild. Refuse before measuring rather than fail in the middle.
   static void check_kernels_load(int device, const cudaDeviceProp& prop) {

@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <cuda_runtime_api.h>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cpsim/calibrate/measure.hpp"
 #include "cpsim/calibrate/raw.hpp"
+#include "cpsim/calibrate/run_control.hpp"
 
 #include "cuda_check.hpp"
 #include "kernels.hpp"
@@ -141,28 +143,27 @@ const char* collective_name(models::Collective op);  ///< "all_to_all", ...
 // ---------------------------------------------------------------------------------------------
 // A run
 
+/// Progress steps of the sweep that runs: forwarded to the run's step callback.
 class Progress {
  public:
-  explicit Progress(const ProgressFn& fn) : fn_(fn) {}
-  void set_total(std::size_t total) { total_ = total; }
+  void set_step(std::function<void(const std::string&, bool)> step) { step_ = std::move(step); }
   /// A step starts: report it.
-  void start(const std::string& label) const {
-    if (fn_) {
-      fn_(done_, total_, label);
+  void start(const std::string& label) {
+    label_ = label;
+    if (step_) {
+      step_(label_, false);
     }
   }
   /// `n` steps are done (measured or skipped).
-  void done(std::size_t n = 1) { done_ = std::min(total_, done_ + n); }
-  void finish(const std::string& label) const {
-    if (fn_) {
-      fn_(total_, total_, label);
+  void done(std::size_t n = 1) {
+    for (std::size_t i = 0; i < n && step_; ++i) {
+      step_(label_, true);
     }
   }
 
  private:
-  const ProgressFn& fn_;
-  std::size_t done_ = 0;
-  std::size_t total_ = 0;
+  std::function<void(const std::string&, bool)> step_;
+  std::string label_;
 };
 
 struct Session {
@@ -172,13 +173,13 @@ struct Session {
   std::size_t rotation_bytes = 0;  ///< max(2 x L2, 100 MiB)
   std::int64_t sm_count = 0;
   TimingConfig timing;
-  std::vector<std::string> notes;
-  RawSamples samples;
+  std::vector<std::string> notes;  ///< of the sweep that runs
+  RawSamples samples;              ///< of the sweep that runs
   Progress progress;
-  double kernel_launch_s = 0.0;    ///< filled by the launch sweep, for estimates
-  double all_to_all_256m_s = 0.0;  ///< filled by the collective sweep, for interference
+  SweepControl control;          ///< of the sweep that runs
+  double kernel_launch_s = 0.0;  ///< filled by the launch sweep, for estimates
 
-  Session(const MeasureOptions& o, const ProgressFn& fn) : options(o), progress(fn) {}
+  explicit Session(const MeasureOptions& o) : options(o) {}
 };
 
 // Sweeps: plan_* counts the progress steps, run_* measures and appends samples.
@@ -192,11 +193,18 @@ void run_gemm(Session& s);
 std::size_t plan_attention(const Session& s);
 void run_attention(Session& s);
 std::size_t plan_collectives(const Session& s);
-void run_collectives(Session& s);
+CollectivePlan collective_plan(const Session& s);
+/// The NCCL rig of the collective sweep over the session's GPUs.
+std::unique_ptr<CollectiveRig> make_nccl_rig(const Session& s);
 std::size_t plan_host_copies(const Session& s);
 void run_host_copies(Session& s);
 std::size_t plan_interference(const Session& s);
 void run_interference(Session& s);
+
+/// Pre-run state of each measured GPU: NVML (loaded with dlopen, no link-time dependency) when
+/// libnvidia-ml.so.1 is there, else cudaMemGetInfo (memory only). Never throws for a missing
+/// NVML; the reasons it could not read something are appended to `notes`.
+std::vector<GpuCheck> check_gpus(const std::vector<int>& devices, std::vector<std::string>& notes);
 
 /// One attention configuration of the flash kernel.
 struct AttentionShape {

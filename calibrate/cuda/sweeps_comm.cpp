@@ -43,8 +43,11 @@ std::vector<int> group_sizes(const Session& s) {
     return groups;
   }
   if (s.options.quick) {
-    groups.push_back(2);
-    if (s.gpus > 2) {
+    // 2, 4, 8, ... (the CP group sizes the profile keeps curves for) and all GPUs.
+    for (int g = 2; g <= s.gpus; g *= 2) {
+      groups.push_back(g);
+    }
+    if (groups.back() != s.gpus) {
       groups.push_back(s.gpus);
     }
   } else {
@@ -94,6 +97,20 @@ class Comms {
   Comms(const Comms&) = delete;
   Comms& operator=(const Comms&) = delete;
   ncclComm_t operator[](std::size_t i) const { return comms_[i]; }
+  std::size_t size() const { return comms_.size(); }
+  /// ncclCommAbort on every communicator (the error path: ncclCommDestroy would wait for the hung
+  /// work); the destructor then has nothing left to destroy.
+  void abort() noexcept {
+    for (ncclComm_t& c : comms_) {
+      if (c != nullptr) {
+        (void)ncclCommAbort(c);
+        c = nullptr;
+      }
+    }
+  }
+  bool aborted() const {
+    return std::all_of(comms_.begin(), comms_.end(), [](ncclComm_t c) { return c == nullptr; });
+  }
 
  private:
   std::vector<ncclComm_t> comms_;
@@ -157,23 +174,6 @@ struct RankBuffers {
   DeviceBuffer recv;
 };
 
-/// The nccl-tests size actually moved for a requested size (counts rounded to whole elements),
-/// 0 when too small for the group.
-std::int64_t effective_size(Collective op, int g, std::int64_t size) {
-  switch (op) {
-    case Collective::kAllToAll:
-      return size / g / 2 * 2 * g;
-    case Collective::kAllGather:
-    case Collective::kReduceScatter:
-      return size / (2 * g) * 2 * g;
-    case Collective::kAllReduce:
-      return size / 2 * 2;
-    case Collective::kSendRecv:
-      return size;
-  }
-  return size;
-}
-
 /// Enqueues one collective of nccl-tests size `size` on every rank of the group.
 void enqueue_collective(Collective op,
                         std::int64_t size,
@@ -220,6 +220,137 @@ void enqueue_collective(Collective op,
   CPSIM_NCCL_CHECK(ncclGroupEnd());
 }
 
+/// The completion of NCCL work on a group: each rank's stop event (cudaEventQuery), the
+/// communicators' asynchronous errors (ncclCommGetAsyncError), and ncclCommAbort.
+class NcclPoll final : public CompletionPoll {
+ public:
+  NcclPoll(Comms& comms, std::vector<const Event*> stops, std::vector<int> devices)
+      : comms_(comms), stops_(std::move(stops)), devices_(std::move(devices)) {}
+
+  bool complete() override {
+    for (std::size_t i = 0; i < stops_.size(); ++i) {
+      const DeviceGuard guard(devices_[i]);
+      const cudaError_t e = cudaEventQuery(stops_[i]->get());
+      if (e == cudaErrorNotReady) {
+        return false;
+      }
+      if (e != cudaSuccess) {
+        error_ = fmt::format("rank {}: cudaEventQuery failed with {} ({})", i, cudaGetErrorName(e),
+                             cudaGetErrorString(e));
+        return false;
+      }
+    }
+    return true;
+  }
+
+  std::optional<std::string> error() override {
+    if (error_) {
+      return error_;
+    }
+    for (std::size_t i = 0; i < comms_.size(); ++i) {
+      if (comms_[i] == nullptr) {
+        continue;
+      }
+      ncclResult_t async = ncclSuccess;
+      const ncclResult_t r = ncclCommGetAsyncError(comms_[i], &async);
+      if (r != ncclSuccess) {
+        return fmt::format("rank {}: ncclCommGetAsyncError failed with {}", i,
+                           ncclGetErrorString(r));
+      }
+      if (async != ncclSuccess && async != ncclInProgress) {
+        return fmt::format("rank {}: asynchronous NCCL error {}", i, ncclGetErrorString(async));
+      }
+    }
+    return std::nullopt;
+  }
+
+  void abort() override { comms_.abort(); }
+
+ private:
+  Comms& comms_;
+  std::vector<const Event*> stops_;
+  std::vector<int> devices_;
+  std::optional<std::string> error_;
+};
+
+/// A group of the first `ranks` GPUs with NCCL: the rig the collective sweep drives.
+class NcclRig final : public CollectiveRig {
+ public:
+  explicit NcclRig(const Session& s) : all_devices_(s.devices), rotation_bytes_(s.rotation_bytes) {}
+
+  void open(int ranks, std::int64_t largest_size_bytes) override {
+    close();
+    ranks_ = ranks;
+    const std::vector<int> devices(all_devices_.begin(), all_devices_.begin() + ranks);
+    comms_ = std::make_unique<Comms>(devices);
+    arena_ = static_cast<std::size_t>(largest_size_bytes) + rotation_bytes_;
+    std::vector<const Event*> stops;
+    for (const int d : devices) {
+      streams_.push_back(std::make_unique<Stream>(d));
+      buffers_.push_back({DeviceBuffer(d, arena_), DeviceBuffer(d, arena_)});
+      start_.push_back(std::make_unique<Event>(d));
+      stop_.push_back(std::make_unique<Event>(d));
+      stops.push_back(stop_.back().get());
+      const DeviceGuard guard(d);
+      CPSIM_CUDA_CHECK(
+          cudaMemsetAsync(buffers_.back().send.at<void>(), 0, arena_, streams_.back()->get()));
+    }
+    poll_ = std::make_unique<NcclPoll>(*comms_, std::move(stops), devices);
+  }
+
+  void enqueue(Collective op, std::int64_t size_bytes, int calls) override {
+    const std::size_t set = (static_cast<std::size_t>(size_bytes) + 255) / 256 * 256;
+    const int sets = rotation_sets(set, arena_, rotation_bytes_);
+    record(start_);
+    for (int c = 0; c < calls; ++c) {
+      const std::size_t offset = static_cast<std::size_t>(iteration_++ % sets) * set;
+      enqueue_collective(op, size_bytes, offset, *comms_, streams_, buffers_, ranks_);
+    }
+    record(stop_);
+  }
+
+  CompletionPoll& poll() override { return *poll_; }
+
+  double elapsed_s() override {
+    double t = 0.0;
+    for (std::size_t i = 0; i < stop_.size(); ++i) {
+      t = std::max(t, cuda::elapsed_s(*start_[i], *stop_[i]));
+    }
+    return t;
+  }
+
+  /// After an abort the communicators are gone (Comms::abort); streams, events and buffers are
+  /// freed either way.
+  void close() override {
+    poll_.reset();
+    start_.clear();
+    stop_.clear();
+    buffers_.clear();
+    streams_.clear();
+    comms_.reset();
+  }
+
+ private:
+  void record(std::vector<std::unique_ptr<Event>>& events) {
+    for (std::size_t i = 0; i < streams_.size(); ++i) {
+      const DeviceGuard guard(streams_[i]->device());
+      CPSIM_CUDA_CHECK(cudaEventRecord(events[i]->get(), streams_[i]->get()));
+    }
+  }
+
+  std::vector<int> all_devices_;
+  std::size_t rotation_bytes_;
+  int ranks_ = 0;
+  std::size_t arena_ = 0;
+  int iteration_ = 0;
+  std::unique_ptr<Comms> comms_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  std::vector<RankBuffers> buffers_;
+  std::vector<std::unique_ptr<Event>> start_;
+  std::vector<std::unique_ptr<Event>> stop_;
+  std::unique_ptr<NcclPoll> poll_;
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -229,58 +360,16 @@ std::size_t plan_collectives(const Session& s) {
   return group_sizes(s).size() * std::size(kOps) * collective_sizes(s.options.quick).size();
 }
 
-void run_collectives(Session& s) {
-  const std::vector<int> groups = group_sizes(s);
-  if (groups.empty()) {
-    s.notes.push_back(
-        "collectives skipped: only one GPU was measured (NCCL needs at least two); the fitted "
-        "profile keeps the base profile's collectives");
-    return;
-  }
-  const std::vector<std::int64_t> sizes = collective_sizes(s.options.quick);
-  const auto largest = static_cast<std::size_t>(sizes.back());
-  for (const int g : groups) {
-    const std::vector<int> devices(s.devices.begin(), s.devices.begin() + g);
-    s.progress.start(fmt::format("NCCL init, {} GPUs", g));
-    const Comms comms(devices);
-    std::vector<std::unique_ptr<Stream>> streams;
-    std::vector<RankBuffers> buffers;
-    const std::size_t arena = largest + s.rotation_bytes;
-    for (const int d : devices) {
-      streams.push_back(std::make_unique<Stream>(d));
-      buffers.push_back({DeviceBuffer(d, arena), DeviceBuffer(d, arena)});
-      const DeviceGuard guard(d);
-      CPSIM_CUDA_CHECK(
-          cudaMemsetAsync(buffers.back().send.at<void>(), 0, arena, streams.back()->get()));
-    }
-    std::vector<const Stream*> stream_ptrs;
-    for (const auto& st : streams) {
-      stream_ptrs.push_back(st.get());
-    }
-    for (const Collective op : kOps) {
-      for (const std::int64_t requested : sizes) {
-        s.progress.start(fmt::format("NCCL {} {} GPUs {}", collective_name(op), g,
-                                     bytes_label(static_cast<double>(requested))));
-        const std::int64_t size = effective_size(op, g, requested);
-        if (size <= 0) {
-          s.progress.done();
-          continue;
-        }
-        const std::size_t set = (static_cast<std::size_t>(size) + 255) / 256 * 256;
-        const int sets = rotation_sets(set, arena, s.rotation_bytes);
-        const double t = time_multi(stream_ptrs, s.timing, [&](int iteration) {
-          const std::size_t offset = static_cast<std::size_t>(iteration % sets) * set;
-          enqueue_collective(op, size, offset, comms, streams, buffers, g);
-        });
-        const double algbw = static_cast<double>(size) / t;
-        s.samples.collectives.push_back({op, g, size, t, algbw, algbw * busbw_factor(op, g)});
-        if (op == Collective::kAllToAll && g == s.gpus && requested == (std::int64_t{1} << 28)) {
-          s.all_to_all_256m_s = t;
-        }
-        s.progress.done();
-      }
-    }
-  }
+CollectivePlan collective_plan(const Session& s) {
+  CollectivePlan plan;
+  plan.groups = group_sizes(s);
+  plan.ops.assign(std::begin(kOps), std::end(kOps));
+  plan.sizes_bytes = collective_sizes(s.options.quick);
+  return plan;
+}
+
+std::unique_ptr<CollectiveRig> make_nccl_rig(const Session& s) {
+  return std::make_unique<NcclRig>(s);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -437,40 +526,49 @@ void run_interference(Session& s) {
   }
 
   if (s.gpus < 2) {
-    s.notes.push_back("interference with all-to-all skipped: one GPU");
+    s.notes.push_back("with all-to-all skipped: one GPU");
     return;
   }
-  // Background 2: a 256 MiB NCCL all-to-all over all GPUs, back to back.
+  if (!s.control.nccl_usable) {
+    s.notes.push_back("with all-to-all skipped: a collective timed out or failed earlier");
+    s.progress.done();
+    return;
+  }
+  // Background 2: a 256 MiB NCCL all-to-all over all GPUs, back to back; every wait on it has
+  // the run's deadline.
   s.progress.start("interference: attention under all-to-all");
-  const Comms comms(s.devices);
   constexpr std::int64_t kSize = std::int64_t{1} << 28;
-  std::vector<std::unique_ptr<Stream>> streams;
-  std::vector<RankBuffers> buffers;
-  for (const int d : s.devices) {
-    streams.push_back(std::make_unique<Stream>(d));
-    buffers.push_back({DeviceBuffer(d, static_cast<std::size_t>(kSize)),
-                       DeviceBuffer(d, static_cast<std::size_t>(kSize))});
-  }
-  const std::int64_t size = effective_size(Collective::kAllToAll, s.gpus, kSize);
-  double t_a2a = s.all_to_all_256m_s;
-  if (t_a2a <= 0.0) {
-    std::vector<const Stream*> ptrs;
-    for (const auto& st : streams) {
-      ptrs.push_back(st.get());
+  const std::int64_t size = effective_collective_size(Collective::kAllToAll, s.gpus, kSize);
+  NcclRig rig(s);
+  rig.open(s.gpus, size);
+  const WaitClock clock = steady_wait_clock();
+  auto wait = [&](const char* what) {
+    const WaitResult w = wait_with_deadline(rig.poll(), s.control.collective_timeout_s, clock);
+    if (w.status != WaitStatus::kComplete) {
+      s.notes.push_back(
+          fmt::format("with all-to-all: the {} {} ({}); its communicators were aborted", what,
+                      w.status == WaitStatus::kTimedOut ? "timed out" : "failed", w.message));
+      rig.close();
+      return false;
     }
-    t_a2a = time_multi(ptrs, s.timing, [&](int /*iteration*/) {
-      enqueue_collective(Collective::kAllToAll, size, 0, comms, streams, buffers, s.gpus);
-    });
+    return true;
+  };
+  rig.enqueue(Collective::kAllToAll, size, 1);  // warm-up
+  if (!wait("warm-up all-to-all")) {
+    return;
   }
+  rig.enqueue(Collective::kAllToAll, size, 1);
+  if (!wait("timed all-to-all")) {
+    return;
+  }
+  const double t_a2a = rig.elapsed_s();
   const int n = static_cast<int>(std::ceil(window / std::max(t_a2a, 1e-5))) + 2;
-  for (int i = 0; i < n; ++i) {
-    enqueue_collective(Collective::kAllToAll, size, 0, comms, streams, buffers, s.gpus);
-  }
+  rig.enqueue(Collective::kAllToAll, size, n);
   const double with_comm = bench.time_forward(compute, s.timing, shape);
-  for (const auto& st : streams) {
-    const DeviceGuard g(st->device());
-    CPSIM_CUDA_CHECK(cudaStreamSynchronize(st->get()));
+  if (!wait("background all-to-all")) {
+    return;
   }
+  rig.close();
   s.samples.interference.push_back({"all_to_all", foreground, s.gpus, alone, with_comm});
   s.progress.done();
 }

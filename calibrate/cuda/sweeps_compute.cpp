@@ -170,7 +170,7 @@ void run_memory(Session& s) {
     const auto bytes = static_cast<std::size_t>(size);
     s.progress.start(fmt::format("HBM copy {}", bytes_label(static_cast<double>(size))));
     if (2 * bytes > arena_bytes) {
-      s.notes.push_back(fmt::format("memory: copy of {} skipped (not enough free memory)",
+      s.notes.push_back(fmt::format("copy of {} skipped (not enough free memory)",
                                     bytes_label(static_cast<double>(size))));
       s.progress.done();
       continue;
@@ -293,7 +293,7 @@ std::size_t plan_gemm(const Session& s) {
 void run_gemm(Session& s) {
   const std::vector<GemmPoint> points = gemm_points(s);
   if (points.empty()) {
-    s.notes.push_back("gemm: no model widths given; sweep skipped");
+    s.notes.push_back("no model widths given; sweep skipped");
     return;
   }
   const int device = s.devices.front();
@@ -343,9 +343,9 @@ void run_gemm(Session& s) {
     s.progress.done();
   }
   if (skipped_flops > 0) {
-    s.notes.push_back(fmt::format(
-        "gemm: {} shapes above {:.0e} FLOPs per call or larger than the free memory skipped",
-        skipped_flops, cap));
+    s.notes.push_back(
+        fmt::format("{} shapes above {:.0e} FLOPs per call or larger than the free memory skipped",
+                    skipped_flops, cap));
   }
 }
 
@@ -516,7 +516,7 @@ void run_attention(Session& s) {
     }
   }
   s.notes.push_back(fmt::format(
-      "attention: cpsim-flash up to S = {} ({} points skipped: over {:.2f} s per call or larger "
+      "cpsim-flash up to S = {} ({} points skipped: over {:.2f} s per call or larger "
       "than {} of free memory; --max-seq sets the longest length tried)",
       length_label(longest), skipped, cap_s, bytes_label(static_cast<double>(arena_bytes))));
 }

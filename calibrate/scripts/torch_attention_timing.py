@@ -7,14 +7,19 @@ and backward, with warm-up, CUDA-event timing, the median of several repetitions
 buffers (>= 2 x L2), and writes the raw format "cpsim.calibration/1" (docs/CALIBRATION.md) with
 kernel names:
 
-  sdpa  torch.nn.functional.scaled_dot_product_attention (the backend PyTorch picks)
-  fa2   flash_attn.flash_attn_func (FlashAttention-2), when installed
-  fa3   flash_attn_interface.flash_attn_func (FlashAttention-3, Hopper), when installed
+  sdpa            torch.nn.functional.scaled_dot_product_attention (the backend PyTorch picks)
+  cudnn           SDPA with the cuDNN backend forced (torch.nn.attention.sdpa_kernel)
+  sdpa-flash      SDPA with its bundled FlashAttention-2 backend forced
+  sdpa-efficient  SDPA with the memory-efficient backend forced
+  fa2             flash_attn.flash_attn_func (FlashAttention-2), when installed
+  fa3             flash_attn_interface.flash_attn_func (FlashAttention-3, Hopper), when installed
+
+The versions of torch, its CUDA and cuDNN, and the flash-attn packages are recorded in the notes.
 
 Then: cpsim calibrate fit RAW.json --out PROFILE.json  (the kernels replace the base profile's
 entries of the same name; everything else stays the base's).
 
-  python3 torch_attention_timing.py --out attention.json [--quick] [--kernels sdpa,fa2,fa3]
+  python3 torch_attention_timing.py --out attention.json [--quick] [--kernels sdpa,cudnn,fa3]
 
 `--selftest` writes a small file with made-up timings without importing torch (format check).
 """
@@ -162,6 +167,11 @@ class Timer:
         return statistics.median(times)
 
 
+# sdpa: PyTorch's own dispatch; cudnn, sdpa-flash, sdpa-efficient: SDPA with that backend forced;
+# fa2, fa3: the flash-attn packages.
+KERNELS = ("sdpa", "cudnn", "sdpa-flash", "sdpa-efficient", "fa2", "fa3")
+
+
 def kernels_available(torch, wanted):
     out = {}
     import torch.nn.functional as F
@@ -183,6 +193,42 @@ def kernels_available(torch, wanted):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
         out["sdpa"] = (sdpa, "bhsd")
+    # SDPA with one backend forced (torch.nn.attention.sdpa_kernel, PyTorch >= 2.3): cuDNN's
+    # fused attention is the kernel recipes call `cudnn`; PyTorch's bundled FlashAttention-2 and
+    # its memory-efficient kernel get names of their own. A backend that refuses a shape ("No
+    # available kernel") skips that point.
+    forced = {"cudnn": "CUDNN_ATTENTION", "sdpa-flash": "FLASH_ATTENTION",
+              "sdpa-efficient": "EFFICIENT_ATTENTION"}
+    if any(name in wanted for name in forced):
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+        except ImportError:  # older PyTorch
+            SDPBackend = None
+        if SDPBackend is not None:
+            try:
+                from torch.nn.attention.bias import causal_lower_right as lower_right
+            except ImportError:
+                lower_right = None
+            for name, backend_name in forced.items():
+                backend = getattr(SDPBackend, backend_name, None)
+                if name not in wanted or backend is None:
+                    continue
+
+                def forced_call(q, k, v, causal, backend=backend):
+                    with sdpa_kernel(backend):
+                        try:
+                            if causal and q.shape[2] != k.shape[2]:
+                                if lower_right is None:
+                                    return None
+                                return F.scaled_dot_product_attention(
+                                    q, k, v, attn_mask=lower_right(q.shape[2], k.shape[2]))
+                            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                        except RuntimeError as e:
+                            if "No available kernel" in str(e):
+                                return None
+                            raise
+
+                out[name] = (forced_call, "bhsd")
     if "fa2" in wanted:
         try:
             from flash_attn import flash_attn_func as fa2
@@ -217,18 +263,28 @@ def measure(args):
     warmup, repetitions = (2, 5) if args.quick else (3, 10)
     timer = Timer(torch, warmup, repetitions, 1e-3 if args.quick else 2e-3)
     cap_s = 0.05 if args.quick else 0.6
-    kernels = kernels_available(torch, args.kernels.split(","))
+    wanted = args.kernels.split(",")
+    unknown = [k for k in wanted if k not in KERNELS]
+    if unknown:
+        sys.exit("torch_attention_timing.py: --kernels: unknown " + ", ".join(unknown) +
+                 "; known: " + ",".join(KERNELS))
+    kernels = kernels_available(torch, wanted)
     if not kernels:
         sys.exit("torch_attention_timing.py: none of the requested kernels is available")
     head_dims, heads_list, lengths, rect = grid(args.quick, args.max_seq)
     samples = []
-    notes = ["torch " + torch.__version__, "kernels: " + ", ".join(sorted(kernels))]
+    notes = ["torch " + torch.__version__, "torch CUDA " + str(torch.version.cuda),
+             "kernels: " + ", ".join(sorted(kernels))]
     try:
-        import flash_attn
-
-        notes.append("flash_attn " + getattr(flash_attn, "__version__", "?"))
-    except ImportError:
+        notes.append("cuDNN " + str(torch.backends.cudnn.version()))
+    except Exception:  # noqa: BLE001 - informational only
         pass
+    for module in ("flash_attn", "flash_attn_interface", "flash_attn_3"):
+        try:
+            mod = __import__(module)
+            notes.append(module + " " + str(getattr(mod, "__version__", "(no __version__)")))
+        except ImportError:
+            pass
 
     def run_shape(name, fn, layout, d, h, q_len, kv_len, causal):
         per_set = 2 * d * h * (3 * q_len + 2 * kv_len) * 2  # q, k, v, o, do (+ grads)
@@ -324,7 +380,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="raw calibration file to write (JSON)")
     p.add_argument("--quick", action="store_true", help="fewer points")
-    p.add_argument("--kernels", default="sdpa,fa2,fa3", help="comma-separated: sdpa,fa2,fa3")
+    p.add_argument("--kernels", default=",".join(KERNELS),
+                   help="comma-separated, of: " + ",".join(KERNELS))
     p.add_argument("--max-seq", type=int, default=0, help="longest length (tokens) to try")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--selftest", action="store_true", help="write made-up timings, no torch")

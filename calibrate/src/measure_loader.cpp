@@ -50,20 +50,6 @@ std::vector<std::string> candidates() {
 
 using Factory = MeasureBackend* (*)();
 
-/// Explains why measuring is impossible (the module could not be loaded).
-class UnloadableBackend final : public MeasureBackend {
- public:
-  explicit UnloadableBackend(std::string why) : why_(std::move(why)) {}
-  std::string name() const override { return "cuda (not loaded)"; }
-  std::optional<std::string> unavailable_reason() const override { return why_; }
-  RawCalibration run(const MeasureOptions& /*options*/, const ProgressFn& /*progress*/) override {
-    throw InputError("calibrate", why_);
-  }
-
- private:
-  std::string why_;
-};
-
 }  // namespace
 
 std::unique_ptr<MeasureBackend> make_measure_backend() {
@@ -86,10 +72,12 @@ std::unique_ptr<MeasureBackend> make_measure_backend() {
     std::memcpy(&factory, &symbol, sizeof(factory));  // object to function pointer (POSIX)
     return std::unique_ptr<MeasureBackend>(factory());
   }
-  return std::make_unique<UnloadableBackend>(fmt::format(
-      "no CUDA device can be used: the CUDA measurement module {} could not be loaded ({}); "
-      "is the CUDA runtime (libcudart, libcublasLt, libnccl) installed?",
-      CPSIM_CUDA_MODULE_NAME, errors));
+  return std::make_unique<RefusingBackend>(
+      "cuda (not loaded)",
+      fmt::format(
+          "no CUDA device can be used: the CUDA measurement module {} could not be loaded ({}); "
+          "is the CUDA runtime (libcudart, libcublasLt, libnccl) installed?",
+          CPSIM_CUDA_MODULE_NAME, errors));
 }
 
 }  // namespace cpsim::calibrate

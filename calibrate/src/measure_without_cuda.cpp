@@ -12,19 +12,10 @@ constexpr const char* kWithoutCuda =
     "measure; rebuild on a machine with the CUDA toolkit, NCCL and cuBLASLt "
     "(cmake -DCPSIM_ENABLE_CUDA=ON), or fit timings measured elsewhere with `cpsim calibrate fit`";
 
-class NoCudaBackend final : public MeasureBackend {
- public:
-  std::string name() const override { return "none"; }
-  std::optional<std::string> unavailable_reason() const override { return kWithoutCuda; }
-  RawCalibration run(const MeasureOptions& /*options*/, const ProgressFn& /*progress*/) override {
-    throw InputError("calibrate", kWithoutCuda);
-  }
-};
-
 }  // namespace
 
 std::unique_ptr<MeasureBackend> make_measure_backend() {
-  return std::make_unique<NoCudaBackend>();
+  return std::make_unique<RefusingBackend>("none", kWithoutCuda);
 }
 
 }  // namespace cpsim::calibrate

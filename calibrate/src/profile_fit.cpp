@@ -932,22 +932,36 @@ void Fitter::fit_collective_group(const CollectiveGroupKey& key,
       fmt::format("{} ranks, {} regime(s), alpha {:.1f} us, peak busbw {:.0f} GB/s{}{}", key.ranks,
                   f.regimes.size(), model.alpha_s * 1e6, model.peak_busbw_bytes_per_s / 1e9,
                   f.outliers.empty() ? "" : fmt::format(", {} outlier(s)", f.outliers.size()),
-                  in_profile ? "" : "; not in the profile (one curve per collective)");
-  if (!in_profile) {
-    return;
-  }
-  p().collectives[key.span][key.op] = model;
+                  in_profile ? "; the main curve" : "; in the profile's by_ranks");
+  models::CollectiveModel& target = p().collectives[key.span][key.op];
   const std::string detail = fmt::format(
       "NCCL {}, nccl-tests size and busbw conventions; piecewise alpha-beta over {} regime(s) "
       "({}){}",
       what, f.regimes.size(), regimes,
       f.outliers.empty() ? "" : fmt::format("; {} outlier(s) left out", f.outliers.size()));
-  set_source(path + ".alpha_s",
-             sources.measured(row, detail + "; alpha here excludes compute.collective_launch_s"));
-  set_source(path + ".peak_busbw_bytes_per_s",
-             sources.measured(row, detail + "; best model busbw among bandwidth-bound sizes"));
-  set_source(path + ".efficiency_by_size",
-             sources.measured(row, detail + "; model busbw per measured size / peak"));
+  const auto set_sources = [&](const std::string& at) {
+    set_source(at + ".alpha_s",
+               sources.measured(row, detail + "; alpha here excludes compute.collective_launch_s"));
+    set_source(at + ".peak_busbw_bytes_per_s",
+               sources.measured(row, detail + "; best model busbw among bandwidth-bound sizes"));
+    set_source(at + ".efficiency_by_size",
+               sources.measured(row, detail + "; model busbw per measured size / peak"));
+  };
+  if (in_profile) {
+    // The largest group is fitted first: it replaces the main curve and any per-group curves
+    // the base had for this collective.
+    static_cast<models::CollectiveCurve&>(target) = model;
+    target.by_ranks.clear();
+    auto& prov = p().provenance;
+    const std::string by_prefix = path + ".by_ranks.";
+    for (auto it = prov.lower_bound(by_prefix);
+         it != prov.end() && it->first.rfind(by_prefix, 0) == 0;) {
+      it = prov.erase(it);
+    }
+    set_sources(path);
+  }
+  target.by_ranks[key.ranks] = static_cast<const models::CollectiveCurve&>(model);
+  set_sources(fmt::format("{}.by_ranks.{}", path, key.ranks));
 }
 
 void Fitter::fit_interference() {
@@ -1009,6 +1023,49 @@ double attention_flops(const AttentionSample& s) {
   return s.pass == AttentionPass::kForward ? fwd : 2.5 * fwd;
 }
 
+namespace {
+
+/// Per kernel: how many of its curves carry a "measured:" source. The recipes' kernels first.
+std::vector<AttentionKernelOrigin> attention_origins(const models::HardwareProfile& profile,
+                                                     const RawCalibration& raw) {
+  std::vector<std::string> names = {"fa3", "fa2", "cudnn", "sdpa", "cpsim-flash"};
+  std::set<std::string> others;
+  for (const auto& [name, model] : profile.attention_kernels) {
+    others.insert(name);
+  }
+  for (const AttentionSample& s : raw.samples.attention) {
+    others.insert(s.kernel);
+  }
+  for (const std::string& name : others) {
+    if (std::find(names.begin(), names.end(), name) == names.end()) {
+      names.push_back(name);
+    }
+  }
+  std::vector<AttentionKernelOrigin> out;
+  for (const std::string& name : names) {
+    AttentionKernelOrigin o;
+    o.kernel = name;
+    o.samples = static_cast<std::size_t>(
+        std::count_if(raw.samples.attention.begin(), raw.samples.attention.end(),
+                      [&name](const AttentionSample& s) { return s.kernel == name; }));
+    if (profile.attention_kernels.count(name) != 0) {
+      o.curves = 4;
+      for (const char* curve : {"fwd_causal_flops_per_s", "fwd_full_flops_per_s",
+                                "bwd_causal_flops_per_s", "bwd_full_flops_per_s"}) {
+        const auto it =
+            profile.provenance.find(fmt::format("compute.attention_kernels.{}.{}", name, curve));
+        if (it != profile.provenance.end() && it->second.rfind("measured:", 0) == 0) {
+          ++o.measured_curves;
+        }
+      }
+    }
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+}  // namespace
+
 ProfileFit fit_profile(const RawCalibration& raw,
                        const models::HardwareProfile& base,
                        const FitOptions& options) {
@@ -1026,6 +1083,7 @@ ProfileFit fit_profile(const RawCalibration& raw,
   f.fit_host_link();
   f.fit_collectives();
   f.fit_interference();
+  f.out.attention_origins = attention_origins(f.out.profile, raw);
   return std::move(f.out);
 }
 
@@ -1039,6 +1097,35 @@ const CurveFit::Outlier* refused_outlier(const CurveFit& row, double max_mape) {
     }
   }
   return nullptr;
+}
+
+}  // namespace
+
+namespace {
+
+/// Per attention kernel: measured here, or still the base profile's published curves.
+std::string format_attention_origins(const ProfileFit& fit) {
+  std::string out = "\nattention kernels (what each prediction with that kernel uses):\n";
+  for (const AttentionKernelOrigin& o : fit.attention_origins) {
+    std::string what;
+    if (o.curves == 0) {
+      what = o.samples > 0
+                 ? fmt::format("not fitted ({} samples do not cover its four curves)", o.samples)
+                 : "absent from the profile";
+    } else if (o.measured_curves == o.curves) {
+      what = fmt::format("measured ({} samples)", o.samples);
+    } else if (o.measured_curves > 0) {
+      what = fmt::format("{} of {} curves measured ({} samples), the rest published (base)",
+                         o.measured_curves, o.curves, o.samples);
+    } else {
+      what = "published (the base profile's curves; not measured here)";
+    }
+    if (o.kernel == "cpsim-flash" && o.curves > 0) {
+      what += "; cpsim's own harness kernel, not one recipes train with";
+    }
+    out += fmt::format("  {:<16} {}\n", o.kernel, what);
+  }
+  return out;
 }
 
 }  // namespace
@@ -1099,6 +1186,7 @@ std::string format_fit_report(const ProfileFit& fit, double max_mape) {
     }
     out += line + "\n";
   }
+  out += format_attention_origins(fit);
   std::string outliers;
   for (const CurveFit& r : fit.curves) {
     for (const CurveFit::Outlier& o : r.outliers) {

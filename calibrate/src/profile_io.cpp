@@ -136,6 +136,19 @@ std::string write_hardware_profile(const models::HardwareProfile& p) {
       cj["peak_busbw_bytes_per_s"] =
           w.value(path + ".peak_busbw_bytes_per_s", m.peak_busbw_bytes_per_s);
       cj["efficiency_by_size"] = w.curve(path + ".efficiency_by_size", m.efficiency_by_size);
+      if (!m.by_ranks.empty()) {
+        OrderedJson by = OrderedJson::object();
+        for (const auto& [ranks, curve] : m.by_ranks) {
+          const std::string entry = fmt::format("{}.by_ranks.{}", path, ranks);
+          by[std::to_string(ranks)] = OrderedJson{
+              {"alpha_s", w.value(entry + ".alpha_s", curve.alpha_s)},
+              {"peak_busbw_bytes_per_s",
+               w.value(entry + ".peak_busbw_bytes_per_s", curve.peak_busbw_bytes_per_s)},
+              {"efficiency_by_size",
+               w.curve(entry + ".efficiency_by_size", curve.efficiency_by_size)}};
+        }
+        cj["by_ranks"] = std::move(by);
+      }
       span_json[key] = std::move(cj);
     }
     collectives[span_key] = std::move(span_json);

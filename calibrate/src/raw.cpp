@@ -1,5 +1,6 @@
 #include "cpsim/calibrate/raw.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <utility>
@@ -7,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cpsim/calibrate/run_control.hpp"
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/json_io.hpp"
 
@@ -80,6 +82,54 @@ std::vector<std::string> parse_strings(const Node& node) {
   return out;
 }
 
+SweepRecord parse_sweep(const Node& node) {
+  node.expect_object({"name", "status", "date", "notes"});
+  SweepRecord r;
+  const Node name = node.at("name");
+  r.name = name.string();
+  if (std::find(kSweepNames.begin(), kSweepNames.end(), r.name) == kSweepNames.end()) {
+    name.fail(fmt::format("unknown sweep {}", models::describe_json(name.json())));
+  }
+  const Node status = node.at("status");
+  r.status = status.string();
+  if (r.status != "done" && r.status != "failed" && r.status != "timed_out" &&
+      r.status != "skipped") {
+    status.fail(fmt::format("must be \"done\", \"failed\", \"timed_out\" or \"skipped\", got {}",
+                            models::describe_json(status.json())));
+  }
+  r.date = name_string(node.at("date"));
+  r.notes = parse_strings(node.at("notes"));
+  return r;
+}
+
+GpuCheck parse_check(const Node& node) {
+  node.expect_object({"gpu", "source", "memory_used_bytes", "memory_total_bytes", "other_processes",
+                      "sm_clock_mhz", "sm_clock_max_mhz", "throttle_reasons"});
+  GpuCheck c;
+  c.gpu = node.at("gpu").small_int();
+  if (c.gpu < 0) {
+    node.at("gpu").fail(fmt::format("must not be negative, got {}", c.gpu));
+  }
+  c.source = name_string(node.at("source"));
+  c.memory_used_bytes = node.at("memory_used_bytes").integer();
+  c.memory_total_bytes = node.at("memory_total_bytes").integer();
+  c.other_processes = node.at("other_processes").small_int();
+  for (const char* key : {"memory_used_bytes", "memory_total_bytes", "other_processes"}) {
+    if (node.at(key).integer() < -1) {
+      node.at(key).fail("must be -1 (unknown) or not negative");
+    }
+  }
+  c.sm_clock_mhz = node.at("sm_clock_mhz").non_negative_number();
+  c.sm_clock_max_mhz = node.at("sm_clock_max_mhz").non_negative_number();
+  // null: the reasons could not be read; an array: the active ones (possibly none).
+  const Node reasons = node.at("throttle_reasons");
+  if (!reasons.json().is_null()) {
+    c.throttle_reasons = parse_strings(reasons);
+    c.throttle_known = true;
+  }
+  return c;
+}
+
 RawContext parse_context(const Node& node) {
   node.expect_object({"device",
                       "gpu_count",
@@ -100,7 +150,9 @@ RawContext parse_context(const Node& node) {
                       "argv",
                       "quick",
                       "method",
-                      "notes"});
+                      "notes",
+                      "sweeps",
+                      "checks"});
   RawContext c;
   c.device = name_string(node.at("device"));
   c.gpu_count = node.at("gpu_count").small_int();
@@ -129,6 +181,20 @@ RawContext parse_context(const Node& node) {
   c.quick = node.at("quick").boolean();
   c.method = parse_method(node.at("method"));
   c.notes = parse_strings(node.at("notes"));
+  if (node.has("sweeps")) {
+    const Node sweeps = node.at("sweeps");
+    sweeps.expect_array();
+    for (std::size_t i = 0; i < sweeps.size(); ++i) {
+      c.sweeps.push_back(parse_sweep(sweeps.at(i)));
+    }
+  }
+  if (node.has("checks")) {
+    const Node checks = node.at("checks");
+    checks.expect_array();
+    for (std::size_t i = 0; i < checks.size(); ++i) {
+      c.checks.push_back(parse_check(checks.at(i)));
+    }
+  }
   return c;
 }
 
@@ -354,6 +420,28 @@ std::string write_raw(const RawCalibration& raw) {
                                   {"repetitions", c.method.repetitions},
                                   {"rotation_bytes", c.method.rotation_bytes}};
   context["notes"] = c.notes;
+  if (!c.sweeps.empty()) {
+    OrderedJson& sweeps = context["sweeps"] = OrderedJson::array();
+    for (const SweepRecord& r : c.sweeps) {
+      sweeps.push_back(OrderedJson{
+          {"name", r.name}, {"status", r.status}, {"date", r.date}, {"notes", r.notes}});
+    }
+  }
+  if (!c.checks.empty()) {
+    OrderedJson& checks = context["checks"] = OrderedJson::array();
+    for (const GpuCheck& g : c.checks) {
+      checks.push_back(
+          OrderedJson{{"gpu", g.gpu},
+                      {"source", g.source},
+                      {"memory_used_bytes", g.memory_used_bytes},
+                      {"memory_total_bytes", g.memory_total_bytes},
+                      {"other_processes", g.other_processes},
+                      {"sm_clock_mhz", g.sm_clock_mhz},
+                      {"sm_clock_max_mhz", g.sm_clock_max_mhz},
+                      {"throttle_reasons",
+                       g.throttle_known ? OrderedJson(g.throttle_reasons) : OrderedJson(nullptr)}});
+    }
+  }
 
   const RawSamples& s = raw.samples;
   OrderedJson samples = OrderedJson::object();

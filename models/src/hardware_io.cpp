@@ -193,6 +193,42 @@ constexpr std::array<std::pair<Collective, std::string_view>, 5> kCollectives = 
 
 }  // namespace
 
+namespace {
+
+CollectiveCurve read_collective_curve(ProfileReader& r, const Json& c, const std::string& path) {
+  CollectiveCurve curve;
+  curve.alpha_s = r.number(c, path, "alpha_s", Bound::kNonNegative);
+  curve.peak_busbw_bytes_per_s = r.number(c, path, "peak_busbw_bytes_per_s", Bound::kPositive);
+  curve.efficiency_by_size = r.curve(c, path, "efficiency_by_size", Bound::kFraction);
+  return curve;
+}
+
+/// `by_ranks`: {"<ranks>": {alpha_s, peak_busbw_bytes_per_s, efficiency_by_size}, ...}, ranks
+/// an integer >= 2 written in decimal.
+std::map<int, CollectiveCurve> read_by_ranks(ProfileReader& r,
+                                             const Json& c,
+                                             const std::string& path) {
+  const std::string by_path = json_child_path(path, "by_ranks");
+  const Json& by = json_object(c.at("by_ranks"), r.field(by_path));
+  std::map<int, CollectiveCurve> out;
+  for (const auto& [key, value] : by.items()) {
+    const std::string entry_path = json_child_path(by_path, key);
+    const bool digits = !key.empty() && key.size() <= 6 &&
+                        key.find_first_not_of("0123456789") == std::string::npos && key[0] != '0';
+    const int ranks = digits ? std::stoi(key) : 0;
+    if (ranks < 2) {
+      throw InputError(r.field(entry_path),
+                       fmt::format("key must be a rank count of at least 2, got \"{}\"", key));
+    }
+    const Json& entry =
+        r.section(by, by_path, key, {"alpha_s", "peak_busbw_bytes_per_s", "efficiency_by_size"});
+    out[ranks] = read_collective_curve(r, entry, entry_path);
+  }
+  return out;
+}
+
+}  // namespace
+
 HardwareProfile parse_hardware_profile(const std::string& json_text, const std::string& origin) {
   const Json root = parse_json(json_text, origin);
   if (!root.is_object()) {
@@ -303,12 +339,14 @@ HardwareProfile parse_hardware_profile(const std::string& json_text, const std::
                   {"all_to_all", "all_gather", "reduce_scatter", "all_reduce", "send_recv"});
     for (const auto& [collective, collective_key] : kCollectives) {
       const std::string path = json_child_path(span_path, collective_key);
-      const Json& c = r.section(span_json, span_path, collective_key,
-                                {"alpha_s", "peak_busbw_bytes_per_s", "efficiency_by_size"});
+      const Json& c =
+          r.section(span_json, span_path, collective_key,
+                    {"alpha_s", "peak_busbw_bytes_per_s", "efficiency_by_size", "by_ranks"});
       CollectiveModel model;
-      model.alpha_s = r.number(c, path, "alpha_s", Bound::kNonNegative);
-      model.peak_busbw_bytes_per_s = r.number(c, path, "peak_busbw_bytes_per_s", Bound::kPositive);
-      model.efficiency_by_size = r.curve(c, path, "efficiency_by_size", Bound::kFraction);
+      static_cast<CollectiveCurve&>(model) = read_collective_curve(r, c, path);
+      if (c.contains("by_ranks")) {
+        model.by_ranks = read_by_ranks(r, c, path);
+      }
       hw.collectives[span][collective] = std::move(model);
     }
   }

@@ -190,6 +190,12 @@ void check_profile_plausible(const HardwareProfile& hw, const std::string& origi
       check_within(model.alpha_s, 0.0, 1.0, " s", f(path + ".alpha_s"));
       check_within(model.peak_busbw_bytes_per_s, 1e8, 1e14, " B/s",
                    f(path + ".peak_busbw_bytes_per_s"));
+      for (const auto& [ranks, curve] : model.by_ranks) {
+        const std::string entry = fmt::format("{}.by_ranks.{}", path, ranks);
+        check_within(curve.alpha_s, 0.0, 1.0, " s", f(entry + ".alpha_s"));
+        check_within(curve.peak_busbw_bytes_per_s, 1e8, 1e14, " B/s",
+                     f(entry + ".peak_busbw_bytes_per_s"));
+      }
     }
   }
 }

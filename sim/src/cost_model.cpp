@@ -93,7 +93,9 @@ CollectiveCost CostModel::collective(models::Collective kind,
                                      models::Span span,
                                      int ranks,
                                      std::int64_t size_bytes) const {
-  const auto& m = profile_.collective(span, kind);
+  // The curve measured for this group size when the profile has one (nearest not above), else
+  // the collective's main curve (models/hardware.hpp, CollectiveModel::curve_for).
+  const models::CollectiveCurve& m = profile_.collective(span, kind).curve_for(ranks);
   CollectiveCost c;
   c.size_bytes = size_bytes;
   const std::int64_t n = std::max(1, ranks);

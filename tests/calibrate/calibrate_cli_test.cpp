@@ -155,6 +155,24 @@ TEST_F(CalibrateCli, RunWithoutADeviceExitsTwoWithTheReason) {
   EXPECT_FALSE(fs::exists(path("raw.json.tmp")));
 }
 
+TEST_F(CalibrateCli, RunRefusesUnknownSweepsNamingTheFlag) {
+  for (const char* flag : {"--only", "--skip"}) {
+    const RunResult r =
+        run({"calibrate", "run", "--out", path("raw.json").string(), flag, "gemm,nccl"});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(std::string(flag) + ": unknown sweep 'nccl'; known: launch, "));
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  const RunResult t =
+      run({"calibrate", "run", "--out", path("raw.json").string(), "--collective-timeout", "0"});
+  EXPECT_EQ(t.exit_code, 2) << t.err;
+  EXPECT_THAT(t.err, HasSubstr("--collective-timeout: must be positive seconds"));
+  const RunResult o = run({"calibrate", "run", "--out", "-"});
+  EXPECT_EQ(o.exit_code, 2) << o.err;
+  EXPECT_THAT(o.err, HasSubstr("--out: must be a file"));
+  EXPECT_FALSE(fs::exists(path("raw.json")));
+}
+
 TEST_F(CalibrateCli, RunNeedsOut) {
   const RunResult r = run({"calibrate", "run"});
   EXPECT_EQ(r.exit_code, 2);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -225,6 +226,33 @@ TEST(ProfileFit, KeepsEveryGroupSizeAsItsOwnCheckedCurve) {
   }
   EXPECT_TRUE(two);
   EXPECT_TRUE(eight);
+  const models::CollectiveModel& ag =
+      fit.profile.collective(Span::kIntraNode, Collective::kAllGather);
+  ASSERT_EQ(ag.by_ranks.size(), 2U);
+  EXPECT_EQ(ag.by_ranks.count(2), 1U);
+  EXPECT_EQ(ag.by_ranks.at(8).alpha_s, ag.alpha_s);  // the largest group is also the main curve
+  EXPECT_EQ(fit.profile.provenance.count("collectives.intra_node.all_gather.by_ranks.2.alpha_s"),
+            1U);
+}
+
+TEST(ProfileFit, AGroupSizeWithItsOwnCurveIsFittedBackIntoByRanks) {
+  // The truth's all-to-all on 2 ranks has its own alpha and bandwidth (another NCCL algorithm).
+  models::HardwareProfile truth = testing::truth_profile();
+  models::CollectiveModel& a2a = truth.collectives[Span::kIntraNode][Collective::kAllToAll];
+  models::CollectiveCurve two = a2a;
+  two.alpha_s = 4e-6;
+  two.peak_busbw_bytes_per_s = 150e9;
+  a2a.by_ranks[8] = a2a;  // by_ranks holds every measured size, the largest too
+  a2a.by_ranks[2] = two;
+  const ProfileFit fit =
+      fit_profile(testing::synthetic_raw(truth), testing::load_base(), options());
+  const models::CollectiveModel& got =
+      fit.profile.collective(Span::kIntraNode, Collective::kAllToAll);
+  ASSERT_EQ(got.by_ranks.count(2), 1U);
+  EXPECT_LT(rel(got.curve_for(2).alpha_s, 4e-6), kTolerance);
+  EXPECT_LT(rel(got.curve_for(3).peak_busbw_bytes_per_s, 150e9), kTolerance);
+  EXPECT_LT(rel(got.curve_for(8).peak_busbw_bytes_per_s, a2a.peak_busbw_bytes_per_s), kTolerance);
+  EXPECT_LT(rel(got.peak_busbw_bytes_per_s, a2a.peak_busbw_bytes_per_s), kTolerance);
 }
 
 TEST(ProfileFit, RefusesACurveWhoseHoldOutErrorIsTooLarge) {
@@ -287,6 +315,31 @@ TEST(ProfileFit, AttentionOnlyRawUpdatesOnlyThatKernel) {
   EXPECT_EQ(fit.profile.gemm_max_efficiency, base.gemm_max_efficiency);
   EXPECT_EQ(fit.profile.provenance.at("compute.gemm_max_efficiency"),
             base.provenance.at("compute.gemm_max_efficiency"));
+
+  // The report says which kernels predictions now use measured curves for.
+  ASSERT_GE(fit.attention_origins.size(), 5U);
+  std::vector<std::string> order;
+  for (const AttentionKernelOrigin& o : fit.attention_origins) {
+    order.push_back(o.kernel);
+  }
+  EXPECT_EQ(std::vector<std::string>(order.begin(), order.begin() + 5),
+            (std::vector<std::string>{"fa3", "fa2", "cudnn", "sdpa", "cpsim-flash"}));
+  EXPECT_EQ(fit.attention_origins[3].measured_curves, 4);
+  EXPECT_EQ(fit.attention_origins[3].samples, only.attention.size());
+  EXPECT_EQ(fit.attention_origins[0].measured_curves, 0);
+  EXPECT_EQ(fit.attention_origins[0].curves, 4);
+  EXPECT_EQ(fit.attention_origins[4].curves, 0);
+  const std::string report = format_fit_report(fit, 0.15);
+  EXPECT_NE(report.find("  sdpa             measured (" + std::to_string(only.attention.size()) +
+                        " samples)\n"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("  fa3              published (the base profile's curves; not measured "
+                        "here)\n"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("  cpsim-flash      absent from the profile\n"), std::string::npos)
+      << report;
 }
 
 TEST(ProfileFit, OccupancyAndFlopsFollowTheSimulator) {

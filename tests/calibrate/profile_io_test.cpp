@@ -59,6 +59,13 @@ void expect_profiles_equal(const models::HardwareProfile& a, const models::Hardw
       EXPECT_EQ(m.alpha_s, n.alpha_s);
       EXPECT_EQ(m.peak_busbw_bytes_per_s, n.peak_busbw_bytes_per_s);
       expect_curve_equal(m.efficiency_by_size, n.efficiency_by_size, "efficiency");
+      ASSERT_EQ(m.by_ranks.size(), n.by_ranks.size());
+      for (const auto& [ranks, curve] : m.by_ranks) {
+        const models::CollectiveCurve& other = n.by_ranks.at(ranks);
+        EXPECT_EQ(curve.alpha_s, other.alpha_s);
+        EXPECT_EQ(curve.peak_busbw_bytes_per_s, other.peak_busbw_bytes_per_s);
+        expect_curve_equal(curve.efficiency_by_size, other.efficiency_by_size, "by_ranks");
+      }
     }
   }
   EXPECT_EQ(a.provenance, b.provenance);
@@ -95,6 +102,41 @@ TEST(ProfileWriter, KeepsTheSchemaAndLayoutOfTheDataFiles) {
                   .at("fwd_full_flops_per_s")
                   .contains("points"));
   EXPECT_TRUE(j.at("collectives").at("inter_node").at("send_recv").contains("alpha_s"));
+}
+
+TEST(ProfileWriter, CurvesPerGroupSizeRoundTripAndBadKeysAreRefused) {
+  models::HardwareProfile p = models::load_hardware("h100-sxm-80g", kData);
+  models::CollectiveModel& m =
+      p.collectives[models::Span::kIntraNode][models::Collective::kReduceScatter];
+  models::CollectiveCurve four;
+  four.alpha_s = 7e-6;
+  four.peak_busbw_bytes_per_s = 300e9;
+  four.efficiency_by_size = models::LogCurve({{1024.0, 0.1}, {1073741824.0, 0.9}});
+  m.by_ranks[4] = four;
+  const std::string at = "collectives.intra_node.reduce_scatter.by_ranks.4";
+  for (const char* key : {".alpha_s", ".peak_busbw_bytes_per_s", ".efficiency_by_size"}) {
+    p.provenance[at + key] = "test";
+  }
+  const std::string text = write_hardware_profile(p);
+  const models::HardwareProfile back = models::parse_hardware_profile(text, "written.json");
+  expect_profiles_equal(p, back);
+  EXPECT_EQ(back.collective(models::Span::kIntraNode, models::Collective::kReduceScatter)
+                .curve_for(6)
+                .alpha_s,
+            7e-6);
+
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
+  auto& by = j["collectives"]["intra_node"]["reduce_scatter"]["by_ranks"];
+  by["1"] = by["4"];
+  try {
+    (void)models::parse_hardware_profile(j.dump(), "bad.json");
+    ADD_FAILURE() << "accepted by_ranks key 1";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "bad.json:collectives.intra_node.reduce_scatter.by_ranks.1");
+  }
+  by.erase("1");
+  by["4"]["peak_busbw_bytes_per_s"]["value"] = 1e3;
+  EXPECT_THROW((void)models::parse_hardware_profile(j.dump(), "bad.json"), InputError);
 }
 
 TEST(ProfileWriter, RefusesACoefficientWithoutSource) {

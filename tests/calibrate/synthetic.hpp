@@ -47,7 +47,7 @@ inline models::HardwareProfile truth_profile() {
   using models::Collective;
   auto& intra = t.collectives[models::Span::kIntraNode];
   // all_to_all: a pure alpha-beta line (efficiency 1 at every size).
-  intra[Collective::kAllToAll] = {9e-6, 300e9, models::LogCurve({{1024, 1.0}})};
+  intra[Collective::kAllToAll] = {{9e-6, 300e9, models::LogCurve({{1024, 1.0}})}, {}};
   // the others: efficiency rising with size, as NCCL's protocols switch.
   const models::LogCurve rising({{1024, 0.05},
                                  {65536, 0.3},
@@ -55,10 +55,10 @@ inline models::HardwareProfile truth_profile() {
                                  {16777216, 0.85},
                                  {268435456, 0.97},
                                  {1073741824, 1.0}});
-  intra[Collective::kAllGather] = {7e-6, 360e9, rising};
-  intra[Collective::kReduceScatter] = {7e-6, 355e9, rising};
-  intra[Collective::kAllReduce] = {11e-6, 470e9, rising};
-  intra[Collective::kSendRecv] = {6e-6, 340e9, rising};
+  intra[Collective::kAllGather] = {{7e-6, 360e9, rising}, {}};
+  intra[Collective::kReduceScatter] = {{7e-6, 355e9, rising}, {}};
+  intra[Collective::kAllReduce] = {{11e-6, 470e9, rising}, {}};
+  intra[Collective::kSendRecv] = {{6e-6, 340e9, rising}, {}};
   return t;
 }
 
@@ -104,7 +104,7 @@ inline double collective_time(const models::HardwareProfile& t,
                               models::Collective op,
                               int ranks,
                               std::int64_t size) {
-  const models::CollectiveModel& m = t.collective(models::Span::kIntraNode, op);
+  const models::CollectiveCurve& m = t.collective(models::Span::kIntraNode, op).curve_for(ranks);
   const std::int64_t n = ranks;
   double wire = static_cast<double>((size / n) * (n - 1));
   if (op == models::Collective::kAllReduce) {

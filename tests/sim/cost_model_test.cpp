@@ -68,6 +68,45 @@ TEST(CostModel, AllToAllWireBytesAndTime) {
               1e-12);
 }
 
+TEST(CostModel, CollectiveUsesTheCurveOfTheNearestGroupSizeNotAbove) {
+  models::HardwareProfile p = h100();
+  models::CollectiveModel& m =
+      p.collectives[models::Span::kIntraNode][models::Collective::kAllGather];
+  // Main curve (the largest group) as published; curves measured at 2 and 4 ranks.
+  models::CollectiveCurve two;
+  two.alpha_s = 3e-6;
+  two.peak_busbw_bytes_per_s = 100e9;
+  two.efficiency_by_size = models::LogCurve({{1024.0, 0.5}, {1e9, 1.0}});
+  models::CollectiveCurve four = two;
+  four.alpha_s = 4e-6;
+  four.peak_busbw_bytes_per_s = 200e9;
+  m.by_ranks = {{2, two}, {4, four}};
+  const CostModel c(p, "fa3");
+  const auto at = [&c](int ranks) {
+    return c.collective(models::Collective::kAllGather, models::Span::kIntraNode, ranks, 1LL << 30);
+  };
+  // 2 and 3 ranks: the 2-rank curve (alpha 3 us + launch 5 us; 100 GB/s x efficiency at 1 GiB,
+  // log-interpolated between (1 KiB, 0.5) and (1e9, 1.0), clamped at 1.0 past 1e9).
+  EXPECT_NEAR(at(2).alpha_s, 3e-6 + 5e-6, 1e-15);
+  EXPECT_NEAR(at(2).nominal_bytes_per_s, 100e9, 1e-3);
+  EXPECT_NEAR(at(3).alpha_s, 3e-6 + 5e-6, 1e-15);
+  // 4 to 7 ranks: the 4-rank curve; 8 and 16 too (nearest measured size not above).
+  EXPECT_NEAR(at(4).nominal_bytes_per_s, 200e9, 1e-3);
+  EXPECT_NEAR(at(7).alpha_s, 4e-6 + 5e-6, 1e-15);
+  EXPECT_NEAR(at(16).alpha_s, 4e-6 + 5e-6, 1e-15);
+  // Below every measured size: the main curve, as without by_ranks.
+  const CostModel plain(h100(), "fa3");
+  const auto main_curve =
+      plain.collective(models::Collective::kAllGather, models::Span::kIntraNode, 8, 1LL << 30);
+  const CollectiveCost one = at(1);
+  EXPECT_EQ(one.alpha_s, main_curve.alpha_s);
+  EXPECT_EQ(one.nominal_bytes_per_s, main_curve.nominal_bytes_per_s);
+  // A profile without by_ranks is unchanged at every group size.
+  EXPECT_EQ(plain.collective(models::Collective::kAllGather, models::Span::kIntraNode, 2, 1LL << 30)
+                .nominal_bytes_per_s,
+            main_curve.nominal_bytes_per_s);
+}
+
 TEST(CostModel, HostCopy) {
   const CostModel c(h100(), "fa3");
   EXPECT_NEAR(c.host_copy_s(55'430'000'000, true), 5e-6 + 1.0, 1e-9);

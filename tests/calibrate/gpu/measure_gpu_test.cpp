@@ -84,7 +84,7 @@ TEST(Backend, ExplainsAMissingDevice) {
   ASSERT_TRUE(reason.has_value());
   EXPECT_THAT(*reason, HasSubstr("no CUDA device"));
   try {
-    (void)backend->run(MeasureOptions{}, {});
+    (void)backend->open(MeasureOptions{});
     ADD_FAILURE() << "expected InputError";
   } catch (const InputError& e) {
     EXPECT_EQ(e.field(), "calibrate");

@@ -12,9 +12,13 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cpsim/calibrate/raw.hpp"
+#include "cpsim/calibrate/run_control.hpp"
+#include "cpsim/models/error.hpp"
 #include "cpsim/models/transformer.hpp"
 
 namespace cpsim::calibrate {
@@ -49,6 +53,22 @@ class MeasureError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// What a sweep may use, decided by the run (run.hpp).
+struct SweepControl {
+  bool nccl_usable = true;              ///< false after a collective timed out or failed
+  double collective_timeout_s = 120.0;  ///< deadline of every wait on NCCL work
+  /// A progress step starts (finished = false) or ends (true).
+  std::function<void(const std::string& label, bool finished)> step;
+};
+
+/// The samples and notes of one sweep.
+struct SweepOutput {
+  RawSamples samples;
+  std::vector<std::string> notes;
+};
+
+/// The measuring side of `calibrate run`: the CUDA module, a backend that refuses (no CUDA), or
+/// the tests' fake. run_calibration (run.hpp) drives it sweep by sweep.
 class MeasureBackend {
  public:
   virtual ~MeasureBackend() = default;
@@ -58,16 +78,49 @@ class MeasureBackend {
 
   /// "cuda" or "none".
   virtual std::string name() const = 0;
-  /// Why run() cannot start on this machine ("no CUDA device ...", "built without CUDA ..."), or
+  /// Why a run cannot start on this machine ("no CUDA device ...", "built without CUDA ..."), or
   /// nothing when it can. Cheap; touches no GPU memory.
   virtual std::optional<std::string> unavailable_reason() const = 0;
-  /// Runs every sweep. @throws InputError (field "calibrate") when unavailable or for bad options;
-  /// MeasureError when a CUDA/NCCL/cuBLAS call fails.
-  virtual RawCalibration run(const MeasureOptions& options, const ProgressFn& progress) = 0;
+  /// Starts a run: picks the GPUs, reads the context (versions, clocks) and the pre-run checks
+  /// (context.checks), nothing measured yet. @throws InputError (field "calibrate" or "--gpus")
+  /// when unavailable or for bad options; MeasureError when a CUDA call fails.
+  virtual RawContext open(const MeasureOptions& options) = 0;
+  /// Progress steps of `sweep` (one of kSweepNames), after open().
+  virtual std::size_t plan(std::string_view sweep) const = 0;
+  /// Runs `sweep` (any but "collectives"), after open(). @throws MeasureError.
+  virtual SweepOutput run_sweep(std::string_view sweep, const SweepControl& control) = 0;
+  /// What the collective sweep measures (groups empty with one GPU) and its timing rules.
+  virtual CollectivePlan collective_plan() const = 0;
+  virtual TimingPlan timing_plan() const = 0;
+  /// The rig the collective sweep drives.
+  virtual std::unique_ptr<CollectiveRig> collective_rig() = 0;
 };
 
-/// The CUDA backend when this cpsim was built with CUDA, else one whose run() throws
-/// InputError("calibrate", "this cpsim was built without CUDA ...").
+/// A backend that cannot measure (no CUDA in this build, or the module does not load): every
+/// call that would measure throws InputError("calibrate", why).
+class RefusingBackend : public MeasureBackend {
+ public:
+  RefusingBackend(std::string name, std::string why)
+      : name_(std::move(name)), why_(std::move(why)) {}
+  std::string name() const override { return name_; }
+  std::optional<std::string> unavailable_reason() const override { return why_; }
+  RawContext open(const MeasureOptions& /*options*/) override { refuse(); }
+  std::size_t plan(std::string_view /*sweep*/) const override { refuse(); }
+  SweepOutput run_sweep(std::string_view /*sweep*/, const SweepControl& /*control*/) override {
+    refuse();
+  }
+  CollectivePlan collective_plan() const override { refuse(); }
+  TimingPlan timing_plan() const override { refuse(); }
+  std::unique_ptr<CollectiveRig> collective_rig() override { refuse(); }
+
+ private:
+  [[noreturn]] void refuse() const { throw InputError("calibrate", why_); }
+  std::string name_;
+  std::string why_;
+};
+
+/// The CUDA backend when this cpsim was built with CUDA and its module loads, else a
+/// RefusingBackend that says why ("this cpsim was built without CUDA ...").
 std::unique_ptr<MeasureBackend> make_measure_backend();
 
 /// A text progress bar on a stream (stderr): redrawn in place on a terminal, one line per 10 %

@@ -52,8 +52,18 @@ struct CurveFit {
   double gate_error() const { return held_out > 0 ? holdout_mape : fit_mape; }
 };
 
+/// Where an attention kernel's curves in the fitted profile come from.
+struct AttentionKernelOrigin {
+  std::string kernel;
+  int measured_curves = 0;  ///< of the four (fwd/bwd × causal/full) fitted from samples
+  int curves = 0;           ///< curves the profile has for it (4, or 0 when absent)
+  std::size_t samples = 0;  ///< attention samples of this kernel in the raw files
+};
+
 struct ProfileFit {
   models::HardwareProfile profile;
+  /// fa3, fa2, cudnn, sdpa, cpsim-flash, then any other kernel of the profile or the samples.
+  std::vector<AttentionKernelOrigin> attention_origins;
   std::vector<CurveFit> curves;
   std::vector<std::string> notes;  ///< what was kept from the base, skipped, or looked suspicious
 };

@@ -23,6 +23,30 @@ struct RawMethod {
   std::int64_t rotation_bytes = 0;  ///< size of the rotated buffer pool that defeats L2 (0: none)
 };
 
+/// One sweep of `calibrate run` as written (context.sweeps): what --resume reads back.
+struct SweepRecord {
+  std::string name;                ///< one of kSweepNames (run_control.hpp)
+  std::string status;              ///< "done", "failed", "timed_out" or "skipped"
+  std::string date;                ///< UTC when it finished ("unknown" when skipped)
+  std::vector<std::string> notes;  ///< why it failed or was skipped, what it left out
+};
+
+/// The state of one GPU before measuring (context.checks): another process or memory in use
+/// falsifies every time; clocks below maximum or a throttle reason slow the kernels.
+struct GpuCheck {
+  int gpu = 0;
+  std::string source;                   ///< "nvml" or "cudaMemGetInfo" (no NVML)
+  std::int64_t memory_used_bytes = -1;  ///< -1: unknown
+  std::int64_t memory_total_bytes = -1;
+  int other_processes = -1;       ///< compute processes other than this one, -1: unknown
+  double sm_clock_mhz = 0.0;      ///< current SM clock, 0: unknown
+  double sm_clock_max_mhz = 0.0;  ///< maximum SM clock, 0: unknown
+  /// Active clock throttle reasons (nvmlDeviceGetCurrentClocksThrottleReasons) by name, e.g.
+  /// "hw_thermal_slowdown"; empty when none or unknown (`throttle_known` tells).
+  std::vector<std::string> throttle_reasons;
+  bool throttle_known = false;
+};
+
 /// Where and how the measurements were taken. Unknown numbers are 0, unknown strings "unknown".
 struct RawContext {
   std::string device;                ///< GPU name, e.g. "NVIDIA H100 80GB HBM3"
@@ -45,6 +69,10 @@ struct RawContext {
   bool quick = false;
   RawMethod method;
   std::vector<std::string> notes;  ///< e.g. why the collectives were skipped
+  /// Sweeps of `calibrate run` with their state, in run order (absent in imported files and in
+  /// files of older versions: written only when not empty).
+  std::vector<SweepRecord> sweeps;
+  std::vector<GpuCheck> checks;  ///< pre-run checks per GPU (written only when not empty)
 };
 
 /// One cuBLASLt GEMM: D[m×n] = X[m×k] · W[n×k]ᵀ, bf16 in and out, fp32 accumulate.

@@ -27,10 +27,28 @@ const char* to_string(Span s);
 ///   t(S) = alpha_s + wire_bytes(S) / (peak_busbw · efficiency(S))
 /// where S is the nccl-tests "size" (per-rank total buffer) and wire_bytes = S·(n−1)/n
 /// (×2 for all-reduce; S for send/recv).
-struct CollectiveModel {
+struct CollectiveCurve {
   double alpha_s = 0.0;
   double peak_busbw_bytes_per_s = 0.0;
   LogCurve efficiency_by_size;  ///< fraction of peak busbw vs S in bytes
+};
+
+/// A collective's curve, plus curves measured at particular group sizes (NCCL picks its
+/// algorithm and protocol by rank count, so a 2-rank all-gather is not an 8-rank one scaled).
+/// The main curve is the largest group measured (or the published one); `by_ranks` is optional
+/// (JSON `by_ranks`, keyed by the rank count) and empty in profiles without it.
+struct CollectiveModel : CollectiveCurve {
+  std::map<int, CollectiveCurve> by_ranks;
+
+  /// The curve for a group of `ranks`: the by_ranks entry of the largest group size not above
+  /// `ranks`, else (none that small, or none at all) the main curve.
+  const CollectiveCurve& curve_for(int ranks) const {
+    auto it = by_ranks.upper_bound(ranks);
+    if (it == by_ranks.begin()) {
+      return *this;
+    }
+    return (--it)->second;
+  }
 };
 
 /// Attention kernel throughput (TFLOP/s in the FlashAttention FLOP convention) vs sequence length,
