@@ -214,12 +214,14 @@ class ProbeCache {
     sim::ScheduleInputs in = base_;
     in.parallel.seq_len = k * step_;
     // Only whether it fits: the run may stop once device memory passes capacity − margin, which
-    // is exactly when the peak no longer fits (peak + margin > capacity). A run that does not
-    // stop is the same run as without the limit (the limit only ends the loop).
+    // is exactly when the peak no longer fits (peak + margin > capacity), or once a node's host
+    // memory passes the host capacity (fits_host is host ≤ capacity; host peaks only grow). A
+    // run that does not stop is the same run as without the limits (they only end the loop).
     EvaluateOptions options;
     if (need == Need::kFits) {
       options.stop_above_device_bytes =
           std::max<std::int64_t>(1, base_.hardware.hbm_capacity_bytes - margin_);
+      options.stop_above_host_bytes = base_.hardware.host_memory_bytes_per_node;  // 0: never
     }
     try {
       s.probe.report = evaluate(in, options, scratch).report;
