@@ -266,7 +266,7 @@ class Engine {
   const bool log_allocations_;                // SimOptions::log_allocations
   const std::int64_t stop_above_bytes_;       // SimOptions::stop_above_device_bytes (max: never)
   const std::int64_t stop_above_host_bytes_;  // SimOptions::stop_above_host_bytes (max: never)
-  bool stop_ = false;                         // a rank's device memory passed stop_above_bytes_
+  bool stop_ = false;  // a rank's device memory or a node's host memory passed its stop limit
   // Constant over the run: rates of the profile (per ns).
   double compute_rate_under_comm_ = 1.0;
   double h2d_rate_ = 0.0;
