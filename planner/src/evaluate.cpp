@@ -35,6 +35,7 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& op
   // A trace shows the reserved memory of its own run.
   sim_options.log_allocations = options.model_allocator && (!allocator_apart || options.keep_trace);
   sim_options.stop_above_device_bytes = options.stop_above_device_bytes;
+  sim_options.stop_above_host_bytes = options.stop_above_host_bytes;
   auto result =
       std::make_shared<sim::SimResult>(sim::simulate(*workload, inputs.hardware, sim_options));
   Evaluation e;
@@ -80,6 +81,7 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs,
   }
   sim::SimOptions sim_options;
   sim_options.stop_above_device_bytes = options.stop_above_device_bytes;
+  sim_options.stop_above_host_bytes = options.stop_above_host_bytes;
   const sim::SimResult result =
       scratch.simulator.run(scratch.workload, inputs.hardware, sim_options);
   Evaluation e;

@@ -229,12 +229,17 @@ class ProbeCache {
     sim::ScheduleInputs in = base_;
     in.parallel.seq_len = k * step_;
     // Only whether it fits: the run may stop once device memory passes capacity − margin, which
-    // is exactly when the peak no longer fits (peak + margin > capacity). A run that does not
-    // stop is the same run as without the limit (the limit only ends the loop).
+    // is exactly when the peak no longer fits (peak + margin > capacity), or once a node's host
+    // memory passes the host capacity (fits_host is host ≤ capacity; host peaks only grow). A
+    // run that does not stop is the same run as without the limits (they only end the loop).
     EvaluateOptions options;
     if (need == Need::kFits) {
       options.stop_above_device_bytes =
           std::max<std::int64_t>(1, base_.hardware.hbm_capacity_bytes - base_.margin.gpu_bytes);
+      // Host memory fits while the node's peak + margin stays within the capacity; 0: never stop.
+      const std::int64_t host = base_.hardware.host_memory_bytes_per_node;
+      options.stop_above_host_bytes =
+          host > 0 ? std::max<std::int64_t>(1, host - base_.margin.host_bytes) : 0;
     }
     try {
       s.probe.report = evaluate(in, options, scratch).report;

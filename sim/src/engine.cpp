@@ -198,6 +198,7 @@ struct Simulator::Scratch {
   std::uint32_t run = 0;  // runs so far (TensorState::run of this run)
   std::vector<RankState> ranks;
   std::vector<std::int32_t> woken;  // wake_watchers: queues whose head became ready (n_queues)
+  std::vector<std::int64_t> node_host_bytes;  // per node: the sum of its ranks' host peaks so far
 };
 
 namespace {
@@ -218,6 +219,9 @@ class Engine {
         log_allocations_(o.log_allocations),
         stop_above_bytes_(o.stop_above_device_bytes > 0 ? o.stop_above_device_bytes
                                                         : std::numeric_limits<std::int64_t>::max()),
+        stop_above_host_bytes_(o.stop_above_host_bytes > 0
+                                   ? o.stop_above_host_bytes
+                                   : std::numeric_limits<std::int64_t>::max()),
         home_(scratch),
         b_(std::move(scratch)) {}
   // The buffers go back to the Simulator (with their capacity) however the run ends.
@@ -251,16 +255,18 @@ class Engine {
   [[gnu::always_inline]] inline void note_memory(std::int32_t rank, OpId op);
   [[gnu::always_inline]] inline void release(TensorId t);
   [[gnu::cold, gnu::noinline]] void sample_memory(std::int32_t rank);
+  [[gnu::noinline]] void note_host_peak(std::int32_t rank, std::int64_t growth);
   [[gnu::cold, gnu::noinline]] void log_allocation(
       std::int64_t key, std::int64_t bytes, std::int32_t rank, Stream stream, bool allocate);
 
   const Workload& w_;
   const models::HardwareProfile& profile_;
-  const bool trace_;                        // SimOptions::record_trace
-  const std::vector<bool>& sampled_ranks_;  // SimOptions::sampled_ranks
-  const bool log_allocations_;              // SimOptions::log_allocations
-  const std::int64_t stop_above_bytes_;     // SimOptions::stop_above_device_bytes (max: never)
-  bool stop_ = false;                       // a rank's device memory passed stop_above_bytes_
+  const bool trace_;                          // SimOptions::record_trace
+  const std::vector<bool>& sampled_ranks_;    // SimOptions::sampled_ranks
+  const bool log_allocations_;                // SimOptions::log_allocations
+  const std::int64_t stop_above_bytes_;       // SimOptions::stop_above_device_bytes (max: never)
+  const std::int64_t stop_above_host_bytes_;  // SimOptions::stop_above_host_bytes (max: never)
+  bool stop_ = false;  // a rank's device memory or a node's host memory passed its stop limit
   // Constant over the run: rates of the profile (per ns).
   double compute_rate_under_comm_ = 1.0;
   double h2d_rate_ = 0.0;
@@ -430,10 +436,33 @@ inline void Engine::note_memory(std::int32_t rank, OpId op) {
     m.breakdown_at_peak = rs.live;
     stop_ = stop_ || m.peak_bytes > stop_above_bytes_;
   }
-  m.host_peak_bytes = std::max(m.host_peak_bytes, rs.host_live);
+  if (rs.host_live > m.host_peak_bytes) {
+    note_host_peak(rank, rs.host_live - m.host_peak_bytes);
+    m.host_peak_bytes = rs.host_live;
+  }
   if (trace_) [[unlikely]] {
     sample_memory(rank);
   }
+}
+
+// A rank's host peak grew by `growth`: its node's sum of host peaks so far, counted as summarize()
+// counts the node's host memory (a lower bound of the step's, since peaks only grow), against
+// stop_above_host_bytes_.
+void Engine::note_host_peak(std::int32_t rank, std::int64_t growth) {
+  if (stop_above_host_bytes_ == std::numeric_limits<std::int64_t>::max()) {
+    return;
+  }
+  const auto per_node = static_cast<std::size_t>(std::max(1, w_.gpus_per_node));
+  std::int64_t& node = b_.node_host_bytes[idx(rank) / per_node];
+  node += growth;
+  std::int64_t need = node;
+  if (w_.ranks < w_.represented_ranks && rank == 0) {
+    // Every rank of the node holds what rank 0 holds.
+    need = std::max(need, (result_.memory[0].host_peak_bytes + growth) *
+                              std::min<std::int64_t>(static_cast<std::int64_t>(per_node),
+                                                     std::max(1, w_.represented_ranks)));
+  }
+  stop_ = stop_ || need > stop_above_host_bytes_;
 }
 
 void Engine::sample_memory(std::int32_t rank) {
@@ -743,6 +772,8 @@ void Engine::setup() {
   b_.collectives.assign(w_.collectives.size(), CollectiveRuntime{});
   b_.ranks.assign(n_ranks, {});
   result_.memory.assign(n_ranks, {});
+  b_.node_host_bytes.assign(n_ranks / static_cast<std::size_t>(std::max(1, w_.gpus_per_node)) + 1,
+                            0);
   result_.busy.assign(n_ranks, {});
 
   for (std::size_t i = 0; i < n_ops; ++i) {

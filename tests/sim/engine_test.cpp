@@ -247,6 +247,64 @@ TEST(Engine, StopsOnceDeviceMemoryPassesTheLimit) {
   EXPECT_EQ(at_once.events, 0);
 }
 
+// Host memory: rank 0 holds 3000 B on the host from t = 0 to 100, rank 1 2500 B from t = 200 to
+// 300. summarize() counts a node's host memory as the sum of its ranks' host peaks: 5500 B when
+// both are on one node, though never live together; the run stops when the sum so far passes the
+// limit.
+TEST(Engine, StopsOnceANodesHostMemoryPassesTheLimit) {
+  G g(2);
+  const TensorId h0 = g.tensor(0, 3000, MemCategory::kActivations, /*host=*/true);
+  const TensorId h1 = g.tensor(1, 2500, MemCategory::kActivations, /*host=*/true);
+  g.op(0, Stream::kCompute, 100, {}, {}, {h0});
+  g.op(0, Stream::kCompute, 100, {}, {h0}, {});
+  g.op(1, Stream::kCompute, 200, {}, {}, {});
+  g.op(1, Stream::kCompute, 100, {}, {}, {h1});
+  g.op(1, Stream::kCompute, 100, {}, {h1}, {});
+  const SimResult full = simulate(g.w, profile());
+  EXPECT_FALSE(full.stopped_early);
+  EXPECT_EQ(full.step_time_ns, 400);
+
+  SimOptions o;
+  o.stop_above_host_bytes = 5499;  // passed when rank 1 allocates at t = 200 (3000 + 2500)
+  const SimResult stopped = simulate(g.w, profile(), o);
+  EXPECT_TRUE(stopped.stopped_early);
+  EXPECT_EQ(stopped.step_time_ns, 200);
+  EXPECT_EQ(stopped.memory[1].host_peak_bytes, 2500);
+
+  o.stop_above_host_bytes = 5500;  // reached, not passed: the whole run
+  const SimResult exact = simulate(g.w, profile(), o);
+  EXPECT_FALSE(exact.stopped_early);
+  EXPECT_EQ(exact.step_time_ns, full.step_time_ns);
+  EXPECT_EQ(exact.events, full.events);
+
+  o.stop_above_host_bytes = 2999;  // rank 0 alone passes it at t = 0
+  EXPECT_EQ(simulate(g.w, profile(), o).step_time_ns, 0);
+
+  g.w.gpus_per_node = 1;  // a node per rank: 3000 and 2500 apart, neither above 5499 or 3000
+  o.stop_above_host_bytes = 3000;
+  EXPECT_FALSE(simulate(g.w, profile(), o).stopped_early);
+  o.stop_above_host_bytes = 2999;
+  EXPECT_TRUE(simulate(g.w, profile(), o).stopped_early);
+}
+
+// On the representative-rank path rank 0 stands for every rank of its node: 1000 B of host memory
+// on rank 0 of a job of 16 ranks with 8 per node is 8000 B per node.
+TEST(Engine, HostStopCountsTheRanksRank0StandsFor) {
+  G g(1);
+  g.w.represented_ranks = 16;
+  g.w.gpus_per_node = 8;
+  const TensorId h = g.tensor(0, 1000, MemCategory::kActivations, /*host=*/true);
+  g.op(0, Stream::kCompute, 100, {}, {}, {h});
+  g.op(0, Stream::kCompute, 100, {}, {h}, {});
+  SimOptions o;
+  o.stop_above_host_bytes = 7999;
+  EXPECT_TRUE(simulate(g.w, profile(), o).stopped_early);
+  o.stop_above_host_bytes = 8000;
+  const SimResult r = simulate(g.w, profile(), o);
+  EXPECT_FALSE(r.stopped_early);
+  EXPECT_EQ(r.step_time_ns, 200);
+}
+
 TEST(Engine, CycleFromMismatchedCollectiveOrderIsDetected) {
   // Rank 0 issues A then B on one stream, rank 1 issues B then A: a deadlock.
   G g(2);

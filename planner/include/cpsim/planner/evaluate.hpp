@@ -30,6 +30,8 @@ struct EvaluateOptions {
   /// sim::SimOptions::stop_above_device_bytes: a search that drops configurations which do not
   /// fit stops simulating one as soon as its device memory passes this (0: never).
   std::int64_t stop_above_device_bytes = 0;
+  /// sim::SimOptions::stop_above_host_bytes: likewise for a node's pinned host memory.
+  std::int64_t stop_above_host_bytes = 0;
 };
 
 struct Evaluation {

@@ -46,6 +46,11 @@ struct SimOptions {
   /// need to know that a configuration does not fit: the run then stops early and its times and
   /// busy totals cover the step only up to that instant (SimResult::stopped_early).
   std::int64_t stop_above_device_bytes = 0;
+  /// Stop once the pinned host bytes of one node exceed this many bytes (0: never), counted as
+  /// summarize() counts them: the sum of the host peaks so far of the node's ranks (on the
+  /// representative-rank path, rank 0's times the ranks of its node). Peaks only grow, so the
+  /// step's host memory is then above it too (StepReport::fits_host is false for this capacity).
+  std::int64_t stop_above_host_bytes = 0;
 };
 
 /// Interval an op ran in (trace only).
@@ -90,8 +95,9 @@ struct SimResult {
   std::vector<OpInterval> intervals;         ///< when record_trace
   std::vector<MemorySample> memory_samples;  ///< when record_trace
   std::vector<AllocationEvent> allocations;  ///< when log_allocations, in the order made
-  /// Device memory exceeded SimOptions::stop_above_device_bytes and the run stopped there: the
-  /// peak is at least that; times are not the step's.
+  /// Device memory exceeded SimOptions::stop_above_device_bytes, or a node's host memory
+  /// SimOptions::stop_above_host_bytes, and the run stopped there: that peak is at least the
+  /// limit; times are not the step's.
   bool stopped_early = false;
 };
 

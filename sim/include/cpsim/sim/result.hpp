@@ -43,8 +43,9 @@ struct StepReport {
   /// The modelled allocator could not serve a request even with its cache emptied: out of memory
   /// from fragmentation although the allocated peak fits (likely without expandable segments).
   bool allocator_out_of_memory = false;
-  /// The simulation stopped once device memory passed SimOptions::stop_above_device_bytes (it
-  /// does not fit): the peak is a lower bound and the times are not a whole step's.
+  /// The simulation stopped once device memory passed SimOptions::stop_above_device_bytes, or a
+  /// node's host memory SimOptions::stop_above_host_bytes (it does not fit): that peak is a lower
+  /// bound and the times are not a whole step's.
   bool stopped_early = false;
 
   // Host memory (pinned offload buffers), the busiest node
