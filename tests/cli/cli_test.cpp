@@ -616,6 +616,28 @@ TEST_F(BadInputTest, FlagErrors) {
   }
 }
 
+TEST_F(BadInputTest, Fp8NeedsItsSetUp) {
+  const std::vector<BadInput> cases = {
+      {"fp8 not a switch", {"simulate", "--seq", "64K", "--fp8", "maybe"}, {"--fp8"}},
+      {"fp8 on A100 (no FP8 tensor cores)",
+       {"simulate", "--seq", "64K", "--hardware", "a100-sxm-80g", "--attention-kernel", "fa2",
+        "--fp8", "on", "--tiled-mlp", "off", "--zero", "1"},
+       {"--fp8"},
+       {"peak_fp8_flops_per_s"}},
+      {"fp8 with the tiled MLP",
+       {"simulate", "--seq", "64K", "--fp8", "on", "--zero", "1"},
+       {"--fp8"},
+       {"--tiled-mlp off"}},
+      {"fp8 with ZeRO-3",
+       {"simulate", "--seq", "64K", "--fp8", "on", "--tiled-mlp", "off"},
+       {"--fp8"},
+       {"--zero"}},
+  };
+  for (const auto& c : cases) {
+    expect_usage_error(c);
+  }
+}
+
 TEST_F(BadInputTest, HeadsNotDivisibleByCpDegree) {
   // 32 heads on a CP degree of 12 (one 12-GPU node so that only the head count is wrong).
   expect_usage_error({"llama3-8b on 12 GPUs",
