@@ -47,6 +47,33 @@ void check_attention_kernel(const models::HardwareProfile& hw,
                   r.name, r.attention_kernel, hw.name, known));
 }
 
+/// FP8 compute (--fp8 or the recipe's precision.fp8): what TransformerEngine's FP8 Linear needs
+/// of the set-up and of the profile, named by the flag when the flag asked for it.
+void check_fp8(const models::HardwareProfile& hw,
+               models::TrainingRecipe& r,
+               const std::string& flag) {
+  if (!flag.empty()) {
+    r.fp8 = parse_switch(flag, "--fp8");
+  }
+  if (!r.fp8) {
+    return;
+  }
+  const std::string field = flag.empty() ? "recipe.precision.fp8" : "--fp8";
+  if (hw.peak_fp8_flops_per_s <= 0.0) {
+    throw InputError(field, fmt::format("hardware {} has no FP8 tensor-core peak "
+                                        "(gpu.peak_fp8_flops_per_s)",
+                                        hw.name));
+  }
+  if (r.tiled_mlp) {
+    throw InputError(field, "FP8 runs TransformerEngine's Linear layers: needs --tiled-mlp off");
+  }
+  if (r.zero_stage == 3) {
+    throw InputError(field,
+                     "FP8 weight caching is modelled for unsharded compute weights: needs "
+                     "--zero 0, 1 or 2");
+  }
+}
+
 /// Tiled MLP shards: `--tiled-mlp SHARDS` within what a recipe allows (1 to 2^20).
 std::int64_t parse_mlp_shards(const std::string& text) {
   constexpr std::int64_t kMaxShards = std::int64_t{1} << 20;
@@ -185,6 +212,7 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
                        fmt::format("parameter offload needs ZeRO stage 3, got {}", r.zero_stage));
     }
   }
+  check_fp8(in.hardware, r, a.fp8);
   if (!a.comm_dtype.empty()) {
     if (a.comm_dtype == "bf16" || a.comm_dtype == "fp16") {
       r.cp_comm_bytes = 2;
@@ -321,6 +349,9 @@ std::string recipe_label(const models::TrainingRecipe& r,
   if (r.param_offload) {
     s += ", parameters offloaded";
   }
+  if (r.fp8) {
+    s += ", FP8 Linear GEMMs (TransformerEngine delayed scaling)";
+  }
   s += fmt::format(", {} attention", r.attention_kernel);
   (void)rep;
   return s;
@@ -423,6 +454,9 @@ nlohmann::json to_json(const SimulateArgs& a,
   if (in.parallel.tp_degree > 1 || in.parallel.micro_batches > 1) {
     j["config"]["tp_degree"] = in.parallel.tp_degree;
     j["config"]["micro_batches"] = in.parallel.micro_batches;
+  }
+  if (r.fp8) {
+    j["config"]["fp8"] = true;
   }
   if (peak != nullptr) {
     json largest = json::array();
@@ -724,6 +758,9 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
   c->add_option("--int32-indexing", a.int32_indexing,
                 "kernels with 32-bit offsets (Liger RMSNorm before PR #804, FlashAttention-2): "
                 "tensors of 2^31 elements do not run: on | off (default: recipe)");
+  c->add_option("--fp8", a.fp8,
+                "FP8 Linear GEMMs as TransformerEngine runs them (delayed scaling): on | off "
+                "(default: recipe, off)");
   c->add_option("--attention-kernel", a.attention_kernel,
                 "attention kernel curve of the profile: "
                 "fa3 | fa2 | cudnn | sdpa (default: recipe)");
@@ -746,8 +783,8 @@ bool is_shared_flag(const std::string& f) {
   return f == "--gpus" || f == "--hardware" || f == "--recipe" || f == "--ac" ||
          f == "--ac-offload" || f == "--tiled-mlp" || f == "--fused-loss" || f == "--zero" ||
          f == "--param-offload" || f == "--norm-kernel" || f == "--mlp-kernel" ||
-         f == "--int32-indexing" || f == "--memory-margin" || f == "--host-memory-margin" ||
-         f.find(".json") != std::string::npos;
+         f == "--int32-indexing" || f == "--fp8" || f == "--memory-margin" ||
+         f == "--host-memory-margin" || f.find(".json") != std::string::npos;
 }
 
 // A comparison's exit status: 0 when at least one method fits, else kExitDoesNotFit.

@@ -65,6 +65,9 @@ SimulateArgs simulate_args(const planner::ValidationSetup& s) {
   set(a.norm_kernel, s.norm_kernel);
   set(a.mlp_kernel, s.mlp_kernel);
   set(a.int32_indexing, s.int32_indexing);
+  set(a.fp8, s.fp8);
+  set(a.tp, s.tp);
+  set(a.micro_batches, s.micro_batches);
   a.impl = s.impl;
   a.method_given = true;
   return a;

@@ -61,6 +61,7 @@ struct SimulateArgs {
   std::string norm_kernel;
   std::string mlp_kernel;
   std::string int32_indexing;
+  std::string fp8;  ///< --fp8 on|off; empty = recipe
   std::string attention_kernel;
   std::string memory_margin;       ///< --memory-margin (set to the default by the flag)
   std::string host_memory_margin;  ///< --host-memory-margin

@@ -65,6 +65,9 @@ std::string write_hardware_profile(const models::HardwareProfile& p) {
   gpu["hbm_capacity_bytes"] = w.value("gpu.hbm_capacity_bytes", p.hbm_capacity_bytes);
   gpu["sm_count"] = w.value("gpu.sm_count", p.sm_count);
   gpu["peak_bf16_flops_per_s"] = w.value("gpu.peak_bf16_flops_per_s", p.peak_bf16_flops_per_s);
+  if (p.peak_fp8_flops_per_s > 0.0) {
+    gpu["peak_fp8_flops_per_s"] = w.value("gpu.peak_fp8_flops_per_s", p.peak_fp8_flops_per_s);
+  }
   gpu["hbm_bandwidth_bytes_per_s"] =
       w.value("gpu.hbm_bandwidth_bytes_per_s", p.hbm_bandwidth_bytes_per_s);
   root["gpu"] = std::move(gpu);

@@ -254,11 +254,14 @@ HardwareProfile parse_hardware_profile(const std::string& json_text, const std::
 
   const Json& gpu = r.section(root, "", "gpu",
                               {"name", "hbm_capacity_bytes", "sm_count", "peak_bf16_flops_per_s",
-                               "hbm_bandwidth_bytes_per_s"});
+                               "peak_fp8_flops_per_s", "hbm_bandwidth_bytes_per_s"});
   hw.gpu_name = json_string(r.member(gpu, "gpu", "name"), r.field("gpu.name"));
   hw.hbm_capacity_bytes = r.integer(gpu, "gpu", "hbm_capacity_bytes", Bound::kPositive);
   hw.sm_count = r.integer(gpu, "gpu", "sm_count", Bound::kPositive);
   hw.peak_bf16_flops_per_s = r.number(gpu, "gpu", "peak_bf16_flops_per_s", Bound::kPositive);
+  if (gpu.contains("peak_fp8_flops_per_s")) {
+    hw.peak_fp8_flops_per_s = r.number(gpu, "gpu", "peak_fp8_flops_per_s", Bound::kPositive);
+  }
   hw.hbm_bandwidth_bytes_per_s =
       r.number(gpu, "gpu", "hbm_bandwidth_bytes_per_s", Bound::kPositive);
 

@@ -125,6 +125,15 @@ void TrainingRecipe::validate() const {
   }
   check_range(reduce_bucket_elements, 0, std::int64_t{1} << 40, "sharding.reduce_bucket_elements");
   check_range(tiled_mlp_shards, 0, std::int64_t{1} << 20, "tiled_mlp.shards");
+  if (fp8 && tiled_mlp) {
+    throw InputError("recipe.precision.fp8",
+                     "FP8 runs TransformerEngine's Linear layers: needs the untiled MLP");
+  }
+  if (fp8 && zero_stage == 3) {
+    throw InputError("recipe.precision.fp8",
+                     "FP8 weight caching is modelled for unsharded compute weights (ZeRO stage <= "
+                     "2), got stage 3");
+  }
   if (attention_kernel.empty()) {
     throw InputError("recipe.attention_kernel", "must not be empty");
   }

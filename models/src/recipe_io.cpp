@@ -92,7 +92,7 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
   const Json* precision =
       section("precision", {"param_bytes", "activation_bytes", "master_param_bytes", "grad_bytes",
                             "grad_reduce_bytes", "optimizer_state_bytes", "cp_comm_bytes",
-                            "persistent_compute_params"});
+                            "persistent_compute_params", "fp8"});
   read_int(precision, "precision", "param_bytes", recipe.param_bytes);
   read_int(precision, "precision", "activation_bytes", recipe.activation_bytes);
   read_int(precision, "precision", "master_param_bytes", recipe.master_param_bytes);
@@ -101,6 +101,7 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
   read_int(precision, "precision", "optimizer_state_bytes", recipe.optimizer_state_bytes);
   read_int(precision, "precision", "cp_comm_bytes", recipe.cp_comm_bytes);
   read_bool(precision, "precision", "persistent_compute_params", recipe.persistent_compute_params);
+  read_bool(precision, "precision", "fp8", recipe.fp8);
 
   if (const Json* optimizer = find_member(root, "optimizer")) {
     recipe.optimizer = json_string(*optimizer, field("optimizer"));

@@ -98,6 +98,9 @@ std::vector<models::TrainingRecipe> recipe_space(const models::TrainingRecipe& b
     for (const auto& [ac, offload] : acs) {
       for (const bool tiled : tileds) {
         for (const bool fused : fuseds) {
+          if (base.fp8 && (tiled || zero == 3)) {
+            continue;  // FP8 runs TransformerEngine's Linear layers with unsharded weights
+          }
           models::TrainingRecipe r = base;
           r.zero_stage = zero;
           r.checkpointing = ac;
@@ -233,7 +236,8 @@ std::vector<Candidate> as_run_by(LauncherFormat launcher,
 //     the fp32 gradient of the logits (12 bytes per logit, whatever the activation dtype), and
 //     x_final;
 //   - the MLP backward of the last block: the incoming gradient dy and the output dh1n (2·act);
-//     untiled, gate/up and the product (3·s·f·ab, recomputed under full AC, else among `saved`)
+//     untiled, gate/up and the product (3·s·f·ab, the product s·f with FP8; recomputed under full
+//     AC, else among `saved`)
 //     and at least the product's gradient as workspace (s·f·ab); under full AC the recomputed norm
 //     output h1n (act).
 std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
@@ -247,6 +251,8 @@ std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
   const std::int64_t act = s / t * m.hidden * ab;
   const std::int64_t mlp_tensor = s * (m.ffn_hidden / t) * ab;  // one [s, f/T] tensor
   const std::int64_t vocab = (m.vocab + t - 1) / t;
+  // The product as the backward keeps it: with FP8 the down projection's FP8 copy (1 byte).
+  const std::int64_t product = r.fp8 ? s * (m.ffn_hidden / t) : mlp_tensor;
   const bool full_ac = r.checkpointing == CheckpointMode::kFull;
   std::int64_t saved = 0;
   if (full_ac) {
@@ -258,13 +264,13 @@ std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
     // Block input, norm1 output, attention residual, norm2 output of every block.
     saved = m.layers * 4 * act;
     if (!r.tiled_mlp) {
-      saved += m.layers * 3 * mlp_tensor;  // gate/up and activation
+      saved += m.layers * (2 * mlp_tensor + product);  // gate/up and activation
     }
   }
   const std::int64_t loss = r.fused_loss ? 0 : s * vocab * 3 * kFp32Bytes + act;
   std::int64_t last_mlp_backward = 2 * act;
   if (!r.tiled_mlp) {
-    last_mlp_backward += (full_ac ? 4 : 1) * mlp_tensor;
+    last_mlp_backward += full_ac ? 3 * mlp_tensor + product : mlp_tensor;
   }
   if (full_ac) {
     last_mlp_backward += act;

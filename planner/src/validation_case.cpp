@@ -110,6 +110,12 @@ ValidationSetup parse_setup(const Json& s, const std::string& origin) {
       a.mlp_kernel = text();
     else if (key == "int32-indexing")
       a.int32_indexing = text();
+    else if (key == "fp8")
+      a.fp8 = text();
+    else if (key == "tp")
+      a.tp = integer();
+    else if (key == "micro-batches")
+      a.micro_batches = integer();
     else if (key == "impl")
       a.impl = text();
     else

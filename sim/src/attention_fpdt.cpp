@@ -211,7 +211,7 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
   const KernelCost full_block = plus(cost_.attention_fwd({chunk, chunk, hq, d, false}), merge);
   const KernelCost diag_block = plus(cost_.attention_fwd({chunk, chunk, hq, d, true}), merge);
   // Every chunk has the same shapes.
-  const KernelCost proj = gemm(lc, (m_.heads + 2 * m_.kv_heads) * d, h);
+  const KernelCost proj = linear_fwd(lc, (m_.heads + 2 * m_.kv_heads) * d, h);
   const KernelCost rope = mem(2 * (q_local_bytes + kv_local_bytes));
   const KernelCost out_cast = mem(chunk * hq * d * (kFp32Bytes + ab_));
   const KernelCost fill = mem(2 * q_local_bytes);
@@ -387,7 +387,7 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
   const KernelCost dq_slice = mem(2 * dq_bytes);
   const KernelCost dq_cast = mem(chunk * hq * d * (kFp32Bytes + ab_));
   const KernelCost rope_bwd = mem(2 * (q_local_bytes + kv_local_bytes));
-  const KernelCost proj_bwd = times(gemm(lc, (m_.heads + 2 * m_.kv_heads) * d, h), 2.0);
+  const KernelCost proj_bwd = linear_bwd(lc, (m_.heads + 2 * m_.kv_heads) * d, h);
   const double offload_dout_s = cost_.host_copy_s(q_h_bytes, false);
   const double fetch_kv_s = cost_.host_copy_s(kv_h_bytes, true);
   const double fetch_bundle_s = cost_.host_copy_s(bundle, true);

@@ -24,8 +24,8 @@ void StepBuilder::ulysses_forward(SavedLayer& sv, TensorSet params, bool grad) {
   // Projection (K/V replicated after the GEMM when H_kv < u: the copy is part of RoPE's traffic).
   TensorSet q = b_.tensor("q", q_bytes, MemCategory::kAttention);
   TensorSet kvp = b_.tensor("kv", kv_bytes, MemCategory::kAttention);
-  compute("qkv_proj", OpKind::kGemm, gemm(s_, (m_.heads + 2 * m_.kv_heads) * d, h), {sv.xn, params},
-          {q, kvp});
+  compute("qkv_proj", OpKind::kGemm, linear_fwd(s_, (m_.heads + 2 * m_.kv_heads) * d, h, grad),
+          {sv.xn, params}, {q, kvp});
   TensorSet q_in = q, kv_in = kvp;
   if (m_.qk_norm) {
     // Qwen3: RMSNorm per head on Q and K before RoPE. Its backward reads its input, the projection
@@ -108,9 +108,9 @@ InputGrad StepBuilder::ulysses_backward(const SavedLayer& sv,
     dkv_r = dkv_n;
   }
   TensorSet dxn = b_.tensor("dxn", s_ * h * ab_, MemCategory::kOther);
-  const OpSet ready = compute("qkv_proj_bwd", OpKind::kGemm,
-                              times(gemm(s_, (m_.heads + 2 * m_.kv_heads) * d, h), 2.0),
-                              {dq_r, dkv_r, sv.xn, params, grads}, {dxn});
+  const OpSet ready =
+      compute("qkv_proj_bwd", OpKind::kGemm, linear_bwd(s_, (m_.heads + 2 * m_.kv_heads) * d, h),
+              {dq_r, dkv_r, sv.xn, params, grads}, {dxn});
   return {dxn, ready};
 }
 

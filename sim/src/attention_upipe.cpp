@@ -51,14 +51,14 @@ void StepBuilder::upipe_forward(SavedLayer& sv, TensorSet params) {
     auto stage_name = [&](int slot) { return Name::interned(names(slot, 's', st)); };
     if (st % layout_.stages_per_kv_fetch == 0) {
       TensorSet kvp = b_.tensor(names(0, 's', st), kv_bytes, MemCategory::kAttention);
-      compute(stage_name(1), OpKind::kGemm, gemm(s_, 2 * f / layout_.kv_replication * d, h),
+      compute(stage_name(1), OpKind::kGemm, linear_fwd(s_, 2 * f / layout_.kv_replication * d, h),
               {sv.xn, params}, {kvp});
       TensorSet kvr = b_.tensor(names(2, 's', st), kv_bytes, MemCategory::kAttention);
       compute(stage_name(3), OpKind::kElementwise, mem(kv_bytes), {kvp}, {kvr});
       kv_h = exchange(stage_name(4), kvr, kv_bytes, LedgerSite::kKvExchange);
     }
     TensorSet q = b_.tensor(names(5, 's', st), q_bytes, MemCategory::kAttention);
-    compute(stage_name(6), OpKind::kGemm, gemm(s_, u * d, h), {sv.xn, params}, {q});
+    compute(stage_name(6), OpKind::kGemm, linear_fwd(s_, u * d, h), {sv.xn, params}, {q});
     TensorSet qr = b_.tensor(names(7, 's', st), q_bytes, MemCategory::kAttention);
     compute(stage_name(8), OpKind::kElementwise, mem(2 * q_bytes), {q}, {qr});
     TensorSet q_h = exchange(stage_name(9), qr, q_bytes, LedgerSite::kQExchange);
@@ -100,14 +100,14 @@ InputGrad StepBuilder::upipe_backward(const SavedLayer& sv,
     const bool fetch_end = (st + 1) % layout_.stages_per_kv_fetch == 0;
     if (fetch_start) {
       TensorSet kvp = b_.tensor(names(0, 's', st), kv_bytes, MemCategory::kAttention);
-      compute(stage_name(1), OpKind::kGemm, gemm(s_, 2 * f / layout_.kv_replication * d, h),
+      compute(stage_name(1), OpKind::kGemm, linear_fwd(s_, 2 * f / layout_.kv_replication * d, h),
               {sv.xn, params}, {kvp});
       TensorSet kvr = b_.tensor(names(2, 's', st), kv_bytes, MemCategory::kAttention);
       compute(stage_name(3), OpKind::kElementwise, mem(kv_bytes), {kvp}, {kvr});
       kv_h = exchange(stage_name(4), kvr, kv_bytes, LedgerSite::kKvExchange);
     }
     TensorSet q = b_.tensor(names(5, 's', st), q_bytes, MemCategory::kAttention);
-    compute(stage_name(6), OpKind::kGemm, gemm(s_, u * d, h), {sv.xn, params}, {q});
+    compute(stage_name(6), OpKind::kGemm, linear_fwd(s_, u * d, h), {sv.xn, params}, {q});
     TensorSet qr = b_.tensor(names(7, 's', st), q_bytes, MemCategory::kAttention);
     compute(stage_name(8), OpKind::kElementwise, mem(2 * q_bytes), {q}, {qr});
     TensorSet q_h = exchange(stage_name(9), qr, q_bytes, LedgerSite::kQExchange);
@@ -134,7 +134,7 @@ InputGrad StepBuilder::upipe_backward(const SavedLayer& sv,
     TensorSet dq = exchange(stage_name(17), dq_h, q_bytes, LedgerSite::kDqExchange);
     TensorSet dqr = b_.tensor(names(18, 's', st), q_bytes, MemCategory::kAttention);
     compute(stage_name(19), OpKind::kElementwise, mem(2 * q_bytes), {dq}, {dqr});
-    dx_writes.push_back(compute(stage_name(20), OpKind::kGemm, times(gemm(s_, u * d, h), 2.0),
+    dx_writes.push_back(compute(stage_name(20), OpKind::kGemm, linear_bwd(s_, u * d, h),
                                 {dqr, sv.xn, params, grads}, {}, {dx_writes.back()}));
     if (fetch_end) {
       TensorSet dkv =
@@ -142,7 +142,7 @@ InputGrad StepBuilder::upipe_backward(const SavedLayer& sv,
       TensorSet dkvr = b_.tensor(names(22, 's', st), kv_bytes, MemCategory::kAttention);
       compute(stage_name(23), OpKind::kElementwise, mem(kv_bytes), {dkv}, {dkvr});
       dx_writes.push_back(compute(stage_name(24), OpKind::kGemm,
-                                  times(gemm(s_, 2 * f / layout_.kv_replication * d, h), 2.0),
+                                  linear_bwd(s_, 2 * f / layout_.kv_replication * d, h),
                                   {dkvr, sv.xn, params, grads}, {}, {dx_writes.back()}));
     }
   }

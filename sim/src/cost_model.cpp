@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+
+#include "cpsim/models/error.hpp"
+
 namespace cpsim::sim {
 namespace {
 
@@ -29,6 +33,32 @@ KernelCost CostModel::gemm(std::int64_t m, std::int64_t n, std::int64_t k) const
                               static_cast<double>(k) * static_cast<double>(n) +
                               static_cast<double>(m) * static_cast<double>(n));
   const double t_compute = flops / (profile_.peak_bf16_flops_per_s * eff);
+  const double t_memory =
+      bytes / (profile_.hbm_bandwidth_bytes_per_s * profile_.memory_bound_efficiency);
+  return {profile_.kernel_launch_s + std::max(t_compute, t_memory), flops};
+}
+
+// FP8 GEMM (TransformerEngine's general_gemm on Float8Tensors): both operands one byte per
+// element, the output in the activation dtype (bf16). Peak: the datasheet's dense FP8 tensor-core
+// rate (H100/H200 SXM 1,979 TFLOP/s, twice BF16; B200 4,500; REFERENCES.md [H100-datasheet],
+// [B200-datasheet]). Efficiency: the profile's bf16 GEMM curve at the same FLOPs; no
+// microbenchmark of FP8 GEMM efficiency is in the profile, so the ratio to bf16 is the peak ratio.
+KernelCost CostModel::gemm_fp8(std::int64_t m, std::int64_t n, std::int64_t k) const {
+  if (profile_.peak_fp8_flops_per_s <= 0.0) {
+    throw InputError("gpu.peak_fp8_flops_per_s",
+                     fmt::format("profile {} gives no FP8 tensor-core peak: FP8 compute needs one",
+                                 profile_.name));
+  }
+  const double flops =
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  double eff = profile_.gemm_max_efficiency;
+  if (!profile_.gemm_efficiency_by_flops.empty()) {
+    eff *= profile_.gemm_efficiency_by_flops(flops);
+  }
+  const double bytes = static_cast<double>(m) * static_cast<double>(k) +
+                       static_cast<double>(k) * static_cast<double>(n) +
+                       2.0 * static_cast<double>(m) * static_cast<double>(n);
+  const double t_compute = flops / (profile_.peak_fp8_flops_per_s * eff);
   const double t_memory =
       bytes / (profile_.hbm_bandwidth_bytes_per_s * profile_.memory_bound_efficiency);
   return {profile_.kernel_launch_s + std::max(t_compute, t_memory), flops};

@@ -382,6 +382,28 @@ std::string int32_index_violation(const ScheduleInputs& inputs, const HeadLayout
 // norms whole) and the shards are spread over the G/T ranks that hold the same share (the data-
 // and context-parallel ranks: Megatron's distributed optimizer and TorchTitan's FSDP mesh both
 // leave the TP dimension out).
+// TransformerEngine FP8 state per rank (recipe.fp8, DelayedScaling), for the rank's share of the
+// model (in.model after rank_view: heads/T, f/T). Source: NVIDIA/TransformerEngine@d0067d0.
+// - Cached FP8 weights: every Linear keeps its weight quantized across micro-batches
+//   (module/linear.py:479-490, is_first_microbatch) with the row-wise copy for the forward GEMM
+//   and the column-wise (transposed) copy the backward's dgrad reads (Hopper's FP8 GEMM takes
+//   only TN layouts): 2 bytes per weight element of Q/K/V, output projection, gate/up and down,
+//   h·(H + 2H_kv)·d + H·d·h + 3·f·h per layer.
+// - Scaling state: per Linear (one GEMM) 3 forward and 2 backward quantizers
+//   (module/base.py:1139), each with an fp32 amax history of amax_history_len = 1024 rows
+//   (DelayedScaling's default, common/recipe/__init__.py:255) and an fp32 scale
+//   (quantization.py:1436-1442): 5·(1024·4 + 4) bytes per Linear, 4 Linears per layer.
+std::int64_t fp8_state_bytes(const models::TransformerSpec& m) {
+  constexpr std::int64_t kAmaxHistoryLen = 1024;
+  constexpr std::int64_t kQuantizersPerLinear = 5;
+  constexpr std::int64_t kLinearsPerLayer = 4;
+  const std::int64_t weights_per_layer = m.hidden * (m.heads + 2 * m.kv_heads) * m.head_dim +
+                                         m.q_width() * m.hidden + 3 * m.ffn_hidden * m.hidden;
+  const std::int64_t scaling_per_layer =
+      kLinearsPerLayer * kQuantizersPerLinear * (kAmaxHistoryLen * kFp32Bytes + kFp32Bytes);
+  return m.layers * (2 * weights_per_layer + scaling_per_layer);
+}
+
 ModelStates model_states(const ScheduleInputs& inputs) {
   std::optional<ScheduleInputs> storage;
   const ScheduleInputs& in = rank_view(inputs, storage);
@@ -410,6 +432,9 @@ ModelStates model_states(const ScheduleInputs& inputs) {
       s.gpu_bytes =
           shard * ((r.persistent_compute_params && !r.param_offload ? p : 0) + g_sharded + mo_gpu);
       break;
+  }
+  if (r.fp8) {
+    s.gpu_bytes += fp8_state_bytes(in.model);
   }
   s.host_bytes =
       r.optimizer_offload ? (r.zero_stage == 0 ? total : shard) * (m + o + kFp32Bytes) : 0;

@@ -219,6 +219,42 @@ OpSet StepBuilder::host_copy(Name name,
 KernelCost StepBuilder::gemm(std::int64_t m, std::int64_t n, std::int64_t k) const {
   return cost_.gemm(m, n, k);
 }
+// FP8 Linear as TransformerEngine runs it with delayed scaling (transformer_engine/pytorch/module/
+// linear.py @ d0067d0, REFERENCES.md [TE]). Forward: the input X [m, k] is quantized (read bf16,
+// write the FP8 row-wise copy for the GEMM and, when a backward needs it, the column-wise
+// (transposed) copy for wgrad: linear.py:595-616), 2 + 1 + 1 bytes per element; the amax for the
+// next step's scale is computed in the same pass. The weight [k, n] is quantized with its
+// transpose (linear.py:479-490: re-quantized unless a later micro-batch reuses the cache; cpsim
+// charges it in every forward, exact for one micro-batch), 4 bytes per element. Backward: the
+// output gradient dY [m, n] is quantized row- and column-wise (4 bytes per element) before dgrad
+// (dY · Wᵀ) and wgrad (Xᵀ · dY), both FP8 GEMMs. The casts are memory-bound traffic inside the
+// GEMM's op (no launch of their own).
+KernelCost StepBuilder::linear_fwd(std::int64_t m,
+                                   std::int64_t n,
+                                   std::int64_t k,
+                                   bool grad) const {
+  if (!r_.fp8) {
+    return gemm(m, n, k);
+  }
+  const std::int64_t cast_bytes = (grad ? 4 : 3) * m * k + 4 * k * n;
+  KernelCost c = cost_.gemm_fp8(m, n, k);
+  c.time_s += cost_.memory_traffic_s(cast_bytes);
+  return c;
+}
+KernelCost StepBuilder::linear_dgrad(std::int64_t m, std::int64_t n, std::int64_t k) const {
+  if (!r_.fp8) {
+    return gemm(m, n, k);
+  }
+  KernelCost c = cost_.gemm_fp8(m, k, n);
+  c.time_s += cost_.memory_traffic_s(4 * m * n);
+  return c;
+}
+KernelCost StepBuilder::linear_wgrad(std::int64_t m, std::int64_t n, std::int64_t k) const {
+  return r_.fp8 ? cost_.gemm_fp8(k, n, m) : gemm(m, n, k);
+}
+KernelCost StepBuilder::linear_bwd(std::int64_t m, std::int64_t n, std::int64_t k) const {
+  return plus(linear_dgrad(m, n, k), linear_wgrad(m, n, k));
+}
 KernelCost StepBuilder::mem(std::int64_t bytes) const {
   return cost_.memory_bound(bytes);
 }
@@ -333,8 +369,19 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
   }
   // Output projection and residual.
   TensorSet attn_out = b_.tensor("attn_out", s_ * h * ab_, MemCategory::kOther);
-  compute("o_proj", OpKind::kGemm, gemm(s_, h, m_.q_width()), {sv.o, params}, {attn_out},
-          {sv.attn_ready});
+  // FP8 (TransformerEngine Linear, linear.py:595-616 @ d0067d0): each Linear saves the column-wise
+  // FP8 copy of its input for wgrad, 1 byte per element, and not its bf16 input. The output
+  // projection's input is also the attention's saved output (kept in bf16 as before): its FP8
+  // copy adds s·H·d bytes. The down projection's input (the SwiGLU product) is kept by nothing
+  // else: f bytes per token instead of 2f. Q/K/V's and gate/up's inputs (the norms' outputs,
+  // which TransformerEngine's LayerNormLinear keeps in FP8 only) stay in bf16 here.
+  std::vector<TensorSet> o_proj_out = {attn_out};
+  if (r_.fp8 && grad) {
+    sv.o_fp8 = b_.tensor("o_fp8", s_ * m_.q_width(), MemCategory::kActivations);
+    o_proj_out.push_back(sv.o_fp8);
+  }
+  compute("o_proj", OpKind::kGemm, linear_fwd(s_, h, m_.q_width(), grad), {sv.o, params},
+          std::move(o_proj_out), {sv.attn_ready});
   attn_out = tp_exchange("tp_rs.attn_out", attn_out, false);
   sv.h1 = b_.tensor("h1", act_bytes, MemCategory::kActivations);
   compute("residual1", OpKind::kElementwise, mem(3 * act_bytes), {x, attn_out}, {sv.h1});
@@ -362,7 +409,7 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
             3 * tile_ * f * ab_);
   } else {
     TensorSet gate_up = b_.tensor("gate_up", s_ * 2 * f * ab_, MemCategory::kActivations);
-    compute("mlp_gate_up", OpKind::kGemm, gemm(s_, 2 * f, h), {h1n, params}, {gate_up});
+    compute("mlp_gate_up", OpKind::kGemm, linear_fwd(s_, 2 * f, h, grad), {h1n, params}, {gate_up});
     TensorSet act = b_.tensor("mlp_act", s_ * f * ab_, MemCategory::kActivations);
     std::vector<TensorSet> act_out = {act};
     if (grad && r_.mlp_kernel == models::MlpKernel::kEager) {
@@ -371,10 +418,17 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
       act_out.push_back(sv.mlp_silu);
     }
     compute("mlp_act", OpKind::kElementwise, mem(3 * s_ * f * ab_), {gate_up}, std::move(act_out));
-    compute("mlp_down", OpKind::kGemm, gemm(s_, h, f), {act, params}, {mlp_out});
+    std::vector<TensorSet> down_out = {mlp_out};
+    TensorSet act_kept = act;
+    if (r_.fp8 && grad) {
+      act_kept = b_.tensor("mlp_act_fp8", s_ * f, MemCategory::kActivations);
+      down_out.push_back(act_kept);
+    }
+    compute("mlp_down", OpKind::kGemm, linear_fwd(s_, h, f, grad), {act, params},
+            std::move(down_out));
     if (grad) {
       sv.gate_up = gate_up;
-      sv.act = act;
+      sv.act = act_kept;
     }
   }
   mlp_out = tp_exchange("tp_rs.mlp_out", mlp_out, false);
@@ -410,7 +464,7 @@ TensorSet StepBuilder::layer_backward(
             {dh1n, grads}, {}, 6 * tile_ * f * ab_);
   } else {
     const KernelCost bwd =
-        plus(times(plus(gemm(s_, 2 * f, h), gemm(s_, h, f)), 2.0), mem(6 * s_ * f * ab_));
+        plus(plus(linear_bwd(s_, 2 * f, h), linear_bwd(s_, h, f)), mem(6 * s_ * f * ab_));
     std::vector<TensorSet> kept = {dy_full, h1n, sv.gate_up, sv.act, params};
     if (sv.mlp_silu.valid()) {
       kept.push_back(sv.mlp_silu);
@@ -426,10 +480,10 @@ TensorSet StepBuilder::layer_backward(
       const TensorSet dgate_up =
           b_.tensor("dgate_up", (grads_f - 1) * s_ * f * ab_, MemCategory::kOther);
       const KernelCost dgrad =
-          plus(plus(times(gemm(s_, h, f), 2.0), gemm(s_, 2 * f, h)), mem(6 * s_ * f * ab_));
+          plus(plus(linear_bwd(s_, h, f), linear_dgrad(s_, 2 * f, h)), mem(6 * s_ * f * ab_));
       compute("mlp_bwd", OpKind::kGemm, dgrad, std::move(kept), {dh1n, dgate_up, grads}, {},
               s_ * f * ab_);
-      compute("mlp_wgrad", OpKind::kGemm, gemm(s_, 2 * f, h), {dgate_up, h1n, params}, {});
+      compute("mlp_wgrad", OpKind::kGemm, linear_wgrad(s_, 2 * f, h), {dgate_up, h1n, params}, {});
     } else {
       compute("mlp_bwd", OpKind::kGemm, bwd, std::move(kept), {dh1n, grads}, {},
               grads_f * s_ * f * ab_);
@@ -453,8 +507,12 @@ TensorSet StepBuilder::layer_backward(
   }
   const SavedLayer& saved = tp_ > 1 && tp_regather_ ? regathered : sv;
   TensorSet d_o = b_.tensor("dout", s_ * m_.q_width() * ab_, MemCategory::kAttention);
-  compute("o_proj_bwd", OpKind::kGemm, times(gemm(s_, h, m_.q_width()), 2.0),
-          {dh1_full, sv.o, params, grads}, {d_o});
+  std::vector<TensorSet> o_proj_in = {dh1_full, sv.o, params, grads};
+  if (sv.o_fp8.valid()) {
+    o_proj_in.push_back(sv.o_fp8);
+  }
+  compute("o_proj_bwd", OpKind::kGemm, linear_bwd(s_, h, m_.q_width()), std::move(o_proj_in),
+          {d_o});
   const InputGrad g = method_.attention_backward(*this, saved, d_o, params, grads);
   const TensorSet dxn = tp_exchange("tp_rs.dxn", g.dxn, false, MemCategory::kOther, {g.ready});
   TensorSet dx = b_.tensor("dx", act_bytes, MemCategory::kOther);

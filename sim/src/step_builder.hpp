@@ -28,7 +28,8 @@ struct SavedLayer {
   // local Q and K/V after RoPE, input of selective recomputation.
   TensorSet q_local, kv_local;
   TensorSet q_h, kv_h, o_h, lse;
-  TensorSet o;  // input of the output projection (UPipe: the permuted copy)
+  TensorSet o;      // input of the output projection (UPipe: the permuted copy)
+  TensorSet o_fp8;  // FP8: the output projection's column-wise FP8 copy of its input
   // UPipe: the full output and one LSE per stage.
   TensorSet final_out;
   std::vector<TensorSet> lses;
@@ -37,7 +38,7 @@ struct SavedLayer {
   TensorSet h1;        // after the attention residual
   TensorSet h1n;       // norm2 output (MLP input)
   TensorSet gate_up;   // untiled MLP: [s, 2f]
-  TensorSet act;       // untiled MLP: [s, f]
+  TensorSet act;       // untiled MLP: [s, f] (FP8: down's column-wise FP8 copy, 1 byte)
   TensorSet mlp_silu;  // untiled eager MLP: silu(gate) [s, f]
   TensorSet out;       // block output
   OpSet attn_ready;    // when set, the output projection waits for it (outputs filled in place)
@@ -156,6 +157,15 @@ class StepBuilder {
                   TensorSet out,
                   ListRef<OpSet> deps = {});
   KernelCost gemm(std::int64_t m, std::int64_t n, std::int64_t k) const;
+  /// A Linear layer's GEMMs, Y[m,n] = X[m,k]·W[k,n] (Q/K/V, output projection, gate/up, down): in
+  /// bf16 each is `gemm(m, n, k)`; with `recipe.fp8` each is an FP8 GEMM plus the casts
+  /// TransformerEngine runs before it (see step_builder.cpp). `grad`: the forward's input is kept
+  /// for a backward (its transposed FP8 copy is written too).
+  KernelCost linear_fwd(std::int64_t m, std::int64_t n, std::int64_t k, bool grad = true) const;
+  KernelCost linear_dgrad(std::int64_t m, std::int64_t n, std::int64_t k) const;
+  KernelCost linear_wgrad(std::int64_t m, std::int64_t n, std::int64_t k) const;
+  /// dgrad + wgrad.
+  KernelCost linear_bwd(std::int64_t m, std::int64_t n, std::int64_t k) const;
   KernelCost mem(std::int64_t bytes) const;
   static KernelCost times(KernelCost k, double factor);
   static KernelCost plus(KernelCost a, KernelCost b);

@@ -25,6 +25,7 @@ void expect_profiles_equal(const models::HardwareProfile& a, const models::Hardw
   EXPECT_EQ(a.hbm_capacity_bytes, b.hbm_capacity_bytes);
   EXPECT_EQ(a.sm_count, b.sm_count);
   EXPECT_EQ(a.peak_bf16_flops_per_s, b.peak_bf16_flops_per_s);
+  EXPECT_EQ(a.peak_fp8_flops_per_s, b.peak_fp8_flops_per_s);
   EXPECT_EQ(a.hbm_bandwidth_bytes_per_s, b.hbm_bandwidth_bytes_per_s);
   EXPECT_EQ(a.gemm_max_efficiency, b.gemm_max_efficiency);
   expect_curve_equal(a.gemm_efficiency_by_flops, b.gemm_efficiency_by_flops, "gemm");

@@ -330,6 +330,27 @@ TEST_F(CliTest, TensorParallelAndMicroBatches) {
   }
 }
 
+TEST_F(CliTest, Fp8Switch) {
+  // Megatron-Core (TransformerEngine) with TP 2 and the untiled MLP under ZeRO-1: --fp8 on writes
+  // the key and shortens the step (the Linear GEMMs run at twice the bf16 peak); off, or without
+  // the flag, the output is the bf16 one, without the key.
+  const std::vector<std::string> base = {
+      "simulate", "--impl", "megatron-core-cp", "--method", "ulysses", "--tp", "2",
+      "--seq",    "64K",    "--tiled-mlp",      "off",      "--zero",  "1",    "--json"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_json(args);
+  };
+  const Json on = with({"--fp8", "on"});
+  const Json off = with({"--fp8", "off"});
+  const Json plain = with({});
+  EXPECT_EQ(on.at("config").at("fp8"), true);
+  EXPECT_FALSE(off.at("config").contains("fp8"));
+  EXPECT_EQ(off.dump(), plain.dump());
+  EXPECT_LT(on.at("step_time_s").get<double>(), off.at("step_time_s").get<double>());
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Determinism
 
@@ -619,6 +640,28 @@ TEST_F(BadInputTest, FlagErrors) {
        {"simulate", "--seq", "64K", "--trace", "x.json", "--trace-max-bytes", "1K"},
        {"--trace"},
        {"--trace-layers", "--trace-force", "events"}},
+  };
+  for (const auto& c : cases) {
+    expect_usage_error(c);
+  }
+}
+
+TEST_F(BadInputTest, Fp8NeedsItsSetUp) {
+  const std::vector<BadInput> cases = {
+      {"fp8 not a switch", {"simulate", "--seq", "64K", "--fp8", "maybe"}, {"--fp8"}},
+      {"fp8 on A100 (no FP8 tensor cores)",
+       {"simulate", "--seq", "64K", "--hardware", "a100-sxm-80g", "--attention-kernel", "fa2",
+        "--fp8", "on", "--tiled-mlp", "off", "--zero", "1"},
+       {"--fp8"},
+       {"peak_fp8_flops_per_s"}},
+      {"fp8 with the tiled MLP",
+       {"simulate", "--seq", "64K", "--fp8", "on", "--zero", "1"},
+       {"--fp8"},
+       {"--tiled-mlp off"}},
+      {"fp8 with ZeRO-3",
+       {"simulate", "--seq", "64K", "--fp8", "on", "--tiled-mlp", "off"},
+       {"--fp8"},
+       {"--zero"}},
   };
   for (const auto& c : cases) {
     expect_usage_error(c);

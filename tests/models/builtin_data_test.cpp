@@ -88,6 +88,7 @@ TEST(BuiltinData, AmpereProfilesMatchTheDatasheet) {
   for (const HardwareProfile* hw : {&a40, &a80, &a800}) {
     SCOPED_TRACE(hw->name);
     EXPECT_DOUBLE_EQ(hw->peak_bf16_flops_per_s, 312e12);
+    EXPECT_EQ(hw->peak_fp8_flops_per_s, 0.0);  // no FP8 tensor cores before Hopper
     EXPECT_EQ(hw->sm_count, 108);
     EXPECT_EQ(hw->gpus_per_node, 8);
     EXPECT_NEAR(hw->gemm_max_efficiency, 267.9 / 312, 1e-3);  // ml-engineering MAMF
@@ -111,6 +112,14 @@ TEST(BuiltinData, AmpereProfilesMatchTheDatasheet) {
                    a80.collective(Span::kInterNode, Collective::kAllToAll).peak_busbw_bytes_per_s);
 }
 
+TEST(BuiltinData, HopperFp8PeakIsTwiceBf16) {
+  // H100 SXM datasheet: 1,979 TFLOP/s dense FP8 (3,958 with sparsity); H200: the same compute.
+  for (const char* name : {"h100-sxm-80g", "h200-141g"}) {
+    const HardwareProfile hw = load_hardware(name, test_data());
+    EXPECT_DOUBLE_EQ(hw.peak_fp8_flops_per_s, 1979e12) << name;
+  }
+}
+
 TEST(BuiltinData, B200ProfileMatchesTheDatasheet) {
   const HardwareProfile hw = load_hardware("b200", test_data());
   // DGX B200 user guide: "1,440 GB" for 8 GPUs, 180 each in binary units; nvidia-smi reports
@@ -118,6 +127,7 @@ TEST(BuiltinData, B200ProfileMatchesTheDatasheet) {
   EXPECT_EQ(hw.hbm_capacity_bytes, std::int64_t{183359} * 1024 * 1024);
   EXPECT_NEAR(static_cast<double>(hw.hbm_capacity_bytes) * 8 / (1024.0 * 1024 * 1024), 1440, 10);
   EXPECT_DOUBLE_EQ(hw.peak_bf16_flops_per_s, 2.25e15);  // HGX B200, 1000 W, dense BF16
+  EXPECT_DOUBLE_EQ(hw.peak_fp8_flops_per_s, 4.5e15);    // DGX B200 72 PFLOP/s sparse FP8 / 8 / 2
   EXPECT_DOUBLE_EQ(hw.hbm_bandwidth_bytes_per_s, 8e12);
   EXPECT_EQ(hw.sm_count, 148);
   EXPECT_EQ(hw.gpus_per_node, 8);

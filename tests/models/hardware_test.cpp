@@ -97,9 +97,11 @@ TEST(HardwareProfile, ParsesTheH100Profile) {
 
 TEST(HardwareProfile, RecordsProvenanceOfEveryCoefficient) {
   const HardwareProfile hw = parse_hardware_profile(h100_json().dump(), "h100.json");
-  // 4 gpu + 5 compute + 4 kernels x 7 + 3 overheads + 3 node + 4 host link + 2 x 5 x 3 collectives.
-  EXPECT_EQ(hw.provenance.size(), 77U);
+  // 5 gpu (with the FP8 peak) + 5 compute + 4 kernels x 7 + 3 overheads + 3 node + 4 host link +
+  // 2 x 5 x 3 collectives.
+  EXPECT_EQ(hw.provenance.size(), 78U);
   EXPECT_THAT(hw.provenance.at("gpu.peak_bf16_flops_per_s"), HasSubstr("989 TFLOP/s"));
+  EXPECT_THAT(hw.provenance.at("gpu.peak_fp8_flops_per_s"), HasSubstr("1,979 TFLOP/s"));
   EXPECT_THAT(hw.provenance.at("collectives.intra_node.all_to_all.alpha_s"), HasSubstr("11-15 us"));
   EXPECT_THAT(hw.provenance.at("compute.attention_kernels.fa3.fwd_causal_flops_per_s"),
               HasSubstr("FlashAttention-3"));

@@ -94,6 +94,27 @@ TEST(Recipe, ParsesEveryField) {
   EXPECT_EQ(r.attention_kernel, "cudnn");
 }
 
+TEST(Recipe, Fp8IsOffByDefaultAndNeedsTeLinears) {
+  EXPECT_FALSE(parse_recipe(minimal_recipe().dump(), "r.json").fp8);
+  json on = minimal_recipe();
+  on["precision"]["fp8"] = true;
+  on["tiled_mlp"]["enabled"] = false;
+  on["sharding"]["zero_stage"] = 1;
+  TrainingRecipe r = parse_recipe(on.dump(), "r.json");
+  EXPECT_TRUE(r.fp8);
+  EXPECT_NO_THROW(r.validate());
+  r.tiled_mlp = true;  // TiledMLP wraps Hugging Face's MLP, not TransformerEngine's Linear
+  EXPECT_THROW(r.validate(), InputError);
+  r.tiled_mlp = false;
+  r.zero_stage = 3;
+  try {
+    r.validate();
+    FAIL() << "ZeRO-3 with FP8";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "recipe.precision.fp8");
+  }
+}
+
 // DeepSpeed's defaults, which the ALST recipes keep (their zero_optimization sets only stage and
 // offload): reduce_bucket_size 5e8 (deepspeed/runtime/zero/config.py), gradient partitions with
 // the offloaded optimizer.

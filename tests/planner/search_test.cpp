@@ -293,6 +293,40 @@ TEST(LowerBound, NeverAboveTheSimulatedPeak) {
   EXPECT_GT(binding, compared / 10);  // tight (within 10 %) for a good share, or it prunes little
 }
 
+// With FP8 the search keeps to untiled MLPs and ZeRO <= 2 (TransformerEngine's Linear layers with
+// unsharded weights), and the bound, which counts the down projection's FP8 input, stays below the
+// simulated peak.
+TEST(LowerBound, Fp8NeverAboveTheSimulatedPeak) {
+  int compared = 0;
+  for (const std::int64_t seq : {32 * 1024, 128 * 1024}) {
+    sim::ScheduleInputs base = small(CpMethod::kUlysses, 4);
+    base.recipe.attention_kernel = "fa3";
+    base.recipe.fp8 = true;
+    base.recipe.tiled_mlp = false;
+    base.recipe.zero_stage = 1;
+    base.hardware.hbm_capacity_bytes = 1LL << 40;
+    PlanOptions o;
+    o.seq_len = seq;
+    o.allow_data_parallel = true;
+    for (const Candidate& c : enumerate_candidates(base, o)) {
+      sim::ScheduleInputs in = c.inputs(base);
+      in.parallel.seq_len = seq;
+      EXPECT_FALSE(in.recipe.tiled_mlp) << c.label;
+      EXPECT_LT(in.recipe.zero_stage, 3) << c.label;
+      try {
+        (void)sim::derive_head_layout(in);
+      } catch (const sim::ConfigError&) {
+        continue;
+      }
+      const std::int64_t bound = memory_lower_bound(in);
+      const std::int64_t peak = evaluate(in).report.peak_memory_bytes;
+      EXPECT_LE(bound, peak) << seq << " " << c.label;
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 50);
+}
+
 // The plan's best at a fixed length equals the best of simulating every candidate.
 TEST(Plan, SameOptimumAsExhaustiveSimulation) {
   const sim::ScheduleInputs base = small(CpMethod::kUlysses, 4);

@@ -81,6 +81,8 @@ struct HardwareProfile {
   std::int64_t hbm_capacity_bytes = 0;  ///< device memory as reported by the driver
   std::int64_t sm_count = 0;
   double peak_bf16_flops_per_s = 0.0;  ///< dense tensor-core peak
+  /// Dense FP8 tensor-core peak; 0 when the profile gives none (no FP8 tensor cores: A100).
+  double peak_fp8_flops_per_s = 0.0;
   double hbm_bandwidth_bytes_per_s = 0.0;
 
   // Compute efficiency

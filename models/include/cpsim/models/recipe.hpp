@@ -56,6 +56,12 @@ struct TrainingRecipe {
   /// A persistent compute-dtype copy of the parameters besides the fp32 master (DeepSpeed,
   /// Megatron). FSDP2 has none: it casts the sharded fp32 parameters when gathering.
   bool persistent_compute_params = false;
+  /// FP8 compute as TransformerEngine runs it with `recipe.DelayedScaling` (per-tensor scales from
+  /// an amax history): the Linear layers' GEMMs (Q/K/V, output projection, gate/up, down) take FP8
+  /// inputs (E4M3 forward, E5M2 or hybrid gradients); attention core, embedding and LM head stay
+  /// in bf16. Needs the untiled MLP (TE's Linear modules) and unsharded compute weights
+  /// (zero_stage <= 2: TE caches each weight's FP8 copy across micro-batches).
+  bool fp8 = false;
   std::string optimizer = "adamw";
   // Sharding
   int zero_stage = 3;              ///< FSDP full shard = ZeRO-3 over all GPUs

@@ -38,6 +38,11 @@ class CostModel {
   /// C[m,n] = A[m,k]·B[k,n] in bf16. Roofline with the profile's GEMM efficiency:
   ///   t = launch + max(2mnk / (peak · eff), 2(mk + kn + mn) / (hbm_bw · mem_eff)).
   KernelCost gemm(std::int64_t m, std::int64_t n, std::int64_t k) const;
+  /// The same GEMM with FP8 inputs (TransformerEngine, per-tensor scaling) and a bf16 output:
+  ///   t = launch + max(2mnk / (peak_fp8 · eff), (mk + kn + 2mn) / (hbm_bw · mem_eff)),
+  /// eff the bf16 curve at the same FLOPs (no published FP8 efficiency curve in the profile).
+  /// @throws InputError naming gpu.peak_fp8_flops_per_s when the profile has no FP8 peak.
+  KernelCost gemm_fp8(std::int64_t m, std::int64_t n, std::int64_t k) const;
 
   /// An elementwise/normalisation kernel moving `bytes` through HBM: t = launch + bytes / (bw ·
   /// eff).

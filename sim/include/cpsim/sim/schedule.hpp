@@ -50,6 +50,9 @@ struct ModelStates {
   std::int64_t host_bytes = 0;
 };
 ModelStates model_states(const ScheduleInputs& inputs);
+/// TransformerEngine's FP8 state on one rank (recipe.fp8): cached FP8 weights with their
+/// transposes and the delayed-scaling amax histories, for the model `m` a rank holds.
+std::int64_t fp8_state_bytes(const models::TransformerSpec& m);
 
 struct BuildOptions {
   /// Give every rank its ops. Otherwise one representative rank is simulated whose collectives
