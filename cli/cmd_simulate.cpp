@@ -494,11 +494,14 @@ std::string human(const sim::ScheduleInputs& in,
     o += fmt::format(
         "  TP {} with sequence parallelism (groups of {} consecutive GPUs; CP groups "
         "of stride {}), sharding over the {} GPUs of each TP position\n",
-        tp, tp, tp, in.parallel.gpus / tp);
+        tp, tp, tp, in.parallel.gpus / (tp * in.parallel.pp_degree));
   }
-  if (in.parallel.data_parallel() > 1 && tp == 1) {
+  if (in.parallel.data_parallel() > 1 && tp == 1 && in.parallel.pp_degree == 1) {
     o += fmt::format("  {} CP groups of {} GPUs (data parallel), FSDP over all {}\n",
                      in.parallel.data_parallel(), in.parallel.cp_degree, in.parallel.gpus);
+  } else if (in.parallel.data_parallel() > 1 && in.parallel.pp_degree > 1) {
+    o += fmt::format("  {} data-parallel replicas of CP {} x TP {} GPUs in each of {} stages\n",
+                     in.parallel.data_parallel(), in.parallel.cp_degree, tp, in.parallel.pp_degree);
   } else if (in.parallel.data_parallel() > 1) {
     o += fmt::format("  {} data-parallel replicas of CP {} x TP {} GPUs\n",
                      in.parallel.data_parallel(), in.parallel.cp_degree, tp);
