@@ -65,6 +65,11 @@ SimulateArgs simulate_args(const planner::ValidationSetup& s) {
   set(a.norm_kernel, s.norm_kernel);
   set(a.mlp_kernel, s.mlp_kernel);
   set(a.int32_indexing, s.int32_indexing);
+  set(a.tp, s.tp);
+  set(a.micro_batches, s.micro_batches);
+  set(a.pp, s.pp);
+  set(a.pp_schedule, s.pp_schedule);
+  set(a.virtual_stages, s.virtual_stages);
   a.impl = s.impl;
   a.method_given = true;
   return a;
