@@ -162,6 +162,11 @@ int run_maxlen(const MaxLenArgs& a) {
     std::cout << fmt::format("{} on {} x {}, {}, recipe {}, implementation {}\n", o.in.model.name,
                              o.in.parallel.gpus, o.in.hardware.name, o.method, o.in.recipe.name,
                              impl != nullptr ? impl->name() : "none");
+    if (o.in.parallel.pp_degree > 1) {
+      std::cout << fmt::format("  PP {} ({}), {} blocks per stage\n", o.in.parallel.pp_degree,
+                               models::to_string(o.in.parallel.pp_schedule),
+                               o.in.model.layers / o.in.parallel.pp_degree);
+    }
     if (o.in.parallel.tp_degree > 1 || o.in.parallel.micro_batches > 1) {
       std::cout << fmt::format("  TP {} (sequence parallel) x CP {}, {} micro-batch(es) per step\n",
                                o.in.parallel.tp_degree, o.in.parallel.cp_degree,

@@ -108,6 +108,10 @@ void check_cp_degree_divides_gpus(const SimulateArgs& a, int cp_degree) {
   if (cp_degree >= 1 && a.gpus % cp_degree == 0) {
     return;
   }
+  if (a.pp > 1 && a.cp_degree <= 0 && a.ulysses_degree <= 0 && a.ring_degree <= 0) {
+    throw InputError("--pp", fmt::format("TP degree {} × PP degree {} must divide --gpus {}", a.tp,
+                                         a.pp, a.gpus));
+  }
   if (a.tp > 1 && a.cp_degree <= 0 && a.ulysses_degree <= 0 && a.ring_degree <= 0) {
     throw InputError("--tp", fmt::format("TP degree {} must divide --gpus {}", a.tp, a.gpus));
   }
@@ -257,14 +261,27 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   } else if (ring_only && a.ring_degree > 0) {
     p.cp_degree = a.ring_degree;
   } else {
-    p.cp_degree = a.gpus / std::max(1, a.tp);  // the GPUs that TP leaves
-    if (a.gpus % std::max(1, a.tp) != 0) {
+    const int tp_pp = std::max(1, a.tp) * std::max(1, a.pp);
+    p.cp_degree = a.gpus / tp_pp;  // the GPUs that TP and PP leave
+    if (a.gpus % tp_pp != 0) {
       p.cp_degree = 0;
     }
   }
   check_cp_degree_divides_gpus(a, p.cp_degree);
   p.tp_degree = a.tp;
   p.micro_batches = a.micro_batches;
+  p.pp_degree = a.pp;
+  if (!a.pp_schedule.empty()) {
+    p.pp_schedule = models::parse_pipeline_schedule(a.pp_schedule, "--pp-schedule");
+  }
+  if (a.virtual_stages > 0 && p.pp_schedule != models::PipelineSchedule::kInterleaved) {
+    throw InputError("--virtual-stages", "needs --pp-schedule interleaved");
+  }
+  if (p.pp_schedule == models::PipelineSchedule::kInterleaved && a.virtual_stages < 2) {
+    throw InputError("--virtual-stages",
+                     "--pp-schedule interleaved needs --virtual-stages V of at least 2");
+  }
+  p.virtual_stages = std::max(1, a.virtual_stages);
   if (ring_only) {
     p.ring_degree = a.ring_degree > 0 ? a.ring_degree : p.cp_degree;
     if (a.ulysses_degree > 1) {
@@ -458,6 +475,22 @@ nlohmann::json to_json(const SimulateArgs& a,
   if (r.fp8) {
     j["config"]["fp8"] = true;
   }
+  if (in.parallel.pp_degree > 1) {
+    const sim::PipelineShape& s = rep.pipeline;
+    j["config"]["pp_degree"] = in.parallel.pp_degree;
+    j["config"]["pp_schedule"] = models::to_string(in.parallel.pp_schedule);
+    j["config"]["virtual_stages"] = in.parallel.virtual_stages;
+    j["pipeline"] = {{"stage_layers", s.stage_layers},
+                     {"bubble_fraction", s.bubble_fraction},
+                     {"warmup_first_stage", s.warmup_first_stage},
+                     {"in_flight_first_stage", s.in_flight_first_stage},
+                     {"in_flight_extra_bytes", rep.pipeline_in_flight_extra_bytes},
+                     {"micro_batch_stage_s", rep.pipeline_micro_batch_s},
+                     {"p2p_bytes", s.p2p_bytes},
+                     {"p2p_s", rep.pipeline_p2p_s},
+                     {"p2p_span", models::to_string(s.p2p_span)},
+                     {"p2p_exposed", s.p2p_exposed}};
+  }
   if (peak != nullptr) {
     json largest = json::array();
     for (const sim::LiveTensor& t : peak->largest) {
@@ -495,16 +528,31 @@ std::string human(const sim::ScheduleInputs& in,
     o += fmt::format(
         "  TP {} with sequence parallelism (groups of {} consecutive GPUs; CP groups "
         "of stride {}), sharding over the {} GPUs of each TP position\n",
-        tp, tp, tp, in.parallel.gpus / tp);
+        tp, tp, tp, in.parallel.gpus / (tp * in.parallel.pp_degree));
   }
-  if (in.parallel.data_parallel() > 1 && tp == 1) {
+  if (in.parallel.data_parallel() > 1 && tp == 1 && in.parallel.pp_degree == 1) {
     o += fmt::format("  {} CP groups of {} GPUs (data parallel), FSDP over all {}\n",
                      in.parallel.data_parallel(), in.parallel.cp_degree, in.parallel.gpus);
+  } else if (in.parallel.data_parallel() > 1 && in.parallel.pp_degree > 1) {
+    o += fmt::format("  {} data-parallel replicas of CP {} x TP {} GPUs in each of {} stages\n",
+                     in.parallel.data_parallel(), in.parallel.cp_degree, tp, in.parallel.pp_degree);
   } else if (in.parallel.data_parallel() > 1) {
     o += fmt::format("  {} data-parallel replicas of CP {} x TP {} GPUs\n",
                      in.parallel.data_parallel(), in.parallel.cp_degree, tp);
   }
-  if (tp > 1 || in.parallel.micro_batches > 1) {
+  if (in.parallel.pp_degree > 1) {
+    const sim::PipelineShape& s = rep.pipeline;
+    o += fmt::format(
+        "  PP {} ({}{}): {} blocks per stage on {} GPUs, bubble {:.3f}, {:.3g} micro-batches in "
+        "flight on the first stage (+{}); P2P {} per send/recv on the {} link, {}\n",
+        s.stages, models::to_string(in.parallel.pp_schedule),
+        s.virtual_stages > 1 ? fmt::format(", {} virtual stages", s.virtual_stages) : "",
+        s.stage_layers, in.parallel.gpus / s.stages, s.bubble_fraction, s.in_flight_first_stage,
+        format_bytes(static_cast<double>(rep.pipeline_in_flight_extra_bytes)),
+        format_bytes(static_cast<double>(s.p2p_bytes)), models::to_string(s.p2p_span),
+        s.p2p_exposed ? "exposed (blocking)" : "overlapped");
+  }
+  if (tp > 1 || in.parallel.micro_batches > 1 || in.parallel.pp_degree > 1) {
     o += fmt::format("  {} micro-batch{} per step: {} tokens per step\n", in.parallel.micro_batches,
                      in.parallel.micro_batches > 1 ? "es" : "", rep.tokens_per_step);
   }
@@ -722,6 +770,15 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
                 "searches it unless given)")
       ->check(whole_number_in(1, kMaxGpus))
       ->each([&a](const std::string&) { a.tp_given = true; });
+  c->add_option("--pp", a.pp,
+                "pipeline-parallel degree P (outermost in the rank order, L/P blocks per stage; "
+                "megatron-core-cp, torch-native-cp and --impl none run it; default: 1)")
+      ->check(whole_number_in(1, kMaxGpus));
+  c->add_option("--pp-schedule", a.pp_schedule,
+                "pipeline schedule: 1f1b | interleaved (default: 1f1b)");
+  c->add_option("--virtual-stages", a.virtual_stages,
+                "interleaved schedule: model chunks per pipeline rank V (at least 2)")
+      ->check(whole_number_in(1, 1024));
   c->add_option("--micro-batches", a.micro_batches,
                 "gradient accumulation: micro-batches of one sequence per optimizer step "
                 "(default: 1)")

@@ -68,6 +68,9 @@ SimulateArgs simulate_args(const planner::ValidationSetup& s) {
   set(a.fp8, s.fp8);
   set(a.tp, s.tp);
   set(a.micro_batches, s.micro_batches);
+  set(a.pp, s.pp);
+  set(a.pp_schedule, s.pp_schedule);
+  set(a.virtual_stages, s.virtual_stages);
   a.impl = s.impl;
   a.method_given = true;
   return a;

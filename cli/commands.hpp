@@ -47,6 +47,9 @@ struct SimulateArgs {
   int tp = 1;              // tensor-parallel degree
   bool tp_given = false;   ///< --tp was on the command line (plan: else searched)
   int micro_batches = 1;   // gradient-accumulation micro-batches per step
+  int pp = 1;              // pipeline-parallel degree
+  std::string pp_schedule;  // empty = 1f1b
+  int virtual_stages = 0;   // 0 = 1 (interleaved: required)
   std::string ring_layout;
   std::string fpdt_chunk;
   std::string fpdt_offload;

@@ -27,6 +27,8 @@ std::string flag_for(sim::Quantity q, const models::ParallelConfig& p) {
       return "--tp";
     case sim::Quantity::kMicroBatches:
       return "--micro-batches";
+    case sim::Quantity::kPpDegree:
+      return "--pp";
   }
   return sim::to_string(q);
 }

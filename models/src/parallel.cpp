@@ -13,6 +13,7 @@ namespace {
 constexpr std::array kCpMethods = {CpMethod::kUlysses,   CpMethod::kUPipe, CpMethod::kRing,
                                    CpMethod::kAllGather, CpMethod::kFpdt,  CpMethod::kUsp};
 constexpr std::array kRingLayouts = {RingLayout::kContiguous, RingLayout::kZigzag};
+constexpr std::array kPipelineSchedules = {PipelineSchedule::k1F1B, PipelineSchedule::kInterleaved};
 
 template <typename T, std::size_t N>
 T parse_named(const std::array<T, N>& values,
@@ -65,6 +66,20 @@ const char* to_string(RingLayout l) {
 
 RingLayout parse_ring_layout(const std::string& text, const std::string& field) {
   return parse_named(kRingLayouts, text, field, "ring layout");
+}
+
+const char* to_string(PipelineSchedule s) {
+  switch (s) {
+    case PipelineSchedule::k1F1B:
+      return "1f1b";
+    case PipelineSchedule::kInterleaved:
+      return "interleaved";
+  }
+  return "unknown";
+}
+
+PipelineSchedule parse_pipeline_schedule(const std::string& text, const std::string& field) {
+  return parse_named(kPipelineSchedules, text, field, "pipeline schedule");
 }
 
 }  // namespace cpsim::models

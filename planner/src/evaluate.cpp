@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "evaluate_pipeline.hpp"
+
 namespace cpsim::planner {
 namespace {
 constexpr std::size_t kPeakContentsListed = 10;
@@ -19,6 +21,9 @@ bool trace_needs_all_ranks(const sim::ScheduleInputs& inputs, const EvaluateOpti
 }  // namespace
 
 Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& options) {
+  if (inputs.parallel.pp_degree > 1) {
+    return evaluate_pipeline(inputs, options, nullptr);
+  }
   sim::BuildOptions build;
   build.all_ranks = options.all_ranks || trace_needs_all_ranks(inputs, options);
   build.merge_ring_steps = options.merge_ring_steps;
@@ -69,6 +74,9 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& op
 Evaluation evaluate(const sim::ScheduleInputs& inputs,
                     const EvaluateOptions& options,
                     EvaluationScratch& scratch) {
+  if (inputs.parallel.pp_degree > 1) {
+    return evaluate_pipeline(inputs, options, &scratch);
+  }
   if (options.keep_trace || options.model_allocator) {
     return evaluate(inputs, options);
   }

@@ -116,6 +116,12 @@ ValidationSetup parse_setup(const Json& s, const std::string& origin) {
       a.tp = integer();
     else if (key == "micro-batches")
       a.micro_batches = integer();
+    else if (key == "pp")
+      a.pp = integer();
+    else if (key == "pp-schedule")
+      a.pp_schedule = text();
+    else if (key == "virtual-stages")
+      a.virtual_stages = integer();
     else if (key == "impl")
       a.impl = text();
     else

@@ -26,6 +26,7 @@
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
 #include "cpsim/sim/implementation.hpp"
+#include "cpsim/sim/pipeline.hpp"
 
 #include "methods/common.hpp"
 #include "step_builder.hpp"
@@ -176,6 +177,11 @@ std::optional<ConfigIssue> choose_implementation(const ScheduleInputs& in, HeadL
                  fmt::format("{} does not run tensor parallelism (TP {}): {}", chosen->name(),
                              in.parallel.tp_degree, chosen->tp_refusal()));
   }
+  if (in.parallel.pp_degree > 1 && !chosen->pp_refusal().empty()) {
+    return issue(Quantity::kPpDegree,
+                 fmt::format("{} does not run pipeline parallelism (PP {}): {}", chosen->name(),
+                             in.parallel.pp_degree, chosen->pp_refusal()));
+  }
   chosen->shape(in, L);
   if (std::optional<ConfigIssue> refused = chosen->check(in, L)) {
     if (asked.empty()) {
@@ -197,6 +203,9 @@ std::optional<ConfigIssue> check_tensor_parallel(const ScheduleInputs& in) {
   if (p.micro_batches < 1) {
     return issue(Quantity::kMicroBatches,
                  fmt::format("must be at least 1, got {}", p.micro_batches));
+  }
+  if (std::optional<ConfigIssue> pp = check_pipeline(in)) {
+    return pp;
   }
   if (t == 1) {
     return std::nullopt;

@@ -351,6 +351,37 @@ TEST_F(CliTest, Fp8Switch) {
   EXPECT_LT(on.at("step_time_s").get<double>(), off.at("step_time_s").get<double>());
 }
 
+TEST_F(CliTest, PipelineParallel) {
+  // PP 2 × TP 2 on 8 GPUs: CP degree 2 by default; 4 micro-batches, 1F1B: bubble (P − 1)/m.
+  const Json pp = run_json({"simulate", "--impl", "megatron-core-cp", "--method", "ulysses", "--tp",
+                            "2", "--pp", "2", "--micro-batches", "4", "--seq", "64K", "--json"});
+  EXPECT_EQ(pp.at("config").at("pp_degree"), 2);
+  EXPECT_EQ(pp.at("config").at("cp_degree"), 2);
+  EXPECT_EQ(pp.at("config").at("pp_schedule"), "1f1b");
+  EXPECT_EQ(pp.at("tokens_per_step"), 4 * 65536);
+  EXPECT_EQ(pp.at("pipeline").at("stage_layers"), 16);
+  EXPECT_DOUBLE_EQ(pp.at("pipeline").at("bubble_fraction").get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(pp.at("pipeline").at("in_flight_first_stage").get<double>(), 2.0);
+  EXPECT_EQ(pp.at("pipeline").at("p2p_bytes"), 65536 / 4 * 4096 * 2);
+  // --pp 1 is the run without the flag, byte for byte.
+  const RunResult one = run({"simulate", "--method", "ulysses", "--pp", "1", "--seq", "64K"});
+  const RunResult none = run({"simulate", "--method", "ulysses", "--seq", "64K"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_EQ(one.out, none.out);
+  // Refusals: exit 2, one line naming --pp.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"simulate", "--impl", "deepspeed-ulysses", "--pp", "2", "--seq",
+                                 "64K"},
+        std::vector<std::string>{"simulate", "--method", "ulysses", "--pp", "3", "--cp-degree", "2",
+                                 "--gpus", "6", "--seq", "64K"},
+        std::vector<std::string>{"simulate", "--method", "ulysses", "--pp", "3", "--seq", "64K"}}) {
+    const RunResult r = run(args);
+    EXPECT_EQ(r.exit_code, 2) << join(args) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find("--pp"), std::string::npos) << r.err;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Determinism
 

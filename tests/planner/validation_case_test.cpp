@@ -106,6 +106,11 @@ TEST(ValidationCase, BoundSetupNoteAndKernelKeys) {
   j["setup"]["norm-kernel"] = "eager";
   j["setup"]["mlp-kernel"] = "fused";
   j["setup"]["int32-indexing"] = false;
+  j["setup"]["tp"] = 8;
+  j["setup"]["micro-batches"] = 16;
+  j["setup"]["pp"] = 4;
+  j["setup"]["pp-schedule"] = "interleaved";
+  j["setup"]["virtual-stages"] = 2;
   const ValidationCase c = parse_validation_case(j.dump(), "case.json");
   EXPECT_EQ(c.bound, "lower");
   EXPECT_EQ(c.bound_quote, "we stopped at 3.7M, well below the limit");
@@ -116,6 +121,11 @@ TEST(ValidationCase, BoundSetupNoteAndKernelKeys) {
   EXPECT_EQ(c.setup.norm_kernel, "eager");
   EXPECT_EQ(c.setup.mlp_kernel, "fused");
   EXPECT_EQ(c.setup.int32_indexing, "false");
+  EXPECT_EQ(c.setup.tp, 8);
+  EXPECT_EQ(c.setup.micro_batches, 16);
+  EXPECT_EQ(c.setup.pp, 4);
+  EXPECT_EQ(c.setup.pp_schedule, "interleaved");
+  EXPECT_EQ(c.setup.virtual_stages, 2);
   EXPECT_EQ(parse_validation_case(good_case().dump(), "case.json").bound, "two-sided");
   Json no_impl = good_case();
   no_impl["setup"].erase("impl");

@@ -89,7 +89,10 @@ constexpr ImplementationTable kTable{
     kLimits,
     "Megatron-DeepSpeed's tensor parallelism around deepspeed/sequence/fpdt_layer.py (its chunked "
     "attention, FFN and loss under TP) is not modelled by cpsim",
-    false};
+    false,
+    "pipeline parallelism around Megatron-DeepSpeed's FPDT layer "
+    "(deepspeed/sequence/fpdt_layer.py) is "
+    "not modelled by cpsim"};
 
 }  // namespace
 

@@ -85,7 +85,9 @@ constexpr ImplementationTable kTable{
     kLimits,
     "DeepSpeed's ALST parallel state has sequence- and data-parallel groups only, no "
     "tensor-parallel group (deepspeed/runtime/sequence_parallel/parallel_state_sp.py:13-58)",
-    false};
+    false,
+    "DeepSpeed's ALST parallel state has sequence- and data-parallel groups only, no pipeline "
+    "group (deepspeed/runtime/sequence_parallel/parallel_state_sp.py:13-58)"};
 
 }  // namespace
 

@@ -90,7 +90,8 @@ constexpr ImplementationTable kTable{
     kRows,
     kLimits,
     "",
-    true};
+    true,
+    ""};
 
 class MegatronCoreCp final : public Implementation {
  public:

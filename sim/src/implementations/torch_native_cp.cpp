@@ -90,7 +90,8 @@ constexpr ImplementationTable kTable{
     kRows,
     kLimits,
     "",
-    false};
+    false,
+    ""};
 
 class TorchNativeCp final : public Implementation {
  public:

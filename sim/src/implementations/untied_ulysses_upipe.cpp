@@ -84,7 +84,8 @@ constexpr ImplementationTable kTable{
     kLimits,
     "tensor parallelism around the UPipe op of the Untied Ulysses fork (which projects Q/K/V "
     "inside the op, stage by stage) is not modelled by cpsim",
-    false};
+    false,
+    "pipeline parallelism around the UPipe op of the Untied Ulysses fork is not modelled by cpsim"};
 
 class UntiedUlyssesUpipe final : public Implementation {
  public:

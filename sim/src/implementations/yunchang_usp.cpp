@@ -104,7 +104,9 @@ constexpr ImplementationTable kTable{
     kLimits,
     "tensor parallelism around yunchang's LongContextAttention in the Untied Ulysses fork is not "
     "modelled by cpsim",
-    false};
+    false,
+    "pipeline parallelism around yunchang's LongContextAttention in the Untied Ulysses fork is not "
+    "modelled by cpsim"};
 
 class YunchangUsp final : public Implementation {
  public:

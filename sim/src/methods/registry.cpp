@@ -38,6 +38,8 @@ const char* to_string(Quantity q) {
       return "tp_degree";
     case Quantity::kMicroBatches:
       return "micro_batches";
+    case Quantity::kPpDegree:
+      return "pp_degree";
     case Quantity::kImplementation:
       return "implementation";
   }

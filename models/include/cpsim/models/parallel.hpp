@@ -25,6 +25,13 @@ enum class RingLayout { kContiguous, kZigzag };
 const char* to_string(RingLayout l);
 RingLayout parse_ring_layout(const std::string& text, const std::string& field);
 
+/// Pipeline schedule (Megatron-Core pipeline_parallel/schedules.py): 1F1B
+/// (forward_backward_pipelining_without_interleaving) or interleaved 1F1B over virtual stages
+/// (forward_backward_pipelining_with_interleaving).
+enum class PipelineSchedule { k1F1B, kInterleaved };
+const char* to_string(PipelineSchedule s);
+PipelineSchedule parse_pipeline_schedule(const std::string& text, const std::string& field);
+
 struct ParallelConfig {
   CpMethod method = CpMethod::kUlysses;
   int gpus = 8;
@@ -44,12 +51,19 @@ struct ParallelConfig {
   int tp_degree = 1;
   /// Gradient accumulation: micro-batches of one sequence per optimizer step.
   int micro_batches = 1;
+  /// Pipeline-parallel degree P: the outermost dimension of the rank order (stage i holds ranks
+  /// [i·G/P, (i+1)·G/P)), L/P consecutive blocks per stage (sim/pipeline.hpp).
+  int pp_degree = 1;
+  PipelineSchedule pp_schedule = PipelineSchedule::k1F1B;
+  /// Interleaved schedule: model chunks per pipeline rank V (Megatron
+  /// --num-virtual-stages-per-pipeline-rank); 1 under 1F1B.
+  int virtual_stages = 1;
   /// The implementation of the method that runs (sim/implementation.hpp, `--impl`): empty = the
   /// recipe's default for the method, "none" = the method's scheme alone.
   std::string implementation;
 
   int ulysses_degree() const { return cp_degree / ring_degree; }
-  int data_parallel() const { return gpus / (cp_degree * tp_degree); }
+  int data_parallel() const { return gpus / (cp_degree * tp_degree * pp_degree); }
   std::int64_t local_seq() const { return seq_len / cp_degree; }
 };
 

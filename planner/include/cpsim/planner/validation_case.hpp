@@ -34,6 +34,7 @@ struct ValidationSetup {
   std::optional<std::string> mlp_kernel;
   std::optional<std::string> int32_indexing;
   std::optional<std::string> fp8;
+  std::optional<std::string> pp_schedule;
   /// The implementation the run used (`--impl`; "none": not one cpsim models). Required.
   std::string impl;
   std::optional<int> gpus;
@@ -45,6 +46,8 @@ struct ValidationSetup {
   std::optional<int> zero;
   std::optional<int> tp;
   std::optional<int> micro_batches;
+  std::optional<int> pp;
+  std::optional<int> virtual_stages;
 };
 
 struct ValidationCase {

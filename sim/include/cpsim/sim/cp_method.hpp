@@ -42,6 +42,7 @@ enum class Quantity {
   kImplementation,  ///< the implementation asked for (unknown, or not one of the method)
   kTpDegree,        ///< tensor-parallel degree T (placement, heads, the implementation's support)
   kMicroBatches,    ///< micro-batches per optimizer step
+  kPpDegree,        ///< pipeline-parallel degree P, its schedule and virtual stages
 };
 const char* to_string(Quantity q);
 

@@ -132,6 +132,9 @@ struct ImplementationTable {
   /// input [s/T, h] and all-gather it again in backward for the weight gradient (Megatron);
   /// false: the gathered input [s, h] is what autograd saves (TorchTitan's DTensor linears).
   bool tp_regathers_inputs;
+  /// Pipeline parallelism around its CP (ParallelConfig::pp_degree > 1): empty when its launcher
+  /// runs it, else why not (one line, naming the source).
+  std::string_view pp_refusal;
 };
 
 /// An implementation users run: its table, and hooks where its code changes the scheme.
@@ -154,6 +157,8 @@ class Implementation {
   /// Empty when it runs tensor parallelism around its CP, else why not.
   std::string_view tp_refusal() const { return table_.tp_refusal; }
   bool tp_regathers_inputs() const { return table_.tp_regathers_inputs; }
+  /// Empty when it runs pipeline parallelism around its CP, else why not.
+  std::string_view pp_refusal() const { return table_.pp_refusal; }
   /// docs/implementations/<name>.md
   std::string ledger_document() const {
     return "docs/implementations/" + std::string(name()) + ".md";

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpsim/sim/engine.hpp"
+#include "cpsim/sim/pipeline.hpp"
 #include "cpsim/sim/schedule.hpp"
 
 namespace cpsim::sim {
@@ -72,6 +73,13 @@ struct StepReport {
   int simulated_ranks = 0;  ///< 1 on the representative-rank fast path
   std::int64_t events = 0;
   std::vector<std::string> notes;
+
+  /// Pipeline parallelism (stages > 1; planner::evaluate composes it from one stage's runs).
+  PipelineShape pipeline;
+  double pipeline_micro_batch_s = 0.0;  ///< one micro-batch's forward + backward on the stage
+  double pipeline_p2p_s = 0.0;          ///< one send/recv of PipelineShape::p2p_bytes
+  /// Activations of the micro-batches in flight beyond the simulated one (in the peak).
+  std::int64_t pipeline_in_flight_extra_bytes = 0;
 };
 
 StepReport summarize(const ScheduleInputs& inputs,

@@ -1,0 +1,119 @@
+#include "evaluate_pipeline.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "cpsim/sim/pipeline.hpp"
+
+// A pipeline-parallel step composed from simulations of one stage (sim/pipeline.hpp for the
+// schedule's counts and their sources). The stage (L/P blocks on G/P GPUs, with the embedding
+// and the LM head + loss both) is simulated with one micro-batch and with two:
+//   t_mb  = T(2) − T(1)        one micro-batch's forward + backward on the stage,
+//   t_end = T(1) − t_mb        what runs once per step (optimizer, last gradient reduction),
+//   step  = (m + (P − 1)/V)·(t_mb + p2p) + t_end,
+// with p2p = 2 send/recv times per slot under 1F1B (blocking: one activation received forward, one
+// gradient received backward) and max(0, 2·V·send/recv − t_mb) interleaved (overlapped with the
+// next chunk). Memory: the first stage holds `in_flight_first_stage` micro-batches' activations;
+// the simulation holds one, so the rest, (in_flight − 1)·A with A the stage's peak of activations
+// saved for backward (MemCategory::kActivations), is added to its peak.
+namespace cpsim::planner {
+namespace {
+
+EvaluateOptions stage_options(const EvaluateOptions& options) {
+  EvaluateOptions out = options;
+  out.stop_above_device_bytes = 0;  // the extra in-flight activations are known only afterwards
+  return out;
+}
+
+// Memory of the micro-batches in flight beyond the one the stage simulation holds.
+void add_in_flight_activations(const sim::PipelineShape& shape, sim::StepReport& rep) {
+  const auto act = static_cast<std::size_t>(sim::MemCategory::kActivations);
+  const double per_micro_batch = static_cast<double>(rep.category_peak[act]);
+  const auto extra = static_cast<std::int64_t>(
+      std::llround((shape.in_flight_first_stage - 1.0) * per_micro_batch));
+  rep.pipeline_in_flight_extra_bytes = extra;
+  rep.peak_memory_bytes += extra;
+  rep.breakdown_at_peak[act] += extra;
+  rep.category_peak[act] += extra;
+  if (rep.reserved_peak_bytes > 0) {
+    rep.reserved_peak_bytes += extra;
+  }
+  rep.gpu_headroom_bytes -= extra;
+  const bool fits = rep.gpu_headroom_bytes >= 0 && !rep.allocator_out_of_memory;
+  if (rep.fits_gpu && !fits) {
+    rep.binding = fmt::format("GPU memory on the first pipeline stage ({} micro-batches in flight)",
+                              shape.in_flight_first_stage);
+  }
+  rep.fits_gpu = fits;
+}
+
+// Step time, throughput and model FLOPs of the whole pipeline from the stage's two runs.
+void compose_time(const sim::ScheduleInputs& in,
+                  const sim::PipelineShape& shape,
+                  const sim::StepReport& two,
+                  sim::StepReport& rep) {
+  const double t1 = rep.step_time_s;
+  const double t_mb = std::max(0.0, two.step_time_s - t1);
+  const double t_end = std::max(0.0, t1 - t_mb);
+  const double send = sim::pipeline_p2p_s(in, shape);
+  const double p2p =
+      shape.p2p_exposed ? 2.0 * send : std::max(0.0, 2.0 * shape.virtual_stages * send - t_mb);
+  rep.pipeline = shape;
+  rep.pipeline_micro_batch_s = t_mb;
+  rep.pipeline_p2p_s = send;
+  rep.step_time_s = shape.step_slots * (t_mb + p2p) + t_end;
+  const auto& par = in.parallel;
+  const int m = shape.micro_batches;
+  rep.tokens_per_step = par.seq_len * par.data_parallel() * m;
+  const double gpus = static_cast<double>(par.gpus);
+  rep.tokens_per_s_per_gpu = static_cast<double>(rep.tokens_per_step) / rep.step_time_s / gpus;
+  rep.model_flops_per_step =
+      models::model_step_flops(in.model, par.seq_len).total() * par.data_parallel() * m;
+  rep.model_tflops_per_gpu = rep.model_flops_per_step / rep.step_time_s / gpus / 1e12;
+  rep.mfu = rep.model_tflops_per_gpu * 1e12 / in.hardware.peak_bf16_flops_per_s;
+  // Busy time of the stage's streams over m micro-batches; the rest of the step (bubble,
+  // exposed P2P) is exposed non-compute time.
+  for (std::size_t s = 0; s < rep.stream_busy_s.size(); ++s) {
+    const double per_mb = std::max(0.0, two.stream_busy_s[s] - rep.stream_busy_s[s]);
+    rep.stream_busy_s[s] += (m - 1) * per_mb;
+  }
+  rep.exposed_comm_s = std::max(
+      0.0, rep.step_time_s - rep.stream_busy_s[static_cast<std::size_t>(sim::Stream::kCompute)]);
+}
+
+}  // namespace
+
+Evaluation evaluate_pipeline(const sim::ScheduleInputs& inputs,
+                             const EvaluateOptions& options,
+                             EvaluationScratch* scratch) {
+  const sim::HeadLayout checked = sim::derive_head_layout(inputs);  // throws ConfigError
+  (void)checked;
+  const sim::PipelineShape shape = sim::pipeline_shape(inputs);
+  const EvaluateOptions first = stage_options(options);
+  EvaluateOptions plain;
+  plain.all_ranks = options.all_ranks;
+  plain.merge_ring_steps = options.merge_ring_steps;
+  const sim::ScheduleInputs one = sim::pipeline_stage_inputs(inputs, 1);
+  const sim::ScheduleInputs two = sim::pipeline_stage_inputs(inputs, 2);
+  Evaluation e = scratch != nullptr ? evaluate(one, first, *scratch) : evaluate(one, first);
+  const sim::StepReport rep2 =
+      scratch != nullptr ? evaluate(two, plain, *scratch).report : evaluate(two, plain).report;
+  compose_time(inputs, shape, rep2, e.report);
+  add_in_flight_activations(shape, e.report);
+  e.report.notes.push_back(fmt::format(
+      "pipeline: PP {} ({}{}), {} micro-batches: one stage of {} blocks simulated (with the "
+      "embedding and the LM head + loss both: first and last stage in one), the step composed "
+      "analytically: (m + (P-1)/V) slots of {:.4g} s, bubble {:.3g}, P2P {:.3g} s per send/recv "
+      "({}, {}), {:.3g} micro-batches' activations in flight on the first stage",
+      shape.stages, models::to_string(inputs.parallel.pp_schedule),
+      shape.virtual_stages > 1 ? fmt::format(" V={}", shape.virtual_stages) : "",
+      shape.micro_batches, shape.stage_layers, e.report.pipeline_micro_batch_s,
+      shape.bubble_fraction, e.report.pipeline_p2p_s, models::to_string(shape.p2p_span),
+      shape.p2p_exposed ? "exposed: 1F1B's P2P is blocking" : "overlapped with the next chunk",
+      shape.in_flight_first_stage));
+  return e;
+}
+
+}  // namespace cpsim::planner

@@ -1,0 +1,142 @@
+// Pipeline parallelism: the schedule's counts by hand (bubble fraction, warm-up and micro-batches
+// in flight on the first stage, from Megatron-Core's schedules.py), the stage's layer split, the
+// P2P message and its link, and the refusals.
+#include "cpsim/sim/pipeline.hpp"
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "cpsim/sim/schedule.hpp"
+
+#include "helpers.hpp"
+
+namespace cpsim::sim {
+namespace {
+
+using models::CpMethod;
+using models::PipelineSchedule;
+using testing::inputs;
+
+constexpr std::int64_t kK = 1024;
+
+// Llama 3 8B (32 blocks, h 4096) on 16 GPUs: PP 4 × TP 2 × Ulysses 2, 64K tokens.
+ScheduleInputs pp4(int micro_batches) {
+  ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 16, 64 * kK);
+  in.parallel.cp_degree = 2;
+  in.parallel.tp_degree = 2;
+  in.parallel.pp_degree = 4;
+  in.parallel.micro_batches = micro_batches;
+  return in;
+}
+
+std::string issue_of(const ScheduleInputs& in) {
+  const LayoutCheck c = check_head_layout(in);
+  return c.issue ? to_string(c.issue->quantity) : "";
+}
+
+TEST(Pipeline, OneFOneBCounts) {
+  const ScheduleInputs in = pp4(8);
+  ASSERT_EQ(issue_of(in), "");
+  const PipelineShape s = pipeline_shape(in);
+  EXPECT_EQ(s.stage_layers, 8);  // 32 / 4
+  // Rank 0: P − 1 = 3 warm-up forwards, then the steady state's forward: 4 = min(P, m) in flight.
+  EXPECT_EQ(s.warmup_first_stage, 3);
+  EXPECT_DOUBLE_EQ(s.in_flight_first_stage, 4.0);
+  EXPECT_DOUBLE_EQ(s.bubble_fraction, 3.0 / 8.0);  // (P − 1)/m
+  EXPECT_DOUBLE_EQ(s.step_slots, 11.0);            // m + P − 1
+  EXPECT_TRUE(s.p2p_exposed);
+  // Fewer micro-batches than stages: all of them are in flight.
+  const PipelineShape two = pipeline_shape(pp4(2));
+  EXPECT_EQ(two.warmup_first_stage, 2);
+  EXPECT_DOUBLE_EQ(two.in_flight_first_stage, 2.0);
+  EXPECT_DOUBLE_EQ(two.bubble_fraction, 1.5);
+  EXPECT_DOUBLE_EQ(two.step_slots, 5.0);
+}
+
+TEST(Pipeline, InterleavedCounts) {
+  ScheduleInputs in = pp4(8);
+  in.parallel.pp_schedule = PipelineSchedule::kInterleaved;
+  in.parallel.virtual_stages = 2;
+  ASSERT_EQ(issue_of(in), "");
+  const PipelineShape s = pipeline_shape(in);
+  // Warm-up on rank 0: 2(P − 1) + (V − 1)·P = 6 + 4 = 10 chunk forwards; 11 chunks of 4 blocks
+  // in flight = 5.5 micro-batches of the stage's 8 blocks.
+  EXPECT_EQ(s.warmup_first_stage, 10);
+  EXPECT_DOUBLE_EQ(s.in_flight_first_stage, 5.5);
+  EXPECT_DOUBLE_EQ(s.bubble_fraction, 3.0 / 16.0);  // (P − 1)/(m·V)
+  EXPECT_DOUBLE_EQ(s.step_slots, 9.5);              // m + (P − 1)/V
+  EXPECT_FALSE(s.p2p_exposed);
+}
+
+TEST(Pipeline, P2PMessageAndLink) {
+  const ScheduleInputs in = pp4(8);
+  const PipelineShape s = pipeline_shape(in);
+  // [s/(C·T), h] bf16 = 65536/(2·2) · 4096 · 2 bytes.
+  EXPECT_EQ(s.p2p_bytes, 16384LL * 4096 * 2);
+  // 16 GPUs over two 8-GPU nodes: stages 1 and 2 meet across the nodes.
+  EXPECT_EQ(s.p2p_span, models::Span::kInterNode);
+  ScheduleInputs one_node = in;
+  one_node.parallel.gpus = 8;
+  one_node.parallel.cp_degree = 1;
+  EXPECT_EQ(pipeline_shape(one_node).p2p_span, models::Span::kIntraNode);
+  EXPECT_GT(pipeline_p2p_s(in, s), pipeline_p2p_s(one_node, pipeline_shape(one_node)));
+}
+
+TEST(Pipeline, StageInputs) {
+  const ScheduleInputs stage = pipeline_stage_inputs(pp4(8), 1);
+  EXPECT_EQ(stage.model.layers, 8);
+  EXPECT_EQ(stage.parallel.gpus, 4);
+  EXPECT_EQ(stage.parallel.pp_degree, 1);
+  EXPECT_EQ(stage.parallel.micro_batches, 1);
+  // The same data-parallel degree inside the stage as in the whole job: 16/(2·2·4) = 1.
+  EXPECT_EQ(stage.parallel.data_parallel(), pp4(8).parallel.data_parallel());
+  EXPECT_EQ(issue_of(stage), "");
+}
+
+TEST(Pipeline, Refusals) {
+  ScheduleInputs uneven = pp4(8);
+  uneven.parallel.gpus = 12;
+  uneven.parallel.pp_degree = 3;  // 32 blocks over 3 stages
+  EXPECT_EQ(issue_of(uneven), "pp_degree");
+  ScheduleInputs chunks = pp4(8);
+  chunks.parallel.pp_schedule = PipelineSchedule::kInterleaved;
+  chunks.parallel.virtual_stages = 3;  // 4 · 3 = 12 chunks of 32 blocks
+  EXPECT_EQ(issue_of(chunks), "pp_degree");
+  ScheduleInputs few = pp4(6);  // interleaving needs m a multiple of P
+  few.parallel.pp_schedule = PipelineSchedule::kInterleaved;
+  few.parallel.virtual_stages = 2;
+  EXPECT_EQ(issue_of(few), "pp_degree");
+  ScheduleInputs virt = pp4(8);
+  virt.parallel.virtual_stages = 2;  // without --pp-schedule interleaved
+  EXPECT_EQ(issue_of(virt), "pp_degree");
+  ScheduleInputs gpus = pp4(8);
+  gpus.parallel.pp_degree = 3;
+  EXPECT_EQ(issue_of(gpus), "pp_degree");
+  // Implementations whose launchers do not run it refuse it, naming the quantity.
+  ScheduleInputs ds = inputs(CpMethod::kUlysses, "llama3-8b", 16, 64 * kK);
+  ds.parallel.cp_degree = 8;
+  ds.parallel.pp_degree = 2;
+  ds.parallel.implementation = "deepspeed-ulysses";
+  EXPECT_EQ(issue_of(ds), "pp_degree");
+  ds.parallel.implementation = "megatron-core-cp";
+  EXPECT_EQ(issue_of(ds), "");
+  ds.parallel.implementation = "torch-native-cp";
+  ds.parallel.method = CpMethod::kRing;  // TorchTitan's CP rotates K/V
+  ds.parallel.ring_degree = 8;
+  EXPECT_EQ(issue_of(ds), "");
+}
+
+TEST(Pipeline, DegreeOneIsNoPipeline) {
+  ScheduleInputs in = pp4(8);
+  in.parallel.pp_degree = 1;
+  in.parallel.gpus = 4;
+  EXPECT_FALSE(check_pipeline(in).has_value());
+  const PipelineShape s = pipeline_shape(in);
+  EXPECT_DOUBLE_EQ(s.bubble_fraction, 0.0);
+  EXPECT_DOUBLE_EQ(s.step_slots, 8.0);
+  EXPECT_DOUBLE_EQ(s.in_flight_first_stage, 1.0);
+}
+
+}  // namespace
+}  // namespace cpsim::sim
