@@ -131,6 +131,12 @@ std::string methods_to_search(const PlanArgs& a) {
 // What the command line fixed: the search keeps these (a flag left out is searched).
 planner::PlanConstraints fixed_by_flags(const PlanArgs& a) {
   const SimulateArgs& f = a.config;
+  if (f.pp != 1 || !f.pp_schedule.empty() || f.virtual_stages != 0) {
+    throw InputError(f.pp != 1                ? "--pp"
+                     : !f.pp_schedule.empty() ? "--pp-schedule"
+                                              : "--virtual-stages",
+                     "plan does not search pipeline parallelism yet; use simulate or maxlen");
+  }
   planner::PlanConstraints fixed;
   fixed.tp_degree = f.tp_given ? f.tp : 0;  // --micro-batches: every candidate runs the base's
   fixed.cp_degree = f.cp_degree;

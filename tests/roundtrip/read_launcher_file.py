@@ -329,7 +329,9 @@ def read_megatron(path, recipe, a):
              int(o["--ffn-hidden-size"]))
     cp = int(o["--context-parallel-size"])
     comm = o.get("--cp-comm-type", "p2p")
-    flags = ["--model", model_of_shape(shape, a.data, "model flags"), "--impl", "megatron-core-cp",
+    # Megatron-Core through TransformerEngine; its all_gather CP is cpsim's scheme alone.
+    impl = "none" if comm == "all_gather" else "megatron-core-cp"
+    flags = ["--model", model_of_shape(shape, a.data, "model flags"), "--impl", impl,
              "--seq", o["--seq-length"], "--cp-degree", str(cp)]
     tp = int(o["--tensor-model-parallel-size"])
     if int(o["--pipeline-model-parallel-size"]) != 1:
@@ -344,6 +346,8 @@ def read_megatron(path, recipe, a):
         flags += ["--method", "ring", "--ring-layout", "zigzag"]  # Megatron's CP load balancing
     elif comm == "a2a":
         flags += ["--method", "ulysses"]
+    elif comm == "all_gather":
+        flags += ["--method", "allgather"]
     elif comm == "a2a+p2p":
         u, r = o["--hierarchical-context-parallel-sizes"]
         flags += ["--method", "usp", "--ulysses-degree", u, "--ring-degree", r,
@@ -351,6 +355,7 @@ def read_megatron(path, recipe, a):
     else:
         raise Unreadable(f"--cp-comm-type {comm}: not read back")
     recipe["sharding"]["zero_stage"] = 1 if "--use-distributed-optimizer" in o else 0
+    recipe["precision"]["fp8"] = "--fp8-format" in o
     recipe["sharding"]["optimizer_offload"] = False
     ac = recipe["activation_checkpointing"]
     ac["mode"] = o.get("--recompute-granularity", "none")
@@ -415,6 +420,8 @@ def main():
     with open(a.base_recipe) as f:
         recipe = json.load(f)
     recipe["name"] = "read-back-" + a.format
+    # FP8 as cpsim simulates it is TransformerEngine's: only Megatron-LM's --fp8-format sets it.
+    recipe["precision"]["fp8"] = False
     recipe.setdefault("allocator", {})
     recipe["precision"].setdefault("cp_comm_bytes", recipe["precision"]["activation_bytes"])
     try:

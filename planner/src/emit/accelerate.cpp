@@ -51,6 +51,7 @@ CompanionFile accelerate_ds_config(Plan& p) {
 RecipeAsRun accelerate_recipe_as_run(const sim::ScheduleInputs& in) {
   RecipeAsRun r{in.recipe, {}};
   models::TrainingRecipe& x = r.recipe;
+  no_transformer_engine_fp8(r, "Accelerate");
   no_offload_or_tiling(r, "not in Accelerate", "not in Accelerate");
   const bool sp = launcher_word(LauncherFormat::kAccelerate, in) == "deepspeed";
   const std::string& k = x.attention_kernel;

@@ -16,6 +16,7 @@ namespace cpsim::planner::emit_detail {
 RecipeAsRun arctic_recipe_as_run(const sim::ScheduleInputs& in) {
   RecipeAsRun r{in.recipe, {}};
   models::TrainingRecipe& x = r.recipe;
+  no_transformer_engine_fp8(r, "ArcticTraining");
   run_as(r, x.fused_loss, true, "Liger's fused loss (the liger model always fuses it)");
   if (x.checkpointing == CheckpointMode::kSelective) {
     run_as(r, x.checkpointing, CheckpointMode::kFull, "full per-block checkpointing");

@@ -194,6 +194,11 @@ std::string launcher_word(LauncherFormat f, const sim::ScheduleInputs& in) {
   return s ? s->selects : std::string();
 }
 
+void no_transformer_engine_fp8(RecipeAsRun& r, const char* launcher) {
+  run_as(r, r.recipe.fp8, false,
+         fmt::format("bf16 GEMMs (FP8 is TransformerEngine's; {} sets none)", launcher));
+}
+
 void no_offload_or_tiling(RecipeAsRun& r,
                           const std::string& offload_why,
                           const std::string& tiling_why) {

@@ -49,6 +49,7 @@ CompanionFile megatron_deepspeed_flags_file(const Plan& p,
 RecipeAsRun deepspeed_recipe_as_run(const sim::ScheduleInputs& in) {
   RecipeAsRun r{in.recipe, {}};
   models::TrainingRecipe& x = r.recipe;
+  no_transformer_engine_fp8(r, "DeepSpeed");
   if (launcher_word(LauncherFormat::kDeepSpeed, in) == "fpdt") {
     run_as(r, x.attention_kernel, std::string("fa2"), "attention through --use-flash-attn-v2");
     if (x.checkpointing == CheckpointMode::kSelective) {

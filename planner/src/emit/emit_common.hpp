@@ -208,6 +208,8 @@ void no_offload_or_tiling(RecipeAsRun& r,
                           const std::string& offload_why,
                           const std::string& tiling_why);
 /// The CP communication dtype fixed to the compute dtype (launchers without a key for it).
+/// FP8 as simulated is TransformerEngine's (Megatron-LM --fp8-format); other launchers run bf16.
+void no_transformer_engine_fp8(RecipeAsRun& r, const char* launcher);
 void comm_dtype_fixed(RecipeAsRun& r, const char* launcher);
 
 RecipeAsRun torchtitan_recipe_as_run(const sim::ScheduleInputs& in);

@@ -93,6 +93,13 @@ EmittedConfig emit_megatron(Plan& p) {
   // Gradient accumulation: micro-batches per step = global / (micro-batch size x data parallel).
   a.push_back({"--global-batch-size", fmt::format("{}", p.par.micro_batches * p.dp)});
   a.push_back({p.recipe.param_bytes == 2 ? "--bf16" : "--fp16"});
+  if (p.recipe.fp8) {
+    // TransformerEngine's delayed scaling as simulated: E4M3 forward, E5M2 gradients, the
+    // recipe's 1024-step amax history with the max of it.
+    a.push_back({"--fp8-format", "hybrid"});
+    a.push_back({"--fp8-amax-history-len", "1024"});
+    a.push_back({"--fp8-amax-compute-algo", "max"});
+  }
   if (p.recipe.zero_stage >= 1) {
     a.push_back({"--use-distributed-optimizer"});
   }
