@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "cpsim/calibrate/measure.hpp"
+#include "cpsim/calibrate/utc_time.hpp"
 #include "cpsim/models/error.hpp"
 
 #include "kernels.hpp"
@@ -47,15 +48,6 @@ std::string driver_release() {
 /// 12080 -> "12.8" (CUDA's major * 1000 + minor * 10).
 std::string cuda_version(int code) {
   return fmt::format("{}.{}", code / 1000, (code % 1000) / 10);
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 class CudaBackend final : public MeasureBackend {

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "cpsim/calibrate/utc_time.hpp"
 #include "cpsim/models/error.hpp"
 
 namespace cpsim::calibrate {
@@ -29,15 +30,6 @@ std::string known_sweeps() {
 
 bool contains(const std::vector<std::string>& list, std::string_view name) {
   return std::find(list.begin(), list.end(), name) != list.end();
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 /// The samples array a sweep owns, moved from `from` into `to` (replacing what `to` held).
