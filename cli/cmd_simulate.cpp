@@ -569,11 +569,13 @@ std::string human(const sim::ScheduleInputs& in,
           : "";
   const std::string decided_by = rep.reserved_checked ? " (reserved)" : "";
   const std::string verdict =
-      rep.fits_gpu ? fmt::format("fits, {} headroom{}{}",
-                                 format_bytes(static_cast<double>(rep.gpu_headroom_bytes)),
-                                 decided_by, margin)
-      : rep.allocator_out_of_memory
-          ? "DOES NOT FIT (the caching allocator runs out of memory)"
+      rep.fits_gpu                  ? fmt::format("fits, {} headroom{}{}",
+                                                  format_bytes(static_cast<double>(rep.gpu_headroom_bytes)),
+                                                  decided_by, margin)
+      : rep.allocator_out_of_memory ? "DOES NOT FIT (the caching allocator runs out of memory)"
+      : rep.gpu_headroom_bytes >= 0
+          ? "DOES NOT FIT with the margin (the caching allocator reaches the whole GPU and empties "
+            "its cache)"
           : fmt::format("DOES NOT FIT, {} over{}{}",
                         format_bytes(static_cast<double>(-rep.gpu_headroom_bytes)), decided_by,
                         rep.gpu_margin_bytes > 0 ? " with the margin" : "");

@@ -89,7 +89,11 @@ BindingConstraint binding_of(const Probe& p, std::int64_t seq) {
         format_length(seq), format_bytes(static_cast<double>(b.used_bytes)),
         format_bytes(static_cast<double>(b.limit_bytes)), b.rank,
         format_bytes(static_cast<double>(r.peak_memory_bytes)),
-        r.allocator_out_of_memory ? "; out of memory from fragmentation" : "");
+        r.allocator_out_of_memory ? "; out of memory from fragmentation"
+        : r.allocator_cache_releases > 0
+            ? fmt::format("; it reaches the whole GPU and empties its cache {} time(s)",
+                          r.allocator_cache_releases)
+            : "");
     return b;
   }
   if (!r.fits_gpu) {

@@ -136,9 +136,13 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
     rep.reserved_checked = true;
   }
   // Reserved memory holds every allocated byte (plus cached blocks), so it decides when modelled.
+  // The allocator empties its cache only when it would otherwise pass the whole GPU: with a margin
+  // that is a step which would have reserved more than capacity − margin (the replay's peak is
+  // after the release), so it does not fit; without a margin it is what PyTorch does and fits.
   const std::int64_t decisive = std::max(rep.peak_memory_bytes, rep.reserved_peak_bytes);
   rep.gpu_headroom_bytes = rep.gpu_capacity_bytes - rep.gpu_margin_bytes - decisive;
-  rep.fits_gpu = rep.gpu_headroom_bytes >= 0 && !rep.allocator_out_of_memory;
+  rep.fits_gpu = rep.gpu_headroom_bytes >= 0 && !rep.allocator_out_of_memory &&
+                 (rep.gpu_margin_bytes == 0 || rep.allocator_cache_releases == 0);
 
   // Host memory per node: the sum of the host peaks of the node's ranks (symmetric ranks peak
   // together, so the sum is the node's peak). On the representative-rank path every rank of a node
@@ -167,7 +171,10 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
   } else if (!rep.fits_gpu) {
     rep.binding = fmt::format(
         "GPU reserved memory on rank {} (the caching allocator's segments{})", rep.peak_rank,
-        rep.allocator_out_of_memory ? ": out of memory from fragmentation" : "");
+        rep.allocator_out_of_memory ? ": out of memory from fragmentation"
+        : rep.gpu_headroom_bytes >= 0
+            ? ": it reaches the whole GPU and empties its cache, leaving no margin"
+            : "");
   } else if (!rep.fits_host) {
     rep.binding = "host memory (pinned checkpoint offload)";
   } else if (!rep.fits_kernels) {
