@@ -992,10 +992,13 @@ TEST_P(RoundTrip, EmittedFileReadsBackToAStepThatFits) {
   }
   ASSERT_FALSE(planned.is_null()) << "the emitted configuration is not among those shown";
 
-  const RunResult read = run_program(
-      python, {reader.string(), c.launcher, out, "--data", CPSIM_TEST_DATA_DIR, "--base-recipe",
-               (root / "data/recipes" / (c.recipe + ".json")).string(), "--gpus", c.gpus,
-               "--recipe-out", path("read_back_recipe.json").string()});
+  const RunResult read =
+      run_program(python, {reader.string(), c.launcher, out, "--data", CPSIM_TEST_DATA_DIR,
+                           "--base-recipe", (root / "data/recipes" / (c.recipe + ".json")).string(),
+                           "--gpus", c.gpus, "--recipe-out", path("read_back_recipe.json").string(),
+                           "--known-keys", (root / "tests/roundtrip/launcher_keys.json").string()});
+  // Also: every key the file sets is defined in the launcher's source at the commit recorded in
+  // tests/roundtrip/launcher_keys.json (tests/roundtrip/record_launcher_keys.py).
   ASSERT_EQ(read.exit_code, 0) << read.err;
   std::vector<std::string> simulate = {"simulate", "--json"};
   std::istringstream lines(read.out);

@@ -398,6 +398,61 @@ def read_arctic(path, recipe, a):
     return flags
 
 
+# ---- The keys a file sets, as its launcher names them -------------------------------------------
+
+def key_paths(tree, prefix=""):
+    """Dotted paths of the leaves of a parsed TOML/YAML/JSON tree ("parallelism.tp_size")."""
+    if isinstance(tree, dict):
+        out = []
+        for k, v in tree.items():
+            out += key_paths(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"]
+        return out
+    return []
+
+
+def flags_of(words):
+    return sorted({w for w in words if w.startswith("--")})
+
+
+def file_keys(fmt, path):
+    """{part: [keys]}: every key or flag the emitted file (and the files it names) sets."""
+    if fmt == "torchtitan":
+        import tomllib
+        with open(path, "rb") as f:
+            return {"toml": key_paths(tomllib.load(f))}
+    if fmt in ("accelerate", "arctic"):
+        import yaml
+        with open(path) as f:
+            y = yaml.safe_load(f)
+        out = {"yaml": key_paths(y)}
+        ds = y.get("deepspeed_config", {}).get("deepspeed_config_file") if fmt == "accelerate" else None
+        if ds:
+            ds = ds if os.path.isabs(ds) else os.path.join(os.path.dirname(path), os.path.basename(ds))
+            with open(ds) as f:
+                out["ds_config"] = key_paths(json.load(f))
+        return out
+    if fmt == "deepspeed":
+        with open(path) as f:
+            out = {"ds_config": key_paths(json.load(f))}
+        sh = os.path.splitext(path)[0] + ".megatron-deepspeed.sh"
+        if os.path.exists(sh):
+            out["args"] = flags_of(source_bash(sh, "CPSIM_MEGATRON_DEEPSPEED_FLAGS")[0])
+        return out
+    array = {"megatron": "MEGATRON_ARGS", "untied-ulysses": "UNTIED_ULYSSES_ARGS"}[fmt]
+    return {"args": flags_of(source_bash(path, array)[0])}
+
+
+def check_known_keys(fmt, path, known_path):
+    """Keys the file sets that the launcher's source at the recorded commit does not define."""
+    with open(known_path) as f:
+        known = json.load(f)[fmt]
+    unknown = []
+    for part, keys in file_keys(fmt, path).items():
+        listed = known["parts"].get(part, {})
+        unknown += [f"{part}: {k}" for k in keys if k not in listed]
+    return unknown
+
+
 READERS = {
     "torchtitan": read_torchtitan,
     "untied-ulysses": read_untied_ulysses,
@@ -416,7 +471,18 @@ def main():
     ap.add_argument("--base-recipe", required=True, help="the recipe the user trains with")
     ap.add_argument("--gpus", type=int, required=True, help="GPUs the launch command starts")
     ap.add_argument("--recipe-out", required=True)
+    ap.add_argument("--known-keys", help="tests/roundtrip/launcher_keys.json: refuse keys not in it")
+    ap.add_argument("--list-keys", action="store_true", help="print the file's keys and exit")
     a = ap.parse_args()
+    if a.list_keys:
+        print(json.dumps(file_keys(a.format, a.file)))
+        return 0
+    if a.known_keys:
+        unknown = check_known_keys(a.format, a.file, a.known_keys)
+        if unknown:
+            print(f"read_launcher_file: {a.format} {a.file}: keys its source does not define: "
+                  + ", ".join(unknown), file=sys.stderr)
+            return 1
     with open(a.base_recipe) as f:
         recipe = json.load(f)
     recipe["name"] = "read-back-" + a.format
