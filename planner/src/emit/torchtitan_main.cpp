@@ -131,10 +131,10 @@ std::string parallelism_lines(Plan& p) {
 
 // What a config function starting from the baseline runs without a key (the notes of
 // emit_torchtitan_main):
-// - no checkpoint offload, tiled MLP or tiled RMSNorm: no config field in torchtitan/ or
-//   torchtitan/config/configs.py @ b5bcd76;
-// - the loss: the baselines set loss=ChunkedLossWrapper.Config (llama3/config_registry.py:196
-//   @ b5bcd76), which runs the LM head and the loss per chunk of the tokens (num_chunks = 8) with
+// - no checkpoint offload (configs.py, activation_checkpoint.py and trainer.py @ b5bcd76 offload
+//   only FSDP state, enable_cpu_offload), no tiled MLP or RMSNorm anywhere in torchtitan/;
+// - the loss: the baselines pass loss=ChunkedLossWrapper.Config (llama3/config_registry.py:197
+//   @ b5bcd76), which runs the LM head and the loss per chunk of the tokens (num_chunks = 8),
 //   each chunk's backward inside the loss call, so the full [T, V] logits never exist
 //   (components/loss.py:501-544 @ b5bcd76): cpsim's fused_loss. Its chunk is T/8 tokens, larger
 //   than cpsim's fused-loss chunk (about T·h/V), a workspace cpsim does not model;
