@@ -92,7 +92,8 @@ CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& a) {
       ->capture_default_str();
   c->add_option("--launcher", a.launcher,
                 "answer for the configuration as this launcher runs it from the file cpsim emits "
-                "(its recipe knobs and implementation): torchtitan, untied-ulysses, deepspeed, "
+                "(its recipe knobs and implementation): torchtitan, torchtitan-main, "
+                "untied-ulysses, deepspeed, "
                 "accelerate, megatron, arctic");
   c->add_flag("--json", a.json, "print JSON instead of text");
   return c;

@@ -100,13 +100,14 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
               "each step then trains GPUs/C sequences (tokens/step in the tables), a larger "
               "global batch than one sequence");
   c->add_option("--threads", a.threads, "parallel evaluations")->capture_default_str();
-  c->add_option("--launcher", a.launcher,
-                "search only what this launcher runs from the file cpsim emits for it (as --emit "
-                "does), without writing the file: torchtitan, untied-ulysses, deepspeed, "
-                "accelerate, megatron, arctic");
+  c->add_option(
+      "--launcher", a.launcher,
+      "search only what this launcher runs from the file cpsim emits for it (as --emit "
+      "does), without writing the file: torchtitan, torchtitan-main, untied-ulysses, deepspeed, "
+      "accelerate, megatron, arctic");
   c->add_option("--emit", a.emit,
                 "write the best configuration's settings for a launcher: torchtitan, "
-                "untied-ulysses, deepspeed, accelerate, megatron, arctic");
+                "torchtitan-main, untied-ulysses, deepspeed, accelerate, megatron, arctic");
   c->add_option("--dataset", a.dataset,
                 "training data for launchers whose file names it (arctic: data.sources): a "
                 "Hugging Face dataset id, name:split, or a local path");
@@ -173,9 +174,10 @@ std::string join(const std::vector<std::string>& parts, const std::string& separ
 }
 
 constexpr std::array kLauncherOrder = {
-    planner::LauncherFormat::kTorchTitan, planner::LauncherFormat::kUntiedUlysses,
-    planner::LauncherFormat::kDeepSpeed,  planner::LauncherFormat::kAccelerate,
-    planner::LauncherFormat::kMegatron,   planner::LauncherFormat::kArctic};
+    planner::LauncherFormat::kTorchTitan,    planner::LauncherFormat::kTorchTitanMain,
+    planner::LauncherFormat::kUntiedUlysses, planner::LauncherFormat::kDeepSpeed,
+    planner::LauncherFormat::kAccelerate,    planner::LauncherFormat::kMegatron,
+    planner::LauncherFormat::kArctic};
 
 // What launcher `f` changes in the configuration `c` (recipe knobs, the implementation); empty:
 // it runs `c` exactly as simulated. @throws InputError when it cannot run the method.

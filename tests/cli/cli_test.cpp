@@ -956,9 +956,9 @@ TEST_F(CliTest, MaxlenKeepsTheMarginOnReservedMemory) {
 // maps its keys to what the launcher does with them, from the file alone (a recipe file and
 // `simulate` flags); `simulate` of that configuration fits with the default margin at the emitted
 // length, and is the step the plan simulated (same peak and step time).
-// Launcher sources the reader follows: TorchTitan v0.2.2, Accelerate 1.12 (parallelism_config),
-// ArcticTraining b28638e, Megatron-LM core_r0.15, Megatron-DeepSpeed FPDT flags, the UPipe fork
-// (REFERENCES.md, "Launchers").
+// Launcher sources the reader follows: TorchTitan v0.2.2 and main @ b5bcd76 (config functions),
+// Accelerate 1.12 (parallelism_config), ArcticTraining b28638e, Megatron-LM core_r0.15,
+// Megatron-DeepSpeed FPDT flags, the UPipe fork (REFERENCES.md, "Launchers").
 
 struct RoundTripCase {
   std::string launcher;
@@ -1049,6 +1049,8 @@ INSTANTIATE_TEST_SUITE_P(
                        "--methods", "ring"},
                       "bf16.toml"},
         RoundTripCase{"deepspeed", {"--micro-batches", "2"}, "mb.json"},
+        RoundTripCase{"torchtitan-main", {}, "cpsim_main.py"},
+        RoundTripCase{"torchtitan-main", {"--seq", "128K", "--tp", "2"}, "main_tp.py"},
         RoundTripCase{"arctic",
                       {"--recipe", "alst-deepspeed", "--dataset", "HuggingFaceH4/ultrachat_200k"},
                       "alst.yaml",

@@ -5,6 +5,7 @@
 // method.
 #include "cpsim/planner/emit.hpp"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -47,9 +48,10 @@ constexpr std::int64_t kM = 1024 * 1024;
 
 constexpr std::array kAllMethods = {CpMethod::kUlysses,   CpMethod::kUPipe, CpMethod::kRing,
                                     CpMethod::kAllGather, CpMethod::kFpdt,  CpMethod::kUsp};
-constexpr std::array kAllFormats = {LauncherFormat::kTorchTitan, LauncherFormat::kUntiedUlysses,
-                                    LauncherFormat::kDeepSpeed,  LauncherFormat::kAccelerate,
-                                    LauncherFormat::kMegatron,   LauncherFormat::kArctic};
+constexpr std::array kAllFormats = {LauncherFormat::kTorchTitan,    LauncherFormat::kTorchTitanMain,
+                                    LauncherFormat::kUntiedUlysses, LauncherFormat::kDeepSpeed,
+                                    LauncherFormat::kAccelerate,    LauncherFormat::kMegatron,
+                                    LauncherFormat::kArctic};
 
 const models::DataDir& data() {
   static const models::DataDir d{CPSIM_TEST_DATA_DIR};
@@ -178,6 +180,27 @@ json parse_toml(const std::string& text) {
       "import json, sys, tomllib\n"
       "with open(sys.argv[1], 'rb') as f:\n"
       "    print(json.dumps(tomllib.load(f)))\n",
+      text);
+}
+
+/// A TorchTitan main config module, read with Python's ast (torchtitan is not imported): the
+/// assignments of its cpsim_config function by target ("config.training.max_context_length"), a
+/// literal as its value, anything else (a call) as its source text.
+json parse_config_function(const std::string& text) {
+  return run_python(
+      "import ast, json, sys\n"
+      "with open(sys.argv[1]) as f:\n"
+      "    tree = ast.parse(f.read())\n"
+      "fn = next(n for n in tree.body\n"
+      "          if isinstance(n, ast.FunctionDef) and n.name == 'cpsim_config')\n"
+      "out = {}\n"
+      "for st in fn.body:\n"
+      "    if isinstance(st, ast.Assign):\n"
+      "        try:\n"
+      "            out[ast.unparse(st.targets[0])] = ast.literal_eval(st.value)\n"
+      "        except ValueError:\n"
+      "            out[ast.unparse(st.targets[0])] = ast.unparse(st.value)\n"
+      "print(json.dumps(out))\n",
       text);
 }
 
@@ -354,6 +377,44 @@ TEST_F(EmitTest, TorchTitanRing) {
   EXPECT_THAT(notes, HasSubstr("fused linear cross-entropy"));
   EXPECT_THAT(e.text, HasSubstr("# note: tiled MLP"));
   EXPECT_THAT(e.text, HasSubstr("expandable_segments:True"));
+}
+
+// TorchTitan main: a config function from the llama3_8b baseline setting what cpsim simulated
+// (hand-checked against torchtitan/config/configs.py @ b5bcd76).
+TEST_F(EmitTest, TorchTitanMainAllGatherConfigFunction) {
+  sim::ScheduleInputs in = inputs(CpMethod::kAllGather, 16, 4, 4, 128 * kK);
+  in.parallel.tp_degree = 2;
+  in.parallel.micro_batches = 2;
+  in.parallel.ring_layout = models::RingLayout::kContiguous;
+  in.recipe.checkpointing = CheckpointMode::kNone;
+  const EmittedConfig e = emit_launcher_config(LauncherFormat::kTorchTitanMain, in,
+                                               {.main_path = "runs/long_ctx.py", .dataset = ""});
+  EXPECT_EQ(e.suggested_filename, "cpsim_torchtitan_main.py");
+  EXPECT_THAT(e.text, HasSubstr("NGPU=16 MODULE=long_ctx CONFIG=cpsim_config ./run_train.sh"));
+  EXPECT_THAT(e.text, HasSubstr("from torchtitan.models.llama3.config_registry import llama3_8b"));
+  const json c = parse_config_function(e.text);
+  EXPECT_EQ(c["config"], "llama3_8b()");
+  EXPECT_EQ(c["config.training.max_context_length"], 128 * kK);
+  EXPECT_EQ(c["config.training.num_tokens_per_microbatch_per_dp_rank"], 128 * kK);
+  // 2 micro-batches x dp 16 / (tp 2 x cp 4) = 2 x 2 sequences of 128K.
+  EXPECT_EQ(c["config.training.num_tokens_per_train_step"], 4 * 128 * kK);
+  EXPECT_EQ(c["config.parallelism.tensor_parallel_degree"], 2);
+  EXPECT_EQ(c["config.parallelism.context_parallel_degree"], 4);
+  EXPECT_EQ(c["config.parallelism.data_parallel_shard_degree"], -1);
+  EXPECT_TRUE(c["config.parallelism.context_parallel_load_balancer"].is_null());
+  EXPECT_TRUE(c["config.activation_checkpoint"].is_null());
+  // Ring has no rotate key on main: refused, naming the launchers that run it.
+  try {
+    (void)emit_launcher_config(LauncherFormat::kTorchTitanMain, default_inputs(CpMethod::kRing));
+    FAIL() << "torchtitan-main emitted ring";
+  } catch (const InputError& err) {
+    EXPECT_THAT(err.what(), HasSubstr("FlexAttention"));
+  }
+  // Qwen3-8B has no baseline function at b5bcd76.
+  EXPECT_THROW(
+      (void)emit_launcher_config(LauncherFormat::kTorchTitanMain,
+                                 inputs(CpMethod::kAllGather, 8, 8, 8, 128 * kK, "qwen3-8b")),
+      InputError);
 }
 
 TEST_F(EmitTest, TorchTitanAllGatherContiguousSelectiveOffload) {
@@ -876,6 +937,8 @@ bool parses(LauncherFormat f, const EmittedConfig& e) {
   switch (f) {
     case LauncherFormat::kTorchTitan:
       return parse_toml(e.text).is_object();
+    case LauncherFormat::kTorchTitanMain:
+      return parse_config_function(e.text).contains("config");
     case LauncherFormat::kDeepSpeed:
       return parse_json(e.text).is_object();
     case LauncherFormat::kAccelerate:
@@ -901,7 +964,12 @@ TEST_F(EmitTest, EveryFormatEitherParsesOrRefusesNamingAnotherLauncher) {
         const EmittedConfig e = emit_launcher_config(f, in, options);
         ++emitted;
         EXPECT_TRUE(parses(f, e));
-        EXPECT_THAT(e.suggested_filename, StartsWith(fmt::format("cpsim_{}.", to_string(f))));
+        std::string stem = to_string(f);
+        std::replace(stem.begin(), stem.end(), '-', '_');  // a Python module name for main
+        EXPECT_THAT(e.suggested_filename,
+                    StartsWith(fmt::format("cpsim_{}.", f == LauncherFormat::kTorchTitanMain
+                                                            ? stem
+                                                            : std::string(to_string(f)))));
         EXPECT_FALSE(std::regex_search(e.text, exponent)) << e.text;
         for (const auto& n : e.notes) {
           EXPECT_FALSE(std::regex_search(n, exponent)) << n;
@@ -926,7 +994,7 @@ TEST_F(EmitTest, EveryFormatEitherParsesOrRefusesNamingAnotherLauncher) {
       }
     }
   }
-  EXPECT_EQ(emitted, 2 + 4 + 2 + 3 + 4 + 1);  // methods per launcher (launchers_for)
+  EXPECT_EQ(emitted, 2 + 1 + 4 + 2 + 3 + 4 + 1);  // methods per launcher (launchers_for)
 }
 
 TEST_F(EmitTest, InvalidConfigurationsKeepTheirOwnQuantity) {

@@ -609,8 +609,9 @@ TEST(PlanAsLauncherRuns, TorchTitanSearchesOnlyWhatItsTomlRuns) {
 
 TEST(PlanAsLauncherRuns, EveryLauncherRunsItsOwnRecipeUnchanged) {
   for (const LauncherFormat f :
-       {LauncherFormat::kTorchTitan, LauncherFormat::kUntiedUlysses, LauncherFormat::kDeepSpeed,
-        LauncherFormat::kAccelerate, LauncherFormat::kMegatron, LauncherFormat::kArctic}) {
+       {LauncherFormat::kTorchTitan, LauncherFormat::kTorchTitanMain,
+        LauncherFormat::kUntiedUlysses, LauncherFormat::kDeepSpeed, LauncherFormat::kAccelerate,
+        LauncherFormat::kMegatron, LauncherFormat::kArctic}) {
     for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kRing, CpMethod::kFpdt}) {
       sim::ScheduleInputs in = small(m, 8);
       in.recipe.attention_kernel = "cudnn";

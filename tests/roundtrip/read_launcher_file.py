@@ -2,7 +2,7 @@
 """Read a launcher file cpsim emitted back, the way that launcher reads it, into a configuration.
 
 The round trip of `cpsim plan --emit`: the file is parsed with the parser its launcher uses
-(TorchTitan v0.2.x: tomllib; Accelerate and ArcticTraining: PyYAML; DeepSpeed: json; shell
+(TorchTitan v0.2.x: tomllib; TorchTitan main's config function: Python's ast; Accelerate and ArcticTraining: PyYAML; DeepSpeed: json; shell
 argument files: bash itself, sourcing them and printing the array and the exported environment),
 and every key is mapped to what that launcher does with it. Knobs the launcher has no key for are
 what it does without one (TorchTitan has no checkpoint offload, tiled MLP or fused loss, ...);
@@ -197,6 +197,97 @@ def read_torchtitan(path, recipe, a):
     mode = t.get("activation_checkpoint", {}).get("mode", "selective")
     recipe["activation_checkpointing"]["mode"] = mode
     no_key(recipe, fused_loss=False, kernel="sdpa")
+    compute_dtype_comm(recipe)
+    recipe["allocator"]["expandable_segments"] = expandable(comment_environment(path))
+    return flags
+
+
+# TorchTitan main's baseline config functions (torchtitan/models/{llama3,qwen3}/config_registry.py
+# @ b5bcd76): the flavor each one builds with model_registry.
+MAIN_BASELINES = {
+    "llama3_8b": ("llama3", "8B"), "llama3_70b": ("llama3", "70B"),
+    "llama3_405b": ("llama3", "405B"), "qwen3_0_6b": ("qwen3", "0.6B"),
+    "qwen3_1_7b": ("qwen3", "1.7B"), "qwen3_14b": ("qwen3", "14B"),
+    "qwen3_32b": ("qwen3", "32B"),
+}
+# ParallelismConfig / TrainingConfig defaults (torchtitan/config/configs.py @ b5bcd76) for the
+# fields a config function leaves alone.
+MAIN_DEFAULTS = {
+    "parallelism.data_parallel_replicate_degree": 1, "parallelism.pipeline_parallel_degree": 1,
+    "parallelism.tensor_parallel_degree": 1, "parallelism.context_parallel_degree": 1,
+    "parallelism.fsdp_reshard_after_forward": "default",
+    "parallelism.context_parallel_load_balancer": "headtail",
+    "training.num_tokens_per_train_step": -1, "training.mixed_precision_param": "bfloat16",
+    "training.mixed_precision_reduce": "float32", "training.enable_cpu_offload": False,
+}
+
+
+def main_config_function(path):
+    """The `cpsim_config` function of a TorchTitan main config module, read with Python's ast (no
+    torchtitan import): (baseline function, {"section.field": value}, activation checkpoint)."""
+    import ast
+    with open(path) as f:
+        tree = ast.parse(f.read(), filename=path)
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "cpsim_config"),
+              None)
+    if fn is None:
+        raise Unreadable("no function cpsim_config")
+    baseline, fields, ac = None, {}, "unset"
+    for st in fn.body:
+        if isinstance(st, ast.Return):
+            break
+        if not isinstance(st, ast.Assign) or len(st.targets) != 1:
+            raise Unreadable(f"line {st.lineno}: not a single assignment")
+        target, value = ast.unparse(st.targets[0]), st.value
+        if target == "config" and isinstance(value, ast.Call) and not value.args:
+            baseline = ast.unparse(value.func)
+        elif target == "config.activation_checkpoint":
+            # FullAC.Config() / SelectiveAC.Config() / None (torchtitan/distributed/
+            # activation_checkpoint.py: FullAC, per-op SelectiveAC; None applies no policy)
+            ac = {"FullAC.Config()": "full", "SelectiveAC.Config()": "selective",
+                  "None": "none"}.get(ast.unparse(value))
+            if ac is None:
+                raise Unreadable(f"line {st.lineno}: activation_checkpoint {ast.unparse(value)}")
+        elif target.startswith("config."):
+            fields[target[len("config."):]] = ast.literal_eval(value)
+        else:
+            raise Unreadable(f"line {st.lineno}: assignment to {target}")
+    if baseline not in MAIN_BASELINES:
+        raise Unreadable(f"baseline {baseline}: not a known config_registry function")
+    return baseline, {**MAIN_DEFAULTS, **fields}, ac
+
+
+def read_torchtitan_main(path, recipe, a):
+    baseline, f, ac = main_config_function(path)
+    if ac == "unset":
+        raise Unreadable("activation_checkpoint: the baseline's policy is not read")
+    flags = ["--model", model_of_shape(FLAVORS[MAIN_BASELINES[baseline]], a.data, baseline)]
+    if f["parallelism.data_parallel_replicate_degree"] != 1:
+        raise Unreadable("parallelism.data_parallel_replicate_degree: HSDP is not modelled")
+    if f["parallelism.pipeline_parallel_degree"] != 1:
+        raise Unreadable("parallelism.pipeline_parallel_degree: not read")
+    seq = int(f["training.max_context_length"])
+    if int(f["training.num_tokens_per_microbatch_per_dp_rank"]) != seq:
+        raise Unreadable("num_tokens_per_microbatch_per_dp_rank: not one sequence per micro-batch")
+    cp, tp = int(f["parallelism.context_parallel_degree"]), int(f["parallelism.tensor_parallel_degree"])
+    dp = a.gpus // (tp * cp)
+    # -1: one micro-batch per data-parallel rank; else gradient accumulation fills the step.
+    step_tokens = int(f["training.num_tokens_per_train_step"])
+    micro = 1 if step_tokens < 0 else step_tokens // (seq * dp)
+    # Main's only CP attention is FlexAttention with K/V all-gathered (no rotate key); the
+    # headtail balancer is the zigzag layout, None contiguous.
+    layout = "contiguous" if f["parallelism.context_parallel_load_balancer"] is None else "zigzag"
+    flags += ["--method", "allgather", "--seq", str(seq), "--cp-degree", str(cp),
+              "--ring-layout", layout, "--tp", str(tp), "--micro-batches", str(micro)]
+    reshard = f["parallelism.fsdp_reshard_after_forward"]
+    recipe["sharding"]["zero_stage"] = 2 if reshard == "never" else 3
+    recipe["sharding"]["optimizer_offload"] = bool(f["training.enable_cpu_offload"])
+    recipe["precision"]["param_bytes"] = DTYPE_BYTES[f["training.mixed_precision_param"]]
+    recipe["precision"]["grad_reduce_bytes"] = DTYPE_BYTES[f["training.mixed_precision_reduce"]]
+    recipe["activation_checkpointing"]["mode"] = ac
+    # ChunkedLossWrapper (the baselines' loss) never holds the full logits: the fused loss. The
+    # flex kernel has no curves: the base recipe's kernel stays.
+    no_key(recipe, fused_loss=True)
     compute_dtype_comm(recipe)
     recipe["allocator"]["expandable_segments"] = expandable(comment_environment(path))
     return flags
@@ -455,6 +546,7 @@ def check_known_keys(fmt, path, known_path):
 
 READERS = {
     "torchtitan": read_torchtitan,
+    "torchtitan-main": read_torchtitan_main,
     "untied-ulysses": read_untied_ulysses,
     "deepspeed": read_deepspeed,
     "accelerate": read_accelerate,

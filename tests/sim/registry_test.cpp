@@ -80,15 +80,16 @@ TEST(Registry, LauncherSentences) {
   EXPECT_EQ(cp_implementation(CpMethod::kFpdt).launchers().sentence(),
             "deepspeed (Megatron-DeepSpeed flags)");
   EXPECT_EQ(cp_implementation(CpMethod::kAllGather).launchers().sentence(),
-            "torchtitan, megatron or accelerate");
+            "torchtitan, torchtitan-main, megatron or accelerate");
+  EXPECT_FALSE(cp_implementation(CpMethod::kRing).launchers().runs_on("torchtitan-main"));
 }
 
 // Every launcher of a method's table selects it; no other launcher does.
 TEST(Registry, LauncherSelectionFollowsTheTable) {
   const ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, kM);
   for (const CpImplementation* m : cp_implementations()) {
-    for (const char* launcher :
-         {"torchtitan", "untied-ulysses", "deepspeed", "accelerate", "megatron", "arctic"}) {
+    for (const char* launcher : {"torchtitan", "torchtitan-main", "untied-ulysses", "deepspeed",
+                                 "accelerate", "megatron", "arctic"}) {
       const std::optional<LauncherSelection> s =
           m->launcher_selection(launcher, in.parallel, "fa3");
       EXPECT_EQ(s.has_value(), m->launchers().runs_on(launcher)) << m->name() << " " << launcher;

@@ -20,6 +20,8 @@ const char* launcher_title(LauncherFormat f) {
   switch (f) {
     case LauncherFormat::kTorchTitan:
       return "TorchTitan";
+    case LauncherFormat::kTorchTitanMain:
+      return "TorchTitan main";
     case LauncherFormat::kUntiedUlysses:
       return "the UPipe reference code (Untied-Ulysses TorchTitan fork)";
     case LauncherFormat::kDeepSpeed:
@@ -39,6 +41,9 @@ const char* launcher_scope(LauncherFormat f) {
     case LauncherFormat::kTorchTitan:
       return "upstream TorchTitan only has ring-style CP (ring, allgather); no Ulysses, UPipe or "
              "FPDT";
+    case LauncherFormat::kTorchTitanMain:
+      return "TorchTitan main runs CP only through FlexAttention, whose K/V are all-gathered "
+             "(allgather); no ring rotation, Ulysses, UPipe or FPDT";
     case LauncherFormat::kUntiedUlysses:
       return "its --model.attn_impl offers upipe, usp (Ulysses x ring) and the torch ring only";
     case LauncherFormat::kDeepSpeed:

@@ -20,9 +20,10 @@
 namespace cpsim::planner {
 namespace {
 
-constexpr std::array kFormats = {LauncherFormat::kTorchTitan, LauncherFormat::kUntiedUlysses,
-                                 LauncherFormat::kDeepSpeed,  LauncherFormat::kAccelerate,
-                                 LauncherFormat::kMegatron,   LauncherFormat::kArctic};
+constexpr std::array kFormats = {LauncherFormat::kTorchTitan,    LauncherFormat::kTorchTitanMain,
+                                 LauncherFormat::kUntiedUlysses, LauncherFormat::kDeepSpeed,
+                                 LauncherFormat::kAccelerate,    LauncherFormat::kMegatron,
+                                 LauncherFormat::kArctic};
 
 using emit_detail::CpMethod;
 using emit_detail::Plan;
@@ -34,6 +35,8 @@ const char* to_string(LauncherFormat f) {
   switch (f) {
     case LauncherFormat::kTorchTitan:
       return "torchtitan";
+    case LauncherFormat::kTorchTitanMain:
+      return "torchtitan-main";
     case LauncherFormat::kUntiedUlysses:
       return "untied-ulysses";
     case LauncherFormat::kDeepSpeed:
@@ -67,9 +70,11 @@ struct LauncherFunctions {
   EmittedConfig (*emit)(emit_detail::Plan&);
   RecipeAsRun (*recipe_as_run)(const sim::ScheduleInputs&);
 };
-constexpr std::array<LauncherFunctions, 6> kLaunchers = {{
+constexpr std::array<LauncherFunctions, 7> kLaunchers = {{
     {LauncherFormat::kTorchTitan, emit_detail::emit_torchtitan,
      emit_detail::torchtitan_recipe_as_run},
+    {LauncherFormat::kTorchTitanMain, emit_detail::emit_torchtitan_main,
+     emit_detail::torchtitan_main_recipe_as_run},
     {LauncherFormat::kUntiedUlysses, emit_detail::emit_untied_ulysses,
      emit_detail::untied_ulysses_recipe_as_run},
     {LauncherFormat::kDeepSpeed, emit_detail::emit_deepspeed, emit_detail::deepspeed_recipe_as_run},
@@ -149,13 +154,13 @@ EmittedConfig emit_launcher_config(LauncherFormat format,
     emit_detail::refuse_method(format, m);
   }
   // What each file can say about tensor parallelism and gradient accumulation.
-  const bool writes_tp = format == LauncherFormat::kMegatron ||
-                         format == LauncherFormat::kTorchTitan ||
-                         format == LauncherFormat::kAccelerate;
+  const bool writes_tp =
+      format == LauncherFormat::kMegatron || format == LauncherFormat::kTorchTitan ||
+      format == LauncherFormat::kTorchTitanMain || format == LauncherFormat::kAccelerate;
   if (config.parallel.tp_degree > 1 && !writes_tp) {
     emit_detail::refuse(
         fmt::format("{} files set no tensor parallelism (--tp {}); launchers that "
-                    "do: torchtitan, megatron, accelerate (torch CP)",
+                    "do: torchtitan, torchtitan-main, megatron, accelerate (torch CP)",
                     to_string(format), config.parallel.tp_degree));
   }
   if (config.parallel.micro_batches > 1 && format == LauncherFormat::kUntiedUlysses) {

@@ -213,6 +213,7 @@ void no_transformer_engine_fp8(RecipeAsRun& r, const char* launcher);
 void comm_dtype_fixed(RecipeAsRun& r, const char* launcher);
 
 RecipeAsRun torchtitan_recipe_as_run(const sim::ScheduleInputs& in);
+RecipeAsRun torchtitan_main_recipe_as_run(const sim::ScheduleInputs& in);
 RecipeAsRun untied_ulysses_recipe_as_run(const sim::ScheduleInputs& in);
 RecipeAsRun deepspeed_recipe_as_run(const sim::ScheduleInputs& in);
 RecipeAsRun accelerate_recipe_as_run(const sim::ScheduleInputs& in);
@@ -225,6 +226,7 @@ RecipeAsRun arctic_recipe_as_run(const sim::ScheduleInputs& in);
 std::vector<std::string> ds_config_common_lines(Plan& p);
 
 EmittedConfig emit_torchtitan(Plan& p);
+EmittedConfig emit_torchtitan_main(Plan& p);
 EmittedConfig emit_untied_ulysses(Plan& p);
 EmittedConfig emit_deepspeed(Plan& p);
 EmittedConfig emit_accelerate(Plan& p);

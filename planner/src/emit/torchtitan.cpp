@@ -169,7 +169,7 @@ EmittedConfig emit_torchtitan(Plan& p) {
   text.usage = {
       "TorchTitan v0.2.x TOML job config: CONFIG_FILE=cpsim_torchtitan.toml ./run_train.sh",
       "(TorchTitan main after 2026-02-23 takes a Python config function instead: no rotate key, "
-      "training.max_context_length)"};
+      "training.max_context_length; --emit torchtitan-main)"};
   add_environment_line(p, text.usage);
   text.body = "\n" + body;
   text.filename = "cpsim_torchtitan.toml";

@@ -32,7 +32,13 @@ class AllGather final : public WholeRingImplementation {
   std::string_view report_color() const override { return "#9467bd"; }
   LauncherSupport launchers() const override {
     // Transformer Engine accepts only "all_gather" (Megatron-LM's argparse help says allgather).
-    return {{{"torchtitan", "allgather"}, {"megatron", "all_gather"}, {"accelerate", "allgather"}},
+    // TorchTitan main has no rotate key: its CP is FlexAttention with K/V all-gathered at the
+    // attention's local_map boundary (torchtitan/models/common/decoder_sharding.py:275-284
+    // @b5bcd76), the only CP attention it accepts (models/common/decoder.py:173-183 @b5bcd76).
+    return {{{"torchtitan", "allgather"},
+             {"torchtitan-main", "flex"},
+             {"megatron", "all_gather"},
+             {"accelerate", "allgather"}},
             {}};
   }
 };

@@ -1,7 +1,8 @@
 #pragma once
 /// @file Launcher settings for a planned configuration: paste-ready files and flags for TorchTitan,
-/// the UPipe reference code, DeepSpeed / Megatron-DeepSpeed, HF Accelerate, Megatron-LM and
-/// ArcticTraining (key names from the sources in docs/REFERENCES.md, "Launchers").
+/// TorchTitan main's Python config functions, the UPipe reference code, DeepSpeed /
+/// Megatron-DeepSpeed, HF Accelerate, Megatron-LM and ArcticTraining (key names from the sources in
+/// docs/REFERENCES.md, "Launchers").
 
 #include <string>
 #include <vector>
@@ -11,15 +12,16 @@
 namespace cpsim::planner {
 
 enum class LauncherFormat {
-  kTorchTitan,     ///< TorchTitan v0.2.x TOML job config
-  kUntiedUlysses,  ///< command-line arguments of the UPipe reference code (TorchTitan fork)
-  kDeepSpeed,      ///< ds_config JSON, plus Megatron-DeepSpeed flags for FPDT
-  kAccelerate,     ///< accelerate config YAML with ParallelismConfig keys
-  kMegatron,       ///< Megatron-LM command-line arguments
-  kArctic,         ///< ArcticTraining recipe YAML
+  kTorchTitan,      ///< TorchTitan v0.2.x TOML job config
+  kTorchTitanMain,  ///< TorchTitan main: a Python module with one config function
+  kUntiedUlysses,   ///< command-line arguments of the UPipe reference code (TorchTitan fork)
+  kDeepSpeed,       ///< ds_config JSON, plus Megatron-DeepSpeed flags for FPDT
+  kAccelerate,      ///< accelerate config YAML with ParallelismConfig keys
+  kMegatron,        ///< Megatron-LM command-line arguments
+  kArctic,          ///< ArcticTraining recipe YAML
 };
 const char* to_string(LauncherFormat f);
-/// Names: torchtitan, untied-ulysses, deepspeed, accelerate, megatron, arctic.
+/// Names: torchtitan, torchtitan-main, untied-ulysses, deepspeed, accelerate, megatron, arctic.
 /// @throws InputError(field) listing the known names.
 LauncherFormat parse_launcher_format(const std::string& text, const std::string& field);
 
