@@ -529,6 +529,20 @@ def file_keys(fmt, path):
         if os.path.exists(sh):
             out["args"] = flags_of(source_bash(sh, "CPSIM_MEGATRON_DEEPSPEED_FLAGS")[0])
         return out
+    if fmt == "torchtitan-main":
+        import ast
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        keys = set()
+        for node in ast.walk(tree):
+            for target in node.targets if isinstance(node, ast.Assign) else []:
+                parts = []
+                while isinstance(target, ast.Attribute):
+                    parts.insert(0, target.attr)
+                    target = target.value
+                if isinstance(target, ast.Name) and target.id == "config" and parts:
+                    keys.add(".".join(parts))
+        return {"config": sorted(keys)}
     array = {"megatron": "MEGATRON_ARGS", "untied-ulysses": "UNTIED_ULYSSES_ARGS"}[fmt]
     return {"args": flags_of(source_bash(path, array)[0])}
 
