@@ -41,13 +41,13 @@ struct SimulateArgs {
   std::string recipe = "alst";
   bool recipe_given = false;  ///< --recipe was on the command line (else --impl's recipe applies)
   long long heads_per_stage = 0;
-  int cp_degree = 0;       // 0 = all GPUs (or ulysses × ring when both are given)
-  int ulysses_degree = 0;  // 0 = derived
-  int ring_degree = 0;     // 0 = derived
-  int tp = 1;              // tensor-parallel degree
-  bool tp_given = false;   ///< --tp was on the command line (plan: else searched)
-  int micro_batches = 1;   // gradient-accumulation micro-batches per step
-  int pp = 1;              // pipeline-parallel degree
+  int cp_degree = 0;        // 0 = all GPUs (or ulysses × ring when both are given)
+  int ulysses_degree = 0;   // 0 = derived
+  int ring_degree = 0;      // 0 = derived
+  int tp = 1;               // tensor-parallel degree
+  bool tp_given = false;    ///< --tp was on the command line (plan: else searched)
+  int micro_batches = 1;    // gradient-accumulation micro-batches per step
+  int pp = 1;               // pipeline-parallel degree
   std::string pp_schedule;  // empty = 1f1b
   int virtual_stages = 0;   // 0 = 1 (interleaved: required)
   std::string ring_layout;
