@@ -2,6 +2,7 @@
 // the winner's settings for a training launcher.
 #include <chrono>
 #include <iostream>
+#include <optional>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -173,12 +174,6 @@ std::string join(const std::vector<std::string>& parts, const std::string& separ
   return out;
 }
 
-constexpr std::array kLauncherOrder = {
-    planner::LauncherFormat::kTorchTitan,    planner::LauncherFormat::kTorchTitanMain,
-    planner::LauncherFormat::kUntiedUlysses, planner::LauncherFormat::kDeepSpeed,
-    planner::LauncherFormat::kAccelerate,    planner::LauncherFormat::kMegatron,
-    planner::LauncherFormat::kArctic};
-
 // What launcher `f` changes in the configuration `c` (recipe knobs, the implementation); empty:
 // it runs `c` exactly as simulated. @throws InputError when it cannot run the method.
 std::vector<std::string> changes_by(planner::LauncherFormat f,
@@ -208,7 +203,7 @@ bool runs_exactly(planner::LauncherFormat f,
 // and runs the same implementation), then those that would change it, with what changes.
 std::string launchers_as_simulated(const sim::ScheduleInputs& base, const planner::Candidate& c) {
   std::vector<std::string> exact, changed;
-  for (const planner::LauncherFormat f : kLauncherOrder) {
+  for (const planner::LauncherFormat f : planner::launcher_formats()) {
     try {
       const std::vector<std::string> changes = changes_by(f, base, c);
       if (changes.empty()) {
@@ -350,14 +345,22 @@ int run_plan(const PlanArgs& a) {
   // Emit the best configuration the chosen launcher can run.
   std::string emitted_text, emit_note;
   std::vector<planner::CompanionFile> companions;  // written beside --out (or printed)
-  const planner::Candidate* emitted = nullptr;
+  std::optional<planner::Candidate> emitted;
   if (format) {
     std::string first_refusal;
-    for (const planner::Candidate& c : res.ranked) {
+    for (planner::Candidate c : res.ranked) {
+      // A row the plan did not show has fitted on its allocated peak only: check it as shown
+      // rows are checked before writing it.
+      if (!c.reserved_checked) {
+        planner::check_reserved_memory(base, opts, c, res.max_context);
+        if (!c.fits) {
+          continue;
+        }
+      }
       try {
         const planner::EmittedConfig e =
             planner::emit_launcher_config(*format, c.inputs(base), {a.out, a.dataset});
-        emitted = &c;
+        emitted = std::move(c);
         emitted_text = e.text;
         companions = e.companions;
         for (const auto& n : e.notes)
@@ -371,7 +374,7 @@ int run_plan(const PlanArgs& a) {
           first_refusal = e.what();
       }
     }
-    if (emitted == nullptr) {
+    if (!emitted) {
       throw InputError("--emit", first_refusal.substr(first_refusal.find(':') + 2));
     }
     if (!a.out.empty()) {
@@ -418,7 +421,7 @@ int run_plan(const PlanArgs& a) {
     };
     if (opts.seq_len)
       j["seq_len"] = *opts.seq_len;
-    if (emitted != nullptr) {
+    if (emitted) {
       nlohmann::json files = nlohmann::json::array();
       for (const planner::CompanionFile& f : companions) {
         files.push_back({{"file", f.path},
@@ -490,8 +493,8 @@ int run_plan(const PlanArgs& a) {
   } else {
     std::cout << fmt::format("  launchers that run it: {}\n", launchers_as_simulated(base, best));
   }
-  if (emitted != nullptr) {
-    if (emitted != &best) {
+  if (emitted) {
+    if (emitted->label != best.label) {
       std::cout << fmt::format(
           "\n{} cannot run the best configuration; emitted the best it can run: {}\n", launcher,
           emitted->label);
@@ -515,7 +518,7 @@ int run_plan(const PlanArgs& a) {
     // simulated; none does: how to plan for one.
     const sim::CpImplementation& method = sim::cp_implementation(best.parallel.method);
     bool printed = false;
-    for (const planner::LauncherFormat f : kLauncherOrder) {
+    for (const planner::LauncherFormat f : planner::launcher_formats()) {
       if (printed || !method.launchers().runs_on(planner::to_string(f)) ||
           !runs_exactly(f, base, best)) {
         continue;

@@ -25,6 +25,14 @@ constexpr std::array kFormats = {LauncherFormat::kTorchTitan,    LauncherFormat:
                                  LauncherFormat::kAccelerate,    LauncherFormat::kMegatron,
                                  LauncherFormat::kArctic};
 
+}  // namespace
+
+std::span<const LauncherFormat> launcher_formats() {
+  return kFormats;
+}
+
+namespace {
+
 using emit_detail::CpMethod;
 using emit_detail::Plan;
 using emit_detail::refuse;

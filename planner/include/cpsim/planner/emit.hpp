@@ -4,6 +4,7 @@
 /// Megatron-DeepSpeed, HF Accelerate, Megatron-LM and ArcticTraining (key names from the sources in
 /// docs/REFERENCES.md, "Launchers").
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,8 @@ enum class LauncherFormat {
   kArctic,          ///< ArcticTraining recipe YAML
 };
 const char* to_string(LauncherFormat f);
+/// Every launcher, in the order lists and messages name them.
+std::span<const LauncherFormat> launcher_formats();
 /// Names: torchtitan, torchtitan-main, untied-ulysses, deepspeed, accelerate, megatron, arctic.
 /// @throws InputError(field) listing the known names.
 LauncherFormat parse_launcher_format(const std::string& text, const std::string& field);
