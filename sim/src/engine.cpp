@@ -217,6 +217,7 @@ class Engine {
         trace_(o.record_trace),
         sampled_ranks_(o.sampled_ranks),
         log_allocations_(o.log_allocations),
+        fast_forward_(o.fast_forward && !o.record_trace && !o.log_allocations),
         stop_above_bytes_(o.stop_above_device_bytes > 0 ? o.stop_above_device_bytes
                                                         : std::numeric_limits<std::int64_t>::max()),
         stop_above_host_bytes_(o.stop_above_host_bytes > 0
@@ -259,11 +260,73 @@ class Engine {
   [[gnu::cold, gnu::noinline]] void log_allocation(
       std::int64_t key, std::int64_t bytes, std::int32_t rank, Stream stream, bool allocate);
 
+  // Fast-forward over periodic blocks ("Fast-forward" below).
+  struct FfWindowMax {
+    std::int64_t device_bytes = 0, host_bytes = 0;
+    std::array<std::int64_t, kMemCategoryCount> category_bytes{};
+  };
+  struct FfRun {
+    std::vector<Workload::Instance> marks;  // equally spaced instances of one template
+    OpId retry_from = 0;  // no skip while M[i-1] is before this op (an aperiodic op was found)
+  };
+  struct FfBoundary {
+    std::int32_t run = 0, index = 0;
+    OpId op = kNone;  // the instance's first op
+  };
+  struct FfQueue {
+    OpId head = kNone;
+    std::int32_t cursor = 0;
+    OpState state = OpState::kWaiting;
+    SimTime start = 0;          // when running or arrived
+    std::int32_t arrivals = 0;  // arrived: its collective's arrivals
+  };
+  /// The engine's state when a block's first op has started.
+  struct FfSnapshot {
+    bool valid = false;
+    std::int32_t run = -1, index = -1;
+    SimTime now = 0;
+    std::int64_t events = 0;
+    std::vector<FfQueue> queues;
+    std::vector<Event> heap;  // sorted by (time, seq)
+    std::vector<Activity> activities;
+    std::vector<RankState> ranks;
+    std::vector<StreamBusy> busy;
+    std::vector<FfWindowMax> window_max;  // over the block before the boundary
+  };
+  /// How far the blocks after the boundary are the shifted copies of the ones before.
+  struct FfShift {
+    Workload::Instance delta;  // between consecutive instances
+    SimTime period_ns = 0;
+  };
+  void ff_setup();
+  void ff_arm_next();
+  [[gnu::noinline]] void ff_at_boundary();
+  FfSnapshot ff_snapshot(const FfBoundary& at) const;
+  bool ff_same_activity(const Activity& a,
+                        SimTime a_now,
+                        const Activity& b,
+                        SimTime b_now,
+                        const Workload::Instance& d) const;
+  bool ff_equivalent(const FfSnapshot& p,
+                     const FfSnapshot& c,
+                     const Workload::Instance& d,
+                     OpId window_begin) const;
+  OpId ff_first_aperiodic(const FfSnapshot& p,
+                          OpId from,
+                          OpId to,
+                          const Workload::Instance& d,
+                          OpId period_begin,
+                          OpId period_end);
+  bool ff_statics_last(std::int32_t k) const;
+  std::int32_t ff_stop_limit(const FfSnapshot& p, const FfSnapshot& c, std::int32_t k) const;
+  void ff_skip(const FfSnapshot& p, const FfSnapshot& c, const FfShift& shift, std::int32_t k);
+
   const Workload& w_;
   const models::HardwareProfile& profile_;
   const bool trace_;                          // SimOptions::record_trace
   const std::vector<bool>& sampled_ranks_;    // SimOptions::sampled_ranks
   const bool log_allocations_;                // SimOptions::log_allocations
+  const bool fast_forward_;                   // SimOptions::fast_forward, without trace or log
   const std::int64_t stop_above_bytes_;       // SimOptions::stop_above_device_bytes (max: never)
   const std::int64_t stop_above_host_bytes_;  // SimOptions::stop_above_host_bytes (max: never)
   bool stop_ = false;  // a rank's device memory or a node's host memory passed its stop limit
@@ -277,12 +340,22 @@ class Engine {
   bool fixed_compute_rate_ = false;
 
   SimTime now_ = 0;
+  std::int64_t events_ = 0;  // events processed by the loop
   std::uint32_t seq_ = 0;
   std::uint32_t stamp_now_ = 0;
   std::size_t done_ = 0;      // ops ended
   Simulator::Scratch& home_;  // where the buffers come from and go back to
   Simulator::Scratch b_;      // the buffers of this run
   SimResult result_;
+  std::vector<FfWindowMax> ff_window_max_;  // per rank: highest memory since the last boundary
+  std::vector<FfRun> ff_runs_;
+  std::vector<FfBoundary> ff_boundaries_;  // in program order
+  std::size_t ff_next_ = 0;                // the next boundary to reach
+  OpId ff_watch_ = 0;                      // its first op; the sentinel op past the last when none
+  FfSnapshot ff_prev_;
+  /// Tensors read by every block that are not the block's own (the same id in each), with their
+  /// reads in one block: set by ff_first_aperiodic.
+  std::vector<std::pair<TensorId, std::int32_t>> ff_statics_;
 };
 
 std::int32_t Engine::new_activity(ActivityKind kind,
@@ -429,6 +502,9 @@ void Engine::refresh_ranks(std::span<const std::int32_t> ranks) {
 inline void Engine::note_memory(std::int32_t rank, OpId op) {
   const RankState& rs = b_.ranks[idx(rank)];
   RankMemory& m = result_.memory[idx(rank)];
+  FfWindowMax& window = ff_window_max_[idx(rank)];
+  window.device_bytes = std::max(window.device_bytes, rs.device_total);
+  window.host_bytes = std::max(window.host_bytes, rs.host_live);
   if (rs.device_total > m.peak_bytes) {
     m.peak_bytes = rs.device_total;
     m.peak_time_ns = now_;
@@ -500,11 +576,13 @@ inline void Engine::begin_op(OpId op, const Op& o) {
 
   RankState& rs = b_.ranks[idx(o.rank)];
   RankMemory& m = result_.memory[idx(o.rank)];
-  auto allocate = [&rs, &m](MemCategory category, std::int64_t bytes) {
+  FfWindowMax& window = ff_window_max_[idx(o.rank)];
+  auto allocate = [&rs, &m, &window](MemCategory category, std::int64_t bytes) {
     const auto c = static_cast<std::size_t>(category);
     rs.live[c] += bytes;
     rs.device_total += bytes;
     m.category_peak[c] = std::max(m.category_peak[c], rs.live[c]);
+    window.category_bytes[c] = std::max(window.category_bytes[c], rs.live[c]);
   };
   for (TensorId t : range(o.outputs_begin, o.outputs_end)) {
     const Tensor& ten = w_.tensors[idx(t)];
@@ -757,6 +835,525 @@ void Engine::finish_activity(std::int32_t a) {
   finish_op(id);
 }
 
+// Fast-forward. The blocks of a step are instances of one template each (forward, backward), laid
+// out at equal spacing in program order: instance i+1 is instance i with every op, tensor, edge and
+// collective id moved by Δ, whatever the builder put between them included. The engine's rules
+// read ids only through the workload, so when
+//  (a) the state when block i's first op has started (queue heads and cursors, running activities
+//      with their remaining work and rates, pending events, all relative to now and to the block)
+//      is the state when block i−1's first op had started moved by Δ, except queues that wait for
+//      an op after the window and are otherwise left alone, and
+//  (b) every op in [M(i−1), M(i+k+2)) is the op Δ before it moved by Δ (kind, stream, duration,
+//      bytes, workspace, collective; dependencies moved by Δ or the same done op; tensors moved by
+//      Δ with the same sizes and reader counts, or the same tensor, read again after the window),
+// the run from block i to block i+k is the run from block i−1 to block i repeated k times: the
+// state at block i+k is the state at block i with ids moved by kΔ, the time by k periods, busy
+// totals, events and live memory by k times their growth over one block. Peaks need nothing: the
+// skipped blocks follow the memory profile of block i−1 plus a multiple of the growth, whose
+// maximum is in block i−1 or in block i+k, both simulated (with no growth the earliest, as in the
+// full run). A stop limit is not crossed inside the skipped blocks (ff_stop_limit), so a run that
+// stops stops at the same op.
+void Engine::ff_setup() {
+  ff_runs_.clear();
+  ff_boundaries_.clear();
+  ff_next_ = 0;
+  ff_prev_ = {};
+  ff_window_max_.assign(idx(w_.ranks), {});
+  if (fast_forward_) {
+    auto same_step = [](const Workload::Instance& a, const Workload::Instance& b,
+                        const Workload::Instance& c) {
+      return b.ops - a.ops == c.ops - b.ops && b.tensors - a.tensors == c.tensors - b.tensors &&
+             b.edges - a.edges == c.edges - b.edges &&
+             b.collectives - a.collectives == c.collectives - b.collectives && c.ops > b.ops;
+    };
+    for (const std::int32_t block : {Workload::kForwardBlock, Workload::kBackwardBlock}) {
+      FfRun run;
+      auto close = [this, &run] {
+        if (run.marks.size() >= 5) {
+          ff_runs_.push_back(std::move(run));
+        }
+        run = {};
+      };
+      for (const Workload::Instance& m : w_.instances) {
+        if (m.template_id != block) {
+          continue;
+        }
+        const std::size_t n = run.marks.size();
+        if (n >= 2 && !same_step(run.marks[n - 2], run.marks[n - 1], m)) {
+          const Workload::Instance last = run.marks.back();
+          close();
+          run.marks.push_back(last);
+        }
+        run.marks.push_back(m);
+      }
+      close();
+    }
+    for (std::size_t r = 0; r < ff_runs_.size(); ++r) {
+      const auto n = static_cast<std::int32_t>(ff_runs_[r].marks.size());
+      for (std::int32_t i = 1; i <= n - 4; ++i) {
+        ff_boundaries_.push_back({static_cast<std::int32_t>(r), i, ff_runs_[r].marks[idx(i)].ops});
+      }
+    }
+    std::sort(ff_boundaries_.begin(), ff_boundaries_.end(),
+              [](const FfBoundary& a, const FfBoundary& b) { return a.op < b.op; });
+  }
+  ff_arm_next();
+}
+
+void Engine::ff_arm_next() {
+  ff_watch_ = ff_next_ < ff_boundaries_.size() ? ff_boundaries_[ff_next_].op
+                                               : static_cast<OpId>(w_.ops.size());
+}
+
+Engine::FfSnapshot Engine::ff_snapshot(const FfBoundary& at) const {
+  FfSnapshot s;
+  s.valid = true;
+  s.run = at.run;
+  s.index = at.index;
+  s.now = now_;
+  s.events = events_;
+  s.queues.resize(b_.queues.size());
+  for (std::size_t q = 0; q < b_.queues.size(); ++q) {
+    const Queue& queue = b_.queues[q];
+    FfQueue& f = s.queues[q];
+    f.head = queue.head;
+    f.cursor = queue.cursor;
+    if (queue.head != kNone) {
+      const OpRuntime& rt = b_.op[idx(queue.head)];
+      f.state = rt.state;
+      if (rt.state == OpState::kRunning) {
+        f.start = rt.start;
+      } else if (rt.state == OpState::kArrived) {
+        f.arrivals = b_.collectives[idx(w_.ops[idx(queue.head)].collective)].arrivals;
+      }
+    }
+  }
+  s.heap = b_.events;
+  std::sort(s.heap.begin(), s.heap.end(), [](const Event& a, const Event& b) {
+    return a.time != b.time ? a.time < b.time : a.seq < b.seq;
+  });
+  s.activities = b_.activities;
+  s.ranks = b_.ranks;
+  s.busy = result_.busy;
+  s.window_max = ff_window_max_;
+  return s;
+}
+
+bool Engine::ff_same_activity(const Activity& a,
+                              SimTime a_now,
+                              const Activity& b,
+                              SimTime b_now,
+                              const Workload::Instance& d) const {
+  const std::int32_t shift = a.kind == ActivityKind::kCollective ? d.collectives : d.ops;
+  return a.active && b.active && a.kind == b.kind && b.id - a.id == shift && a.rank == b.rank &&
+         a.remaining == b.remaining && a.rate == b.rate && a.base_rate == b.base_rate &&
+         a.rate_key == b.rate_key && a.scheduled == b.scheduled && a.to_device == b.to_device &&
+         a.span == b.span && a.n_members == b.n_members && a.members == b.members &&
+         a.last_update - a_now == b.last_update - b_now;
+}
+
+// (a) above: `c` is `p` moved by d (heads of moved queues from window_begin on).
+bool Engine::ff_equivalent(const FfSnapshot& p,
+                           const FfSnapshot& c,
+                           const Workload::Instance& d,
+                           OpId window_begin) const {
+  for (std::size_t q = 0; q < c.queues.size(); ++q) {
+    const FfQueue& a = p.queues[q];
+    const FfQueue& b = c.queues[q];
+    if (a.head == b.head) {  // left alone: waiting (checked against the window by the caller)
+      if (a.head != kNone &&
+          (a.cursor != b.cursor || a.state != OpState::kWaiting || b.state != OpState::kWaiting)) {
+        return false;
+      }
+      continue;
+    }
+    if (a.head == kNone || b.head == kNone || b.head - a.head != d.ops ||
+        b.cursor - a.cursor != d.edges || a.state != b.state || b.head < window_begin) {
+      return false;
+    }
+    if ((a.state == OpState::kRunning && a.start - p.now != b.start - c.now) ||
+        (a.state == OpState::kArrived && a.arrivals != b.arrivals)) {
+      return false;
+    }
+  }
+  if (p.heap.size() != c.heap.size()) {
+    return false;
+  }
+  for (std::size_t e = 0; e < p.heap.size(); ++e) {
+    const Event& a = p.heap[e];
+    const Event& b = c.heap[e];
+    if (a.time - p.now != b.time - c.now || (a.activity < 0) != (b.activity < 0)) {
+      return false;
+    }
+    if (a.activity < 0) {
+      if (fixed_rate_op(b.activity) - fixed_rate_op(a.activity) != d.ops) {
+        return false;
+      }
+      continue;
+    }
+    const Activity& x = p.activities[idx(a.activity)];
+    const Activity& y = c.activities[idx(b.activity)];
+    const bool a_current = x.active && x.event_seq == a.seq;
+    const bool b_current = y.active && y.event_seq == b.seq;
+    if (a_current != b_current || (a_current && !ff_same_activity(x, p.now, y, c.now, d))) {
+      return false;
+    }
+  }
+  auto same_slot = [&](std::int32_t x, std::int32_t y) {
+    return x < 0 || y < 0
+               ? x == y
+               : ff_same_activity(p.activities[idx(x)], p.now, c.activities[idx(y)], c.now, d);
+  };
+  auto same_list = [&](const std::vector<std::int32_t>& x, const std::vector<std::int32_t>& y) {
+    if (x.size() != y.size()) {
+      return false;
+    }
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (!same_slot(x[i], y[i])) {
+        return false;
+      }
+    }
+    return true;
+  };
+  for (std::size_t r = 0; r < c.ranks.size(); ++r) {
+    const RankState& a = p.ranks[r];
+    const RankState& b = c.ranks[r];
+    if (a.h2d != b.h2d || a.d2h != b.d2h || a.link != b.link ||
+        !same_slot(a.compute_activity, b.compute_activity) || !same_list(a.copies, b.copies) ||
+        !same_list(a.collectives, b.collectives)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// (b) above over [from, to): the first op that is not the op d before it moved by d (`to` when
+// every one is). Lists in ff_statics_ the tensors read by the same id, with their reads in
+// [period_begin, period_end).
+OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
+                                OpId from,
+                                OpId to,
+                                const Workload::Instance& d,
+                                OpId period_begin,
+                                OpId period_end) {
+  ff_statics_.clear();
+  const std::int32_t* edges = w_.edges.data();
+  auto same_tensor = [this](TensorId x, TensorId y) {
+    const Tensor& a = w_.tensors[idx(x)];
+    const Tensor& b = w_.tensors[idx(y)];
+    return a.bytes == b.bytes && a.rank == b.rank && a.category == b.category &&
+           a.on_host == b.on_host && a.consumers == b.consumers &&
+           (a.producer == kNone) == (b.producer == kNone);
+  };
+  // Whether an op had ended when snapshot p was taken (a queue runs its ops in order).
+  auto done_at_p = [this, &p](OpId op) {
+    const Op& o = w_.ops[idx(op)];
+    const OpId head = p.queues[queue_index(o.rank, o.stream)].head;
+    return head == kNone || op < head;
+  };
+  auto done_now = [this](OpId op) { return b_.op[idx(op)].state == OpState::kDone; };
+  // Tensors made before the window and its reference: a by an op done now, b by one done at p.
+  auto made_before = [&](TensorId a, TensorId b) {
+    const OpId pa = w_.tensors[idx(a)].producer, pb = w_.tensors[idx(b)].producer;
+    return (pa == kNone || done_now(pa)) && (pb == kNone || done_at_p(pb));
+  };
+  for (OpId x = from; x < to; ++x) {
+    const Op& o = w_.ops[idx(x)];
+    const Op& r = w_.ops[idx(x - d.ops)];
+    // Names and layers label ops for reports only (per-block ops built between instances carry
+    // the layer in their name).
+    if (o.rank != r.rank || o.stream != r.stream || o.kind != r.kind || o.phase != r.phase ||
+        o.duration_ns != r.duration_ns || o.transfer_bytes != r.transfer_bytes ||
+        o.workspace_bytes != r.workspace_bytes || o.workspace_category != r.workspace_category ||
+        o.deps_begin - r.deps_begin != d.edges ||
+        o.deps_end - o.deps_begin != r.deps_end - r.deps_begin ||
+        o.inputs_end - o.inputs_begin != r.inputs_end - r.inputs_begin ||
+        o.outputs_end - o.outputs_begin != r.outputs_end - r.outputs_begin ||
+        (o.collective == kNone) != (r.collective == kNone)) {
+      return x;
+    }
+    if (o.collective != kNone) {
+      const Collective& a = w_.collectives[idx(o.collective)];
+      const Collective& b = w_.collectives[idx(r.collective)];
+      if (o.collective - r.collective != d.collectives || a.kind != b.kind || a.span != b.span ||
+          a.group != b.group || a.size_bytes != b.size_bytes || a.wire_bytes != b.wire_bytes ||
+          a.alpha_s != b.alpha_s || a.nominal_bytes_per_s != b.nominal_bytes_per_s) {
+        return x;
+      }
+    }
+    for (std::int32_t j = 0; j < o.deps_end - o.deps_begin; ++j) {
+      const OpId a = edges[o.deps_begin + j];
+      const OpId b = edges[r.deps_begin + j];
+      // Moved with the block, or no constraint on either side (ended before both runs).
+      if (a != b + d.ops && !(done_now(a) && done_at_p(b))) {
+        return x;
+      }
+    }
+    for (std::int32_t j = 0; j < o.inputs_end - o.inputs_begin; ++j) {
+      const TensorId a = edges[o.inputs_begin + j];
+      const TensorId b = edges[r.inputs_begin + j];
+      if (a == b + d.tensors && same_tensor(a, b)) {
+        continue;
+      }
+      // Each block's own tensor made before the window (a backward block reading what its
+      // forward saved, in the reverse order): the same when its sole reader is this op.
+      if (a != b && made_before(a, b) && same_tensor(a, b) && w_.tensors[idx(a)].consumers == 1) {
+        continue;
+      }
+      if (a != b) {
+        return x;
+      }
+      if (x >= period_begin && x < period_end) {
+        auto it = std::find_if(ff_statics_.begin(), ff_statics_.end(),
+                               [a](const auto& s) { return s.first == a; });
+        if (it == ff_statics_.end()) {
+          ff_statics_.emplace_back(a, 1);
+        } else {
+          ++it->second;
+        }
+      }
+    }
+    for (std::int32_t j = 0; j < o.outputs_end - o.outputs_begin; ++j) {
+      const TensorId a = edges[o.outputs_begin + j];
+      const TensorId b = edges[r.outputs_begin + j];
+      if (a != b + d.tensors || !same_tensor(a, b)) {
+        return x;
+      }
+    }
+  }
+  return to;
+}
+
+// Whether the tensors every block reads by the same id keep a reader after k more blocks (their
+// release would not repeat).
+bool Engine::ff_statics_last(std::int32_t k) const {
+  for (const auto& [t, reads] : ff_statics_) {
+    const std::int32_t consumers = w_.tensors[idx(t)].consumers;
+    const TensorState& ts = b_.tensors[idx(t)];
+    const std::int64_t left = consumers == 1 ? 1 : ts.run == b_.run ? ts.consumers_left : consumers;
+    if (left - std::int64_t{k} * reads <= 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The most blocks (up to k) that can be skipped without a rank's device memory or a node's host
+// memory passing its stop limit inside them (counted from the highest of the block before, plus
+// the growth per block).
+std::int32_t Engine::ff_stop_limit(const FfSnapshot& p, const FfSnapshot& c, std::int32_t k) const {
+  const auto per_node = static_cast<std::size_t>(std::max(1, w_.gpus_per_node));
+  const std::int64_t host_factor = w_.ranks < w_.represented_ranks
+                                       ? std::min<std::int64_t>(static_cast<std::int64_t>(per_node),
+                                                                std::max(1, w_.represented_ranks))
+                                       : 1;
+  auto fits = [&](std::int32_t blocks) {
+    std::vector<std::int64_t> node(c.ranks.size() / per_node + 1, 0);
+    for (std::size_t r = 0; r < c.ranks.size(); ++r) {
+      const std::int64_t device_growth = c.ranks[r].device_total - p.ranks[r].device_total;
+      const std::int64_t host_growth = c.ranks[r].host_live - p.ranks[r].host_live;
+      if (c.window_max[r].device_bytes + blocks * std::max<std::int64_t>(0, device_growth) >
+          stop_above_bytes_) {
+        return false;
+      }
+      const std::int64_t host =
+          std::max(result_.memory[r].host_peak_bytes,
+                   c.window_max[r].host_bytes + blocks * std::max<std::int64_t>(0, host_growth));
+      node[r / per_node] += host * host_factor;
+    }
+    return std::all_of(node.begin(), node.end(),
+                       [this](std::int64_t n) { return n <= stop_above_host_bytes_; });
+  };
+  while (k >= 1 && !fits(k)) {
+    --k;
+  }
+  return k;
+}
+
+[[gnu::noinline]] void Engine::ff_at_boundary() {
+  const FfBoundary at = ff_boundaries_[ff_next_++];
+  ff_arm_next();
+  FfSnapshot snap = ff_snapshot(at);
+  for (FfWindowMax& m : ff_window_max_) {
+    m = {};
+  }
+  FfRun& run = ff_runs_[idx(at.run)];
+  const auto n = static_cast<std::int32_t>(run.marks.size());
+  const std::int32_t i = at.index;
+  std::int32_t k = n - 3 - i;
+  const bool follows = ff_prev_.valid && ff_prev_.run == at.run && ff_prev_.index + 1 == i;
+  if (follows && i >= 2 && k >= 1 && run.marks[idx(i - 1)].ops >= run.retry_from) {
+    const Workload::Instance& m = run.marks[idx(i)];
+    const Workload::Instance& before = run.marks[idx(i - 1)];
+    const Workload::Instance d{m.ops - before.ops, m.tensors - before.tensors,
+                               m.edges - before.edges, m.collectives - before.collectives, 0};
+    auto window_end = [&run, i](std::int32_t blocks) { return run.marks[idx(i + blocks + 2)].ops; };
+    if (ff_equivalent(ff_prev_, snap, d, before.ops)) {
+      const OpId aperiodic = ff_first_aperiodic(ff_prev_, before.ops, window_end(k), d, m.ops,
+                                                run.marks[idx(i + 1)].ops);
+      for (std::size_t q = 0; q < snap.queues.size(); ++q) {
+        const FfQueue& f = snap.queues[q];
+        if (f.head != kNone && f.head == ff_prev_.queues[q].head) {
+          const OpId watched = w_.edges[idx(f.cursor)];
+          while (k >= 1 && window_end(k) > watched) {
+            --k;
+          }
+        }
+      }
+      while (k >= 1 && window_end(k) > aperiodic) {
+        --k;
+      }
+      while (k >= 1 && !ff_statics_last(k)) {
+        --k;
+      }
+      k = ff_stop_limit(ff_prev_, snap, k);
+      if (k >= 1) {
+        ff_skip(ff_prev_, snap, {d, snap.now - ff_prev_.now}, k);
+        const OpId passed = run.marks[idx(i + k)].ops;
+        while (ff_next_ < ff_boundaries_.size() && ff_boundaries_[ff_next_].op <= passed) {
+          ++ff_next_;
+        }
+        ff_arm_next();
+        ff_prev_ = {};
+        return;
+      }
+      if (aperiodic <= run.marks[idx(i + 1)].ops) {
+        run.retry_from = aperiodic + 1;
+      }
+    }
+  }
+  ff_prev_ = std::move(snap);
+}
+
+// Moves the state `c` (the current one, equivalent to `p` moved by one block) on by k blocks.
+void Engine::ff_skip(const FfSnapshot& p,
+                     const FfSnapshot& c,
+                     const FfShift& shift,
+                     std::int32_t k) {
+  const Workload::Instance& d = shift.delta;
+  const SimTime dt = shift.period_ns * k;
+  const std::int32_t ops_shift = d.ops * k;
+  auto moved = [&](std::size_t q) { return c.queues[q].head != p.queues[q].head; };
+  auto unlink = [this](std::size_t q, OpId watched) {
+    std::int32_t* link = &b_.op[idx(watched)].first_watcher;
+    while (*link != kNone && *link != static_cast<std::int32_t>(q)) {
+      link = &b_.queues[idx(*link)].next_watcher;
+    }
+    if (*link == kNone) {
+      throw std::logic_error("fast-forward: a waiting queue is on no watcher list");
+    }
+    *link = b_.queues[q].next_watcher;
+  };
+  for (std::size_t q = 0; q < c.queues.size(); ++q) {
+    if (moved(q) && c.queues[q].state == OpState::kWaiting) {
+      unlink(q, w_.edges[idx(c.queues[q].cursor)]);
+    }
+  }
+  // The ops the k blocks end, each as finish_op leaves it, without its frees (the memory moves by
+  // the growth instead): on each moved queue, those from its head to its head moved by k blocks,
+  // found in one pass in program order.
+  OpId first = std::numeric_limits<OpId>::max(), last = 0;
+  for (std::size_t q = 0; q < c.queues.size(); ++q) {
+    if (moved(q)) {
+      first = std::min(first, c.queues[q].head);
+      last = std::max(last, c.queues[q].head + ops_shift);
+    }
+  }
+  for (OpId x = first; x < last; ++x) {
+    const Op& o = w_.ops[idx(x)];
+    const std::size_t q = queue_index(o.rank, o.stream);
+    if (!moved(q) || x < c.queues[q].head || x >= c.queues[q].head + ops_shift) {
+      continue;
+    }
+    OpRuntime& rt = b_.op[idx(x)];
+    rt.state = OpState::kDone;
+    rt.first_watcher = kNone;
+    ++done_;
+    for (TensorId t : range(o.inputs_begin, o.inputs_end)) {
+      const std::int32_t consumers = w_.tensors[idx(t)].consumers;
+      if (consumers == 1) {
+        continue;
+      }
+      TensorState& ts = b_.tensors[idx(t)];
+      if (ts.run != b_.run) {
+        ts.run = b_.run;
+        ts.consumers_left = consumers;
+      }
+      if (--ts.consumers_left < 0) {
+        throw std::logic_error("fast-forward: a tensor read more often than it has readers");
+      }
+    }
+  }
+  for (std::size_t q = 0; q < c.queues.size(); ++q) {
+    if (!moved(q)) {
+      continue;
+    }
+    const FfQueue& f = c.queues[q];
+    const OpId head = f.head + ops_shift;
+    OpRuntime& rt = b_.op[idx(head)];
+    rt.state = f.state;
+    rt.start = f.start + dt;
+    Queue& queue = b_.queues[q];
+    queue.head = head;
+    queue.cursor = f.cursor + d.edges * k;
+    if (f.state == OpState::kArrived) {
+      b_.collectives[idx(w_.ops[idx(head)].collective)].arrivals = f.arrivals;
+    }
+  }
+  for (std::size_t q = 0; q < c.queues.size(); ++q) {
+    if (moved(q) && c.queues[q].state == OpState::kWaiting) {
+      Queue& queue = b_.queues[q];
+      OpRuntime& watched = b_.op[idx(w_.edges[idx(queue.cursor)])];
+      if (watched.state == OpState::kDone) {
+        throw std::logic_error("fast-forward: a queue would wait for an op already done");
+      }
+      queue.next_watcher = watched.first_watcher;
+      watched.first_watcher = static_cast<std::int32_t>(q);
+    }
+  }
+  for (Activity& act : b_.activities) {
+    if (act.active) {
+      act.id += act.kind == ActivityKind::kCollective ? d.collectives * k : ops_shift;
+      act.last_update += dt;
+    }
+  }
+  for (Event& e : b_.events) {
+    e.time += dt;
+    if (e.activity < 0) {
+      e.activity = fixed_rate_event(fixed_rate_op(e.activity) + ops_shift);
+    }
+  }
+  // Live memory moves by k growths; the peaks of categories and of host memory reached in the
+  // skipped blocks (the block before's highest plus k growths) are noted now, since a stop in the
+  // next block may come before that block's own allocations reach them.
+  for (std::size_t r = 0; r < c.ranks.size(); ++r) {
+    RankState& rs = b_.ranks[r];
+    RankMemory& rm = result_.memory[r];
+    for (std::size_t m = 0; m < kMemCategoryCount; ++m) {
+      const std::int64_t growth = c.ranks[r].live[m] - p.ranks[r].live[m];
+      rs.live[m] += growth * k;
+      if (growth > 0) {
+        rm.category_peak[m] =
+            std::max(rm.category_peak[m], c.window_max[r].category_bytes[m] + growth * k);
+      }
+    }
+    rs.device_total += (c.ranks[r].device_total - p.ranks[r].device_total) * k;
+    const std::int64_t host_growth = c.ranks[r].host_live - p.ranks[r].host_live;
+    rs.host_live += host_growth * k;
+    if (const std::int64_t host = c.window_max[r].host_bytes + host_growth * k;
+        host_growth > 0 && host > rm.host_peak_bytes) {
+      note_host_peak(static_cast<std::int32_t>(r), host - rm.host_peak_bytes);
+      rm.host_peak_bytes = host;
+    }
+    for (std::size_t s = 0; s < kStreamCount; ++s) {
+      result_.busy[r].busy_ns[s] += (c.busy[r].busy_ns[s] - p.busy[r].busy_ns[s]) * k;
+    }
+  }
+  events_ += (c.events - p.events) * k;
+  now_ += dt;
+  result_.fast_forwarded_blocks += k;
+}
+
 // One pass over the ops links the stream queues and collective members (in program order) and
 // resets the run-time state; dependents are not listed: a waiting head watches one dependency.
 void Engine::setup() {
@@ -766,7 +1363,8 @@ void Engine::setup() {
   b_.events.clear();
   b_.activities.clear();
   b_.free_activities.clear();
-  b_.op.resize(n_ops);
+  b_.op.resize(n_ops + 1);  // + the sentinel op fast-forward watches when it has nothing to watch
+  b_.op[n_ops].state = OpState::kWaiting;
   b_.queues.assign(n_queues, Queue{});
   b_.woken.resize(n_queues);
   b_.collectives.assign(w_.collectives.size(), CollectiveRuntime{});
@@ -820,33 +1418,36 @@ void Engine::setup() {
 
 SimResult Engine::run() {
   setup();
+  ff_setup();
   for (std::size_t q = 0; q < b_.queues.size(); ++q) {
     if (head_ready(q)) {
       start_head(q);
     }
   }
-  std::int64_t events = 0;
   std::vector<Event>& heap = b_.events;
   while (!heap.empty() && !stop_) {
     std::pop_heap(heap.begin(), heap.end(), EventLater{});
     const Event e = heap.back();
     heap.pop_back();
-    ++events;
+    ++events_;
     if (e.activity < 0) {
       now_ = e.time;
       const OpId op = fixed_rate_op(e.activity);
       b_.ranks[idx(w_.ops[idx(op)].rank)].compute_activity = kNoCompute;
       finish_op(op);
-      continue;
+    } else {
+      const Activity& act = b_.activities[idx(e.activity)];
+      if (!act.active || act.event_seq != e.seq) {
+        continue;  // superseded by a rate change
+      }
+      now_ = e.time;
+      finish_activity(e.activity);
     }
-    const Activity& act = b_.activities[idx(e.activity)];
-    if (!act.active || act.event_seq != e.seq) {
-      continue;  // superseded by a rate change
+    if (b_.op[idx(ff_watch_)].state != OpState::kWaiting) [[unlikely]] {
+      ff_at_boundary();
     }
-    now_ = e.time;
-    finish_activity(e.activity);
   }
-  result_.events = events;
+  result_.events = events_;
   result_.step_time_ns = now_;
   result_.stopped_early = stop_;
 

@@ -93,6 +93,8 @@ StepBuilder::LayerEnds StepBuilder::body_instance(
   }
   const Mark at = body.tmpl.instantiate(w_, l, {Binding::of(x), Binding::of(params)});
   body_at_[static_cast<std::size_t>(l)] = at;
+  w_.instances.push_back({at.ops, at.tensors, at.edges, at.collectives,
+                          &body == &fwd_ ? Workload::kForwardBlock : Workload::kRecomputeBlock});
   return {body.tmpl.in(at, body.out), body.tmpl.in(at, body.first_op)};
 }
 
@@ -137,6 +139,7 @@ TensorSet StepBuilder::backward_layer(
   const Mark at = bwd_.tmpl.instantiate(w_, l,
                                         {Binding::of(x), Binding::of(params), Binding::of(dy),
                                          Binding::of(grads), Binding::at(body_at_[li])});
+  w_.instances.push_back({at.ops, at.tensors, at.edges, at.collectives, Workload::kBackwardBlock});
   return bwd_.tmpl.in(at, bwd_.out);
 }
 

@@ -86,6 +86,7 @@ void Workload::clear() {
   static_memory.clear();
   notes.clear();
   repeated_blocks = 0;
+  instances.clear();
   layout = {};
   last_name_ = -1;
 }

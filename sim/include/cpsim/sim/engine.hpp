@@ -51,6 +51,13 @@ struct SimOptions {
   /// representative-rank path, rank 0's times the ranks of its node). Peaks only grow, so the
   /// step's host memory is then above it too (StepReport::fits_host is false for this capacity).
   std::int64_t stop_above_host_bytes = 0;
+  /// Skip over transformer blocks the engine finds exactly periodic: at the start of a block whose
+  /// state (queues, running activities, pending events, relative to the block) is the previous
+  /// block's shifted, and whose ops, tensors and collectives up to the last block but one are the
+  /// previous ones shifted, the blocks in between are not simulated but added (times, busy
+  /// totals, memory deltas). Every reported number is the one the full run gives (engine.cpp,
+  /// "Fast-forward"). Off with record_trace and log_allocations, which need every op.
+  bool fast_forward = true;
 };
 
 /// Interval an op ran in (trace only).
@@ -99,6 +106,8 @@ struct SimResult {
   /// SimOptions::stop_above_host_bytes, and the run stopped there: that peak is at least the
   /// limit; times are not the step's.
   bool stopped_early = false;
+  /// Blocks SimOptions::fast_forward added instead of simulating op by op.
+  std::int32_t fast_forwarded_blocks = 0;
 };
 
 /// Runs one step. @throws std::logic_error if the workload is malformed (a builder bug): a cycle,

@@ -133,6 +133,15 @@ struct Workload {
   /// Block forwards, recomputations and backwards instantiated from a template, not built
   /// (BuildOptions::repeat_layers).
   int repeated_blocks = 0;
+  /// Where each instance of a block template begins, in program order, and which template it is
+  /// an instance of. Candidates for the engine's fast-forward over periodic blocks (engine.cpp
+  /// verifies the periodicity itself before relying on it).
+  struct Instance {
+    std::int32_t ops = 0, tensors = 0, edges = 0, collectives = 0;
+    std::int32_t template_id = 0;  ///< kForwardBlock, kRecomputeBlock or kBackwardBlock
+  };
+  static constexpr std::int32_t kForwardBlock = 0, kRecomputeBlock = 1, kBackwardBlock = 2;
+  std::vector<Instance> instances;
   HeadLayout layout;  ///< of the configuration the step was built for (build_step)
 
   /// The member ranks of collective `c`, in rank order.

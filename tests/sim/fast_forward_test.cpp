@@ -1,0 +1,179 @@
+// Fast-forward over periodic blocks (SimOptions::fast_forward): every number of the simulation is
+// the one the op-by-op run gives, over methods, implementations, recipes, checkpointing, ZeRO,
+// tensor parallelism, one and every simulated rank, with and without stop limits; and it does skip
+// blocks where the schedule is periodic.
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "cpsim/sim/engine.hpp"
+#include "cpsim/sim/implementation.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+#include "helpers.hpp"
+
+namespace cpsim::sim {
+namespace {
+
+using models::CheckpointMode;
+using models::CpMethod;
+using testing::inputs;
+
+constexpr std::int64_t kK = 1 << 10;
+
+void expect_same(const SimResult& full, const SimResult& fast) {
+  EXPECT_EQ(full.step_time_ns, fast.step_time_ns);
+  EXPECT_EQ(full.events, fast.events);
+  EXPECT_EQ(full.stopped_early, fast.stopped_early);
+  ASSERT_EQ(full.memory.size(), fast.memory.size());
+  for (std::size_t r = 0; r < full.memory.size(); ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    const RankMemory& a = full.memory[r];
+    const RankMemory& b = fast.memory[r];
+    EXPECT_EQ(a.peak_bytes, b.peak_bytes);
+    EXPECT_EQ(a.peak_time_ns, b.peak_time_ns);
+    EXPECT_EQ(a.peak_op, b.peak_op);
+    EXPECT_EQ(a.breakdown_at_peak, b.breakdown_at_peak);
+    EXPECT_EQ(a.fixed_overhead_bytes, b.fixed_overhead_bytes);
+    EXPECT_EQ(a.category_peak, b.category_peak);
+    EXPECT_EQ(a.host_peak_bytes, b.host_peak_bytes);
+    EXPECT_EQ(full.busy[r].busy_ns, fast.busy[r].busy_ns);
+  }
+}
+
+struct Case {
+  std::string label;
+  ScheduleInputs in;
+  bool all_ranks = false;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  auto add = [&out](std::string label, ScheduleInputs in, bool all_ranks = false) {
+    out.push_back({std::move(label), std::move(in), all_ranks});
+  };
+  // Every implementation with each recipe it is the default of, at two lengths.
+  for (const Implementation* impl : implementations()) {
+    for (const char* recipe : {"alst", "alst-deepspeed", "torch-native", "deepspeed-fpdt"}) {
+      for (const CpMethod m : impl->methods()) {
+        if (!impl->default_for(recipe, m)) {
+          continue;
+        }
+        for (const std::int64_t seq : {128 * kK, 1024 * kK}) {
+          ScheduleInputs in = inputs(m, "llama3-8b", 8, seq);
+          in.recipe = models::load_recipe(recipe, testing::data());
+          in.parallel.implementation = std::string(impl->name());
+          in.parallel.ring_degree = cp_implementation(m).has_ulysses_part() ? 1 : 8;
+          if (m == CpMethod::kUsp) {
+            in.parallel.ring_degree = 2;
+          }
+          add(fmt::format("{} {} {} {}K", impl->name(), recipe, models::to_string(m), seq / kK),
+              in);
+        }
+      }
+    }
+  }
+  // Methods' schemes over checkpointing, ZeRO and offload; two nodes with every rank simulated.
+  for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kRing, CpMethod::kUPipe,
+                           CpMethod::kFpdt, CpMethod::kAllGather, CpMethod::kUsp}) {
+    for (const CheckpointMode ac :
+         {CheckpointMode::kNone, CheckpointMode::kSelective, CheckpointMode::kFull}) {
+      for (const int zero : {1, 3}) {
+        ScheduleInputs in = inputs(m, "llama3-8b", 8, 256 * kK);
+        in.recipe.checkpointing = ac;
+        in.recipe.zero_stage = zero;
+        in.parallel.ring_degree = m == CpMethod::kRing || m == CpMethod::kAllGather ? 8
+                                  : m == CpMethod::kUsp                             ? 2
+                                                                                    : 1;
+        add(fmt::format("{} ac {} zero {}", models::to_string(m), static_cast<int>(ac), zero),
+            in);
+      }
+    }
+    ScheduleInputs two_nodes = inputs(m, "llama3-8b", 16, 512 * kK);
+    two_nodes.parallel.ring_degree = m == CpMethod::kRing || m == CpMethod::kAllGather ? 16
+                                     : m == CpMethod::kUsp || m == CpMethod::kUPipe   ? 2
+                                                                                      : 1;
+    if (m == CpMethod::kUlysses || m == CpMethod::kFpdt) {
+      two_nodes.parallel.gpus = 8;
+      two_nodes.parallel.cp_degree = 8;
+    }
+    add(fmt::format("{} all ranks", models::to_string(m)), two_nodes, /*all_ranks=*/true);
+  }
+  // Compute slowed beside collectives (compute as activities, not fixed-rate events).
+  {
+    ScheduleInputs in = inputs(CpMethod::kRing, "llama3-8b", 8, 512 * kK);
+    in.parallel.ring_degree = 8;
+    in.hardware.compute_slowdown_under_comm = 0.1;
+    add("ring slowed compute", in);
+  }
+  // Tensor parallelism around CP.
+  {
+    ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 256 * kK);
+    in.parallel.tp_degree = 2;
+    in.parallel.cp_degree = 4;
+    add("tp 2 ulysses 4", in);
+  }
+  return out;
+}
+
+TEST(FastForward, SameResultsAsOpByOp) {
+  int skipping_cases = 0;
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.label);
+    const Workload w = build_step(c.in, {.all_ranks = c.all_ranks});
+    SimOptions off;
+    off.fast_forward = false;
+    const SimResult full = simulate(w, c.in.hardware, off);
+    const SimResult fast = simulate(w, c.in.hardware);
+    expect_same(full, fast);
+    EXPECT_EQ(full.fast_forwarded_blocks, 0);
+    skipping_cases += fast.fast_forwarded_blocks > 0 ? 1 : 0;
+    // Stop limits inside the step: the run stops at the same op either way.
+    for (const double fraction : {0.9, 0.99}) {
+      SimOptions stop_off = off, stop_on;
+      std::int64_t device = 0, host = 0;
+      for (const RankMemory& m : full.memory) {
+        device = std::max(device, m.peak_bytes);
+        host += m.host_peak_bytes;
+      }
+      stop_off.stop_above_device_bytes = stop_on.stop_above_device_bytes =
+          static_cast<std::int64_t>(fraction * static_cast<double>(device));
+      expect_same(simulate(w, c.in.hardware, stop_off), simulate(w, c.in.hardware, stop_on));
+      if (host > 0) {
+        SimOptions host_off = off, host_on;
+        host_off.stop_above_host_bytes = host_on.stop_above_host_bytes =
+            static_cast<std::int64_t>(fraction * static_cast<double>(host));
+        expect_same(simulate(w, c.in.hardware, host_off), simulate(w, c.in.hardware, host_on));
+      }
+    }
+  }
+  // Most schedules are periodic from their third block on.
+  EXPECT_GT(skipping_cases, 20);
+}
+
+TEST(FastForward, SkipsAllButAFewBlocksOfAPeriodicStep) {
+  ScheduleInputs in = inputs(CpMethod::kFpdt, "llama3-8b", 8, 1024 * kK);
+  in.recipe = models::load_recipe("deepspeed-fpdt", testing::data());
+  in.parallel.implementation = "deepspeed-fpdt";
+  const Workload w = build_step(in);
+  const SimResult r = simulate(w, in.hardware);
+  // 32 forward and 32 backward blocks: a few at the start and the end of each are simulated.
+  EXPECT_GE(r.fast_forwarded_blocks, 2 * (32 - 8));
+}
+
+TEST(FastForward, OffWithTraceAndAllocationLog) {
+  const ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 256 * kK);
+  const Workload w = build_step(in);
+  SimOptions trace;
+  trace.record_trace = true;
+  EXPECT_EQ(simulate(w, in.hardware, trace).fast_forwarded_blocks, 0);
+  SimOptions log;
+  log.log_allocations = true;
+  EXPECT_EQ(simulate(w, in.hardware, log).fast_forwarded_blocks, 0);
+  EXPECT_GT(simulate(w, in.hardware).fast_forwarded_blocks, 0);
+}
+
+}  // namespace
+}  // namespace cpsim::sim
