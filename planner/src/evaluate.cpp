@@ -77,7 +77,7 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs,
   if (inputs.parallel.pp_degree > 1) {
     return evaluate_pipeline(inputs, options, &scratch);
   }
-  if (options.keep_trace || options.model_allocator) {
+  if (options.keep_trace || options.explain_peak) {
     return evaluate(inputs, options);
   }
   sim::BuildOptions build;
@@ -88,6 +88,7 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs,
     sim::check_acyclic(scratch.workload);
   }
   sim::SimOptions sim_options;
+  sim_options.log_allocations = options.model_allocator;
   sim_options.stop_above_device_bytes = options.stop_above_device_bytes;
   sim_options.stop_above_host_bytes = options.stop_above_host_bytes;
   const sim::SimResult result =

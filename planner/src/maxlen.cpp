@@ -181,6 +181,9 @@ class ProbeCache {
     return slot.probe;
   }
 
+  /// The search thread's buffers, for evaluations after the search (the helper never uses them).
+  EvaluationScratch& caller_scratch() { return caller_scratch_; }
+
   void hint(std::int64_t k) {
     if (!helper_.joinable()) {
       return;
@@ -305,7 +308,9 @@ class ProbeCache {
 // segments hold every allocated byte), so its answer bounds the reserved one from above. Here the
 // caching allocator is replayed at the answer; while it does not fit, the length steps down,
 // by strides that double until one fits, then bisects back up between the last two.
-void check_reserved_memory(const sim::ScheduleInputs& base, MaxLenResult& result) {
+void check_reserved_memory(const sim::ScheduleInputs& base,
+                           MaxLenResult& result,
+                           EvaluationScratch* scratch) {
   if (result.max_seq_len <= 0) {
     return;
   }
@@ -315,7 +320,7 @@ void check_reserved_memory(const sim::ScheduleInputs& base, MaxLenResult& result
     sim::ScheduleInputs in = base;
     in.parallel.seq_len = k * result.step;
     ++result.evaluations;
-    return evaluate(in, logged).report;
+    return scratch != nullptr ? evaluate(in, logged, *scratch).report : evaluate(in, logged).report;
   };
   std::int64_t good = result.max_seq_len / result.step;
   sim::StepReport good_report = at(good);
@@ -515,7 +520,7 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
     res.at_max = *probe(lo).report;
   }
   if (options.check_reserved) {
-    check_reserved_memory(base, res);
+    check_reserved_memory(base, res, &cache.caller_scratch());
   }
   res.headroom_bytes = lo > 0 ? res.at_max.gpu_headroom_bytes : 0;
   return res;

@@ -65,7 +65,9 @@ std::int64_t required_multiple(const sim::ScheduleInputs& inputs);
 /// Replays the caching allocator at `result.max_seq_len` (base's margin) and lowers the length,
 /// binding and step report to the longest length whose reserved memory fits. Memory is taken to
 /// be monotone in the length below the answer.
-void check_reserved_memory(const sim::ScheduleInputs& base, MaxLenResult& result);
+void check_reserved_memory(const sim::ScheduleInputs& base,
+                           MaxLenResult& result,
+                           EvaluationScratch* scratch = nullptr);
 
 /// The margin is `base.margin`; the GPU peak is checked against it on the allocated peak during the
 /// search and on the reserved memory at the answer (check_reserved).
