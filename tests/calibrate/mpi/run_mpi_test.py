@@ -235,6 +235,14 @@ def check_cli(runner):
     check(proc.stderr.count("cpsim: error:") == 1 and "--mpi: rank 0, 1, 2, 3: " in proc.stderr,
           "expected one error naming every rank: %s" % proc.stderr)
     check(not os.path.exists(out), "a file was written")
+    # Nodes of 3 and 1 ranks: refused on every rank before any GPU is opened.
+    uneven = dict(runner.env, CPSIM_CALIBRATE_MPI_RANKS_PER_NODE="3")
+    proc = subprocess.run(runner.mpirun + [runner.args.cpsim, "calibrate", "run", "--mpi", "--out",
+                                           out],
+                          env=uneven, capture_output=True, text=True, timeout=90)
+    check(proc.returncode == 2 and proc.stderr.count("cpsim: error:") == 1 and
+          "--mpi: the nodes run between 1 and 3 ranks" in proc.stderr,
+          "uneven nodes: exit %d, %s" % (proc.returncode, proc.stderr))
 
 
 def main():
