@@ -375,7 +375,8 @@ CLI::App* register_calibrate(CLI::App& app, CalibrateArgs& a) {
   a.run_command = c->add_subcommand(
       "run",
       "Microbenchmarks on the local GPUs: attention, GEMM, HBM, NCCL collectives, host copies, "
-      "interference, launch overhead -> raw JSON (needs a CUDA build and a GPU)");
+      "interference, launch overhead -> raw JSON (needs a CUDA build and a GPU); with --mpi, "
+      "under mpirun/srun, the collectives across nodes");
   a.run_command->add_option("--out", a.out, "raw measurements file to write (JSON)")
       ->required()
       ->check(output_path_check());

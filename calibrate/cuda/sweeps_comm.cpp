@@ -93,7 +93,7 @@ class Comms {
     CPSIM_NCCL_CHECK(
         ncclCommInitAll(comms_.data(), static_cast<int>(devices.size()), devices.data()));
   }
-  /// ncclCommInitRank on the current device (nccl-tests src/common.cu:219@a0b82b2).
+  /// ncclCommInitRank on the current device (nccl-tests src/common.cu:217-219@a0b82b2).
   Comms(const ncclUniqueId& id, int ranks, int rank) : comms_(1, nullptr) {
     CPSIM_NCCL_CHECK(ncclCommInitRank(comms_.data(), ranks, id, rank));
   }

@@ -3,10 +3,10 @@
 //
 // nccl-tests' method (NVIDIA/nccl-tests, src/common.cu @a0b82b2): the NCCL unique id is created
 // by rank 0 of the communicator's MPI group and broadcast with MPI_Bcast (1548-1554), every rank
-// calls ncclCommInitRank (219); per size the out-of-place half, then the in-place half (939-940),
-// each after one untimed call (BenchTime, 701-703); the reported time is reduced over the ranks
-// with MPI_Allreduce, MPI_MAX when run with `-a 3` (119-120, 343-347; the default, 1, is the
-// mean). cpsim takes the maximum: a collective ends when its slowest rank does. The warm-up per
+// calls ncclCommInitRank (217-219); per size the out-of-place half, then the in-place half
+// (939-940), each after one untimed call (BenchTime, 701-703); the reported time is reduced over
+// the ranks with MPI_Allreduce, MPI_MAX when run with `-a 3` (119-120, 343-347; the default, 1, is
+// the mean). cpsim takes the maximum: a collective ends when its slowest rank does. The warm-up per
 // communicator at the largest and smallest size is that of its releases up to 2.13
 // (src/common.cu:487-499@cbe7f65), as in the single-process sweep (collective_sweep.cpp).
 #include "cpsim/calibrate/mpi_run.hpp"
