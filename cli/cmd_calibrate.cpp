@@ -2,6 +2,8 @@
 // nccl-tests` (nccl-tests logs -> raw JSON) and `cpsim calibrate fit` (raw JSON files -> hardware
 // profile). docs/CALIBRATION.md describes them.
 #include <algorithm>
+#include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -12,6 +14,7 @@
 
 #include "cpsim/calibrate/import_nccl_tests.hpp"
 #include "cpsim/calibrate/measure.hpp"
+#include "cpsim/calibrate/mpi_run.hpp"
 #include "cpsim/calibrate/profile_fit.hpp"
 #include "cpsim/calibrate/profile_io.hpp"
 #include "cpsim/calibrate/raw.hpp"
@@ -74,7 +77,12 @@ calibrate::RunRequest measure_request(const CalibrateArgs& a) {
   return request;
 }
 
+int run_measure_mpi(const CalibrateArgs& a);
+
 int run_measure(const CalibrateArgs& a) {
+  if (a.mpi) {
+    return run_measure_mpi(a);
+  }
   const calibrate::RunRequest request = measure_request(a);
   const std::unique_ptr<calibrate::MeasureBackend> backend = calibrate::make_measure_backend();
   if (const auto reason = backend->unavailable_reason()) {
@@ -128,6 +136,129 @@ int run_measure(const CalibrateArgs& a) {
   }
   std::cout << fmt::format("next: cpsim calibrate fit {} --out PROFILE.json\n", a.out);
   return summary.failed.empty() ? 0 : 1;
+}
+
+/// $CPSIM_CALIBRATE_MPI_RANKS_PER_NODE (testing on one host): nodes are blocks of this many
+/// consecutive ranks; 0 when unset.
+int ranks_per_node_override() {
+  const char* env = std::getenv("CPSIM_CALIBRATE_MPI_RANKS_PER_NODE");
+  if (env == nullptr || *env == '\0') {
+    return 0;
+  }
+  char* end = nullptr;
+  const long n = std::strtol(env, &end, 10);
+  if (*end != '\0' || n < 1 || n > 1 << 20) {
+    throw InputError("CPSIM_CALIBRATE_MPI_RANKS_PER_NODE",
+                     fmt::format("must be a positive number of ranks, got '{}'", env));
+  }
+  return static_cast<int>(n);
+}
+
+/// --mpi: the flags of the single-process run that do not apply are refused before MPI starts.
+calibrate::MpiRunRequest mpi_request(const CalibrateArgs& a) {
+  const std::pair<bool, const char*> refused[] = {{a.gpus != 0, "--gpus"},
+                                                  {!a.max_seq.empty(), "--max-seq"},
+                                                  {a.resume, "--resume"},
+                                                  {!a.only.empty(), "--only"},
+                                                  {!a.skip.empty(), "--skip"}};
+  for (const auto& [given, flag] : refused) {
+    if (given) {
+      throw InputError(flag,
+                       "not with --mpi, which runs the collective sweep only, one rank per "
+                       "GPU as the launcher started them");
+    }
+  }
+  if (a.out.empty() || a.out == "-") {
+    throw InputError("--out", "must be a file: calibrate run rewrites it as it measures");
+  }
+  if (!(a.collective_timeout_s > 0.0)) {
+    throw InputError("--collective-timeout",
+                     fmt::format("must be positive seconds, got {}", a.collective_timeout_s));
+  }
+  calibrate::MpiRunRequest request;
+  request.out = a.out;
+  request.collective_timeout_s = a.collective_timeout_s;
+  request.ranks_per_node_override = ranks_per_node_override();
+  request.options.quick = a.quick;
+  request.options.argv = a.argv;
+  request.options.cpsim_version = CPSIM_VERSION;
+  return request;
+}
+
+/// Rank 0 checks that --out can be written; every rank learns the answer (2 when it cannot).
+bool out_writable_on_rank0(calibrate::ProcessGroup& world, const CalibrateArgs& a, double wait_s) {
+  std::exception_ptr error;
+  if (world.rank() == 0) {
+    try {
+      check_output_writable(a.out, "--out");
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  const auto agreed = world.max_all({error ? 1.0 : 0.0}, wait_s);
+  if (!agreed) {
+    world.abort(2);
+  }
+  if (error) {
+    std::rethrow_exception(error);
+  }
+  return (*agreed)[0] == 0.0;
+}
+
+int run_measure_mpi(const CalibrateArgs& a) {
+  const calibrate::MpiRunRequest request = mpi_request(a);
+  const std::unique_ptr<calibrate::ProcessGroup> world = calibrate::make_mpi_world();
+  const bool root = world->rank() == 0;
+  if (!out_writable_on_rank0(*world, a, request.collective_timeout_s + request.agreement_grace_s)) {
+    return 0;  // rank 0 reports it and exits 2
+  }
+  const std::unique_ptr<calibrate::MeasureBackend> backend = calibrate::make_measure_backend();
+  calibrate::ProgressBar bar(root && ::isatty(STDERR_FILENO) == 1);
+  calibrate::MpiRunSummary summary;
+  try {
+    summary = calibrate::run_mpi_calibration(
+        *world, *backend, request,
+        [&a](const std::string& text) { write_output(a.out, text, "--out"); },
+        [&bar](std::size_t done, std::size_t total, const std::string& label) {
+          bar(done, total, label);
+        });
+  } catch (const calibrate::MeasureError& e) {
+    if (root) {
+      bar.finish();
+      std::cerr << "cpsim: error: calibrate: " << e.what() << " (nothing was measured)\n";
+    }
+    return root ? 1 : 0;
+  } catch (const InputError&) {
+    if (!root) {
+      return 0;  // rank 0 says why and exits 2
+    }
+    throw;
+  }
+  // Rank 0 alone reports and carries the exit status: a launcher ends the whole job as soon as one
+  // process exits with another status than 0, which could kill rank 0 before it has printed.
+  if (!root) {
+    return 0;
+  }
+  bar.finish();
+  const calibrate::RawCalibration& raw = summary.raw;
+  std::cout << fmt::format(
+      "wrote {}: {} ranks on {} nodes ({} per node) x {}, {} collective "
+      "samples\n",
+      a.out, raw.context.mpi.ranks, raw.context.mpi.nodes, raw.context.mpi.ranks_per_node,
+      raw.context.device, raw.samples.collectives.size());
+  for (const std::string& note : raw.context.notes) {
+    std::cout << "note: " << note << "\n";
+  }
+  for (const calibrate::SweepRecord& r : raw.context.sweeps) {
+    if (r.name == "collectives") {
+      std::cout << fmt::format("sweep collectives: {}\n", r.status);
+      for (const std::string& note : r.notes) {
+        std::cout << "note: " << note << "\n";
+      }
+    }
+  }
+  std::cout << fmt::format("next: cpsim calibrate fit NODE.json {} --out PROFILE.json\n", a.out);
+  return summary.failed ? 1 : 0;
 }
 
 /// --op: a collective name ("all_to_all") or an nccl-tests program name ("alltoall_perf").
@@ -244,7 +375,8 @@ CLI::App* register_calibrate(CLI::App& app, CalibrateArgs& a) {
   a.run_command = c->add_subcommand(
       "run",
       "Microbenchmarks on the local GPUs: attention, GEMM, HBM, NCCL collectives, host copies, "
-      "interference, launch overhead -> raw JSON (needs a CUDA build and a GPU)");
+      "interference, launch overhead -> raw JSON (needs a CUDA build and a GPU); with --mpi, "
+      "under mpirun/srun, the collectives across nodes");
   a.run_command->add_option("--out", a.out, "raw measurements file to write (JSON)")
       ->required()
       ->check(output_path_check());
@@ -266,6 +398,12 @@ CLI::App* register_calibrate(CLI::App& app, CalibrateArgs& a) {
                    "seconds one wait on NCCL work may take before its communicators are "
                    "aborted and the remaining collectives skipped")
       ->capture_default_str();
+  a.run_command->add_flag(
+      "--mpi", a.mpi,
+      "collectives across nodes, one process per GPU started by your launcher (mpirun -np 16 -H "
+      "node1:8,node2:8 cpsim calibrate run --mpi --out inter.json; srun works the same): each "
+      "node's ranks, all ranks, and one rank per node; nccl-tests' method, time = slowest rank; "
+      "rank 0 writes --out (needs a cpsim built with MPI and CUDA)");
 
   a.import_command = c->add_subcommand(
       "import", "Convert measurements taken by other tools into a raw measurements file");

@@ -156,6 +156,7 @@ struct CalibrateArgs {
   std::string only;  // comma-separated sweeps
   std::string skip;
   double collective_timeout_s = 120.0;
+  bool mpi = false;  // one process per GPU under mpirun/srun: the collectives across nodes
   // import nccl-tests
   std::vector<std::string> logs;
   std::string import_out;

@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format python3 python3-yaml clang libclang-rt-14-dev
   chromium fonts-dejavu-core  # headless rendering of `cpsim report` pages in the tests
+  libopenmpi-dev openmpi-bin  # `cpsim calibrate run --mpi` (optional at configure time) and its test
 )
 
 missing=()

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "cpsim/calibrate/measure.hpp"
+#include "cpsim/calibrate/mpi_run.hpp"
 #include "cpsim/calibrate/utc_time.hpp"
 #include "cpsim/models/error.hpp"
 
@@ -102,16 +103,8 @@ class CudaBackend final : public MeasureBackend {
     }
     check_kernels_load(s.devices.front(), prop);
     fill_versions(c, s.gpus, count);
-    c.sm_count = prop.multiProcessorCount;
-    c.hbm_capacity_bytes = static_cast<std::int64_t>(prop.totalGlobalMem);
-    c.l2_cache_bytes = prop.l2CacheSize;
-    int khz = 0;
-    CPSIM_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, s.devices.front()));
-    c.sm_clock_max_mhz = khz / 1000.0;
-    CPSIM_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, s.devices.front()));
-    c.memory_clock_max_mhz = khz / 1000.0;
+    fill_device(c, prop, s.devices.front());
     c.sm_clock_measured_mhz = cuda::measure_sm_clock_mhz(s.devices.front());
-    c.date = utc_now();
     c.cpsim_version = options.cpsim_version;
     c.argv = options.argv;
     c.quick = options.quick;
@@ -171,6 +164,51 @@ class CudaBackend final : public MeasureBackend {
     return SweepOutput{std::move(s.samples), std::move(s.notes)};
   }
 
+  RawContext open_rank(const MeasureOptions& options, int local_rank) override {
+    if (const auto reason = unavailable_reason()) {
+      throw InputError("calibrate", *reason);
+    }
+    int count = 0;
+    CPSIM_CUDA_CHECK(cudaGetDeviceCount(&count));
+    // One GPU per rank: the local rank's device, or the only one the launcher left visible.
+    const int device = count == 1 ? 0 : local_rank;
+    if (device >= count) {
+      throw InputError("--mpi", fmt::format("local rank {} has no GPU of its own: {} visible on "
+                                            "this node; start one rank per GPU",
+                                            local_rank, count));
+    }
+    session_ = std::make_unique<Session>(options);
+    Session& s = *session_;
+    s.gpus = 1;
+    s.devices = {device};
+    if (options.quick) {
+      s.timing = cuda::TimingConfig{2, 5, 1e-3, 32};
+    }
+    RawContext c;
+    c.checks = cuda::check_gpus(s.devices, c.notes);
+    cudaDeviceProp prop{};
+    CPSIM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    c.device = prop.name;
+    fill_versions(c, 1, count);
+    int version = 0;
+    CPSIM_NCCL_CHECK(ncclGetVersion(&version));
+    c.nccl_version =
+        fmt::format("{}.{}.{}", version / 10000, (version % 10000) / 100, version % 100);
+    fill_device(c, prop, device);
+    c.sm_clock_measured_mhz = 0.0;  // no kernel of ours runs in MPI mode
+    c.cpsim_version = options.cpsim_version;
+    c.argv = options.argv;
+    c.quick = options.quick;
+    s.rotation_bytes = std::max<std::size_t>(2 * static_cast<std::size_t>(prop.l2CacheSize),
+                                             std::size_t{100} << 20);
+    s.sm_count = prop.multiProcessorCount;
+    c.method = RawMethod{"cuda-event", "median", s.timing.warmup, s.timing.repetitions,
+                         static_cast<std::int64_t>(s.rotation_bytes)};
+    return c;
+  }
+
+  std::unique_ptr<RankRig> rank_rig() override { return cuda::make_nccl_rank_rig(session()); }
+
   CollectivePlan collective_plan() const override { return cuda::collective_plan(session()); }
 
   TimingPlan timing_plan() const override {
@@ -209,6 +247,19 @@ class CudaBackend final : public MeasureBackend {
     }
     const std::size_t lt = cublasLtGetVersion();
     c.cublaslt_version = fmt::format("{}.{}.{}", lt / 10000, (lt % 10000) / 100, lt % 100);
+  }
+
+  /// SM count, memory, L2, maximum clocks of `device`, and the date.
+  static void fill_device(RawContext& c, const cudaDeviceProp& prop, int device) {
+    c.sm_count = prop.multiProcessorCount;
+    c.hbm_capacity_bytes = static_cast<std::int64_t>(prop.totalGlobalMem);
+    c.l2_cache_bytes = prop.l2CacheSize;
+    int khz = 0;
+    CPSIM_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device));
+    c.sm_clock_max_mhz = khz / 1000.0;
+    CPSIM_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device));
+    c.memory_clock_max_mhz = khz / 1000.0;
+    c.date = utc_now();
   }
 
   std::unique_ptr<Session> session_;

@@ -196,6 +196,8 @@ std::size_t plan_collectives(const Session& s);
 CollectivePlan collective_plan(const Session& s);
 /// The NCCL rig of the collective sweep over the session's GPUs.
 std::unique_ptr<CollectiveRig> make_nccl_rig(const Session& s);
+/// This rank's NCCL side in an MPI run, on the session's one GPU (calibrate run --mpi).
+std::unique_ptr<RankRig> make_nccl_rank_rig(const Session& s);
 std::size_t plan_host_copies(const Session& s);
 void run_host_copies(Session& s);
 std::size_t plan_interference(const Session& s);

@@ -1,8 +1,10 @@
-// Communication sweeps: NCCL collectives over groups of local GPUs (one process drives all of
-// them through ncclCommInitAll), pinned host<->device copies, and the interference of
-// communication with attention.
+// Communication sweeps: NCCL collectives over groups of local GPUs (one process, one host thread
+// per GPU, communicators from ncclCommInitAll) or over processes (calibrate run --mpi, one GPU
+// each, ncclCommInitRank), pinned host<->device copies, and the interference of communication with
+// attention.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iterator>
 #include <memory>
 #include <nccl.h>
@@ -10,6 +12,9 @@
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "cpsim/calibrate/mpi_run.hpp"
+#include "cpsim/calibrate/rank_threads.hpp"
 
 #include "kernels.hpp"
 #include "measure_internal.hpp"
@@ -80,12 +85,17 @@ std::vector<std::int64_t> all_gpu_copy_sizes(bool quick) {
 constexpr CopyDirection kDirections[] = {CopyDirection::kHostToDevice, CopyDirection::kDeviceToHost,
                                          CopyDirection::kDuplex};
 
-/// NCCL communicators of one group of local devices.
+/// NCCL communicators of one group of local devices, or this rank's one communicator of a group
+/// spanning processes (MPI mode).
 class Comms {
  public:
   explicit Comms(const std::vector<int>& devices) : comms_(devices.size(), nullptr) {
     CPSIM_NCCL_CHECK(
         ncclCommInitAll(comms_.data(), static_cast<int>(devices.size()), devices.data()));
+  }
+  /// ncclCommInitRank on the current device (nccl-tests src/common.cu:217-219@a0b82b2).
+  Comms(const ncclUniqueId& id, int ranks, int rank) : comms_(1, nullptr) {
+    CPSIM_NCCL_CHECK(ncclCommInitRank(comms_.data(), ranks, id, rank));
   }
   ~Comms() {
     for (ncclComm_t c : comms_) {
@@ -174,50 +184,54 @@ struct RankBuffers {
   DeviceBuffer recv;
 };
 
-/// Enqueues one collective of nccl-tests size `size` on every rank of the group.
-void enqueue_collective(Collective op,
-                        std::int64_t size,
-                        std::size_t offset,
-                        const Comms& comms,
-                        const std::vector<std::unique_ptr<Stream>>& streams,
-                        const std::vector<RankBuffers>& buffers,
-                        int g) {
-  CPSIM_NCCL_CHECK(ncclGroupStart());
+/// Enqueues one collective of nccl-tests size `size` on one rank, from that rank's host thread (a
+/// group of local GPUs) or process (MPI): grouped only around the point-to-point calls. In place as
+/// nccl-tests (src/common.cu:597-599@a0b82b2, the *InplaceOffset of each test): input and output
+/// in the receive buffer, all-gather's input at its rank's slot of the output, reduce-scatter's
+/// output at its rank's slot of the input.
+void enqueue_rank_collective(Collective op,
+                             std::int64_t size,
+                             bool in_place,
+                             char* send_buffer,
+                             char* recv,
+                             int rank,
+                             int g,
+                             ncclComm_t comm,
+                             cudaStream_t stream) {
   const auto bytes = static_cast<std::size_t>(size);
-  for (int r = 0; r < g; ++r) {
-    const auto ri = static_cast<std::size_t>(r);
-    char* send = buffers[ri].send.at<char>(offset);
-    char* recv = buffers[ri].recv.at<char>(offset);
-    cudaStream_t stream = streams[ri]->get();
-    const ncclComm_t comm = comms[ri];
-    const auto ug = static_cast<std::size_t>(g);
-    switch (op) {
-      case Collective::kAllToAll: {
-        const std::size_t chunk = bytes / ug;
-        for (int p = 0; p < g; ++p) {
-          const auto pi = static_cast<std::size_t>(p);
-          CPSIM_NCCL_CHECK(ncclSend(send + pi * chunk, chunk, ncclInt8, p, comm, stream));
-          CPSIM_NCCL_CHECK(ncclRecv(recv + pi * chunk, chunk, ncclInt8, p, comm, stream));
-        }
-        break;
+  const auto ug = static_cast<std::size_t>(g);
+  const std::size_t slot = bytes / ug * static_cast<std::size_t>(rank);
+  char* send = in_place ? recv : send_buffer;
+  switch (op) {
+    case Collective::kAllToAll: {
+      const std::size_t chunk = bytes / ug;
+      CPSIM_NCCL_CHECK(ncclGroupStart());
+      for (int p = 0; p < g; ++p) {
+        const auto pi = static_cast<std::size_t>(p);
+        CPSIM_NCCL_CHECK(ncclSend(send + pi * chunk, chunk, ncclInt8, p, comm, stream));
+        CPSIM_NCCL_CHECK(ncclRecv(recv + pi * chunk, chunk, ncclInt8, p, comm, stream));
       }
-      case Collective::kAllGather:
-        CPSIM_NCCL_CHECK(ncclAllGather(send, recv, bytes / ug / 2, ncclBfloat16, comm, stream));
-        break;
-      case Collective::kReduceScatter:
-        CPSIM_NCCL_CHECK(
-            ncclReduceScatter(send, recv, bytes / ug / 2, ncclBfloat16, ncclSum, comm, stream));
-        break;
-      case Collective::kAllReduce:
-        CPSIM_NCCL_CHECK(ncclAllReduce(send, recv, bytes / 2, ncclBfloat16, ncclSum, comm, stream));
-        break;
-      case Collective::kSendRecv:
-        CPSIM_NCCL_CHECK(ncclSend(send, bytes, ncclInt8, (r + 1) % g, comm, stream));
-        CPSIM_NCCL_CHECK(ncclRecv(recv, bytes, ncclInt8, (r + g - 1) % g, comm, stream));
-        break;
+      CPSIM_NCCL_CHECK(ncclGroupEnd());
+      break;
     }
+    case Collective::kAllGather:
+      CPSIM_NCCL_CHECK(ncclAllGather(in_place ? recv + slot : send, recv, bytes / ug / 2,
+                                     ncclBfloat16, comm, stream));
+      break;
+    case Collective::kReduceScatter:
+      CPSIM_NCCL_CHECK(ncclReduceScatter(send, in_place ? recv + slot : recv, bytes / ug / 2,
+                                         ncclBfloat16, ncclSum, comm, stream));
+      break;
+    case Collective::kAllReduce:
+      CPSIM_NCCL_CHECK(ncclAllReduce(send, recv, bytes / 2, ncclBfloat16, ncclSum, comm, stream));
+      break;
+    case Collective::kSendRecv:
+      CPSIM_NCCL_CHECK(ncclGroupStart());
+      CPSIM_NCCL_CHECK(ncclSend(send, bytes, ncclInt8, (rank + 1) % g, comm, stream));
+      CPSIM_NCCL_CHECK(ncclRecv(recv, bytes, ncclInt8, (rank + g - 1) % g, comm, stream));
+      CPSIM_NCCL_CHECK(ncclGroupEnd());
+      break;
   }
-  CPSIM_NCCL_CHECK(ncclGroupEnd());
 }
 
 /// The completion of NCCL work on a group: each rank's stop event (cudaEventQuery), the
@@ -283,6 +297,7 @@ class NcclRig final : public CollectiveRig {
     ranks_ = ranks;
     const std::vector<int> devices(all_devices_.begin(), all_devices_.begin() + ranks);
     comms_ = std::make_unique<Comms>(devices);
+    threads_ = std::make_unique<RankThreads>(ranks);
     arena_ = static_cast<std::size_t>(largest_size_bytes) + rotation_bytes_;
     std::vector<const Event*> stops;
     for (const int d : devices) {
@@ -298,15 +313,26 @@ class NcclRig final : public CollectiveRig {
     poll_ = std::make_unique<NcclPoll>(*comms_, std::move(stops), devices);
   }
 
+  /// Each rank's events and calls are issued by its own host thread (RankThreads), all at once;
+  /// returns when every thread has enqueued.
   void enqueue(Collective op, std::int64_t size_bytes, int calls) override {
     const std::size_t set = (static_cast<std::size_t>(size_bytes) + 255) / 256 * 256;
     const int sets = rotation_sets(set, arena_, rotation_bytes_);
-    record(start_);
-    for (int c = 0; c < calls; ++c) {
-      const std::size_t offset = static_cast<std::size_t>(iteration_++ % sets) * set;
-      enqueue_collective(op, size_bytes, offset, *comms_, streams_, buffers_, ranks_);
-    }
-    record(stop_);
+    const int first = iteration_;
+    iteration_ += calls;
+    threads_->run([&](int r) {
+      const auto ri = static_cast<std::size_t>(r);
+      const Stream& stream = *streams_[ri];
+      const DeviceGuard guard(stream.device());
+      CPSIM_CUDA_CHECK(cudaEventRecord(start_[ri]->get(), stream.get()));
+      for (int c = 0; c < calls; ++c) {
+        const std::size_t offset = static_cast<std::size_t>((first + c) % sets) * set;
+        enqueue_rank_collective(op, size_bytes, false, buffers_[ri].send.at<char>(offset),
+                                buffers_[ri].recv.at<char>(offset), r, ranks_, (*comms_)[ri],
+                                stream.get());
+      }
+      CPSIM_CUDA_CHECK(cudaEventRecord(stop_[ri]->get(), stream.get()));
+    });
   }
 
   CompletionPoll& poll() override { return *poll_; }
@@ -322,6 +348,7 @@ class NcclRig final : public CollectiveRig {
   /// After an abort the communicators are gone (Comms::abort); streams, events and buffers are
   /// freed either way.
   void close() override {
+    threads_.reset();
     poll_.reset();
     start_.clear();
     stop_.clear();
@@ -331,19 +358,13 @@ class NcclRig final : public CollectiveRig {
   }
 
  private:
-  void record(std::vector<std::unique_ptr<Event>>& events) {
-    for (std::size_t i = 0; i < streams_.size(); ++i) {
-      const DeviceGuard guard(streams_[i]->device());
-      CPSIM_CUDA_CHECK(cudaEventRecord(events[i]->get(), streams_[i]->get()));
-    }
-  }
-
   std::vector<int> all_devices_;
   std::size_t rotation_bytes_;
   int ranks_ = 0;
   std::size_t arena_ = 0;
   int iteration_ = 0;
   std::unique_ptr<Comms> comms_;
+  std::unique_ptr<RankThreads> threads_;  ///< one host thread per GPU of the group
   std::vector<std::unique_ptr<Stream>> streams_;
   std::vector<RankBuffers> buffers_;
   std::vector<std::unique_ptr<Event>> start_;
@@ -351,10 +372,109 @@ class NcclRig final : public CollectiveRig {
   std::unique_ptr<NcclPoll> poll_;
 };
 
+/// This process's rank of an NCCL group spanning processes (`calibrate run --mpi`): one GPU, one
+/// communicator from ncclCommInitRank, one stream, events and rotated buffers.
+class NcclRankRig final : public RankRig {
+ public:
+  explicit NcclRankRig(const Session& s)
+      : device_(s.devices.front()), rotation_bytes_(s.rotation_bytes) {}
+  ~NcclRankRig() override { close(); }
+  NcclRankRig(const NcclRankRig&) = delete;
+  NcclRankRig& operator=(const NcclRankRig&) = delete;
+
+  std::vector<std::uint8_t> unique_id() override {
+    ncclUniqueId id{};
+    CPSIM_NCCL_CHECK(ncclGetUniqueId(&id));
+    std::vector<std::uint8_t> bytes(sizeof(id));
+    std::memcpy(bytes.data(), &id, sizeof(id));
+    return bytes;
+  }
+
+  void open(const std::vector<std::uint8_t>& id,
+            int ranks,
+            int rank,
+            std::int64_t largest_size_bytes) override {
+    close();
+    ncclUniqueId uid{};
+    if (id.size() != sizeof(uid)) {
+      throw MeasureError(
+          fmt::format("NCCL unique id of {} bytes received, {} expected", id.size(), sizeof(uid)));
+    }
+    std::memcpy(&uid, id.data(), sizeof(uid));
+    const DeviceGuard guard(device_);
+    ranks_ = ranks;
+    rank_ = rank;
+    comms_ = std::make_unique<Comms>(uid, ranks, rank);
+    arena_ = static_cast<std::size_t>(largest_size_bytes) + rotation_bytes_;
+    stream_ = std::make_unique<Stream>(device_);
+    send_ = std::make_unique<DeviceBuffer>(device_, arena_);
+    recv_ = std::make_unique<DeviceBuffer>(device_, arena_);
+    start_ = std::make_unique<Event>(device_);
+    stop_ = std::make_unique<Event>(device_);
+    CPSIM_CUDA_CHECK(cudaMemsetAsync(send_->at<void>(), 0, arena_, stream_->get()));
+    CPSIM_CUDA_CHECK(cudaMemsetAsync(recv_->at<void>(), 0, arena_, stream_->get()));
+    poll_ = std::make_unique<NcclPoll>(*comms_, std::vector<const Event*>{stop_.get()},
+                                       std::vector<int>{device_});
+  }
+
+  void enqueue(Collective op, std::int64_t size_bytes, int calls, bool in_place) override {
+    const DeviceGuard guard(device_);
+    const std::size_t set = (static_cast<std::size_t>(size_bytes) + 255) / 256 * 256;
+    const int sets = rotation_sets(set, arena_, rotation_bytes_);
+    CPSIM_CUDA_CHECK(cudaEventRecord(start_->get(), stream_->get()));
+    for (int c = 0; c < calls; ++c) {
+      const std::size_t offset = static_cast<std::size_t>(iteration_++ % sets) * set;
+      enqueue_rank_collective(op, size_bytes, in_place, send_->at<char>(offset),
+                              recv_->at<char>(offset), rank_, ranks_, (*comms_)[0], stream_->get());
+    }
+    CPSIM_CUDA_CHECK(cudaEventRecord(stop_->get(), stream_->get()));
+  }
+
+  CompletionPoll& poll() override { return *poll_; }
+
+  double elapsed_s() override { return cuda::elapsed_s(*start_, *stop_); }
+
+  void abort() override {
+    if (comms_) {
+      comms_->abort();
+    }
+  }
+
+  /// After an abort the communicator is gone (Comms::abort); the rest is freed either way.
+  void close() override {
+    poll_.reset();
+    start_.reset();
+    stop_.reset();
+    send_.reset();
+    recv_.reset();
+    stream_.reset();
+    comms_.reset();
+  }
+
+ private:
+  int device_;
+  std::size_t rotation_bytes_;
+  int ranks_ = 0;
+  int rank_ = 0;
+  std::size_t arena_ = 0;
+  int iteration_ = 0;
+  std::unique_ptr<Comms> comms_;
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<DeviceBuffer> send_;
+  std::unique_ptr<DeviceBuffer> recv_;
+  std::unique_ptr<Event> start_;
+  std::unique_ptr<Event> stop_;
+  std::unique_ptr<NcclPoll> poll_;
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Collectives
+
+std::unique_ptr<RankRig> make_nccl_rank_rig(const Session& s) {
+  return std::make_unique<NcclRankRig>(s);
+}
 
 std::size_t plan_collectives(const Session& s) {
   return group_sizes(s).size() * std::size(kOps) * collective_sizes(s.options.quick).size();

@@ -266,6 +266,12 @@ void Fitter::fit_context() {
         fmt::format("node.gpus_per_node: nccl-tests logs do not say how many GPUs a node has; "
                     "kept from the base ({})",
                     base.gpus_per_node));
+  } else if (c.mpi.ranks > 0) {
+    p().gpus_per_node = c.mpi.ranks_per_node;
+    set_source("node.gpus_per_node",
+               sources.read(fmt::format("MPI ranks per node (one per GPU) of calibrate run --mpi "
+                                        "on {} nodes",
+                                        c.mpi.nodes)));
   } else if (c.device_count > 0 && !raw.samples.collectives.empty()) {
     p().gpus_per_node = c.device_count;
     set_source("node.gpus_per_node", sources.read("cudaGetDeviceCount on one node"));
@@ -846,7 +852,10 @@ void Fitter::fit_collectives() {
   if (std::none_of(largest.begin(), largest.end(), [](const auto& entry) {
         return entry.first.first == models::Span::kInterNode;
       })) {
-    note("collectives.inter_node: one process measures one node; kept from the base");
+    note(
+        "collectives.inter_node: no samples across nodes (one process measures one node; "
+        "calibrate run --mpi or imported multi-node nccl-tests logs measure them); kept from the "
+        "base");
   }
   for (const Collective op :
        {Collective::kAllToAll, Collective::kAllGather, Collective::kReduceScatter,

@@ -130,6 +130,31 @@ GpuCheck parse_check(const Node& node) {
   return c;
 }
 
+RawMpi parse_mpi(const Node& node, int gpu_count) {
+  node.expect_object({"ranks", "nodes", "ranks_per_node", "hosts"});
+  RawMpi m;
+  m.ranks = node.at("ranks").small_int();
+  m.nodes = node.at("nodes").small_int();
+  m.ranks_per_node = node.at("ranks_per_node").small_int();
+  for (const char* key : {"ranks", "nodes", "ranks_per_node"}) {
+    if (node.at(key).small_int() < 1) {
+      node.at(key).fail("must be at least 1");
+    }
+  }
+  if (m.ranks != m.nodes * m.ranks_per_node) {
+    node.at("ranks").fail(fmt::format("must be nodes x ranks_per_node ({} x {}), got {}", m.nodes,
+                                      m.ranks_per_node, m.ranks));
+  }
+  if (m.ranks > gpu_count) {
+    node.at("ranks").fail(fmt::format("more than gpu_count ({}), got {}", gpu_count, m.ranks));
+  }
+  m.hosts = parse_strings(node.at("hosts"));
+  if (static_cast<int>(m.hosts.size()) != m.nodes) {
+    node.at("hosts").fail(fmt::format("must name {} nodes, got {}", m.nodes, m.hosts.size()));
+  }
+  return m;
+}
+
 RawContext parse_context(const Node& node) {
   node.expect_object({"device",
                       "gpu_count",
@@ -152,7 +177,8 @@ RawContext parse_context(const Node& node) {
                       "method",
                       "notes",
                       "sweeps",
-                      "checks"});
+                      "checks",
+                      "mpi"});
   RawContext c;
   c.device = name_string(node.at("device"));
   c.gpu_count = node.at("gpu_count").small_int();
@@ -194,6 +220,9 @@ RawContext parse_context(const Node& node) {
     for (std::size_t i = 0; i < checks.size(); ++i) {
       c.checks.push_back(parse_check(checks.at(i)));
     }
+  }
+  if (node.has("mpi")) {
+    c.mpi = parse_mpi(node.at("mpi"), c.gpu_count);
   }
   return c;
 }
@@ -441,6 +470,12 @@ std::string write_raw(const RawCalibration& raw) {
                       {"throttle_reasons",
                        g.throttle_known ? OrderedJson(g.throttle_reasons) : OrderedJson(nullptr)}});
     }
+  }
+  if (c.mpi.ranks > 0) {
+    context["mpi"] = OrderedJson{{"ranks", c.mpi.ranks},
+                                 {"nodes", c.mpi.nodes},
+                                 {"ranks_per_node", c.mpi.ranks_per_node},
+                                 {"hosts", c.mpi.hosts}};
   }
 
   const RawSamples& s = raw.samples;

@@ -54,8 +54,8 @@ MergedRaw merge_raw(const std::vector<NamedRaw>& files) {
   int all_ranks = 0;
   for (const NamedRaw& file : files) {
     const RawContext& c = file.raw.context;
-    if (c.method.timer != "nccl-tests") {
-      // nccl-tests logs count ranks over all nodes, not the GPUs of one node.
+    if (c.method.timer != "nccl-tests" && c.mpi.ranks == 0) {
+      // nccl-tests logs and MPI runs count ranks over all nodes, not the GPUs of one node.
       merged.context.gpu_count = std::max(merged.context.gpu_count, c.gpu_count);
       merged.context.device_count = std::max(merged.context.device_count, c.device_count);
     }

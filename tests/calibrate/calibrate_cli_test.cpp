@@ -173,6 +173,27 @@ TEST_F(CalibrateCli, RunRefusesUnknownSweepsNamingTheFlag) {
   EXPECT_FALSE(fs::exists(path("raw.json")));
 }
 
+TEST_F(CalibrateCli, MpiRefusesTheSingleProcessFlagsAndExplainsWhatIsMissing) {
+  const std::string out = path("inter.json").string();
+  const std::vector<std::vector<std::string>> refused = {
+      {"--gpus", "2"}, {"--max-seq", "8K"}, {"--resume"}, {"--only", "gemm"}, {"--skip", "gemm"}};
+  for (const std::vector<std::string>& flag : refused) {
+    std::vector<std::string> args{"calibrate", "run", "--mpi", "--out", out};
+    args.insert(args.end(), flag.begin(), flag.end());
+    const RunResult r = run(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(flag.front() + ": not with --mpi"));
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  // Without a launcher: no MPI in this build, or a single rank.
+  const RunResult r = run({"calibrate", "run", "--mpi", "--out", out});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(CPSIM_HAVE_MPI ? "--mpi: 1 rank: start one process per GPU"
+                                              : "--mpi: this cpsim was built without MPI"));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+}
+
 TEST_F(CalibrateCli, RunNeedsOut) {
   const RunResult r = run({"calibrate", "run"});
   EXPECT_EQ(r.exit_code, 2);

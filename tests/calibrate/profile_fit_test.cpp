@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "cpsim/calibrate/profile_io.hpp"
+#include "cpsim/calibrate/raw_merge.hpp"
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/io.hpp"
 
@@ -253,6 +254,56 @@ TEST(ProfileFit, AGroupSizeWithItsOwnCurveIsFittedBackIntoByRanks) {
   EXPECT_LT(rel(got.curve_for(3).peak_busbw_bytes_per_s, 150e9), kTolerance);
   EXPECT_LT(rel(got.curve_for(8).peak_busbw_bytes_per_s, a2a.peak_busbw_bytes_per_s), kTolerance);
   EXPECT_LT(rel(got.peak_busbw_bytes_per_s, a2a.peak_busbw_bytes_per_s), kTolerance);
+}
+
+/// The synthetic collectives as a `calibrate run --mpi` of 2 nodes x 8 would write them: every
+/// group across both nodes (16 ranks; the 2-rank group is one rank per node).
+RawCalibration synthetic_mpi_raw() {
+  RawCalibration raw = testing::synthetic_raw(testing::truth_profile());
+  RawCalibration mpi;
+  mpi.context = raw.context;
+  mpi.context.gpu_count = 16;
+  mpi.context.device_count = 16;
+  mpi.context.mpi = RawMpi{16, 2, 8, {"node1", "node2"}};
+  for (CollectiveSample c : raw.samples.collectives) {
+    if (c.ranks == 8 || c.ranks == 2) {
+      c.ranks = c.ranks == 8 ? 16 : 2;
+      c.nodes = 2;
+      mpi.samples.collectives.push_back(c);
+    }
+  }
+  return mpi;
+}
+
+TEST(ProfileFit, AnMpiRunFillsTheInterNodeCurvesAndGpusPerNode) {
+  const ProfileFit fit = fit_profile(synthetic_mpi_raw(), testing::load_base(), options());
+  EXPECT_EQ(fit.profile.gpus_per_node, 8);  // ranks per node, not the 16 ranks
+  EXPECT_THAT(fit.profile.provenance.at("node.gpus_per_node"),
+              ::testing::HasSubstr("calibrate run --mpi on 2 nodes"));
+  const models::CollectiveModel& ag =
+      fit.profile.collective(Span::kInterNode, Collective::kAllGather);
+  EXPECT_EQ(ag.by_ranks.count(2), 1U);
+  EXPECT_EQ(ag.by_ranks.count(16), 1U);
+  EXPECT_THAT(fit.profile.provenance.at("collectives.inter_node.all_gather.alpha_s"),
+              ::testing::StartsWith("measured"));
+  EXPECT_THAT(fit.profile.provenance.at("collectives.inter_node.all_gather.by_ranks.2.alpha_s"),
+              ::testing::StartsWith("measured"));
+  for (const std::string& note : fit.notes) {
+    EXPECT_EQ(note.find("collectives.inter_node: no samples"), std::string::npos) << note;
+  }
+}
+
+TEST(ProfileFit, AnMpiFileMergedWithANodeRunKeepsTheNodesGpuCount) {
+  const RawCalibration node = testing::synthetic_raw(testing::truth_profile());
+  const MergedRaw merged = merge_raw({{"node.json", node}, {"inter.json", synthetic_mpi_raw()}});
+  EXPECT_EQ(merged.raw.context.gpu_count, 8);
+  EXPECT_EQ(merged.raw.context.device_count, 8);
+  const ProfileFit fit = fit_profile(merged.raw, testing::load_base(), options());
+  EXPECT_EQ(fit.profile.gpus_per_node, 8);
+  EXPECT_THAT(fit.profile.provenance.at("collectives.inter_node.all_reduce.alpha_s"),
+              ::testing::StartsWith("measured"));
+  EXPECT_THAT(fit.profile.provenance.at("collectives.intra_node.all_reduce.alpha_s"),
+              ::testing::StartsWith("measured"));
 }
 
 TEST(ProfileFit, RefusesACurveWhoseHoldOutErrorIsTooLarge) {

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -207,6 +208,34 @@ TEST(RawFormat, ContextIsValidated) {
                      "raw.json:context.argv");
   expect_field_error(edited([](Json& j) { j["context"]["quick"] = "no"; }),
                      "raw.json:context.quick");
+}
+
+TEST(RawFormat, TheMpiLayoutRoundTripsAndIsChecked) {
+  EXPECT_FALSE(Json::parse(write_raw(sample_raw())).at("context").contains("mpi"));
+  RawCalibration raw = sample_raw();  // 8 GPUs
+  raw.context.mpi = RawMpi{8, 2, 4, {"node1", "node2"}};
+  const std::string text = write_raw(raw);
+  const RawCalibration back = parse_raw(text, "raw.json");
+  EXPECT_EQ(back.context.mpi.ranks, 8);
+  EXPECT_EQ(back.context.mpi.nodes, 2);
+  EXPECT_EQ(back.context.mpi.ranks_per_node, 4);
+  EXPECT_EQ(back.context.mpi.hosts, (std::vector<std::string>{"node1", "node2"}));
+  EXPECT_EQ(write_raw(back), text);
+  const auto with_mpi = [&](const std::function<void(Json&)>& edit) {
+    Json j = Json::parse(text);
+    edit(j["context"]["mpi"]);
+    return j.dump();
+  };
+  expect_field_error(with_mpi([](Json& m) { m["ranks"] = 6; }), "raw.json:context.mpi.ranks");
+  expect_field_error(with_mpi([](Json& m) {
+                       m["ranks"] = 16;
+                       m["ranks_per_node"] = 8;
+                     }),
+                     "raw.json:context.mpi.ranks");  // more ranks than gpu_count
+  expect_field_error(with_mpi([](Json& m) { m["nodes"] = 0; }), "raw.json:context.mpi.nodes");
+  expect_field_error(with_mpi([](Json& m) { m["hosts"] = Json::array({"node1"}); }),
+                     "raw.json:context.mpi.hosts");
+  expect_field_error(with_mpi([](Json& m) { m["rails"] = 1; }), "raw.json:context.mpi.rails");
 }
 
 TEST(RawFormat, SchemaAndShapeAreChecked) {

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cpsim/calibrate/mpi_run.hpp"
 #include "cpsim/models/error.hpp"
 
 namespace cpsim::calibrate {
@@ -168,6 +169,10 @@ class FakeBackend final : public MeasureBackend {
     last_rig_ = r.get();
     return r;
   }
+  RawContext open_rank(const MeasureOptions& /*options*/, int /*local_rank*/) override {
+    return context;
+  }
+  std::unique_ptr<RankRig> rank_rig() override { return nullptr; }  // MPI: tests/calibrate/mpi
   /// The rig handed out last (owned and destroyed by the run: compare with nullptr only).
   FakeRig* last_rig_ = nullptr;
 

@@ -23,6 +23,8 @@
 
 namespace cpsim::calibrate {
 
+class RankRig;  // mpi_run.hpp
+
 /// A GEMM weight shape of a built-in model: n output features, k input features.
 struct GemmWidth {
   std::int64_t n = 0;
@@ -94,6 +96,13 @@ class MeasureBackend {
   virtual TimingPlan timing_plan() const = 0;
   /// The rig the collective sweep drives.
   virtual std::unique_ptr<CollectiveRig> collective_rig() = 0;
+  /// MPI mode (one process per GPU, `calibrate run --mpi`): reads the context and pre-run checks
+  /// of this rank's GPU only — device `local_rank`, or 0 when the launcher left one visible — and
+  /// nothing else; collective_plan() (ops and sizes) and timing_plan() are valid after it.
+  /// @throws InputError when unavailable; MeasureError when a CUDA call fails.
+  virtual RawContext open_rank(const MeasureOptions& options, int local_rank) = 0;
+  /// This rank's NCCL side (mpi_run.hpp), after open_rank().
+  virtual std::unique_ptr<RankRig> rank_rig() = 0;
 };
 
 /// A backend that cannot measure (no CUDA in this build, or the module does not load): every
@@ -112,6 +121,8 @@ class RefusingBackend : public MeasureBackend {
   CollectivePlan collective_plan() const override { refuse(); }
   TimingPlan timing_plan() const override { refuse(); }
   std::unique_ptr<CollectiveRig> collective_rig() override { refuse(); }
+  RawContext open_rank(const MeasureOptions& /*options*/, int /*local_rank*/) override { refuse(); }
+  std::unique_ptr<RankRig> rank_rig() override { refuse(); }
 
  private:
   [[noreturn]] void refuse() const { throw InputError("calibrate", why_); }

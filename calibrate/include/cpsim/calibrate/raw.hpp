@@ -47,6 +47,14 @@ struct GpuCheck {
   bool throttle_known = false;
 };
 
+/// The layout of a `calibrate run --mpi` (context.mpi): one process per GPU.
+struct RawMpi {
+  int ranks = 0;                   ///< processes of the job; 0: not an MPI run (key absent)
+  int nodes = 0;                   ///< distinct nodes
+  int ranks_per_node = 0;          ///< the same on every node
+  std::vector<std::string> hosts;  ///< one per node, in node order
+};
+
 /// Where and how the measurements were taken. Unknown numbers are 0, unknown strings "unknown".
 struct RawContext {
   std::string device;                ///< GPU name, e.g. "NVIDIA H100 80GB HBM3"
@@ -73,6 +81,7 @@ struct RawContext {
   /// files of older versions: written only when not empty).
   std::vector<SweepRecord> sweeps;
   std::vector<GpuCheck> checks;  ///< pre-run checks per GPU (written only when not empty)
+  RawMpi mpi;                    ///< written only by `calibrate run --mpi` (mpi.ranks > 0)
 };
 
 /// One cuBLASLt GEMM: D[m×n] = X[m×k] · W[n×k]ᵀ, bf16 in and out, fp32 accumulate.
