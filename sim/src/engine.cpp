@@ -35,7 +35,9 @@ void prefetch(const void* p) {
   __builtin_prefetch(p);
 }
 
-enum class ActivityKind : std::uint8_t { kCompute, kCopy, kCollective };
+// kHostWait: a queue head whose host issue ends later (Engine::host_issued); it runs at rate 1
+// and is never refreshed.
+enum class ActivityKind : std::uint8_t { kCompute, kCopy, kCollective, kHostWait };
 
 /// A running activity. Slots are reused once an activity ends; an event is current only while its
 /// sequence number is the slot's `event_seq`.
@@ -119,6 +121,18 @@ struct RankState {
   std::int64_t host_live = 0;
 };
 
+/// The host thread of one rank (docs/MODEL.md, "Host issue"): it issues the rank's ops in program
+/// order, each taking Op::host_calls × the profile's per-call cost, and after an op with
+/// Op::host_sync it waits until that op has ended (plus the profile's sync_s).
+struct HostClock {
+  SimTime time = 0;        // when the host has issued everything so far
+  OpId next = kNone;       // the next op to issue
+  OpId waits_for = kNone;  // a host_sync op not yet ended: nothing after it is issued
+  OpId tail = kNone;       // setup: the last op of the rank so far
+};
+/// HostClock's mark of an op not issued yet.
+constexpr SimTime kNotIssued = std::numeric_limits<SimTime>::max();
+
 constexpr std::int32_t kNoCompute = -1;
 constexpr std::int32_t kFixedRateCompute = -2;
 
@@ -199,6 +213,11 @@ struct Simulator::Scratch {
   std::vector<RankState> ranks;
   std::vector<std::int32_t> woken;  // wake_watchers: queues whose head became ready (n_queues)
   std::vector<std::int64_t> node_host_bytes;  // per node: the sum of its ranks' host peaks so far
+  // Host issue model (only when the profile enables it): per op, when the host has issued it
+  // (kNotIssued before) and the next op of its rank; per rank, its host thread.
+  RawArray<SimTime> issued;
+  RawArray<OpId> next_on_rank;
+  std::vector<HostClock> hosts;
 };
 
 namespace {
@@ -246,6 +265,9 @@ class Engine {
   void finish_op(OpId op);
   void wake_watchers(OpRuntime& rt);
   void finish_activity(std::int32_t a);
+  void advance_host(std::int32_t rank);
+  [[gnu::noinline]] bool host_issued(std::size_t q, OpId op);
+  void release_host(OpId op, std::int32_t rank);
   void refresh_copies(std::int32_t rank);
   void refresh_ranks(std::span<const std::int32_t> ranks);
   void refresh(std::int32_t a);
@@ -275,6 +297,10 @@ class Engine {
   // Compute runs at rate 1 beside collectives too (no calibrated slowdown): compute ops need no
   // activity.
   bool fixed_compute_rate_ = false;
+  // Host issue model (HostIssueModel::enabled): ns per framework call and per synchronisation.
+  bool host_ = false;
+  SimTime call_ns_ = 0;
+  SimTime sync_ns_ = 0;
 
   SimTime now_ = 0;
   std::uint32_t seq_ = 0;
@@ -319,6 +345,8 @@ std::int32_t Engine::rate_key(const Activity& act) const {
       return rs.collectives.empty() ? 0 : 1;
     case ActivityKind::kCopy:
       return 2 * std::max(1, act.to_device ? rs.h2d : rs.d2h) + (rs.h2d > 0 && rs.d2h > 0 ? 1 : 0);
+    case ActivityKind::kHostWait:
+      return 0;
     case ActivityKind::kCollective: {
       std::int32_t worst = 1;
       for (std::int32_t i = 0; i < act.n_members; ++i) {
@@ -344,6 +372,8 @@ double Engine::rate_of(const Activity& act, std::int32_t key) const {
     }
     case ActivityKind::kCollective:
       return act.base_rate / key;
+    case ActivityKind::kHostWait:
+      return 1.0;
   }
   return 1.0;
 }
@@ -556,7 +586,54 @@ inline bool Engine::head_ready(std::size_t q) {
     dep.first_watcher = static_cast<std::int32_t>(q);
     return false;
   }
-  return true;
+  return !host_ || host_issued(q, op);
+}
+
+// Host issue: whether the host has issued `op`, the head of queue q, by now. If not, the queue
+// waits: on the synchronising op the host waits for (its end issues more), or until the instant
+// the host issues it.
+bool Engine::host_issued(std::size_t q, OpId op) {
+  const SimTime at = b_.issued[idx(op)];
+  if (at <= now_) {
+    return true;
+  }
+  if (at == kNotIssued) {
+    OpRuntime& sync = b_.op[idx(b_.hosts[idx(w_.ops[idx(op)].rank)].waits_for)];
+    b_.queues[q].next_watcher = sync.first_watcher;
+    sync.first_watcher = static_cast<std::int32_t>(q);
+    return false;
+  }
+  const std::int32_t a = new_activity(ActivityKind::kHostWait, static_cast<std::int32_t>(q),
+                                      w_.ops[idx(op)].rank, static_cast<double>(at - now_));
+  refresh(a);
+  return false;
+}
+
+// Issues the rank's ops in program order until one the host must wait for (O(1) per op).
+void Engine::advance_host(std::int32_t rank) {
+  HostClock& h = b_.hosts[idx(rank)];
+  while (h.next != kNone && h.waits_for == kNone) {
+    const OpId op = h.next;
+    const Op& o = w_.ops[idx(op)];
+    h.time += static_cast<SimTime>(o.host_calls) * call_ns_;
+    b_.issued[idx(op)] = h.time;
+    if (o.host_sync) {
+      h.waits_for = op;
+    }
+    h.next = b_.next_on_rank[idx(op)];
+  }
+}
+
+// A host_sync op ended: the host resumes sync_s after the later of its end and the host's own
+// clock, and issues on.
+void Engine::release_host(OpId op, std::int32_t rank) {
+  HostClock& h = b_.hosts[idx(rank)];
+  if (h.waits_for != op) {
+    return;
+  }
+  h.time = std::max(h.time, now_) + sync_ns_;
+  h.waits_for = kNone;
+  advance_host(rank);
 }
 
 // Starts the head of queue q (ready: head_ready said so). A collective op only arrives until the
@@ -688,6 +765,9 @@ void Engine::finish_op(OpId op) {
   if (trace_) [[unlikely]] {
     sample_memory(o.rank);
   }
+  if (host_ && o.host_sync) {
+    release_host(op, o.rank);  // before the watchers: some wait for the host to issue their head
+  }
   if (rt.first_watcher != kNone) {
     wake_watchers(rt);
   }
@@ -730,6 +810,13 @@ void Engine::finish_activity(std::int32_t a) {
   const std::int32_t rank = act.rank;
   const bool to_device = act.to_device;
   b_.free_activities.push_back(a);
+  if (kind == ActivityKind::kHostWait) {
+    // The host has issued the queue's head (it waited for nothing else: head_ready said so).
+    if (head_ready(idx(id))) {
+      start_head(idx(id));
+    }
+    return;
+  }
   if (kind == ActivityKind::kCollective) {
     const Collective& c = w_.collectives[idx(id)];
     const auto span = static_cast<std::size_t>(span_index(c.span));
@@ -775,6 +862,14 @@ void Engine::setup() {
   b_.node_host_bytes.assign(n_ranks / static_cast<std::size_t>(std::max(1, w_.gpus_per_node)) + 1,
                             0);
   result_.busy.assign(n_ranks, {});
+  host_ = profile_.host_issue.enabled();
+  if (host_) {
+    call_ns_ = seconds_to_simtime(profile_.host_issue.per_call_s());
+    sync_ns_ = seconds_to_simtime(profile_.host_issue.sync_s);
+    b_.issued.resize(n_ops);
+    b_.next_on_rank.resize(n_ops);
+    b_.hosts.assign(n_ranks, {});
+  }
 
   for (std::size_t i = 0; i < n_ops; ++i) {
     const Op& o = w_.ops[i];
@@ -797,6 +892,16 @@ void Engine::setup() {
       (cr.last_member == kNone ? cr.first_member : b_.op[idx(cr.last_member)].next_member) = self;
       cr.last_member = self;
     }
+    if (host_) {
+      b_.issued[i] = kNotIssued;
+      b_.next_on_rank[i] = kNone;
+      HostClock& h = b_.hosts[idx(o.rank)];
+      (h.tail == kNone ? h.next : b_.next_on_rank[idx(h.tail)]) = self;
+      h.tail = self;
+    }
+  }
+  for (std::size_t r = 0; host_ && r < n_ranks; ++r) {
+    advance_host(static_cast<std::int32_t>(r));
   }
   if (++b_.run == 0) {  // wrapped: forget every earlier run
     b_.tensors.assign(b_.tensors.size(), TensorState{});
