@@ -35,9 +35,7 @@ void prefetch(const void* p) {
   __builtin_prefetch(p);
 }
 
-// kHostWait: a queue head whose host issue ends later (Engine::host_issued); it runs at rate 1
-// and is never refreshed.
-enum class ActivityKind : std::uint8_t { kCompute, kCopy, kCollective, kHostWait };
+enum class ActivityKind : std::uint8_t { kCompute, kCopy, kCollective };
 
 /// A running activity. Slots are reused once an activity ends; an event is current only while its
 /// sequence number is the slot's `event_seq`.
@@ -130,11 +128,21 @@ struct HostClock {
   OpId waits_for = kNone;  // a host_sync op not yet ended: nothing after it is issued
   OpId tail = kNone;       // setup: the last op of the rank so far
 };
+/// Per op: when the host issued it (kNotIssued before) and the next op of its rank (setup links
+/// only the ops after a rank's first synchronisation; kNone otherwise).
+struct HostOp {
+  SimTime issued;
+  OpId next_on_rank;
+};
 /// HostClock's mark of an op not issued yet.
 constexpr SimTime kNotIssued = std::numeric_limits<SimTime>::max();
 
 constexpr std::int32_t kNoCompute = -1;
 constexpr std::int32_t kFixedRateCompute = -2;
+
+/// Events of a queue head waiting for the host to issue it (Engine::host_issued) name the queue
+/// as kHostWaitEvent + queue; activities are below it (they are reused: never that many at once).
+constexpr std::int32_t kHostWaitEvent = std::int32_t{1} << 30;
 
 /// Events of fixed-rate compute ops name the op as −(op + 1); activities are ≥ 0.
 constexpr std::int32_t fixed_rate_event(OpId op) {
@@ -215,8 +223,7 @@ struct Simulator::Scratch {
   std::vector<std::int64_t> node_host_bytes;  // per node: the sum of its ranks' host peaks so far
   // Host issue model (only when the profile enables it): per op, when the host has issued it
   // (kNotIssued before) and the next op of its rank; per rank, its host thread.
-  RawArray<SimTime> issued;
-  RawArray<OpId> next_on_rank;
+  RawArray<HostOp> host_ops;
   std::vector<HostClock> hosts;
 };
 
@@ -266,6 +273,7 @@ class Engine {
   void wake_watchers(OpRuntime& rt);
   void finish_activity(std::int32_t a);
   void advance_host(std::int32_t rank);
+  void setup_host(OpId op, const Op& o);
   [[gnu::noinline]] bool host_issued(std::size_t q, OpId op);
   void release_host(OpId op, std::int32_t rank);
   void refresh_copies(std::int32_t rank);
@@ -345,8 +353,6 @@ std::int32_t Engine::rate_key(const Activity& act) const {
       return rs.collectives.empty() ? 0 : 1;
     case ActivityKind::kCopy:
       return 2 * std::max(1, act.to_device ? rs.h2d : rs.d2h) + (rs.h2d > 0 && rs.d2h > 0 ? 1 : 0);
-    case ActivityKind::kHostWait:
-      return 0;
     case ActivityKind::kCollective: {
       std::int32_t worst = 1;
       for (std::int32_t i = 0; i < act.n_members; ++i) {
@@ -372,8 +378,6 @@ double Engine::rate_of(const Activity& act, std::int32_t key) const {
     }
     case ActivityKind::kCollective:
       return act.base_rate / key;
-    case ActivityKind::kHostWait:
-      return 1.0;
   }
   return 1.0;
 }
@@ -593,7 +597,7 @@ inline bool Engine::head_ready(std::size_t q) {
 // waits: on the synchronising op the host waits for (its end issues more), or until the instant
 // the host issues it.
 bool Engine::host_issued(std::size_t q, OpId op) {
-  const SimTime at = b_.issued[idx(op)];
+  const SimTime at = b_.host_ops[idx(op)].issued;
   if (at <= now_) {
     return true;
   }
@@ -603,9 +607,7 @@ bool Engine::host_issued(std::size_t q, OpId op) {
     sync.first_watcher = static_cast<std::int32_t>(q);
     return false;
   }
-  const std::int32_t a = new_activity(ActivityKind::kHostWait, static_cast<std::int32_t>(q),
-                                      w_.ops[idx(op)].rank, static_cast<double>(at - now_));
-  refresh(a);
+  push_event(at, kHostWaitEvent + static_cast<std::int32_t>(q));
   return false;
 }
 
@@ -616,12 +618,32 @@ void Engine::advance_host(std::int32_t rank) {
     const OpId op = h.next;
     const Op& o = w_.ops[idx(op)];
     h.time += static_cast<SimTime>(o.host_calls) * call_ns_;
-    b_.issued[idx(op)] = h.time;
+    b_.host_ops[idx(op)].issued = h.time;
     if (o.host_sync) {
       h.waits_for = op;
     }
-    h.next = b_.next_on_rank[idx(op)];
+    h.next = b_.host_ops[idx(op)].next_on_rank;
   }
+}
+
+// Setup, in program order: the host issues the op now unless its rank's host waits for a
+// synchronisation (as advance_host would, without a second pass over the ops); the ops after that
+// are linked for advance_host.
+void Engine::setup_host(OpId op, const Op& o) {
+  HostClock& h = b_.hosts[idx(o.rank)];
+  HostOp& ho = b_.host_ops[idx(op)];
+  ho.next_on_rank = kNone;
+  if (h.waits_for == kNone) {
+    h.time += static_cast<SimTime>(o.host_calls) * call_ns_;
+    ho.issued = h.time;
+    if (o.host_sync) {
+      h.waits_for = op;
+    }
+    return;
+  }
+  ho.issued = kNotIssued;
+  (h.tail == kNone ? h.next : b_.host_ops[idx(h.tail)].next_on_rank) = op;
+  h.tail = op;
 }
 
 // A host_sync op ended: the host resumes sync_s after the later of its end and the host's own
@@ -810,13 +832,6 @@ void Engine::finish_activity(std::int32_t a) {
   const std::int32_t rank = act.rank;
   const bool to_device = act.to_device;
   b_.free_activities.push_back(a);
-  if (kind == ActivityKind::kHostWait) {
-    // The host has issued the queue's head (it waited for nothing else: head_ready said so).
-    if (head_ready(idx(id))) {
-      start_head(idx(id));
-    }
-    return;
-  }
   if (kind == ActivityKind::kCollective) {
     const Collective& c = w_.collectives[idx(id)];
     const auto span = static_cast<std::size_t>(span_index(c.span));
@@ -864,10 +879,12 @@ void Engine::setup() {
   result_.busy.assign(n_ranks, {});
   host_ = profile_.host_issue.enabled();
   if (host_) {
+    if (n_queues >= static_cast<std::size_t>(kHostWaitEvent)) {
+      throw std::logic_error("simulation: too many stream queues for host issue events");
+    }
     call_ns_ = seconds_to_simtime(profile_.host_issue.per_call_s());
     sync_ns_ = seconds_to_simtime(profile_.host_issue.sync_s);
-    b_.issued.resize(n_ops);
-    b_.next_on_rank.resize(n_ops);
+    b_.host_ops.resize(n_ops);
     b_.hosts.assign(n_ranks, {});
   }
 
@@ -893,15 +910,8 @@ void Engine::setup() {
       cr.last_member = self;
     }
     if (host_) {
-      b_.issued[i] = kNotIssued;
-      b_.next_on_rank[i] = kNone;
-      HostClock& h = b_.hosts[idx(o.rank)];
-      (h.tail == kNone ? h.next : b_.next_on_rank[idx(h.tail)]) = self;
-      h.tail = self;
+      setup_host(self, o);
     }
-  }
-  for (std::size_t r = 0; host_ && r < n_ranks; ++r) {
-    advance_host(static_cast<std::int32_t>(r));
   }
   if (++b_.run == 0) {  // wrapped: forget every earlier run
     b_.tensors.assign(b_.tensors.size(), TensorState{});
@@ -942,6 +952,15 @@ SimResult Engine::run() {
       const OpId op = fixed_rate_op(e.activity);
       b_.ranks[idx(w_.ops[idx(op)].rank)].compute_activity = kNoCompute;
       finish_op(op);
+      continue;
+    }
+    if (e.activity >= kHostWaitEvent) [[unlikely]] {
+      // The host has issued the queue's head (it waited for nothing else: head_ready said so).
+      now_ = e.time;
+      const auto q = idx(e.activity - kHostWaitEvent);
+      if (head_ready(q)) {
+        start_head(q);
+      }
       continue;
     }
     const Activity& act = b_.activities[idx(e.activity)];
