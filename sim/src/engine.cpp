@@ -274,6 +274,7 @@ class Engine {
   void finish_activity(std::int32_t a);
   void advance_host(std::int32_t rank);
   void setup_host(OpId op, const Op& o);
+  [[gnu::cold, gnu::noinline]] void note_issue(OpId op, const Op& o, SimTime issued);
   [[gnu::noinline]] bool host_issued(std::size_t q, OpId op);
   void release_host(OpId op, std::int32_t rank);
   void refresh_copies(std::int32_t rank);
@@ -619,6 +620,9 @@ void Engine::advance_host(std::int32_t rank) {
     const Op& o = w_.ops[idx(op)];
     h.time += static_cast<SimTime>(o.host_calls) * call_ns_;
     b_.host_ops[idx(op)].issued = h.time;
+    if (trace_) [[unlikely]] {
+      note_issue(op, o, h.time);
+    }
     if (o.host_sync) {
       h.waits_for = op;
     }
@@ -636,6 +640,9 @@ void Engine::setup_host(OpId op, const Op& o) {
   if (h.waits_for == kNone) {
     h.time += static_cast<SimTime>(o.host_calls) * call_ns_;
     ho.issued = h.time;
+    if (trace_) [[unlikely]] {
+      note_issue(op, o, h.time);
+    }
     if (o.host_sync) {
       h.waits_for = op;
     }
@@ -644,6 +651,14 @@ void Engine::setup_host(OpId op, const Op& o) {
   ho.issued = kNotIssued;
   (h.tail == kNone ? h.next : b_.host_ops[idx(h.tail)].next_on_rank) = op;
   h.tail = op;
+}
+
+// Trace only: the host's issue of `op`, from its first call to `issued`.
+void Engine::note_issue(OpId op, const Op& o, SimTime issued) {
+  if (o.host_calls > 0) {
+    result_.host_intervals.push_back(
+        {op, issued - static_cast<SimTime>(o.host_calls) * call_ns_, issued});
+  }
 }
 
 // A host_sync op ended: the host resumes sync_s after the later of its end and the host's own

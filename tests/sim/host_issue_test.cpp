@@ -117,6 +117,13 @@ TEST(HostIssue, HostAheadOfTheSyncedOpWaitsOnlyForIt) {
       EXPECT_EQ(i.start_ns, 460);
     }
   }
+  // The host track: a, b, c issued back to back from 0, d after the synchronisation.
+  ASSERT_EQ(r.host_intervals.size(), 4U);
+  EXPECT_EQ(r.host_intervals[0].start_ns, 0);
+  EXPECT_EQ(r.host_intervals[2].end_ns, 300);
+  EXPECT_EQ(r.host_intervals[3].op, d);
+  EXPECT_EQ(r.host_intervals[3].start_ns, 360);
+  EXPECT_EQ(r.host_intervals[3].end_ns, 460);
 }
 
 TEST(HostIssue, EachRankHasItsOwnHost) {
