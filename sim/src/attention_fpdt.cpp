@@ -315,6 +315,17 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
   OpSet out_offloaded;              // the last chunk's output and LSE offload
   fills.reserve(static_cast<std::size_t>(nc));
   kv_store.reserve(static_cast<std::size_t>(nc));
+  // With offloading, the next query chunk's first K/V block is fetched before this chunk's last
+  // block: fpdt_layer.py loads it after that block and before the synchronisation that ends it
+  // (F:709-732), so it overlaps the block (the copy stream's order is the same either way).
+  TensorSet next_first;
+  OpSet next_fetch_first;
+  const auto fetch_first_of = [&](std::int64_t chunk_index) {
+    next_first = b_.tensor(name(kKvBuffer0, 'c', chunk_index), kv_h_bytes, attention, false);
+    next_fetch_first = e.copy(name(kFetchKv0, 'c', chunk_index), true, kv_h_bytes, fetch_kv_s,
+                              {kv_store[0]}, {next_first});
+    host.mark(0);  // load_to_gpu: counted with the blocks
+  };
   for (std::int64_t i = 0; i < nc; ++i) {
     TensorSet q = b_.tensor(name(kQ, 'c', i), q_local_bytes, attention, false);
     TensorSet kvp = b_.tensor(name(kKv, 'c', i), kv_local_bytes, attention, false);
@@ -367,10 +378,12 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
       OpSet fetch_rest;
       OpSet prev;
       if (offload) {
-        TensorSet first = b_.tensor(name(kKvBuffer0, 'c', i), kv_h_bytes, attention, false);
-        const OpSet fetch_first =
-            e.copy(name(kFetchKv0, 'c', i), true, kv_h_bytes, fetch_kv_s, {kv_store[0]}, {first});
-        host.mark(0);  // load_to_gpu: counted with the blocks
+        if (!next_fetch_first.valid()) {
+          fetch_first_of(i);
+        }
+        const TensorSet first = next_first;
+        const OpSet fetch_first = next_fetch_first;
+        next_fetch_first = OpSet{};
         if (i > 1) {
           rest = b_.tensor(name(kKvBuffer1, 'c', i), kv_h_bytes, attention, false);
           const std::int64_t bytes = (i - 1) * kv_h_bytes;
@@ -400,11 +413,17 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
       join = e.compute(name(kFetchJoin, 'c', i), OpKind::kElementwise, {0.0, 0.0}, {rest}, {},
                        {prev, fetch_rest, offloaded});
       host.mark(0);
+      if (offload && i + 1 < nc) {
+        fetch_first_of(i + 1);
+      }
       e.compute(name(kAttnDiag, 'c', i), OpKind::kAttentionFwd,
                 with_traffic(diag_block, LedgerSite::kCoreForward), {q_h, kv_h, acc}, {}, {join},
                 attn_ws, attention);
       host.mark(kFwdBlockCalls, true);
     } else {
+      if (offload && i + 1 < nc) {
+        fetch_first_of(i + 1);
+      }
       e.compute(name(kAttnDiag, 'c', i), OpKind::kAttentionFwd, diag_block, {q_h, kv_h}, {acc}, {},
                 attn_ws, attention);
       host.mark(kFwdFirstBlockCalls, true);
@@ -527,14 +546,23 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
   // chunks hold (see the file comment).
   const TensorSet last_dout = dout.back();
   std::vector<TensorSet> ins;
+  // With offloading, K/V chunk j + 1 is fetched before chunk j's projection backward: fpdt_layer.py
+  // loads it there, before the synchronisation that ends the outer iteration (F:1021-1029).
+  TensorSet next_kv;
+  const auto fetch_kv = [&](std::int64_t chunk_index) {
+    next_kv = b_.tensor(name(kKvFetched, 'k', chunk_index), kv_h_bytes, attention, false);
+    e.copy(name(kFetchKvBwd, 'k', chunk_index), true, kv_h_bytes, fetch_kv_s,
+           {at(sv.chunk_kv, chunk_index)}, {next_kv});
+    host.mark(0);  // load_to_gpu: counted with the projection backward
+  };
   for (std::int64_t j = 0; j < nc; ++j) {
     const std::int64_t pairs = nc - j;  // query chunks i = j .. nc-1
     TensorSet kv_j = at(sv.chunk_kv, j);
     if (offload) {
-      TensorSet fetched = b_.tensor(name(kKvFetched, 'k', j), kv_h_bytes, attention, false);
-      e.copy(name(kFetchKvBwd, 'k', j), true, kv_h_bytes, fetch_kv_s, {kv_j}, {fetched});
-      host.mark(0);  // issued with the previous chunk's projection backward
-      kv_j = fetched;
+      if (j == 0) {
+        fetch_kv(0);
+      }
+      kv_j = next_kv;
     }
     TensorSet dkv_acc = b_.tensor(name(kDkvAcc, 'k', j), dkv_acc_bytes, attention, false);
     TensorSet dq_block = b_.tensor(name(kDqBlock, 'k', j), dq_bytes, attention, false);
@@ -578,7 +606,10 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
     b.workspace_bytes = ws;
     b.workspace_category = attention;
     const OpSet bwd = e.emit();
-    host.mark(kBwdBlockCalls, true);  // F:940-941 after every block
+    // F:940-941 after every block: the gaps between the blocks are in its time; the last block's
+    // synchronisation is the inner loop's below (F:962-963), after dQ's copies to the host are
+    // issued (overwrite_to_cpu after each block, F:951).
+    host.mark(kBwdBlockCalls);
     if (offload) {
       // dQ of each inner step goes back to its pinned buffer while the next step computes.
       const std::int64_t bytes = pairs * dq_bytes;
@@ -614,6 +645,9 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
     TensorSet dkv_r = b_.tensor(name(kDkvRope, 'k', j), kv_local_bytes, attention, false);
     e.compute(name(kRopeBwd, 'k', j), OpKind::kElementwise, rope_bwd, {dqs, dkv}, {dq_r, dkv_r});
     host.mark(kRopeCalls);
+    if (offload && j + 1 < nc) {
+      fetch_kv(j + 1);
+    }
     const OpSet previous = dx_writes.back();
     dx_writes.push_back(e.compute(name(kQkvProjBwd, 'k', j), OpKind::kGemm, proj_bwd,
                                   {dq_r, dkv_r, sv.xn, params, grads}, {}, {previous}));

@@ -182,5 +182,32 @@ TEST(HostIssue, FpdtSynchronisesPerBlock) {
   EXPECT_GT(on, off);
 }
 
+TEST(HostIssue, FpdtPrefetchOverlapsTheBlockBeforeIt) {
+  // fpdt_layer.py loads the next query chunk's first K/V block before the synchronisation that
+  // ends the chunk's last block (F:709-732): with the host model the fetch of chunk 2's first block
+  // starts before chunk 1's diagonal block ends (block 0's forward).
+  const ScheduleInputs in = fpdt_inputs();
+  const Workload w = build_step(in);
+  SimOptions trace;
+  trace.record_trace = true;
+  const SimResult r = simulate(w, in.hardware, trace);
+  SimTime fetch_start = -1, diag_end = -1;
+  for (const OpInterval& i : r.intervals) {
+    const Op& o = w.ops[static_cast<std::size_t>(i.op)];
+    if (o.rank != 0 || o.layer != 0 || o.phase != Phase::kForward) {
+      continue;
+    }
+    const std::string& name = w.names[static_cast<std::size_t>(o.name)];
+    if (name == "fetch_kv0[c2]") {
+      fetch_start = i.start_ns;
+    } else if (name == "attn_fwd[diag][c1]") {
+      diag_end = i.end_ns;
+    }
+  }
+  ASSERT_GE(fetch_start, 0);
+  ASSERT_GE(diag_end, 0);
+  EXPECT_LT(fetch_start, diag_end);
+}
+
 }  // namespace
 }  // namespace cpsim::sim
