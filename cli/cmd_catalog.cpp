@@ -87,10 +87,18 @@ int run_hardware(const CatalogArgs& a) {
                              p.peak_bf16_flops_per_s / 1e12, p.hbm_bandwidth_bytes_per_s / 1e12,
                              p.sm_count);
     std::cout << fmt::format(
-        "  node: {} GPUs, {} host memory; PCIe {:.1f}/{:.1f} GB/s H2D/D2H, {:.1f} duplex\n\n",
+        "  node: {} GPUs, {} host memory; PCIe {:.1f}/{:.1f} GB/s H2D/D2H, {:.1f} duplex\n",
         p.gpus_per_node, format_bytes(static_cast<double>(p.host_memory_bytes_per_node)),
         p.host_link.h2d_bytes_per_s / 1e9, p.host_link.d2h_bytes_per_s / 1e9,
         p.host_link.duplex_total_bytes_per_s / 1e9);
+    if (p.host_issue.enabled()) {
+      std::cout << fmt::format(
+          "  host issue: {:.2f} us dispatch + {:.2f} us launch per framework op, {:.2f} us per "
+          "host synchronisation\n\n",
+          p.host_issue.dispatch_s * 1e6, p.host_issue.launch_s * 1e6, p.host_issue.sync_s * 1e6);
+    } else {
+      std::cout << "  host issue: off (no node.host_issue in the profile)\n\n";
+    }
     std::cout << "  coefficient sources:\n";
     for (const auto& [k, v] : p.provenance) {
       std::cout << fmt::format("    {}\n        {}\n", k, v);

@@ -124,6 +124,13 @@ std::string write_hardware_profile(const models::HardwareProfile& p) {
       w.value("node.host_link.duplex_total_bytes_per_s", p.host_link.duplex_total_bytes_per_s);
   node["host_link"] = std::move(host_link);
   node["cpu_adam_params_per_s"] = w.value("node.cpu_adam_params_per_s", p.cpu_adam_params_per_s);
+  if (p.host_issue.enabled()) {
+    OrderedJson host_issue;
+    host_issue["dispatch_s"] = w.value("node.host_issue.dispatch_s", p.host_issue.dispatch_s);
+    host_issue["launch_s"] = w.value("node.host_issue.launch_s", p.host_issue.launch_s);
+    host_issue["sync_s"] = w.value("node.host_issue.sync_s", p.host_issue.sync_s);
+    node["host_issue"] = std::move(host_issue);
+  }
   root["node"] = std::move(node);
 
   OrderedJson collectives;

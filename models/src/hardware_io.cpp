@@ -316,9 +316,9 @@ HardwareProfile parse_hardware_profile(const std::string& json_text, const std::
   hw.cublas_workspace_bytes =
       r.integer(overheads, "memory_overheads", "cublas_workspace_bytes", Bound::kNonNegative);
 
-  const Json& node =
-      r.section(root, "", "node",
-                {"gpus_per_node", "host_memory_bytes", "host_link", "cpu_adam_params_per_s"});
+  const Json& node = r.section(
+      root, "", "node",
+      {"gpus_per_node", "host_memory_bytes", "host_link", "cpu_adam_params_per_s", "host_issue"});
   hw.gpus_per_node = to_int(r.integer(node, "node", "gpus_per_node", Bound::kPositive),
                             r.field("node.gpus_per_node"));
   hw.host_memory_bytes_per_node = r.integer(node, "node", "host_memory_bytes", Bound::kPositive);
@@ -333,6 +333,13 @@ HardwareProfile parse_hardware_profile(const std::string& json_text, const std::
       r.number(host_link, "node.host_link", "d2h_bytes_per_s", Bound::kPositive);
   hw.host_link.duplex_total_bytes_per_s =
       r.number(host_link, "node.host_link", "duplex_total_bytes_per_s", Bound::kPositive);
+  // Optional: without it the host issue model is off (docs/MODEL.md, "Host issue").
+  if (node.contains("host_issue")) {
+    const Json& host = r.section(node, "node", "host_issue", {"dispatch_s", "launch_s", "sync_s"});
+    hw.host_issue.dispatch_s = r.number(host, "node.host_issue", "dispatch_s", Bound::kNonNegative);
+    hw.host_issue.launch_s = r.number(host, "node.host_issue", "launch_s", Bound::kNonNegative);
+    hw.host_issue.sync_s = r.number(host, "node.host_issue", "sync_s", Bound::kNonNegative);
+  }
 
   const Json& collectives = r.section(root, "", "collectives", {"intra_node", "inter_node"});
   for (const auto& [span, span_key] : kSpans) {

@@ -146,6 +146,9 @@ void check_profile_plausible(const HardwareProfile& hw, const std::string& origi
   check_within(hw.collective_launch_s, 0.0, 1e-2, " s", f("compute.collective_launch_s"));
   check_within(hw.compute_slowdown_under_comm, 0.0, 10.0, "",
                f("compute.compute_slowdown_under_comm"));
+  check_within(hw.host_issue.dispatch_s, 0.0, 1e-3, " s", f("node.host_issue.dispatch_s"));
+  check_within(hw.host_issue.launch_s, 0.0, 1e-3, " s", f("node.host_issue.launch_s"));
+  check_within(hw.host_issue.sync_s, 0.0, 1e-2, " s", f("node.host_issue.sync_s"));
   // Attention runs on the tensor cores: no curve above the GPU's dense peak (with slack for a
   // profile whose peak is the boost-clock figure while kernels were timed above it).
   const double attention_max = 1.5 * hw.peak_bf16_flops_per_s;

@@ -254,6 +254,7 @@ CoreForward StepBuilder::ring_forward(
             k, 2, [&] { return fmt::format("ring_attn_fwd{}{}", step_label(seg), tag); })),
         Stream::kCompute, OpKind::kAttentionFwd);
     step.time_s_per_rank = ring_step_times(seg, hq, false, &step.flops);
+    step.host_calls = seg.steps;  // one attention call per step (Op::host_calls)
     add_step_traffic(step.time_s_per_rank, LedgerSite::kRingForwardStep, seg.steps);
     step.inputs.push_back(q_h);
     step.inputs.push_back(cur);
@@ -328,6 +329,7 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
             k, 2, [&] { return fmt::format("ring_attn_bwd{}{}", step_label(seg), tag); })),
         Stream::kCompute, OpKind::kAttentionBwd);
     step.time_s_per_rank = ring_step_times(seg, hq, true, &step.flops);
+    step.host_calls = seg.steps;
     add_step_traffic(step.time_s_per_rank, LedgerSite::kRingBackwardStep, seg.steps);
     step.inputs.assign({q_h, cur, o_h, lse, do_h});
     if (k == 0) {

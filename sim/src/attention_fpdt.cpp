@@ -30,7 +30,9 @@
 // layer): each chunk's own fetch, later on the copy stream, frees it. Without offload the same
 // holds for the compute ops that read the GPU copies (the last all-to-all producing one is the last
 // dOut). Ops and tensors are emitted through one reused OpSpec with names interned once per step.
+#include <algorithm>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -133,6 +135,32 @@ constexpr const char* kBwdStems[kBwdNames] = {"dout_slice",    "slice_dout",
                                               "dkv_rope",      "rope_bwd",
                                               "qkv_proj_bwd"};
 
+// Host issue (docs/MODEL.md, "Host issue"): the framework calls each op stands for in the
+// offloading implementation, _FPDTGPUOffloadingAttentionImpl_ in fpdt_layer.py @ edaa722 (F),
+// counted from its source (the gradient-less and non-offloading paths keep one call per kernel),
+// and where it synchronises the host. Each forward block: _flash_attn_forward (1), the merge
+// update_out_and_lse (F:59-77: the first block of a query chunk `.to(float32)` and a contiguous
+// LSE F:70-72, 2; every later one _update_out_and_lse F:41-56, 12 calls), and the next K/V's
+// load_to_gpu (F:720-721, an empty and a copy each: 4); then compute_stream.wait_stream and
+// synchronize (F:731-732) after every block. Each backward block: three zeroed dq/dk/dv
+// (F:849-851), _flash_attn_backward (1), the next query chunk's five load_to_gpu (F:925-930, 10),
+// the three add_ (F:945-947) and dq's overwrite_to_cpu (F:951), with a synchronisation (F:940-941).
+constexpr std::int64_t kFwdFirstBlockCalls = 1 + 2 + 4;
+constexpr std::int64_t kFwdBlockCalls = 1 + 12 + 4;
+constexpr std::int64_t kBwdBlockCalls = 3 + 1 + 10 + 3 + 1;
+// Per chunk: the QKV matmul and bias add (F:620-621), the layernorm chunk's SequenceChunk
+// (pinned empty and copy, F:506-508, F:623-624) and the q/k/v slices' two contiguous copies each
+// (F:628-641); RoPE on q and k, five calls each (DeepSpeed layer.py:99-128, reference path);
+// q/k/v SequenceChunks (F:655-658, 2 each); the output's casts and its output/LSE SequenceChunks
+// (F:742-747).
+constexpr std::int64_t kProjCalls = 2 + 2 + 6;
+constexpr std::int64_t kRopeCalls = 2 * 5;
+// Backward per K/V chunk: the casts (F:968-977, 3), RoPE's backward on dq and dk (F:27-38, 5
+// each), and the projection's backward (F:996-1015: three matmuls with add_ for the weight,
+// three sum-sum-add_ for the bias, three matmuls with add_ for the input gradient, two zeroed
+// accumulators) with the next chunk's K/V and layernorm loads (F:1021-1026, 6).
+constexpr std::int64_t kProjBwdCalls = 3 * 2 + 3 * 3 + 3 * 2 + 2 + 6;
+
 /// Emits ops through one reused OpSpec, whose vectors keep their capacity from op to op.
 class Emitter {
  public:
@@ -147,6 +175,8 @@ class Emitter {
     s_.transfer_bytes = 0;
     s_.workspace_bytes = 0;
     s_.workspace_category = MemCategory::kOther;
+    s_.host_calls = 1;
+    s_.host_sync = false;
     s_.inputs.clear();
     s_.outputs.clear();
     s_.deps.clear();
@@ -163,6 +193,7 @@ class Emitter {
                 std::int64_t workspace = 0,
                 MemCategory ws_cat = MemCategory::kOther) {
     OpSpec& s = next(name, Stream::kCompute, kind, k.time_s, k.flops);
+    s.host_calls = k.host_calls;
     s.inputs = inputs;
     s.outputs = outputs;
     s.deps = deps;
@@ -190,6 +221,50 @@ class Emitter {
  private:
   Builder& b_;
   OpSpec s_;
+};
+
+/// Sets the host issue fields of the op just emitted on every simulated rank (ops appended last).
+class HostMarks {
+ public:
+  HostMarks(Workload& w, int simulated_ranks, const models::HostIssueModel& host, bool on)
+      : w_(w), n_(static_cast<std::size_t>(simulated_ranks)), host_(host), on_(on) {}
+  /// The last op stands for `calls` framework calls; `sync`: the host waits for it.
+  void mark(std::int64_t calls, bool sync = false) {
+    if (!on_) {
+      return;
+    }
+    const auto c = static_cast<std::uint16_t>(
+        std::clamp<std::int64_t>(calls, 0, std::numeric_limits<std::uint16_t>::max()));
+    for (std::size_t k = w_.ops.size() - n_; k < w_.ops.size(); ++k) {
+      w_.ops[k].host_calls = c;
+      w_.ops[k].host_sync = w_.ops[k].host_sync || sync;
+    }
+  }
+  /// The host waits for the last op (a barrier or synchronisation right after it).
+  void sync_last() {
+    if (!on_) {
+      return;
+    }
+    for (std::size_t k = w_.ops.size() - n_; k < w_.ops.size(); ++k) {
+      w_.ops[k].host_sync = true;
+    }
+  }
+  /// `blocks` blocks merged into one op, the host synchronising after each: it issues the first
+  /// (the op's calls) and waits; each later block adds the synchronisation and its own issue of
+  /// `calls` to the GPU's time, the GPU idle meanwhile: (blocks − 1)·(sync + calls·per call).
+  double sync_gaps_s(std::int64_t blocks, std::int64_t calls) const {
+    if (!on_ || blocks <= 1) {
+      return 0.0;
+    }
+    return static_cast<double>(blocks - 1) *
+           (host_.sync_s + static_cast<double>(calls) * host_.per_call_s());
+  }
+
+ private:
+  Workload& w_;
+  std::size_t n_;
+  const models::HostIssueModel& host_;
+  bool on_;
 };
 
 }  // namespace
@@ -223,6 +298,10 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
   const std::int64_t attn_ws =
       chunk * hq * d * ab_ + lse_bytes + ledger_bytes(LedgerSite::kCoreForward);
   Emitter e(b_);
+  // The offloading implementation's host calls and synchronisations (see above).
+  HostMarks host(w_, b_.simulated_ranks(), cost_.profile().host_issue,
+                 offload && layout_.implementation != nullptr &&
+                     layout_.implementation->synchronised_fpdt_loop());
   ChunkNames name(b_, "fpdt_forward", kFwdNames, kFwdStems);
   auto exchange = [&](std::int32_t n, TensorSet in, std::int64_t bytes, LedgerSite site) {
     return StepBuilder::exchange(Name::interned(n), in, bytes, site);
@@ -236,27 +315,44 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
   OpSet out_offloaded;              // the last chunk's output and LSE offload
   fills.reserve(static_cast<std::size_t>(nc));
   kv_store.reserve(static_cast<std::size_t>(nc));
+  // With offloading, the next query chunk's first K/V block is fetched before this chunk's last
+  // block: fpdt_layer.py loads it after that block and before the synchronisation that ends it
+  // (F:709-732), so it overlaps the block (the copy stream's order is the same either way).
+  TensorSet next_first;
+  OpSet next_fetch_first;
+  const auto fetch_first_of = [&](std::int64_t chunk_index) {
+    next_first = b_.tensor(name(kKvBuffer0, 'c', chunk_index), kv_h_bytes, attention, false);
+    next_fetch_first = e.copy(name(kFetchKv0, 'c', chunk_index), true, kv_h_bytes, fetch_kv_s,
+                              {kv_store[0]}, {next_first});
+    host.mark(0);  // load_to_gpu: counted with the blocks
+  };
   for (std::int64_t i = 0; i < nc; ++i) {
     TensorSet q = b_.tensor(name(kQ, 'c', i), q_local_bytes, attention, false);
     TensorSet kvp = b_.tensor(name(kKv, 'c', i), kv_local_bytes, attention, false);
     e.compute(name(kQkvProj, 'c', i), OpKind::kGemm, proj, {sv.xn, params}, {q, kvp});
+    host.mark(kProjCalls);
     TensorSet q_r = b_.tensor(name(kQRope, 'c', i), q_local_bytes, attention, false);
     TensorSet kv_r = b_.tensor(name(kKvRope, 'c', i), kv_local_bytes, attention, false);
     e.compute(name(kRope, 'c', i), OpKind::kElementwise, rope, {q, kvp}, {q_r, kv_r});
+    host.mark(kRopeCalls);
     TensorSet q_h = exchange(name(kA2aQ, 'c', i), q_r, q_local_bytes, LedgerSite::kQExchange);
     TensorSet kv_h = exchange(name(kA2aKv, 'c', i), kv_r, kv_local_bytes, LedgerSite::kKvExchange);
+    host.sync_last();  // dist.barrier() and the compute stream's synchronize (F:644, F:653-654)
     // DeepSpeed's fpdt_layer.py @ edaa722 (F): the chunk's Q, K and V go to pinned host memory on
     // offload_stream as soon as they are made (F:655-658), and after every block of the chunk the
     // compute stream waits for offload_stream and the host synchronises (F:731-732): the work
     // after the chunk's first block waits for these offloads (`offloaded`).
     OpSet offloaded;
     if (offload) {
-      TensorSet host = b_.tensor(name(kKvHost, 'c', i), kv_h_bytes, attention, true);
-      offloaded = e.copy(name(kOffloadKv, 'c', i), false, kv_h_bytes, offload_kv_s, {kv_h}, {host});
-      kv_store.push_back(host);
+      TensorSet kv_host = b_.tensor(name(kKvHost, 'c', i), kv_h_bytes, attention, true);
+      offloaded =
+          e.copy(name(kOffloadKv, 'c', i), false, kv_h_bytes, offload_kv_s, {kv_h}, {kv_host});
+      host.mark(4);
+      kv_store.push_back(kv_host);
       if (grad) {  // Q is kept for the backward (the copies run in order: the last one is enough)
         TensorSet q_host = b_.tensor(name(kQHost, 'c', i), q_h_bytes, attention, true);
         offloaded = e.copy(name(kOffloadQ, 'c', i), false, q_h_bytes, offload_q_s, {q_h}, {q_host});
+        host.mark(2);
         sv.chunk_q.push_back(q_host);
       }
     } else {
@@ -273,18 +369,21 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
       const auto visible_end = kv_store.begin() + i;
       // The implementation's merge (_update_out_and_lse) runs for every block but each query
       // chunk's first: i − 1 times here, once in the diagonal block below.
-      const KernelCost prev_cost =
-          with_traffic(times(full_block, static_cast<double>(i)), LedgerSite::kCoreForward,
-                       static_cast<double>(i - 1));
+      KernelCost prev_cost = with_traffic(times(full_block, static_cast<double>(i)),
+                                          LedgerSite::kCoreForward, static_cast<double>(i - 1));
+      prev_cost.time_s += host.sync_gaps_s(i, kFwdBlockCalls);
       const std::int32_t prev_name =
           name(kAttnPrev, i, [&] { return fmt::format("attn_fwd[k0..{}][c{}]", i - 1, i); });
       TensorSet rest;
       OpSet fetch_rest;
       OpSet prev;
       if (offload) {
-        TensorSet first = b_.tensor(name(kKvBuffer0, 'c', i), kv_h_bytes, attention, false);
-        const OpSet fetch_first =
-            e.copy(name(kFetchKv0, 'c', i), true, kv_h_bytes, fetch_kv_s, {kv_store[0]}, {first});
+        if (!next_fetch_first.valid()) {
+          fetch_first_of(i);
+        }
+        const TensorSet first = next_first;
+        const OpSet fetch_first = next_fetch_first;
+        next_fetch_first = OpSet{};
         if (i > 1) {
           rest = b_.tensor(name(kKvBuffer1, 'c', i), kv_h_bytes, attention, false);
           const std::int64_t bytes = (i - 1) * kv_h_bytes;
@@ -296,9 +395,11 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
           s.outputs = {rest};
           s.deps = {fetch_first};
           fetch_rest = e.emit();
+          host.mark(0);
         }
         prev = e.compute(prev_name, OpKind::kAttentionFwd, prev_cost, {q_h, first}, {acc}, {},
                          attn_ws, attention);
+        host.mark(kFwdFirstBlockCalls, true);  // F:731-732 after every block
       } else {
         OpSpec& s = e.next(prev_name, Stream::kCompute, OpKind::kAttentionFwd, prev_cost.time_s,
                            prev_cost.flops);
@@ -311,17 +412,27 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
       }
       join = e.compute(name(kFetchJoin, 'c', i), OpKind::kElementwise, {0.0, 0.0}, {rest}, {},
                        {prev, fetch_rest, offloaded});
+      host.mark(0);
+      if (offload && i + 1 < nc) {
+        fetch_first_of(i + 1);
+      }
       e.compute(name(kAttnDiag, 'c', i), OpKind::kAttentionFwd,
                 with_traffic(diag_block, LedgerSite::kCoreForward), {q_h, kv_h, acc}, {}, {join},
                 attn_ws, attention);
+      host.mark(kFwdBlockCalls, true);
     } else {
+      if (offload && i + 1 < nc) {
+        fetch_first_of(i + 1);
+      }
       e.compute(name(kAttnDiag, 'c', i), OpKind::kAttentionFwd, diag_block, {q_h, kv_h}, {acc}, {},
                 attn_ws, attention);
+      host.mark(kFwdFirstBlockCalls, true);
     }
     TensorSet o_h = b_.tensor(name(kOutH, 'c', i), q_h_bytes, attention, false);
     TensorSet lse = b_.tensor(name(kLse, 'c', i), lse_bytes, attention, false);
     e.compute(name(kOutCast, 'c', i), OpKind::kElementwise, out_cast, {acc}, {o_h, lse},
               {offloaded});
+    host.mark(3);
     TensorSet o_local =
         exchange(name(kA2aOut, 'c', i), o_h, q_local_bytes, LedgerSite::kOutExchange);
     fills.push_back(
@@ -333,6 +444,7 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
             b_.tensor(name(kOutHost, 'c', i), q_h_bytes + lse_bytes, attention, true);
         out_offloaded = e.copy(name(kOffloadOut, 'c', i), false, q_h_bytes + lse_bytes,
                                offload_out_s, {o_h, lse}, {o_host});
+        host.mark(4);
         sv.chunk_o.push_back(o_host);
         sv.chunk_lse.push_back(o_host);
       } else {
@@ -352,6 +464,7 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
     fills.push_back(out_offloaded);
   }
   sv.attn_ready = compute("fpdt_out_ready", OpKind::kElementwise, {0.0, 0.0}, {}, {}, fills);
+  host.mark(1, true);  // the synchronize before the output's torch.cat (F:749-752)
 }
 
 InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
@@ -396,6 +509,9 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
     return v[static_cast<std::size_t>(i)];
   };
   Emitter e(b_);
+  HostMarks host(w_, b_.simulated_ranks(), cost_.profile().host_issue,
+                 offload && layout_.implementation != nullptr &&
+                     layout_.implementation->synchronised_fpdt_loop());
   ChunkNames name(b_, "fpdt_backward", kBwdNames, kBwdStems);
   auto exchange = [&](std::int32_t n, TensorSet in, std::int64_t bytes, LedgerSite site) {
     return StepBuilder::exchange(Name::interned(n), in, bytes, site);
@@ -416,10 +532,12 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
     e.compute(name(kSliceDout, 'c', i), OpKind::kElementwise, slice_dout, {d_o}, {slice});
     TensorSet do_h =
         exchange(name(kA2aDout, 'c', i), slice, q_local_bytes, LedgerSite::kDoutExchange);
+    host.sync_last();  // synchronize after the first (F:826), dist.barrier after the others (F:935)
     if (offload) {
-      TensorSet host = b_.tensor(name(kDoutHost, 'c', i), q_h_bytes, attention, true);
-      e.copy(name(kOffloadDout, 'c', i), false, q_h_bytes, offload_dout_s, {do_h}, {host});
-      dout[static_cast<std::size_t>(i)] = host;
+      TensorSet dout_host = b_.tensor(name(kDoutHost, 'c', i), q_h_bytes, attention, true);
+      e.copy(name(kOffloadDout, 'c', i), false, q_h_bytes, offload_dout_s, {do_h}, {dout_host});
+      host.mark(2);
+      dout[static_cast<std::size_t>(i)] = dout_host;
     } else {
       dout[static_cast<std::size_t>(i)] = do_h;
     }
@@ -428,13 +546,23 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
   // chunks hold (see the file comment).
   const TensorSet last_dout = dout.back();
   std::vector<TensorSet> ins;
+  // With offloading, K/V chunk j + 1 is fetched before chunk j's projection backward: fpdt_layer.py
+  // loads it there, before the synchronisation that ends the outer iteration (F:1021-1029).
+  TensorSet next_kv;
+  const auto fetch_kv = [&](std::int64_t chunk_index) {
+    next_kv = b_.tensor(name(kKvFetched, 'k', chunk_index), kv_h_bytes, attention, false);
+    e.copy(name(kFetchKvBwd, 'k', chunk_index), true, kv_h_bytes, fetch_kv_s,
+           {at(sv.chunk_kv, chunk_index)}, {next_kv});
+    host.mark(0);  // load_to_gpu: counted with the projection backward
+  };
   for (std::int64_t j = 0; j < nc; ++j) {
     const std::int64_t pairs = nc - j;  // query chunks i = j .. nc-1
     TensorSet kv_j = at(sv.chunk_kv, j);
     if (offload) {
-      TensorSet fetched = b_.tensor(name(kKvFetched, 'k', j), kv_h_bytes, attention, false);
-      e.copy(name(kFetchKvBwd, 'k', j), true, kv_h_bytes, fetch_kv_s, {kv_j}, {fetched});
-      kv_j = fetched;
+      if (j == 0) {
+        fetch_kv(0);
+      }
+      kv_j = next_kv;
     }
     TensorSet dkv_acc = b_.tensor(name(kDkvAcc, 'k', j), dkv_acc_bytes, attention, false);
     TensorSet dq_block = b_.tensor(name(kDqBlock, 'k', j), dq_bytes, attention, false);
@@ -445,6 +573,7 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
       TensorSet first = b_.tensor(name(kQBuffer0, 'k', j), bundle, attention, false);
       load_first = e.copy(name(kFetchQ0, 'k', j), true, bundle, fetch_bundle_s,
                           {at(sv.chunk_q, j), at(sv.chunk_o, j), at(dout, j), dq_all}, {first});
+      host.mark(0);
       ins.push_back(first);
       if (pairs > 1) {
         rest = b_.tensor(name(kQBuffer1, 'k', j), bundle, attention, false);
@@ -456,6 +585,7 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
         r.outputs = {rest};
         r.deps = {load_first};
         load_rest = e.emit();
+        host.mark(0);
       }
     } else {
       ins.insert(ins.end(),
@@ -465,9 +595,9 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
       }
     }
     // The implementation's per-block buffers (new zeroed dq, dk, dv) for each of the pairs blocks.
-    const KernelCost k =
-        with_traffic(plus(diag_block, times(full_block, static_cast<double>(pairs - 1))),
-                     LedgerSite::kCoreBackward, static_cast<double>(pairs));
+    KernelCost k = with_traffic(plus(diag_block, times(full_block, static_cast<double>(pairs - 1))),
+                                LedgerSite::kCoreBackward, static_cast<double>(pairs));
+    k.time_s += host.sync_gaps_s(pairs, kBwdBlockCalls);
     OpSpec& b = e.next(
         name(kAttnBwd, j, [&] { return fmt::format("attn_bwd[q{}..{}][k{}]", j, nc - 1, j); }),
         Stream::kCompute, OpKind::kAttentionBwd, k.time_s, k.flops);
@@ -476,6 +606,10 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
     b.workspace_bytes = ws;
     b.workspace_category = attention;
     const OpSet bwd = e.emit();
+    // F:940-941 after every block: the gaps between the blocks are in its time; the last block's
+    // synchronisation is the inner loop's below (F:962-963), after dQ's copies to the host are
+    // issued (overwrite_to_cpu after each block, F:951).
+    host.mark(kBwdBlockCalls);
     if (offload) {
       // dQ of each inner step goes back to its pinned buffer while the next step computes.
       const std::int64_t bytes = pairs * dq_bytes;
@@ -484,30 +618,40 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
       back.transfer_bytes = bytes;
       back.deps = {load_first};
       dq_back = e.emit();
+      host.mark(0);
     }
     const OpSet join = e.compute(name(kInnerJoin, 'k', j), OpKind::kElementwise, {0.0, 0.0},
                                  {rest, dq_block}, {}, {bwd, load_rest, dq_back});
+    host.mark(0, true);  // F:962-963
     // dK/dV of chunk j are complete: back to sequence sharding and into the K/V projection.
     TensorSet dkv_h = b_.tensor(name(kDkvH, 'k', j), kv_h_bytes, attention, false);
     e.compute(name(kDkvCast, 'k', j), OpKind::kElementwise, dkv_cast, {dkv_acc}, {dkv_h}, {join});
+    host.mark(2);
     TensorSet dkv =
         exchange(name(kA2aDkv, 'k', j), dkv_h, kv_local_bytes, LedgerSite::kDkvExchange);
     // dQ of chunk j received its last contribution in this outer iteration.
     TensorSet dq_j = b_.tensor(name(kDqFinal, 'k', j), dq_bytes, attention, false);
     if (offload) {
       e.copy(name(kFetchDq, 'k', j), true, dq_bytes, fetch_dq_s, {dq_all}, {dq_j}, {join});
+      host.mark(0);
     } else {
       e.compute(name(kDqSlice, 'k', j), OpKind::kElementwise, dq_slice, {dq_all}, {dq_j}, {join});
     }
     TensorSet dq_h = b_.tensor(name(kDqH, 'k', j), q_h_bytes, attention, false);
     e.compute(name(kDqCast, 'k', j), OpKind::kElementwise, dq_cast, {dq_j}, {dq_h});
     TensorSet dqs = exchange(name(kA2aDq, 'k', j), dq_h, q_local_bytes, LedgerSite::kDqExchange);
+    host.sync_last();  // general_offload_stream.synchronize() and dist.barrier() (F:983-985)
     TensorSet dq_r = b_.tensor(name(kDqRope, 'k', j), q_local_bytes, attention, false);
     TensorSet dkv_r = b_.tensor(name(kDkvRope, 'k', j), kv_local_bytes, attention, false);
     e.compute(name(kRopeBwd, 'k', j), OpKind::kElementwise, rope_bwd, {dqs, dkv}, {dq_r, dkv_r});
+    host.mark(kRopeCalls);
+    if (offload && j + 1 < nc) {
+      fetch_kv(j + 1);
+    }
     const OpSet previous = dx_writes.back();
     dx_writes.push_back(e.compute(name(kQkvProjBwd, 'k', j), OpKind::kGemm, proj_bwd,
                                   {dq_r, dkv_r, sv.xn, params, grads}, {}, {previous}));
+    host.mark(kProjBwdCalls, true);  // F:1028-1029
   }
   return {dxn, dx_writes.back()};
 }

@@ -1,6 +1,7 @@
 #include "builder.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -208,6 +209,8 @@ OpSet Builder::emit(const OpSpec& spec, OpKind kind, const double* time_s) {
   const bool per_rank = time_s == nullptr && !spec.time_s_per_rank.empty();
   const SimTime duration =
       per_rank ? 0 : seconds_to_simtime(time_s != nullptr ? *time_s : spec.time_s);
+  const auto host_calls = static_cast<std::uint16_t>(
+      std::clamp<std::int64_t>(spec.host_calls, 0, std::numeric_limits<std::uint16_t>::max()));
   for (int r = 0; r < sim_ranks_; ++r) {
     Op o;
     o.rank = r;
@@ -222,6 +225,8 @@ OpSet Builder::emit(const OpSpec& spec, OpKind kind, const double* time_s) {
     o.flops = spec.flops;
     o.workspace_bytes = spec.workspace_bytes;
     o.workspace_category = spec.workspace_category;
+    o.host_calls = host_calls;
+    o.host_sync = spec.host_sync;
     const OpId self = base + r;
     // Dependencies: explicit ones plus the producers of inputs, de-duplicated, in that order. One
     // on an earlier op of the same rank and stream is implied by the stream's program order (the
@@ -325,7 +330,11 @@ OpSet Builder::collective(const OpSpec& spec,
     col.group = group_id;
     w_.collectives.push_back(col);
   }
+  // `calls` back-to-back calls: each is issued by the host (Op::host_calls).
+  const auto host_calls = static_cast<std::uint16_t>(std::clamp<std::int64_t>(
+      spec.host_calls * calls, 0, std::numeric_limits<std::uint16_t>::max()));
   for (int r = 0; r < sim_ranks_; ++r) {
+    w_.ops[static_cast<std::size_t>(set.base + r)].host_calls = host_calls;
     w_.ops[static_cast<std::size_t>(set.base + r)].collective =
         first + gs.of_rank[static_cast<std::size_t>(r)];
   }

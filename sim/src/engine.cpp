@@ -119,8 +119,30 @@ struct RankState {
   std::int64_t host_live = 0;
 };
 
+/// The host thread of one rank (docs/MODEL.md, "Host issue"): it issues the rank's ops in program
+/// order, each taking Op::host_calls × the profile's per-call cost, and after an op with
+/// Op::host_sync it waits until that op has ended (plus the profile's sync_s).
+struct HostClock {
+  SimTime time = 0;        // when the host has issued everything so far
+  OpId next = kNone;       // the next op to issue
+  OpId waits_for = kNone;  // a host_sync op not yet ended: nothing after it is issued
+  OpId tail = kNone;       // setup: the last op of the rank so far
+};
+/// Per op: when the host issued it (kNotIssued before) and the next op of its rank (setup links
+/// only the ops after a rank's first synchronisation; kNone otherwise).
+struct HostOp {
+  SimTime issued;
+  OpId next_on_rank;
+};
+/// HostClock's mark of an op not issued yet.
+constexpr SimTime kNotIssued = std::numeric_limits<SimTime>::max();
+
 constexpr std::int32_t kNoCompute = -1;
 constexpr std::int32_t kFixedRateCompute = -2;
+
+/// Events of a queue head waiting for the host to issue it (Engine::host_issued) name the queue
+/// as kHostWaitEvent + queue; activities are below it (they are reused: never that many at once).
+constexpr std::int32_t kHostWaitEvent = std::int32_t{1} << 30;
 
 /// Events of fixed-rate compute ops name the op as −(op + 1); activities are ≥ 0.
 constexpr std::int32_t fixed_rate_event(OpId op) {
@@ -199,6 +221,10 @@ struct Simulator::Scratch {
   std::vector<RankState> ranks;
   std::vector<std::int32_t> woken;  // wake_watchers: queues whose head became ready (n_queues)
   std::vector<std::int64_t> node_host_bytes;  // per node: the sum of its ranks' host peaks so far
+  // Host issue model (only when the profile enables it): per op, when the host has issued it
+  // (kNotIssued before) and the next op of its rank; per rank, its host thread.
+  RawArray<HostOp> host_ops;
+  std::vector<HostClock> hosts;
 };
 
 namespace {
@@ -247,6 +273,11 @@ class Engine {
   void finish_op(OpId op);
   void wake_watchers(OpRuntime& rt);
   void finish_activity(std::int32_t a);
+  void advance_host(std::int32_t rank);
+  void setup_host(OpId op, const Op& o);
+  [[gnu::cold, gnu::noinline]] void note_issue(OpId op, const Op& o, SimTime issued);
+  [[gnu::noinline]] bool host_issued(std::size_t q, OpId op);
+  void release_host(OpId op, std::int32_t rank);
   void refresh_copies(std::int32_t rank);
   void refresh_ranks(std::span<const std::int32_t> ranks);
   void refresh(std::int32_t a);
@@ -292,6 +323,12 @@ class Engine {
     std::vector<RankState> ranks;
     std::vector<StreamBusy> busy;
     std::vector<FfWindowMax> window_max;  // over the block before the boundary
+    // Host issue (when the model is on): each rank's host clock, and the issue times of the ops
+    // from the rank's earliest queue head to the next op its host issues.
+    std::vector<HostClock> hosts;
+    std::int64_t host_waits = 0;               // Engine::host_waits_
+    std::vector<OpId> host_from;               // per rank: its earliest queue head (kNone: none)
+    std::vector<std::vector<SimTime>> issued;  // per rank: ops [host_from, next) of that rank
   };
   /// How far the blocks after the boundary are the shifted copies of the ones before.
   struct FfShift {
@@ -311,6 +348,8 @@ class Engine {
                      const FfSnapshot& c,
                      const Workload::Instance& d,
                      OpId window_begin) const;
+  bool ff_same_hosts(const FfSnapshot& p, const FfSnapshot& c, const Workload::Instance& d) const;
+  OpId ff_watched(OpId head, std::int32_t cursor) const;
   OpId ff_first_aperiodic(const FfSnapshot& p,
                           OpId from,
                           OpId to,
@@ -338,9 +377,14 @@ class Engine {
   // Compute runs at rate 1 beside collectives too (no calibrated slowdown): compute ops need no
   // activity.
   bool fixed_compute_rate_ = false;
+  // Host issue model (HostIssueModel::enabled): ns per framework call and per synchronisation.
+  bool host_ = false;
+  SimTime call_ns_ = 0;
+  SimTime sync_ns_ = 0;
 
   SimTime now_ = 0;
-  std::int64_t events_ = 0;  // events processed by the loop
+  std::int64_t events_ = 0;      // events processed by the loop
+  std::int64_t host_waits_ = 0;  // queue heads held up because their host had not issued them
   std::uint32_t seq_ = 0;
   std::uint32_t stamp_now_ = 0;
   std::size_t done_ = 0;      // ops ended
@@ -634,7 +678,87 @@ inline bool Engine::head_ready(std::size_t q) {
     dep.first_watcher = static_cast<std::int32_t>(q);
     return false;
   }
-  return true;
+  return !host_ || host_issued(q, op);
+}
+
+// Host issue: whether the host has issued `op`, the head of queue q, by now. If not, the queue
+// waits: on the synchronising op the host waits for (its end issues more), or until the instant
+// the host issues it.
+bool Engine::host_issued(std::size_t q, OpId op) {
+  const SimTime at = b_.host_ops[idx(op)].issued;
+  if (at <= now_) {
+    return true;
+  }
+  ++host_waits_;
+  if (at == kNotIssued) {
+    OpRuntime& sync = b_.op[idx(b_.hosts[idx(w_.ops[idx(op)].rank)].waits_for)];
+    b_.queues[q].next_watcher = sync.first_watcher;
+    sync.first_watcher = static_cast<std::int32_t>(q);
+    return false;
+  }
+  push_event(at, kHostWaitEvent + static_cast<std::int32_t>(q));
+  return false;
+}
+
+// Issues the rank's ops in program order until one the host must wait for (O(1) per op).
+void Engine::advance_host(std::int32_t rank) {
+  HostClock& h = b_.hosts[idx(rank)];
+  while (h.next != kNone && h.waits_for == kNone) {
+    const OpId op = h.next;
+    const Op& o = w_.ops[idx(op)];
+    h.time += static_cast<SimTime>(o.host_calls) * call_ns_;
+    b_.host_ops[idx(op)].issued = h.time;
+    if (trace_) [[unlikely]] {
+      note_issue(op, o, h.time);
+    }
+    if (o.host_sync) {
+      h.waits_for = op;
+    }
+    h.next = b_.host_ops[idx(op)].next_on_rank;
+  }
+}
+
+// Setup, in program order: the host issues the op now unless its rank's host waits for a
+// synchronisation (as advance_host would, without a second pass over the ops); the ops after that
+// are linked for advance_host.
+void Engine::setup_host(OpId op, const Op& o) {
+  HostClock& h = b_.hosts[idx(o.rank)];
+  HostOp& ho = b_.host_ops[idx(op)];
+  ho.next_on_rank = kNone;
+  if (h.waits_for == kNone) {
+    h.time += static_cast<SimTime>(o.host_calls) * call_ns_;
+    ho.issued = h.time;
+    if (trace_) [[unlikely]] {
+      note_issue(op, o, h.time);
+    }
+    if (o.host_sync) {
+      h.waits_for = op;
+    }
+    return;
+  }
+  ho.issued = kNotIssued;
+  (h.tail == kNone ? h.next : b_.host_ops[idx(h.tail)].next_on_rank) = op;
+  h.tail = op;
+}
+
+// Trace only: the host's issue of `op`, from its first call to `issued`.
+void Engine::note_issue(OpId op, const Op& o, SimTime issued) {
+  if (o.host_calls > 0) {
+    result_.host_intervals.push_back(
+        {op, issued - static_cast<SimTime>(o.host_calls) * call_ns_, issued});
+  }
+}
+
+// A host_sync op ended: the host resumes sync_s after the later of its end and the host's own
+// clock, and issues on.
+void Engine::release_host(OpId op, std::int32_t rank) {
+  HostClock& h = b_.hosts[idx(rank)];
+  if (h.waits_for != op) {
+    return;
+  }
+  h.time = std::max(h.time, now_) + sync_ns_;
+  h.waits_for = kNone;
+  advance_host(rank);
 }
 
 // Starts the head of queue q (ready: head_ready said so). A collective op only arrives until the
@@ -765,6 +889,9 @@ void Engine::finish_op(OpId op) {
   }
   if (trace_) [[unlikely]] {
     sample_memory(o.rank);
+  }
+  if (host_ && o.host_sync) {
+    release_host(op, o.rank);  // before the watchers: some wait for the host to issue their head
   }
   if (rt.first_watcher != kNone) {
     wake_watchers(rt);
@@ -936,6 +1063,31 @@ Engine::FfSnapshot Engine::ff_snapshot(const FfBoundary& at) const {
   s.ranks = b_.ranks;
   s.busy = result_.busy;
   s.window_max = ff_window_max_;
+  if (host_) {
+    s.hosts = b_.hosts;
+    s.host_waits = host_waits_;
+    s.host_from.assign(b_.hosts.size(), kNone);
+    for (std::size_t q = 0; q < b_.queues.size(); ++q) {
+      const OpId head = b_.queues[q].head;
+      if (head != kNone) {
+        OpId& from = s.host_from[q / kStreamCount];
+        from = from == kNone ? head : std::min(from, head);
+      }
+    }
+    s.issued.resize(b_.hosts.size());
+    for (std::size_t r = 0; r < b_.hosts.size(); ++r) {
+      const HostClock& h = b_.hosts[r];
+      if (h.waits_for == kNone || s.host_from[r] == kNone) {
+        continue;  // issued everything (absolute times), or nothing left to run
+      }
+      const OpId to = h.next == kNone ? static_cast<OpId>(w_.ops.size()) : h.next;
+      for (OpId x = s.host_from[r]; x < to; ++x) {
+        if (idx(w_.ops[idx(x)].rank) == r) {
+          s.issued[r].push_back(b_.host_ops[idx(x)].issued);
+        }
+      }
+    }
+  }
   return s;
 }
 
@@ -991,6 +1143,12 @@ bool Engine::ff_equivalent(const FfSnapshot& p,
       }
       continue;
     }
+    if (a.activity >= kHostWaitEvent || b.activity >= kHostWaitEvent) {
+      if (a.activity != b.activity) {  // the same queue
+        return false;
+      }
+      continue;
+    }
     const Activity& x = p.activities[idx(a.activity)];
     const Activity& y = c.activities[idx(b.activity)];
     const bool a_current = x.active && x.event_seq == a.seq;
@@ -1024,7 +1182,63 @@ bool Engine::ff_equivalent(const FfSnapshot& p,
       return false;
     }
   }
+  return !host_ || ff_same_hosts(p, c, d);
+}
+
+// The host clocks: each rank's either waits for a synchronisation in both states, the op moved by
+// d, with the same issue times relative to now (the host is tied to the GPU's progress, and moves
+// with it); or has issued every op in both (absolute issue times, a host running ahead), and then
+// must not have held up any op since `p` nor issue a block slower than the GPU runs one (so it
+// never holds one up in the skipped blocks either).
+bool Engine::ff_same_hosts(const FfSnapshot& p,
+                           const FfSnapshot& c,
+                           const Workload::Instance& d) const {
+  const SimTime period = c.now - p.now;
+  for (std::size_t r = 0; r < c.hosts.size(); ++r) {
+    const HostClock& a = p.hosts[r];
+    const HostClock& b = c.hosts[r];
+    if (a.waits_for == kNone && b.waits_for == kNone) {
+      if (c.host_waits != p.host_waits) {
+        return false;
+      }
+      // The host's time per block, from the rank's heads (every op is issued).
+      for (std::size_t q = r * kStreamCount; q < (r + 1) * kStreamCount; ++q) {
+        const OpId head = c.queues[q].head;
+        if (head != kNone && head != p.queues[q].head &&
+            b_.host_ops[idx(head)].issued - b_.host_ops[idx(head - d.ops)].issued > period) {
+          return false;
+        }
+      }
+      continue;
+    }
+    auto moved = [&d](OpId x, OpId y) { return x == kNone ? y == kNone : y - x == d.ops; };
+    if (a.waits_for == kNone || b.waits_for == kNone || !moved(a.waits_for, b.waits_for) ||
+        !moved(a.next, b.next) || a.time - p.now != b.time - c.now ||
+        !moved(p.host_from[r], c.host_from[r]) || p.issued[r].size() != c.issued[r].size()) {
+      return false;
+    }
+    for (std::size_t i = 0; i < p.issued[r].size(); ++i) {
+      const SimTime x = p.issued[r][i], y = c.issued[r][i];
+      if ((x == kNotIssued) != (y == kNotIssued) || (x != kNotIssued && x - p.now != y - c.now)) {
+        return false;
+      }
+    }
+  }
   return true;
+}
+
+// The op a waiting queue head is on the watcher list of: its first unfinished dependency, or the
+// synchronisation its rank's host waits for while the head is not issued (kNone: it waits for its
+// issue event, or is not waiting).
+OpId Engine::ff_watched(OpId head, std::int32_t cursor) const {
+  const Op& o = w_.ops[idx(head)];
+  if (cursor < o.deps_end) {
+    return w_.edges[idx(cursor)];
+  }
+  if (host_ && b_.host_ops[idx(head)].issued == kNotIssued) {
+    return b_.hosts[idx(o.rank)].waits_for;
+  }
+  return kNone;
 }
 
 // (b) above over [from, to): the first op that is not the op d before it moved by d (`to` when
@@ -1065,6 +1279,7 @@ OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
     if (o.rank != r.rank || o.stream != r.stream || o.kind != r.kind || o.phase != r.phase ||
         o.duration_ns != r.duration_ns || o.transfer_bytes != r.transfer_bytes ||
         o.workspace_bytes != r.workspace_bytes || o.workspace_category != r.workspace_category ||
+        o.host_calls != r.host_calls || o.host_sync != r.host_sync ||
         o.deps_begin - r.deps_begin != d.edges ||
         o.deps_end - o.deps_begin != r.deps_end - r.deps_begin ||
         o.inputs_end - o.inputs_begin != r.inputs_end - r.inputs_begin ||
@@ -1194,8 +1409,8 @@ std::int32_t Engine::ff_stop_limit(const FfSnapshot& p, const FfSnapshot& c, std
       for (std::size_t q = 0; q < snap.queues.size(); ++q) {
         const FfQueue& f = snap.queues[q];
         if (f.head != kNone && f.head == ff_prev_.queues[q].head) {
-          const OpId watched = w_.edges[idx(f.cursor)];
-          while (k >= 1 && window_end(k) > watched) {
+          const OpId watched = ff_watched(f.head, f.cursor);
+          while (k >= 1 && (watched == kNone || window_end(k) > watched)) {
             --k;
           }
         }
@@ -1246,7 +1461,31 @@ void Engine::ff_skip(const FfSnapshot& p,
   };
   for (std::size_t q = 0; q < c.queues.size(); ++q) {
     if (moved(q) && c.queues[q].state == OpState::kWaiting) {
-      unlink(q, w_.edges[idx(c.queues[q].cursor)]);
+      if (const OpId watched = ff_watched(c.queues[q].head, c.queues[q].cursor); watched != kNone) {
+        unlink(q, watched);
+      }
+    }
+  }
+  // Hosts tied to the GPU move with it: their clock, the next op and the synchronisation they wait
+  // for, and the issue times of the ops from the earliest head on.
+  for (std::size_t r = 0; host_ && r < c.hosts.size(); ++r) {
+    HostClock& h = b_.hosts[r];
+    if (h.waits_for == kNone) {
+      continue;
+    }
+    h.time += dt;
+    h.waits_for += ops_shift;
+    if (h.next != kNone) {
+      h.next += ops_shift;
+    }
+    const OpId from = c.host_from[r] + ops_shift;
+    const OpId to = h.next == kNone ? static_cast<OpId>(w_.ops.size()) : h.next;
+    std::size_t i = 0;
+    for (OpId x = from; x < to; ++x) {
+      if (idx(w_.ops[idx(x)].rank) == r) {
+        const SimTime at = c.issued[r][i++];
+        b_.host_ops[idx(x)].issued = at == kNotIssued ? at : at + dt;
+      }
     }
   }
   // The ops the k blocks end, each as finish_op leaves it, without its frees (the memory moves by
@@ -1303,7 +1542,11 @@ void Engine::ff_skip(const FfSnapshot& p,
   for (std::size_t q = 0; q < c.queues.size(); ++q) {
     if (moved(q) && c.queues[q].state == OpState::kWaiting) {
       Queue& queue = b_.queues[q];
-      OpRuntime& watched = b_.op[idx(w_.edges[idx(queue.cursor)])];
+      const OpId watched_op = ff_watched(queue.head, queue.cursor);
+      if (watched_op == kNone) {
+        continue;  // its issue event moved with the heap
+      }
+      OpRuntime& watched = b_.op[idx(watched_op)];
       if (watched.state == OpState::kDone) {
         throw std::logic_error("fast-forward: a queue would wait for an op already done");
       }
@@ -1373,6 +1616,16 @@ void Engine::setup() {
   b_.node_host_bytes.assign(n_ranks / static_cast<std::size_t>(std::max(1, w_.gpus_per_node)) + 1,
                             0);
   result_.busy.assign(n_ranks, {});
+  host_ = profile_.host_issue.enabled();
+  if (host_) {
+    if (n_queues >= static_cast<std::size_t>(kHostWaitEvent)) {
+      throw std::logic_error("simulation: too many stream queues for host issue events");
+    }
+    call_ns_ = seconds_to_simtime(profile_.host_issue.per_call_s());
+    sync_ns_ = seconds_to_simtime(profile_.host_issue.sync_s);
+    b_.host_ops.resize(n_ops);
+    b_.hosts.assign(n_ranks, {});
+  }
 
   for (std::size_t i = 0; i < n_ops; ++i) {
     const Op& o = w_.ops[i];
@@ -1394,6 +1647,9 @@ void Engine::setup() {
       CollectiveRuntime& cr = b_.collectives[idx(o.collective)];
       (cr.last_member == kNone ? cr.first_member : b_.op[idx(cr.last_member)].next_member) = self;
       cr.last_member = self;
+    }
+    if (host_) {
+      setup_host(self, o);
     }
   }
   if (++b_.run == 0) {  // wrapped: forget every earlier run
@@ -1435,6 +1691,13 @@ SimResult Engine::run() {
       const OpId op = fixed_rate_op(e.activity);
       b_.ranks[idx(w_.ops[idx(op)].rank)].compute_activity = kNoCompute;
       finish_op(op);
+    } else if (e.activity >= kHostWaitEvent) [[unlikely]] {
+      // The host has issued the queue's head (it waited for nothing else: head_ready said so).
+      now_ = e.time;
+      const auto q = idx(e.activity - kHostWaitEvent);
+      if (head_ready(q)) {
+        start_head(q);
+      }
     } else {
       const Activity& act = b_.activities[idx(e.activity)];
       if (!act.active || act.event_seq != e.seq) {

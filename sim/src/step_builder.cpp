@@ -5,6 +5,7 @@
 #include "step_builder.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -79,6 +80,8 @@ OpSpec& StepBuilder::next_spec(Name name, Stream stream, OpKind kind) {
   s.transfer_bytes = 0;
   s.workspace_bytes = 0;
   s.workspace_category = MemCategory::kOther;
+  s.host_calls = 1;
+  s.host_sync = false;
   s.inputs.clear();
   s.outputs.clear();
   s.deps.clear();
@@ -96,6 +99,7 @@ OpSet StepBuilder::compute(Name name,
   OpSpec& s = next_spec(name, Stream::kCompute, kind);
   s.time_s = k.time_s;
   s.flops = k.flops;
+  s.host_calls = k.host_calls;
   s.inputs.assign(inputs.begin(), inputs.end());
   s.outputs.assign(outputs.begin(), outputs.end());
   s.deps.assign(deps.begin(), deps.end());
@@ -255,14 +259,26 @@ KernelCost StepBuilder::linear_wgrad(std::int64_t m, std::int64_t n, std::int64_
 KernelCost StepBuilder::linear_bwd(std::int64_t m, std::int64_t n, std::int64_t k) const {
   return plus(linear_dgrad(m, n, k), linear_wgrad(m, n, k));
 }
+// Host calls of one RMSNorm (docs/MODEL.md, "Host issue"). Fused (Liger, Apex): one kernel
+// forward, the kernel and the weight gradient's sum backward. Upcast and eager: the composite
+// Hugging Face LlamaRMSNorm runs (models/recipe.hpp, NormKernel): `.to(float32)`, `pow`, `mean`,
+// the epsilon add, `rsqrt`, `mul`, `.to(bf16)` and the weight product, 8 calls; its autograd
+// backward is counted as two per forward op (an estimate: most of them have two inputs).
+KernelCost StepBuilder::norm_calls(KernelCost k, bool backward) const {
+  const bool fused = r_.norm_kernel == models::NormKernel::kFused;
+  k.host_calls = fused ? (backward ? 2 : 1) : (backward ? 16 : 8);
+  return k;
+}
 KernelCost StepBuilder::mem(std::int64_t bytes) const {
   return cost_.memory_bound(bytes);
 }
+// `factor` kernels or calls of `k` (their host calls too, rounded up); a + b: both kernels.
 KernelCost StepBuilder::times(KernelCost k, double factor) {
-  return {k.time_s * factor, k.flops * factor};
+  return {k.time_s * factor, k.flops * factor,
+          static_cast<std::int64_t>(std::ceil(static_cast<double>(k.host_calls) * factor))};
 }
 KernelCost StepBuilder::plus(KernelCost a, KernelCost b) {
-  return {a.time_s + b.time_s, a.flops + b.flops};
+  return {a.time_s + b.time_s, a.flops + b.flops, a.host_calls + b.host_calls};
 }
 
 std::int64_t StepBuilder::norm_workspace() const {
@@ -359,8 +375,8 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
     sv.norm1_saved = b_.tensor("norm1_saved", saved, MemCategory::kActivations);
     norm1_out.push_back(sv.norm1_saved);
   }
-  sv.first_op = compute("norm1", OpKind::kElementwise, mem(2 * act_bytes), {x}, norm1_out, {},
-                        norm_workspace());
+  sv.first_op = compute("norm1", OpKind::kElementwise, norm_calls(mem(2 * act_bytes), false), {x},
+                        norm1_out, {}, norm_workspace());
   const TensorSet xn_sp = sv.xn;
   sv.xn = tp_exchange("tp_ag.xn", xn_sp, true, gathered_cat);
   method_.attention_forward(*this, sv, params, grad);
@@ -391,8 +407,8 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
     sv.norm2_saved = b_.tensor("norm2_saved", saved, MemCategory::kActivations);
     norm2_out.push_back(sv.norm2_saved);
   }
-  compute("norm2", OpKind::kElementwise, mem(2 * act_bytes), {sv.h1}, norm2_out, {},
-          norm_workspace());
+  compute("norm2", OpKind::kElementwise, norm_calls(mem(2 * act_bytes), false), {sv.h1}, norm2_out,
+          {}, norm_workspace());
   const TensorSet h1n = tp_exchange("tp_ag.h1n", sv.h1n, true, gathered_cat);
   if (!tp_regather_) {
     sv.h1n = h1n;
@@ -496,8 +512,8 @@ TensorSet StepBuilder::layer_backward(
   if (sv.norm2_saved.valid()) {
     norm2_in.push_back(sv.norm2_saved);
   }
-  compute("norm2_bwd", OpKind::kElementwise, mem(4 * act_bytes), std::move(norm2_in), {dh1}, {},
-          norm_workspace());
+  compute("norm2_bwd", OpKind::kElementwise, norm_calls(mem(4 * act_bytes), true),
+          std::move(norm2_in), {dh1}, {}, norm_workspace());
   // Output projection backward: dO = dh1 · Woᵀ, and its weight gradient.
   const TensorSet dh1_full = tp_exchange("tp_ag.dh1", dh1, true);
   SavedLayer regathered;
@@ -527,8 +543,8 @@ TensorSet StepBuilder::layer_backward(
     norm1_in.push_back(sv.out);
     norm1_in.push_back(dy);
   }
-  compute("norm1_bwd", OpKind::kElementwise, mem(4 * act_bytes), std::move(norm1_in), {dx},
-          {g.ready}, norm_workspace());
+  compute("norm1_bwd", OpKind::kElementwise, norm_calls(mem(4 * act_bytes), true),
+          std::move(norm1_in), {dx}, {g.ready}, norm_workspace());
   return dx;
 }
 
@@ -704,8 +720,8 @@ StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x, bool reduce
     final_norm_saved = b_.tensor("final_norm_saved", kept, MemCategory::kActivations);
     final_norm_out.push_back(final_norm_saved);
   }
-  compute("final_norm", OpKind::kElementwise, mem(2 * act), {x}, final_norm_out, {},
-          norm_workspace());
+  compute("final_norm", OpKind::kElementwise, norm_calls(mem(2 * act), false), {x}, final_norm_out,
+          {}, norm_workspace());
   // T > 1: the vocabulary-parallel LM head reads all s tokens (all-gather) and its input gradient
   // is a partial sum (reduce-scatter); the loss over V/T logits per rank all-reduces the logits'
   // max, the sum of exponentials and the target logit over the TP group: three all-reduces of s
@@ -735,7 +751,7 @@ StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x, bool reduce
   if (final_norm_saved.valid()) {
     final_norm_in.push_back(final_norm_saved);
   }
-  OpSet fn_bwd = compute("final_norm_bwd", OpKind::kElementwise, mem(3 * act),
+  OpSet fn_bwd = compute("final_norm_bwd", OpKind::kElementwise, norm_calls(mem(3 * act), true),
                          std::move(final_norm_in), {dy}, {}, norm_workspace());
   return {dy, fn_bwd};
 }
@@ -850,6 +866,12 @@ void StepBuilder::optimizer(OpSet last_reduce, TensorSet host_optimizer, TensorS
   OpSet cpu =
       compute("cpu_adam (host)", OpKind::kOptimizer, {static_cast<double>(updated) / rate, 0.0},
               {grads_host, host_optimizer}, {}, {d2h});
+  // CPU Adam runs on the host (DeepSpeed's DeepSpeedCPUAdam.step from the training loop): the
+  // host issues nothing after it before it ends (docs/MODEL.md, "Host issue").
+  for (std::size_t k = w_.ops.size() - static_cast<std::size_t>(b_.simulated_ranks());
+       k < w_.ops.size(); ++k) {
+    w_.ops[k].host_sync = true;
+  }
   TensorSet params_back = b_.tensor("params.from_host", 0, MemCategory::kOther);
   host_copy("params_to_device", true, updated * r_.param_bytes, TensorSet{}, params_back, {cpu});
   w_.notes.push_back("CPU Adam throughput is an assumption of the profile (no published figure)");
@@ -876,6 +898,13 @@ void StepBuilder::add_notes() {
   }
   if (!r_.expandable_segments) {
     w_.notes.push_back("allocator fragmentation without expandable segments is not modelled");
+  }
+  if (in_.hardware.host_issue.enabled()) {
+    w_.notes.push_back(
+        "host issue: one host thread per rank issues every op in program order at the profile's "
+        "per-call cost; the framework calls per op are counted from the implementations' source "
+        "where read (FPDT's chunk loop, RMSNorm) and are one per kernel elsewhere, so the host "
+        "time's granularity is approximate");
   }
   if (layout_.implementation != nullptr) {
     for (const std::string_view limit : layout_.implementation->limits()) {

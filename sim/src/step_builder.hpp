@@ -167,6 +167,8 @@ class StepBuilder {
   /// dgrad + wgrad.
   KernelCost linear_bwd(std::int64_t m, std::int64_t n, std::int64_t k) const;
   KernelCost mem(std::int64_t bytes) const;
+  /// `k` with the host calls of one RMSNorm of the recipe's kind (forward or backward).
+  KernelCost norm_calls(KernelCost k, bool backward) const;
   static KernelCost times(KernelCost k, double factor);
   static KernelCost plus(KernelCost a, KernelCost b);
   std::int64_t norm_workspace() const;

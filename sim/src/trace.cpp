@@ -106,7 +106,8 @@ class EventFormatter {
     first_ = false;
   }
 
-  void metadata(int rank) {
+  /// `host`: the rank has a host issue track (tid kStreamCount).
+  void metadata(int rank, bool host) {
     begin_event();
     fmt::format_to(std::back_inserter(buf_),
                    R"({{"ph":"M","pid":{0},"name":"process_name","args":{{"name":"rank {0}"}}}})",
@@ -122,6 +123,32 @@ class EventFormatter {
           R"({{"ph":"M","pid":{},"tid":{},"name":"thread_name","args":{{"name":"{}"}}}})", rank, s,
           to_string(static_cast<Stream>(s)));
     }
+    if (host) {
+      begin_event();
+      fmt::format_to(
+          std::back_inserter(buf_),
+          R"({{"ph":"M","pid":{},"tid":{},"name":"thread_name","args":{{"name":"host issue"}}}})",
+          rank, kStreamCount);
+    }
+  }
+
+  // The host's issue of an op (SimResult::host_intervals) on the rank's host track.
+  void host_slice(const OpInterval& i) {
+    const Op& o = op_of(w_, i.op);
+    begin_event();
+    fmt::format_to(std::back_inserter(buf_), R"({{"ph":"X","pid":{},"tid":{},"name":)", o.rank,
+                   kStreamCount);
+    append_json_string(buf_, w_.names[static_cast<std::size_t>(o.name)]);
+    buf_ += R"(,"cat":"host","ts":)";
+    append_us(buf_, i.start_ns);
+    buf_ += ",\"dur\":";
+    append_us(buf_, i.end_ns - i.start_ns);
+    fmt::format_to(std::back_inserter(buf_), R"(,"args":{{"phase":"{}","calls":{},"host_sync":{})",
+                   to_string(o.phase), o.host_calls, o.host_sync);
+    if (o.layer >= 0) {
+      fmt::format_to(std::back_inserter(buf_), R"(,"layer":{})", o.layer);
+    }
+    buf_ += "}}";
   }
 
   void slice(const OpInterval& i) {
@@ -213,11 +240,12 @@ class TraceWriter {
       : w_(w), out_(out), options_(options), f_(w) {}
 
   std::int64_t write(const SimResult& r) {
+    const bool host = !r.host_intervals.empty();
     out_ << R"({"displayTimeUnit":"ms","traceEvents":[)" << '\n';
     for (int rank = 0; rank < w_.ranks; ++rank) {
       if (options_.selection.has_rank(rank)) {
-        f_.metadata(rank);
-        done(2 + kStreamCount);
+        f_.metadata(rank, host);
+        done(2 + kStreamCount + (host ? 1 : 0));
       }
     }
     for (const OpInterval& i : r.intervals) {
@@ -231,6 +259,13 @@ class TraceWriter {
         f_.flow(i, starts, id);
         done(1);
       });
+    }
+    for (const OpInterval& i : r.host_intervals) {
+      const Op& o = op_of(w_, i.op);
+      if (options_.selection.has_rank(o.rank) && options_.selection.has_layer(o.layer)) {
+        f_.host_slice(i);
+        done(1);
+      }
     }
     for (int rank = 0; rank < w_.ranks; ++rank) {
       if (options_.selection.has_rank(rank)) {
@@ -354,15 +389,28 @@ TraceEstimate estimate_chrome_trace(const Workload& w,
   f.begin_event();  // every event after the first carries its separator
   std::int64_t bytes = 0;
   std::int64_t events = 0;
+  const bool host_track = !r.host_intervals.empty();
   for (int rank = 0; rank < w.ranks; ++rank) {
     if (sel.has_rank(rank)) {
       f.clear();
-      f.metadata(rank);
+      f.metadata(rank, host_track);
       bytes += static_cast<std::int64_t>(f.text().size());
-      events += 2 + kStreamCount;
+      events += 2 + kStreamCount + (host_track ? 1 : 0);
     }
   }
-  SizeSample slices, flows, counters, hosts;
+  SizeSample slices, flows, counters, hosts, issues;
+  for (const OpInterval& i : r.host_intervals) {
+    const Op& o = op_of(w, i.op);
+    if (!sel.has_rank(o.rank) || !sel.has_layer(o.layer)) {
+      continue;
+    }
+    if (issues.wants_sample()) {
+      f.clear();
+      f.host_slice(i);
+      issues.measure(f.text().size(), 1);
+    }
+    issues.add(1);
+  }
   for (const OpInterval& i : r.intervals) {
     const Op& o = op_of(w, i.op);
     if (!sel.has_rank(o.rank) || !sel.has_layer(o.layer)) {
@@ -424,8 +472,8 @@ TraceEstimate estimate_chrome_trace(const Workload& w,
       count(*p);
     }
   }
-  events += slices.count + flows.count + counters.count + hosts.count;
-  bytes += slices.bytes() + flows.bytes() + counters.bytes() + hosts.bytes() +
+  events += slices.count + flows.count + counters.count + hosts.count + issues.count;
+  bytes += slices.bytes() + flows.bytes() + counters.bytes() + hosts.bytes() + issues.bytes() +
            64;  // + the enclosing object
   return {events, bytes};
 }

@@ -98,8 +98,9 @@ TEST(HardwareProfile, ParsesTheH100Profile) {
 TEST(HardwareProfile, RecordsProvenanceOfEveryCoefficient) {
   const HardwareProfile hw = parse_hardware_profile(h100_json().dump(), "h100.json");
   // 5 gpu (with the FP8 peak) + 5 compute + 4 kernels x 7 + 3 overheads + 3 node + 4 host link +
-  // 2 x 5 x 3 collectives.
-  EXPECT_EQ(hw.provenance.size(), 78U);
+  // 3 host issue + 2 x 5 x 3 collectives.
+  EXPECT_EQ(hw.provenance.size(), 81U);
+  EXPECT_THAT(hw.provenance.at("node.host_issue.launch_s"), HasSubstr("ReFrame"));
   EXPECT_THAT(hw.provenance.at("gpu.peak_bf16_flops_per_s"), HasSubstr("989 TFLOP/s"));
   EXPECT_THAT(hw.provenance.at("gpu.peak_fp8_flops_per_s"), HasSubstr("1,979 TFLOP/s"));
   EXPECT_THAT(hw.provenance.at("collectives.intra_node.all_to_all.alpha_s"), HasSubstr("11-15 us"));
@@ -108,6 +109,26 @@ TEST(HardwareProfile, RecordsProvenanceOfEveryCoefficient) {
   EXPECT_EQ(hw.provenance.count("collectives.inter_node.send_recv.efficiency_by_size"), 1U);
   EXPECT_EQ(hw.provenance.count("node.host_link.duplex_total_bytes_per_s"), 1U);
   EXPECT_EQ(hw.provenance.count("memory_overheads.cublas_workspace_bytes"), 1U);
+}
+
+TEST(HardwareProfile, OptionalHostIssue) {
+  // The built-in profile's constants (docs/MODEL.md, "Host issue"): 4.5 + 2.7 us per call.
+  const HardwareProfile hw = parse_hardware_profile(h100_json().dump(), "h100.json");
+  EXPECT_DOUBLE_EQ(hw.host_issue.dispatch_s, 4.5e-6);
+  EXPECT_DOUBLE_EQ(hw.host_issue.launch_s, 2.7e-6);
+  EXPECT_DOUBLE_EQ(hw.host_issue.sync_s, 6.95e-6);
+  EXPECT_DOUBLE_EQ(hw.host_issue.per_call_s(), 7.2e-6);
+  EXPECT_TRUE(hw.host_issue.enabled());
+  // Without the section the model is off.
+  json profile = h100_json();
+  profile["node"].erase("host_issue");
+  const HardwareProfile off = parse_hardware_profile(profile.dump(), "h100.json");
+  EXPECT_FALSE(off.host_issue.enabled());
+  EXPECT_EQ(off.provenance.count("node.host_issue.sync_s"), 0U);
+  // A negative value names its path.
+  profile = h100_json();
+  profile["node"]["host_issue"]["sync_s"]["value"] = -1.0;
+  EXPECT_THAT(error_field(profile), HasSubstr("node.host_issue.sync_s"));
 }
 
 TEST(HardwareProfile, OptionalGemmEfficiencyCurve) {

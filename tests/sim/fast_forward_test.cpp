@@ -76,8 +76,8 @@ std::vector<Case> cases() {
     }
   }
   // Methods' schemes over checkpointing, ZeRO and offload; two nodes with every rank simulated.
-  for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kRing, CpMethod::kUPipe,
-                           CpMethod::kFpdt, CpMethod::kAllGather, CpMethod::kUsp}) {
+  for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kRing, CpMethod::kUPipe, CpMethod::kFpdt,
+                           CpMethod::kAllGather, CpMethod::kUsp}) {
     for (const CheckpointMode ac :
          {CheckpointMode::kNone, CheckpointMode::kSelective, CheckpointMode::kFull}) {
       for (const int zero : {1, 3}) {
@@ -87,14 +87,13 @@ std::vector<Case> cases() {
         in.parallel.ring_degree = m == CpMethod::kRing || m == CpMethod::kAllGather ? 8
                                   : m == CpMethod::kUsp                             ? 2
                                                                                     : 1;
-        add(fmt::format("{} ac {} zero {}", models::to_string(m), static_cast<int>(ac), zero),
-            in);
+        add(fmt::format("{} ac {} zero {}", models::to_string(m), static_cast<int>(ac), zero), in);
       }
     }
     ScheduleInputs two_nodes = inputs(m, "llama3-8b", 16, 512 * kK);
     two_nodes.parallel.ring_degree = m == CpMethod::kRing || m == CpMethod::kAllGather ? 16
-                                     : m == CpMethod::kUsp || m == CpMethod::kUPipe   ? 2
-                                                                                      : 1;
+                                     : m == CpMethod::kUsp || m == CpMethod::kUPipe    ? 2
+                                                                                       : 1;
     if (m == CpMethod::kUlysses || m == CpMethod::kFpdt) {
       two_nodes.parallel.gpus = 8;
       two_nodes.parallel.cp_degree = 8;
@@ -107,6 +106,22 @@ std::vector<Case> cases() {
     in.parallel.ring_degree = 8;
     in.hardware.compute_slowdown_under_comm = 0.1;
     add("ring slowed compute", in);
+  }
+  // A slow host (1 ms per framework call): the host binds, and at FPDT's synchronisations the
+  // host waits for the GPU; and no host model at all.
+  for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kFpdt, CpMethod::kRing}) {
+    ScheduleInputs in = inputs(m, "llama3-8b", 8, 256 * kK);
+    in.parallel.ring_degree = m == CpMethod::kRing ? 8 : 1;
+    if (m == CpMethod::kFpdt) {
+      in.recipe = models::load_recipe("deepspeed-fpdt", testing::data());
+      in.parallel.implementation = "deepspeed-fpdt";
+    }
+    ScheduleInputs slow = in;
+    slow.hardware.host_issue.dispatch_s = 1e-3;
+    add(fmt::format("{} slow host", models::to_string(m)), slow);
+    ScheduleInputs none = in;
+    none.hardware.host_issue = {};
+    add(fmt::format("{} no host model", models::to_string(m)), none);
   }
   // Tensor parallelism around CP.
   {

@@ -32,7 +32,7 @@ inline ScheduleInputs inputs(models::CpMethod method,
 }
 
 /// A profile with round numbers for hand-computed engine cases: host links 1 byte/ns each way,
-/// duplex total 1 byte/ns, no latencies.
+/// duplex total 1 byte/ns, no latencies, no host issue cost.
 inline models::HardwareProfile round_profile() {
   models::HardwareProfile p = models::load_hardware("h100-sxm-80g", data());
   p.host_link.alpha_s = 0.0;
@@ -40,6 +40,7 @@ inline models::HardwareProfile round_profile() {
   p.host_link.d2h_bytes_per_s = 1e9;
   p.host_link.duplex_total_bytes_per_s = 1e9;
   p.compute_slowdown_under_comm = 0.0;
+  p.host_issue = {};  // no host issue model (host_issue_test.cpp sets its own)
   return p;
 }
 

@@ -94,10 +94,18 @@ constexpr ImplementationTable kTable{
     "(deepspeed/sequence/fpdt_layer.py) is "
     "not modelled by cpsim"};
 
+// _FPDTGPUOffloadingAttentionImpl_ synchronises the host after every block (fpdt_layer.py:731-732,
+// 940-941) and at its barriers; attention_fpdt.cpp counts its calls.
+class DeepSpeedFpdt final : public Implementation {
+ public:
+  using Implementation::Implementation;
+  bool synchronised_fpdt_loop() const override { return true; }
+};
+
 }  // namespace
 
 const Implementation& deepspeed_fpdt() {
-  static const Implementation kImplementation(kTable);
+  static const DeepSpeedFpdt kImplementation(kTable);
   return kImplementation;
 }
 

@@ -71,6 +71,18 @@ struct HostLinkModel {
   double duplex_total_bytes_per_s = 0.0;  ///< H2D + D2H together when both are active
 };
 
+/// The training process's host thread, which issues every op of its rank in program order
+/// (docs/MODEL.md, "Host issue"). All zero (a profile without `node.host_issue`): the host model
+/// is off and ops start as soon as the GPU can run them.
+struct HostIssueModel {
+  double dispatch_s = 0.0;  ///< PyTorch eager dispatch of one framework op (Python to ATen)
+  double launch_s = 0.0;    ///< host side of one kernel launch (cudaLaunchKernel)
+  double sync_s = 0.0;      ///< a host synchronisation's round trip beyond the work it waits for
+  /// Host time to issue one framework op with its kernel.
+  double per_call_s() const { return dispatch_s + launch_s; }
+  bool enabled() const { return per_call_s() > 0.0 || sync_s > 0.0; }
+};
+
 struct HardwareProfile {
   int schema_version = kProfileSchemaVersion;
   std::string name;
@@ -106,6 +118,7 @@ struct HardwareProfile {
   double cpu_adam_params_per_s = 0.0;  ///< CPU Adam throughput of one node (optimizer offload)
   std::map<Span, std::map<Collective, CollectiveModel>> collectives;
   HostLinkModel host_link;
+  HostIssueModel host_issue;
 
   /// Provenance of each coefficient, keyed by its JSON path ("gpu.peak_bf16_flops_per_s").
   std::map<std::string, std::string> provenance;

@@ -20,6 +20,9 @@ struct AttentionShape {
 struct KernelCost {
   double time_s = 0.0;
   double flops = 0.0;
+  /// Framework ops (each with its kernel) the host issues for it: one per cost function's kernel;
+  /// builders set what the implementation runs (Op::host_calls).
+  std::int64_t host_calls = 1;
 };
 
 struct CollectiveCost {

@@ -96,10 +96,13 @@ struct StreamBusy {
 
 struct SimResult {
   SimTime step_time_ns = 0;
-  std::vector<RankMemory> memory;            ///< per rank
-  std::vector<StreamBusy> busy;              ///< per rank
-  std::int64_t events = 0;                   ///< events processed by the loop
-  std::vector<OpInterval> intervals;         ///< when record_trace
+  std::vector<RankMemory> memory;     ///< per rank
+  std::vector<StreamBusy> busy;       ///< per rank
+  std::int64_t events = 0;            ///< events processed by the loop
+  std::vector<OpInterval> intervals;  ///< when record_trace
+  /// When record_trace and the host issue model is on: each op with host calls as its rank's host
+  /// issued it (from its first call to its issue), in issue order per rank.
+  std::vector<OpInterval> host_intervals;
   std::vector<MemorySample> memory_samples;  ///< when record_trace
   std::vector<AllocationEvent> allocations;  ///< when log_allocations, in the order made
   /// Device memory exceeded SimOptions::stop_above_device_bytes, or a node's host memory

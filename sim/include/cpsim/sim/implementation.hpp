@@ -184,6 +184,10 @@ class Implementation {
   virtual std::string attention_kernel(const ScheduleInputs& in) const {
     return in.recipe.attention_kernel;
   }
+  /// Whether it runs the FPDT scheme's offloading loop as DeepSpeed's fpdt_layer.py does: the
+  /// framework calls of its chunks and blocks and its host synchronisations after each block
+  /// (sim/src/attention_fpdt.cpp, docs/MODEL.md "Host issue"); the default: no.
+  virtual bool synchronised_fpdt_loop() const { return false; }
   /// Constraints of its code beyond the method's (head divisibility, ...); the default has none.
   virtual std::optional<ConfigIssue> check(const ScheduleInputs& /*in*/,
                                            const HeadLayout& /*layout*/) const {

@@ -80,6 +80,9 @@ struct Op {
   Stream stream = Stream::kCompute;
   OpKind kind = OpKind::kElementwise;
   Phase phase = Phase::kForward;
+  /// The host waits for this op to end before it issues the next op of its rank (a stream or
+  /// device synchronisation, a barrier after it; docs/MODEL.md, "Host issue").
+  bool host_sync = false;
   std::int32_t layer = -1;  ///< transformer block, -1 for embedding/loss/optimizer
   std::int32_t name = 0;    ///< index into Workload::names
   /// Compute ops and host copies: duration at full speed, in ns. Collectives: see Collective.
@@ -88,6 +91,9 @@ struct Op {
   double flops = 0.0;                ///< for reporting
   std::int64_t workspace_bytes = 0;  ///< allocated for the op's duration only
   MemCategory workspace_category = MemCategory::kOther;
+  /// Framework ops (each with its kernel or NCCL call) the host issues for this op, in program
+  /// order on its rank: the host issue model charges each the profile's per-call cost.
+  std::uint16_t host_calls = 1;
   CollectiveId collective = kNone;
   // Ranges into Workload::edges. Deps are the ops it waits for besides its stream's earlier ops
   // (those end first anyway: builders leave them out).
