@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -12,6 +13,10 @@
 
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
+#include "cpsim/sim/implementation.hpp"
+#include "cpsim/sim/pipeline.hpp"
+
+#include "evaluate_pipeline.hpp"
 
 namespace cpsim::planner {
 namespace {
@@ -53,6 +58,15 @@ std::string structure_label(const models::ParallelConfig& p) {
   if (p.tp_degree > 1) {
     s += fmt::format(" tp{}", p.tp_degree);
   }
+  if (p.pp_degree > 1) {
+    s += fmt::format(" pp{}", p.pp_degree);
+    if (p.pp_first_stage_layers > 0 || p.pp_last_stage_layers > 0) {
+      s += fmt::format("[{}..{}]", p.pp_first_stage_layers, p.pp_last_stage_layers);
+    }
+    if (p.pp_schedule == models::PipelineSchedule::kInterleaved) {
+      s += fmt::format(" v{}", p.virtual_stages);
+    }
+  }
   if (p.micro_batches > 1) {
     s += fmt::format(" mb{}", p.micro_batches);
   }
@@ -68,7 +82,9 @@ std::int64_t cost_estimate(const sim::ScheduleInputs& in) {
   const std::int64_t per_block =
       sim::cp_implementation(in.parallel.method).ops_per_block_estimate(in);
   const bool full_ac = in.recipe.checkpointing == CheckpointMode::kFull;
-  return per_block * (full_ac ? 3 : 2) * in.model.layers;
+  const std::int64_t blocks =
+      in.parallel.pp_degree > 1 ? 2 * sim::pipeline_shape(in).stage_layers : in.model.layers;
+  return per_block * (full_ac ? 3 : 2) * blocks;
 }
 
 // The recipes of the --seq search: ZeRO 3/2 × AC (full+offload, full, selective, none) × tiled
@@ -133,6 +149,129 @@ std::vector<int> tp_degrees(const sim::ScheduleInputs& base, const PlanConstrain
     }
   }
   return out;
+}
+
+// Whether a search may make a step hold more sequences than the base's for pipeline parallelism
+// (P micro-batches at least fill a pipeline of P stages): --seq with data parallelism allowed (a
+// larger global batch), or a PP degree or micro-batch count the user fixed.
+bool pipeline_may_grow_batch(const PlanOptions& options) {
+  const PlanConstraints& f = options.fixed;
+  return f.pp_degree > 1 || f.micro_batches > 0 ||
+         (options.seq_len.has_value() && options.allow_data_parallel);
+}
+
+// The uneven split of L blocks over P stages the search tries when P does not divide L: one block
+// fewer on the first and the last stage than on the others, the layout Llama 3 used to balance
+// the embedding and the LM head + loss (REFERENCES.md [Llama3] §3.3.2), as Megatron's
+// --decoder-first/last-pipeline-num-layers express it: L = (P − 2)·k + 2·(k − 1).
+std::optional<std::pair<int, int>> stage_split(std::int64_t layers,
+                                               int pp,
+                                               const PlanConstraints& f) {
+  if (f.pp_first_stage_layers > 0 || f.pp_last_stage_layers > 0) {
+    return std::pair{f.pp_first_stage_layers, f.pp_last_stage_layers};
+  }
+  if (layers % pp == 0) {
+    return std::pair{0, 0};
+  }
+  if (pp >= 3 && (layers + 2) % pp == 0 && (layers + 2) / pp >= 2) {
+    const int k = static_cast<int>((layers + 2) / pp);
+    return std::pair{k - 1, k - 1};
+  }
+  return std::nullopt;
+}
+
+// The PP degrees searched at TP degree `tp`: the one fixed, else 1 and, when the step may grow,
+// every P ≥ 2 dividing the GPUs / T whose stages split the blocks (stage_split), P ≤ the fixed
+// micro-batch count.
+std::vector<int> pp_degrees(const sim::ScheduleInputs& base, const PlanOptions& options, int tp) {
+  const PlanConstraints& f = options.fixed;
+  if (f.pp_degree > 0) {
+    return {f.pp_degree};
+  }
+  std::vector<int> out{1};
+  if (!pipeline_may_grow_batch(options)) {
+    return out;
+  }
+  for (const int p : divisors(base.parallel.gpus / tp)) {
+    if (p >= 2 && (f.micro_batches == 0 || p <= f.micro_batches) &&
+        stage_split(base.model.layers, p, f)) {
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+// The pipeline variants of one structure (its PP degree and stage split set): schedule × virtual
+// stages × micro-batches. Interleaving needs V dividing every stage's blocks and m a multiple of
+// P (Megatron-Core, sim/pipeline.cpp); a value the user fixed is kept as given.
+std::vector<models::ParallelConfig> pipeline_variants(const models::ParallelConfig& st,
+                                                      const sim::ScheduleInputs& base,
+                                                      const PlanOptions& options) {
+  const PlanConstraints& f = options.fixed;
+  std::vector<models::ParallelConfig> out;
+  if (st.pp_degree <= 1) {
+    models::ParallelConfig q = st;
+    q.micro_batches = f.micro_batches > 0 ? f.micro_batches : base.parallel.micro_batches;
+    out.push_back(q);
+    return out;
+  }
+  const int pp = st.pp_degree;
+  std::vector<int> ms;
+  if (f.micro_batches > 0) {
+    ms = {f.micro_batches};
+  } else if (options.seq_len) {
+    ms = {pp, 2 * pp, 4 * pp};
+  } else {
+    ms = {pp};
+  }
+  const std::int64_t layers = base.model.layers;
+  const int split_stages = (st.pp_first_stage_layers > 0) + (st.pp_last_stage_layers > 0);
+  const std::int64_t middle =
+      pp > split_stages
+          ? (layers - st.pp_first_stage_layers - st.pp_last_stage_layers) / (pp - split_stages)
+          : 0;
+  auto divides_stages = [&](int v) {
+    const std::int64_t first = st.pp_first_stage_layers > 0 ? st.pp_first_stage_layers : middle;
+    const std::int64_t last = st.pp_last_stage_layers > 0 ? st.pp_last_stage_layers : middle;
+    return first % v == 0 && last % v == 0 && middle % v == 0;
+  };
+  std::vector<std::pair<models::PipelineSchedule, int>> schedules;
+  const bool fixed_schedule = f.pp_schedule.has_value();
+  if (!fixed_schedule || *f.pp_schedule == models::PipelineSchedule::k1F1B) {
+    schedules.emplace_back(models::PipelineSchedule::k1F1B, 1);
+  }
+  if (!fixed_schedule || *f.pp_schedule == models::PipelineSchedule::kInterleaved) {
+    if (f.virtual_stages > 0) {
+      schedules.emplace_back(models::PipelineSchedule::kInterleaved, f.virtual_stages);
+    } else {
+      for (const int v : {2, 4, 8}) {
+        if (divides_stages(v)) {
+          schedules.emplace_back(models::PipelineSchedule::kInterleaved, v);
+        }
+      }
+    }
+  }
+  for (const auto& [schedule, v] : schedules) {
+    for (const int m : ms) {
+      const bool interleaved = schedule == models::PipelineSchedule::kInterleaved;
+      if (f.pp_degree == 0 && (m < pp || (interleaved && m % pp != 0))) {
+        continue;  // a searched P: only pipelines its micro-batches fill
+      }
+      models::ParallelConfig q = st;
+      q.pp_schedule = schedule;
+      q.virtual_stages = v;
+      q.micro_batches = m;
+      out.push_back(q);
+    }
+  }
+  return out;
+}
+
+// Whether the configuration's implementation (as the candidate asks for it, or the recipe's
+// default) runs pipeline parallelism.
+bool runs_pipeline(const sim::ScheduleInputs& in) {
+  const sim::Implementation* impl = sim::requested_implementation(in);
+  return impl == nullptr || impl->pp_refusal().empty();
 }
 
 // Whether `p` (a structure the method proposed) has every value the user fixed that the method
@@ -240,7 +379,9 @@ std::vector<Candidate> as_run_by(LauncherFormat launcher,
 //     AC, else among `saved`)
 //     and at least the product's gradient as workspace (s·f·ab); under full AC the recomputed norm
 //     output h1n (act).
-std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
+namespace {
+
+std::int64_t bound_with_in_flight(const sim::ScheduleInputs& in, double in_flight) {
   const auto& m = in.model;
   const auto& r = in.recipe;
   const std::int64_t s = in.parallel.seq_len / in.parallel.cp_degree;
@@ -275,8 +416,21 @@ std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
   if (full_ac) {
     last_mlp_backward += act;
   }
-  return sim::model_states(in).gpu_bytes + in.hardware.fixed_overhead_bytes() + saved +
+  const auto held = static_cast<std::int64_t>(in_flight * static_cast<double>(saved));
+  return sim::model_states(in).gpu_bytes + in.hardware.fixed_overhead_bytes() + held +
          std::max(loss, last_mlp_backward);
+}
+
+}  // namespace
+
+std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
+  if (in.parallel.pp_degree > 1) {
+    // The composed peak is the stage's simulated peak plus (factor − 1) times its activations
+    // saved for backward, which hold at least `saved` (evaluate_pipeline.cpp).
+    return bound_with_in_flight(sim::pipeline_stage_inputs(in, 1),
+                                sim::pipeline_shape(in).activation_factor);
+  }
+  return bound_with_in_flight(in, 1.0);
 }
 
 std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
@@ -297,33 +451,60 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
                                           : std::vector<models::TrainingRecipe>{base.recipe};
   // Tensor parallelism inside a node: T GPUs of a node per TP group, the CP group over the
   // GPUs / T TP positions (the whole of them for the longest context).
+  // Pipeline parallelism outermost: P stages of GPUs / P, each laid out as without PP.
   std::vector<models::ParallelConfig> structures;
   sim::ScheduleInputs at_tp = base;
   for (const int tp : tp_degrees(base, fixed)) {
     at_tp.parallel.tp_degree = tp;
-    const int positions = gpus / tp;
-    if (fixed.cp_degree > 0 && positions % fixed.cp_degree != 0) {
-      continue;  // the CP group given does not fit the TP positions
-    }
-    const std::vector<int> cps = fixed.cp_degree > 0 ? std::vector<int>{fixed.cp_degree}
-                                 : smaller_groups    ? divisors(positions)
-                                                     : std::vector<int>{positions};
-    for (const sim::CpImplementation* method : methods_of(options)) {
-      append_structures(*method, at_tp, options, cps, structures);
+    for (const int pp : pp_degrees(base, options, tp)) {
+      const std::optional<std::pair<int, int>> split = stage_split(base.model.layers, pp, fixed);
+      at_tp.parallel.pp_degree = pp;
+      at_tp.parallel.pp_first_stage_layers = split ? split->first : 0;
+      at_tp.parallel.pp_last_stage_layers = split ? split->second : 0;
+      const int positions = gpus / (tp * pp);
+      if (positions < 1 || (fixed.cp_degree > 0 && positions % fixed.cp_degree != 0)) {
+        continue;  // the CP group given does not fit the TP positions of a stage
+      }
+      const std::vector<int> cps = fixed.cp_degree > 0 ? std::vector<int>{fixed.cp_degree}
+                                   : smaller_groups    ? divisors(positions)
+                                                       : std::vector<int>{positions};
+      for (const sim::CpImplementation* method : methods_of(options)) {
+        append_structures(*method, at_tp, options, cps, structures);
+      }
     }
   }
   std::vector<Candidate> out;
-  out.reserve(structures.size() * recipes.size());
+  std::int64_t group = 0;
   for (const models::ParallelConfig& st : structures) {
-    const std::string structure = structure_label(st);
+    const std::vector<models::ParallelConfig> variants = pipeline_variants(st, base, options);
     for (const models::TrainingRecipe& r : recipes) {
-      Candidate& c = out.emplace_back();
-      c.parallel = st;
-      c.recipe = r;
-      c.label = structure + " | " + recipe_label(r);
+      for (const models::ParallelConfig& q : variants) {
+        Candidate& c = out.emplace_back();
+        c.parallel = q;
+        c.recipe = r;
+        c.label = structure_label(q) + " | " + recipe_label(r);
+        c.stage_group = q.pp_degree > 1 ? group : -1;
+      }
+      group += 1;
     }
   }
-  return options.launcher ? as_run_by(*options.launcher, base, std::move(out)) : out;
+  if (options.launcher) {
+    out = as_run_by(*options.launcher, base, std::move(out));
+  }
+  if (fixed.pp_degree == 0) {
+    // A searched PP degree only where the implementation (and the launcher) runs it; a fixed one
+    // stays, for its refusal to name the reason.
+    sim::ScheduleInputs probe = base;
+    const bool launcher_pp = !options.launcher || launcher_writes_pipeline(*options.launcher);
+    std::erase_if(out, [&](const Candidate& c) {
+      if (c.parallel.pp_degree <= 1) {
+        return false;
+      }
+      c.apply_to(probe);
+      return !launcher_pp || !runs_pipeline(probe);
+    });
+  }
+  return out;
 }
 
 sim::ScheduleInputs Candidate::inputs(const sim::ScheduleInputs& base) const {
@@ -559,6 +740,66 @@ void rank_checking_reserved(const sim::ScheduleInputs& base,
 
 }  // namespace
 
+namespace {
+
+// The work of the threads: at --seq, the pending candidates of one stage group together (in
+// pending order), every other candidate alone.
+std::vector<std::vector<std::size_t>> work_items(const std::vector<Candidate>& cands,
+                                                 const std::vector<std::size_t>& pending,
+                                                 bool share_stages) {
+  std::vector<std::vector<std::size_t>> work;
+  std::map<std::int64_t, std::size_t> item_of_group;
+  for (const std::size_t i : pending) {
+    const std::int64_t g = cands[i].stage_group;
+    if (share_stages && g >= 0) {
+      const auto [it, added] = item_of_group.emplace(g, work.size());
+      if (!added) {
+        work[it->second].push_back(i);
+        continue;
+      }
+    }
+    work.push_back({i});
+  }
+  return work;
+}
+
+// Evaluates the candidates of one stage group at --seq: their stage is simulated once (one and
+// two micro-batches, evaluate_pipeline.hpp) and each step composed from it; a simulation stopped
+// above the capacity rules out every member (the composed peak is at least the stage's).
+// Returns the simulations run.
+std::int64_t evaluate_stage_group(std::vector<Candidate>& cands,
+                                  const std::vector<std::size_t>& item,
+                                  const EvaluateOptions& options,
+                                  EvaluationScratch& scratch,
+                                  sim::ScheduleInputs& in,
+                                  const RefusalText& refusal_text) {
+  cands[item.front()].apply_to(in);
+  StageRuns runs;
+  try {
+    runs = simulate_pipeline_stage(in, options, &scratch);
+  } catch (const sim::ConfigError& e) {
+    for (const std::size_t i : item) {
+      cands[i].error = refusal_text(e);
+    }
+    return 0;
+  } catch (const InputError& e) {
+    for (const std::size_t i : item) {
+      cands[i].error = e.what();
+    }
+    return 0;
+  }
+  for (const std::size_t i : item) {
+    Candidate& c = cands[i];
+    c.apply_to(in);
+    c.report = compose_pipeline(in, runs).report;
+    c.fits = c.report.fits();
+    c.evaluated = true;
+  }
+  return runs.one.report.stopped_early ? 1 : 2;
+}
+
+}  // namespace
+
 bool check_reserved_memory(const sim::ScheduleInputs& base,
                            const PlanOptions& options,
                            Candidate& candidate,
@@ -609,9 +850,16 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
     cost[i] = cost_estimate(probe);
     pending.push_back(i);
   }
-  // Longest first (each result goes to its own candidate: the order changes only the wall time).
-  std::stable_sort(pending.begin(), pending.end(),
-                   [&cost](std::size_t a, std::size_t b) { return cost[a] > cost[b]; });
+  // Work items: one candidate, or at --seq the candidates of one pipeline stage group (one stage
+  // simulation composed for each). Longest first (each result goes to its own candidate: the
+  // order changes only the wall time).
+  const std::vector<std::vector<std::size_t>> work =
+      work_items(cands, pending, options.seq_len.has_value());
+  std::vector<std::size_t> order(work.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return cost[work[a].front()] > cost[work[b].front()];
+  });
   std::atomic<std::size_t> next{0};
   std::atomic<std::int64_t> simulations{0};
   // A configuration over the GPU's memory is dropped whatever its speed: its simulation stops as
@@ -621,8 +869,13 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   auto worker = [&]() {
     EvaluationScratch scratch;
     sim::ScheduleInputs in = base;  // this thread's inputs, one candidate at a time
-    for (std::size_t k = next++; k < pending.size(); k = next++) {
-      Candidate& c = cands[pending[k]];
+    for (std::size_t k = next++; k < order.size(); k = next++) {
+      const std::vector<std::size_t>& item = work[order[k]];
+      if (options.seq_len && cands[item.front()].parallel.pp_degree > 1) {
+        simulations += evaluate_stage_group(cands, item, seq_options, scratch, in, refusal_text);
+        continue;
+      }
+      Candidate& c = cands[item.front()];
       c.apply_to(in);
       try {
         if (options.seq_len) {
@@ -653,7 +906,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
       }
     }
   };
-  const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(pending.size())));
+  const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(order.size())));
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t)
     pool.emplace_back(worker);
