@@ -462,7 +462,7 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
       at_tp.parallel.pp_first_stage_layers = split ? split->first : 0;
       at_tp.parallel.pp_last_stage_layers = split ? split->second : 0;
       const int positions = gpus / (tp * pp);
-      if (positions < 1 || (fixed.cp_degree > 0 && positions % fixed.cp_degree != 0)) {
+      if (gpus % (tp * pp) != 0 || (fixed.cp_degree > 0 && positions % fixed.cp_degree != 0)) {
         continue;  // the CP group given does not fit the TP positions of a stage
       }
       const std::vector<int> cps = fixed.cp_degree > 0 ? std::vector<int>{fixed.cp_degree}
