@@ -91,24 +91,40 @@ void compose_time(const sim::ScheduleInputs& in,
 
 }  // namespace
 
-StageRuns simulate_pipeline_stage(const sim::ScheduleInputs& inputs,
-                                  const EvaluateOptions& options,
-                                  EvaluationScratch* scratch) {
-  const EvaluateOptions& first = options;
+Evaluation simulate_pipeline_stage_one(const sim::ScheduleInputs& inputs,
+                                       const EvaluateOptions& options,
+                                       EvaluationScratch* scratch) {
+  const sim::ScheduleInputs one = sim::pipeline_stage_inputs(inputs, 1);
+  return scratch != nullptr ? evaluate(one, options, *scratch) : evaluate(one, options);
+}
+
+sim::StepReport simulate_pipeline_stage_two(const sim::ScheduleInputs& inputs,
+                                            const EvaluateOptions& options,
+                                            EvaluationScratch* scratch) {
   EvaluateOptions plain;
   plain.all_ranks = options.all_ranks;
   plain.merge_ring_steps = options.merge_ring_steps;
-  const sim::ScheduleInputs one = sim::pipeline_stage_inputs(inputs, 1);
   const sim::ScheduleInputs two = sim::pipeline_stage_inputs(inputs, 2);
+  return scratch != nullptr ? evaluate(two, plain, *scratch).report : evaluate(two, plain).report;
+}
+
+StageRuns simulate_pipeline_stage(const sim::ScheduleInputs& inputs,
+                                  const EvaluateOptions& options,
+                                  EvaluationScratch* scratch) {
   StageRuns runs;
-  runs.one = scratch != nullptr ? evaluate(one, first, *scratch) : evaluate(one, first);
+  runs.one = simulate_pipeline_stage_one(inputs, options, scratch);
   if (runs.one.report.stopped_early) {
     runs.two = runs.one.report;  // over the capacity with one micro-batch: no step fits
     return runs;
   }
-  runs.two =
-      scratch != nullptr ? evaluate(two, plain, *scratch).report : evaluate(two, plain).report;
+  runs.two = simulate_pipeline_stage_two(inputs, options, scratch);
   return runs;
+}
+
+bool pipeline_fits(const sim::ScheduleInputs& inputs, const sim::StepReport& one) {
+  sim::StepReport rep = one;
+  add_in_flight_activations(sim::pipeline_shape(inputs), rep);
+  return rep.fits();
 }
 
 Evaluation compose_pipeline(const sim::ScheduleInputs& inputs, StageRuns runs) {

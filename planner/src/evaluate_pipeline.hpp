@@ -22,6 +22,18 @@ StageRuns simulate_pipeline_stage(const sim::ScheduleInputs& inputs,
                                   const EvaluateOptions& options,
                                   EvaluationScratch* scratch);
 
+/// The two runs apart (`plan` skips the second when no configuration of the stage fits).
+Evaluation simulate_pipeline_stage_one(const sim::ScheduleInputs& inputs,
+                                       const EvaluateOptions& options,
+                                       EvaluationScratch* scratch);
+sim::StepReport simulate_pipeline_stage_two(const sim::ScheduleInputs& inputs,
+                                            const EvaluateOptions& options,
+                                            EvaluationScratch* scratch);
+
+/// Whether the step of `inputs` fits, from its stage's one-micro-batch run alone (the memory
+/// does not depend on the second run).
+bool pipeline_fits(const sim::ScheduleInputs& inputs, const sim::StepReport& one);
+
 /// The step of `inputs` composed from its stage's runs (which it consumes).
 Evaluation compose_pipeline(const sim::ScheduleInputs& inputs, StageRuns runs);
 

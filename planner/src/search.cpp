@@ -381,6 +381,26 @@ std::vector<Candidate> as_run_by(LauncherFormat launcher,
 //     output h1n (act).
 namespace {
 
+// The tensors every block saves in the forward and holds to its backward (see above).
+std::int64_t saved_bytes(const sim::ScheduleInputs& in) {
+  const auto& m = in.model;
+  const auto& r = in.recipe;
+  const std::int64_t s = in.parallel.seq_len / in.parallel.cp_degree;
+  const std::int64_t t = std::max(1, in.parallel.tp_degree);
+  const std::int64_t act = s / t * m.hidden * r.activation_bytes;
+  const std::int64_t mlp_tensor = s * (m.ffn_hidden / t) * r.activation_bytes;
+  const std::int64_t product = r.fp8 ? s * (m.ffn_hidden / t) : mlp_tensor;
+  if (r.checkpointing == CheckpointMode::kFull) {
+    // Block inputs stay on the GPU unless offloaded (then the first and last stay).
+    return r.checkpoint_offload
+               ? (r.offload_keep_first_last ? std::min<std::int64_t>(2, m.layers) : 0) * act
+               : m.layers * act;
+  }
+  // Block input, norm1 output, attention residual, norm2 output of every block; untiled, the
+  // MLP's gate/up and activation.
+  return m.layers * 4 * act + (r.tiled_mlp ? 0 : m.layers * (2 * mlp_tensor + product));
+}
+
 std::int64_t bound_with_in_flight(const sim::ScheduleInputs& in, double in_flight) {
   const auto& m = in.model;
   const auto& r = in.recipe;
@@ -395,19 +415,7 @@ std::int64_t bound_with_in_flight(const sim::ScheduleInputs& in, double in_fligh
   // The product as the backward keeps it: with FP8 the down projection's FP8 copy (1 byte).
   const std::int64_t product = r.fp8 ? s * (m.ffn_hidden / t) : mlp_tensor;
   const bool full_ac = r.checkpointing == CheckpointMode::kFull;
-  std::int64_t saved = 0;
-  if (full_ac) {
-    // Block inputs stay on the GPU unless offloaded (then the first and last stay).
-    saved = r.checkpoint_offload
-                ? (r.offload_keep_first_last ? std::min<std::int64_t>(2, m.layers) : 0) * act
-                : m.layers * act;
-  } else {
-    // Block input, norm1 output, attention residual, norm2 output of every block.
-    saved = m.layers * 4 * act;
-    if (!r.tiled_mlp) {
-      saved += m.layers * (2 * mlp_tensor + product);  // gate/up and activation
-    }
-  }
+  const std::int64_t saved = saved_bytes(in);
   const std::int64_t loss = r.fused_loss ? 0 : s * vocab * 3 * kFp32Bytes + act;
   std::int64_t last_mlp_backward = 2 * act;
   if (!r.tiled_mlp) {
@@ -775,8 +783,36 @@ std::int64_t evaluate_stage_group(std::vector<Candidate>& cands,
                                   const RefusalText& refusal_text) {
   cands[item.front()].apply_to(in);
   StageRuns runs;
+  std::int64_t simulations = 1;
   try {
-    runs = simulate_pipeline_stage(in, options, &scratch);
+    // The stage's run may stop where no member can fit any more: above the capacity less the
+    // smallest lower bound of what a member adds to the stage's peak ((factor − 1)·saved).
+    EvaluateOptions first = options;
+    double factor = std::numeric_limits<double>::infinity();
+    for (const std::size_t i : item) {
+      cands[i].apply_to(in);
+      factor = std::min(factor, sim::pipeline_shape(in).activation_factor);
+    }
+    cands[item.front()].apply_to(in);
+    const auto added = static_cast<std::int64_t>(
+        (factor - 1.0) * static_cast<double>(saved_bytes(sim::pipeline_stage_inputs(in, 1))));
+    if (first.stop_above_device_bytes > 0) {
+      first.stop_above_device_bytes =
+          std::max<std::int64_t>(1, first.stop_above_device_bytes - added);
+    }
+    runs.one = simulate_pipeline_stage_one(in, first, &scratch);
+    // The second run only times the step: needed only when a member fits.
+    bool any_fits = false;
+    for (const std::size_t i : item) {
+      cands[i].apply_to(in);
+      any_fits = any_fits || (!runs.one.report.stopped_early && pipeline_fits(in, runs.one.report));
+    }
+    if (any_fits) {
+      runs.two = simulate_pipeline_stage_two(in, options, &scratch);
+      simulations += 1;
+    } else {
+      runs.two = runs.one.report;
+    }
   } catch (const sim::ConfigError& e) {
     for (const std::size_t i : item) {
       cands[i].error = refusal_text(e);
@@ -795,7 +831,7 @@ std::int64_t evaluate_stage_group(std::vector<Candidate>& cands,
     c.fits = c.report.fits();
     c.evaluated = true;
   }
-  return runs.one.report.stopped_early ? 1 : 2;
+  return simulations;
 }
 
 }  // namespace
