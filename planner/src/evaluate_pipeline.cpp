@@ -47,10 +47,14 @@ void add_in_flight_activations(const sim::PipelineShape& shape, sim::StepReport&
   rep.gpu_headroom_bytes -= extra;
   const bool fits = rep.gpu_headroom_bytes >= 0 && !rep.allocator_out_of_memory;
   if (rep.fits_gpu && !fits) {
-    rep.binding = fmt::format(
-        "GPU memory on the {} pipeline stage ({:.3g} micro-batches in flight)",
-        shape.memory_stage == 0 ? std::string("first") : fmt::format("#{}", shape.memory_stage),
-        shape.memory_stage == 0 ? shape.in_flight_first_stage : shape.activation_factor);
+    rep.binding =
+        shape.memory_stage == 0
+            ? fmt::format("GPU memory on the first pipeline stage ({} micro-batches in flight)",
+                          shape.in_flight_first_stage)
+            : fmt::format(
+                  "GPU memory on pipeline stage {} ({:.3g} micro-batches' activations of "
+                  "the simulated stage in flight)",
+                  shape.memory_stage, shape.activation_factor);
   }
   rep.fits_gpu = fits;
 }
