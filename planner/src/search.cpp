@@ -381,6 +381,17 @@ std::vector<Candidate> as_run_by(LauncherFormat launcher,
 //     output h1n (act).
 namespace {
 
+// `scratch` (a copy of `in` but for the model, recipe, parallel configuration and margin) becomes
+// the stage `in` simulates with one micro-batch, without copying the hardware profile.
+void stage_into(const sim::ScheduleInputs& in, sim::ScheduleInputs& scratch) {
+  scratch.model = in.model;
+  scratch.recipe = in.recipe;
+  scratch.parallel = in.parallel;
+  scratch.margin = in.margin;
+  scratch.tp_rank_model = in.tp_rank_model;
+  sim::make_pipeline_stage(scratch, 1);
+}
+
 // The tensors every block saves in the forward and holds to its backward (see above).
 std::int64_t saved_bytes(const sim::ScheduleInputs& in) {
   const auto& m = in.model;
@@ -433,12 +444,20 @@ std::int64_t bound_with_in_flight(const sim::ScheduleInputs& in, double in_fligh
 
 std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
   if (in.parallel.pp_degree > 1) {
-    // The composed peak is the stage's simulated peak plus (factor − 1) times its activations
-    // saved for backward, which hold at least `saved` (evaluate_pipeline.cpp).
-    return bound_with_in_flight(sim::pipeline_stage_inputs(in, 1),
-                                sim::pipeline_shape(in).activation_factor);
+    sim::ScheduleInputs scratch = in;
+    return memory_lower_bound(in, scratch);
   }
   return bound_with_in_flight(in, 1.0);
+}
+
+std::int64_t memory_lower_bound(const sim::ScheduleInputs& in, sim::ScheduleInputs& scratch) {
+  if (in.parallel.pp_degree <= 1) {
+    return bound_with_in_flight(in, 1.0);
+  }
+  // The composed peak is the stage's simulated peak plus (factor − 1) times its activations saved
+  // for backward, which hold at least `saved` (evaluate_pipeline.cpp).
+  stage_into(in, scratch);
+  return bound_with_in_flight(scratch, sim::pipeline_shape(in).activation_factor);
 }
 
 std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
@@ -481,10 +500,25 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
       }
     }
   }
-  std::vector<Candidate> out;
-  std::int64_t group = 0;
+  // A searched PP degree only where the implementation runs it (the recipes searched share the
+  // base's name, hence its default implementations); a fixed one stays, for its refusal to name
+  // the reason. With a launcher the implementation is the launcher's: checked after as_run_by.
+  std::vector<std::vector<models::ParallelConfig>> variants_of;
+  std::size_t count = 0;
+  sim::ScheduleInputs probe = base;
   for (const models::ParallelConfig& st : structures) {
-    const std::vector<models::ParallelConfig> variants = pipeline_variants(st, base, options);
+    probe.parallel = st;
+    const bool dropped =
+        fixed.pp_degree == 0 && st.pp_degree > 1 && !options.launcher && !runs_pipeline(probe);
+    variants_of.push_back(dropped ? std::vector<models::ParallelConfig>{}
+                                  : pipeline_variants(st, base, options));
+    count += variants_of.back().size() * recipes.size();
+  }
+  std::vector<Candidate> out;
+  out.reserve(count);
+  std::int64_t group = 0;
+  for (std::size_t s = 0; s < structures.size(); ++s) {
+    const std::vector<models::ParallelConfig>& variants = variants_of[s];
     for (const models::TrainingRecipe& r : recipes) {
       for (const models::ParallelConfig& q : variants) {
         Candidate& c = out.emplace_back();
@@ -499,11 +533,9 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
   if (options.launcher) {
     out = as_run_by(*options.launcher, base, std::move(out));
   }
-  if (fixed.pp_degree == 0) {
-    // A searched PP degree only where the implementation (and the launcher) runs it; a fixed one
-    // stays, for its refusal to name the reason.
-    sim::ScheduleInputs probe = base;
-    const bool launcher_pp = !options.launcher || launcher_writes_pipeline(*options.launcher);
+  if (fixed.pp_degree == 0 && options.launcher) {
+    // The launcher's implementation (as_run_by) and the launcher itself must run PP.
+    const bool launcher_pp = launcher_writes_pipeline(*options.launcher);
     std::erase_if(out, [&](const Candidate& c) {
       if (c.parallel.pp_degree <= 1) {
         return false;
@@ -708,7 +740,9 @@ void rank_checking_reserved(const sim::ScheduleInputs& base,
   auto better = [mc](const Candidate& a, const Candidate& b) { return ranks_before(a, b, mc); };
   const std::vector<const sim::CpImplementation*> methods = methods_of(options);
   for (;;) {
-    std::stable_sort(res.ranked.begin(), res.ranked.end(), better);
+    if (!std::is_sorted(res.ranked.begin(), res.ranked.end(), better)) {
+      std::stable_sort(res.ranked.begin(), res.ranked.end(), better);
+    }
     res.pareto = pareto_front(res.ranked, mc);
     res.best_per_method.clear();
     for (const sim::CpImplementation* m : methods) {
@@ -733,13 +767,15 @@ void rank_checking_reserved(const sim::ScheduleInputs& base,
         moved = check_reserved(base, options, c, mc, res.simulations) || moved;
       }
     }
-    const auto gone = std::stable_partition(res.ranked.begin(), res.ranked.end(),
-                                            [](const Candidate& c) { return c.fits; });
-    for (auto it = gone; it != res.ranked.end(); ++it) {
-      offer_miss(*it, mc, base.hardware.hbm_capacity_bytes - base.margin.gpu_bytes, miss);
-      moved = true;
+    // Those that no longer fit leave the ranking, in order (an erase, not a stable partition:
+    // that builds a buffer of candidates as long as the ranking).
+    for (const Candidate& c : res.ranked) {
+      if (!c.fits) {
+        offer_miss(c, mc, base.hardware.hbm_capacity_bytes - base.margin.gpu_bytes, miss);
+        moved = true;
+      }
     }
-    res.ranked.erase(gone, res.ranked.end());
+    std::erase_if(res.ranked, [](const Candidate& c) { return !c.fits; });
     if (!moved) {
       return;
     }
@@ -749,6 +785,13 @@ void rank_checking_reserved(const sim::ScheduleInputs& base,
 }  // namespace
 
 namespace {
+
+// The saved tensors of `in`'s pipeline stage (saved_bytes), without copying the hardware profile.
+std::int64_t saved_of_stage(const sim::ScheduleInputs& in) {
+  sim::ScheduleInputs stage;
+  stage_into(in, stage);
+  return saved_bytes(stage);
+}
 
 // The work of the threads: at --seq, the pending candidates of one stage group together (in
 // pending order), every other candidate alone.
@@ -794,8 +837,8 @@ std::int64_t evaluate_stage_group(std::vector<Candidate>& cands,
       factor = std::min(factor, sim::pipeline_shape(in).activation_factor);
     }
     cands[item.front()].apply_to(in);
-    const auto added = static_cast<std::int64_t>(
-        (factor - 1.0) * static_cast<double>(saved_bytes(sim::pipeline_stage_inputs(in, 1))));
+    const auto added =
+        static_cast<std::int64_t>((factor - 1.0) * static_cast<double>(saved_of_stage(in)));
     if (first.stop_above_device_bytes > 0) {
       first.stop_above_device_bytes =
           std::max<std::int64_t>(1, first.stop_above_device_bytes - added);
@@ -856,6 +899,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   // Cheap checks first: invalid combinations and memory lower bounds, on one reused copy of the
   // base inputs (a candidate holds only what it changes).
   sim::ScheduleInputs probe = base;
+  sim::ScheduleInputs stage_probe = base;  // a pipeline's stage, for its bound
   ClosestMiss miss;
   std::vector<std::int64_t> cost(cands.size(), 0);
   std::vector<std::size_t> pending;
@@ -876,7 +920,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
       continue;
     }
     if (options.seq_len) {
-      if (const std::int64_t bound = memory_lower_bound(probe); bound > capacity) {
+      if (const std::int64_t bound = memory_lower_bound(probe, stage_probe); bound > capacity) {
         c.pruned = true;
         c.prune_reason = "memory lower bound exceeds the GPU";
         miss.offer(c, c.parallel.seq_len, "GPU", bound, capacity, true);
@@ -960,8 +1004,21 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
     } else if (!c.error.empty()) {
       miss.offer_other(c, c.error);
     }
-    if (c.evaluated && c.fits)
-      res.ranked.push_back(std::move(c));
+  }
+  // The fitting candidates in the plan's order, moved once (a sort of the candidates themselves
+  // would move each of them many times).
+  std::vector<std::size_t> fitting;
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    if (cands[i].evaluated && cands[i].fits) {
+      fitting.push_back(i);
+    }
+  }
+  std::stable_sort(fitting.begin(), fitting.end(), [&](std::size_t a, std::size_t b) {
+    return ranks_before(cands[a], cands[b], res.max_context);
+  });
+  res.ranked.reserve(fitting.size());
+  for (const std::size_t i : fitting) {
+    res.ranked.push_back(std::move(cands[i]));
   }
   rank_checking_reserved(base, options, res, miss);
   if (res.ranked.empty()) {

@@ -218,20 +218,24 @@ PipelineShape pipeline_shape(const ScheduleInputs& in) {
   return s;
 }
 
-ScheduleInputs pipeline_stage_inputs(const ScheduleInputs& in, int micro_batches) {
-  ScheduleInputs out = in;
-  auto& p = out.parallel;
+void make_pipeline_stage(ScheduleInputs& in, int micro_batches) {
+  auto& p = in.parallel;
   const int pp = std::max(1, p.pp_degree);
-  const StageSplit split = stage_split(in.model, in.parallel);
-  out.model.layers = std::max({split.first, pp > 2 ? split.middle : 0, split.last});
-  out.model.name = fmt::format("{} (one of {} pipeline stages)", in.model.name, pp);
-  p.gpus = in.parallel.gpus / pp;
+  const StageSplit split = stage_split(in.model, p);
+  in.model.layers = std::max({split.first, pp > 2 ? split.middle : 0, split.last});
+  in.model.name = fmt::format("{} (one of {} pipeline stages)", in.model.name, pp);
+  p.gpus /= pp;
   p.pp_degree = 1;
   p.pp_schedule = models::PipelineSchedule::k1F1B;
   p.virtual_stages = 1;
   p.pp_first_stage_layers = 0;
   p.pp_last_stage_layers = 0;
   p.micro_batches = micro_batches;
+}
+
+ScheduleInputs pipeline_stage_inputs(const ScheduleInputs& in, int micro_batches) {
+  ScheduleInputs out = in;
+  make_pipeline_stage(out, micro_batches);
   return out;
 }
 

@@ -119,6 +119,9 @@ struct PlanResult {
 /// activation_factor). Tested ≤ the simulation over methods, recipes and lengths; it only
 /// prunes, never ranks.
 std::int64_t memory_lower_bound(const sim::ScheduleInputs& inputs);
+/// The same with `scratch`, a copy of `inputs` with the same hardware profile, for the stage of a
+/// pipeline (no copy of the profile per call).
+std::int64_t memory_lower_bound(const sim::ScheduleInputs& inputs, sim::ScheduleInputs& scratch);
 
 /// All candidate configurations of the space around `base` (its model, hardware, GPUs).
 std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,

@@ -64,6 +64,8 @@ std::optional<ConfigIssue> check_pipeline(const ScheduleInputs& inputs);
 /// embedding and the LM head + loss both (first and last stage in one: an upper bound on each); the
 /// step's tokens and model FLOPs are the full model's (planner).
 ScheduleInputs pipeline_stage_inputs(const ScheduleInputs& inputs, int micro_batches);
+/// The same in place (no copy of the hardware profile: the planner's bound runs it per candidate).
+void make_pipeline_stage(ScheduleInputs& inputs, int micro_batches);
 
 /// Seconds of one send/recv of PipelineShape::p2p_bytes on its link (nccl-tests send/recv model).
 double pipeline_p2p_s(const ScheduleInputs& inputs, const PipelineShape& shape);
