@@ -56,6 +56,14 @@ nlohmann::json candidate_json(const planner::Candidate& c, bool max_context) {
       {"host_memory_bytes", c.report.host_memory_bytes},
       {"launchers", launchers_for(p.method)},
   };
+  if (p.pp_degree > 1) {  // written only with PP, so that a plan without it reads as before
+    j["pp_degree"] = p.pp_degree;
+    j["pp_schedule"] = models::to_string(p.pp_schedule);
+    j["virtual_stages"] = p.virtual_stages;
+    j["pp_first_stage_layers"] = p.pp_first_stage_layers;
+    j["pp_last_stage_layers"] = p.pp_last_stage_layers;
+    j["micro_batches"] = p.micro_batches;
+  }
   if (max_context) {
     j["max_seq_len"] = c.max_seq_len;
     j["binding_constraint"] = c.binding.text;
@@ -133,14 +141,16 @@ std::string methods_to_search(const PlanArgs& a) {
 // What the command line fixed: the search keeps these (a flag left out is searched).
 planner::PlanConstraints fixed_by_flags(const PlanArgs& a) {
   const SimulateArgs& f = a.config;
-  if (f.pp != 1 || !f.pp_schedule.empty() || f.virtual_stages != 0) {
-    throw InputError(f.pp != 1                ? "--pp"
-                     : !f.pp_schedule.empty() ? "--pp-schedule"
-                                              : "--virtual-stages",
-                     "plan does not search pipeline parallelism yet; use simulate or maxlen");
-  }
   planner::PlanConstraints fixed;
-  fixed.tp_degree = f.tp_given ? f.tp : 0;  // --micro-batches: every candidate runs the base's
+  fixed.tp_degree = f.tp_given ? f.tp : 0;
+  fixed.pp_degree = f.pp_given ? f.pp : 0;
+  if (!f.pp_schedule.empty()) {
+    fixed.pp_schedule = models::parse_pipeline_schedule(f.pp_schedule, "--pp-schedule");
+  }
+  fixed.virtual_stages = f.virtual_stages;
+  fixed.pp_first_stage_layers = f.pp_first_stage_layers;
+  fixed.pp_last_stage_layers = f.pp_last_stage_layers;
+  fixed.micro_batches = f.micro_batches_given ? f.micro_batches : 0;
   fixed.cp_degree = f.cp_degree;
   fixed.ulysses_degree = f.ulysses_degree;
   fixed.ring_degree = f.ring_degree;

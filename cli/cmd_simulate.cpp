@@ -282,6 +282,8 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
                      "--pp-schedule interleaved needs --virtual-stages V of at least 2");
   }
   p.virtual_stages = std::max(1, a.virtual_stages);
+  p.pp_first_stage_layers = a.pp_first_stage_layers;
+  p.pp_last_stage_layers = a.pp_last_stage_layers;
   if (ring_only) {
     p.ring_degree = a.ring_degree > 0 ? a.ring_degree : p.cp_degree;
     if (a.ulysses_degree > 1) {
@@ -490,6 +492,13 @@ nlohmann::json to_json(const SimulateArgs& a,
                      {"p2p_s", rep.pipeline_p2p_s},
                      {"p2p_span", models::to_string(s.p2p_span)},
                      {"p2p_exposed", s.p2p_exposed}};
+    if (in.parallel.pp_first_stage_layers > 0 || in.parallel.pp_last_stage_layers > 0) {
+      j["pipeline"]["first_stage_layers"] = s.first_stage_layers;
+      j["pipeline"]["middle_stage_layers"] = s.middle_stage_layers;
+      j["pipeline"]["last_stage_layers"] = s.last_stage_layers;
+      j["pipeline"]["memory_stage"] = s.memory_stage;
+      j["pipeline"]["activation_factor"] = s.activation_factor;
+    }
   }
   if (peak != nullptr) {
     json largest = json::array();
@@ -542,12 +551,22 @@ std::string human(const sim::ScheduleInputs& in,
   }
   if (in.parallel.pp_degree > 1) {
     const sim::PipelineShape& s = rep.pipeline;
+    const bool uneven =
+        in.parallel.pp_first_stage_layers > 0 || in.parallel.pp_last_stage_layers > 0;
+    const std::string blocks =
+        uneven ? fmt::format("{}/{}/{} blocks on the first/middle/last stages (the {} simulated)",
+                             s.first_stage_layers, s.middle_stage_layers, s.last_stage_layers,
+                             s.stage_layers)
+               : fmt::format("{} blocks per stage", s.stage_layers);
+    const std::string held =
+        s.memory_stage == 0 ? ""
+                            : fmt::format("; stage {} holds the most activations", s.memory_stage);
     o += fmt::format(
-        "  PP {} ({}{}): {} blocks per stage on {} GPUs, bubble {:.3f}, {:.3g} micro-batches in "
-        "flight on the first stage (+{}); P2P {} per send/recv on the {} link, {}\n",
+        "  PP {} ({}{}): {} on {} GPUs, bubble {:.3f}, {:.3g} micro-batches in "
+        "flight on the first stage{} (+{}); P2P {} per send/recv on the {} link, {}\n",
         s.stages, models::to_string(in.parallel.pp_schedule),
-        s.virtual_stages > 1 ? fmt::format(", {} virtual stages", s.virtual_stages) : "",
-        s.stage_layers, in.parallel.gpus / s.stages, s.bubble_fraction, s.in_flight_first_stage,
+        s.virtual_stages > 1 ? fmt::format(", {} virtual stages", s.virtual_stages) : "", blocks,
+        in.parallel.gpus / s.stages, s.bubble_fraction, s.in_flight_first_stage, held,
         format_bytes(static_cast<double>(rep.pipeline_in_flight_extra_bytes)),
         format_bytes(static_cast<double>(s.p2p_bytes)), models::to_string(s.p2p_span),
         s.p2p_exposed ? "exposed (blocking)" : "overlapped");
@@ -774,17 +793,28 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
       ->each([&a](const std::string&) { a.tp_given = true; });
   c->add_option("--pp", a.pp,
                 "pipeline-parallel degree P (outermost in the rank order, L/P blocks per stage; "
-                "megatron-core-cp, torch-native-cp and --impl none run it; default: 1)")
-      ->check(whole_number_in(1, kMaxGpus));
+                "megatron-core-cp, torch-native-cp and --impl none run it; default: 1; plan "
+                "searches it unless given, where the step may hold P micro-batches)")
+      ->check(whole_number_in(1, kMaxGpus))
+      ->each([&a](const std::string&) { a.pp_given = true; });
   c->add_option("--pp-schedule", a.pp_schedule,
                 "pipeline schedule: 1f1b | interleaved (default: 1f1b)");
   c->add_option("--virtual-stages", a.virtual_stages,
                 "interleaved schedule: model chunks per pipeline rank V (at least 2)")
       ->check(whole_number_in(1, 1024));
+  c->add_option("--pp-first-stage-layers", a.pp_first_stage_layers,
+                "blocks on the first pipeline stage (Megatron --decoder-first-pipeline-num-layers; "
+                "the rest split evenly over the other stages; default: an even split)")
+      ->check(whole_number_in(1, 1 << 20));
+  c->add_option("--pp-last-stage-layers", a.pp_last_stage_layers,
+                "blocks on the last pipeline stage (Megatron --decoder-last-pipeline-num-layers; "
+                "default: an even split)")
+      ->check(whole_number_in(1, 1 << 20));
   c->add_option("--micro-batches", a.micro_batches,
                 "gradient accumulation: micro-batches of one sequence per optimizer step "
-                "(default: 1)")
-      ->check(whole_number_in(1, 65536));
+                "(default: 1; plan with PP: searched unless given)")
+      ->check(whole_number_in(1, 65536))
+      ->each([&a](const std::string&) { a.micro_batches_given = true; });
   c->add_option("--ring-layout", a.ring_layout,
                 "token layout of ring attention: zigzag | contiguous "
                 "(default: zigzag)");

@@ -71,6 +71,8 @@ SimulateArgs simulate_args(const planner::ValidationSetup& s) {
   set(a.pp, s.pp);
   set(a.pp_schedule, s.pp_schedule);
   set(a.virtual_stages, s.virtual_stages);
+  set(a.pp_first_stage_layers, s.pp_first_stage_layers);
+  set(a.pp_last_stage_layers, s.pp_last_stage_layers);
   a.impl = s.impl;
   a.method_given = true;
   return a;

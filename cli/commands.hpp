@@ -41,15 +41,19 @@ struct SimulateArgs {
   std::string recipe = "alst";
   bool recipe_given = false;  ///< --recipe was on the command line (else --impl's recipe applies)
   long long heads_per_stage = 0;
-  int cp_degree = 0;        // 0 = all GPUs (or ulysses × ring when both are given)
-  int ulysses_degree = 0;   // 0 = derived
-  int ring_degree = 0;      // 0 = derived
-  int tp = 1;               // tensor-parallel degree
-  bool tp_given = false;    ///< --tp was on the command line (plan: else searched)
-  int micro_batches = 1;    // gradient-accumulation micro-batches per step
-  int pp = 1;               // pipeline-parallel degree
-  std::string pp_schedule;  // empty = 1f1b
-  int virtual_stages = 0;   // 0 = 1 (interleaved: required)
+  int cp_degree = 0;                 // 0 = all GPUs (or ulysses × ring when both are given)
+  int ulysses_degree = 0;            // 0 = derived
+  int ring_degree = 0;               // 0 = derived
+  int tp = 1;                        // tensor-parallel degree
+  bool tp_given = false;             ///< --tp was on the command line (plan: else searched)
+  int micro_batches = 1;             // gradient-accumulation micro-batches per step
+  int pp = 1;                        // pipeline-parallel degree
+  bool pp_given = false;             ///< --pp was on the command line (plan: else searched)
+  std::string pp_schedule;           // empty = 1f1b
+  int virtual_stages = 0;            // 0 = 1 (interleaved: required)
+  int pp_first_stage_layers = 0;     // 0 = even split
+  int pp_last_stage_layers = 0;      // 0 = even split
+  bool micro_batches_given = false;  ///< --micro-batches was given (plan: else searched with PP)
   std::string ring_layout;
   std::string fpdt_chunk;
   std::string fpdt_offload;

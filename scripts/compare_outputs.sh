@@ -102,6 +102,11 @@ commands=(
   "simulate --model llama3-8b --gpus 64 --seq 256K --method ulysses"
   "simulate $common --seq 100000M --method ulysses"
   "simulate $common --seq 1000 --method all"
+  # Pipeline parallelism (even stages; a memory-bound one and an interleaved one).
+  "simulate --model llama3-8b --gpus 16 --seq 256K --method allgather --impl none --pp 2 --micro-batches 4"
+  "simulate --model llama3-8b --gpus 16 --seq 1M --method ring --impl megatron-core-cp --tp 2 --pp 4 --pp-schedule interleaved --virtual-stages 2 --micro-batches 8 --json"
+  "simulate --model qwen3-8b --gpus 16 --seq 4M --method allgather --impl none --pp 2 --pp-schedule interleaved --virtual-stages 3 --micro-batches 4 --json"
+  "maxlen --model llama3-8b --gpus 16 --method allgather --impl none --pp 2 --micro-batches 2"
   # Searches and reports.
   "maxlen $common --method all"
   "maxlen --model qwen3-32b --gpus 16 --method usp --json"

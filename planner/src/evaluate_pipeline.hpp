@@ -6,6 +6,37 @@
 
 namespace cpsim::planner {
 
+/// The two simulations of one pipeline stage a pipelined step is composed from: one micro-batch
+/// and two. They depend only on the stage (its blocks, GPUs, CP/TP layout and recipe), not on the
+/// schedule, the virtual stages or the micro-batch count, so that `plan` shares them between the
+/// configurations that differ only in those.
+struct StageRuns {
+  Evaluation one;
+  sim::StepReport two;
+};
+
+/// @pre inputs.parallel.pp_degree > 1 and check_head_layout(inputs) found nothing.
+/// `options.stop_above_device_bytes` applies to the stage's own peak (the composed peak is at
+/// least that): a run stopped there is not simulated with two micro-batches.
+StageRuns simulate_pipeline_stage(const sim::ScheduleInputs& inputs,
+                                  const EvaluateOptions& options,
+                                  EvaluationScratch* scratch);
+
+/// The two runs apart (`plan` skips the second when no configuration of the stage fits).
+Evaluation simulate_pipeline_stage_one(const sim::ScheduleInputs& inputs,
+                                       const EvaluateOptions& options,
+                                       EvaluationScratch* scratch);
+sim::StepReport simulate_pipeline_stage_two(const sim::ScheduleInputs& inputs,
+                                            const EvaluateOptions& options,
+                                            EvaluationScratch* scratch);
+
+/// Whether the step of `inputs` fits, from its stage's one-micro-batch run alone (the memory
+/// does not depend on the second run).
+bool pipeline_fits(const sim::ScheduleInputs& inputs, const sim::StepReport& one);
+
+/// The step of `inputs` composed from its stage's runs (which it consumes).
+Evaluation compose_pipeline(const sim::ScheduleInputs& inputs, StageRuns runs);
+
 /// As evaluate(); `scratch` may be null. @pre inputs.parallel.pp_degree > 1.
 /// @throws sim::ConfigError for refused configurations.
 Evaluation evaluate_pipeline(const sim::ScheduleInputs& inputs,

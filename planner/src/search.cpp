@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -12,6 +13,10 @@
 
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
+#include "cpsim/sim/implementation.hpp"
+#include "cpsim/sim/pipeline.hpp"
+
+#include "evaluate_pipeline.hpp"
 
 namespace cpsim::planner {
 namespace {
@@ -53,6 +58,15 @@ std::string structure_label(const models::ParallelConfig& p) {
   if (p.tp_degree > 1) {
     s += fmt::format(" tp{}", p.tp_degree);
   }
+  if (p.pp_degree > 1) {
+    s += fmt::format(" pp{}", p.pp_degree);
+    if (p.pp_first_stage_layers > 0 || p.pp_last_stage_layers > 0) {
+      s += fmt::format("[{}..{}]", p.pp_first_stage_layers, p.pp_last_stage_layers);
+    }
+    if (p.pp_schedule == models::PipelineSchedule::kInterleaved) {
+      s += fmt::format(" v{}", p.virtual_stages);
+    }
+  }
   if (p.micro_batches > 1) {
     s += fmt::format(" mb{}", p.micro_batches);
   }
@@ -68,7 +82,9 @@ std::int64_t cost_estimate(const sim::ScheduleInputs& in) {
   const std::int64_t per_block =
       sim::cp_implementation(in.parallel.method).ops_per_block_estimate(in);
   const bool full_ac = in.recipe.checkpointing == CheckpointMode::kFull;
-  return per_block * (full_ac ? 3 : 2) * in.model.layers;
+  const std::int64_t blocks =
+      in.parallel.pp_degree > 1 ? 2 * sim::pipeline_shape(in).stage_layers : in.model.layers;
+  return per_block * (full_ac ? 3 : 2) * blocks;
 }
 
 // The recipes of the --seq search: ZeRO 3/2 × AC (full+offload, full, selective, none) × tiled
@@ -133,6 +149,129 @@ std::vector<int> tp_degrees(const sim::ScheduleInputs& base, const PlanConstrain
     }
   }
   return out;
+}
+
+// Whether a search may make a step hold more sequences than the base's for pipeline parallelism
+// (P micro-batches at least fill a pipeline of P stages): --seq with data parallelism allowed (a
+// larger global batch), or a PP degree or micro-batch count the user fixed.
+bool pipeline_may_grow_batch(const PlanOptions& options) {
+  const PlanConstraints& f = options.fixed;
+  return f.pp_degree > 1 || f.micro_batches > 0 ||
+         (options.seq_len.has_value() && options.allow_data_parallel);
+}
+
+// The uneven split of L blocks over P stages the search tries when P does not divide L: one block
+// fewer on the first and the last stage than on the others, the layout Llama 3 used to balance
+// the embedding and the LM head + loss (REFERENCES.md [Llama3] §3.3.2), as Megatron's
+// --decoder-first/last-pipeline-num-layers express it: L = (P − 2)·k + 2·(k − 1).
+std::optional<std::pair<int, int>> stage_split(std::int64_t layers,
+                                               int pp,
+                                               const PlanConstraints& f) {
+  if (f.pp_first_stage_layers > 0 || f.pp_last_stage_layers > 0) {
+    return std::pair{f.pp_first_stage_layers, f.pp_last_stage_layers};
+  }
+  if (layers % pp == 0) {
+    return std::pair{0, 0};
+  }
+  if (pp >= 3 && (layers + 2) % pp == 0 && (layers + 2) / pp >= 2) {
+    const int k = static_cast<int>((layers + 2) / pp);
+    return std::pair{k - 1, k - 1};
+  }
+  return std::nullopt;
+}
+
+// The PP degrees searched at TP degree `tp`: the one fixed, else 1 and, when the step may grow,
+// every P ≥ 2 dividing the GPUs / T whose stages split the blocks (stage_split), P ≤ the fixed
+// micro-batch count.
+std::vector<int> pp_degrees(const sim::ScheduleInputs& base, const PlanOptions& options, int tp) {
+  const PlanConstraints& f = options.fixed;
+  if (f.pp_degree > 0) {
+    return {f.pp_degree};
+  }
+  std::vector<int> out{1};
+  if (!pipeline_may_grow_batch(options)) {
+    return out;
+  }
+  for (const int p : divisors(base.parallel.gpus / tp)) {
+    if (p >= 2 && (f.micro_batches == 0 || p <= f.micro_batches) &&
+        stage_split(base.model.layers, p, f)) {
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+// The pipeline variants of one structure (its PP degree and stage split set): schedule × virtual
+// stages × micro-batches. Interleaving needs V dividing every stage's blocks and m a multiple of
+// P (Megatron-Core, sim/pipeline.cpp); a value the user fixed is kept as given.
+std::vector<models::ParallelConfig> pipeline_variants(const models::ParallelConfig& st,
+                                                      const sim::ScheduleInputs& base,
+                                                      const PlanOptions& options) {
+  const PlanConstraints& f = options.fixed;
+  std::vector<models::ParallelConfig> out;
+  if (st.pp_degree <= 1) {
+    models::ParallelConfig q = st;
+    q.micro_batches = f.micro_batches > 0 ? f.micro_batches : base.parallel.micro_batches;
+    out.push_back(q);
+    return out;
+  }
+  const int pp = st.pp_degree;
+  std::vector<int> ms;
+  if (f.micro_batches > 0) {
+    ms = {f.micro_batches};
+  } else if (options.seq_len) {
+    ms = {pp, 2 * pp, 4 * pp};
+  } else {
+    ms = {pp};
+  }
+  const std::int64_t layers = base.model.layers;
+  const int split_stages = (st.pp_first_stage_layers > 0) + (st.pp_last_stage_layers > 0);
+  const std::int64_t middle =
+      pp > split_stages
+          ? (layers - st.pp_first_stage_layers - st.pp_last_stage_layers) / (pp - split_stages)
+          : 0;
+  auto divides_stages = [&](int v) {
+    const std::int64_t first = st.pp_first_stage_layers > 0 ? st.pp_first_stage_layers : middle;
+    const std::int64_t last = st.pp_last_stage_layers > 0 ? st.pp_last_stage_layers : middle;
+    return first % v == 0 && last % v == 0 && middle % v == 0;
+  };
+  std::vector<std::pair<models::PipelineSchedule, int>> schedules;
+  const bool fixed_schedule = f.pp_schedule.has_value();
+  if (!fixed_schedule || *f.pp_schedule == models::PipelineSchedule::k1F1B) {
+    schedules.emplace_back(models::PipelineSchedule::k1F1B, 1);
+  }
+  if (!fixed_schedule || *f.pp_schedule == models::PipelineSchedule::kInterleaved) {
+    if (f.virtual_stages > 0) {
+      schedules.emplace_back(models::PipelineSchedule::kInterleaved, f.virtual_stages);
+    } else {
+      for (const int v : {2, 4, 8}) {
+        if (divides_stages(v)) {
+          schedules.emplace_back(models::PipelineSchedule::kInterleaved, v);
+        }
+      }
+    }
+  }
+  for (const auto& [schedule, v] : schedules) {
+    for (const int m : ms) {
+      const bool interleaved = schedule == models::PipelineSchedule::kInterleaved;
+      if (f.pp_degree == 0 && (m < pp || (interleaved && m % pp != 0))) {
+        continue;  // a searched P: only pipelines its micro-batches fill
+      }
+      models::ParallelConfig q = st;
+      q.pp_schedule = schedule;
+      q.virtual_stages = v;
+      q.micro_batches = m;
+      out.push_back(q);
+    }
+  }
+  return out;
+}
+
+// Whether the configuration's implementation (as the candidate asks for it, or the recipe's
+// default) runs pipeline parallelism.
+bool runs_pipeline(const sim::ScheduleInputs& in) {
+  const sim::Implementation* impl = sim::requested_implementation(in);
+  return impl == nullptr || impl->pp_refusal().empty();
 }
 
 // Whether `p` (a structure the method proposed) has every value the user fixed that the method
@@ -240,7 +379,40 @@ std::vector<Candidate> as_run_by(LauncherFormat launcher,
 //     AC, else among `saved`)
 //     and at least the product's gradient as workspace (s·f·ab); under full AC the recomputed norm
 //     output h1n (act).
-std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
+namespace {
+
+// `scratch` (a copy of `in` but for the model, recipe, parallel configuration and margin) becomes
+// the stage `in` simulates with one micro-batch, without copying the hardware profile.
+void stage_into(const sim::ScheduleInputs& in, sim::ScheduleInputs& scratch) {
+  scratch.model = in.model;
+  scratch.recipe = in.recipe;
+  scratch.parallel = in.parallel;
+  scratch.margin = in.margin;
+  scratch.tp_rank_model = in.tp_rank_model;
+  sim::make_pipeline_stage(scratch, 1);
+}
+
+// The tensors every block saves in the forward and holds to its backward (see above).
+std::int64_t saved_bytes(const sim::ScheduleInputs& in) {
+  const auto& m = in.model;
+  const auto& r = in.recipe;
+  const std::int64_t s = in.parallel.seq_len / in.parallel.cp_degree;
+  const std::int64_t t = std::max(1, in.parallel.tp_degree);
+  const std::int64_t act = s / t * m.hidden * r.activation_bytes;
+  const std::int64_t mlp_tensor = s * (m.ffn_hidden / t) * r.activation_bytes;
+  const std::int64_t product = r.fp8 ? s * (m.ffn_hidden / t) : mlp_tensor;
+  if (r.checkpointing == CheckpointMode::kFull) {
+    // Block inputs stay on the GPU unless offloaded (then the first and last stay).
+    return r.checkpoint_offload
+               ? (r.offload_keep_first_last ? std::min<std::int64_t>(2, m.layers) : 0) * act
+               : m.layers * act;
+  }
+  // Block input, norm1 output, attention residual, norm2 output of every block; untiled, the
+  // MLP's gate/up and activation.
+  return m.layers * 4 * act + (r.tiled_mlp ? 0 : m.layers * (2 * mlp_tensor + product));
+}
+
+std::int64_t bound_with_in_flight(const sim::ScheduleInputs& in, double in_flight) {
   const auto& m = in.model;
   const auto& r = in.recipe;
   const std::int64_t s = in.parallel.seq_len / in.parallel.cp_degree;
@@ -254,19 +426,7 @@ std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
   // The product as the backward keeps it: with FP8 the down projection's FP8 copy (1 byte).
   const std::int64_t product = r.fp8 ? s * (m.ffn_hidden / t) : mlp_tensor;
   const bool full_ac = r.checkpointing == CheckpointMode::kFull;
-  std::int64_t saved = 0;
-  if (full_ac) {
-    // Block inputs stay on the GPU unless offloaded (then the first and last stay).
-    saved = r.checkpoint_offload
-                ? (r.offload_keep_first_last ? std::min<std::int64_t>(2, m.layers) : 0) * act
-                : m.layers * act;
-  } else {
-    // Block input, norm1 output, attention residual, norm2 output of every block.
-    saved = m.layers * 4 * act;
-    if (!r.tiled_mlp) {
-      saved += m.layers * (2 * mlp_tensor + product);  // gate/up and activation
-    }
-  }
+  const std::int64_t saved = saved_bytes(in);
   const std::int64_t loss = r.fused_loss ? 0 : s * vocab * 3 * kFp32Bytes + act;
   std::int64_t last_mlp_backward = 2 * act;
   if (!r.tiled_mlp) {
@@ -275,8 +435,29 @@ std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
   if (full_ac) {
     last_mlp_backward += act;
   }
-  return sim::model_states(in).gpu_bytes + in.hardware.fixed_overhead_bytes() + saved +
+  const auto held = static_cast<std::int64_t>(in_flight * static_cast<double>(saved));
+  return sim::model_states(in).gpu_bytes + in.hardware.fixed_overhead_bytes() + held +
          std::max(loss, last_mlp_backward);
+}
+
+}  // namespace
+
+std::int64_t memory_lower_bound(const sim::ScheduleInputs& in) {
+  if (in.parallel.pp_degree > 1) {
+    sim::ScheduleInputs scratch = in;
+    return memory_lower_bound(in, scratch);
+  }
+  return bound_with_in_flight(in, 1.0);
+}
+
+std::int64_t memory_lower_bound(const sim::ScheduleInputs& in, sim::ScheduleInputs& scratch) {
+  if (in.parallel.pp_degree <= 1) {
+    return bound_with_in_flight(in, 1.0);
+  }
+  // The composed peak is the stage's simulated peak plus (factor − 1) times its activations saved
+  // for backward, which hold at least `saved` (evaluate_pipeline.cpp).
+  stage_into(in, scratch);
+  return bound_with_in_flight(scratch, sim::pipeline_shape(in).activation_factor);
 }
 
 std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
@@ -297,33 +478,73 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
                                           : std::vector<models::TrainingRecipe>{base.recipe};
   // Tensor parallelism inside a node: T GPUs of a node per TP group, the CP group over the
   // GPUs / T TP positions (the whole of them for the longest context).
+  // Pipeline parallelism outermost: P stages of GPUs / P, each laid out as without PP.
   std::vector<models::ParallelConfig> structures;
   sim::ScheduleInputs at_tp = base;
   for (const int tp : tp_degrees(base, fixed)) {
     at_tp.parallel.tp_degree = tp;
-    const int positions = gpus / tp;
-    if (fixed.cp_degree > 0 && positions % fixed.cp_degree != 0) {
-      continue;  // the CP group given does not fit the TP positions
+    for (const int pp : pp_degrees(base, options, tp)) {
+      const std::optional<std::pair<int, int>> split = stage_split(base.model.layers, pp, fixed);
+      at_tp.parallel.pp_degree = pp;
+      at_tp.parallel.pp_first_stage_layers = split ? split->first : 0;
+      at_tp.parallel.pp_last_stage_layers = split ? split->second : 0;
+      const int positions = gpus / (tp * pp);
+      if (gpus % (tp * pp) != 0 || (fixed.cp_degree > 0 && positions % fixed.cp_degree != 0)) {
+        continue;  // the CP group given does not fit the TP positions of a stage
+      }
+      const std::vector<int> cps = fixed.cp_degree > 0 ? std::vector<int>{fixed.cp_degree}
+                                   : smaller_groups    ? divisors(positions)
+                                                       : std::vector<int>{positions};
+      for (const sim::CpImplementation* method : methods_of(options)) {
+        append_structures(*method, at_tp, options, cps, structures);
+      }
     }
-    const std::vector<int> cps = fixed.cp_degree > 0 ? std::vector<int>{fixed.cp_degree}
-                                 : smaller_groups    ? divisors(positions)
-                                                     : std::vector<int>{positions};
-    for (const sim::CpImplementation* method : methods_of(options)) {
-      append_structures(*method, at_tp, options, cps, structures);
-    }
+  }
+  // A searched PP degree only where the implementation runs it (the recipes searched share the
+  // base's name, hence its default implementations); a fixed one stays, for its refusal to name
+  // the reason. With a launcher the implementation is the launcher's: checked after as_run_by.
+  std::vector<std::vector<models::ParallelConfig>> variants_of;
+  std::size_t count = 0;
+  sim::ScheduleInputs probe = base;
+  for (const models::ParallelConfig& st : structures) {
+    probe.parallel = st;
+    const bool dropped =
+        fixed.pp_degree == 0 && st.pp_degree > 1 && !options.launcher && !runs_pipeline(probe);
+    variants_of.push_back(dropped ? std::vector<models::ParallelConfig>{}
+                                  : pipeline_variants(st, base, options));
+    count += variants_of.back().size() * recipes.size();
   }
   std::vector<Candidate> out;
-  out.reserve(structures.size() * recipes.size());
-  for (const models::ParallelConfig& st : structures) {
-    const std::string structure = structure_label(st);
+  out.reserve(count);
+  std::int64_t group = 0;
+  for (std::size_t s = 0; s < structures.size(); ++s) {
+    const std::vector<models::ParallelConfig>& variants = variants_of[s];
     for (const models::TrainingRecipe& r : recipes) {
-      Candidate& c = out.emplace_back();
-      c.parallel = st;
-      c.recipe = r;
-      c.label = structure + " | " + recipe_label(r);
+      for (const models::ParallelConfig& q : variants) {
+        Candidate& c = out.emplace_back();
+        c.parallel = q;
+        c.recipe = r;
+        c.label = structure_label(q) + " | " + recipe_label(r);
+        c.stage_group = q.pp_degree > 1 ? group : -1;
+      }
+      group += 1;
     }
   }
-  return options.launcher ? as_run_by(*options.launcher, base, std::move(out)) : out;
+  if (options.launcher) {
+    out = as_run_by(*options.launcher, base, std::move(out));
+  }
+  if (fixed.pp_degree == 0 && options.launcher) {
+    // The launcher's implementation (as_run_by) and the launcher itself must run PP.
+    const bool launcher_pp = launcher_writes_pipeline(*options.launcher);
+    std::erase_if(out, [&](const Candidate& c) {
+      if (c.parallel.pp_degree <= 1) {
+        return false;
+      }
+      c.apply_to(probe);
+      return !launcher_pp || !runs_pipeline(probe);
+    });
+  }
+  return out;
 }
 
 sim::ScheduleInputs Candidate::inputs(const sim::ScheduleInputs& base) const {
@@ -519,7 +740,9 @@ void rank_checking_reserved(const sim::ScheduleInputs& base,
   auto better = [mc](const Candidate& a, const Candidate& b) { return ranks_before(a, b, mc); };
   const std::vector<const sim::CpImplementation*> methods = methods_of(options);
   for (;;) {
-    std::stable_sort(res.ranked.begin(), res.ranked.end(), better);
+    if (!std::is_sorted(res.ranked.begin(), res.ranked.end(), better)) {
+      std::stable_sort(res.ranked.begin(), res.ranked.end(), better);
+    }
     res.pareto = pareto_front(res.ranked, mc);
     res.best_per_method.clear();
     for (const sim::CpImplementation* m : methods) {
@@ -544,17 +767,114 @@ void rank_checking_reserved(const sim::ScheduleInputs& base,
         moved = check_reserved(base, options, c, mc, res.simulations) || moved;
       }
     }
-    const auto gone = std::stable_partition(res.ranked.begin(), res.ranked.end(),
-                                            [](const Candidate& c) { return c.fits; });
-    for (auto it = gone; it != res.ranked.end(); ++it) {
-      offer_miss(*it, mc, base.hardware.hbm_capacity_bytes - base.margin.gpu_bytes, miss);
-      moved = true;
+    // Those that no longer fit leave the ranking, in order (an erase, not a stable partition:
+    // that builds a buffer of candidates as long as the ranking).
+    for (const Candidate& c : res.ranked) {
+      if (!c.fits) {
+        offer_miss(c, mc, base.hardware.hbm_capacity_bytes - base.margin.gpu_bytes, miss);
+        moved = true;
+      }
     }
-    res.ranked.erase(gone, res.ranked.end());
+    std::erase_if(res.ranked, [](const Candidate& c) { return !c.fits; });
     if (!moved) {
       return;
     }
   }
+}
+
+}  // namespace
+
+namespace {
+
+// The saved tensors of `in`'s pipeline stage (saved_bytes), without copying the hardware profile.
+std::int64_t saved_of_stage(const sim::ScheduleInputs& in) {
+  sim::ScheduleInputs stage;
+  stage_into(in, stage);
+  return saved_bytes(stage);
+}
+
+// The work of the threads: at --seq, the pending candidates of one stage group together (in
+// pending order), every other candidate alone.
+std::vector<std::vector<std::size_t>> work_items(const std::vector<Candidate>& cands,
+                                                 const std::vector<std::size_t>& pending,
+                                                 bool share_stages) {
+  std::vector<std::vector<std::size_t>> work;
+  std::map<std::int64_t, std::size_t> item_of_group;
+  for (const std::size_t i : pending) {
+    const std::int64_t g = cands[i].stage_group;
+    if (share_stages && g >= 0) {
+      const auto [it, added] = item_of_group.emplace(g, work.size());
+      if (!added) {
+        work[it->second].push_back(i);
+        continue;
+      }
+    }
+    work.push_back({i});
+  }
+  return work;
+}
+
+// Evaluates the candidates of one stage group at --seq: their stage is simulated once (one and
+// two micro-batches, evaluate_pipeline.hpp) and each step composed from it; a simulation stopped
+// above the capacity rules out every member (the composed peak is at least the stage's).
+// Returns the simulations run.
+std::int64_t evaluate_stage_group(std::vector<Candidate>& cands,
+                                  const std::vector<std::size_t>& item,
+                                  const EvaluateOptions& options,
+                                  EvaluationScratch& scratch,
+                                  sim::ScheduleInputs& in,
+                                  const RefusalText& refusal_text) {
+  cands[item.front()].apply_to(in);
+  StageRuns runs;
+  std::int64_t simulations = 1;
+  try {
+    // The stage's run may stop where no member can fit any more: above the capacity less the
+    // smallest lower bound of what a member adds to the stage's peak ((factor − 1)·saved).
+    EvaluateOptions first = options;
+    double factor = std::numeric_limits<double>::infinity();
+    for (const std::size_t i : item) {
+      cands[i].apply_to(in);
+      factor = std::min(factor, sim::pipeline_shape(in).activation_factor);
+    }
+    cands[item.front()].apply_to(in);
+    const auto added =
+        static_cast<std::int64_t>((factor - 1.0) * static_cast<double>(saved_of_stage(in)));
+    if (first.stop_above_device_bytes > 0) {
+      first.stop_above_device_bytes =
+          std::max<std::int64_t>(1, first.stop_above_device_bytes - added);
+    }
+    runs.one = simulate_pipeline_stage_one(in, first, &scratch);
+    // The second run only times the step: needed only when a member fits.
+    bool any_fits = false;
+    for (const std::size_t i : item) {
+      cands[i].apply_to(in);
+      any_fits = any_fits || (!runs.one.report.stopped_early && pipeline_fits(in, runs.one.report));
+    }
+    if (any_fits) {
+      runs.two = simulate_pipeline_stage_two(in, options, &scratch);
+      simulations += 1;
+    } else {
+      runs.two = runs.one.report;
+    }
+  } catch (const sim::ConfigError& e) {
+    for (const std::size_t i : item) {
+      cands[i].error = refusal_text(e);
+    }
+    return 0;
+  } catch (const InputError& e) {
+    for (const std::size_t i : item) {
+      cands[i].error = e.what();
+    }
+    return 0;
+  }
+  for (const std::size_t i : item) {
+    Candidate& c = cands[i];
+    c.apply_to(in);
+    c.report = compose_pipeline(in, runs).report;
+    c.fits = c.report.fits();
+    c.evaluated = true;
+  }
+  return simulations;
 }
 
 }  // namespace
@@ -579,6 +899,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   // Cheap checks first: invalid combinations and memory lower bounds, on one reused copy of the
   // base inputs (a candidate holds only what it changes).
   sim::ScheduleInputs probe = base;
+  sim::ScheduleInputs stage_probe = base;  // a pipeline's stage, for its bound
   ClosestMiss miss;
   std::vector<std::int64_t> cost(cands.size(), 0);
   std::vector<std::size_t> pending;
@@ -599,7 +920,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
       continue;
     }
     if (options.seq_len) {
-      if (const std::int64_t bound = memory_lower_bound(probe); bound > capacity) {
+      if (const std::int64_t bound = memory_lower_bound(probe, stage_probe); bound > capacity) {
         c.pruned = true;
         c.prune_reason = "memory lower bound exceeds the GPU";
         miss.offer(c, c.parallel.seq_len, "GPU", bound, capacity, true);
@@ -609,9 +930,16 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
     cost[i] = cost_estimate(probe);
     pending.push_back(i);
   }
-  // Longest first (each result goes to its own candidate: the order changes only the wall time).
-  std::stable_sort(pending.begin(), pending.end(),
-                   [&cost](std::size_t a, std::size_t b) { return cost[a] > cost[b]; });
+  // Work items: one candidate, or at --seq the candidates of one pipeline stage group (one stage
+  // simulation composed for each). Longest first (each result goes to its own candidate: the
+  // order changes only the wall time).
+  const std::vector<std::vector<std::size_t>> work =
+      work_items(cands, pending, options.seq_len.has_value());
+  std::vector<std::size_t> order(work.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return cost[work[a].front()] > cost[work[b].front()];
+  });
   std::atomic<std::size_t> next{0};
   std::atomic<std::int64_t> simulations{0};
   // A configuration over the GPU's memory is dropped whatever its speed: its simulation stops as
@@ -621,8 +949,13 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   auto worker = [&]() {
     EvaluationScratch scratch;
     sim::ScheduleInputs in = base;  // this thread's inputs, one candidate at a time
-    for (std::size_t k = next++; k < pending.size(); k = next++) {
-      Candidate& c = cands[pending[k]];
+    for (std::size_t k = next++; k < order.size(); k = next++) {
+      const std::vector<std::size_t>& item = work[order[k]];
+      if (options.seq_len && cands[item.front()].parallel.pp_degree > 1) {
+        simulations += evaluate_stage_group(cands, item, seq_options, scratch, in, refusal_text);
+        continue;
+      }
+      Candidate& c = cands[item.front()];
       c.apply_to(in);
       try {
         if (options.seq_len) {
@@ -653,7 +986,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
       }
     }
   };
-  const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(pending.size())));
+  const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(order.size())));
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t)
     pool.emplace_back(worker);
@@ -671,8 +1004,21 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
     } else if (!c.error.empty()) {
       miss.offer_other(c, c.error);
     }
-    if (c.evaluated && c.fits)
-      res.ranked.push_back(std::move(c));
+  }
+  // The fitting candidates in the plan's order, moved once (a sort of the candidates themselves
+  // would move each of them many times).
+  std::vector<std::size_t> fitting;
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    if (cands[i].evaluated && cands[i].fits) {
+      fitting.push_back(i);
+    }
+  }
+  std::stable_sort(fitting.begin(), fitting.end(), [&](std::size_t a, std::size_t b) {
+    return ranks_before(cands[a], cands[b], res.max_context);
+  });
+  res.ranked.reserve(fitting.size());
+  for (const std::size_t i : fitting) {
+    res.ranked.push_back(std::move(cands[i]));
   }
   rank_checking_reserved(base, options, res, miss);
   if (res.ranked.empty()) {

@@ -122,6 +122,10 @@ ValidationSetup parse_setup(const Json& s, const std::string& origin) {
       a.pp_schedule = text();
     else if (key == "virtual-stages")
       a.virtual_stages = integer();
+    else if (key == "pp-first-stage-layers")
+      a.pp_first_stage_layers = integer();
+    else if (key == "pp-last-stage-layers")
+      a.pp_last_stage_layers = integer();
     else if (key == "impl")
       a.impl = text();
     else

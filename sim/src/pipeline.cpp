@@ -49,11 +49,82 @@ ConfigIssue pp_issue(std::string message) {
 
 }  // namespace
 
+namespace {
+
+// Blocks of the first, middle and last stages (Megatron-Core transformer_block.py:95-146
+// get_num_layers_to_build: the first/last flags take their blocks off L, the rest split evenly
+// over the stages left; without the flags every stage holds L/P).
+struct StageSplit {
+  std::int64_t first = 0, middle = 0, last = 0;
+  int middle_stages = 0;
+};
+
+StageSplit stage_split(const models::TransformerSpec& model, const models::ParallelConfig& p) {
+  StageSplit s;
+  const int pp = std::max(1, p.pp_degree);
+  std::int64_t rest = model.layers;
+  s.middle_stages = pp;
+  if (p.pp_first_stage_layers > 0) {
+    rest -= p.pp_first_stage_layers;
+    s.middle_stages -= 1;
+  }
+  if (p.pp_last_stage_layers > 0) {
+    rest -= p.pp_last_stage_layers;
+    s.middle_stages -= 1;
+  }
+  s.middle = s.middle_stages > 0 ? rest / s.middle_stages : 0;
+  s.first = p.pp_first_stage_layers > 0 ? p.pp_first_stage_layers : s.middle;
+  s.last = p.pp_last_stage_layers > 0 ? p.pp_last_stage_layers : s.middle;
+  if (pp == 1) {
+    s.last = s.first;
+  }
+  return s;
+}
+
+std::int64_t layers_of_rank(const StageSplit& s, int rank, int pp) {
+  return rank == 0 ? s.first : rank == pp - 1 ? s.last : s.middle;
+}
+
+// Uneven stages as Megatron-Core's TransformerConfig checks them (transformer_config.py:2293-2350
+// @d98e8a64): each given stage > 0 blocks, the middle stages' blocks divided evenly among them
+// (none left when there is no middle stage), and under interleaving every stage's blocks a
+// multiple of V.
+std::optional<ConfigIssue> check_uneven(const ScheduleInputs& in, bool interleaved) {
+  const auto& p = in.parallel;
+  if (p.pp_first_stage_layers < 0 || p.pp_last_stage_layers < 0) {
+    return pp_issue("first/last pipeline stage blocks must be positive");
+  }
+  if (p.pp_degree < 2) {
+    return pp_issue("uneven first/last pipeline stages need PP ≥ 2");
+  }
+  const StageSplit s = stage_split(in.model, p);
+  const std::int64_t rest = in.model.layers - (p.pp_first_stage_layers + p.pp_last_stage_layers);
+  if (rest < 0 || (rest > 0) != (s.middle_stages > 0) ||
+      (s.middle_stages > 0 && rest % s.middle_stages != 0)) {
+    return pp_issue(fmt::format(
+        "the {} blocks of {} left after the first/last pipeline stages ({}/{}) must split evenly "
+        "over the {} middle stages (Megatron-Core transformer_config.py:2338-2350)",
+        std::max<std::int64_t>(rest, 0), in.model.name, p.pp_first_stage_layers,
+        p.pp_last_stage_layers, s.middle_stages));
+  }
+  const int v = interleaved ? p.virtual_stages : 1;
+  if (v < 1 || s.first % v != 0 || s.middle % v != 0 || s.last % v != 0) {
+    return pp_issue(
+        fmt::format("every pipeline stage's blocks ({}/{}/{}) must divide by the {} virtual stages "
+                    "(Megatron-Core transformer_config.py:2305-2360)",
+                    s.first, s.middle, s.last, v));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<ConfigIssue> check_pipeline(const ScheduleInputs& in) {
   const auto& p = in.parallel;
   const int pp = p.pp_degree;
   const bool interleaved = p.pp_schedule == models::PipelineSchedule::kInterleaved;
-  if (pp == 1 && !interleaved && p.virtual_stages == 1) {
+  const bool uneven = p.pp_first_stage_layers != 0 || p.pp_last_stage_layers != 0;
+  if (pp == 1 && !interleaved && p.virtual_stages == 1 && !uneven) {
     return std::nullopt;
   }
   if (pp < 1) {
@@ -66,12 +137,16 @@ std::optional<ConfigIssue> check_pipeline(const ScheduleInputs& in) {
     return pp_issue(
         fmt::format("{} virtual stages need --pp-schedule interleaved", p.virtual_stages));
   }
-  const std::int64_t chunks = static_cast<std::int64_t>(pp) * p.virtual_stages;
-  if (p.virtual_stages < 1 || in.model.layers % chunks != 0) {
+  if (uneven) {
+    if (std::optional<ConfigIssue> bad = check_uneven(in, interleaved)) {
+      return bad;
+    }
+  } else if (const std::int64_t chunks = static_cast<std::int64_t>(pp) * p.virtual_stages;
+             p.virtual_stages < 1 || in.model.layers % chunks != 0) {
     return pp_issue(fmt::format(
-        "PP degree {}{} must divide the {} blocks of {} (cpsim splits blocks evenly, as "
-        "Megatron-LM does by default, training/arguments.py:985-998; uneven first/last stages, "
-        "--decoder-first/last-pipeline-num-layers, are not modelled)",
+        "PP degree {}{} must divide the {} blocks of {} (an even split, Megatron-LM's default, "
+        "training/arguments.py:985-998; --pp-first-stage-layers/--pp-last-stage-layers give "
+        "uneven first/last stages)",
         pp, interleaved ? fmt::format(" × {} virtual stages", p.virtual_stages) : "",
         in.model.layers, in.model.name));
   }
@@ -84,25 +159,56 @@ std::optional<ConfigIssue> check_pipeline(const ScheduleInputs& in) {
   return std::nullopt;
 }
 
+namespace {
+
+// Micro-batches' activations rank r holds at its first backward, in units of one micro-batch's
+// activations of that rank's blocks: 1F1B min(P − r − 1, m) warm-up forwards + the steady
+// state's forward; interleaved (2(P − r − 1) + (V − 1)·P) warm-up chunk forwards + 1, capped at
+// m·V, each chunk 1/V of the rank's blocks (schedules.py, see above).
+double in_flight_of_rank(int rank, int pp, int v, int m, bool interleaved) {
+  if (!interleaved) {
+    return std::min(pp - rank, m);
+  }
+  const int total = m * v;
+  const int warmup = std::min(2 * (pp - rank - 1) + (v - 1) * pp, total);
+  return static_cast<double>(std::min(warmup + 1, total)) / v;
+}
+
+}  // namespace
+
 PipelineShape pipeline_shape(const ScheduleInputs& in) {
   const auto& p = in.parallel;
   PipelineShape s;
+  const bool interleaved = p.pp_schedule == models::PipelineSchedule::kInterleaved;
   s.stages = p.pp_degree;
-  s.virtual_stages = p.pp_schedule == models::PipelineSchedule::kInterleaved ? p.virtual_stages : 1;
+  s.virtual_stages = interleaved ? p.virtual_stages : 1;
   s.micro_batches = std::max(1, p.micro_batches);
-  s.stage_layers = in.model.layers / s.stages;
+  const StageSplit split = stage_split(in.model, p);
+  s.first_stage_layers = split.first;
+  s.middle_stage_layers = s.stages > 2 ? split.middle : 0;
+  s.last_stage_layers = split.last;
+  s.stage_layers = std::max({split.first, s.middle_stage_layers, split.last});
   const int pp = s.stages;
   const int v = s.virtual_stages;
   const int m = s.micro_batches;
-  if (p.pp_schedule == models::PipelineSchedule::kInterleaved) {
-    const int total = m * v;
-    s.warmup_first_stage = std::min(2 * (pp - 1) + (v - 1) * pp, total);
-    s.in_flight_first_stage = static_cast<double>(std::min(s.warmup_first_stage + 1, total)) / v;
-    s.p2p_exposed = false;
-  } else {
-    s.warmup_first_stage = std::min(pp - 1, m);
-    s.in_flight_first_stage = std::min(pp, m);
-    s.p2p_exposed = true;
+  s.warmup_first_stage =
+      interleaved ? std::min(2 * (pp - 1) + (v - 1) * pp, m * v) : std::min(pp - 1, m);
+  s.in_flight_first_stage = in_flight_of_rank(0, pp, v, m, interleaved);
+  s.p2p_exposed = !interleaved;
+  // The stage holding the most activations: ranks 0, 1 and P − 1 cover it (the middle ranks
+  // hold as many blocks as rank 1 and fewer micro-batches).
+  s.activation_factor = 0.0;
+  for (const int r : {0, 1, pp - 1}) {
+    if (r >= pp) {
+      continue;
+    }
+    const double held = in_flight_of_rank(r, pp, v, m, interleaved) *
+                        static_cast<double>(layers_of_rank(split, r, pp)) /
+                        static_cast<double>(s.stage_layers);
+    if (held > s.activation_factor) {
+      s.activation_factor = held;
+      s.memory_stage = r;
+    }
   }
   s.bubble_fraction = static_cast<double>(pp - 1) / (static_cast<double>(m) * v);
   s.step_slots = m + static_cast<double>(pp - 1) / v;
@@ -112,17 +218,24 @@ PipelineShape pipeline_shape(const ScheduleInputs& in) {
   return s;
 }
 
-ScheduleInputs pipeline_stage_inputs(const ScheduleInputs& in, int micro_batches) {
-  ScheduleInputs out = in;
-  auto& p = out.parallel;
+void make_pipeline_stage(ScheduleInputs& in, int micro_batches) {
+  auto& p = in.parallel;
   const int pp = std::max(1, p.pp_degree);
-  out.model.layers = in.model.layers / pp;
-  out.model.name = fmt::format("{} (one of {} pipeline stages)", in.model.name, pp);
-  p.gpus = in.parallel.gpus / pp;
+  const StageSplit split = stage_split(in.model, p);
+  in.model.layers = std::max({split.first, pp > 2 ? split.middle : 0, split.last});
+  in.model.name = fmt::format("{} (one of {} pipeline stages)", in.model.name, pp);
+  p.gpus /= pp;
   p.pp_degree = 1;
   p.pp_schedule = models::PipelineSchedule::k1F1B;
   p.virtual_stages = 1;
+  p.pp_first_stage_layers = 0;
+  p.pp_last_stage_layers = 0;
   p.micro_batches = micro_batches;
+}
+
+ScheduleInputs pipeline_stage_inputs(const ScheduleInputs& in, int micro_batches) {
+  ScheduleInputs out = in;
+  make_pipeline_stage(out, micro_batches);
   return out;
 }
 

@@ -1,7 +1,8 @@
 // Speed of the planner: `maxlen` for Llama-3-8B on 8 GPUs per method (recipe alst), as the CLI
 // runs it and on one thread, and per implementation with its default recipe (target ≤ 50 ms each),
 // `plan --seq 1M` over every method on 8 GPUs, and the same plan on 8, 16, 32 and 64 GPUs: 12,640
-// configurations (target: ≥ 10k configurations in ≤ 1 s on 2 cores).
+// configurations (target: ≥ 10k configurations in ≤ 1 s on 2 cores), and Llama-3-70B on 1024
+// GPUs over TP × PP × CP × DP (BM_Plan1024Gpus).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -187,6 +188,32 @@ void BM_PlanSweepGpus(benchmark::State& state) {
       static_cast<double>(std::max<std::int64_t>(1, state.iterations()));
 }
 BENCHMARK(BM_PlanSweepGpus)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// `plan --seq 128K --allow-data-parallel` for Llama-3-70B on 1024 H100s, 2 threads: TP × PP × CP
+// × DP × micro-batches × pipeline schedules × recipes, 111,808 configurations before pruning
+// (target: ≤ 2 s on 2 cores). Counters per plan: configurations, pruned by the memory bound,
+// evaluated, simulations (a pipeline stage's runs serve every schedule and micro-batch count).
+void BM_Plan1024Gpus(benchmark::State& state) {
+  sim::ScheduleInputs in = base(models::CpMethod::kUlysses);
+  in.model = models::load_model("llama3-70b", kData);
+  in.parallel.gpus = 1024;
+  in.parallel.cp_degree = 1024;
+  in.parallel.seq_len = 128 * 1024;
+  planner::PlanOptions o;
+  o.seq_len = in.parallel.seq_len;
+  o.threads = 2;
+  o.allow_data_parallel = true;
+  planner::PlanResult last;
+  for (auto _ : state) {
+    last = planner::plan(in, o);
+    benchmark::DoNotOptimize(last.ranked.size());
+  }
+  state.counters["configurations"] = static_cast<double>(last.generated);
+  state.counters["pruned"] = static_cast<double>(last.pruned);
+  state.counters["evaluated"] = static_cast<double>(last.evaluated);
+  state.counters["simulations"] = static_cast<double>(last.simulations);
+}
+BENCHMARK(BM_Plan1024Gpus)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
 }  // namespace
 

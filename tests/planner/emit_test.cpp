@@ -379,6 +379,51 @@ TEST_F(EmitTest, TorchTitanRing) {
   EXPECT_THAT(e.text, HasSubstr("expandable_segments:True"));
 }
 
+// Pipeline stages in TorchTitan's keys (distributed/pipeline_parallel.py @73a0e69 splits
+// L + first_less + last_less blocks evenly over the stages, the first and last giving up theirs):
+// 32 blocks as 7/9/9/7 over 4 stages are 36 = 4 x 9 with 2 blocks off each end; an even split
+// interleaved sets both to 0 and the blocks per virtual stage 32/(2·4) = 4. What the split cannot
+// produce is refused, naming Megatron-LM.
+TEST_F(EmitTest, TorchTitanPipelineStages) {
+  sim::ScheduleInputs in = inputs(CpMethod::kRing, 16, 4, 4, 64 * kK);
+  in.parallel.pp_degree = 4;
+  in.parallel.micro_batches = 8;
+  in.parallel.pp_first_stage_layers = 7;
+  in.parallel.pp_last_stage_layers = 7;
+  json t = parse_toml(emit_launcher_config(LauncherFormat::kTorchTitan, in).text);
+  EXPECT_EQ(t["parallelism"]["pipeline_parallel_degree"], 4);
+  EXPECT_EQ(t["parallelism"]["pipeline_parallel_schedule"], "1F1B");
+  EXPECT_EQ(t["parallelism"]["pipeline_parallel_first_stage_less_layers"], 2);
+  EXPECT_EQ(t["parallelism"]["pipeline_parallel_last_stage_less_layers"], 2);
+  EXPECT_FALSE(t["parallelism"].contains("pipeline_parallel_layers_per_stage"));
+  EXPECT_EQ(t["training"]["local_batch_size"], 8);  // the pipeline's micro-batches
+  sim::ScheduleInputs even = in;
+  even.parallel.pp_degree = 2;
+  even.parallel.cp_degree = 8;
+  even.parallel.ring_degree = 8;
+  even.parallel.pp_first_stage_layers = 0;
+  even.parallel.pp_last_stage_layers = 0;
+  even.parallel.pp_schedule = models::PipelineSchedule::kInterleaved;
+  even.parallel.virtual_stages = 4;
+  t = parse_toml(emit_launcher_config(LauncherFormat::kTorchTitan, even).text);
+  EXPECT_EQ(t["parallelism"]["pipeline_parallel_schedule"], "Interleaved1F1B");
+  EXPECT_EQ(t["parallelism"]["pipeline_parallel_first_stage_less_layers"], 0);
+  EXPECT_EQ(t["parallelism"]["pipeline_parallel_last_stage_less_layers"], 0);
+  EXPECT_EQ(t["parallelism"]["pipeline_parallel_layers_per_stage"], 4);
+  sim::ScheduleInputs heavy_ends = in;  // 10/6/6/10: more blocks on the ends than the middle
+  heavy_ends.parallel.pp_first_stage_layers = 10;
+  heavy_ends.parallel.pp_last_stage_layers = 10;
+  expect_refusal(LauncherFormat::kTorchTitan, heavy_ends, "megatron");
+  sim::ScheduleInputs uneven_interleaved = in;  // 8/8/8/8 given as uneven, V = 2
+  uneven_interleaved.parallel.pp_first_stage_layers = 6;
+  uneven_interleaved.parallel.pp_last_stage_layers = 6;
+  uneven_interleaved.parallel.pp_schedule = models::PipelineSchedule::kInterleaved;
+  uneven_interleaved.parallel.virtual_stages = 2;
+  expect_refusal(LauncherFormat::kTorchTitanMain, uneven_interleaved, "megatron");
+  // Launchers without pipeline keys refuse it, naming those with them.
+  expect_refusal(LauncherFormat::kAccelerate, in, "megatron", "pipeline parallelism");
+}
+
 // TorchTitan main: a config function from the llama3_8b baseline setting what cpsim simulated
 // (hand-checked against torchtitan/config/configs.py @ b5bcd76).
 TEST_F(EmitTest, TorchTitanMainAllGatherConfigFunction) {

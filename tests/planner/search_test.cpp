@@ -5,6 +5,7 @@
 
 #include <map>
 #include <set>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -255,7 +256,7 @@ TEST(Margin, DecidesOnReservedMemoryExactly) {
 // on two base recipes and for each MLP kernel, at two lengths: the bound never exceeds the
 // simulated peak. It prunes, so a bound above the peak would drop a configuration that fits.
 TEST(LowerBound, NeverAboveTheSimulatedPeak) {
-  int compared = 0, binding = 0;
+  int compared = 0, binding = 0, pipelined = 0;
   for (const char* recipe : {"alst", "deepspeed-fpdt"}) {
     for (const auto mlp :
          {models::MlpKernel::kUnfused, models::MlpKernel::kFused, models::MlpKernel::kEager}) {
@@ -284,12 +285,14 @@ TEST(LowerBound, NeverAboveTheSimulatedPeak) {
           EXPECT_LE(bound, peak) << recipe << " " << models::to_string(mlp) << " " << seq << " "
                                  << c.label;
           ++compared;
+          pipelined += in.parallel.pp_degree > 1 ? 1 : 0;
           binding += 10 * bound >= 9 * peak ? 1 : 0;
         }
       }
     }
   }
   EXPECT_GT(compared, 1000);
+  EXPECT_GT(pipelined, 100);  // the bound of pipelined steps (stage × in-flight) is tested too
   EXPECT_GT(binding, compared / 10);  // tight (within 10 %) for a good share, or it prunes little
 }
 
@@ -376,7 +379,10 @@ TEST(Plan, RanksExactlyWhatFitsAlthoughOverfullRunsStopEarly) {
       const sim::StepReport r = evaluate(c.inputs(base)).report;
       if (r.fits()) {
         fitting.emplace(c.label, r);
-      } else if (memory_lower_bound(c.inputs(base)) <= base.hardware.hbm_capacity_bytes) {
+      } else if (memory_lower_bound(c.inputs(base)) <= base.hardware.hbm_capacity_bytes &&
+                 c.parallel.pp_degree == 1) {
+        // (A pipeline's stage run stops only on the stage's own peak: the in-flight micro-batches
+        // are added after it.)
         ++overfull;  // simulated by the plan, and stopped early
         EvaluateOptions stop;
         stop.stop_above_device_bytes = base.hardware.hbm_capacity_bytes;
@@ -574,6 +580,100 @@ TEST(PlanConstraints, EnumerationKeepsWhatTheUserFixed) {
   for (const Candidate& c : usp) {
     EXPECT_EQ(c.parallel.ulysses_degree(), 2) << c.label;
   }
+}
+
+// Pipeline parallelism in the search: P stages only where the step may grow to P micro-batches
+// (data parallelism allowed at --seq, or a fixed --pp / --micro-batches), for the implementations
+// that run it; 1F1B and interleaved with V dividing every stage's blocks; micro-batches P, 2P, 4P
+// at --seq; P that does not divide the blocks with one block fewer on the first and last stages.
+TEST(PlanConstraints, PipelineDegreesSchedulesAndMicroBatches) {
+  sim::ScheduleInputs base = small(CpMethod::kAllGather, 8);  // 8 blocks; alst: allgather runs
+  PlanOptions o;                                              // the scheme alone, which runs PP
+  o.seq_len = 64 * 1024;
+  o.methods = {CpMethod::kAllGather};
+  o.vary_recipe = false;
+  o.fixed.tp_degree = 1;
+  for (const Candidate& c : enumerate_candidates(base, o)) {
+    EXPECT_EQ(c.parallel.pp_degree, 1) << c.label;  // one sequence per step: no PP
+  }
+  o.allow_data_parallel = true;
+  std::set<std::tuple<int, int, int>> seen;  // P, V, m
+  for (const Candidate& c : enumerate_candidates(base, o)) {
+    const auto& p = c.parallel;
+    seen.emplace(p.pp_degree, p.virtual_stages, p.micro_batches);
+    EXPECT_EQ(p.cp_degree * p.pp_degree * p.data_parallel(), 8) << c.label;
+    EXPECT_EQ(c.stage_group >= 0, p.pp_degree > 1) << c.label;
+  }
+  // P = 2 (4 blocks a stage: V = 2, 4), P = 4 (2 blocks: V = 2); P = 8 leaves one GPU a stage,
+  // and the all-gather proposes no CP group of one.
+  const std::set<std::tuple<int, int, int>> expected = {
+      {1, 1, 1}, {2, 1, 2}, {2, 1, 4}, {2, 1, 8}, {2, 2, 2},  {2, 2, 4}, {2, 2, 8}, {2, 4, 2},
+      {2, 4, 4}, {2, 4, 8}, {4, 1, 4}, {4, 1, 8}, {4, 1, 16}, {4, 2, 4}, {4, 2, 8}, {4, 2, 16}};
+  EXPECT_EQ(seen, expected);
+  // A fixed PP degree is kept; a method whose implementation cannot run it stays, to be refused.
+  o.fixed.pp_degree = 2;
+  o.methods = {};
+  o.allow_data_parallel = false;
+  bool refusing = false;
+  for (const Candidate& c : enumerate_candidates(base, o)) {
+    EXPECT_EQ(c.parallel.pp_degree, 2) << c.label;
+    EXPECT_EQ(c.parallel.micro_batches % 2, 0) << c.label;  // P, 2P, 4P micro-batches
+    refusing = refusing || c.parallel.method == CpMethod::kUPipe;
+  }
+  EXPECT_TRUE(refusing);
+  const PlanResult res = plan(base, o);
+  EXPECT_GT(res.refused, 0);
+  // 14 blocks over 4 stages: 3, 4, 4, 3.
+  base.model.layers = 14;
+  o = PlanOptions{};
+  o.seq_len = 64 * 1024;
+  o.methods = {CpMethod::kAllGather};
+  o.vary_recipe = false;
+  o.fixed.pp_degree = 4;
+  const std::vector<Candidate> uneven = enumerate_candidates(base, o);
+  ASSERT_FALSE(uneven.empty());
+  for (const Candidate& c : uneven) {
+    EXPECT_EQ(c.parallel.pp_first_stage_layers, 3) << c.label;
+    EXPECT_EQ(c.parallel.pp_last_stage_layers, 3) << c.label;
+  }
+}
+
+// Candidates that differ only in the schedule, V or the micro-batch count share one simulation of
+// their stage: the plan runs two simulations per stage, and each composed step is the one
+// evaluate() gives the candidate alone.
+TEST(Plan, PipelineStagesSimulatedOncePerShape) {
+  const sim::ScheduleInputs base = small(CpMethod::kAllGather, 8);
+  PlanOptions o;
+  o.seq_len = 32 * 1024;
+  o.methods = {CpMethod::kAllGather};
+  o.vary_recipe = false;
+  o.fixed.pp_degree = 2;
+  o.fixed.tp_degree = 1;
+  o.fixed.cp_degree = 4;
+  o.threads = 2;
+  const PlanResult res = plan(base, o);
+  // One structure (C 4, P 2): 1F1B and V = 2, 4, each with m = 2, 4, 8: nine candidates, one stage.
+  EXPECT_EQ(res.generated, 9);
+  EXPECT_EQ(res.evaluated, 9);
+  // Two stage simulations, then one reserved-memory check per candidate shown; without sharing
+  // the stage it would take 18 before any check.
+  int checked = 0;
+  for (const Candidate& c : res.ranked) {
+    checked += c.reserved_checked ? 1 : 0;
+  }
+  EXPECT_GE(res.simulations, 2 + checked);
+  EXPECT_LE(res.simulations, 2 + 9);
+  ASSERT_FALSE(res.ranked.empty());
+  for (const Candidate& c : res.ranked) {
+    if (c.reserved_checked) {
+      continue;  // its report is the allocator's run
+    }
+    const sim::StepReport alone = evaluate(c.inputs(base)).report;
+    EXPECT_EQ(c.report.step_time_s, alone.step_time_s) << c.label;
+    EXPECT_EQ(c.report.peak_memory_bytes, alone.peak_memory_bytes) << c.label;
+  }
+  // The largest m and V leave the smallest bubble: the best.
+  EXPECT_EQ(res.ranked.front().parallel.micro_batches, 8);
 }
 
 }  // namespace

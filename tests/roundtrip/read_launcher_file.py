@@ -184,9 +184,25 @@ def read_torchtitan(path, recipe, a):
     if par.get("data_parallel_replicate_degree", 1) != 1:
         raise Unreadable("[parallelism] data_parallel_replicate_degree: HSDP is not modelled")
     tp = int(par.get("tensor_parallel_degree", 1))  # TorchTitan's TP plan is sequence parallel
-    dp = a.gpus // (tp * int(par["context_parallel_degree"]))
+    pp = int(par.get("pipeline_parallel_degree", 1))
+    dp = a.gpus // (tp * int(par["context_parallel_degree"]) * pp)
+    local = int(train["local_batch_size"])
     global_batch = int(train.get("global_batch_size", -1))  # -1: local batch x data parallel
-    micro = 1 if global_batch < 0 else global_batch // (int(train["local_batch_size"]) * dp)
+    accumulation = 1 if global_batch < 0 else global_batch // (local * dp)
+    if pp > 1:
+        # The pipeline's micro-batches: local batch / microbatch size (pipeline_parallel.py:194).
+        if accumulation != 1 or int(par.get("pipeline_parallel_microbatch_size", 1)) != 1:
+            raise Unreadable("gradient accumulation over pipelined steps, or micro-batches of "
+                             "several sequences: not modelled")
+        micro = local
+        flags += torchtitan_pipeline_flags(
+            FLAVORS[(model["name"], model["flavor"])][0], pp,
+            par.get("pipeline_parallel_schedule", "1F1B"),
+            int(par.get("pipeline_parallel_first_stage_less_layers", 1)),
+            int(par.get("pipeline_parallel_last_stage_less_layers", 1)),
+            par.get("pipeline_parallel_layers_per_stage"))
+    else:
+        micro = accumulation
     flags += ["--tp", str(tp), "--micro-batches", str(micro)]
     # FSDP2 over dp_shard x cp; "never" keeps the gathered parameters after the forward.
     reshard = par.get("fsdp_reshard_after_forward", "default")
@@ -217,6 +233,10 @@ MAIN_DEFAULTS = {
     "parallelism.tensor_parallel_degree": 1, "parallelism.context_parallel_degree": 1,
     "parallelism.fsdp_reshard_after_forward": "default",
     "parallelism.context_parallel_load_balancer": "headtail",
+    "parallelism.pipeline_parallel_schedule": "1F1B", "parallelism.num_pp_microbatches": 1,
+    "parallelism.pipeline_parallel_first_stage_less_layers": 1,
+    "parallelism.pipeline_parallel_last_stage_less_layers": 1,
+    "parallelism.pipeline_parallel_layers_per_stage": None,
     "training.num_tokens_per_train_step": -1, "training.mixed_precision_param": "bfloat16",
     "training.mixed_precision_reduce": "float32", "training.enable_cpu_offload": False,
 }
@@ -264,21 +284,29 @@ def read_torchtitan_main(path, recipe, a):
     flags = ["--model", model_of_shape(FLAVORS[MAIN_BASELINES[baseline]], a.data, baseline)]
     if f["parallelism.data_parallel_replicate_degree"] != 1:
         raise Unreadable("parallelism.data_parallel_replicate_degree: HSDP is not modelled")
-    if f["parallelism.pipeline_parallel_degree"] != 1:
-        raise Unreadable("parallelism.pipeline_parallel_degree: not read")
     seq = int(f["training.max_context_length"])
     if int(f["training.num_tokens_per_microbatch_per_dp_rank"]) != seq:
         raise Unreadable("num_tokens_per_microbatch_per_dp_rank: not one sequence per micro-batch")
     cp, tp = int(f["parallelism.context_parallel_degree"]), int(f["parallelism.tensor_parallel_degree"])
-    dp = a.gpus // (tp * cp)
-    # -1: one micro-batch per data-parallel rank; else gradient accumulation fills the step.
+    pp = int(f["parallelism.pipeline_parallel_degree"])
+    dp = a.gpus // (tp * cp * pp)
+    # num_pp_microbatches per step and data-parallel rank with PP (trainer.py:409-414); -1: one
+    # micro-batch per data-parallel rank; else gradient accumulation fills the step.
+    pp_micro = int(f["parallelism.num_pp_microbatches"]) if pp > 1 else 1
     step_tokens = int(f["training.num_tokens_per_train_step"])
-    micro = 1 if step_tokens < 0 else step_tokens // (seq * dp)
+    micro = pp_micro if step_tokens < 0 else step_tokens // (seq * dp)
+    if pp > 1 and micro != pp_micro:
+        raise Unreadable("gradient accumulation over pipelined steps: not modelled")
+    pipeline = torchtitan_pipeline_flags(
+        FLAVORS[MAIN_BASELINES[baseline]][0], pp, f["parallelism.pipeline_parallel_schedule"],
+        int(f["parallelism.pipeline_parallel_first_stage_less_layers"]),
+        int(f["parallelism.pipeline_parallel_last_stage_less_layers"]),
+        f["parallelism.pipeline_parallel_layers_per_stage"])
     # Main's only CP attention is FlexAttention with K/V all-gathered (no rotate key); the
     # headtail balancer is the zigzag layout, None contiguous.
     layout = "contiguous" if f["parallelism.context_parallel_load_balancer"] is None else "zigzag"
     flags += ["--method", "allgather", "--seq", str(seq), "--cp-degree", str(cp),
-              "--ring-layout", layout, "--tp", str(tp), "--micro-batches", str(micro)]
+              "--ring-layout", layout, "--tp", str(tp), "--micro-batches", str(micro)] + pipeline
     reshard = f["parallelism.fsdp_reshard_after_forward"]
     recipe["sharding"]["zero_stage"] = 2 if reshard == "never" else 3
     recipe["sharding"]["optimizer_offload"] = bool(f["training.enable_cpu_offload"])
@@ -412,6 +440,60 @@ def read_accelerate(path, recipe, a):
     return flags
 
 
+def megatron_pipeline_flags(o, pp):
+    """Megatron-LM's pipeline flags (training/arguments.py @ d98e8a6): P stages, the interleaved
+    schedule's V (--num-virtual-stages-per-pipeline-rank; --num-layers-per-virtual-pipeline-stage
+    gives it as blocks per chunk), uneven first/last stages."""
+    if pp == 1:
+        return []
+    flags = ["--pp", str(pp)]
+    v = o.get("--num-virtual-stages-per-pipeline-rank")
+    if v is None and "--num-layers-per-virtual-pipeline-stage" in o:
+        v = int(o["--num-layers"]) // pp // int(o["--num-layers-per-virtual-pipeline-stage"])
+    if v is not None and int(v) > 1:
+        flags += ["--pp-schedule", "interleaved", "--virtual-stages", str(v)]
+    for flag, ours in (("--decoder-first-pipeline-num-layers", "--pp-first-stage-layers"),
+                       ("--decoder-last-pipeline-num-layers", "--pp-last-stage-layers")):
+        if flag in o:
+            flags += [ours, o[flag]]
+    if "--no-overlap-p2p-communication" in o:
+        raise Unreadable("--no-overlap-p2p-communication: interleaving with blocking P2P is not "
+                         "modelled")
+    return flags
+
+
+def torchtitan_pipeline_flags(layers, pp, schedule, first_less, last_less, layers_per_stage):
+    """TorchTitan's pipeline fields (config/job_config.py:360-418 @ 73a0e69, configs.py:180-236 @
+    b5bcd76) as cpsim's stages: the split of distributed/pipeline_parallel.py
+    generate_llm_fqn_per_model_part over S = P (1F1B) or P x V (Interleaved1F1B) stages."""
+    if pp == 1:
+        return []
+    if schedule == "1F1B":
+        s, v = pp, 1
+    elif schedule == "Interleaved1F1B":
+        if layers_per_stage is None:
+            v = 2  # pipeline_parallel.py:111-115: two stages per rank by default
+        else:
+            v = -(-(layers + first_less + last_less) // layers_per_stage) // pp
+        s = pp * v
+    else:
+        raise Unreadable(f"pipeline_parallel_schedule {schedule}: not modelled")
+    effective = layers + first_less + last_less
+    if effective % s != 0:
+        raise Unreadable("pipeline stages of unequal size beyond the first/last: not modelled")
+    per_stage = effective // s
+    if v > 1 and (first_less or last_less):
+        raise Unreadable("uneven interleaved stages: not modelled")
+    flags = ["--pp", str(pp)]
+    if v > 1:
+        flags += ["--pp-schedule", "interleaved", "--virtual-stages", str(v)]
+    if first_less:
+        flags += ["--pp-first-stage-layers", str(per_stage - first_less)]
+    if last_less:
+        flags += ["--pp-last-stage-layers", str(per_stage - last_less)]
+    return flags
+
+
 def read_megatron(path, recipe, a):
     words, env = source_bash(path, "MEGATRON_ARGS")
     o = options(words)
@@ -425,11 +507,11 @@ def read_megatron(path, recipe, a):
     flags = ["--model", model_of_shape(shape, a.data, "model flags"), "--impl", impl,
              "--seq", o["--seq-length"], "--cp-degree", str(cp)]
     tp = int(o["--tensor-model-parallel-size"])
-    if int(o["--pipeline-model-parallel-size"]) != 1:
-        raise Unreadable("pipeline parallelism: not read back")
+    pp = int(o.get("--pipeline-model-parallel-size", 1))
     if tp > 1 and "--sequence-parallel" not in o:
         raise Unreadable("tensor parallelism without --sequence-parallel: not modelled")
-    dp = a.gpus // (tp * cp)
+    flags += megatron_pipeline_flags(o, pp)
+    dp = a.gpus // (tp * cp * pp)
     global_batch = int(o.get("--global-batch-size", int(o["--micro-batch-size"]) * dp))
     flags += ["--tp", str(tp),
               "--micro-batches", str(global_batch // (int(o["--micro-batch-size"]) * dp))]

@@ -127,6 +127,61 @@ TEST(Pipeline, Refusals) {
   EXPECT_EQ(issue_of(ds), "");
 }
 
+// Uneven stages as Megatron's --decoder-first/last-pipeline-num-layers give them: 32 blocks over
+// 4 stages with 6 on the first and the last leave (32 − 12)/2 = 10 on each middle stage.
+TEST(Pipeline, UnevenStagesByHand) {
+  ScheduleInputs in = pp4(8);
+  in.parallel.pp_first_stage_layers = 6;
+  in.parallel.pp_last_stage_layers = 6;
+  ASSERT_EQ(issue_of(in), "");
+  PipelineShape s = pipeline_shape(in);
+  EXPECT_EQ(s.first_stage_layers, 6);
+  EXPECT_EQ(s.middle_stage_layers, 10);
+  EXPECT_EQ(s.last_stage_layers, 6);
+  EXPECT_EQ(s.stage_layers, 10);  // the simulated stage: the largest
+  EXPECT_EQ(pipeline_stage_inputs(in, 1).model.layers, 10);
+  // 1F1B, m = 8: rank 0 holds min(4, 8) = 4 micro-batches of 6 blocks = 2.4 of the simulated 10,
+  // rank 1 min(3, 8) = 3 of 10 blocks = 3.0, rank 3 one of 6 = 0.6: rank 1 holds the most.
+  EXPECT_DOUBLE_EQ(s.in_flight_first_stage, 4.0);
+  EXPECT_EQ(s.memory_stage, 1);
+  EXPECT_DOUBLE_EQ(s.activation_factor, 3.0);
+  // The bubble and the step slots do not depend on the split: (P − 1)/m and m + P − 1.
+  EXPECT_DOUBLE_EQ(s.bubble_fraction, 3.0 / 8.0);
+  EXPECT_DOUBLE_EQ(s.step_slots, 11.0);
+  // Interleaved, V = 2 (6, 10 and 6 all even): rank 0 warms up 2·3 + 1·4 = 10 chunks, holds 11
+  // chunks of 3 blocks = 3.3 stages of 10; rank 1 2·2 + 4 = 8, 9 chunks of 5 blocks = 4.5.
+  in.parallel.pp_schedule = PipelineSchedule::kInterleaved;
+  in.parallel.virtual_stages = 2;
+  ASSERT_EQ(issue_of(in), "");
+  s = pipeline_shape(in);
+  EXPECT_DOUBLE_EQ(s.in_flight_first_stage, 5.5);
+  EXPECT_EQ(s.memory_stage, 1);
+  EXPECT_DOUBLE_EQ(s.activation_factor, 4.5);
+  // Only the first stage given: the other 3 split 26 — not evenly: refused; 29 = 3 · 9 + 2 fits.
+  ScheduleInputs first_only = pp4(8);
+  first_only.parallel.pp_first_stage_layers = 6;
+  EXPECT_EQ(issue_of(first_only), "pp_degree");
+  first_only.parallel.pp_first_stage_layers = 5;
+  ASSERT_EQ(issue_of(first_only), "");
+  s = pipeline_shape(first_only);
+  EXPECT_EQ(s.first_stage_layers, 5);
+  EXPECT_EQ(s.middle_stage_layers, 9);
+  EXPECT_EQ(s.last_stage_layers, 9);
+  // Refusals: middle blocks not splitting, a stage's blocks not divisible by V, no PP.
+  ScheduleInputs odd = pp4(8);
+  odd.parallel.pp_first_stage_layers = 7;
+  odd.parallel.pp_last_stage_layers = 6;  // 19 over 2 middle stages
+  EXPECT_EQ(issue_of(odd), "pp_degree");
+  ScheduleInputs v4 = in;
+  v4.parallel.virtual_stages = 4;  // 6 blocks do not split into 4 chunks
+  EXPECT_EQ(issue_of(v4), "pp_degree");
+  ScheduleInputs none = pp4(8);
+  none.parallel.pp_degree = 1;
+  none.parallel.gpus = 4;
+  none.parallel.pp_first_stage_layers = 4;
+  EXPECT_EQ(issue_of(none), "pp_degree");
+}
+
 TEST(Pipeline, DegreeOneIsNoPipeline) {
   ScheduleInputs in = pp4(8);
   in.parallel.pp_degree = 1;

@@ -10,6 +10,7 @@
 
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/json_io.hpp"
+#include "cpsim/sim/pipeline.hpp"
 
 #include "emit_common.hpp"
 
@@ -64,6 +65,41 @@ const char* launcher_scope(LauncherFormat f) {
 void refuse_method(LauncherFormat f, CpMethod m) {
   refuse(fmt::format("{} cannot run {} ({}); use {}", launcher_title(f), models::to_string(m),
                      launcher_scope(f), launchers_for(m)));
+}
+
+// TorchTitan splits L blocks over S = P·V stages as if the embedding and the output were
+// `first/last_stage_less_layers` blocks more (distributed/pipeline_parallel.py:236-330
+// generate_llm_fqn_per_model_part @73a0e69): (L + w_f + w_l)/S per stage, the first stage giving
+// up w_f blocks and the last w_l. With S = P and every middle stage holding the most blocks k,
+// w_f = k − first and w_l = k − last give exactly cpsim's stages (L + w_f + w_l = P·k, no
+// remainder); an even split interleaved sets both to 0 and the blocks per virtual stage L/(P·V)
+// (pipeline_parallel.py:71-94: S = ceil(L / layers_per_stage)).
+TorchTitanPipeline torchtitan_pipeline(const Plan& p) {
+  const sim::PipelineShape s = sim::pipeline_shape(p.in);
+  TorchTitanPipeline t;
+  const bool interleaved = p.par.pp_schedule == models::PipelineSchedule::kInterleaved;
+  const bool uneven = p.par.pp_first_stage_layers > 0 || p.par.pp_last_stage_layers > 0;
+  t.schedule = interleaved ? "Interleaved1F1B" : "1F1B";
+  if (interleaved) {
+    if (uneven) {
+      refuse(
+          "TorchTitan takes the first/last stage's fewer blocks off one virtual stage, not evenly "
+          "off each chunk as Megatron-Core does; use --emit megatron for uneven interleaved "
+          "stages");
+    }
+    t.layers_per_stage = p.model.layers / (static_cast<std::int64_t>(s.stages) * s.virtual_stages);
+    return t;
+  }
+  const std::int64_t k = s.stage_layers;
+  if (s.stages > 2 && s.middle_stage_layers != k) {
+    refuse(
+        fmt::format("TorchTitan's split gives the first and last stage at most as many blocks "
+                    "as the middle ones ({}/{}/{} here); use --emit megatron",
+                    s.first_stage_layers, s.middle_stage_layers, s.last_stage_layers));
+  }
+  t.first_less = k - s.first_stage_layers;
+  t.last_less = k - s.last_stage_layers;
+  return t;
 }
 
 void refuse(const std::string& message) {

@@ -151,6 +151,11 @@ std::string companion_path(const std::string& main_path,
   return (has_extension ? main.substr(0, dot) : main) + suffix;
 }
 
+bool launcher_writes_pipeline(LauncherFormat f) {
+  return f == LauncherFormat::kMegatron || f == LauncherFormat::kTorchTitan ||
+         f == LauncherFormat::kTorchTitanMain;
+}
+
 EmittedConfig emit_launcher_config(LauncherFormat format,
                                    const sim::ScheduleInputs& config,
                                    const EmitOptions& options) {
@@ -170,6 +175,16 @@ EmittedConfig emit_launcher_config(LauncherFormat format,
         fmt::format("{} files set no tensor parallelism (--tp {}); launchers that "
                     "do: torchtitan, torchtitan-main, megatron, accelerate (torch CP)",
                     to_string(format), config.parallel.tp_degree));
+  }
+  // Pipeline parallelism: Megatron-LM's and TorchTitan's keys; the files cpsim writes for the
+  // other launchers have none (Accelerate's ParallelismConfig, parallelism_config.py @16cb6eb, and
+  // ArcticTraining's config @b28638e name no pipeline degree; the implementations the DeepSpeed
+  // and UPipe launchers run refuse PP themselves).
+  if (config.parallel.pp_degree > 1 && !launcher_writes_pipeline(format)) {
+    emit_detail::refuse(
+        fmt::format("{} files set no pipeline parallelism (--pp {}); launchers that do: megatron, "
+                    "torchtitan, torchtitan-main",
+                    to_string(format), config.parallel.pp_degree));
   }
   if (config.parallel.micro_batches > 1 && format == LauncherFormat::kUntiedUlysses) {
     emit_detail::refuse(fmt::format(

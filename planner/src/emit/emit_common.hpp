@@ -166,6 +166,18 @@ Flavor qwen3_flavor(const models::TransformerSpec& m);
 Flavor torchtitan_flavor(const models::TransformerSpec& m);
 std::string shape_summary(const models::TransformerSpec& m);
 
+/// TorchTitan's pipeline keys for the configuration's stages (v0.2.x and main read the same
+/// parallelism fields): the schedule's name, the blocks the first and last stage give up
+/// (`*_stage_less_layers`) and the blocks per virtual stage (0: not set, one stage per rank).
+struct TorchTitanPipeline {
+  std::string schedule;  ///< "1F1B" or "Interleaved1F1B"
+  std::int64_t first_less = 0;
+  std::int64_t last_less = 0;
+  std::int64_t layers_per_stage = 0;
+};
+/// @throws InputError("--emit") for stages TorchTitan's split cannot produce. @pre PP > 1.
+TorchTitanPipeline torchtitan_pipeline(const Plan& p);
+
 // ---- Finishing step -----------------------------------------------------------------------------
 
 /// What an emitter renders; finish() turns it into the EmittedConfig.

@@ -82,7 +82,24 @@ EmittedConfig emit_megatron(Plan& p) {
   if (p.par.tp_degree > 1) {
     a.push_back({"--sequence-parallel"});  // Megatron-style SP, as simulated
   }
-  a.push_back({"--pipeline-model-parallel-size", "1"});
+  // Pipeline parallelism (training/arguments.py @d98e8a6): P stages; the interleaved schedule's V
+  // as --num-virtual-stages-per-pipeline-rank (the form uneven stages require, arguments.py:955);
+  // uneven first/last stages with --decoder-first/last-pipeline-num-layers
+  // (transformer_block.py:95-146). Megatron's 1F1B turns overlap_p2p_comm off, interleaving keeps
+  // it on by default: what cpsim's composition assumes (sim/src/pipeline.cpp).
+  a.push_back({"--pipeline-model-parallel-size", fmt::format("{}", p.par.pp_degree)});
+  if (p.par.pp_degree > 1 && p.par.pp_schedule == models::PipelineSchedule::kInterleaved) {
+    a.push_back(
+        {"--num-virtual-stages-per-pipeline-rank", fmt::format("{}", p.par.virtual_stages)});
+  }
+  if (p.par.pp_degree > 1 && p.par.pp_first_stage_layers > 0) {
+    a.push_back(
+        {"--decoder-first-pipeline-num-layers", fmt::format("{}", p.par.pp_first_stage_layers)});
+  }
+  if (p.par.pp_degree > 1 && p.par.pp_last_stage_layers > 0) {
+    a.push_back(
+        {"--decoder-last-pipeline-num-layers", fmt::format("{}", p.par.pp_last_stage_layers)});
+  }
   a.push_back({"--context-parallel-size", fmt::format("{}", p.cp)});
   a.push_back({"--cp-comm-type", comm});
   if (comm == "a2a+p2p") {
@@ -90,7 +107,8 @@ EmittedConfig emit_megatron(Plan& p) {
                  fmt::format("{}", p.ring)});
   }
   a.push_back({"--micro-batch-size", "1"});
-  // Gradient accumulation: micro-batches per step = global / (micro-batch size x data parallel).
+  // Micro-batches per step = global / (micro-batch size x data parallel): gradient accumulation
+  // without PP, the pipeline's micro-batches with it (core/num_microbatches_calculator.py:379).
   a.push_back({"--global-batch-size", fmt::format("{}", p.par.micro_batches * p.dp)});
   a.push_back({p.recipe.param_bytes == 2 ? "--bf16" : "--fp16"});
   if (p.recipe.fp8) {

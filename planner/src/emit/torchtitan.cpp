@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include "cpsim/sim/pipeline.hpp"
+
 #include "emit_common.hpp"
 
 namespace cpsim::planner::emit_detail {
@@ -49,8 +51,17 @@ EmittedConfig emit_torchtitan(Plan& p) {
   }
 
   // [training]
-  body += "[training]\nlocal_batch_size = 1\n";
-  if (p.par.micro_batches > 1) {
+  if (p.par.pp_degree > 1) {
+    // The pipeline's micro-batches: local_batch_size / pipeline_parallel_microbatch_size
+    // (distributed/pipeline_parallel.py:186-194), no gradient accumulation on top.
+    body += fmt::format(
+        "[training]\nlocal_batch_size = {}  # {} pipeline micro-batches of one sequence\n"
+        "global_batch_size = {}  # x data parallel {}\n",
+        p.par.micro_batches, p.par.micro_batches, p.par.micro_batches * p.dp, p.dp);
+  } else {
+    body += "[training]\nlocal_batch_size = 1\n";
+  }
+  if (p.par.micro_batches > 1 && p.par.pp_degree == 1) {
     body += fmt::format(
         "global_batch_size = {}  # {} micro-batches (gradient accumulation) x data parallel {}\n",
         p.par.micro_batches * p.dp, p.par.micro_batches, p.dp);
@@ -80,10 +91,28 @@ EmittedConfig emit_torchtitan(Plan& p) {
         "tensor_parallel_degree = {}  # with sequence parallelism (TorchTitan's TP plan)\n",
         p.par.tp_degree);
   }
+  if (p.par.pp_degree > 1) {
+    const TorchTitanPipeline pl = torchtitan_pipeline(p);
+    const sim::PipelineShape s = sim::pipeline_shape(p.in);
+    body += fmt::format(
+        "pipeline_parallel_degree = {}\npipeline_parallel_schedule = {}\n"
+        "pipeline_parallel_microbatch_size = 1\n"
+        "pipeline_parallel_first_stage_less_layers = {}  # blocks per stage: {}/{}/{} "
+        "(first/middle/last)\npipeline_parallel_last_stage_less_layers = {}\n",
+        p.par.pp_degree, quoted(pl.schedule), pl.first_less, s.first_stage_layers,
+        s.middle_stage_layers, s.last_stage_layers, pl.last_less);
+    if (pl.layers_per_stage > 0) {
+      body += fmt::format("pipeline_parallel_layers_per_stage = {}  # {} virtual stages per rank\n",
+                          pl.layers_per_stage, p.par.virtual_stages);
+    }
+    p.note(
+        "PyTorch's pipelining schedules (Schedule1F1B, ScheduleInterleaved1F1B) are timed with "
+        "Megatron-Core's schedule counts (warm-up, micro-batches in flight, bubble)");
+  }
   body += fmt::format(
       "data_parallel_shard_degree = -1  # the leftover ranks ({}); FSDP shards over dp_shard x cp "
       "= {} GPUs\n",
-      p.dp, p.par.gpus);
+      p.dp, p.par.gpus / p.par.pp_degree);
   if (p.recipe.zero_stage < 3) {
     body += fmt::format(
         "fsdp_reshard_after_forward = \"never\"  # keeps gathered parameters after forward, the "

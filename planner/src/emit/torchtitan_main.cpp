@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "cpsim/sim/pipeline.hpp"
+
 #include "emit_common.hpp"
 
 namespace cpsim::planner::emit_detail {
@@ -74,9 +76,11 @@ std::string training_lines(Plan& p) {
       p.seq, 2 * p.cp, p.seq);
   if (p.par.micro_batches > 1) {
     body += fmt::format(
-        "    # {} micro-batches (gradient accumulation) x data parallel {}\n"
+        "    # {} micro-batches ({}) x data parallel {}\n"
         "    config.training.num_tokens_per_train_step = {}\n",
-        p.par.micro_batches, p.dp, p.par.micro_batches * p.dp * p.seq);
+        p.par.micro_batches,
+        p.par.pp_degree > 1 ? "the pipeline's, num_pp_microbatches" : "gradient accumulation", p.dp,
+        p.par.micro_batches * p.dp * p.seq);
   }
   body += fmt::format("    config.training.mixed_precision_param = {}\n",
                       quoted(p.recipe.param_bytes == 4 ? "float32" : "bfloat16"));
@@ -97,8 +101,31 @@ std::string training_lines(Plan& p) {
 
 std::string parallelism_lines(Plan& p) {
   std::string body =
-      "    config.parallelism.data_parallel_replicate_degree = 1\n"
-      "    config.parallelism.pipeline_parallel_degree = 1\n";
+      "    config.parallelism.data_parallel_replicate_degree = 1\n" +
+      fmt::format("    config.parallelism.pipeline_parallel_degree = {}\n", p.par.pp_degree);
+  if (p.par.pp_degree > 1) {
+    // The same split keys as v0.2.x (configs.py:180-236 @ b5bcd76); the micro-batch count is
+    // num_pp_microbatches on main.
+    const TorchTitanPipeline pl = torchtitan_pipeline(p);
+    const sim::PipelineShape s = sim::pipeline_shape(p.in);
+    body += fmt::format(
+        "    config.parallelism.pipeline_parallel_schedule = {}\n"
+        "    config.parallelism.num_pp_microbatches = {}\n"
+        "    # blocks per stage: {}/{}/{} (first/middle/last)\n"
+        "    config.parallelism.pipeline_parallel_first_stage_less_layers = {}\n"
+        "    config.parallelism.pipeline_parallel_last_stage_less_layers = {}\n",
+        quoted(pl.schedule), p.par.micro_batches, s.first_stage_layers, s.middle_stage_layers,
+        s.last_stage_layers, pl.first_less, pl.last_less);
+    if (pl.layers_per_stage > 0) {
+      body += fmt::format(
+          "    config.parallelism.pipeline_parallel_layers_per_stage = {}  # {} virtual stages "
+          "per rank\n",
+          pl.layers_per_stage, p.par.virtual_stages);
+    }
+    p.note(
+        "PyTorch's pipelining schedules (Schedule1F1B, ScheduleInterleaved1F1B) are timed with "
+        "Megatron-Core's schedule counts (warm-up, micro-batches in flight, bubble)");
+  }
   body += fmt::format(
       "    # the leftover ranks ({}); FSDP shards over dp_shard x cp = {} GPUs\n"
       "    config.parallelism.data_parallel_shard_degree = -1\n",

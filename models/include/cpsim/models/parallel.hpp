@@ -58,6 +58,10 @@ struct ParallelConfig {
   /// Interleaved schedule: model chunks per pipeline rank V (Megatron
   /// --num-virtual-stages-per-pipeline-rank); 1 under 1F1B.
   int virtual_stages = 1;
+  /// Uneven pipeline stages (Megatron --decoder-first/last-pipeline-num-layers): blocks on the
+  /// first / last stage, the others split evenly over the middle stages; 0 = an even split.
+  int pp_first_stage_layers = 0;
+  int pp_last_stage_layers = 0;
   /// The implementation of the method that runs (sim/implementation.hpp, `--impl`): empty = the
   /// recipe's default for the method, "none" = the method's scheme alone.
   std::string implementation;

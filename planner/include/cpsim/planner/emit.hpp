@@ -28,6 +28,10 @@ std::span<const LauncherFormat> launcher_formats();
 /// @throws InputError(field) listing the known names.
 LauncherFormat parse_launcher_format(const std::string& text, const std::string& field);
 
+/// Whether the launcher's file sets pipeline parallelism (megatron, torchtitan, torchtitan-main);
+/// the others have no key for it and refuse PP > 1 (see emit_launcher_config).
+bool launcher_writes_pipeline(LauncherFormat f);
+
 /// A second file the run needs beside the main one, which refers to it by `path`: Accelerate's
 /// DeepSpeed JSON (`deepspeed_config_file`), the Megatron-DeepSpeed flags of an FPDT run (a shell
 /// file naming the ds_config JSON).

@@ -19,6 +19,20 @@ namespace cpsim::planner {
 /// methods with a ring part); 0 / false = searched.
 struct PlanConstraints {
   int tp_degree = 0;  ///< 0: every T dividing the GPUs of a node, the heads and the KV heads
+  /// 0: every P dividing the GPUs whose stages split the blocks (evenly, or with one block fewer
+  /// on the first and last stage) for the implementations that run PP; 1 when nothing lets the
+  /// step grow to P micro-batches (see micro_batches).
+  int pp_degree = 0;
+  /// The pipeline schedule kept (else 1F1B and interleaved with V = 2, 4, 8 where V divides
+  /// every stage's blocks) and its V (0: searched).
+  std::optional<models::PipelineSchedule> pp_schedule;
+  int virtual_stages = 0;
+  int pp_first_stage_layers = 0;  ///< uneven stages kept (both 0: searched)
+  int pp_last_stage_layers = 0;
+  /// Micro-batches per step kept for every candidate; 0: the base's without PP, and with PP > 1
+  /// P (longest context) or P, 2P, 4P (--seq) when the step may hold more sequences than the
+  /// base's: --seq with allow_data_parallel, or a PP degree the user fixed.
+  int micro_batches = 0;
   int cp_degree = 0;
   int ulysses_degree = 0;
   int ring_degree = 0;
@@ -59,6 +73,9 @@ struct Candidate {
   models::ParallelConfig parallel;  ///< at the plan's length, or at max_seq_len when it fits
   models::TrainingRecipe recipe;
   std::string label;  ///< "upipe u8 r1 U8 | ac full+offload, tiled, fused, zero3"
+  /// Candidates with the same non-negative group differ only in the pipeline schedule, virtual
+  /// stages or micro-batch count: one simulation of their stage serves them all (--seq).
+  std::int64_t stage_group = -1;
   bool pruned = false;
   std::string prune_reason;
   bool evaluated = false;
@@ -97,8 +114,14 @@ struct PlanResult {
 /// the last block (its gradients; untiled, its gate/up and product, recomputed under full AC). Both
 /// add model states, fixed overheads and every block's saved tensors (checkpoints not offloaded;
 /// with AC none/selective the block input, norm outputs, residual and untiled MLP intermediates).
-/// Tested ≤ the simulation over methods, recipes and lengths; it only prunes, never ranks.
+/// With PP > 1 the same for the simulated stage (sim::pipeline_stage_inputs), its saved tensors
+/// times the micro-batches in flight on the stage holding the most (PipelineShape::
+/// activation_factor). Tested ≤ the simulation over methods, recipes and lengths; it only
+/// prunes, never ranks.
 std::int64_t memory_lower_bound(const sim::ScheduleInputs& inputs);
+/// The same with `scratch`, a copy of `inputs` with the same hardware profile, for the stage of a
+/// pipeline (no copy of the profile per call).
+std::int64_t memory_lower_bound(const sim::ScheduleInputs& inputs, sim::ScheduleInputs& scratch);
 
 /// All candidate configurations of the space around `base` (its model, hardware, GPUs).
 std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,

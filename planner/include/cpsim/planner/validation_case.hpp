@@ -48,6 +48,8 @@ struct ValidationSetup {
   std::optional<int> micro_batches;
   std::optional<int> pp;
   std::optional<int> virtual_stages;
+  std::optional<int> pp_first_stage_layers;
+  std::optional<int> pp_last_stage_layers;
 };
 
 struct ValidationCase {

@@ -16,16 +16,26 @@ namespace cpsim::sim {
 /// What the schedule of `inputs` means for its first stage and its step (see pipeline.cpp for
 /// the derivation from Megatron-Core's schedules.py).
 struct PipelineShape {
-  int stages = 1;                 ///< P
-  int virtual_stages = 1;         ///< V (1 under 1F1B)
-  int micro_batches = 1;          ///< m
-  std::int64_t stage_layers = 0;  ///< L/P blocks per pipeline rank
+  int stages = 1;          ///< P
+  int virtual_stages = 1;  ///< V (1 under 1F1B)
+  int micro_batches = 1;   ///< m
+  /// Blocks of the simulated stage: the most any pipeline rank holds (L/P when even).
+  std::int64_t stage_layers = 0;
+  std::int64_t first_stage_layers = 0;   ///< blocks of stage 0 (Megatron's first-stage flag)
+  std::int64_t middle_stage_layers = 0;  ///< blocks of each stage between (0 when P ≤ 2)
+  std::int64_t last_stage_layers = 0;    ///< blocks of stage P − 1
   /// Forward passes (of model chunks) the first stage runs before its first backward.
   int warmup_first_stage = 0;
   /// Micro-batches whose activations the first stage holds at once, in units of one
   /// micro-batch's activations of all its L/P blocks: min(P, m) under 1F1B, (warm-up + 1)/V
   /// model chunks interleaved.
   double in_flight_first_stage = 1.0;
+  /// The stage whose activations in flight are largest (0: the first; with uneven stages the
+  /// second can hold more: one micro-batch fewer but more blocks) and those activations in units
+  /// of one micro-batch's activations of `stage_layers` blocks: max over ranks r of
+  /// in_flight(r)·blocks(r)/stage_layers (= in_flight_first_stage when the split is even).
+  int memory_stage = 0;
+  double activation_factor = 1.0;
   /// Idle time over ideal time: (P − 1)/(m·V).
   double bubble_fraction = 0.0;
   /// Step time in units of one micro-batch's forward and backward on one stage:
@@ -44,15 +54,18 @@ struct PipelineShape {
 /// @pre check_pipeline(inputs) found nothing.
 PipelineShape pipeline_shape(const ScheduleInputs& inputs);
 
-/// Refusals of the pipeline layout: P not dividing the blocks (or P·V under interleaving), the
-/// GPUs, or the schedule's own knobs; nothing when P = 1 and V = 1.
+/// Refusals of the pipeline layout: P not dividing the blocks (or P·V under interleaving; with
+/// uneven stages the middle stages' blocks as Megatron-Core checks them), the GPUs, or the
+/// schedule's own knobs; nothing when P = 1 and V = 1 and no stage is uneven.
 std::optional<ConfigIssue> check_pipeline(const ScheduleInputs& inputs);
 
-/// The stage simulated for a pipeline: L/P blocks on G/P GPUs, one micro-batch (or
-/// `micro_batches`), P = 1. It keeps the embedding and the LM head + loss both (first and last
-/// stage in one: an upper bound on each); the step's tokens and model FLOPs are the full model's
-/// (planner).
+/// The stage simulated for a pipeline: PipelineShape::stage_layers blocks (L/P when even, else
+/// the largest stage) on G/P GPUs, one micro-batch (or `micro_batches`), P = 1. It keeps the
+/// embedding and the LM head + loss both (first and last stage in one: an upper bound on each); the
+/// step's tokens and model FLOPs are the full model's (planner).
 ScheduleInputs pipeline_stage_inputs(const ScheduleInputs& inputs, int micro_batches);
+/// The same in place (no copy of the hardware profile: the planner's bound runs it per candidate).
+void make_pipeline_stage(ScheduleInputs& inputs, int micro_batches);
 
 /// Seconds of one send/recv of PipelineShape::p2p_bytes on its link (nccl-tests send/recv model).
 double pipeline_p2p_s(const ScheduleInputs& inputs, const PipelineShape& shape);
