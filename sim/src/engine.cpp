@@ -1075,10 +1075,13 @@ Engine::FfSnapshot Engine::ff_snapshot(const FfBoundary& at) const {
       }
     }
     s.issued.resize(b_.hosts.size());
+    const FfRun& run = ff_runs_[idx(at.run)];
+    const OpId block_ops = run.marks[1].ops - run.marks[0].ops;
     for (std::size_t r = 0; r < b_.hosts.size(); ++r) {
       const HostClock& h = b_.hosts[r];
-      if (h.waits_for == kNone || s.host_from[r] == kNone) {
-        continue;  // issued everything (absolute times), or nothing left to run
+      if (h.waits_for == kNone || s.host_from[r] == kNone ||
+          h.waits_for - s.host_from[r] > 2 * block_ops) {
+        continue;  // running ahead (absolute times), or nothing left to run
       }
       const OpId to = h.next == kNone ? static_cast<OpId>(w_.ops.size()) : h.next;
       for (OpId x = s.host_from[r]; x < to; ++x) {
@@ -1187,9 +1190,10 @@ bool Engine::ff_equivalent(const FfSnapshot& p,
 
 // The host clocks: each rank's either waits for a synchronisation in both states, the op moved by
 // d, with the same issue times relative to now (the host is tied to the GPU's progress, and moves
-// with it); or has issued every op in both (absolute issue times, a host running ahead), and then
-// must not have held up any op since `p` nor issue a block slower than the GPU runs one (so it
-// never holds one up in the skipped blocks either).
+// with it); or waits for the same synchronisation, or for none, in both (it runs ahead: absolute
+// issue times up to that op, which the skipped blocks must end before), and then must not have
+// held up any op since `p` nor issue a block slower than the GPU runs one (so it never holds one
+// up in the skipped blocks either).
 bool Engine::ff_same_hosts(const FfSnapshot& p,
                            const FfSnapshot& c,
                            const Workload::Instance& d) const {
@@ -1197,7 +1201,8 @@ bool Engine::ff_same_hosts(const FfSnapshot& p,
   for (std::size_t r = 0; r < c.hosts.size(); ++r) {
     const HostClock& a = p.hosts[r];
     const HostClock& b = c.hosts[r];
-    if (a.waits_for == kNone && b.waits_for == kNone) {
+    if (a.waits_for == b.waits_for) {
+      // Ahead of the GPU: everything to the synchronisation it waits for (if any) is issued.
       if (c.host_waits != p.host_waits) {
         return false;
       }
@@ -1212,9 +1217,10 @@ bool Engine::ff_same_hosts(const FfSnapshot& p,
       continue;
     }
     auto moved = [&d](OpId x, OpId y) { return x == kNone ? y == kNone : y - x == d.ops; };
-    if (a.waits_for == kNone || b.waits_for == kNone || !moved(a.waits_for, b.waits_for) ||
-        !moved(a.next, b.next) || a.time - p.now != b.time - c.now ||
-        !moved(p.host_from[r], c.host_from[r]) || p.issued[r].size() != c.issued[r].size()) {
+    if (a.waits_for == kNone || b.waits_for == kNone || p.issued[r].empty() ||
+        !moved(a.waits_for, b.waits_for) || !moved(a.next, b.next) ||
+        a.time - p.now != b.time - c.now || !moved(p.host_from[r], c.host_from[r]) ||
+        p.issued[r].size() != c.issued[r].size()) {
       return false;
     }
     for (std::size_t i = 0; i < p.issued[r].size(); ++i) {
@@ -1418,6 +1424,14 @@ std::int32_t Engine::ff_stop_limit(const FfSnapshot& p, const FfSnapshot& c, std
       while (k >= 1 && window_end(k) > aperiodic) {
         --k;
       }
+      for (std::size_t r = 0; host_ && r < snap.hosts.size(); ++r) {
+        const OpId sync = snap.hosts[r].waits_for;
+        if (sync != kNone && sync == ff_prev_.hosts[r].waits_for) {
+          while (k >= 1 && window_end(k) > sync) {
+            --k;
+          }
+        }
+      }
       while (k >= 1 && !ff_statics_last(k)) {
         --k;
       }
@@ -1470,8 +1484,8 @@ void Engine::ff_skip(const FfSnapshot& p,
   // for, and the issue times of the ops from the earliest head on.
   for (std::size_t r = 0; host_ && r < c.hosts.size(); ++r) {
     HostClock& h = b_.hosts[r];
-    if (h.waits_for == kNone) {
-      continue;
+    if (h.waits_for == p.hosts[r].waits_for) {
+      continue;  // ahead of the GPU: its issue times are absolute
     }
     h.time += dt;
     h.waits_for += ops_shift;
