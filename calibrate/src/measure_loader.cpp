@@ -18,58 +18,25 @@
 #include "cpsim/calibrate/measure.hpp"
 #include "cpsim/models/error.hpp"
 
+#include "module_loader.hpp"
+
 namespace cpsim::calibrate {
 namespace {
 
-namespace fs = std::filesystem;
-
 constexpr const char* kFactory = "cpsim_calibrate_cuda_new_backend";
-
-/// Where to look for the module, in order: $CPSIM_CALIBRATE_CUDA_MODULE, next to the running
-/// executable, the build tree it was built in, the dynamic loader's search path.
-std::vector<std::string> candidates() {
-  std::vector<std::string> out;
-  if (const char* env = std::getenv("CPSIM_CALIBRATE_CUDA_MODULE"); env != nullptr && *env) {
-    out.emplace_back(env);
-  }
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    out.push_back((exe.parent_path() / CPSIM_CUDA_MODULE_NAME).string());
-  }
-  out.emplace_back(CPSIM_CUDA_MODULE_BUILD_PATH);
-  out.emplace_back(CPSIM_CUDA_MODULE_NAME);
-  std::vector<std::string> unique;
-  for (std::string& path : out) {
-    if (std::find(unique.begin(), unique.end(), path) == unique.end()) {
-      unique.push_back(std::move(path));
-    }
-  }
-  return unique;
-}
 
 using Factory = MeasureBackend* (*)();
 
 }  // namespace
 
 std::unique_ptr<MeasureBackend> make_measure_backend() {
-  std::string errors;
-  for (const std::string& path : candidates()) {
-    // The module stays loaded for the life of the process (the backend's code lives in it).
-    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      const char* e = ::dlerror();
-      errors += fmt::format("{}{}", errors.empty() ? "" : "; ", e != nullptr ? e : path);
-      continue;
-    }
-    void* symbol = ::dlsym(handle, kFactory);
-    if (symbol == nullptr) {
-      errors += fmt::format("{}{}: no symbol {}", errors.empty() ? "" : "; ", path, kFactory);
-      continue;
-    }
+  const detail::ModuleSymbol found =
+      detail::load_module_symbol("CPSIM_CALIBRATE_CUDA_MODULE", CPSIM_CUDA_MODULE_NAME,
+                                 CPSIM_CUDA_MODULE_BUILD_PATH, kFactory, RTLD_NOW | RTLD_LOCAL);
+  if (found.symbol != nullptr) {
     Factory factory = nullptr;
-    static_assert(sizeof(factory) == sizeof(symbol));
-    std::memcpy(&factory, &symbol, sizeof(factory));  // object to function pointer (POSIX)
+    static_assert(sizeof(factory) == sizeof(found.symbol));
+    std::memcpy(&factory, &found.symbol, sizeof(factory));  // object to function pointer (POSIX)
     return std::unique_ptr<MeasureBackend>(factory());
   }
   return std::make_unique<RefusingBackend>(
@@ -77,7 +44,7 @@ std::unique_ptr<MeasureBackend> make_measure_backend() {
       fmt::format(
           "no CUDA device can be used: the CUDA measurement module {} could not be loaded ({}); "
           "is the CUDA runtime (libcudart, libcublasLt, libnccl) installed?",
-          CPSIM_CUDA_MODULE_NAME, errors));
+          CPSIM_CUDA_MODULE_NAME, found.errors));
 }
 
 }  // namespace cpsim::calibrate
