@@ -1,8 +1,8 @@
 // Speed of the planner: `maxlen` for Llama-3-8B on 8 GPUs per method (recipe alst), as the CLI
 // runs it and on one thread, and per implementation with its default recipe (target ≤ 50 ms each),
-// `plan --seq 1M` over every method on 8 GPUs, and the same plan on 8, 16, 32 and 64 GPUs: 12,640
-// configurations (target: ≥ 10k configurations in ≤ 1 s on 2 cores), and Llama-3-70B on 1024
-// GPUs over TP × PP × CP × DP (BM_Plan1024Gpus).
+// `plan --seq 1M` over every method on 8 GPUs, and the same plan on 8, 16, 32 and 64 GPUs: 213,920
+// configurations with the pipeline search (target: ≥ 10k configurations per second on 2 cores),
+// and Llama-3-70B on 1024 GPUs over TP × PP × CP × DP (BM_Plan1024Gpus).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -156,8 +156,9 @@ void BM_PlanSeq1M(benchmark::State& state) {
 }
 BENCHMARK(BM_PlanSeq1M)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// `plan --seq 1M` for Llama-3-8B on 8, 16, 32 and 64 GPUs, 2 threads: 12,640 configurations, of
-// which the memory lower bound prunes about half before simulating.
+// `plan --seq 1M` for Llama-3-8B on 8, 16, 32 and 64 GPUs, 2 threads: 213,920 configurations over
+// TP × PP × CP × DP × micro-batches and the recipe knobs (33,152 before the pipeline search), most
+// refused or pruned by the memory lower bound before simulating.
 void BM_PlanSweepGpus(benchmark::State& state) {
   planner::PlanOptions o;
   o.seq_len = 1 << 20;
