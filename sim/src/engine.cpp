@@ -350,6 +350,7 @@ class Engine {
                      OpId window_begin) const;
   bool ff_same_hosts(const FfSnapshot& p, const FfSnapshot& c, const Workload::Instance& d) const;
   OpId ff_watched(OpId head, std::int32_t cursor) const;
+  bool ff_same_op(const Op& o, const Op& r, const Workload::Instance& d) const;
   OpId ff_first_aperiodic(const FfSnapshot& p,
                           OpId from,
                           OpId to,
@@ -359,6 +360,21 @@ class Engine {
   bool ff_statics_last(std::int32_t k) const;
   std::int32_t ff_stop_limit(const FfSnapshot& p, const FfSnapshot& c, std::int32_t k) const;
   void ff_skip(const FfSnapshot& p, const FfSnapshot& c, const FfShift& shift, std::int32_t k);
+  /// One skip: the two states, the block's shift, the blocks skipped, and what they move by.
+  struct FfMove {
+    const FfSnapshot& p;
+    const FfSnapshot& c;
+    const Workload::Instance& d;
+    std::int32_t k;
+    SimTime dt;
+    std::int32_t ops_shift;
+    bool moved(std::size_t q) const { return c.queues[q].head != p.queues[q].head; }
+  };
+  void ff_unlink_moved(const FfMove& m);
+  void ff_move_hosts(const FfMove& m);
+  void ff_end_skipped_ops(const FfMove& m);
+  void ff_move_heads(const FfMove& m);
+  void ff_move_memory(const FfMove& m);
 
   const Workload& w_;
   const models::HardwareProfile& profile_;
@@ -1247,6 +1263,31 @@ OpId Engine::ff_watched(OpId head, std::int32_t cursor) const {
   return kNone;
 }
 
+// Whether op o is op r moved by d in everything but its edges' contents: kind, stream, duration,
+// bytes, workspace, host calls, edge counts and positions, collective. Names and layers label ops
+// for reports only (per-block ops built between instances carry the layer in their name).
+bool Engine::ff_same_op(const Op& o, const Op& r, const Workload::Instance& d) const {
+  if (o.rank != r.rank || o.stream != r.stream || o.kind != r.kind || o.phase != r.phase ||
+      o.duration_ns != r.duration_ns || o.transfer_bytes != r.transfer_bytes ||
+      o.workspace_bytes != r.workspace_bytes || o.workspace_category != r.workspace_category ||
+      o.host_calls != r.host_calls || o.host_sync != r.host_sync ||
+      o.deps_begin - r.deps_begin != d.edges ||
+      o.deps_end - o.deps_begin != r.deps_end - r.deps_begin ||
+      o.inputs_end - o.inputs_begin != r.inputs_end - r.inputs_begin ||
+      o.outputs_end - o.outputs_begin != r.outputs_end - r.outputs_begin ||
+      (o.collective == kNone) != (r.collective == kNone)) {
+    return false;
+  }
+  if (o.collective == kNone) {
+    return true;
+  }
+  const Collective& a = w_.collectives[idx(o.collective)];
+  const Collective& b = w_.collectives[idx(r.collective)];
+  return o.collective - r.collective == d.collectives && a.kind == b.kind && a.span == b.span &&
+         a.group == b.group && a.size_bytes == b.size_bytes && a.wire_bytes == b.wire_bytes &&
+         a.alpha_s == b.alpha_s && a.nominal_bytes_per_s == b.nominal_bytes_per_s;
+}
+
 // (b) above over [from, to): the first op that is not the op d before it moved by d (`to` when
 // every one is). Lists in ff_statics_ the tensors read by the same id, with their reads in
 // [period_begin, period_end).
@@ -1280,27 +1321,8 @@ OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
   for (OpId x = from; x < to; ++x) {
     const Op& o = w_.ops[idx(x)];
     const Op& r = w_.ops[idx(x - d.ops)];
-    // Names and layers label ops for reports only (per-block ops built between instances carry
-    // the layer in their name).
-    if (o.rank != r.rank || o.stream != r.stream || o.kind != r.kind || o.phase != r.phase ||
-        o.duration_ns != r.duration_ns || o.transfer_bytes != r.transfer_bytes ||
-        o.workspace_bytes != r.workspace_bytes || o.workspace_category != r.workspace_category ||
-        o.host_calls != r.host_calls || o.host_sync != r.host_sync ||
-        o.deps_begin - r.deps_begin != d.edges ||
-        o.deps_end - o.deps_begin != r.deps_end - r.deps_begin ||
-        o.inputs_end - o.inputs_begin != r.inputs_end - r.inputs_begin ||
-        o.outputs_end - o.outputs_begin != r.outputs_end - r.outputs_begin ||
-        (o.collective == kNone) != (r.collective == kNone)) {
+    if (!ff_same_op(o, r, d)) {
       return x;
-    }
-    if (o.collective != kNone) {
-      const Collective& a = w_.collectives[idx(o.collective)];
-      const Collective& b = w_.collectives[idx(r.collective)];
-      if (o.collective - r.collective != d.collectives || a.kind != b.kind || a.span != b.span ||
-          a.group != b.group || a.size_bytes != b.size_bytes || a.wire_bytes != b.wire_bytes ||
-          a.alpha_s != b.alpha_s || a.nominal_bytes_per_s != b.nominal_bytes_per_s) {
-        return x;
-      }
     }
     for (std::int32_t j = 0; j < o.deps_end - o.deps_begin; ++j) {
       const OpId a = edges[o.deps_begin + j];
@@ -1454,16 +1476,46 @@ std::int32_t Engine::ff_stop_limit(const FfSnapshot& p, const FfSnapshot& c, std
   ff_prev_ = std::move(snap);
 }
 
-// Moves the state `c` (the current one, equivalent to `p` moved by one block) on by k blocks.
+// Moves the state `c` (the current one, equivalent to `p` moved by one block) on by k blocks:
+// watcher links, hosts, the ops the blocks end, queue heads, activities and events, memory, busy
+// totals and the clock, in that order.
 void Engine::ff_skip(const FfSnapshot& p,
                      const FfSnapshot& c,
                      const FfShift& shift,
                      std::int32_t k) {
-  const Workload::Instance& d = shift.delta;
-  const SimTime dt = shift.period_ns * k;
-  const std::int32_t ops_shift = d.ops * k;
-  auto moved = [&](std::size_t q) { return c.queues[q].head != p.queues[q].head; };
-  auto unlink = [this](std::size_t q, OpId watched) {
+  const FfMove move{p, c, shift.delta, k, shift.period_ns * k, shift.delta.ops * k};
+  ff_unlink_moved(move);
+  ff_move_hosts(move);
+  ff_end_skipped_ops(move);
+  ff_move_heads(move);
+  for (Activity& act : b_.activities) {
+    if (act.active) {
+      act.id += act.kind == ActivityKind::kCollective ? move.d.collectives * k : move.ops_shift;
+      act.last_update += move.dt;
+    }
+  }
+  for (Event& e : b_.events) {
+    e.time += move.dt;
+    if (e.activity < 0) {
+      e.activity = fixed_rate_event(fixed_rate_op(e.activity) + move.ops_shift);
+    }
+  }
+  ff_move_memory(move);
+  events_ += (c.events - p.events) * k;
+  now_ += move.dt;
+  result_.fast_forwarded_blocks += k;
+}
+
+// Takes each moved waiting queue off the watcher list it is on (its head moves).
+void Engine::ff_unlink_moved(const FfMove& m) {
+  for (std::size_t q = 0; q < m.c.queues.size(); ++q) {
+    if (!m.moved(q) || m.c.queues[q].state != OpState::kWaiting) {
+      continue;
+    }
+    const OpId watched = ff_watched(m.c.queues[q].head, m.c.queues[q].cursor);
+    if (watched == kNone) {
+      continue;
+    }
     std::int32_t* link = &b_.op[idx(watched)].first_watcher;
     while (*link != kNone && *link != static_cast<std::int32_t>(q)) {
       link = &b_.queues[idx(*link)].next_watcher;
@@ -1472,50 +1524,49 @@ void Engine::ff_skip(const FfSnapshot& p,
       throw std::logic_error("fast-forward: a waiting queue is on no watcher list");
     }
     *link = b_.queues[q].next_watcher;
-  };
-  for (std::size_t q = 0; q < c.queues.size(); ++q) {
-    if (moved(q) && c.queues[q].state == OpState::kWaiting) {
-      if (const OpId watched = ff_watched(c.queues[q].head, c.queues[q].cursor); watched != kNone) {
-        unlink(q, watched);
-      }
-    }
   }
-  // Hosts tied to the GPU move with it: their clock, the next op and the synchronisation they wait
-  // for, and the issue times of the ops from the earliest head on.
-  for (std::size_t r = 0; host_ && r < c.hosts.size(); ++r) {
+}
+
+// Hosts tied to the GPU move with it: their clock, the next op and the synchronisation they wait
+// for, and the issue times of the ops from the earliest head on.
+void Engine::ff_move_hosts(const FfMove& m) {
+  for (std::size_t r = 0; host_ && r < m.c.hosts.size(); ++r) {
     HostClock& h = b_.hosts[r];
-    if (h.waits_for == p.hosts[r].waits_for) {
+    if (h.waits_for == m.p.hosts[r].waits_for) {
       continue;  // ahead of the GPU: its issue times are absolute
     }
-    h.time += dt;
-    h.waits_for += ops_shift;
+    h.time += m.dt;
+    h.waits_for += m.ops_shift;
     if (h.next != kNone) {
-      h.next += ops_shift;
+      h.next += m.ops_shift;
     }
-    const OpId from = c.host_from[r] + ops_shift;
+    const OpId from = m.c.host_from[r] + m.ops_shift;
     const OpId to = h.next == kNone ? static_cast<OpId>(w_.ops.size()) : h.next;
     std::size_t i = 0;
     for (OpId x = from; x < to; ++x) {
       if (idx(w_.ops[idx(x)].rank) == r) {
-        const SimTime at = c.issued[r][i++];
-        b_.host_ops[idx(x)].issued = at == kNotIssued ? at : at + dt;
+        const SimTime at = m.c.issued[r][i++];
+        b_.host_ops[idx(x)].issued = at == kNotIssued ? at : at + m.dt;
       }
     }
   }
-  // The ops the k blocks end, each as finish_op leaves it, without its frees (the memory moves by
-  // the growth instead): on each moved queue, those from its head to its head moved by k blocks,
-  // found in one pass in program order.
+}
+
+// The ops the k blocks end, each as finish_op leaves it, without its frees (the memory moves by
+// the growth instead): on each moved queue, those from its head to its head moved by k blocks,
+// found in one pass in program order.
+void Engine::ff_end_skipped_ops(const FfMove& m) {
   OpId first = std::numeric_limits<OpId>::max(), last = 0;
-  for (std::size_t q = 0; q < c.queues.size(); ++q) {
-    if (moved(q)) {
-      first = std::min(first, c.queues[q].head);
-      last = std::max(last, c.queues[q].head + ops_shift);
+  for (std::size_t q = 0; q < m.c.queues.size(); ++q) {
+    if (m.moved(q)) {
+      first = std::min(first, m.c.queues[q].head);
+      last = std::max(last, m.c.queues[q].head + m.ops_shift);
     }
   }
   for (OpId x = first; x < last; ++x) {
     const Op& o = w_.ops[idx(x)];
     const std::size_t q = queue_index(o.rank, o.stream);
-    if (!moved(q) || x < c.queues[q].head || x >= c.queues[q].head + ops_shift) {
+    if (!m.moved(q) || x < m.c.queues[q].head || x >= m.c.queues[q].head + m.ops_shift) {
       continue;
     }
     OpRuntime& rt = b_.op[idx(x)];
@@ -1537,78 +1588,74 @@ void Engine::ff_skip(const FfSnapshot& p,
       }
     }
   }
-  for (std::size_t q = 0; q < c.queues.size(); ++q) {
-    if (!moved(q)) {
+}
+
+// Each moved queue's head moves k blocks on with its state, and a waiting one watches the op its
+// new head waits for.
+void Engine::ff_move_heads(const FfMove& m) {
+  for (std::size_t q = 0; q < m.c.queues.size(); ++q) {
+    if (!m.moved(q)) {
       continue;
     }
-    const FfQueue& f = c.queues[q];
-    const OpId head = f.head + ops_shift;
+    const FfQueue& f = m.c.queues[q];
+    const OpId head = f.head + m.ops_shift;
     OpRuntime& rt = b_.op[idx(head)];
     rt.state = f.state;
-    rt.start = f.start + dt;
+    rt.start = f.start + m.dt;
     Queue& queue = b_.queues[q];
     queue.head = head;
-    queue.cursor = f.cursor + d.edges * k;
+    queue.cursor = f.cursor + m.d.edges * m.k;
     if (f.state == OpState::kArrived) {
       b_.collectives[idx(w_.ops[idx(head)].collective)].arrivals = f.arrivals;
     }
   }
-  for (std::size_t q = 0; q < c.queues.size(); ++q) {
-    if (moved(q) && c.queues[q].state == OpState::kWaiting) {
-      Queue& queue = b_.queues[q];
-      const OpId watched_op = ff_watched(queue.head, queue.cursor);
-      if (watched_op == kNone) {
-        continue;  // its issue event moved with the heap
-      }
-      OpRuntime& watched = b_.op[idx(watched_op)];
-      if (watched.state == OpState::kDone) {
-        throw std::logic_error("fast-forward: a queue would wait for an op already done");
-      }
-      queue.next_watcher = watched.first_watcher;
-      watched.first_watcher = static_cast<std::int32_t>(q);
+  for (std::size_t q = 0; q < m.c.queues.size(); ++q) {
+    if (!m.moved(q) || m.c.queues[q].state != OpState::kWaiting) {
+      continue;
     }
-  }
-  for (Activity& act : b_.activities) {
-    if (act.active) {
-      act.id += act.kind == ActivityKind::kCollective ? d.collectives * k : ops_shift;
-      act.last_update += dt;
+    Queue& queue = b_.queues[q];
+    const OpId watched_op = ff_watched(queue.head, queue.cursor);
+    if (watched_op == kNone) {
+      continue;  // its issue event moved with the heap
     }
-  }
-  for (Event& e : b_.events) {
-    e.time += dt;
-    if (e.activity < 0) {
-      e.activity = fixed_rate_event(fixed_rate_op(e.activity) + ops_shift);
+    OpRuntime& watched = b_.op[idx(watched_op)];
+    if (watched.state == OpState::kDone) {
+      throw std::logic_error("fast-forward: a queue would wait for an op already done");
     }
+    queue.next_watcher = watched.first_watcher;
+    watched.first_watcher = static_cast<std::int32_t>(q);
   }
-  // Live memory moves by k growths; the peaks of categories and of host memory reached in the
-  // skipped blocks (the block before's highest plus k growths) are noted now, since a stop in the
-  // next block may come before that block's own allocations reach them.
+}
+
+// Live memory moves by k growths; the peaks of categories and of host memory reached in the
+// skipped blocks (the block before's highest plus k growths) are noted now, since a stop in the
+// next block may come before that block's own allocations reach them. Busy totals move too.
+void Engine::ff_move_memory(const FfMove& m) {
+  const FfSnapshot& p = m.p;
+  const FfSnapshot& c = m.c;
   for (std::size_t r = 0; r < c.ranks.size(); ++r) {
     RankState& rs = b_.ranks[r];
     RankMemory& rm = result_.memory[r];
-    for (std::size_t m = 0; m < kMemCategoryCount; ++m) {
-      const std::int64_t growth = c.ranks[r].live[m] - p.ranks[r].live[m];
-      rs.live[m] += growth * k;
+    for (std::size_t cat = 0; cat < kMemCategoryCount; ++cat) {
+      const std::int64_t growth = c.ranks[r].live[cat] - p.ranks[r].live[cat];
+      rs.live[cat] += growth * m.k;
       if (growth > 0) {
-        rm.category_peak[m] =
-            std::max(rm.category_peak[m], c.window_max[r].category_bytes[m] + growth * k);
+        rm.category_peak[cat] =
+            std::max(rm.category_peak[cat], c.window_max[r].category_bytes[cat] + growth * m.k);
       }
     }
-    rs.device_total += (c.ranks[r].device_total - p.ranks[r].device_total) * k;
+    rs.device_total += (c.ranks[r].device_total - p.ranks[r].device_total) * m.k;
     const std::int64_t host_growth = c.ranks[r].host_live - p.ranks[r].host_live;
-    rs.host_live += host_growth * k;
-    if (const std::int64_t host = c.window_max[r].host_bytes + host_growth * k;
+    rs.host_live += host_growth * m.k;
+    if (const std::int64_t host = c.window_max[r].host_bytes + host_growth * m.k;
         host_growth > 0 && host > rm.host_peak_bytes) {
       note_host_peak(static_cast<std::int32_t>(r), host - rm.host_peak_bytes);
       rm.host_peak_bytes = host;
     }
     for (std::size_t s = 0; s < kStreamCount; ++s) {
-      result_.busy[r].busy_ns[s] += (c.busy[r].busy_ns[s] - p.busy[r].busy_ns[s]) * k;
+      result_.busy[r].busy_ns[s] += (c.busy[r].busy_ns[s] - p.busy[r].busy_ns[s]) * m.k;
     }
   }
-  events_ += (c.events - p.events) * k;
-  now_ += dt;
-  result_.fast_forwarded_blocks += k;
 }
 
 // One pass over the ops links the stream queues and collective members (in program order) and
