@@ -105,14 +105,7 @@ class CudaBackend final : public MeasureBackend {
     fill_versions(c, s.gpus, count);
     fill_device(c, prop, s.devices.front());
     c.sm_clock_measured_mhz = cuda::measure_sm_clock_mhz(s.devices.front());
-    c.cpsim_version = options.cpsim_version;
-    c.argv = options.argv;
-    c.quick = options.quick;
-    s.rotation_bytes = std::max<std::size_t>(2 * static_cast<std::size_t>(prop.l2CacheSize),
-                                             std::size_t{100} << 20);
-    s.sm_count = prop.multiProcessorCount;
-    c.method = RawMethod{"cuda-event", "median", s.timing.warmup, s.timing.repetitions,
-                         static_cast<std::int64_t>(s.rotation_bytes)};
+    finish_context(c, s, options, prop);
     return c;
   }
 
@@ -196,14 +189,7 @@ class CudaBackend final : public MeasureBackend {
         fmt::format("{}.{}.{}", version / 10000, (version % 10000) / 100, version % 100);
     fill_device(c, prop, device);
     c.sm_clock_measured_mhz = 0.0;  // no kernel of ours runs in MPI mode
-    c.cpsim_version = options.cpsim_version;
-    c.argv = options.argv;
-    c.quick = options.quick;
-    s.rotation_bytes = std::max<std::size_t>(2 * static_cast<std::size_t>(prop.l2CacheSize),
-                                             std::size_t{100} << 20);
-    s.sm_count = prop.multiProcessorCount;
-    c.method = RawMethod{"cuda-event", "median", s.timing.warmup, s.timing.repetitions,
-                         static_cast<std::int64_t>(s.rotation_bytes)};
+    finish_context(c, s, options, prop);
     return c;
   }
 
@@ -250,6 +236,22 @@ class CudaBackend final : public MeasureBackend {
   }
 
   /// SM count, memory, L2, maximum clocks of `device`, and the date.
+  /// What every run records alike: the command, the L2-flushing rotation buffer size (twice the L2,
+  /// at least 100 MiB), the SM count and the timing method.
+  static void finish_context(RawContext& c,
+                             Session& s,
+                             const MeasureOptions& options,
+                             const cudaDeviceProp& prop) {
+    c.cpsim_version = options.cpsim_version;
+    c.argv = options.argv;
+    c.quick = options.quick;
+    s.rotation_bytes = std::max<std::size_t>(2 * static_cast<std::size_t>(prop.l2CacheSize),
+                                             std::size_t{100} << 20);
+    s.sm_count = prop.multiProcessorCount;
+    c.method = RawMethod{"cuda-event", "median", s.timing.warmup, s.timing.repetitions,
+                         static_cast<std::int64_t>(s.rotation_bytes)};
+  }
+
   static void fill_device(RawContext& c, const cudaDeviceProp& prop, int device) {
     c.sm_count = prop.multiProcessorCount;
     c.hbm_capacity_bytes = static_cast<std::int64_t>(prop.totalGlobalMem);
