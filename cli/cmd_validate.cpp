@@ -78,6 +78,17 @@ SimulateArgs simulate_args(const planner::ValidationSetup& s) {
   return a;
 }
 
+/// The peak's activations, attention intermediates and other step tensors: the quantity
+/// activation_peak_bytes (planner/src/validation_case.cpp).
+std::int64_t step_tensor_bytes_at_peak(const sim::StepReport& r) {
+  std::int64_t bytes = 0;
+  for (const sim::MemCategory c :
+       {sim::MemCategory::kActivations, sim::MemCategory::kAttention, sim::MemCategory::kOther}) {
+    bytes += r.breakdown_at_peak[static_cast<std::size_t>(c)];
+  }
+  return bytes;
+}
+
 Outcome run_case(const Case& c) {
   Outcome o;
   o.c = c;
@@ -104,6 +115,8 @@ Outcome run_case(const Case& c) {
       o.predicted = static_cast<double>(r.peak_memory_bytes);
     if (c.quantity == "reserved_memory_bytes")
       o.predicted = static_cast<double>(r.reserved_peak_bytes);
+    if (c.quantity == "activation_peak_bytes")
+      o.predicted = static_cast<double>(step_tensor_bytes_at_peak(r));
     if (c.quantity == "tokens_per_s_per_gpu")
       o.predicted = r.tokens_per_s_per_gpu;
     if (c.quantity == "model_tflops_per_gpu")
@@ -122,7 +135,7 @@ std::string show(const std::string& quantity, double v) {
     return format_length(static_cast<std::int64_t>(v));
   if (quantity == "peak_memory_bytes")
     return fmt::format("{:.1f} GB", v / 1e9);
-  if (quantity == "reserved_memory_bytes")  // nvidia-smi readings, printed by tools in GiB
+  if (quantity == "reserved_memory_bytes" || quantity == "activation_peak_bytes")  // GiB
     return fmt::format("{:.1f} GiB", v / static_cast<double>(std::int64_t{1} << 30));
   if (quantity == "mfu")
     return fmt::format("{:.1f} %", 100 * v);

@@ -11,7 +11,6 @@
 #include <fstream>
 #include <memory>
 #include <nccl.h>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -31,19 +30,11 @@ namespace {
 using cuda::DeviceGuard;
 using cuda::Session;
 
-/// "570.86.15" from /proc/driver/nvidia/version, "unknown" when absent.
+/// "580.159.04" from /proc/driver/nvidia/version, "unknown" when absent.
 std::string driver_release() {
   std::ifstream in("/proc/driver/nvidia/version");
   std::string line;
-  if (!std::getline(in, line)) {
-    return "unknown";
-  }
-  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Tue ..."
-  const auto pos = line.find("Kernel Module");
-  std::istringstream words(pos == std::string::npos ? line : line.substr(pos + 13));
-  std::string version;
-  words >> version;
-  return version.empty() ? "unknown" : version;
+  return std::getline(in, line) ? driver_release_from_version_line(line) : "unknown";
 }
 
 /// 12080 -> "12.8" (CUDA's major * 1000 + minor * 10).

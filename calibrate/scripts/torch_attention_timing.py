@@ -28,10 +28,10 @@ import argparse
 import datetime
 import json
 import math
-import os
 import statistics
 import sys
-import tempfile
+
+from cpsim_output import write_atomically
 
 SCHEMA = "cpsim.calibration/1"
 
@@ -40,27 +40,18 @@ SCHEMA = "cpsim.calibration/1"
 # Output
 
 
-def write_atomically(path, text):
-    """Write through a temporary file and a rename: never a half-written output."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".cpsim-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def driver_release():
+    """The first word after "Kernel Module" that starts with a digit and holds a dot (the open
+    module's line reads "... Open Kernel Module for x86_64  580.159.04 ...")."""
     try:
         with open("/proc/driver/nvidia/version") as f:
             words = f.readline().split("Kernel Module")
-            return words[1].split()[0] if len(words) > 1 else "unknown"
-    except (OSError, IndexError):
+    except OSError:
         return "unknown"
+    for word in (words[1] if len(words) > 1 else words[0]).split():
+        if word[:1].isdigit() and "." in word:
+            return word
+    return "unknown"
 
 
 def raw_document(context, samples):
@@ -311,9 +302,25 @@ def measure(args):
         del outs, bufs
         return t_fwd, t_bwd
 
+    nccl = None
+    try:
+        v = torch.cuda.nccl.version()
+        nccl = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    except Exception:  # noqa: BLE001 - NCCL is optional here
+        nccl = None
+
+    def document():
+        context = make_context(props.name, 1, torch.cuda.device_count(), torch.version.cuda, nccl,
+                               props.multi_processor_count, props.total_memory, l2, args.quick,
+                               warmup, repetitions, rotation, notes)
+        return raw_document(context, samples)
+
     total = len(kernels) * len(head_dims) * 2 * len(lengths) * len(heads_list)
     done = 0
     for name, (fn, layout) in sorted(kernels.items()):
+        # Each finished kernel is written at once: a run cut short keeps what it measured.
+        if samples:
+            write_atomically(args.out, document())
         for d in head_dims:
             for causal in (False, True):
                 rate = 50e12
@@ -349,16 +356,7 @@ def measure(args):
                     samples.append(sample(name, "fwd", causal, 128, 16, q_len, kv_len, r[0]))
                     samples.append(sample(name, "bwd", causal, 128, 16, q_len, kv_len, r[1]))
     print(file=sys.stderr)
-    nccl = None
-    try:
-        v = torch.cuda.nccl.version()
-        nccl = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-    except Exception:  # noqa: BLE001 - NCCL is optional here
-        nccl = None
-    context = make_context(props.name, 1, torch.cuda.device_count(), torch.version.cuda, nccl,
-                           props.multi_processor_count, props.total_memory, l2, args.quick,
-                           warmup, repetitions, rotation, notes)
-    return raw_document(context, samples)
+    return document()
 
 
 def selftest_document():

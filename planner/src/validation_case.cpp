@@ -18,9 +18,17 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr std::array<std::string_view, 6> kQuantities = {
-    "max_seq_len",          "peak_memory_bytes",    "reserved_memory_bytes",
-    "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu"};
+// activation_peak_bytes: the peak's activations, attention intermediates and other step tensors
+// (MemCategory kActivations, kAttention, kOther), i.e. what the step allocates above the weights,
+// gradients, optimizer states, gathered parameters and fixed overheads: comparable with a
+// measurement's allocated peak less what was allocated before the step.
+constexpr std::array<std::string_view, 7> kQuantities = {"max_seq_len",
+                                                         "peak_memory_bytes",
+                                                         "reserved_memory_bytes",
+                                                         "activation_peak_bytes",
+                                                         "tokens_per_s_per_gpu",
+                                                         "model_tflops_per_gpu",
+                                                         "mfu"};
 
 /// A JSON integer that fits an int. @throws InputError(field) otherwise.
 int int_value(const Json& value, const std::string& field, const char* message) {

@@ -340,6 +340,30 @@ TEST(ProfileFit, OneGpuKeepsTheBaseCollectivesWithANote) {
   EXPECT_TRUE(noted);
 }
 
+// Device-bound launches (the synthetic device time 2.5 us exceeds the host's 2.1 us) give both
+// coefficients; host-bound ones (device = host, as measured on an H200 node) only the host's.
+TEST_F(SyntheticFit, LaunchesGiveTheHostCostAndTheDeviceGapWhenDeviceBound) {
+  EXPECT_NEAR(fit_.profile.host_issue.launch_s, 2.1e-6, 1e-12);
+  EXPECT_NEAR(fit_.profile.kernel_launch_s, truth_.kernel_launch_s, 1e-12);
+}
+
+TEST(ProfileFit, HostBoundLaunchesKeepTheBaseDeviceGapAndSayWhy) {
+  const models::HardwareProfile base = testing::load_base();
+  RawCalibration raw = testing::synthetic_raw(testing::truth_profile());
+  raw.samples.launch.clear();
+  for (const double t : {3.21e-6, 3.34e-6, 3.51e-6}) {
+    raw.samples.launch.push_back({1000, t, t - 1e-9});
+  }
+  const ProfileFit fit = fit_profile(raw, base, options());
+  EXPECT_EQ(fit.profile.kernel_launch_s, base.kernel_launch_s);
+  EXPECT_NEAR(fit.profile.host_issue.launch_s, 3.34e-6 - 1e-9, 1e-15);
+  bool noted = false;
+  for (const std::string& n : fit.notes) {
+    noted = noted || n.find("host-bound") != std::string::npos;
+  }
+  EXPECT_TRUE(noted);
+}
+
 TEST(ProfileFit, AttentionOnlyRawUpdatesOnlyThatKernel) {
   // What calibrate/scripts/torch_attention_timing.py writes: attention samples of "sdpa".
   const models::HardwareProfile base = testing::load_base();

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cpsim/calibrate/measure.hpp"
 #include "cpsim/calibrate/mpi_run.hpp"
 #include "cpsim/models/error.hpp"
 
@@ -554,6 +555,21 @@ TEST(ThrottleReasons, NamesEveryNvmlBitAndKeepsUnknownOnes) {
                                       "hw_thermal_slowdown", "hw_power_brake_slowdown",
                                       "display_clock_setting"}));
   EXPECT_EQ(throttle_reason_names(0x1004), (std::vector<std::string>{"sw_power_cap", "0x1000"}));
+}
+
+// The first line of /proc/driver/nvidia/version as the two kernel modules print it; the open
+// module's was read on an H200 node (driver 580.159.04), where the word after "Kernel Module" is
+// "for" and an earlier parser recorded that as the driver.
+TEST(DriverRelease, ReadsTheOpenAndTheProprietaryModulesLines) {
+  EXPECT_EQ(driver_release_from_version_line(
+                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release "
+                "Build  (dvs-builder@U22-I3-AE18-09-3)  Mon Jun  2 18:34:53 UTC 2025"),
+            "580.159.04");
+  EXPECT_EQ(driver_release_from_version_line(
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Tue Jan 28 2025"),
+            "570.86.15");
+  EXPECT_EQ(driver_release_from_version_line("NVRM version: something else"), "unknown");
+  EXPECT_EQ(driver_release_from_version_line(""), "unknown");
 }
 
 }  // namespace

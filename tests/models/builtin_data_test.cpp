@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -52,12 +53,25 @@ TEST(BuiltinData, EveryHardwareProfileLoads) {
     EXPECT_EQ(hw.name, name);
     EXPECT_FALSE(hw.provenance.empty());
     EXPECT_FALSE(hw.attention_kernels.empty());
-    // Every coefficient says where it comes from: a publication, an inference from one, or an
-    // explicit assumption; and the description says the profile was not measured.
+    // Every coefficient says where it comes from: a publication, an inference from one, an
+    // explicit assumption or a measurement. A profile with measured coefficients names the folder
+    // of data/measurements/ that holds the raw files (which must exist); one without says it was
+    // not measured.
+    bool measured = false;
     for (const auto& [path, source] : hw.provenance) {
       EXPECT_FALSE(source.empty()) << path;
+      measured = measured || source.rfind("measured:", 0) == 0;
     }
-    EXPECT_THAT(hw.description, HasSubstr("not measured"));
+    if (!measured) {
+      EXPECT_THAT(hw.description, HasSubstr("not measured"));
+      continue;
+    }
+    std::smatch folder;
+    ASSERT_TRUE(std::regex_search(hw.description, folder,
+                                  std::regex("data/measurements/([A-Za-z0-9._-]+)")))
+        << hw.description;
+    EXPECT_TRUE(
+        std::filesystem::exists(test_data().root / "measurements" / folder[1].str() / "README.md"));
   }
 }
 

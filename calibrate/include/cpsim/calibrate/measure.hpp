@@ -5,6 +5,7 @@
 /// is built only when a CUDA compiler is found; otherwise make_measure_backend() returns a backend
 /// that refuses to run. docs/CALIBRATION.md describes the method.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -35,6 +36,30 @@ struct GemmWidth {
 /// The distinct (n, k) weight shapes of the given models' layers: fused qkv, attention output,
 /// fused gate+up, down projection. Sorted by (n, k), each once (origins joined).
 std::vector<GemmWidth> model_gemm_widths(const std::vector<models::TransformerSpec>& models);
+
+/// The driver release ("580.159.04") in the first line of /proc/driver/nvidia/version, or
+/// "unknown": the first word after "Kernel Module" that starts with a digit and holds a dot. The
+/// open kernel module's line has a word between them ("... Open Kernel Module for x86_64
+/// 580.159.04 Release Build ..."), the proprietary one's not ("... x86_64 Kernel Module
+/// 570.86.15 Tue ...").
+inline std::string driver_release_from_version_line(std::string_view line) {
+  const std::size_t at = line.find("Kernel Module");
+  std::string_view rest = at == std::string_view::npos ? line : line.substr(at + 13);
+  while (!rest.empty()) {
+    const std::size_t begin = rest.find_first_not_of(" \t");
+    if (begin == std::string_view::npos) {
+      break;
+    }
+    rest.remove_prefix(begin);
+    const std::size_t end = std::min(rest.find_first_of(" \t"), rest.size());
+    const std::string_view word = rest.substr(0, end);
+    if (word.front() >= '0' && word.front() <= '9' && word.find('.') != std::string_view::npos) {
+      return std::string(word);
+    }
+    rest.remove_prefix(end);
+  }
+  return "unknown";
+}
 
 struct MeasureOptions {
   bool quick = false;                  ///< fewer points per sweep (minutes, not tens of minutes)
