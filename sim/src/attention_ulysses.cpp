@@ -39,7 +39,8 @@ void StepBuilder::ulysses_forward(SavedLayer& sv, TensorSet params, bool grad) {
       sv.qk_norm_saved = b_.tensor("qk_norm_saved", kept, MemCategory::kActivations);
       outs.push_back(sv.qk_norm_saved);
     }
-    compute("qk_norm", OpKind::kElementwise, mem(2 * qk_elems * ab_), {q, kvp}, std::move(outs));
+    compute("qk_norm", OpKind::kElementwise, norm_cost(qk_elems, 2 * qk_elems * ab_, false),
+            {q, kvp}, std::move(outs));
   }
   TensorSet q_r = b_.tensor("q_rope", q_bytes, MemCategory::kAttention);
   TensorSet kv_r = b_.tensor("kv_rope", kv_bytes, MemCategory::kAttention);
@@ -102,7 +103,8 @@ InputGrad StepBuilder::ulysses_backward(const SavedLayer& sv,
   if (sv.qk_norm_saved.valid()) {
     TensorSet dq_n = b_.tensor("dq_normbwd", q_bytes, MemCategory::kAttention);
     TensorSet dkv_n = b_.tensor("dkv_normbwd", kv_bytes, MemCategory::kAttention);
-    compute("qk_norm_bwd", OpKind::kElementwise, mem(2 * (q_bytes + kv_bytes)),
+    compute("qk_norm_bwd", OpKind::kElementwise,
+            norm_cost((q_bytes + kv_bytes) / ab_, 2 * (q_bytes + kv_bytes), true),
             {dq_r, dkv_r, sv.qk_norm_saved}, {dq_n, dkv_n});
     dq_r = dq_n;
     dkv_r = dkv_n;

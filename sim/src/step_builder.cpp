@@ -269,6 +269,47 @@ KernelCost StepBuilder::norm_calls(KernelCost k, bool backward) const {
   k.host_calls = fused ? (backward ? 2 : 1) : (backward ? 16 : 8);
   return k;
 }
+// Eager RMSNorm's time (Hugging Face LlamaRMSNorm.forward, transformers models/llama/
+// modeling_llama.py @ v5.17.0, lines 62-67; its backward from PyTorch's autograd formulas,
+// tools/autograd/derivatives.yaml and FunctionsManual.cpp @ d327a78). Each op is one kernel over
+// the whole [rows, h] tensor; bytes per element, with a = the activation dtype's size (2, bf16),
+// fp32 = 4; per-row values (the variance, rsqrt) are h times smaller and left out:
+//   forward                                       backward (reverse order)
+//   x.to(fp32)          a read, 4 written  a+4    weight*c: dc = dy·w   a read, a written      2a
+//   .pow(2)             4 read, 4 written    8              dw = Σ dy·c  2a read, a written,
+//   .mean(-1)           4 read               4                  then the row sum reads a   4a
+//   a·rsqrt(var+eps)    4 read, 4 written    8    c.to(bf16): dc.to(fp32)  a read, 4 written  a+4
+//   .to(bf16)           4 read, a written  4+a    b = x32·r: db·r  4 read, 4 written           8
+//   weight * c          a read, a written   2a                 Σ db·x32 (8 read, 4 written,
+//                                                              then the row sum reads 4)      16
+//                                                 mean: the expanded gradient / h, 4 written    4
+//                                                 pow: grad·(2·x32.pow(1)): the copy 8, the
+//                                                      scalar product 8, the product 12       28
+//                                                 the two gradients of x32 summed: 8 read, 4 w 12
+//                                                 x.to(fp32): grad.to(bf16)  4 read, a written 4+a
+// Forward 28 + 4a = 36 bytes per element in 6 kernels (the per-row add and rsqrt left out),
+// backward 76 + 8a = 92 in 13; a fused
+// kernel moves about 4 and 8. Measured on one H200 (data/measurements/h200-2026-11-26, the 8K
+// profile): `pow` ran 129 times (2 norms × 32 layers × forward and recompute, plus the final norm)
+// at 65 us each, 268 MB at the measured 4.0 TB/s; the backward's scalar product of `pow` 65 times.
+KernelCost StepBuilder::norm_cost(std::int64_t elements,
+                                  std::int64_t single_pass_bytes,
+                                  bool backward) const {
+  if (r_.norm_kernel != models::NormKernel::kEager) {
+    return norm_calls(mem(single_pass_bytes), backward);
+  }
+  const std::int64_t a = ab_;
+  const std::int64_t fp32 = kFp32Bytes;
+  const std::vector<std::int64_t> forward = {a + fp32, 2 * fp32, fp32, 2 * fp32, fp32 + a, 2 * a};
+  const std::vector<std::int64_t> backward_kernels = {
+      2 * a, 3 * a,    a,        a + fp32, 2 * fp32, 3 * fp32, fp32,
+      fp32,  2 * fp32, 2 * fp32, 3 * fp32, 3 * fp32, fp32 + a};
+  KernelCost k;
+  for (const std::int64_t per_element : backward ? backward_kernels : forward) {
+    k = plus(k, mem(per_element * elements));
+  }
+  return norm_calls(k, backward);
+}
 KernelCost StepBuilder::mem(std::int64_t bytes) const {
   return cost_.memory_bound(bytes);
 }
@@ -375,8 +416,8 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
     sv.norm1_saved = b_.tensor("norm1_saved", saved, MemCategory::kActivations);
     norm1_out.push_back(sv.norm1_saved);
   }
-  sv.first_op = compute("norm1", OpKind::kElementwise, norm_calls(mem(2 * act_bytes), false), {x},
-                        norm1_out, {}, norm_workspace());
+  sv.first_op = compute("norm1", OpKind::kElementwise, norm_cost(sp_ * h, 2 * act_bytes, false),
+                        {x}, norm1_out, {}, norm_workspace());
   const TensorSet xn_sp = sv.xn;
   sv.xn = tp_exchange("tp_ag.xn", xn_sp, true, gathered_cat);
   method_.attention_forward(*this, sv, params, grad);
@@ -407,8 +448,8 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
     sv.norm2_saved = b_.tensor("norm2_saved", saved, MemCategory::kActivations);
     norm2_out.push_back(sv.norm2_saved);
   }
-  compute("norm2", OpKind::kElementwise, norm_calls(mem(2 * act_bytes), false), {sv.h1}, norm2_out,
-          {}, norm_workspace());
+  compute("norm2", OpKind::kElementwise, norm_cost(sp_ * h, 2 * act_bytes, false), {sv.h1},
+          norm2_out, {}, norm_workspace());
   const TensorSet h1n = tp_exchange("tp_ag.h1n", sv.h1n, true, gathered_cat);
   if (!tp_regather_) {
     sv.h1n = h1n;
@@ -512,7 +553,7 @@ TensorSet StepBuilder::layer_backward(
   if (sv.norm2_saved.valid()) {
     norm2_in.push_back(sv.norm2_saved);
   }
-  compute("norm2_bwd", OpKind::kElementwise, norm_calls(mem(4 * act_bytes), true),
+  compute("norm2_bwd", OpKind::kElementwise, norm_cost(sp_ * h, 4 * act_bytes, true),
           std::move(norm2_in), {dh1}, {}, norm_workspace());
   // Output projection backward: dO = dh1 · Woᵀ, and its weight gradient.
   const TensorSet dh1_full = tp_exchange("tp_ag.dh1", dh1, true);
@@ -543,7 +584,7 @@ TensorSet StepBuilder::layer_backward(
     norm1_in.push_back(sv.out);
     norm1_in.push_back(dy);
   }
-  compute("norm1_bwd", OpKind::kElementwise, norm_calls(mem(4 * act_bytes), true),
+  compute("norm1_bwd", OpKind::kElementwise, norm_cost(sp_ * h, 4 * act_bytes, true),
           std::move(norm1_in), {dx}, {g.ready}, norm_workspace());
   return dx;
 }
@@ -720,8 +761,8 @@ StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x, bool reduce
     final_norm_saved = b_.tensor("final_norm_saved", kept, MemCategory::kActivations);
     final_norm_out.push_back(final_norm_saved);
   }
-  compute("final_norm", OpKind::kElementwise, norm_calls(mem(2 * act), false), {x}, final_norm_out,
-          {}, norm_workspace());
+  compute("final_norm", OpKind::kElementwise, norm_cost(act / ab_, 2 * act, false), {x},
+          final_norm_out, {}, norm_workspace());
   // T > 1: the vocabulary-parallel LM head reads all s tokens (all-gather) and its input gradient
   // is a partial sum (reduce-scatter); the loss over V/T logits per rank all-reduces the logits'
   // max, the sum of exponentials and the target logit over the TP group: three all-reduces of s
@@ -751,8 +792,9 @@ StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x, bool reduce
   if (final_norm_saved.valid()) {
     final_norm_in.push_back(final_norm_saved);
   }
-  OpSet fn_bwd = compute("final_norm_bwd", OpKind::kElementwise, norm_calls(mem(3 * act), true),
-                         std::move(final_norm_in), {dy}, {}, norm_workspace());
+  OpSet fn_bwd =
+      compute("final_norm_bwd", OpKind::kElementwise, norm_cost(act / ab_, 3 * act, true),
+              std::move(final_norm_in), {dy}, {}, norm_workspace());
   return {dy, fn_bwd};
 }
 

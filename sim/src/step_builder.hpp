@@ -169,6 +169,10 @@ class StepBuilder {
   KernelCost mem(std::int64_t bytes) const;
   /// `k` with the host calls of one RMSNorm of the recipe's kind (forward or backward).
   KernelCost norm_calls(KernelCost k, bool backward) const;
+  /// One RMSNorm over `elements` activations, forward or backward, host calls included. Fused and
+  /// upcast kernels: one pass moving `single_pass_bytes`. Eager (Hugging Face LlamaRMSNorm):
+  /// every op of its composite chain is a kernel of its own (see step_builder.cpp).
+  KernelCost norm_cost(std::int64_t elements, std::int64_t single_pass_bytes, bool backward) const;
   static KernelCost times(KernelCost k, double factor);
   static KernelCost plus(KernelCost a, KernelCost b);
   std::int64_t norm_workspace() const;

@@ -107,6 +107,38 @@ TEST(NormKernel, EagerKeepsFp32InputForBackward) {
   EXPECT_GT(peak(e), peak(in));
 }
 
+// Eager RMSNorm's time: each op of Hugging Face's composite chain is a kernel over the whole
+// [s, h] tensor (step_builder.cpp, norm_cost): forward 6 kernels moving 36 bytes per element,
+// backward 13 moving 92; a fused norm one kernel moving 4 (forward) and 8 (backward). s = 8192,
+// h = 4096: E = 33,554,432 elements; time = kernels × launch + bytes / (HBM bandwidth ×
+// memory-bound efficiency). Host calls: 8 forward and 16 backward for the composite, 1 and 2 fused.
+TEST(NormKernel, EagerRunsItsCompositeChainKernelByKernel) {
+  ScheduleInputs in = alst_deepspeed("llama3-8b", 8, 65536);
+  const double elements = 8192.0 * 4096.0;
+  const double launch = in.hardware.kernel_launch_s;
+  const double rate = in.hardware.hbm_bandwidth_bytes_per_s * in.hardware.memory_bound_efficiency;
+  const auto expect_ns = [&](double kernels, double bytes_per_element) {
+    return (kernels * launch + bytes_per_element * elements / rate) * 1e9;
+  };
+  const auto check = [&](const Workload& w, const char* name, Phase phase, double kernels,
+                         double bytes_per_element, int host_calls) {
+    SCOPED_TRACE(name);
+    const Op* op = find_op(w, name, 0, phase);
+    ASSERT_NE(op, nullptr);
+    EXPECT_NEAR(static_cast<double>(op->duration_ns), expect_ns(kernels, bytes_per_element),
+                kernels + 1.0);
+    EXPECT_EQ(op->host_calls, host_calls);
+  };
+  in.recipe.norm_kernel = models::NormKernel::kEager;
+  const Workload eager = build_step(in);
+  check(eager, "norm2", Phase::kForward, 6, 36, 8);
+  check(eager, "norm2_bwd", Phase::kBackward, 13, 92, 16);
+  in.recipe.norm_kernel = models::NormKernel::kFused;
+  const Workload fused = build_step(in);
+  check(fused, "norm2", Phase::kForward, 1, 4, 1);
+  check(fused, "norm2_bwd", Phase::kBackward, 1, 8, 2);
+}
+
 // Untiled SwiGLU backward, s = 8192, f = 14336: the product's gradient is s·f·2 = 234,881,024
 // bytes; unfused and eager hold dgate and dup as well (×3); eager keeps silu(gate) (s·f·2).
 TEST(MlpKernel, LigerWritesGradientsInPlace) {
