@@ -173,6 +173,10 @@ class StepBuilder {
   /// upcast kernels: one pass moving `single_pass_bytes`. Eager (Hugging Face LlamaRMSNorm):
   /// every op of its composite chain is a kernel of its own (see step_builder.cpp).
   KernelCost norm_cost(std::int64_t elements, std::int64_t single_pass_bytes, bool backward) const;
+  /// The SwiGLU activation over `elements` of [s, f], forward or backward, without its GEMMs:
+  /// one kernel (3 and 6 activation-sized passes) unless the recipe's MLP is Hugging Face's eager
+  /// one, whose ops run as kernels of their own (see step_builder.cpp).
+  KernelCost swiglu_cost(std::int64_t elements, bool backward) const;
   static KernelCost times(KernelCost k, double factor);
   static KernelCost plus(KernelCost a, KernelCost b);
   std::int64_t norm_workspace() const;

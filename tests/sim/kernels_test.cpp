@@ -139,6 +139,34 @@ TEST(NormKernel, EagerRunsItsCompositeChainKernelByKernel) {
   check(fused, "norm2_bwd", Phase::kBackward, 1, 8, 2);
 }
 
+// Eager SwiGLU's time (step_builder.cpp, swiglu_cost): `silu` and the product are two kernels,
+// 10 bytes per element of [s, f] forward; the backward's three kernels move 18. Other MLP kernels:
+// one kernel of 6 and 12. s = 8192, f = 14336: E = 117,440,512 elements. The backward op also
+// holds the GEMMs, the same for both: their difference is 2 launches + 6 bytes per element.
+TEST(MlpKernel, EagerRunsSiluAndTheProductAsKernelsOfTheirOwn) {
+  ScheduleInputs in = alst_deepspeed("llama3-8b", 8, 65536);
+  in.recipe.tiled_mlp = false;
+  const double elements = 8192.0 * 14336.0;
+  const double launch = in.hardware.kernel_launch_s;
+  const double rate = in.hardware.hbm_bandwidth_bytes_per_s * in.hardware.memory_bound_efficiency;
+  const auto ns = [&](double kernels, double bytes_per_element) {
+    return (kernels * launch + bytes_per_element * elements / rate) * 1e9;
+  };
+  in.recipe.mlp_kernel = models::MlpKernel::kEager;
+  const Workload eager = build_step(in);
+  in.recipe.mlp_kernel = models::MlpKernel::kUnfused;
+  const Workload unfused = build_step(in);
+  const Op* act_eager = find_op(eager, "mlp_act", 0, Phase::kForward);
+  const Op* act_unfused = find_op(unfused, "mlp_act", 0, Phase::kForward);
+  const Op* bwd_eager = find_op(eager, "mlp_bwd", 0, Phase::kBackward);
+  const Op* bwd_unfused = find_op(unfused, "mlp_bwd", 0, Phase::kBackward);
+  ASSERT_TRUE(act_eager && act_unfused && bwd_eager && bwd_unfused);
+  EXPECT_NEAR(static_cast<double>(act_eager->duration_ns), ns(2, 10), 3.0);
+  EXPECT_NEAR(static_cast<double>(act_unfused->duration_ns), ns(1, 6), 2.0);
+  EXPECT_NEAR(static_cast<double>(bwd_eager->duration_ns - bwd_unfused->duration_ns), ns(2, 6),
+              10.0);
+}
+
 // Untiled SwiGLU backward, s = 8192, f = 14336: the product's gradient is s·f·2 = 234,881,024
 // bytes; unfused and eager hold dgate and dup as well (×3); eager keeps silu(gate) (s·f·2).
 TEST(MlpKernel, LigerWritesGradientsInPlace) {
