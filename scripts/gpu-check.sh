@@ -4,17 +4,19 @@
 #   1. the GPU tests (the own attention kernel against its reference, the timing harness);
 #   2. `cpsim calibrate run` (launch, HBM, GEMM, attention, host copies; collectives with 2+ GPUs);
 #   3. the attention kernels of the local PyTorch (calibrate/scripts/torch_attention_timing.py);
-#   4. the memory of a Hugging Face model's training step (calibrate/scripts/hf_memory_snapshot.py).
+#   4. the Linear layers' GEMMs through PyTorch, forward, dgrad and wgrad
+#      (calibrate/scripts/torch_gemm_timing.py);
+#   5. the memory of a Hugging Face model's training step (calibrate/scripts/hf_memory_snapshot.py).
 #
 #   scripts/gpu-check.sh OUT_DIR [BIN_DIR]     (BIN_DIR holds cpsim, libcpsim_calibrate_cuda.so and
 #                                               cpsim_calibrate_gpu_tests; default build-cuda/)
-# Limits per step (seconds) come from GPU_CHECK_LIMITS="tests calibrate attention memory".
+# Limits per step (seconds) come from GPU_CHECK_LIMITS="tests calibrate attention gemm memory".
 # Writes OUT_DIR/env.txt, log.txt, gpu_tests.json, calibrate_raw.json, attention_torch.json,
-# hf_memory.json. Exit status 0 whatever the steps did: log.txt says which failed.
+# gemm_torch.json, hf_memory.json. Exit status 0 whatever the steps did: log.txt says which failed.
 set -u
 out=${1:?usage: scripts/gpu-check.sh OUT_DIR [BIN_DIR]}
 bin=${2:-build-cuda}
-read -r t_tests t_cal t_attn t_mem <<<"${GPU_CHECK_LIMITS:-60 140 100 140}"
+read -r t_tests t_cal t_attn t_gemm t_mem <<<"${GPU_CHECK_LIMITS:-60 140 100 100 140}"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 bin=$(cd "$bin" && pwd)
@@ -58,6 +60,8 @@ step() {  # step NAME LIMIT_S COMMAND...
   step calibrate "$t_cal" "${cpsim_env[@]}" "$bin/cpsim" calibrate run --quick --out "$out/calibrate_raw.json"
   step attention "$t_attn" python3 calibrate/scripts/torch_attention_timing.py --quick \
     --max-seq 131072 --kernels sdpa,cudnn,sdpa-flash,sdpa-efficient --out "$out/attention_torch.json"
+  step gemm "$t_gemm" python3 calibrate/scripts/torch_gemm_timing.py --quick \
+    --models data/models/llama3-8b.json,data/models/qwen3-32b.json --out "$out/gemm_torch.json"
   step memory "$t_mem" python3 calibrate/scripts/hf_memory_snapshot.py \
     --model data/models/llama3-8b.json --lens 8K,16K,32K,48K,64K --snapshot-len 16K \
     --profile-len 8K --out "$out/hf_memory.json"

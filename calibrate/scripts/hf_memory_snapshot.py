@@ -33,7 +33,7 @@ import sys
 import time
 import traceback
 
-from cpsim_output import write_atomically
+from cpsim_script_common import write_atomically
 
 SCHEMA = "cpsim.memory-snapshot/1"
 

@@ -25,13 +25,11 @@ entries of the same name; everything else stays the base's).
 """
 
 import argparse
-import datetime
 import json
 import math
-import statistics
 import sys
 
-from cpsim_output import write_atomically
+from cpsim_script_common import TimedDevice, make_context, selftest_context, write_atomically
 
 SCHEMA = "cpsim.calibration/1"
 
@@ -40,50 +38,9 @@ SCHEMA = "cpsim.calibration/1"
 # Output
 
 
-def driver_release():
-    """The first word after "Kernel Module" that starts with a digit and holds a dot (the open
-    module's line reads "... Open Kernel Module for x86_64  580.159.04 ...")."""
-    try:
-        with open("/proc/driver/nvidia/version") as f:
-            words = f.readline().split("Kernel Module")
-    except OSError:
-        return "unknown"
-    for word in (words[1] if len(words) > 1 else words[0]).split():
-        if word[:1].isdigit() and "." in word:
-            return word
-    return "unknown"
-
-
 def raw_document(context, samples):
     return json.dumps({"schema": SCHEMA, "context": context,
                        "samples": {"attention": samples}}, indent=2) + "\n"
-
-
-def make_context(device, gpu_count, device_count, runtime, nccl, sm_count, memory, l2, quick,
-                 warmup, repetitions, rotation_bytes, notes):
-    return {
-        "device": device,
-        "gpu_count": gpu_count,
-        "device_count": device_count,
-        "driver_version": driver_release(),
-        "cuda_driver_version": "unknown",
-        "cuda_runtime_version": runtime or "unknown",
-        "nccl_version": nccl or "none",
-        "cublaslt_version": "unknown",
-        "sm_count": int(sm_count),
-        "hbm_capacity_bytes": int(memory),
-        "l2_cache_bytes": int(l2),
-        "sm_clock_max_mhz": 0.0,
-        "memory_clock_max_mhz": 0.0,
-        "sm_clock_measured_mhz": 0.0,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "cpsim_version": "calibrate/scripts/torch_attention_timing.py",
-        "argv": list(sys.argv),
-        "quick": bool(quick),
-        "method": {"timer": "torch-cuda-event", "statistic": "median", "warmup": int(warmup),
-                   "repetitions": int(repetitions), "rotation_bytes": int(rotation_bytes)},
-        "notes": list(notes),
-    }
 
 
 def sample(kernel, pass_, causal, head_dim, heads, q_len, kv_len, time_s):
@@ -118,44 +75,6 @@ def fwd_flops(q_len, kv_len, heads, head_dim, causal):
 
 # ------------------------------------------------------------------------------------------------
 # Timing with PyTorch
-
-
-class Timer:
-    def __init__(self, torch, warmup, repetitions, target_rep_s=2e-3, max_inner=64):
-        self.torch = torch
-        self.warmup = warmup
-        self.repetitions = repetitions
-        self.target_rep_s = target_rep_s
-        self.max_inner = max_inner
-
-    def median_s(self, launch):
-        """Median seconds per call of launch(i), i counting calls (for buffer rotation)."""
-        torch = self.torch
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        i = 0
-        start.record()
-        launch(i)
-        i += 1
-        stop.record()
-        stop.synchronize()
-        estimate = max(start.elapsed_time(stop) * 1e-3, 1e-7)
-        if estimate < 0.05:
-            for _ in range(1, self.warmup):
-                launch(i)
-                i += 1
-        inner = int(min(max(math.ceil(self.target_rep_s / estimate), 1), self.max_inner))
-        reps = 3 if estimate > 0.25 else (5 if estimate > 0.05 else self.repetitions)
-        times = []
-        for _ in range(reps):
-            start.record()
-            for _ in range(inner):
-                launch(i)
-                i += 1
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop) * 1e-3 / inner)
-        return statistics.median(times)
 
 
 # sdpa: PyTorch's own dispatch; cudnn, sdpa-flash, sdpa-efficient: SDPA with that backend forced;
@@ -244,15 +163,9 @@ def kernels_available(torch, wanted):
 def measure(args):
     import torch
 
-    if not torch.cuda.is_available():
-        sys.exit("torch_attention_timing.py: no CUDA device")
-    dev = torch.device(args.device)
-    torch.cuda.set_device(dev)
-    props = torch.cuda.get_device_properties(dev)
-    l2 = getattr(props, "L2_cache_size", 50 * 1024 * 1024)
-    rotation = max(2 * l2, 100 * 1024 * 1024)
-    warmup, repetitions = (2, 5) if args.quick else (3, 10)
-    timer = Timer(torch, warmup, repetitions, 1e-3 if args.quick else 2e-3)
+    g = TimedDevice(torch, args.device, args.quick, "torch_attention_timing.py")
+    dev, props, l2, rotation = g.dev, g.props, g.l2, g.rotation
+    warmup, repetitions, timer = g.warmup, g.repetitions, g.timer
     cap_s = 0.05 if args.quick else 0.6
     wanted = args.kernels.split(",")
     unknown = [k for k in wanted if k not in KERNELS]
@@ -361,9 +274,7 @@ def measure(args):
 
 def selftest_document():
     """A small document with made-up timings, for checking the format without a GPU."""
-    context = make_context("selftest device (made-up timings)", 1, 1, "0.0", None, 132,
-                           80 * 2**30, 50 * 2**20, True, 2, 5, 100 * 2**20,
-                           ["--selftest: timings are invented, not measured"])
+    context = selftest_context()
     samples = []
     for pass_, rate in (("fwd", 400e12), ("bwd", 300e12)):
         for causal in (False, True):

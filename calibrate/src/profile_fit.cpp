@@ -1,6 +1,7 @@
 #include "cpsim/calibrate/profile_fit.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <set>
@@ -227,6 +228,7 @@ struct Fitter {
   void fit_launch();
   void fit_memory();
   void fit_gemm();
+  void note_gemm_layouts();
   void fit_attention();
   void fit_attention_kernel(const std::string& kernel);
   void fit_host_link();
@@ -432,14 +434,43 @@ void Fitter::fit_gemm() {
   row.note = fmt::format("best {:.0f} TFLOP/s = {:.1f}% of peak", best * peak / 1e12, best * 100);
   p().gemm_max_efficiency = max_eff;
   p().gemm_efficiency_by_flops = LogCurve(std::move(normalized));
+  std::array<std::size_t, 3> per_layout{};
+  for (const GemmSample& s : samples) {
+    ++per_layout[static_cast<std::size_t>(s.layout)];
+  }
   const std::string detail = fmt::format(
-      "cuBLASLt bf16 (fp32 accumulate), {} shapes in {} quarter-octave FLOP bins, median per bin",
-      samples.size(), curve.points().size());
+      "bf16 (fp32 accumulate), {} samples ({} forward, {} dgrad, {} wgrad) in {} quarter-octave "
+      "FLOP bins, median per bin",
+      samples.size(), per_layout[0], per_layout[1], per_layout[2], curve.points().size());
+  note_gemm_layouts();
   set_source(
       "compute.gemm_max_efficiency",
       sources.measured(row, "best bin of the GEMM sweep / peak_bf16_flops_per_s; " + detail));
   set_source("compute.gemm_efficiency_by_flops",
              sources.measured(row, "efficiency per FLOP bin / gemm_max_efficiency; " + detail));
+}
+
+// How the backward's GEMMs compare with the forward of the same layer shape: the median ratio of
+// their times over the shapes measured in both (a note; the curve takes every sample).
+void Fitter::note_gemm_layouts() {
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::array<double, 3>> by_shape;
+  for (const GemmSample& s : raw.samples.gemm) {
+    by_shape[{s.m, s.n, s.k}][static_cast<std::size_t>(s.layout)] = s.time_s;
+  }
+  for (const GemmLayout layout : {GemmLayout::kDgrad, GemmLayout::kWgrad}) {
+    std::vector<double> ratios;
+    for (const auto& [shape, times] : by_shape) {
+      const double forward = times[0];
+      const double other = times[static_cast<std::size_t>(layout)];
+      if (forward > 0.0 && other > 0.0) {
+        ratios.push_back(other / forward);
+      }
+    }
+    if (!ratios.empty()) {
+      note(fmt::format("gemm: {} takes {:.2f} x the forward's time (median over {} shapes)",
+                       to_string(layout), median(ratios), ratios.size()));
+    }
+  }
 }
 
 void Fitter::fit_attention() {

@@ -244,9 +244,22 @@ std::vector<T> parse_array(const Node& samples, std::string_view key, F&& parse_
 }
 
 GemmSample parse_gemm(const Node& node) {
-  node.expect_object({"m", "n", "k", "time_s"});
-  return GemmSample{node.at("m").positive_integer(), node.at("n").positive_integer(),
-                    node.at("k").positive_integer(), node.at("time_s").positive_number()};
+  node.expect_object({"m", "n", "k", "time_s", "layout"});
+  GemmSample g{node.at("m").positive_integer(), node.at("n").positive_integer(),
+               node.at("k").positive_integer(), node.at("time_s").positive_number()};
+  if (node.has("layout")) {
+    const Node layout = node.at("layout");
+    const std::string text = layout.string();
+    if (text == "dgrad") {
+      g.layout = GemmLayout::kDgrad;
+    } else if (text == "wgrad") {
+      g.layout = GemmLayout::kWgrad;
+    } else if (text != "fwd") {
+      layout.fail(fmt::format("must be \"fwd\", \"dgrad\" or \"wgrad\", got {}",
+                              models::describe_json(layout.json())));
+    }
+  }
+  return g;
 }
 
 AttentionSample parse_attention(const Node& node) {
@@ -482,7 +495,11 @@ std::string write_raw(const RawCalibration& raw) {
   OrderedJson samples = OrderedJson::object();
   OrderedJson& gemm = samples["gemm"] = OrderedJson::array();
   for (const GemmSample& g : s.gemm) {
-    gemm.push_back(OrderedJson{{"m", g.m}, {"n", g.n}, {"k", g.k}, {"time_s", g.time_s}});
+    OrderedJson sample{{"m", g.m}, {"n", g.n}, {"k", g.k}, {"time_s", g.time_s}};
+    if (g.layout != GemmLayout::kForward) {
+      sample["layout"] = to_string(g.layout);
+    }
+    gemm.push_back(std::move(sample));
   }
   OrderedJson& attention = samples["attention"] = OrderedJson::array();
   for (const AttentionSample& a : s.attention) {

@@ -2,6 +2,7 @@
 // reason; fit writes a profile that `cpsim simulate --hardware` uses unchanged; bad raw files and
 // bad fits exit 2 naming the field or curve.
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -287,18 +288,21 @@ TEST_F(CalibrateCli, ABadFitIsRefusedUnlessForced) {
   EXPECT_TRUE(fs::exists(profile));
 }
 
-TEST_F(CalibrateCli, TheTorchScriptWritesTheRawFormat) {
-  // calibrate/scripts/torch_attention_timing.py --selftest needs Python 3, not PyTorch.
-  const fs::path script =
-      fs::path(CPSIM_TEST_DATA_DIR).parent_path() / "calibrate/scripts/torch_attention_timing.py";
-  ASSERT_TRUE(fs::exists(script)) << script;
-  std::string python;
+// A measurement script of calibrate/scripts and a Python 3 to run it (empty when there is none).
+std::pair<fs::path, std::string> script_and_python(const char* name) {
+  const fs::path script = fs::path(CPSIM_TEST_DATA_DIR).parent_path() / "calibrate/scripts" / name;
   for (const char* candidate : {"/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3"}) {
     if (fs::exists(candidate)) {
-      python = candidate;
-      break;
+      return {script, candidate};
     }
   }
+  return {script, ""};
+}
+
+TEST_F(CalibrateCli, TheTorchScriptWritesTheRawFormat) {
+  // calibrate/scripts/torch_attention_timing.py --selftest needs Python 3, not PyTorch.
+  const auto [script, python] = script_and_python("torch_attention_timing.py");
+  ASSERT_TRUE(fs::exists(script)) << script;
   if (python.empty()) {
     GTEST_SKIP() << "no python3";
   }
@@ -312,6 +316,31 @@ TEST_F(CalibrateCli, TheTorchScriptWritesTheRawFormat) {
   const RunResult fit = run({"calibrate", "fit", raw.string(), "--out", path("p.json").string()});
   EXPECT_EQ(fit.exit_code, 0) << fit.err;
   EXPECT_THAT(fit.out, HasSubstr("compute.attention_kernels.sdpa.bwd_full_flops_per_s"));
+}
+
+// calibrate/scripts/torch_gemm_timing.py --selftest: the three layouts of each Linear shape in
+// the raw format, which the fit turns into the GEMM curve, with the backward's ratios noted (the
+// made-up rates: forward 700, dgrad 680, wgrad 650 TFLOP/s).
+TEST_F(CalibrateCli, TheTorchGemmScriptWritesEveryLayout) {
+  const auto [script, python] = script_and_python("torch_gemm_timing.py");
+  ASSERT_TRUE(fs::exists(script)) << script;
+  if (python.empty()) {
+    GTEST_SKIP() << "no python3";
+  }
+  const fs::path raw = path("gemm.json");
+  const RunResult r = run_program({python, script.string(), "--selftest", "--out", raw.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const RawCalibration parsed = load_raw(raw, "RAW");
+  std::array<int, 3> layouts{};
+  for (const GemmSample& g : parsed.samples.gemm) {
+    ++layouts[static_cast<std::size_t>(g.layout)];
+  }
+  EXPECT_EQ(layouts, (std::array<int, 3>{24, 24, 24}));
+  const RunResult fit = run({"calibrate", "fit", raw.string(), "--out", path("p.json").string()});
+  EXPECT_EQ(fit.exit_code, 0) << fit.err;
+  EXPECT_THAT(fit.out, HasSubstr("compute.gemm_efficiency_by_flops"));
+  EXPECT_THAT(fit.out, HasSubstr("dgrad takes 1.03 x the forward's time (median over 24 shapes)"));
+  EXPECT_THAT(fit.out, HasSubstr("wgrad takes 1.08 x the forward's time"));
 }
 
 TEST_F(CalibrateCli, FitChecksItsFlags) {

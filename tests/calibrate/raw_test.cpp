@@ -19,8 +19,12 @@ namespace {
 
 using Json = nlohmann::json;
 
+// The synthetic raw file, with two of its GEMM samples given the backward's layouts.
 RawCalibration sample_raw() {
-  return testing::synthetic_raw(testing::truth_profile(), 0.02, 7);
+  RawCalibration raw = testing::synthetic_raw(testing::truth_profile(), 0.02, 7);
+  raw.samples.gemm.at(1).layout = GemmLayout::kDgrad;
+  raw.samples.gemm.at(2).layout = GemmLayout::kWgrad;
+  return raw;
 }
 
 void expect_equal(const RawCalibration& a, const RawCalibration& b) {
@@ -59,6 +63,7 @@ void expect_equal(const RawCalibration& a, const RawCalibration& b) {
     EXPECT_EQ(s.gemm[i].n, t.gemm[i].n);
     EXPECT_EQ(s.gemm[i].k, t.gemm[i].k);
     EXPECT_EQ(s.gemm[i].time_s, t.gemm[i].time_s);
+    EXPECT_EQ(s.gemm[i].layout, t.gemm[i].layout);
   }
   ASSERT_EQ(s.attention.size(), t.attention.size());
   for (std::size_t i = 0; i < s.attention.size(); ++i) {
@@ -152,6 +157,10 @@ TEST(RawFormat, WritesTheSchemaAndNamedFields) {
   EXPECT_TRUE(j.at("samples").at("collectives").at(0).contains("busbw_bytes_per_s"));
   EXPECT_EQ(j.at("samples").at("attention").at(0).at("pass"), "fwd");
   EXPECT_EQ(j.at("samples").at("host_copies").at(0).at("direction"), "h2d");
+  // A GEMM sample names its layout unless it is the forward's.
+  EXPECT_FALSE(j.at("samples").at("gemm").at(0).contains("layout"));
+  EXPECT_EQ(j.at("samples").at("gemm").at(1).at("layout"), "dgrad");
+  EXPECT_EQ(j.at("samples").at("gemm").at(2).at("layout"), "wgrad");
 }
 
 TEST(RawFormat, SampleArraysMayBeAbsent) {
@@ -168,6 +177,8 @@ TEST(RawFormat, CorruptedFieldsNameTheJsonPath) {
                      "raw.json:samples.gemm[3].time_s");
   expect_field_error(edited([](Json& j) { j["samples"]["gemm"][0]["m"] = -4; }),
                      "raw.json:samples.gemm[0].m");
+  expect_field_error(edited([](Json& j) { j["samples"]["gemm"][0]["layout"] = "sideways"; }),
+                     "raw.json:samples.gemm[0].layout");
   expect_field_error(edited([](Json& j) { j["samples"]["attention"][2].erase("kv_len"); }),
                      "raw.json:samples.attention[2].kv_len");
   expect_field_error(edited([](Json& j) { j["samples"]["attention"][1]["pass"] = "sideways"; }),

@@ -85,11 +85,29 @@ struct RawContext {
 };
 
 /// One cuBLASLt GEMM: D[m×n] = X[m×k] · W[n×k]ᵀ, bf16 in and out, fp32 accumulate.
+/// Which product of a Linear layer Y[m,n] = X[m,k]·W[k,n] a GEMM sample timed: the forward, the
+/// input gradient dX = dY·Wᵀ (dgrad) or the weight gradient dW = Xᵀ·dY (wgrad). m, n and k are the
+/// layer's in every layout (each does 2mnk FLOPs); raw files say "fwd", "dgrad", "wgrad" and leave
+/// out the forward's.
+enum class GemmLayout : std::uint8_t { kForward, kDgrad, kWgrad };
+inline const char* to_string(GemmLayout layout) {
+  switch (layout) {
+    case GemmLayout::kDgrad:
+      return "dgrad";
+    case GemmLayout::kWgrad:
+      return "wgrad";
+    case GemmLayout::kForward:
+      break;
+  }
+  return "fwd";
+}
+
 struct GemmSample {
   std::int64_t m = 0;
   std::int64_t n = 0;
   std::int64_t k = 0;
   double time_s = 0.0;
+  GemmLayout layout = GemmLayout::kForward;
 };
 
 enum class AttentionPass { kForward, kBackward };
