@@ -957,7 +957,10 @@ void StepBuilder::add_notes() {
         "weight-gradient GEMM is not modelled (the MLP's is)");
   }
   if (!r_.expandable_segments) {
-    w_.notes.push_back("allocator fragmentation without expandable segments is not modelled");
+    w_.notes.push_back(
+        "PyTorch's default allocator (no expandable segments): its segments and their "
+        "fragmentation are modelled where the reserved memory is replayed (simulate, and the "
+        "answers maxlen and plan show), not in the searches' inner loops");
   }
   if (in_.hardware.host_issue.enabled()) {
     w_.notes.push_back(
