@@ -693,7 +693,7 @@ void Fitter::fit_attention_kernel(const std::string& kernel) {
   }
   if (!complete && !in_base) {
     // A new kernel needs all four curves: drop the sources recorded for it above.
-    auto& prov = p().provenance;
+    auto& prov = p().provenance.edit();
     for (auto it = prov.lower_bound(path + ".");
          it != prov.end() && it->first.rfind(path + ".", 0) == 0;) {
       it = prov.erase(it);
@@ -1024,7 +1024,7 @@ void Fitter::fit_collective_group(const CollectiveGroupKey& key,
     // the base had for this collective.
     static_cast<models::CollectiveCurve&>(target) = model;
     target.by_ranks.clear();
-    auto& prov = p().provenance;
+    auto& prov = p().provenance.edit();
     const std::string by_prefix = path + ".by_ranks.";
     for (auto it = prov.lower_bound(by_prefix);
          it != prov.end() && it->first.rfind(by_prefix, 0) == 0;) {

@@ -57,7 +57,7 @@ void check_bound(double v, Bound bound, const std::string& field) {
 /// records each source in `provenance` under the coefficient's JSON path.
 class ProfileReader {
  public:
-  ProfileReader(const std::string& origin, std::map<std::string, std::string>& provenance)
+  ProfileReader(const std::string& origin, Provenance& provenance)
       : origin_(origin), provenance_(provenance) {}
 
   std::string field(const std::string& path) const { return json_field(origin_, path); }
@@ -156,7 +156,7 @@ class ProfileReader {
   }
 
   const std::string& origin_;
-  std::map<std::string, std::string>& provenance_;
+  Provenance& provenance_;
 };
 
 /// Checks that a name can be used as one component of a dotted JSON path.

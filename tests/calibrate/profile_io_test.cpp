@@ -142,7 +142,7 @@ TEST(ProfileWriter, CurvesPerGroupSizeRoundTripAndBadKeysAreRefused) {
 
 TEST(ProfileWriter, RefusesACoefficientWithoutSource) {
   models::HardwareProfile p = models::load_hardware("h100-sxm-80g", kData);
-  p.provenance.erase("node.host_link.d2h_bytes_per_s");
+  p.provenance.edit().erase("node.host_link.d2h_bytes_per_s");
   try {
     (void)write_hardware_profile(p);
     ADD_FAILURE() << "expected InputError";

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,45 @@
 namespace cpsim::models {
 
 inline constexpr int kProfileSchemaVersion = 1;
+
+/// Where each coefficient of a profile comes from, keyed by its JSON path
+/// ("gpu.peak_bf16_flops_per_s"). Copies share the entries until one of them is changed: a
+/// profile is copied with every configuration a search evaluates, and its ~80 source texts were
+/// most of that copy's cost.
+class Provenance {
+ public:
+  using Map = std::map<std::string, std::string>;
+
+  const Map& entries() const {
+    static const Map kNone;
+    return map_ ? *map_ : kNone;
+  }
+  Map::const_iterator begin() const { return entries().begin(); }
+  Map::const_iterator end() const { return entries().end(); }
+  Map::const_iterator find(const std::string& path) const { return entries().find(path); }
+  const std::string& at(const std::string& path) const { return entries().at(path); }
+  std::size_t count(const std::string& path) const { return entries().count(path); }
+  std::size_t size() const { return entries().size(); }
+  bool empty() const { return entries().empty(); }
+
+  /// The entries to change: this copy's own (copied first when shared).
+  Map& edit() {
+    if (!map_) {
+      map_ = std::make_shared<Map>();
+    } else if (map_.use_count() > 1) {
+      map_ = std::make_shared<Map>(*map_);
+    }
+    return *map_;
+  }
+  std::string& operator[](const std::string& path) { return edit()[path]; }
+
+  friend bool operator==(const Provenance& a, const Provenance& b) {
+    return a.entries() == b.entries();
+  }
+
+ private:
+  std::shared_ptr<Map> map_;
+};
 
 /// Collective operations with their own α/β fits.
 enum class Collective { kAllToAll, kAllGather, kReduceScatter, kAllReduce, kSendRecv };
@@ -121,7 +161,7 @@ struct HardwareProfile {
   HostIssueModel host_issue;
 
   /// Provenance of each coefficient, keyed by its JSON path ("gpu.peak_bf16_flops_per_s").
-  std::map<std::string, std::string> provenance;
+  Provenance provenance;
 
   const CollectiveModel& collective(Span span, Collective c) const;
   const AttentionKernelModel& attention_kernel(const std::string& name) const;
