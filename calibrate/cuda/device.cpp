@@ -1,6 +1,7 @@
 // RAII wrappers, error reporting, event timing and buffer rotation of the CUDA backend.
 #include <algorithm>
 #include <cstring>
+#include <sched.h>
 #include <string>
 #include <utility>
 
@@ -102,9 +103,52 @@ void DeviceBuffer::release() noexcept {
   }
 }
 
-PinnedBuffer::PinnedBuffer(std::size_t bytes) {
+namespace {
+
+/// While alive, the calling thread runs only on `cpus` (none, or an affinity the system refuses:
+/// unchanged); its previous affinity comes back on destruction.
+class ScopedCpuAffinity {
+ public:
+  explicit ScopedCpuAffinity(const std::vector<int>& cpus) {
+    if (cpus.empty() || sched_getaffinity(0, sizeof(saved_), &saved_) != 0) {
+      return;
+    }
+    cpu_set_t wanted;
+    CPU_ZERO(&wanted);
+    for (const int c : cpus) {
+      if (c >= 0 && c < CPU_SETSIZE) {
+        CPU_SET(c, &wanted);
+      }
+    }
+    bound_ = sched_setaffinity(0, sizeof(wanted), &wanted) == 0;
+  }
+  ~ScopedCpuAffinity() {
+    if (bound_) {
+      (void)sched_setaffinity(0, sizeof(saved_), &saved_);
+    }
+  }
+  ScopedCpuAffinity(const ScopedCpuAffinity&) = delete;
+  ScopedCpuAffinity& operator=(const ScopedCpuAffinity&) = delete;
+
+ private:
+  cpu_set_t saved_{};
+  bool bound_ = false;
+};
+
+}  // namespace
+
+PinnedBuffer::PinnedBuffer(std::size_t bytes, const std::vector<int>& cpus) {
+  const ScopedCpuAffinity on_node(cpus);
   CPSIM_CUDA_CHECK(cudaHostAlloc(&ptr_, bytes, cudaHostAllocPortable));
   std::memset(ptr_, 0, bytes);  // touch every page before timing
+}
+
+NumaPlacement gpu_numa_placement(int device) {
+  char bus_id[64] = {};
+  if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device) != cudaSuccess) {
+    return {};
+  }
+  return numa_placement(bus_id);
 }
 
 PinnedBuffer::~PinnedBuffer() {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpsim/calibrate/measure.hpp"
+#include "cpsim/calibrate/numa.hpp"
 #include "cpsim/calibrate/raw.hpp"
 #include "cpsim/calibrate/run_control.hpp"
 
@@ -59,10 +60,12 @@ class DeviceBuffer {
   int device_ = 0;
 };
 
-/// Page-locked host memory (cudaHostAlloc), for copy-engine transfers.
+/// Page-locked host memory (cudaHostAlloc), for copy-engine transfers. With `cpus` given, the
+/// allocation and the first touch of every page run from a thread bound to them (the GPU's own
+/// NUMA node: numa.hpp), so that the pages lie in that node.
 class PinnedBuffer {
  public:
-  explicit PinnedBuffer(std::size_t bytes);
+  explicit PinnedBuffer(std::size_t bytes, const std::vector<int>& cpus = {});
   ~PinnedBuffer();
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
@@ -71,6 +74,10 @@ class PinnedBuffer {
  private:
   void* ptr_ = nullptr;
 };
+
+/// The NUMA node and CPUs of GPU `device` (cudaDeviceGetPCIBusId, then sysfs); unknown when
+/// either says nothing.
+NumaPlacement gpu_numa_placement(int device);
 
 class Stream {
  public:

@@ -518,10 +518,11 @@ struct CopyRig {
   std::unique_ptr<Event> fork;
   std::unique_ptr<Event> join;
 
-  CopyRig(int d, std::size_t bytes)
+  /// `cpus`: the GPU's NUMA node's (gpu_numa_placement), where its host buffers are allocated.
+  CopyRig(int d, std::size_t bytes, const std::vector<int>& cpus)
       : device(d),
-        host_src(std::make_unique<PinnedBuffer>(bytes)),
-        host_dst(std::make_unique<PinnedBuffer>(bytes)),
+        host_src(std::make_unique<PinnedBuffer>(bytes, cpus)),
+        host_dst(std::make_unique<PinnedBuffer>(bytes, cpus)),
         dev_src(d, bytes),
         dev_dst(d, bytes),
         s1(std::make_unique<Stream>(d)),
@@ -561,9 +562,21 @@ void run_host_copies(Session& s) {
   const bool quick = s.options.quick;
   const std::vector<std::int64_t> sizes = copy_sizes(quick);
   const auto largest = static_cast<std::size_t>(sizes.back());
+  std::vector<NumaPlacement> placement;
   for (const int d : s.devices) {
+    placement.push_back(gpu_numa_placement(d));
+    const NumaPlacement& p = placement.back();
+    s.notes.push_back(p.node < 0
+                          ? fmt::format("GPU {}: NUMA node unknown (no sysfs entry); pinned host "
+                                        "buffers wherever the system put them",
+                                        d)
+                          : fmt::format("GPU {}: pinned host buffers on its NUMA node {} ({} CPUs)",
+                                        d, p.node, p.cpus.size()));
+  }
+  for (std::size_t i = 0; i < s.devices.size(); ++i) {
+    const int d = s.devices[i];
     s.progress.start(fmt::format("pinned host buffers, GPU {}", d));
-    const CopyRig rig(d, largest);
+    const CopyRig rig(d, largest, placement[i].cpus);
     for (const CopyDirection direction : kDirections) {
       for (const std::int64_t size : sizes) {
         s.progress.start(fmt::format("host copy GPU {} {} {}", d, to_string(direction),
@@ -583,8 +596,8 @@ void run_host_copies(Session& s) {
   const auto all_largest = static_cast<std::size_t>(all_sizes.back());
   std::vector<std::unique_ptr<CopyRig>> rigs;
   std::vector<const Stream*> streams;
-  for (const int d : s.devices) {
-    rigs.push_back(std::make_unique<CopyRig>(d, all_largest));
+  for (std::size_t i = 0; i < s.devices.size(); ++i) {
+    rigs.push_back(std::make_unique<CopyRig>(s.devices[i], all_largest, placement[i].cpus));
     streams.push_back(rigs.back()->s1.get());
   }
   for (const CopyDirection direction : kDirections) {
@@ -632,7 +645,7 @@ void run_interference(Session& s) {
   {
     s.progress.start("interference: attention under host copies");
     constexpr std::size_t kChunk = std::size_t{64} << 20;
-    const CopyRig rig(device, kChunk);
+    const CopyRig rig(device, kChunk, gpu_numa_placement(device).cpus);
     const double t_chunk = time_launches(
         *rig.s1, s.timing, [&](int /*iteration*/) { rig.enqueue(CopyDirection::kDuplex, kChunk); });
     const int n = static_cast<int>(std::ceil(window / std::max(t_chunk, 1e-5))) + 2;
