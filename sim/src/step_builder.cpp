@@ -269,11 +269,10 @@ KernelCost StepBuilder::norm_calls(KernelCost k, bool backward) const {
   k.host_calls = fused ? (backward ? 2 : 1) : (backward ? 16 : 8);
   return k;
 }
-// Eager RMSNorm's time (Hugging Face LlamaRMSNorm.forward, transformers models/llama/
-// modeling_llama.py @ v5.17.0, lines 62-67; its backward from PyTorch's autograd formulas,
-// tools/autograd/derivatives.yaml and FunctionsManual.cpp @ d327a78). Each op is one kernel over
-// the whole [rows, h] tensor; bytes per element, with a = the activation dtype's size (2, bf16),
-// fp32 = 4; per-row values (the variance, rsqrt) are h times smaller and left out:
+// Eager RMSNorm's time (Hugging Face LlamaRMSNorm.forward, REFERENCES.md [HF-transformers]; its
+// backward from PyTorch's autograd formulas, REFERENCES.md [PyTorch-autograd]). Each op is one
+// kernel over the whole [rows, h] tensor. Bytes per element, with a = the activation dtype's size
+// (2, bf16) and fp32 = 4; per-row values (the variance, rsqrt) are h times smaller, left out:
 //   forward                                       backward (reverse order)
 //   x.to(fp32)          a read, 4 written  a+4    weight*c: dc = dy·w   a read, a written      2a
 //   .pow(2)             4 read, 4 written    8              dw = Σ dy·c  2a read, a written,
@@ -288,10 +287,10 @@ KernelCost StepBuilder::norm_calls(KernelCost k, bool backward) const {
 //                                                 the two gradients of x32 summed: 8 read, 4 w 12
 //                                                 x.to(fp32): grad.to(bf16)  4 read, a written 4+a
 // Forward 28 + 4a = 36 bytes per element in 6 kernels (the per-row add and rsqrt left out),
-// backward 76 + 8a = 92 in 13; a fused
-// kernel moves about 4 and 8. Measured on one H200 (data/measurements/h200-2026-11-26, the 8K
-// profile): `pow` ran 129 times (2 norms × 32 layers × forward and recompute, plus the final norm)
-// at 65 us each, 268 MB at the measured 4.0 TB/s; the backward's scalar product of `pow` 65 times.
+// backward 76 + 8a = 92 in 13; a fused kernel moves about 4 and 8. Measured on one H200
+// (data/measurements/h200-2026-11-26, the 8K profile): `pow` ran 129 times (2 norms × 32 layers
+// × forward and recompute, plus the final norm) at 65 us each, 268 MB at the measured 4.0 TB/s;
+// the backward's scalar product of `pow` ran 65 times.
 KernelCost StepBuilder::norm_cost(std::int64_t elements,
                                   std::int64_t single_pass_bytes,
                                   bool backward) const {
@@ -310,8 +309,8 @@ KernelCost StepBuilder::norm_cost(std::int64_t elements,
   }
   return norm_calls(k, backward);
 }
-// Hugging Face's eager MLP, down_proj(act_fn(gate_proj(x)) * up_proj(x)) (transformers
-// models/llama/modeling_llama.py @ v5.17.0, LlamaMLP.forward), runs `silu` and the product as two
+// Hugging Face's eager MLP, down_proj(act_fn(gate_proj(x)) * up_proj(x)) (LlamaMLP.forward,
+// REFERENCES.md [HF-transformers]), runs `silu` and the product as two
 // kernels: a + a and 2a + a bytes per element of [s, f] (a = the activation dtype's size). Its
 // backward (PyTorch's autograd formulas for mul and silu): the product's two gradients, dy·up and
 // dy·silu(gate), 2a read and a written each, then silu_backward(d, gate), 2a read and a written:
