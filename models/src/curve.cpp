@@ -45,9 +45,12 @@ double LogCurve::operator()(double x, double fallback) const {
     return points_.back().second;
   }
   const double lx = std::log2(x);
-  // First knot strictly above lx; it exists and is not the first knot (x is inside the table).
+  // First knot strictly above lx, not the first knot (x is inside the table). An x just below the
+  // last knot can round to the last knot's log2 (log2(2^40 − 1 ulp) is 40.0): then no knot is
+  // above it, and the last interval holds it.
   const auto upper = std::upper_bound(log_x_.begin(), log_x_.end(), lx);
-  const auto hi = static_cast<std::size_t>(std::distance(log_x_.begin(), upper));
+  const std::size_t hi = std::clamp<std::size_t>(
+      static_cast<std::size_t>(std::distance(log_x_.begin(), upper)), 1, log_x_.size() - 1);
   const std::size_t lo = hi - 1;
   const double t = (lx - log_x_[lo]) / (log_x_[hi] - log_x_[lo]);
   return points_[lo].second + t * (points_[hi].second - points_[lo].second);

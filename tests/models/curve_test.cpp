@@ -49,6 +49,20 @@ TEST(LogCurve, ClampsOutsideTheTable) {
   EXPECT_DOUBLE_EQ(c(std::numeric_limits<double>::infinity()), 0.6);
 }
 
+// An x one ulp below the last knot whose log2 rounds to the knot's own (log2(2^40 − 1 ulp) is
+// 40.0 in double): it lies in the last interval, at its end. The lookup once read one knot past
+// the table there (found by AddressSanitizer through a GEMM fit whose FLOP bins met a knot).
+TEST(LogCurve, AnXWhoseLog2RoundsToTheLastKnotIsInTheLastInterval) {
+  const double last = std::ldexp(1.0, 40);
+  const LogCurve c({{1.0, 0.0}, {last, 1.0}});
+  const double below = std::nextafter(last, 0.0);
+  ASSERT_LT(below, last);
+  ASSERT_EQ(std::log2(below), 40.0);
+  EXPECT_DOUBLE_EQ(c(below), 1.0);
+  const LogCurve three({{1.0, 0.0}, {2.0, 0.5}, {last, 1.0}});
+  EXPECT_DOUBLE_EQ(three(below), 1.0);
+}
+
 TEST(LogCurve, KeepsThePoints) {
   const Points p{{1.0, 2.0}, {3.0, 4.0}};
   EXPECT_EQ(LogCurve(p).points(), p);
