@@ -30,6 +30,14 @@ constexpr std::array<std::string_view, 7> kQuantities = {"max_seq_len",
                                                          "model_tflops_per_gpu",
                                                          "mfu"};
 
+}  // namespace
+
+std::span<const std::string_view> validation_quantities() {
+  return kQuantities;
+}
+
+namespace {
+
 /// A JSON integer that fits an int. @throws InputError(field) otherwise.
 int int_value(const Json& value, const std::string& field, const char* message) {
   if (value.is_number_integer()) {

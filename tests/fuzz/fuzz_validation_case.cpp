@@ -2,6 +2,7 @@
 // validate` reads from data/validation/). parse_validation_case may accept the input or throw
 // cpsim::InputError; anything else (another exception, a crash, a sanitizer report, a hang) is a
 // bug, and so is an accepted case that breaks the invariants the parser promises.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -16,10 +17,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     const cpsim::planner::ValidationCase c =
         cpsim::planner::parse_validation_case(text, "fuzz.json");
-    const bool known_quantity = c.quantity == "max_seq_len" || c.quantity == "peak_memory_bytes" ||
-                                c.quantity == "reserved_memory_bytes" ||
-                                c.quantity == "tokens_per_s_per_gpu" ||
-                                c.quantity == "model_tflops_per_gpu" || c.quantity == "mfu";
+    const auto quantities = cpsim::planner::validation_quantities();
+    const bool known_quantity =
+        std::find(quantities.begin(), quantities.end(), c.quantity) != quantities.end();
     const bool known_bound =
         c.bound == "two-sided" || (c.bound == "lower" && c.quantity == "max_seq_len");
     if (!known_quantity || !known_bound || !(c.published > 0.0) || !(c.tolerance > 0.0) ||

@@ -2,6 +2,7 @@
 // reads back field by field, and bad input is refused with an InputError naming the field.
 #include "cpsim/planner/validation_case.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -146,6 +147,19 @@ TEST(ValidationCase, EveryPublicCaseLoads) {
     EXPECT_GT(c.published, 0.0);
     EXPECT_TRUE(c.setup.model.has_value());
   }
+}
+
+// Every quantity the list names parses, and nothing else does.
+TEST(ValidationCase, EveryListedQuantityParses) {
+  const auto quantities = validation_quantities();
+  ASSERT_EQ(quantities.size(), 7U);
+  for (const std::string_view q : quantities) {
+    Json j = good_case();
+    j["quantity"] = std::string(q);
+    EXPECT_EQ(parse_validation_case(j.dump(), "case.json").quantity, q);
+  }
+  EXPECT_NE(std::find(quantities.begin(), quantities.end(), "activation_peak_bytes"),
+            quantities.end());
 }
 
 TEST(ValidationCase, LoadNamesTheFileItCannotRead) {

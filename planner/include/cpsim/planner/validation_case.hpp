@@ -5,7 +5,9 @@
 
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 
 namespace cpsim::planner {
 
@@ -79,6 +81,10 @@ struct ValidationCase {
 /// Strict parse of one case. Setup values are strings (numbers and booleans are taken as their
 /// JSON text); the integer flags must be JSON integers.
 /// @throws InputError whose field starts with `origin`, e.g. "case.json:setup.gpus".
+/// The quantities a case may check ("max_seq_len", "peak_memory_bytes", ...; see
+/// validation_case.cpp for what each means).
+std::span<const std::string_view> validation_quantities();
+
 ValidationCase parse_validation_case(const std::string& json_text, const std::string& origin);
 
 /// Reads and parses one case file; the origin in errors is the file name without its folder.
