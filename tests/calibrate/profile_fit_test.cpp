@@ -430,5 +430,44 @@ TEST(ProfileFit, OccupancyAndFlopsFollowTheSimulator) {
   EXPECT_DOUBLE_EQ(attention_flops(s), 2.5 * 4.0 * 1024 * 2560 * 2 * 128);
 }
 
+// The h200-141g profile's measured coefficients are what `calibrate fit` gives from the raw files
+// committed under data/measurements/h200-2026-11-26 (the README there gives the command), so the
+// profile and its data cannot drift apart: the cudnn and sdpa curves, HBM efficiency, the host
+// link and the host's launch cost. The profile keeps the published GEMM rate and device launch
+// gap (README: why), which this test leaves out.
+TEST(ProfileFit, TheH200ProfileIsTheFitOfItsCommittedMeasurements) {
+  const models::DataDir data{CPSIM_TEST_DATA_DIR};
+  const auto folder = data.root / "measurements" / "h200-2026-11-26";
+  std::vector<NamedRaw> files;
+  for (const char* name : {"calibrate_full.json", "attention_cudnn.json",
+                           "attention_sdpa_flash.json", "attention_torch_quick.json"}) {
+    files.push_back({name, load_raw(folder / name, "RAW")});
+  }
+  const models::HardwareProfile shipped = models::load_hardware("h200-141g", data);
+  FitOptions o;
+  o.base_name = "h200-141g";
+  const ProfileFit fit = fit_profile(merge_raw(files).raw, shipped, o);
+  const models::HardwareProfile& p = fit.profile;
+  EXPECT_DOUBLE_EQ(p.memory_bound_efficiency, shipped.memory_bound_efficiency);
+  EXPECT_DOUBLE_EQ(p.host_link.alpha_s, shipped.host_link.alpha_s);
+  EXPECT_DOUBLE_EQ(p.host_link.h2d_bytes_per_s, shipped.host_link.h2d_bytes_per_s);
+  EXPECT_DOUBLE_EQ(p.host_link.d2h_bytes_per_s, shipped.host_link.d2h_bytes_per_s);
+  EXPECT_DOUBLE_EQ(p.host_link.duplex_total_bytes_per_s,
+                   shipped.host_link.duplex_total_bytes_per_s);
+  EXPECT_DOUBLE_EQ(p.host_issue.launch_s, shipped.host_issue.launch_s);
+  for (const char* kernel : {"cudnn", "sdpa"}) {
+    SCOPED_TRACE(kernel);
+    const models::AttentionKernelModel& got = p.attention_kernel(kernel);
+    const models::AttentionKernelModel& want = shipped.attention_kernel(kernel);
+    EXPECT_EQ(got.fwd_causal_flops_per_s.points(), want.fwd_causal_flops_per_s.points());
+    EXPECT_EQ(got.fwd_full_flops_per_s.points(), want.fwd_full_flops_per_s.points());
+    EXPECT_EQ(got.bwd_causal_flops_per_s.points(), want.bwd_causal_flops_per_s.points());
+    EXPECT_EQ(got.bwd_full_flops_per_s.points(), want.bwd_full_flops_per_s.points());
+  }
+  // What the profile keeps published although the files measured it.
+  EXPECT_NE(p.gemm_max_efficiency, shipped.gemm_max_efficiency);
+  EXPECT_TRUE(shipped.gemm_efficiency_by_flops.points().empty());
+}
+
 }  // namespace
 }  // namespace cpsim::calibrate
