@@ -8,18 +8,19 @@
 #      (calibrate/scripts/torch_gemm_timing.py);
 #   5. the memory of a Hugging Face model's training step (calibrate/scripts/hf_memory_snapshot.py).
 #
-#   scripts/gpu-check.sh OUT_DIR [BIN_DIR]     (BIN_DIR holds cpsim, libcpsim_calibrate_cuda.so and
-#                                               cpsim_calibrate_gpu_tests; default build-cuda/)
+#   scripts/gpu-check.sh OUT_DIR [BIN_DIR]     (BIN_DIR: a CUDA build folder, default build-cuda/,
+#                                               or one holding cpsim, libcpsim_calibrate_cuda.so
+#                                               and cpsim_calibrate_gpu_tests)
 # Limits per step (seconds) come from GPU_CHECK_LIMITS="tests calibrate attention gemm memory".
 # Writes OUT_DIR/env.txt, log.txt, gpu_tests.json, calibrate_raw.json, attention_torch.json,
 # gemm_torch.json, hf_memory.json. Exit status 0 whatever the steps did: log.txt says which failed.
 set -u
 out=${1:?usage: scripts/gpu-check.sh OUT_DIR [BIN_DIR]}
-bin=${2:-build-cuda}
 read -r t_tests t_cal t_attn t_gemm t_mem <<<"${GPU_CHECK_LIMITS:-60 140 100 100 140}"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-bin=$(cd "$bin" && pwd)
+bin=$(cd "${2:-$(dirname "$0")/../build-cuda}" && pwd) || exit 2
+cd "$(dirname "$0")/.."  # the repository root: data/ and calibrate/scripts/ are read from it
 export CPSIM_DATA_DIR=$PWD/data PYTHONUNBUFFERED=1
 
 # The CUDA runtime, cuBLASLt and NCCL cpsim's module links: the toolkit's, else the ones that
@@ -56,7 +57,9 @@ step() {  # step NAME LIMIT_S COMMAND...
 } >"$out/env.txt" 2>&1
 
 {
-  step tests "$t_tests" "${cpsim_env[@]}" "$bin/cpsim_calibrate_gpu_tests" --gtest_output="json:$out/gpu_tests.json"
+  gpu_tests=$bin/cpsim_calibrate_gpu_tests
+  [ -x "$gpu_tests" ] || gpu_tests=$bin/calibrate/cpsim_calibrate_gpu_tests  # a build folder
+  step tests "$t_tests" "${cpsim_env[@]}" "$gpu_tests" --gtest_output="json:$out/gpu_tests.json"
   step calibrate "$t_cal" "${cpsim_env[@]}" "$bin/cpsim" calibrate run --quick --out "$out/calibrate_raw.json"
   step attention "$t_attn" python3 calibrate/scripts/torch_attention_timing.py --quick \
     --max-seq 131072 --kernels sdpa,cudnn,sdpa-flash,sdpa-efficient --out "$out/attention_torch.json"
