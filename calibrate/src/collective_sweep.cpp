@@ -64,17 +64,8 @@ double time_size(CollectiveRig& rig,
                  const CollectivePlan& plan,
                  const TimingPlan& timing,
                  const WaitClock& clock) {
-  (void)run_calls(rig, op, ranks, size_bytes, 1, plan, clock);
-  const double estimate_s = std::max(run_calls(rig, op, ranks, size_bytes, 1, plan, clock), 1e-7);
-  const int inner =
-      static_cast<int>(std::clamp(std::ceil(timing.target_rep_s / estimate_s), 1.0,
-                                  static_cast<double>(std::max(1, timing.max_inner))));
-  const int reps = estimate_s > 0.25 ? 3 : (estimate_s > 0.05 ? 5 : timing.repetitions);
-  std::vector<double> times;
-  for (int r = 0; r < reps; ++r) {
-    times.push_back(run_calls(rig, op, ranks, size_bytes, inner, plan, clock));
-  }
-  return median_of(std::move(times));
+  return timed_median(
+      timing, [&](int calls) { return run_calls(rig, op, ranks, size_bytes, calls, plan, clock); });
 }
 
 /// The effective sizes of `op` over `ranks` ranks (requested sizes too small are left out).
@@ -119,6 +110,20 @@ void run_group(CollectiveRig& rig,
 }
 
 }  // namespace
+
+double timed_median(const TimingPlan& timing, const std::function<double(int calls)>& calls_s) {
+  (void)calls_s(1);
+  const double estimate_s = std::max(calls_s(1), 1e-7);
+  const int inner =
+      static_cast<int>(std::clamp(std::ceil(timing.target_rep_s / estimate_s), 1.0,
+                                  static_cast<double>(std::max(1, timing.max_inner))));
+  const int reps = estimate_s > 0.25 ? 3 : (estimate_s > 0.05 ? 5 : timing.repetitions);
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    times.push_back(calls_s(inner));
+  }
+  return median_of(std::move(times));
+}
 
 CollectiveSweepResult run_collective_sweep(CollectiveRig& rig,
                                            const CollectivePlan& plan,

@@ -12,7 +12,6 @@
 #include "cpsim/calibrate/mpi_run.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -51,12 +50,6 @@ std::string size_label(std::int64_t bytes) {
     return fmt::format("{:.1f} MiB", b / static_cast<double>(1 << 20));
   }
   return fmt::format("{:.1f} KiB", b / 1024.0);
-}
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /// The sweep of one run: holds the world, the rig and (rank 0) the raw file as written.
@@ -220,17 +213,8 @@ class MpiSweep {
                    std::int64_t size_bytes,
                    bool in_place,
                    const TimingPlan& timing) {
-    (void)run_calls(g, op, size_bytes, 1, in_place);
-    const double estimate_s = std::max(run_calls(g, op, size_bytes, 1, in_place), 1e-7);
-    const int inner =
-        static_cast<int>(std::clamp(std::ceil(timing.target_rep_s / estimate_s), 1.0,
-                                    static_cast<double>(std::max(1, timing.max_inner))));
-    const int reps = estimate_s > 0.25 ? 3 : (estimate_s > 0.05 ? 5 : timing.repetitions);
-    std::vector<double> times;
-    for (int r = 0; r < reps; ++r) {
-      times.push_back(run_calls(g, op, size_bytes, inner, in_place));
-    }
-    return median_of(std::move(times));
+    return timed_median(timing,
+                        [&](int calls) { return run_calls(g, op, size_bytes, calls, in_place); });
   }
 
   /// Opens the group's communicator: id on its root, MPI_Bcast, ncclCommInitRank; agreed.

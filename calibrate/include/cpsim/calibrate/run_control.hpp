@@ -157,6 +157,11 @@ struct TimingPlan {
   int max_inner = 64;
 };
 
+/// The median time per call of one measured thing, by `timing`: an untimed call, a timed call that
+/// sizes the calls per repetition, then the repetitions. `calls_s(n)` runs n calls back to back
+/// and returns their time per call (s).
+double timed_median(const TimingPlan& timing, const std::function<double(int calls)>& calls_s);
+
 /// What the collective sweep measures.
 struct CollectivePlan {
   std::vector<int> groups;  ///< group sizes (ranks), each over GPUs 0..g-1
