@@ -4,6 +4,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -57,8 +58,9 @@ struct Probe {
 };
 
 /// What a caller reads of a probe: `fits` alone, or its whole report as well (pressure, binding,
-/// the step at the longest length).
-enum class Need { kFits, kReport };
+/// the step at the longest length), or the report with the caching allocator replayed (the
+/// reserved memory decides whether it fits).
+enum class Need { kFits, kReport, kReserved };
 
 BindingConstraint binding_of(const Probe& p, std::int64_t seq) {
   BindingConstraint b;
@@ -160,7 +162,7 @@ class ProbeCache {
   /// usable capacity; a later Need::kReport evaluates it again in full.
   const Probe& get(std::int64_t k, Need need = Need::kReport) {
     std::unique_lock<std::mutex> lock(mutex_);
-    Slot& slot = slots_[k];
+    Slot& slot = slots_[slot_key(k, need)];
     if (slot.state == Slot::kDone && slot.probe.partial && need == Need::kReport) {
       slot.state = Slot::kEmpty;
     }
@@ -184,23 +186,30 @@ class ProbeCache {
   /// The search thread's buffers, for evaluations after the search (the helper never uses them).
   EvaluationScratch& caller_scratch() { return caller_scratch_; }
 
-  void hint(std::int64_t k) {
+  void hint(std::int64_t k, Need need = Need::kReport) {
     if (!helper_.joinable()) {
       return;
     }
     {
       const std::lock_guard<std::mutex> lock(mutex_);
-      if (helper_busy_ || slots_.count(k) > 0) {
+      const std::int64_t key = slot_key(k, need);
+      if (helper_busy_ || slots_.count(key) > 0) {
         return;
       }
-      slots_[k].state = Slot::kRunning;
+      slots_[key].state = Slot::kRunning;
       hinted_ = k;
+      hinted_need_ = need;
       helper_busy_ = true;
     }
     cv_.notify_all();
   }
 
  private:
+  // Probes with the allocator replayed are kept apart from the others, under −k.
+  static std::int64_t slot_key(std::int64_t k, Need need) {
+    return need == Need::kReserved ? -k : k;
+  }
+
   struct Slot {
     enum State { kEmpty, kRunning, kDone };
     State state = kEmpty;
@@ -240,6 +249,7 @@ class ProbeCache {
     // memory passes the host capacity (fits_host is host ≤ capacity; host peaks only grow). A
     // run that does not stop is the same run as without the limits (they only end the loop).
     EvaluateOptions options;
+    options.model_allocator = need == Need::kReserved;
     if (need == Need::kFits) {
       options.stop_above_device_bytes =
           std::max<std::int64_t>(1, base_.hardware.hbm_capacity_bytes - base_.margin.gpu_bytes);
@@ -274,10 +284,11 @@ class ProbeCache {
         return;
       }
       const std::int64_t k = hinted_;
+      const Need need = hinted_need_;
       lock.unlock();
-      Slot done = evaluate_at(k, helper_scratch_, helper_k_);
+      Slot done = evaluate_at(k, helper_scratch_, helper_k_, need);
       lock.lock();
-      Slot& slot = slots_[k];
+      Slot& slot = slots_[slot_key(k, need)];
       slot.probe = std::move(done.probe);
       slot.error = done.error;
       slot.state = Slot::kDone;
@@ -293,6 +304,7 @@ class ProbeCache {
   std::condition_variable cv_;
   std::map<std::int64_t, Slot> slots_;  // std::map: references stay valid while it grows
   std::int64_t hinted_ = 0;
+  Need hinted_need_ = Need::kReport;
   bool helper_busy_ = false;
   bool stop_ = false;
   EvaluationScratch caller_scratch_;  // used by get(), on the search's thread only
@@ -302,25 +314,19 @@ class ProbeCache {
   std::thread helper_;                // last: started once the members it uses exist
 };
 
-}  // namespace
-
 // The search decides on the allocated peak, a lower bound of the reserved memory (reserved
 // segments hold every allocated byte), so its answer bounds the reserved one from above. Here the
-// caching allocator is replayed at the answer; while it does not fit, the length steps down,
-// by strides that double until one fits, then bisects back up between the last two.
-void check_reserved_memory(const sim::ScheduleInputs& base,
-                           MaxLenResult& result,
-                           EvaluationScratch* scratch) {
+// caching allocator is replayed at the answer (`reserved_at(k)`: the report at k·step with it
+// replayed); while it does not fit, the length steps down, by strides that double until one
+// fits, then bisects back up between the last two.
+void check_reserved(MaxLenResult& result,
+                    const std::function<sim::StepReport(std::int64_t)>& reserved_at) {
   if (result.max_seq_len <= 0) {
     return;
   }
-  EvaluateOptions logged;
-  logged.model_allocator = true;
   auto at = [&](std::int64_t k) {
-    sim::ScheduleInputs in = base;
-    in.parallel.seq_len = k * result.step;
     ++result.evaluations;
-    return scratch != nullptr ? evaluate(in, logged, *scratch).report : evaluate(in, logged).report;
+    return reserved_at(k);
   };
   std::int64_t good = result.max_seq_len / result.step;
   sim::StepReport good_report = at(good);
@@ -359,6 +365,20 @@ void check_reserved_memory(const sim::ScheduleInputs& base,
   result.binding = binding_of(failed, bad * result.step);
   result.max_seq_len = good * result.step;
   result.at_max = good > 0 ? std::move(good_report) : sim::StepReport{};
+}
+
+}  // namespace
+
+void check_reserved_memory(const sim::ScheduleInputs& base,
+                           MaxLenResult& result,
+                           EvaluationScratch* scratch) {
+  EvaluateOptions logged;
+  logged.model_allocator = true;
+  check_reserved(result, [&](std::int64_t k) {
+    sim::ScheduleInputs in = base;
+    in.parallel.seq_len = k * result.step;
+    return scratch != nullptr ? evaluate(in, logged, *scratch).report : evaluate(in, logged).report;
+  });
 }
 
 MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& options) {
@@ -481,8 +501,12 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
   for (;;) {
     narrow();
     // Neighbours: memory is not always monotone in the length (tile counts, loss chunks). One
-    // step past the first failure must fail too; otherwise continue the search from there.
-    if (lo >= 2) {
+    // step past the first failure must fail too; otherwise continue the search from there. The
+    // helper meanwhile replays the caching allocator at the likely answer (the longest evaluation
+    // that follows), or evaluates the other neighbour.
+    if (options.check_reserved && lo >= 1 && lo <= k_max) {
+      cache.hint(lo, Need::kReserved);
+    } else if (lo >= 2) {
       hint(lo - 1);
     }
     if (hi + 1 <= k_max && probe(hi + 1, Need::kFits).fits) {
@@ -520,7 +544,10 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
     res.at_max = *probe(lo).report;
   }
   if (options.check_reserved) {
-    check_reserved_memory(base, res, &cache.caller_scratch());
+    check_reserved(res, [&](std::int64_t k) {
+      const Probe& p = cache.get(k, Need::kReserved);
+      return p.report ? *p.report : sim::StepReport{};
+    });
   }
   res.headroom_bytes = lo > 0 ? res.at_max.gpu_headroom_bytes : 0;
   return res;

@@ -6,10 +6,11 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
-#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -43,6 +44,31 @@ struct Block {
 class Pool {
  public:
   Pool(AllocatorMode mode, bool small) : mode_(mode), small_(small) {}
+
+  /// One block as a state comparison sees it.
+  struct BlockAt {
+    std::int64_t addr = 0;
+    Block block;
+    bool operator==(const BlockAt& o) const {
+      return addr == o.addr && block.size == o.block.size && block.segment == o.block.segment &&
+             block.state == o.block.state;
+    }
+  };
+  /// Everything that decides where later requests go: the blocks, and where a new segment goes.
+  struct State {
+    std::vector<BlockAt> blocks;
+    std::int64_t next_segment_addr = 0;
+    std::int32_t next_segment = 0;
+    bool operator==(const State& o) const = default;
+  };
+  State state() const {
+    State s{{}, next_segment_addr_, next_segment_};
+    s.blocks.reserve(blocks_.size());
+    for (const auto& [addr, block] : blocks_) {
+      s.blocks.push_back({addr, block});
+    }
+    return s;
+  }
 
   bool small() const { return small_; }
   std::int64_t page() const { return small_ ? kSmallBufferBytes : kLargeBufferBytes; }
@@ -283,14 +309,104 @@ class Pool {
   std::int32_t next_segment_ = 0;
 };
 
+// Where a request was placed: its pool and address.
+struct Placement {
+  std::uint8_t pool = 0;
+  std::int64_t addr = 0;
+  bool operator==(const Placement& o) const = default;
+};
+
+// Where each live allocation is, found by key. Keys are tensor ids (from 0 up) and workspace keys
+// (from −1 down) of one workload, so a vector over their range serves. Each key can also carry a
+// mark: the offset of its allocation inside the period or copy being read (a stamp tells which).
+class LiveAllocations {
+ public:
+  /// Keys in [lowest, highest]; `outside` is one more key outside it.
+  LiveAllocations(std::int64_t lowest, std::int64_t highest, std::int64_t outside)
+      : lowest_(lowest),
+        outside_(outside),
+        slots_(static_cast<std::size_t>(highest - lowest + 1)) {}
+
+  void add(std::int64_t key, Placement at) {
+    Slot& s = slot(key);
+    if (s.live) {
+      throw std::logic_error(fmt::format("allocator replay: {} allocated twice", key));
+    }
+    s.at = at;
+    s.live = true;
+  }
+  /// Takes the allocation of `key` off the list: where it was.
+  Placement remove(std::int64_t key) {
+    Slot& s = slot(key);
+    if (!s.live) {
+      throw std::logic_error(fmt::format("allocator replay: free of {} that is not live", key));
+    }
+    s.live = false;
+    return s.at;
+  }
+  /// Where `key` is, if live.
+  std::optional<Placement> find(std::int64_t key) {
+    const Slot& s = slot(key);
+    return s.live ? std::optional<Placement>(s.at) : std::nullopt;
+  }
+  void mark(std::int64_t key, std::uint32_t stamp, std::int32_t offset) {
+    Slot& s = slot(key);
+    s.stamp = stamp;
+    s.offset = offset;
+  }
+  /// The offset `key` was marked with under `stamp`, or -1.
+  std::int32_t marked(std::int64_t key, std::uint32_t stamp) {
+    const Slot& s = slot(key);
+    return s.stamp == stamp ? s.offset : -1;
+  }
+
+ private:
+  struct Slot {
+    Placement at;
+    std::uint32_t stamp = 0;
+    std::int32_t offset = -1;
+    bool live = false;
+  };
+  Slot& slot(std::int64_t key) {
+    return key == outside_ ? outside_slot_ : slots_[static_cast<std::size_t>(key - lowest_)];
+  }
+  std::int64_t lowest_;
+  std::int64_t outside_;
+  Slot outside_slot_;
+  std::vector<Slot> slots_;
+};
+
+// What a repeat's copies are checked and applied against: the last few periods before it,
+// replayed and recorded. At each period's begin, the replay's state; for each entry, where its
+// request went (a free: also the offset of its allocation from the first recorded period's begin,
+// -1 when made before it). Blocks often repeat every second period (a buffer used and the other
+// one prefetched into), so a copy may repeat the period two before it instead of the one before.
+struct RecordedPeriods {
+  static constexpr std::size_t kMost = 2;
+  struct Boundary {
+    std::array<Pool::State, 4> pools;
+    std::int64_t allocated_bytes = 0;
+    std::int64_t reserved_bytes = 0;
+    std::int32_t cache_releases = 0;  // so far
+  };
+  struct Entry {
+    Placement at;
+    std::int32_t made_at = -1;
+  };
+  std::size_t period = 0;            // entries per period
+  std::vector<Boundary> boundaries;  // one per recorded period, at its begin
+  std::vector<Entry> entries;        // from the first recorded period's begin (other ranks: unused)
+};
+
 class Replay {
  public:
-  explicit Replay(const AllocatorConfig& config)
+  Replay(const AllocatorConfig& config, LiveAllocations live)
       : config_(config),
         pools_{Pool(config.mode, true), Pool(config.mode, false), Pool(config.mode, true),
-               Pool(config.mode, false)} {}
+               Pool(config.mode, false)},
+        live_(std::move(live)) {}
 
-  void allocate(std::int64_t key, std::int64_t bytes, std::uint8_t stream_pool) {
+  Placement allocate(std::int64_t key, std::int64_t bytes, std::uint8_t stream_pool) {
     const std::size_t p = 2 * std::size_t{stream_pool} + (bytes <= kSmallRequestBytes ? 0 : 1);
     Pool& pool = pools_[p];
     std::int64_t addr = pool.take_free(bytes);
@@ -310,26 +426,173 @@ class Replay {
         config_.capacity_bytes = capacity;
       }
     }
-    live_.emplace(key, std::pair{p, addr});
+    const Placement at{static_cast<std::uint8_t>(p), addr};
+    live_.add(key, at);
     allocated_ += bytes;
     out_.peak_allocated_bytes = std::max(out_.peak_allocated_bytes, allocated_);
     out_.peak_reserved_bytes = std::max(out_.peak_reserved_bytes, reserved_);
+    return at;
   }
 
-  void release(std::int64_t key, std::int64_t bytes) {
-    const auto it = live_.find(key);
-    if (it == live_.end()) {
-      throw std::logic_error(fmt::format("allocator replay: free of {} that is not live", key));
-    }
-    pools_[it->second.first].release(it->second.second);
-    live_.erase(it);
+  Placement release(std::int64_t key, std::int64_t bytes) {
+    const Placement at = live_.remove(key);
+    pools_[at.pool].release(at.addr);
     allocated_ -= bytes;
+    return at;
+  }
+
+  /// Replays events [from, to) of `rank`, telling `observer` (if any) after each.
+  void replay(std::span<const AllocationEvent> events,
+              std::size_t from,
+              std::size_t to,
+              std::int32_t rank,
+              const ReservedObserver* observer = nullptr) {
+    for (std::size_t i = from; i < to; ++i) {
+      const AllocationEvent& e = events[i];
+      if (!counted(e, rank)) {
+        continue;
+      }
+      if (e.allocate) {
+        allocate(e.key, e.bytes, e.stream_pool);
+      } else {
+        release(e.key, e.bytes);
+      }
+      if (observer != nullptr) {
+        (*observer)(i + 1, reserved_);
+      }
+    }
+  }
+
+  /// Replays `periods` periods of `period` entries from `from`, recording them.
+  RecordedPeriods record(std::span<const AllocationEvent> events,
+                         std::size_t from,
+                         std::size_t periods,
+                         std::size_t period,
+                         std::int32_t rank) {
+    RecordedPeriods rec;
+    rec.period = period;
+    rec.entries.resize(periods * period);
+    const std::uint32_t stamp = ++stamp_;
+    for (std::size_t o = 0; o < periods * period; ++o) {
+      if (o % period == 0) {
+        rec.boundaries.push_back({pool_states(), allocated_, reserved_, out_.cache_releases});
+      }
+      const AllocationEvent& e = events[from + o];
+      if (!counted(e, rank)) {
+        continue;
+      }
+      RecordedPeriods::Entry& entry = rec.entries[o];
+      if (e.allocate) {
+        entry.at = allocate(e.key, e.bytes, e.stream_pool);
+        live_.mark(e.key, stamp, static_cast<std::int32_t>(o));
+      } else {
+        entry.made_at = live_.marked(e.key, stamp);
+        entry.at = release(e.key, e.bytes);
+      }
+    }
+    return rec;
+  }
+
+  /// Applies the copies in [at, end) of `period` entries each, recorded just before `at` in
+  /// `rec`, without replaying them, while they repeat: in groups of m copies, for the fewest m
+  /// whose state m periods back is the state now and whose first group repeats. Returns where
+  /// they stop repeating (`at`: not at all; `end`: to the end).
+  std::size_t apply_copies(std::span<const AllocationEvent> events,
+                           std::size_t at,
+                           std::size_t end,
+                           const RecordedPeriods& rec,
+                           std::int32_t rank) {
+    const std::size_t periods = rec.boundaries.size();
+    const std::array<Pool::State, 4> now = pool_states();
+    for (std::size_t m = 1; m <= periods; ++m) {
+      const RecordedPeriods::Boundary& b = rec.boundaries[periods - m];
+      if (b.allocated_bytes != allocated_ || b.reserved_bytes != reserved_ || b.pools != now) {
+        continue;
+      }
+      const Group group{(periods - m) * rec.period, m * rec.period,
+                        out_.cache_releases - b.cache_releases};
+      std::size_t x = at;
+      for (; x + group.length <= end && group_repeats(events, x, group, rec, rank);
+           x += group.length) {
+        for (std::size_t o = 0; o < group.length; ++o) {
+          const AllocationEvent& e = events[x + o];
+          if (!counted(e, rank)) {
+            continue;
+          }
+          if (e.allocate) {
+            live_.add(e.key, rec.entries[group.base + o].at);
+          } else {
+            (void)live_.remove(e.key);
+          }
+        }
+        out_.cache_releases += group.cache_releases;
+        out_.copies_applied += static_cast<std::int32_t>(m);
+      }
+      if (x != at) {
+        return x;
+      }
+    }
+    return at;
   }
 
   AllocatorReplay result() const { return out_; }
   std::int64_t reserved_bytes() const { return reserved_; }
 
  private:
+  static bool counted(const AllocationEvent& e, std::int32_t rank) {
+    return e.rank == rank && e.bytes > 0;
+  }
+
+  std::array<Pool::State, 4> pool_states() const {
+    return {pools_[0].state(), pools_[1].state(), pools_[2].state(), pools_[3].state()};
+  }
+
+  // The recorded periods a group of copies repeats: from offset `base` of the record, `length`
+  // entries, with `cache_releases` in them.
+  struct Group {
+    std::size_t base = 0;
+    std::size_t length = 0;
+    std::int32_t cache_releases = 0;
+  };
+
+  // Whether the group at `at` makes the recorded group's requests and frees its blocks: each
+  // entry the recorded one's (request, size, pool); each free of an allocation of the group frees
+  // the one made at the recorded offset, and each free of an older one frees the recorded block.
+  bool group_repeats(std::span<const AllocationEvent> events,
+                     std::size_t at,
+                     const Group& group,
+                     const RecordedPeriods& rec,
+                     std::int32_t rank) {
+    const std::uint32_t stamp = ++stamp_;
+    for (std::size_t o = 0; o < group.length; ++o) {
+      const AllocationEvent& e = events[at + o];
+      const AllocationEvent& q = events[at - group.length + o];
+      if (counted(e, rank) != counted(q, rank)) {
+        return false;
+      }
+      if (!counted(e, rank)) {
+        continue;
+      }
+      if (e.bytes != q.bytes || e.allocate != q.allocate || e.stream_pool != q.stream_pool) {
+        return false;
+      }
+      const auto offset = static_cast<std::int32_t>(o);
+      if (e.allocate) {
+        live_.mark(e.key, stamp, offset);
+        continue;
+      }
+      const RecordedPeriods::Entry& entry = rec.entries[group.base + o];
+      const auto base = static_cast<std::int32_t>(group.base);
+      const std::int32_t made_at = entry.made_at >= base ? entry.made_at - base : -1;
+      const std::int32_t made_in_group = live_.marked(e.key, stamp);
+      if (made_in_group != made_at ||
+          (made_at < 0 && live_.find(e.key) != std::optional<Placement>(entry.at))) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   std::int64_t grow(Pool& pool, std::int64_t bytes) {
     if (config_.mode == AllocatorMode::kExpandableSegments) {
       return pool.map_and_take(bytes, reserved_, config_.capacity_bytes);
@@ -356,46 +619,77 @@ class Replay {
   AllocatorConfig config_;
   // [stream pool × small/large]: 0 small, 1 large (default streams); 2, 3 (FSDP stream).
   std::array<Pool, 4> pools_;
-  std::unordered_map<std::int64_t, std::pair<std::size_t, std::int64_t>> live_;
+  LiveAllocations live_;
+  std::uint32_t stamp_ = 0;  // marks of the period or copy being read
   std::int64_t allocated_ = 0;
   std::int64_t reserved_ = 0;
   AllocatorReplay out_;
 };
+
+// The replay with the static memory allocated, its live list sized to the keys of `rank`.
+Replay start_replay(std::span<const AllocationEvent> events,
+                    std::int32_t rank,
+                    const AllocatorConfig& config) {
+  constexpr std::int64_t kStaticKey = std::numeric_limits<std::int64_t>::min();
+  std::int64_t lowest = 0, highest = 0;
+  for (const AllocationEvent& e : events) {
+    if (e.rank == rank) {
+      lowest = std::min(lowest, e.key);
+      highest = std::max(highest, e.key);
+    }
+  }
+  Replay replay(config, LiveAllocations(lowest, highest, kStaticKey));
+  if (config.static_bytes > 0) {
+    replay.allocate(kStaticKey, config.static_bytes, 0);
+  }
+  return replay;
+}
 
 }  // namespace
 
 AllocatorReplay replay_allocator(std::span<const AllocationEvent> events,
                                  std::int32_t rank,
                                  const AllocatorConfig& config) {
-  return replay_allocator(events, rank, config, nullptr);
+  return replay_allocator(events, {}, rank, config);
+}
+
+AllocatorReplay replay_allocator(std::span<const AllocationEvent> events,
+                                 std::span<const AllocationRepeat> repeats,
+                                 std::int32_t rank,
+                                 const AllocatorConfig& config) {
+  Replay replay = start_replay(events, rank, config);
+  std::size_t next = 0;  // the first event not yet replayed or applied
+  for (const AllocationRepeat& r : repeats) {
+    const std::size_t end = r.begin + static_cast<std::size_t>(std::max(0, r.copies)) * r.period;
+    if (r.period == 0 || r.begin < next + r.period || end > events.size()) {
+      continue;  // no whole period before it: replayed request by request
+    }
+    // The periods before the copies, recorded; where the copies stop repeating, the next ones.
+    std::size_t at =
+        r.begin - std::min(RecordedPeriods::kMost, (r.begin - next) / r.period) * r.period;
+    replay.replay(events, next, at, rank);
+    RecordedPeriods rec;
+    while (at < end) {
+      const std::size_t periods = std::min(RecordedPeriods::kMost, (end - at) / r.period);
+      rec = replay.record(events, at, periods, r.period, rank);
+      at += periods * r.period;
+      at = replay.apply_copies(events, at, end, rec, rank);
+    }
+    next = end;
+  }
+  replay.replay(events, next, events.size(), rank);
+  return replay.result();
 }
 
 AllocatorReplay replay_allocator(std::span<const AllocationEvent> events,
                                  std::int32_t rank,
                                  const AllocatorConfig& config,
                                  const ReservedObserver& observer) {
-  Replay replay(config);
-  constexpr std::int64_t kStaticKey = std::numeric_limits<std::int64_t>::min();
-  if (config.static_bytes > 0) {
-    replay.allocate(kStaticKey, config.static_bytes, 0);
-  }
+  Replay replay = start_replay(events, rank, config);
   if (observer) {
     observer(0, replay.reserved_bytes());
   }
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    const AllocationEvent& e = events[i];
-    if (e.rank != rank || e.bytes <= 0) {
-      continue;
-    }
-    if (e.allocate) {
-      replay.allocate(e.key, e.bytes, e.stream_pool);
-    } else {
-      replay.release(e.key, e.bytes);
-    }
-    if (observer) {
-      observer(i + 1, replay.reserved_bytes());
-    }
-  }
+  replay.replay(events, 0, events.size(), rank, observer ? &observer : nullptr);
   return replay.result();
 }
 

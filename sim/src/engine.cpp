@@ -243,7 +243,7 @@ class Engine {
         trace_(o.record_trace),
         sampled_ranks_(o.sampled_ranks),
         log_allocations_(o.log_allocations),
-        fast_forward_(o.fast_forward && !o.record_trace && !o.log_allocations),
+        fast_forward_(o.fast_forward && !o.record_trace),
         stop_above_bytes_(o.stop_above_device_bytes > 0 ? o.stop_above_device_bytes
                                                         : std::numeric_limits<std::int64_t>::max()),
         stop_above_host_bytes_(o.stop_above_host_bytes > 0
@@ -286,10 +286,14 @@ class Engine {
   double rate_of(const Activity& act, std::int32_t key) const;
   [[gnu::always_inline]] inline void note_memory(std::int32_t rank, OpId op);
   [[gnu::always_inline]] inline void release(TensorId t);
+  [[gnu::always_inline]] inline bool last_read(TensorId t);
+  bool ff_last_read(TensorId t);
   [[gnu::cold, gnu::noinline]] void sample_memory(std::int32_t rank);
   [[gnu::noinline]] void note_host_peak(std::int32_t rank, std::int64_t growth);
   [[gnu::cold, gnu::noinline]] void log_allocation(
       std::int64_t key, std::int64_t bytes, std::int32_t rank, Stream stream, bool allocate);
+  [[gnu::cold, gnu::noinline]] void log_begin(OpId op, const Op& o);
+  [[gnu::cold, gnu::noinline]] void log_release(TensorId t);
 
   // Fast-forward over periodic blocks ("Fast-forward" below).
   struct FfWindowMax {
@@ -329,6 +333,7 @@ class Engine {
     std::int64_t host_waits = 0;               // Engine::host_waits_
     std::vector<OpId> host_from;               // per rank: its earliest queue head (kNone: none)
     std::vector<std::vector<SimTime>> issued;  // per rank: ops [host_from, next) of that rank
+    std::size_t allocations = 0;               // entries in the allocation log
   };
   /// How far the blocks after the boundary are the shifted copies of the ones before.
   struct FfShift {
@@ -372,6 +377,7 @@ class Engine {
   };
   void ff_unlink_moved(const FfMove& m);
   void ff_move_hosts(const FfMove& m);
+  void ff_log_skipped(const FfMove& m);
   void ff_end_skipped_ops(const FfMove& m);
   void ff_move_heads(const FfMove& m);
   void ff_move_memory(const FfMove& m);
@@ -381,7 +387,7 @@ class Engine {
   const bool trace_;                          // SimOptions::record_trace
   const std::vector<bool>& sampled_ranks_;    // SimOptions::sampled_ranks
   const bool log_allocations_;                // SimOptions::log_allocations
-  const bool fast_forward_;                   // SimOptions::fast_forward, without trace or log
+  const bool fast_forward_;                   // SimOptions::fast_forward, without a trace
   const std::int64_t stop_above_bytes_;       // SimOptions::stop_above_device_bytes (max: never)
   const std::int64_t stop_above_host_bytes_;  // SimOptions::stop_above_host_bytes (max: never)
   bool stop_ = false;  // a rank's device memory or a node's host memory passed its stop limit
@@ -416,6 +422,9 @@ class Engine {
   /// Tensors read by every block that are not the block's own (the same id in each), with their
   /// reads in one block: set by ff_first_aperiodic.
   std::vector<std::pair<TensorId, std::int32_t>> ff_statics_;
+  /// With the allocation log: the ops begun (id) and ended (~id) since the last boundary, in the
+  /// order the engine made them, which a skip repeats block by block (ff_log_skipped).
+  std::vector<OpId> ff_op_log_;
 };
 
 std::int32_t Engine::new_activity(ActivityKind kind,
@@ -650,17 +659,17 @@ inline void Engine::begin_op(OpId op, const Op& o) {
       rs.host_live += ten.bytes;
     } else {
       allocate(ten.category, rounded(ten.bytes));
-      if (log_allocations_) [[unlikely]] {
-        log_allocation(t, rounded(ten.bytes), o.rank, o.stream, true);
-      }
     }
   }
   // A zero-byte allocation changes nothing (a category's peak is never below its live bytes).
   if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
     allocate(o.workspace_category, workspace);
-    if (log_allocations_) [[unlikely]] {
-      log_allocation(-std::int64_t{op} - 1, workspace, o.rank, o.stream, true);
+  }
+  if (log_allocations_) [[unlikely]] {
+    if (fast_forward_) {
+      ff_op_log_.push_back(op);
     }
+    log_begin(op, o);
   }
   note_memory(o.rank, op);
 }
@@ -849,9 +858,7 @@ inline void Engine::release(TensorId t) {
     owner.live[static_cast<std::size_t>(ten.category)] -= bytes;
     owner.device_total -= bytes;
     if (log_allocations_) [[unlikely]] {
-      const Stream stream =
-          ten.producer == kNone ? Stream::kCompute : w_.ops[idx(ten.producer)].stream;
-      log_allocation(t, bytes, ten.rank, stream, false);
+      log_release(t);
     }
   }
 }
@@ -862,6 +869,50 @@ void Engine::log_allocation(
     std::int64_t key, std::int64_t bytes, std::int32_t rank, Stream stream, bool allocate) {
   const std::uint8_t pool = stream == Stream::kFsdp ? 1 : 0;
   result_.allocations.push_back({key, bytes, rank, pool, allocate});
+}
+
+// What begin_op allocates on the device, in its order: the outputs, then the workspace.
+void Engine::log_begin(OpId op, const Op& o) {
+  for (TensorId t : range(o.outputs_begin, o.outputs_end)) {
+    const Tensor& ten = w_.tensors[idx(t)];
+    if (!ten.on_host) {
+      log_allocation(t, rounded(ten.bytes), o.rank, o.stream, true);
+    }
+  }
+  if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
+    log_allocation(-std::int64_t{op} - 1, workspace, o.rank, o.stream, true);
+  }
+}
+
+// The free of a device tensor, in the pool of the stream that made it.
+void Engine::log_release(TensorId t) {
+  const Tensor& ten = w_.tensors[idx(t)];
+  const Stream stream = ten.producer == kNone ? Stream::kCompute : w_.ops[idx(ten.producer)].stream;
+  log_allocation(t, rounded(ten.bytes), ten.rank, stream, false);
+}
+
+// One read of tensor t ended: whether it was its last (a sole reader keeps no count).
+inline bool Engine::last_read(TensorId t) {
+  const std::int32_t consumers = w_.tensors[idx(t)].consumers;
+  if (consumers == 1) {
+    return true;
+  }
+  TensorState& ts = b_.tensors[idx(t)];
+  if (ts.run != b_.run) {
+    ts.run = b_.run;
+    ts.consumers_left = consumers;
+  }
+  return --ts.consumers_left == 0;
+}
+
+// The same for a read in skipped blocks, which must not read a tensor more often than it has
+// readers.
+bool Engine::ff_last_read(TensorId t) {
+  const bool last = last_read(t);
+  if (w_.tensors[idx(t)].consumers != 1 && b_.tensors[idx(t)].consumers_left < 0) {
+    throw std::logic_error("fast-forward: a tensor read more often than it has readers");
+  }
+  return last;
 }
 
 // Frees what the op held, starts the queue heads that waited only for it (in program order), then
@@ -876,6 +927,9 @@ void Engine::finish_op(OpId op) {
   if (trace_) {
     result_.intervals.push_back({op, rt.start, now_});
   }
+  if (log_allocations_ && fast_forward_) [[unlikely]] {
+    ff_op_log_.push_back(~op);
+  }
   if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
     rs.live[static_cast<std::size_t>(o.workspace_category)] -= workspace;
     rs.device_total -= workspace;
@@ -884,17 +938,7 @@ void Engine::finish_op(OpId op) {
     }
   }
   for (TensorId t : range(o.inputs_begin, o.inputs_end)) {
-    const std::int32_t consumers = w_.tensors[idx(t)].consumers;
-    if (consumers == 1) {
-      release(t);  // its only reader: no count to keep
-      continue;
-    }
-    TensorState& ts = b_.tensors[idx(t)];
-    if (ts.run != b_.run) {
-      ts.run = b_.run;
-      ts.consumers_left = consumers;
-    }
-    if (--ts.consumers_left == 0) {
+    if (last_read(t)) {
       release(t);
     }
   }
@@ -1079,6 +1123,7 @@ Engine::FfSnapshot Engine::ff_snapshot(const FfBoundary& at) const {
   s.ranks = b_.ranks;
   s.busy = result_.busy;
   s.window_max = ff_window_max_;
+  s.allocations = result_.allocations.size();
   if (host_) {
     s.hosts = b_.hosts;
     s.host_waits = host_waits_;
@@ -1466,6 +1511,7 @@ std::int32_t Engine::ff_stop_limit(const FfSnapshot& p, const FfSnapshot& c, std
         }
         ff_arm_next();
         ff_prev_ = {};
+        ff_op_log_.clear();
         return;
       }
       if (aperiodic <= run.marks[idx(i + 1)].ops) {
@@ -1474,6 +1520,7 @@ std::int32_t Engine::ff_stop_limit(const FfSnapshot& p, const FfSnapshot& c, std
     }
   }
   ff_prev_ = std::move(snap);
+  ff_op_log_.clear();
 }
 
 // Moves the state `c` (the current one, equivalent to `p` moved by one block) on by k blocks:
@@ -1486,6 +1533,17 @@ void Engine::ff_skip(const FfSnapshot& p,
   const FfMove move{p, c, shift.delta, k, shift.period_ns * k, shift.delta.ops * k};
   ff_unlink_moved(move);
   ff_move_hosts(move);
+  if (log_allocations_) {
+    const std::size_t begin = result_.allocations.size();
+    const std::size_t period = c.allocations - p.allocations;
+    ff_log_skipped(move);
+    if (result_.allocations.size() != begin + period * static_cast<std::size_t>(k)) {
+      throw std::logic_error("fast-forward: a skipped block logged other allocations");
+    }
+    if (period > 0) {
+      result_.allocation_repeats.push_back({begin, period, k});
+    }
+  }
   ff_end_skipped_ops(move);
   ff_move_heads(move);
   for (Activity& act : b_.activities) {
@@ -1552,6 +1610,43 @@ void Engine::ff_move_hosts(const FfMove& m) {
   }
 }
 
+// The allocation log of the k skipped blocks: the begins and ends of the block before (recorded
+// since the last boundary), moved by 1..k blocks, each logging what begin_op and finish_op log for
+// the moved op (its own tensors, read from the workload), with finish_op's count of reads. By (a)
+// and (b) above, the full run makes these begins and ends in this order.
+void Engine::ff_log_skipped(const FfMove& m) {
+  for (std::int32_t j = 1; j <= m.k; ++j) {
+    const OpId shift = m.d.ops * j;
+    for (const OpId entry : ff_op_log_) {
+      if (entry >= 0) {
+        const OpId x = entry + shift;
+        log_begin(x, w_.ops[idx(x)]);
+        continue;
+      }
+      const OpId x = ~entry + shift;
+      const Op& o = w_.ops[idx(x)];
+      if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
+        log_allocation(-std::int64_t{x} - 1, workspace, o.rank, o.stream, false);
+      }
+      auto log_free = [this](TensorId t) {
+        if (!w_.tensors[idx(t)].on_host) {
+          log_release(t);
+        }
+      };
+      for (TensorId t : range(o.inputs_begin, o.inputs_end)) {
+        if (ff_last_read(t)) {
+          log_free(t);
+        }
+      }
+      for (TensorId t : range(o.outputs_begin, o.outputs_end)) {
+        if (w_.tensors[idx(t)].consumers == 0) {
+          log_free(t);
+        }
+      }
+    }
+  }
+}
+
 // The ops the k blocks end, each as finish_op leaves it, without its frees (the memory moves by
 // the growth instead): on each moved queue, those from its head to its head moved by k blocks,
 // found in one pass in program order.
@@ -1573,19 +1668,11 @@ void Engine::ff_end_skipped_ops(const FfMove& m) {
     rt.state = OpState::kDone;
     rt.first_watcher = kNone;
     ++done_;
+    if (log_allocations_) {
+      continue;  // ff_log_skipped counted the reads, in the order of the ends
+    }
     for (TensorId t : range(o.inputs_begin, o.inputs_end)) {
-      const std::int32_t consumers = w_.tensors[idx(t)].consumers;
-      if (consumers == 1) {
-        continue;
-      }
-      TensorState& ts = b_.tensors[idx(t)];
-      if (ts.run != b_.run) {
-        ts.run = b_.run;
-        ts.consumers_left = consumers;
-      }
-      if (--ts.consumers_left < 0) {
-        throw std::logic_error("fast-forward: a tensor read more often than it has readers");
-      }
+      (void)ff_last_read(t);
     }
   }
 }

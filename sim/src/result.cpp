@@ -129,7 +129,8 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
     config.capacity_bytes = rep.gpu_capacity_bytes - pm.fixed_overhead_bytes;
     config.static_bytes =
         w.static_memory[static_cast<std::size_t>(rep.peak_rank)].model_states_bytes;
-    const AllocatorReplay replay = replay_allocator(r.allocations, rep.peak_rank, config);
+    const AllocatorReplay replay =
+        replay_allocator(r.allocations, r.allocation_repeats, rep.peak_rank, config);
     rep.reserved_peak_bytes = replay.peak_reserved_bytes + pm.fixed_overhead_bytes;
     rep.allocator_cache_releases = replay.cache_releases;
     rep.allocator_out_of_memory = replay.out_of_memory;

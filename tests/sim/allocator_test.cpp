@@ -160,6 +160,66 @@ TEST(Allocator, FreeOfAnUnknownAllocationIsABug) {
   EXPECT_THROW(replay(log, AllocatorMode::kExpandableSegments), std::logic_error);
 }
 
+TEST(Allocator, AllocatingTwiceIsABug) {
+  Log log;
+  log.alloc(7, kMiB);
+  log.alloc(7, kMiB);
+  EXPECT_THROW(replay(log, AllocatorMode::kExpandableSegments), std::logic_error);
+}
+
+// Two buffers of 100 MiB, B0 and B1, then blocks j = 2…11 that each free B(j−2) and allocate
+// B(j) (2 entries a block), listed as a repeat: blocks 3…11 copy block 2. B(j) takes the block
+// B(j−2) left, so the blocks alternate: [0, 100) MiB for even j, [100, 200) for odd j.
+Log alternating_buffers(bool free_first) {
+  Log log;
+  log.alloc(0, 100 * kMiB);
+  log.alloc(1, 100 * kMiB);
+  for (std::int64_t j = 2; j < 12; ++j) {
+    if (free_first) {
+      log.free(j - 2, 100 * kMiB);
+      log.alloc(j, 100 * kMiB);
+    } else {
+      log.alloc(j, 100 * kMiB);
+      log.free(j - 2, 100 * kMiB);
+    }
+  }
+  return log;
+}
+
+// The replay of a log from alternating_buffers request by request, and with blocks 3…11 listed
+// as copies of block 2 (entries from 4 on, 2 a block).
+struct FullAndFast {
+  AllocatorReplay full, fast;
+};
+FullAndFast replay_both(const Log& log) {
+  const std::vector<AllocationRepeat> repeats{{4, 2, 9}};
+  const AllocatorConfig config{AllocatorMode::kExpandableSegments, 1024 * kGiB, 0};
+  return {replay_allocator(log.events, 0, config),
+          replay_allocator(log.events, repeats, 0, config)};
+}
+
+TEST(Allocator, RepeatedBlocksApplyInPairsWhenBuffersAlternate) {
+  const auto [full, fast] = replay_both(alternating_buffers(/*free_first=*/true));
+  EXPECT_EQ(full.peak_reserved_bytes, 200 * kMiB);
+  EXPECT_EQ(fast.peak_reserved_bytes, 200 * kMiB);
+  EXPECT_EQ(fast.peak_allocated_bytes, full.peak_allocated_bytes);
+  EXPECT_EQ(fast.cache_releases, full.cache_releases);
+  EXPECT_EQ(full.copies_applied, 0);
+  // After each block both buffers are in use, but the next block frees the other one: one block
+  // back never repeats. Blocks 3 and 4 are replayed and recorded, blocks 5…10 repeat them two by
+  // two, block 11 (one left) is replayed.
+  EXPECT_EQ(fast.copies_applied, 6);
+}
+
+TEST(Allocator, RepeatedBlocksReplayWhenTheBlocksRepeatEveryThird) {
+  // Allocating before freeing: B(j) goes to the block B(j−3) left, a cycle of three blocks that
+  // two recorded blocks never show, so every copy is replayed.
+  const auto [full, fast] = replay_both(alternating_buffers(/*free_first=*/false));
+  EXPECT_EQ(full.peak_reserved_bytes, 300 * kMiB);
+  EXPECT_EQ(fast.peak_reserved_bytes, 300 * kMiB);
+  EXPECT_EQ(fast.copies_applied, 0);
+}
+
 // Replaying a simulated step: the allocated peak of the replay is the engine's (less the fixed
 // overheads, which live outside the allocator), and reserved is never below allocated.
 struct StepCase {

@@ -20,6 +20,7 @@
 /// still does not fit is an out-of-memory error.
 /// Not modelled: max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, the
 /// expandable "best fit by size after growth" tie-break, and record_stream delays of frees.
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -33,6 +34,16 @@ struct AllocationEvent {
   std::int32_t rank = 0;
   std::uint8_t stream_pool = 0;  ///< 0: default pools, 1: the FSDP stream's pools
   bool allocate = true;          ///< false: the allocation with `key` is freed
+};
+
+/// Entries [begin, begin + copies × period) of a log are `copies` copies of the `period` entries
+/// before `begin`, each the one before with its ops and tensors moved on by one block (the same
+/// requests, sizes, ranks, pools and order; frees of the same allocations relative to the block,
+/// or of allocations made before it).
+struct AllocationRepeat {
+  std::size_t begin = 0;
+  std::size_t period = 0;
+  std::int32_t copies = 0;
 };
 
 enum class AllocatorMode : std::uint8_t { kExpandableSegments, kSegments };
@@ -51,11 +62,24 @@ struct AllocatorReplay {
   std::int64_t peak_allocated_bytes = 0;  ///< highest allocated bytes (the engine's own peak)
   std::int32_t cache_releases = 0;        ///< times the cache was emptied to satisfy a request
   bool out_of_memory = false;             ///< a request did not fit even with the cache emptied
+  /// Copies of a repeated period applied without replaying them request by request.
+  std::int32_t copies_applied = 0;
 };
 
 /// Replays the events of `rank` (others are skipped) through the model above.
 /// @throws std::logic_error when a free names no live allocation (an engine bug).
 AllocatorReplay replay_allocator(std::span<const AllocationEvent> events,
+                                 std::int32_t rank,
+                                 const AllocatorConfig& config);
+
+/// The same for a log with repeated periods (`repeats`, in order, as the engine lists them). When
+/// the allocator's blocks at a repeat's begin are those at its period's begin, and every free in a
+/// copy of an allocation made before the copy frees the block its period's free freed, the copy
+/// does to the blocks what the period did: it is applied without a replay (the blocks, the peaks
+/// and the counts stay; only which request holds which block moves on). Any other copy is replayed
+/// request by request. The result is the full replay's.
+AllocatorReplay replay_allocator(std::span<const AllocationEvent> events,
+                                 std::span<const AllocationRepeat> repeats,
                                  std::int32_t rank,
                                  const AllocatorConfig& config);
 

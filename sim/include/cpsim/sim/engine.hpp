@@ -56,7 +56,8 @@ struct SimOptions {
   /// block's shifted, and whose ops, tensors and collectives up to the last block but one are the
   /// previous ones shifted, the blocks in between are not simulated but added (times, busy
   /// totals, memory deltas). Every reported number is the one the full run gives (engine.cpp,
-  /// "Fast-forward"). Off with record_trace and log_allocations, which need every op.
+  /// "Fast-forward"), the allocation log included (the skipped blocks' entries are the block
+  /// before's, moved). Off with record_trace, which needs every op's interval.
   bool fast_forward = true;
 };
 
@@ -105,6 +106,8 @@ struct SimResult {
   std::vector<OpInterval> host_intervals;
   std::vector<MemorySample> memory_samples;  ///< when record_trace
   std::vector<AllocationEvent> allocations;  ///< when log_allocations, in the order made
+  /// The runs of `allocations` a fast-forward added as copies of the block before (in order).
+  std::vector<AllocationRepeat> allocation_repeats;
   /// Device memory exceeded SimOptions::stop_above_device_bytes, or a node's host memory
   /// SimOptions::stop_above_host_bytes, and the run stopped there: that peak is at least the
   /// limit; times are not the step's.
