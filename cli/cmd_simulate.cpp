@@ -188,6 +188,9 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   if (!a.norm_kernel.empty()) {
     r.norm_kernel = models::parse_norm_kernel(a.norm_kernel, "--norm-kernel");
   }
+  if (!a.rope_kernel.empty()) {
+    r.rope_kernel = models::parse_rope_kernel(a.rope_kernel, "--rope-kernel");
+  }
   if (!a.mlp_kernel.empty()) {
     r.mlp_kernel = models::parse_mlp_kernel(a.mlp_kernel, "--mlp-kernel");
   }
@@ -365,6 +368,7 @@ std::string recipe_label(const models::TrainingRecipe& r,
   if (r.norm_kernel != models::NormKernel::kUpcast) {
     s += fmt::format(", {} RMSNorm", models::to_string(r.norm_kernel));
   }
+  s += fmt::format(", {} RoPE", models::to_string(r.rope_kernel));
   if (r.param_offload) {
     s += ", parameters offloaded";
   }
@@ -426,6 +430,7 @@ nlohmann::json to_json(const SimulateArgs& a,
         {"tiled_mlp", r.tiled_mlp},
         {"fused_loss", r.fused_loss},
         {"norm_kernel", models::to_string(r.norm_kernel)},
+        {"rope_kernel", models::to_string(r.rope_kernel)},
         {"mlp_kernel", models::to_string(r.mlp_kernel)},
         {"int32_kernel_indexing", r.int32_kernel_indexing},
         {"attention_kernel", r.attention_kernel}}},
@@ -841,6 +846,11 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
   c->add_option("--norm-kernel", a.norm_kernel,
                 "RMSNorm implementation: upcast (fp32 copies while it runs) | fused (Liger) | "
                 "eager (Hugging Face eager: keeps fp32 input for backward)");
+  c->add_option(
+      "--rope-kernel", a.rope_kernel,
+      "RoPE implementation: fused (Liger, TransformerEngine: one kernel) | eager (Hugging "
+      "Face and DeepSpeed rotate_half: 5 kernels forward) | complex (TorchTitan: fp32 "
+      "complex product)");
   c->add_option("--mlp-kernel", a.mlp_kernel,
                 "untiled SwiGLU MLP: unfused | fused (Liger: gradients in place) | eager (Hugging "
                 "Face: keeps silu(gate) too)");

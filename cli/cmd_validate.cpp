@@ -63,6 +63,7 @@ SimulateArgs simulate_args(const planner::ValidationSetup& s) {
   set(a.comm_dtype, s.comm_dtype);
   set(a.param_offload, s.param_offload);
   set(a.norm_kernel, s.norm_kernel);
+  set(a.rope_kernel, s.rope_kernel);
   set(a.mlp_kernel, s.mlp_kernel);
   set(a.int32_indexing, s.int32_indexing);
   set(a.fp8, s.fp8);

@@ -66,6 +66,7 @@ struct SimulateArgs {
   std::string tiled_mlp;
   std::string fused_loss;
   std::string norm_kernel;
+  std::string rope_kernel;
   std::string mlp_kernel;
   std::string int32_indexing;
   std::string fp8;  ///< --fp8 on|off; empty = recipe

@@ -89,6 +89,23 @@ NormKernel parse_norm_kernel(const std::string& text, const std::string& field) 
                      "norm kernel", field);
 }
 
+const char* to_string(RopeKernel k) {
+  switch (k) {
+    case RopeKernel::kFused:
+      return "fused";
+    case RopeKernel::kEager:
+      return "eager";
+    case RopeKernel::kComplex:
+      return "complex";
+  }
+  return "unknown";
+}
+
+RopeKernel parse_rope_kernel(const std::string& text, const std::string& field) {
+  return parse_named(text, {RopeKernel::kFused, RopeKernel::kEager, RopeKernel::kComplex},
+                     "RoPE kernel", field);
+}
+
 const char* to_string(MlpKernel k) {
   switch (k) {
     case MlpKernel::kUnfused:

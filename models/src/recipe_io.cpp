@@ -38,8 +38,8 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
   reject_unknown_keys(
       root,
       {"schema", "name", "description", "precision", "optimizer", "sharding",
-       "activation_checkpointing", "tiled_mlp", "tiled_norm", "norm_kernel", "mlp_kernel",
-       "fused_loss", "allocator", "attention_kernel", "int32_kernel_indexing"},
+       "activation_checkpointing", "tiled_mlp", "tiled_norm", "norm_kernel", "rope_kernel",
+       "mlp_kernel", "fused_loss", "allocator", "attention_kernel", "int32_kernel_indexing"},
       origin, "");
 
   // Every key but `schema` is optional; absent keys keep the defaults of TrainingRecipe (alst).
@@ -140,6 +140,10 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
   if (const Json* norm = find_member(root, "norm_kernel")) {
     const std::string f = field("norm_kernel");
     recipe.norm_kernel = parse_norm_kernel(json_string(*norm, f), f);
+  }
+  if (const Json* rope = find_member(root, "rope_kernel")) {
+    const std::string f = field("rope_kernel");
+    recipe.rope_kernel = parse_rope_kernel(json_string(*rope, f), f);
   }
   if (const Json* mlp = find_member(root, "mlp_kernel")) {
     const std::string f = field("mlp_kernel");

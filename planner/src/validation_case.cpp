@@ -122,6 +122,8 @@ ValidationSetup parse_setup(const Json& s, const std::string& origin) {
       a.param_offload = text();
     else if (key == "norm-kernel")
       a.norm_kernel = text();
+    else if (key == "rope-kernel")
+      a.rope_kernel = text();
     else if (key == "mlp-kernel")
       a.mlp_kernel = text();
     else if (key == "int32-indexing")

@@ -287,7 +287,11 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
   const KernelCost diag_block = plus(cost_.attention_fwd({chunk, chunk, hq, d, true}), merge);
   // Every chunk has the same shapes.
   const KernelCost proj = linear_fwd(lc, (m_.heads + 2 * m_.kv_heads) * d, h);
-  const KernelCost rope = mem(2 * (q_local_bytes + kv_local_bytes));
+  // RoPE on the chunk's Q and its model K heads (DeepSpeed's apply_rotary_pos_emb); V and any
+  // K/V replication are a copy beside it.
+  const std::int64_t rope_k = lc * m_.kv_heads * d;
+  const KernelCost rope = rope_cost(q_local_bytes / ab_, rope_k,
+                                    2 * kv_local_bytes - 2 * ab_ * rope_k, RopeBackward::kNone);
   const KernelCost out_cast = mem(chunk * hq * d * (kFp32Bytes + ab_));
   const KernelCost fill = mem(2 * q_local_bytes);
   const double offload_kv_s = cost_.host_copy_s(kv_h_bytes, false);
@@ -499,7 +503,10 @@ InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
   const KernelCost dkv_cast = mem(chunk * 2 * hkv * d * (kFp32Bytes + ab_));
   const KernelCost dq_slice = mem(2 * dq_bytes);
   const KernelCost dq_cast = mem(chunk * hq * d * (kFp32Bytes + ab_));
-  const KernelCost rope_bwd = mem(2 * (q_local_bytes + kv_local_bytes));
+  // DeepSpeed's own RoPE backward (apply_rotary_pos_emb_backward), not autograd's.
+  const std::int64_t rope_k = lc * m_.kv_heads * d;
+  const KernelCost rope_bwd = rope_cost(q_local_bytes / ab_, rope_k,
+                                        2 * kv_local_bytes - 2 * ab_ * rope_k, RopeBackward::kOwn);
   const KernelCost proj_bwd = linear_bwd(lc, (m_.heads + 2 * m_.kv_heads) * d, h);
   const double offload_dout_s = cost_.host_copy_s(q_h_bytes, false);
   const double fetch_kv_s = cost_.host_copy_s(kv_h_bytes, true);

@@ -44,7 +44,11 @@ void StepBuilder::ulysses_forward(SavedLayer& sv, TensorSet params, bool grad) {
   }
   TensorSet q_r = b_.tensor("q_rope", q_bytes, MemCategory::kAttention);
   TensorSet kv_r = b_.tensor("kv_rope", kv_bytes, MemCategory::kAttention);
-  compute("rope", OpKind::kElementwise, mem(2 * (q_bytes + kv_bytes)), {q_in, kv_in}, {q_r, kv_r});
+  // RoPE on Q and the model's K heads; V and any K/V replication are a copy beside it.
+  const std::int64_t q_elems = q_bytes / ab_, k_elems = s_ * m_.kv_heads * d;
+  const std::int64_t pass_bytes = 2 * kv_bytes - 2 * ab_ * k_elems;
+  compute("rope", OpKind::kElementwise,
+          rope_cost(q_elems, k_elems, pass_bytes, RopeBackward::kNone), {q_in, kv_in}, {q_r, kv_r});
   TensorSet q_h = exchange("a2a_q", q_r, q_bytes, LedgerSite::kQExchange);
   TensorSet kv_h = exchange("a2a_kv", kv_r, kv_bytes, LedgerSite::kKvExchange);
   const CoreForward core = core_forward("", q_h, kv_h, m_.heads / u_, kv / u_);
@@ -98,8 +102,10 @@ InputGrad StepBuilder::ulysses_backward(const SavedLayer& sv,
   TensorSet dkv = exchange("a2a_dkv", g.dkv_h, kv_bytes, LedgerSite::kDkvExchange, held);
   TensorSet dq_r = b_.tensor("dq_rope", q_bytes, MemCategory::kAttention);
   TensorSet dkv_r = b_.tensor("dkv_rope", kv_bytes, MemCategory::kAttention);
-  compute("rope_bwd", OpKind::kElementwise, mem(2 * (q_bytes + kv_bytes)), {dq, dkv},
-          {dq_r, dkv_r});
+  const std::int64_t q_elems = q_bytes / ab_, k_elems = s_ * m_.kv_heads * d;
+  compute("rope_bwd", OpKind::kElementwise,
+          rope_cost(q_elems, k_elems, 2 * kv_bytes - 2 * ab_ * k_elems, RopeBackward::kAutograd),
+          {dq, dkv}, {dq_r, dkv_r});
   if (sv.qk_norm_saved.valid()) {
     TensorSet dq_n = b_.tensor("dq_normbwd", q_bytes, MemCategory::kAttention);
     TensorSet dkv_n = b_.tensor("dkv_normbwd", kv_bytes, MemCategory::kAttention);

@@ -54,13 +54,15 @@ void StepBuilder::upipe_forward(SavedLayer& sv, TensorSet params) {
       compute(stage_name(1), OpKind::kGemm, linear_fwd(s_, 2 * f / layout_.kv_replication * d, h),
               {sv.xn, params}, {kvp});
       TensorSet kvr = b_.tensor(names(2, 's', st), kv_bytes, MemCategory::kAttention);
-      compute(stage_name(3), OpKind::kElementwise, mem(kv_bytes), {kvp}, {kvr});
+      compute(stage_name(3), OpKind::kElementwise, rope_cost(0, s_ * f * d, 0, RopeBackward::kNone),
+              {kvp}, {kvr});
       kv_h = exchange(stage_name(4), kvr, kv_bytes, LedgerSite::kKvExchange);
     }
     TensorSet q = b_.tensor(names(5, 's', st), q_bytes, MemCategory::kAttention);
     compute(stage_name(6), OpKind::kGemm, linear_fwd(s_, u * d, h), {sv.xn, params}, {q});
     TensorSet qr = b_.tensor(names(7, 's', st), q_bytes, MemCategory::kAttention);
-    compute(stage_name(8), OpKind::kElementwise, mem(2 * q_bytes), {q}, {qr});
+    compute(stage_name(8), OpKind::kElementwise, rope_cost(s_ * u * d, 0, 0, RopeBackward::kNone),
+            {q}, {qr});
     TensorSet q_h = exchange(stage_name(9), qr, q_bytes, LedgerSite::kQExchange);
     const CoreForward core = core_forward(tag, q_h, kv_h, q_local, kv_local);
     TensorSet o_s = exchange(stage_name(10), core.o_h, q_bytes, LedgerSite::kOutExchange);
@@ -103,13 +105,15 @@ InputGrad StepBuilder::upipe_backward(const SavedLayer& sv,
       compute(stage_name(1), OpKind::kGemm, linear_fwd(s_, 2 * f / layout_.kv_replication * d, h),
               {sv.xn, params}, {kvp});
       TensorSet kvr = b_.tensor(names(2, 's', st), kv_bytes, MemCategory::kAttention);
-      compute(stage_name(3), OpKind::kElementwise, mem(kv_bytes), {kvp}, {kvr});
+      compute(stage_name(3), OpKind::kElementwise, rope_cost(0, s_ * f * d, 0, RopeBackward::kNone),
+              {kvp}, {kvr});
       kv_h = exchange(stage_name(4), kvr, kv_bytes, LedgerSite::kKvExchange);
     }
     TensorSet q = b_.tensor(names(5, 's', st), q_bytes, MemCategory::kAttention);
     compute(stage_name(6), OpKind::kGemm, linear_fwd(s_, u * d, h), {sv.xn, params}, {q});
     TensorSet qr = b_.tensor(names(7, 's', st), q_bytes, MemCategory::kAttention);
-    compute(stage_name(8), OpKind::kElementwise, mem(2 * q_bytes), {q}, {qr});
+    compute(stage_name(8), OpKind::kElementwise, rope_cost(s_ * u * d, 0, 0, RopeBackward::kNone),
+            {q}, {qr});
     TensorSet q_h = exchange(stage_name(9), qr, q_bytes, LedgerSite::kQExchange);
     // The stage's slice of final_out and of dOut, to head-sharded layout.
     TensorSet o_slice = b_.tensor(names(10, 's', st), q_bytes, MemCategory::kAttention);
@@ -133,14 +137,16 @@ InputGrad StepBuilder::upipe_backward(const SavedLayer& sv,
     }
     TensorSet dq = exchange(stage_name(17), dq_h, q_bytes, LedgerSite::kDqExchange);
     TensorSet dqr = b_.tensor(names(18, 's', st), q_bytes, MemCategory::kAttention);
-    compute(stage_name(19), OpKind::kElementwise, mem(2 * q_bytes), {dq}, {dqr});
+    compute(stage_name(19), OpKind::kElementwise,
+            rope_cost(s_ * u * d, 0, 0, RopeBackward::kAutograd), {dq}, {dqr});
     dx_writes.push_back(compute(stage_name(20), OpKind::kGemm, linear_bwd(s_, u * d, h),
                                 {dqr, sv.xn, params, grads}, {}, {dx_writes.back()}));
     if (fetch_end) {
       TensorSet dkv =
           exchange(stage_name(21), dkv_acc, kv_bytes, LedgerSite::kDkvExchange, {}, {dkv_ready});
       TensorSet dkvr = b_.tensor(names(22, 's', st), kv_bytes, MemCategory::kAttention);
-      compute(stage_name(23), OpKind::kElementwise, mem(kv_bytes), {dkv}, {dkvr});
+      compute(stage_name(23), OpKind::kElementwise,
+              rope_cost(0, s_ * f * d, 0, RopeBackward::kAutograd), {dkv}, {dkvr});
       dx_writes.push_back(compute(stage_name(24), OpKind::kGemm,
                                   linear_bwd(s_, 2 * f / layout_.kv_replication * d, h),
                                   {dkvr, sv.xn, params, grads}, {}, {dx_writes.back()}));

@@ -56,8 +56,10 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
   nr_ = n_ / rg_;
   ab_ = r_.activation_bytes;
   shards_ = r_.tiled_mlp_shards > 0 ? r_.tiled_mlp_shards : ceil_div(s_, m_.hidden);
+  rope_kernel_ = r_.rope_kernel;
   if (layout_.implementation != nullptr) {
     acc_bytes_ = layout_.implementation->ring_accumulator_bytes(in);
+    rope_kernel_ = layout_.implementation->rope_kernel(in);
     const LedgerUnits units = ledger_units(in, layout_);
     for (int site = 0; site < kLedgerSiteCount; ++site) {
       ledger_bytes_[static_cast<std::size_t>(site)] =
@@ -325,6 +327,59 @@ KernelCost StepBuilder::swiglu_cost(std::int64_t elements, bool backward) const 
     return plus(mem(2 * ab_ * elements), mem(3 * ab_ * elements));
   }
   return plus(plus(mem(3 * ab_ * elements), mem(3 * ab_ * elements)), mem(3 * ab_ * elements));
+}
+// RoPE (models/recipe.hpp, RopeKernel; the implementation's when it runs its own, e.g. the UPipe
+// op's Triton kernel). Sources: REFERENCES.md [HF-transformers], [DeepSpeed], [PyTorch-autograd],
+// [TorchTitan], [Liger]. Bytes per element of q or k, a = the activation dtype's size (2),
+// fp32 = 4, each op one kernel over one tensor (cos and sin are [s, d] tables, h times smaller,
+// left out):
+//   eager, forward (Hugging Face apply_rotary_pos_emb and rotate_half; DeepSpeed's reference
+//   path, deepspeed/sequence/layer.py:99-128):
+//     x·cos 2a, neg of one half a, cat(−x2, x1) 2a, ·sin 2a, the sum 3a               10a, 5
+//     kernels
+//   eager, autograd backward (derivatives.yaml: mul, neg, cat, slice): dy·cos 2a, dy·sin 2a, the
+//     half's neg a, two slice backwards (zeros a, the half copied in a) 4a, the three gradients
+//     of x summed twice 6a                                                             15a, 9
+//     kernels
+//   eager, FPDT's own backward (deepspeed/sequence/fpdt_layer.py:33-38): dy·cos 2a, dy·sin 2a,
+//     neg of one half a, cat 2a, the sum 3a                                            10a, 5
+//     kernels
+//   complex (TorchTitan's apply_rotary_emb, torchtitan/models/llama3/model/model.py:164-169):
+//     x.float() a+4, the complex product 8, type_as 4+a; backward the same three in reverse (to
+//     fp32, dy·conj(freqs), to bf16)                                                   2a+16, 3
+//     kernels
+//   fused (Liger's rope kernel over q and k in place, src/liger_kernel/ops/rope.py:115-158;
+//     TransformerEngine's fused RoPE): 2a, one kernel for both tensors and the pass-through copy.
+// At a = 2: eager 20 bytes forward and 30 (autograd) or 20 (FPDT) backward, complex 20 and 20,
+// fused 4 and 4. Measured on one H200 (data/measurements/h200-2026-11-26, Llama-3-8B at 8K,
+// Hugging Face eager): `neg` ran 192 times (q and k × 32 layers × forward, recompute and
+// backward) and `cat` 128 times (forward and recompute), the chain above; both ran at 22–38 % of
+// the measured copy bandwidth (strided inputs), which this cost, at the profile's memory-bound
+// rate, does not model: it is a lower bound for the eager chain's time.
+KernelCost StepBuilder::rope_cost(std::int64_t q_elements,
+                                  std::int64_t k_elements,
+                                  std::int64_t pass_bytes,
+                                  RopeBackward backward) const {
+  const std::int64_t a = ab_;
+  const std::int64_t fp32 = kFp32Bytes;
+  if (rope_kernel_ == models::RopeKernel::kFused) {
+    return mem(2 * a * (q_elements + k_elements) + pass_bytes);
+  }
+  std::vector<std::int64_t> chain;  // bytes per element, one kernel each
+  if (rope_kernel_ == models::RopeKernel::kComplex) {
+    chain = {a + fp32, 2 * fp32, fp32 + a};
+  } else if (backward == RopeBackward::kAutograd) {
+    chain = {2 * a, 2 * a, a, a, a, a, a, 3 * a, 3 * a};
+  } else {
+    chain = {2 * a, a, 2 * a, 2 * a, 3 * a};  // the forward, and FPDT's own backward
+  }
+  KernelCost k{0.0, 0.0, 0};
+  for (const std::int64_t elements : {q_elements, k_elements}) {
+    for (const std::int64_t per_element : elements > 0 ? chain : std::vector<std::int64_t>{}) {
+      k = plus(k, mem(per_element * elements));
+    }
+  }
+  return pass_bytes > 0 ? plus(k, mem(pass_bytes)) : k;
 }
 KernelCost StepBuilder::mem(std::int64_t bytes) const {
   return cost_.memory_bound(bytes);
@@ -967,6 +1022,13 @@ void StepBuilder::add_notes() {
         "per-call cost; the framework calls per op are counted from the implementations' source "
         "where read (FPDT's chunk loop, RMSNorm) and are one per kernel elsewhere, so the host "
         "time's granularity is approximate");
+  }
+  if (rope_kernel_ != models::RopeKernel::kFused) {
+    w_.notes.push_back(fmt::format(
+        "{} RoPE: each op of its chain is timed at the profile's memory-bound rate; on strided "
+        "q/k such kernels were measured 2.6-4.5x slower (an H200), so its time is a lower bound, "
+        "and its intermediates are not held in memory",
+        models::to_string(rope_kernel_)));
   }
   if (layout_.implementation != nullptr) {
     for (const std::string_view limit : layout_.implementation->limits()) {

@@ -177,6 +177,17 @@ class StepBuilder {
   /// one kernel (3 and 6 activation-sized passes) unless the recipe's MLP is Hugging Face's eager
   /// one, whose ops run as kernels of their own (see step_builder.cpp).
   KernelCost swiglu_cost(std::int64_t elements, bool backward) const;
+  /// Which backward a RoPE runs: autograd's over the forward's ops, or an implementation's own
+  /// (DeepSpeed FPDT's apply_rotary_pos_emb_backward).
+  enum class RopeBackward { kNone, kAutograd, kOwn };
+  /// RoPE over the query's and the key's elements as the recipe's kernel runs it (forward when
+  /// `backward` is kNone), plus `pass_bytes` of layout copy moved beside it (the value's part of
+  /// the scheme's RoPE op): one kernel when fused, otherwise a chain per tensor (see
+  /// step_builder.cpp).
+  KernelCost rope_cost(std::int64_t q_elements,
+                       std::int64_t k_elements,
+                       std::int64_t pass_bytes,
+                       RopeBackward backward) const;
   static KernelCost times(KernelCost k, double factor);
   static KernelCost plus(KernelCost a, KernelCost b);
   std::int64_t norm_workspace() const;
@@ -321,6 +332,8 @@ class StepBuilder {
   std::array<std::int64_t, kLedgerSiteCount> ledger_bytes_{};    ///< by LedgerSite
   std::array<std::int64_t, kLedgerSiteCount> ledger_traffic_{};  ///< by LedgerSite
   std::int64_t acc_bytes_ = 4;  ///< ring output and gradient accumulators (implementation's dtype)
+  models::RopeKernel rope_kernel_ =
+      models::RopeKernel::kFused;  ///< the implementation's, or the recipe's
   CostModel cost_;
   Builder b_;
   Workload& w_;

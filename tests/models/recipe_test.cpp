@@ -53,6 +53,8 @@ TEST(Recipe, BuiltInAlstMatchesTheDefaults) {
   EXPECT_TRUE(alst.fused_loss);
   EXPECT_TRUE(alst.expandable_segments);
   EXPECT_EQ(alst.attention_kernel, "fa3");
+  EXPECT_EQ(alst.rope_kernel, defaults.rope_kernel);
+  EXPECT_EQ(alst.rope_kernel, RopeKernel::kComplex);  // TorchTitan's apply_rotary_emb
 }
 
 TEST(Recipe, ParsesEveryField) {
@@ -66,7 +68,7 @@ TEST(Recipe, ParsesEveryField) {
     "activation_checkpointing": {"mode": "selective", "offload_to_host": false,
                                  "keep_first_last_on_gpu": false},
     "tiled_mlp": {"enabled": false, "shards": 4},
-    "tiled_norm": false, "fused_loss": false,
+    "tiled_norm": false, "fused_loss": false, "rope_kernel": "eager",
     "allocator": {"expandable_segments": false},
     "attention_kernel": "cudnn"})");
   const TrainingRecipe r = parse_recipe(recipe.dump(), "plain.json");
@@ -92,6 +94,7 @@ TEST(Recipe, ParsesEveryField) {
   EXPECT_FALSE(r.fused_loss);
   EXPECT_FALSE(r.expandable_segments);
   EXPECT_EQ(r.attention_kernel, "cudnn");
+  EXPECT_EQ(r.rope_kernel, RopeKernel::kEager);
 }
 
 TEST(Recipe, Fp8IsOffByDefaultAndNeedsTeLinears) {
@@ -172,6 +175,10 @@ TEST(Recipe, RejectsUnknownKeysAndBadValues) {
   r = minimal_recipe();
   r["fused_loss"] = "yes";
   EXPECT_EQ(error_field(r), "r.json:fused_loss");
+
+  r = minimal_recipe();
+  r["rope_kernel"] = "liger";
+  EXPECT_EQ(error_field(r), "r.json:rope_kernel");
 
   r = minimal_recipe();
   r["attention_kernel"] = "";

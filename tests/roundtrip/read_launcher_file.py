@@ -157,6 +157,12 @@ def no_key(recipe, offload=True, tiling=True, fused_loss=None, kernel=None):
         recipe["attention_kernel"] = kernel
 
 
+def torchtitan_rope(recipe, model_name):
+    """TorchTitan's RoPE by model: the complex product in fp32 for llama3 (model.py
+    apply_rotary_emb; ComplexRoPE on main), rotate_half for qwen3 (model.py; CosSinRoPE)."""
+    recipe["rope_kernel"] = {"llama3": "complex", "qwen3": "eager"}[model_name]
+
+
 def compute_dtype_comm(recipe):
     recipe["precision"]["cp_comm_bytes"] = recipe["precision"]["activation_bytes"]
 
@@ -213,6 +219,7 @@ def read_torchtitan(path, recipe, a):
     mode = t.get("activation_checkpoint", {}).get("mode", "selective")
     recipe["activation_checkpointing"]["mode"] = mode
     no_key(recipe, fused_loss=False, kernel="sdpa")
+    torchtitan_rope(recipe, model["name"])
     compute_dtype_comm(recipe)
     recipe["allocator"]["expandable_segments"] = expandable(comment_environment(path))
     return flags
@@ -316,6 +323,7 @@ def read_torchtitan_main(path, recipe, a):
     # ChunkedLossWrapper (the baselines' loss) never holds the full logits: the fused loss. The
     # flex kernel has no curves: the base recipe's kernel stays.
     no_key(recipe, fused_loss=True)
+    torchtitan_rope(recipe, MAIN_BASELINES[baseline][0])
     compute_dtype_comm(recipe)
     recipe["allocator"]["expandable_segments"] = expandable(comment_environment(path))
     return flags
@@ -349,6 +357,7 @@ def read_untied_ulysses(path, recipe, a):
     recipe["tiled_mlp"] = {"enabled": tiled, "shards": 0}
     recipe["tiled_norm"] = tiled
     recipe["fused_loss"] = True  # Liger's fused linear cross-entropy, always on in the fork
+    torchtitan_rope(recipe, o["--model.name"])  # the UPipe op rotates with its own kernel
     reshard = o.get("--parallelism.fsdp_reshard_after_forward", "default")
     recipe["sharding"]["zero_stage"] = 2 if reshard == "never" else 3
     recipe["sharding"]["optimizer_offload"] = "--training.enable_cpu_offload" in o
@@ -533,6 +542,8 @@ def read_megatron(path, recipe, a):
     ac = recipe["activation_checkpointing"]
     ac["mode"] = o.get("--recompute-granularity", "none")
     no_key(recipe, fused_loss=False)
+    # Megatron-Core fuses RoPE unless --no-rope-fusion (arguments.py); unfused it is rotate_half.
+    recipe["rope_kernel"] = "eager" if "--no-rope-fusion" in o else "fused"
     if o.get("--attention-backend") == "flash" and recipe["attention_kernel"] not in ("fa2", "fa3"):
         recipe["attention_kernel"] = "fa2"
     compute_dtype_comm(recipe)
@@ -565,6 +576,9 @@ def read_arctic(path, recipe, a):
     recipe["tiled_mlp"] = {"enabled": tiled, "shards": 0}
     if y["model"].get("type") == "liger":
         recipe["fused_loss"] = True
+        recipe["rope_kernel"] = "fused"  # AutoLigerKernelForCausalLM applies Liger's RoPE too
+    else:
+        recipe["rope_kernel"] = "eager"  # the Hugging Face model's rotate_half
     kernel = {"flash_attention_2": "fa2", "sdpa": "sdpa"}
     recipe["attention_kernel"] = kernel[y["model"].get("attn_implementation", "sdpa")]
     recipe["allocator"]["expandable_segments"] = expandable(comment_environment(path))

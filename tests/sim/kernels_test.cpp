@@ -1,5 +1,5 @@
 // What the kernels of a set-up keep and what they can address: FlashAttention backward workspace
-// with GQA, RMSNorm and SwiGLU variants, Qwen3's q/k norms, parameter offload and the 32-bit
+// with GQA, RMSNorm, RoPE and SwiGLU variants, Qwen3's q/k norms, parameter offload and the 32-bit
 // indexing limit, each against a hand-computed case.
 #include <algorithm>
 
@@ -165,6 +165,53 @@ TEST(MlpKernel, EagerRunsSiluAndTheProductAsKernelsOfTheirOwn) {
   EXPECT_NEAR(static_cast<double>(act_unfused->duration_ns), ns(1, 6), 2.0);
   EXPECT_NEAR(static_cast<double>(bwd_eager->duration_ns - bwd_unfused->duration_ns), ns(2, 6),
               10.0);
+}
+
+// RoPE's time (step_builder.cpp, rope_cost) on Llama-3-8B's layer 0, Ulysses over 8 GPUs at 64K:
+// s = 8192 local tokens, q = s·32·128 = 33,554,432 and k = s·8·128 = 8,388,608 elements (E =
+// 41,943,040), and V's copy beside it, 2·s·8·128·2 = 33,554,432 bytes (one kernel of its own
+// unless fused). Bytes per element of q and k and kernels per tensor:
+//   fused    4, one kernel for everything (the scheme's RoPE op before kernels were told apart)
+//   eager    20 in 5 forward; 30 in 9 (autograd) backward
+//   complex  20 in 3, forward and backward
+// The op also issues one framework call per kernel. FPDT's own backward (DeepSpeed's
+// apply_rotary_pos_emb_backward): 20 in 5 per tensor, on each chunk's q and k (lc = 8192 at 128K
+// over 8 GPUs, the same element counts), with FPDT's own host-call count (10).
+TEST(RopeKernel, EachImplementationRunsItsOwnChain) {
+  ScheduleInputs in = alst_deepspeed("llama3-8b", 8, 65536);
+  const double elements = 41943040.0;
+  const double pass_bytes = 33554432.0;
+  const double launch = in.hardware.kernel_launch_s;
+  const double rate = in.hardware.hbm_bandwidth_bytes_per_s * in.hardware.memory_bound_efficiency;
+  const auto check = [&](const Op* op, double kernels, double bytes_per_element, int host_calls) {
+    ASSERT_NE(op, nullptr);
+    const double ns = (kernels * launch + (bytes_per_element * elements + pass_bytes) / rate) * 1e9;
+    EXPECT_NEAR(static_cast<double>(op->duration_ns), ns, kernels + 1.0);
+    EXPECT_EQ(op->host_calls, host_calls);
+  };
+  struct Expected {
+    models::RopeKernel kernel;
+    double forward_kernels, forward_bytes, backward_kernels, backward_bytes;
+  };
+  for (const Expected& x : {Expected{models::RopeKernel::kFused, 1, 4, 1, 4},
+                            Expected{models::RopeKernel::kEager, 11, 20, 19, 30},
+                            Expected{models::RopeKernel::kComplex, 7, 20, 7, 20}}) {
+    SCOPED_TRACE(models::to_string(x.kernel));
+    in.recipe.rope_kernel = x.kernel;
+    const Workload w = build_step(in);
+    const auto calls = [](double kernels) { return static_cast<int>(kernels); };
+    check(find_op(w, "rope", 0, Phase::kForward), x.forward_kernels, x.forward_bytes,
+          calls(x.forward_kernels));
+    check(find_op(w, "rope_bwd", 0, Phase::kBackward), x.backward_kernels, x.backward_bytes,
+          calls(x.backward_kernels));
+  }
+  ScheduleInputs fpdt = inputs(CpMethod::kFpdt, "llama3-8b", 8, 131072);
+  fpdt.recipe = models::load_recipe("deepspeed-fpdt", data());
+  fpdt.parallel.implementation = "deepspeed-fpdt";
+  ASSERT_EQ(fpdt.recipe.rope_kernel, models::RopeKernel::kEager);
+  const Workload w = build_step(fpdt);
+  check(find_op(w, "rope[c0]", 0, Phase::kForward), 11, 20, 10);
+  check(find_op(w, "rope_bwd[k0]", 0, Phase::kBackward), 11, 20, 10);
 }
 
 // Untiled SwiGLU backward, s = 8192, f = 14336: the product's gradient is s·f·2 = 234,881,024

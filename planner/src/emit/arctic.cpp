@@ -18,6 +18,9 @@ RecipeAsRun arctic_recipe_as_run(const sim::ScheduleInputs& in) {
   models::TrainingRecipe& x = r.recipe;
   no_transformer_engine_fp8(r, "ArcticTraining");
   run_as(r, x.fused_loss, true, "Liger's fused loss (the liger model always fuses it)");
+  run_as(
+      r, x.rope_kernel, models::RopeKernel::kFused,
+      "Liger's RoPE kernel (the liger model applies it: AutoLigerKernelForCausalLM's rope=True)");
   if (x.checkpointing == CheckpointMode::kSelective) {
     run_as(r, x.checkpointing, CheckpointMode::kFull, "full per-block checkpointing");
   }

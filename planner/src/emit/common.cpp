@@ -240,6 +240,16 @@ void no_transformer_engine_fp8(RecipeAsRun& r, const char* launcher) {
          fmt::format("bf16 GEMMs (FP8 is TransformerEngine's; {} sets none)", launcher));
 }
 
+void torchtitan_rope(RecipeAsRun& r, const models::TransformerSpec& m, const char* launcher) {
+  if (qwen3_flavor(m).name != nullptr) {
+    run_as(r, r.recipe.rope_kernel, models::RopeKernel::kEager,
+           fmt::format("eager RoPE ({}'s Qwen3 rotate_half)", launcher));
+  } else {
+    run_as(r, r.recipe.rope_kernel, models::RopeKernel::kComplex,
+           fmt::format("complex RoPE in fp32 ({}'s Llama apply_rotary_emb)", launcher));
+  }
+}
+
 void no_offload_or_tiling(RecipeAsRun& r,
                           const std::string& offload_why,
                           const std::string& tiling_why) {

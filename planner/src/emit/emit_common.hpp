@@ -222,6 +222,10 @@ void no_offload_or_tiling(RecipeAsRun& r,
 /// The CP communication dtype fixed to the compute dtype (launchers without a key for it).
 /// FP8 as simulated is TransformerEngine's (Megatron-LM --fp8-format); other launchers run bf16.
 void no_transformer_engine_fp8(RecipeAsRun& r, const char* launcher);
+/// TorchTitan's RoPE for the model (`launcher` names the TorchTitan that runs it): the complex
+/// product for Llama (torchtitan/models/llama3/model/model.py:141-169 @ v0.2.2; ComplexRoPE on
+/// main), rotate_half for Qwen3 (torchtitan/models/qwen3/model/model.py:55-130; CosSinRoPE).
+void torchtitan_rope(RecipeAsRun& r, const models::TransformerSpec& m, const char* launcher);
 void comm_dtype_fixed(RecipeAsRun& r, const char* launcher);
 
 RecipeAsRun torchtitan_recipe_as_run(const sim::ScheduleInputs& in);

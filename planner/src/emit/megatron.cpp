@@ -25,6 +25,8 @@ RecipeAsRun megatron_recipe_as_run(const sim::ScheduleInputs& in) {
   run_as(r, x.optimizer_offload, false, "no optimizer offload (not emitted)");
   no_offload_or_tiling(r, "incompatible with recompute", "no Megatron-LM flag");
   run_as(r, x.fused_loss, false, "logits materialised (no fused linear cross-entropy flag)");
+  run_as(r, x.rope_kernel, models::RopeKernel::kFused,
+         "Megatron-Core's fused RoPE (on unless --no-rope-fusion, which is not emitted)");
   if (x.attention_kernel != "fa2" && x.attention_kernel != "fa3" && x.attention_kernel != "cudnn") {
     run_as(r, x.attention_kernel, std::string("fa2"), "attention through TE's flash backend");
   }

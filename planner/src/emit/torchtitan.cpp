@@ -19,6 +19,7 @@ RecipeAsRun torchtitan_recipe_as_run(const sim::ScheduleInputs& in) {
   RecipeAsRun r{in.recipe, {}};
   models::TrainingRecipe& x = r.recipe;
   no_transformer_engine_fp8(r, "TorchTitan (its float8 is torchao)");
+  torchtitan_rope(r, in.model, "TorchTitan");
   no_offload_or_tiling(r, "no TorchTitan TOML key", "no TorchTitan TOML key");
   run_as(r, x.fused_loss, false, "logits materialised (no fused-loss TOML key)");
   if (x.attention_kernel != "sdpa" && x.attention_kernel != "cudnn") {

@@ -174,6 +174,7 @@ RecipeAsRun torchtitan_main_recipe_as_run(const sim::ScheduleInputs& in) {
   RecipeAsRun r{in.recipe, {}};
   models::TrainingRecipe& x = r.recipe;
   no_transformer_engine_fp8(r, "TorchTitan main (its float8 is torchao)");
+  torchtitan_rope(r, in.model, "TorchTitan main");
   no_offload_or_tiling(r, "no TorchTitan config field", "no TorchTitan config field");
   run_as(r, x.fused_loss, true, "logits in chunks (the baselines' ChunkedLossWrapper)");
   run_as(r, x.grad_reduce_bytes, std::int64_t{4}, "gradients reduced in float32");

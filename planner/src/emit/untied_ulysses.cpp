@@ -18,6 +18,7 @@ RecipeAsRun untied_ulysses_recipe_as_run(const sim::ScheduleInputs& in) {
   RecipeAsRun r{in.recipe, {}};
   models::TrainingRecipe& x = r.recipe;
   no_transformer_engine_fp8(r, "the UPipe fork");
+  torchtitan_rope(r, in.model, "the fork's TorchTitan");  // the UPipe op runs its own kernel
   const bool torch_ring =
       launcher_word(LauncherFormat::kUntiedUlysses, in) == "torch_ring_alltoall";
   if (!torch_ring && x.attention_kernel != "fa2" && x.attention_kernel != "fa3") {

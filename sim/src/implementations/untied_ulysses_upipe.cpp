@@ -102,6 +102,12 @@ class UntiedUlyssesUpipe final : public Implementation {
     }
     return std::nullopt;
   }
+  // RoPE inside the op: flash-attn's Triton rotary kernel in place on q and on k
+  // (untied_ulysses/rotary.py apply_rotary_emb_flash, called by fully_fused_attn.py:110-122 and
+  // its backward at :311 and :338), whatever the model's own RoPE.
+  models::RopeKernel rope_kernel(const ScheduleInputs& /*in*/) const override {
+    return models::RopeKernel::kFused;
+  }
 };
 
 }  // namespace

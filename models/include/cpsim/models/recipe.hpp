@@ -31,6 +31,19 @@ enum class NormKernel { kUpcast, kFused, kEager };
 ///   eager    Hugging Face eager `down(act(gate(x)) * up(x))`: gate, up, silu(gate) and the
 ///            product kept (4f); the backward holds 3f of gradients.
 enum class MlpKernel { kUnfused, kFused, kEager };
+/// How RoPE runs on the query and key, which decides its kernels and HBM traffic (per element of
+/// q and k, a = 2 bytes; docs/MODEL.md "RoPE"):
+///   fused    one kernel over q and k reads and writes each element once, 2a forward and backward
+///            (Liger's Triton kernel in place, TransformerEngine's fused RoPE).
+///   eager    `(x * cos) + (rotate_half(x) * sin)` per tensor, rotate_half a `neg` of one half and
+///            a `cat` (Hugging Face, DeepSpeed's reference path): 5 kernels and 10a forward; the
+///            autograd backward 9 kernels and 15a (DeepSpeed FPDT's own backward: 5 and 10a).
+///   complex  TorchTitan's `view_as_complex(x.float())` product with `freqs_cis`, `type_as` back:
+///            3 kernels and 10a forward and backward (an fp32 copy in between).
+enum class RopeKernel { kFused, kEager, kComplex };
+const char* to_string(RopeKernel k);
+/// @throws InputError naming `field` for anything but fused|eager|complex.
+RopeKernel parse_rope_kernel(const std::string& text, const std::string& field);
 const char* to_string(MlpKernel k);
 /// @throws InputError naming `field` for anything but unfused|fused|eager.
 MlpKernel parse_mlp_kernel(const std::string& text, const std::string& field);
@@ -92,6 +105,7 @@ struct TrainingRecipe {
   MlpKernel mlp_kernel = MlpKernel::kUnfused;  ///< untiled MLP only
   bool tiled_norm = true;
   NormKernel norm_kernel = NormKernel::kUpcast;
+  RopeKernel rope_kernel = RopeKernel::kComplex;
   bool fused_loss = true;  ///< fused linear cross-entropy: logits never materialised
   // Allocator
   bool expandable_segments = true;

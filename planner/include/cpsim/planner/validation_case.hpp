@@ -33,6 +33,7 @@ struct ValidationSetup {
   std::optional<std::string> comm_dtype;
   std::optional<std::string> param_offload;
   std::optional<std::string> norm_kernel;
+  std::optional<std::string> rope_kernel;
   std::optional<std::string> mlp_kernel;
   std::optional<std::string> int32_indexing;
   std::optional<std::string> fp8;

@@ -184,6 +184,11 @@ class Implementation {
   virtual std::string attention_kernel(const ScheduleInputs& in) const {
     return in.recipe.attention_kernel;
   }
+  /// How its code applies RoPE (models::RopeKernel): the recipe's, unless the implementation runs
+  /// its own kernel whatever the model's code does.
+  virtual models::RopeKernel rope_kernel(const ScheduleInputs& in) const {
+    return in.recipe.rope_kernel;
+  }
   /// Whether it runs the FPDT scheme's offloading loop as DeepSpeed's fpdt_layer.py does: the
   /// framework calls of its chunks and blocks and its host synchronisations after each block
   /// (sim/src/attention_fpdt.cpp, docs/MODEL.md "Host issue"); the default: no.
