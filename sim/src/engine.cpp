@@ -425,6 +425,7 @@ class Engine {
   /// With the allocation log: the ops begun (id) and ended (~id) since the last boundary, in the
   /// order the engine made them, which a skip repeats block by block (ff_log_skipped).
   std::vector<OpId> ff_op_log_;
+  bool ff_log_ops_ = false;  // log allocations, and a boundary is still ahead
 };
 
 std::int32_t Engine::new_activity(ActivityKind kind,
@@ -666,7 +667,7 @@ inline void Engine::begin_op(OpId op, const Op& o) {
     allocate(o.workspace_category, workspace);
   }
   if (log_allocations_) [[unlikely]] {
-    if (fast_forward_) {
+    if (ff_log_ops_) {
       ff_op_log_.push_back(op);
     }
     log_begin(op, o);
@@ -927,7 +928,7 @@ void Engine::finish_op(OpId op) {
   if (trace_) {
     result_.intervals.push_back({op, rt.start, now_});
   }
-  if (log_allocations_ && fast_forward_) [[unlikely]] {
+  if (ff_log_ops_) [[unlikely]] {
     ff_op_log_.push_back(~op);
   }
   if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
@@ -1090,6 +1091,7 @@ void Engine::ff_setup() {
 void Engine::ff_arm_next() {
   ff_watch_ = ff_next_ < ff_boundaries_.size() ? ff_boundaries_[ff_next_].op
                                                : static_cast<OpId>(w_.ops.size());
+  ff_log_ops_ = log_allocations_ && ff_next_ < ff_boundaries_.size();
 }
 
 Engine::FfSnapshot Engine::ff_snapshot(const FfBoundary& at) const {
