@@ -1,10 +1,13 @@
-// Speed of the simulator: events/s of the event loop on a synthetic op graph, and the wall time of
-// whole `simulate` evaluations of the reference cases.
+// Speed of the simulator: events/s of the event loop on a synthetic op graph, the wall time of
+// whole `simulate` evaluations of the reference cases, and the caching-allocator replay of
+// a long FPDT step with and without its repeated blocks.
 #include <benchmark/benchmark.h>
 
 #include "cpsim/models/io.hpp"
 #include "cpsim/planner/evaluate.hpp"
+#include "cpsim/sim/allocator.hpp"
 #include "cpsim/sim/engine.hpp"
+#include "cpsim/sim/schedule.hpp"
 
 namespace {
 
@@ -149,6 +152,34 @@ void BM_SimulateQwen32B16Gpus(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_SimulateQwen32B16Gpus)->Unit(benchmark::kMillisecond);
+
+// The caching-allocator replay of deepspeed-fpdt's step at 6.5M tokens on 8 GPUs (its logged
+// run: 347K entries, 52 blocks fast-forwarded), as `maxlen`'s reserved-memory check replays it:
+// argument 1 with the fast-forward's repeats (copies applied while the allocator's blocks
+// repeat), 0 request by request.
+void BM_AllocatorReplayFpdt(benchmark::State& state) {
+  sim::ScheduleInputs in = reference_case(models::CpMethod::kFpdt, "llama3-8b", 8, 104 << 16);
+  in.recipe = models::load_recipe("deepspeed-fpdt", kData);
+  in.parallel.implementation = "deepspeed-fpdt";
+  const sim::Workload w = sim::build_step(in);
+  sim::SimOptions logged;
+  logged.log_allocations = true;
+  const sim::SimResult r = sim::simulate(w, in.hardware, logged);
+  sim::AllocatorConfig config;
+  config.capacity_bytes = in.hardware.hbm_capacity_bytes;
+  const bool repeats = state.range(0) != 0;
+  std::int32_t applied = 0;
+  for (auto _ : state) {
+    const sim::AllocatorReplay replay =
+        repeats ? sim::replay_allocator(r.allocations, r.allocation_repeats, 0, config)
+                : sim::replay_allocator(r.allocations, 0, config);
+    applied = replay.copies_applied;
+    benchmark::DoNotOptimize(replay.peak_reserved_bytes);
+  }
+  state.counters["entries"] = static_cast<double>(r.allocations.size());
+  state.counters["copies_applied"] = applied;
+}
+BENCHMARK(BM_AllocatorReplayFpdt)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
