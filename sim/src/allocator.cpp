@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "cpsim/sim/huge_pages.hpp"
+
 namespace cpsim::sim {
 namespace {
 
@@ -373,7 +375,7 @@ class LiveAllocations {
   std::int64_t lowest_;
   std::int64_t outside_;
   Slot outside_slot_;
-  std::vector<Slot> slots_;
+  std::vector<Slot, HugePageAllocator<Slot>> slots_;  // one per key of the workload: huge pages
 };
 
 // What a repeat's copies are checked and applied against: the last few periods before it,

@@ -2,6 +2,7 @@
 // the one the op-by-op run gives, over methods, implementations, recipes, checkpointing, ZeRO,
 // tensor parallelism, one and every simulated rank, with and without stop limits, the allocation
 // log entry by entry; and it does skip blocks where the schedule is periodic.
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,8 +45,7 @@ void expect_same(const SimResult& full, const SimResult& fast) {
   }
 }
 
-void expect_same_log(const std::vector<AllocationEvent>& full,
-                     const std::vector<AllocationEvent>& fast) {
+void expect_same_log(std::span<const AllocationEvent> full, std::span<const AllocationEvent> fast) {
   ASSERT_EQ(full.size(), fast.size());
   for (std::size_t i = 0; i < full.size(); ++i) {
     const AllocationEvent& a = full[i];

@@ -25,6 +25,7 @@
 
 #include "cpsim/models/units.hpp"
 #include "cpsim/sim/allocator.hpp"
+#include "cpsim/sim/huge_pages.hpp"
 #include "cpsim/sim/workload.hpp"
 
 namespace cpsim::sim {
@@ -105,7 +106,9 @@ struct SimResult {
   /// issued it (from its first call to its issue), in issue order per rank.
   std::vector<OpInterval> host_intervals;
   std::vector<MemorySample> memory_samples;  ///< when record_trace
-  std::vector<AllocationEvent> allocations;  ///< when log_allocations, in the order made
+  /// When log_allocations, in the order made (hundreds of thousands of entries in a long step:
+  /// huge pages).
+  std::vector<AllocationEvent, HugePageAllocator<AllocationEvent>> allocations;
   /// The runs of `allocations` a fast-forward added as copies of the block before (in order).
   std::vector<AllocationRepeat> allocation_repeats;
   /// Device memory exceeded SimOptions::stop_above_device_bytes, or a node's host memory
