@@ -287,6 +287,8 @@ class Engine {
   [[gnu::always_inline]] inline void note_memory(std::int32_t rank, OpId op);
   [[gnu::always_inline]] inline void release(TensorId t);
   [[gnu::always_inline]] inline bool last_read(TensorId t);
+  template <class LastRead, class Free>
+  [[gnu::always_inline]] inline void free_at_end(const Op& o, LastRead last, Free free);
   bool ff_last_read(TensorId t);
   [[gnu::cold, gnu::noinline]] void sample_memory(std::int32_t rank);
   [[gnu::noinline]] void note_host_peak(std::int32_t rank, std::int64_t growth);
@@ -916,6 +918,22 @@ bool Engine::ff_last_read(TensorId t) {
   return last;
 }
 
+// What an ending op frees, in finish_op's order: each input at its last read, then each output
+// nobody reads.
+template <class LastRead, class Free>
+inline void Engine::free_at_end(const Op& o, LastRead last, Free free) {
+  for (TensorId t : range(o.inputs_begin, o.inputs_end)) {
+    if (last(t)) {
+      free(t);
+    }
+  }
+  for (TensorId t : range(o.outputs_begin, o.outputs_end)) {
+    if (w_.tensors[idx(t)].consumers == 0) {
+      free(t);
+    }
+  }
+}
+
 // Frees what the op held, starts the queue heads that waited only for it (in program order), then
 // moves its own queue on.
 void Engine::finish_op(OpId op) {
@@ -938,16 +956,8 @@ void Engine::finish_op(OpId op) {
       log_allocation(-std::int64_t{op} - 1, workspace, o.rank, o.stream, false);
     }
   }
-  for (TensorId t : range(o.inputs_begin, o.inputs_end)) {
-    if (last_read(t)) {
-      release(t);
-    }
-  }
-  for (TensorId t : range(o.outputs_begin, o.outputs_end)) {
-    if (w_.tensors[idx(t)].consumers == 0) {
-      release(t);
-    }
-  }
+  free_at_end(
+      o, [this](TensorId t) { return last_read(t); }, [this](TensorId t) { release(t); });
   if (trace_) [[unlikely]] {
     sample_memory(o.rank);
   }
@@ -1630,21 +1640,13 @@ void Engine::ff_log_skipped(const FfMove& m) {
       if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
         log_allocation(-std::int64_t{x} - 1, workspace, o.rank, o.stream, false);
       }
-      auto log_free = [this](TensorId t) {
-        if (!w_.tensors[idx(t)].on_host) {
-          log_release(t);
-        }
-      };
-      for (TensorId t : range(o.inputs_begin, o.inputs_end)) {
-        if (ff_last_read(t)) {
-          log_free(t);
-        }
-      }
-      for (TensorId t : range(o.outputs_begin, o.outputs_end)) {
-        if (w_.tensors[idx(t)].consumers == 0) {
-          log_free(t);
-        }
-      }
+      free_at_end(
+          o, [this](TensorId t) { return ff_last_read(t); },
+          [this](TensorId t) {
+            if (!w_.tensors[idx(t)].on_host) {
+              log_release(t);
+            }
+          });
     }
   }
 }
