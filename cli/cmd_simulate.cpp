@@ -160,6 +160,9 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   }
   in.recipe = models::load_recipe(recipe_for(a), data);
   auto& r = in.recipe;
+  // The recipe's RoPE for this model's type, once: every later reader sees one kernel.
+  r.rope_kernel = r.rope_kernel_for(in.model.model_type);
+  r.rope_kernel_by_model_type.clear();
   if (!a.ac.empty()) {
     r.checkpointing = models::parse_checkpoint_mode(a.ac, "--ac");
     if (r.checkpointing != models::CheckpointMode::kFull && a.ac_offload.empty()) {

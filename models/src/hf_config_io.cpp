@@ -143,7 +143,8 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
         parse_activation(json_string(*act, hf.field("hidden_act")), hf.field("hidden_act"));
   }
   if (const Json* model_type = hf.optional("model_type")) {
-    spec.qk_norm = json_string(*model_type, hf.field("model_type")) == "qwen3";
+    spec.model_type = json_string(*model_type, hf.field("model_type"));
+    spec.qk_norm = spec.model_type == "qwen3";
   }
 
   // RoPE: legacy rope_theta (+ rope_scaling), or transformers v5 rope_parameters, which wins.

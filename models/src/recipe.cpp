@@ -101,6 +101,15 @@ const char* to_string(RopeKernel k) {
   return "unknown";
 }
 
+RopeKernel TrainingRecipe::rope_kernel_for(std::string_view model_type) const {
+  for (const auto& [type, kernel] : rope_kernel_by_model_type) {
+    if (type == model_type) {
+      return kernel;
+    }
+  }
+  return rope_kernel;
+}
+
 RopeKernel parse_rope_kernel(const std::string& text, const std::string& field) {
   return parse_named(text, {RopeKernel::kFused, RopeKernel::kEager, RopeKernel::kComplex},
                      "RoPE kernel", field);

@@ -141,9 +141,27 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
     const std::string f = field("norm_kernel");
     recipe.norm_kernel = parse_norm_kernel(json_string(*norm, f), f);
   }
+  // One kernel, or {"default": kernel, "<model_type>": kernel, ...}.
   if (const Json* rope = find_member(root, "rope_kernel")) {
     const std::string f = field("rope_kernel");
-    recipe.rope_kernel = parse_rope_kernel(json_string(*rope, f), f);
+    if (rope->is_object()) {
+      const Json* fallback = find_member(*rope, "default");
+      if (fallback == nullptr) {
+        throw InputError(field("rope_kernel.default"),
+                         "missing: the kernel for model types not listed");
+      }
+      recipe.rope_kernel =
+          parse_rope_kernel(json_string(*fallback, f + ".default"), f + ".default");
+      for (const auto& [type, value] : rope->items()) {
+        if (type != "default") {
+          const std::string ft = f + "." + type;
+          recipe.rope_kernel_by_model_type.emplace_back(
+              type, parse_rope_kernel(json_string(value, ft), ft));
+        }
+      }
+    } else {
+      recipe.rope_kernel = parse_rope_kernel(json_string(*rope, f), f);
+    }
   }
   if (const Json* mlp = find_member(root, "mlp_kernel")) {
     const std::string f = field("mlp_kernel");

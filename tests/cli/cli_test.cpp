@@ -351,6 +351,20 @@ TEST_F(CliTest, Fp8Switch) {
   EXPECT_LT(on.at("step_time_s").get<double>(), off.at("step_time_s").get<double>());
 }
 
+// TorchTitan's recipes rotate as its model code does: the complex product for Llama, rotate_half
+// (eager) for Qwen3; --rope-kernel still wins.
+TEST_F(CliTest, RecipeRopeFollowsTheModelType) {
+  auto rope = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"simulate",  "--recipe", "torch-native", "--method",
+                                     "allgather", "--seq",    "32K",          "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_json(args).at("config").at("rope_kernel").get<std::string>();
+  };
+  EXPECT_EQ(rope({"--model", "llama3-8b"}), "complex");
+  EXPECT_EQ(rope({"--model", "qwen3-8b"}), "eager");
+  EXPECT_EQ(rope({"--model", "qwen3-8b", "--rope-kernel", "fused"}), "fused");
+}
+
 TEST_F(CliTest, PipelineParallel) {
   // PP 2 × TP 2 on 8 GPUs: CP degree 2 by default; 4 micro-batches, 1F1B: bubble (P − 1)/m.
   const Json pp = run_json({"simulate", "--impl", "megatron-core-cp", "--method", "ulysses", "--tp",

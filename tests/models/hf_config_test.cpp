@@ -145,6 +145,8 @@ TEST(HfConfig, Qwen3HasQkNormAndTiedEmbeddings) {
   EXPECT_TRUE(spec.qk_norm);
   EXPECT_TRUE(spec.tied_embeddings);
   EXPECT_TRUE(spec.attention_bias);
+  EXPECT_EQ(spec.model_type, "qwen3");
+  EXPECT_EQ(parse(llama_config()).model_type, "llama");
 }
 
 TEST(HfConfig, Activations) {

@@ -54,7 +54,25 @@ TEST(Recipe, BuiltInAlstMatchesTheDefaults) {
   EXPECT_TRUE(alst.expandable_segments);
   EXPECT_EQ(alst.attention_kernel, "fa3");
   EXPECT_EQ(alst.rope_kernel, defaults.rope_kernel);
-  EXPECT_EQ(alst.rope_kernel, RopeKernel::kComplex);  // TorchTitan's apply_rotary_emb
+  // TorchTitan's Llama apply_rotary_emb; its Qwen3 model rotates with rotate_half.
+  EXPECT_EQ(alst.rope_kernel_for("llama"), RopeKernel::kComplex);
+  EXPECT_EQ(alst.rope_kernel_for("qwen3"), RopeKernel::kEager);
+  EXPECT_EQ(alst.rope_kernel_for(""), RopeKernel::kComplex);
+}
+
+TEST(Recipe, RopeKernelPerModelType) {
+  json r = minimal_recipe();
+  r["rope_kernel"] = {{"default", "fused"}, {"qwen3", "eager"}, {"llama", "complex"}};
+  const TrainingRecipe x = parse_recipe(r.dump(), "r.json");
+  EXPECT_EQ(x.rope_kernel, RopeKernel::kFused);
+  EXPECT_EQ(x.rope_kernel_for("qwen3"), RopeKernel::kEager);
+  EXPECT_EQ(x.rope_kernel_for("llama"), RopeKernel::kComplex);
+  EXPECT_EQ(x.rope_kernel_for("mistral"), RopeKernel::kFused);
+  // One name for every model type: no exceptions listed.
+  r["rope_kernel"] = "eager";
+  const TrainingRecipe one = parse_recipe(r.dump(), "r.json");
+  EXPECT_TRUE(one.rope_kernel_by_model_type.empty());
+  EXPECT_EQ(one.rope_kernel_for("qwen3"), RopeKernel::kEager);
 }
 
 TEST(Recipe, ParsesEveryField) {
@@ -178,6 +196,14 @@ TEST(Recipe, RejectsUnknownKeysAndBadValues) {
 
   r = minimal_recipe();
   r["rope_kernel"] = "liger";
+  EXPECT_EQ(error_field(r), "r.json:rope_kernel");
+  r["rope_kernel"] = {{"qwen3", "eager"}};
+  EXPECT_EQ(error_field(r), "r.json:rope_kernel.default");
+  r["rope_kernel"] = {{"default", "eager"}, {"qwen3", "liger"}};
+  EXPECT_EQ(error_field(r), "r.json:rope_kernel.qwen3");
+  r["rope_kernel"] = {{"default", 3}};
+  EXPECT_EQ(error_field(r), "r.json:rope_kernel.default");
+  r["rope_kernel"] = 3;
   EXPECT_EQ(error_field(r), "r.json:rope_kernel");
 
   r = minimal_recipe();

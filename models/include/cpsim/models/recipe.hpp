@@ -4,6 +4,9 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 namespace cpsim::models {
 
@@ -106,6 +109,9 @@ struct TrainingRecipe {
   bool tiled_norm = true;
   NormKernel norm_kernel = NormKernel::kUpcast;
   RopeKernel rope_kernel = RopeKernel::kComplex;
+  /// Where the framework runs another RoPE for some model types (TorchTitan: the complex product
+  /// for Llama, rotate_half for Qwen3): {model_type, kernel}. Read through rope_kernel_for.
+  std::vector<std::pair<std::string, RopeKernel>> rope_kernel_by_model_type;
   bool fused_loss = true;  ///< fused linear cross-entropy: logits never materialised
   // Allocator
   bool expandable_segments = true;
@@ -121,6 +127,9 @@ struct TrainingRecipe {
 
   /// @throws InputError naming the field for values out of range.
   void validate() const;
+
+  /// The RoPE kernel this recipe runs for a model of this `model_type` (HF config).
+  RopeKernel rope_kernel_for(std::string_view model_type) const;
 };
 
 }  // namespace cpsim::models

@@ -23,6 +23,9 @@ struct TransformerSpec {
   std::int64_t vocab = 0;
   bool tied_embeddings = false;
   bool qk_norm = false;  ///< per-head RMSNorm on q and k (Qwen3)
+  /// The Hugging Face config's `model_type` ("llama", "qwen3"); empty when the config has none.
+  /// Frameworks run different model code per type (TorchTitan's RoPE: TrainingRecipe).
+  std::string model_type;
   bool attention_bias = false;
   NormKind norm = NormKind::kRmsNorm;
   ActivationKind activation = ActivationKind::kSwiGlu;
