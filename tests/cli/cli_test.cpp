@@ -1212,13 +1212,56 @@ TEST_F(CliTest, ValidateReportsEveryCase) {
     }
   }
   for (const char* id :
-       {"alst-llama8b-1xh100-maxlen", "alst-llama8b-8xh100-maxlen", "alst-llama8b-1xh200-liger",
-        "alst-llama8b-1xh200-offload", "alst-llama8b-1xh200-tiled", "alst-qwen32b-16xh100-maxlen",
-        "hf-qwen3-4b-sp4-32k-peak", "hf-qwen3-4b-sp4-96k-peak", "hf-qwen3-4b-1gpu-8k-peak",
+       {"alst-llama8b-1xh100-maxlen", "alst-llama8b-1xh200-liger", "alst-llama8b-1xh200-tiled",
+        "alst-qwen32b-16xh100-maxlen", "hf-qwen3-4b-sp4-32k-peak", "hf-qwen3-4b-sp4-96k-peak",
         "fpdt-llama8b-4xa100-maxlen"}) {
     const RunResult one = run({"validate", "--case", id});
     EXPECT_EQ(one.exit_code, 0) << id << "\n" << one.out;
   }
+}
+
+// A longest-context case passes within ±10 % of the published length, or within one search step
+// where that is wider; a case where nothing fits fails whatever its step.
+TEST_F(CliTest, ValidateBandIsTenPercentOrOneSearchStep) {
+  const fs::path data = path("data");
+  fs::copy(CPSIM_TEST_DATA_DIR, data, fs::copy_options::recursive);
+  const fs::path dir = data / "validation";
+  Json base = Json::parse(read_file(dir / "alst-llama8b-1xh100-maxlen.json"));
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    fs::remove(entry.path());
+  }
+  data_dir_ = data.string();
+  auto outcome = [&](const std::string& id, double published, const std::string& granularity) {
+    Json c = base;
+    c["id"] = id;
+    c["published"] = published;
+    c["granularity"] = granularity;
+    write_file(dir / (id + ".json"), c.dump(2));
+    const RunResult r = run({"validate", "--case", id, "--json"});
+    EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 1) << r.err;
+    return Json::parse(r.out).at("cases").at(0);
+  };
+  const Json exact = outcome("exact", 500000, "10000");
+  const double predicted = exact.at("predicted").get<double>();
+  ASSERT_GT(predicted, 0.0);
+  EXPECT_EQ(exact.at("tolerance").get<double>(), 0.1);  // 10,000 tokens: 2 % of 500K
+
+  const Json inside = outcome("inside", predicted / 1.09, "10000");
+  EXPECT_EQ(inside.at("status"), "pass");
+  const Json outside = outcome("outside", predicted / 1.12, "10000");
+  EXPECT_EQ(outside.at("status"), "fail");
+  EXPECT_NEAR(outside.at("relative_error").get<double>(), 0.12, 1e-9);
+
+  // A step of 40 % of the published length: the answer cannot be finer than one step.
+  const Json coarse = outcome("coarse", 400000, "160000");
+  EXPECT_NEAR(coarse.at("tolerance").get<double>(), 0.4, 1e-12);
+  EXPECT_EQ(coarse.at("status"),
+            std::abs(coarse.at("relative_error").get<double>()) <= 0.4 ? "pass" : "fail");
+  // A step longer than anything that fits: no answer, the case's own 10 % applies.
+  const Json none = outcome("none", 400000, "2M");
+  EXPECT_EQ(none.at("predicted").get<double>(), 0.0);
+  EXPECT_EQ(none.at("tolerance").get<double>(), 0.1);
+  EXPECT_EQ(none.at("status"), "fail");
 }
 
 }  // namespace
