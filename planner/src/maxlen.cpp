@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
@@ -10,6 +11,8 @@
 #include <numeric>
 #include <optional>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -128,18 +131,25 @@ BindingConstraint binding_of(const Probe& p, std::int64_t seq) {
 }
 
 /// The probes of one search: evaluated on demand (get), or ahead of demand by a helper thread
-/// (hint: the length the search will likely ask for next). A probe asked for while the helper
-/// evaluates it is waited for; a hint for a length already known or under way, or while the helper
-/// is busy, is dropped. Which lengths were evaluated speculatively changes nothing the search
-/// reads: a probe's outcome depends only on its length (a probe evaluated only for whether it
-/// fits is evaluated again when its report is read).
+/// (hint: the length the search will likely ask for next; enqueue: one it will certainly ask for).
+/// A hint for a length already known or under way, or while the helper is busy, is dropped; an
+/// enqueued probe waits for the helper, unless the search asks for it first. A search that would
+/// wait for the helper evaluates enqueued probes meanwhile. Which lengths were evaluated
+/// speculatively, and on which thread, changes nothing the search reads: a probe's outcome depends
+/// only on its length (a probe evaluated only for whether it fits is evaluated again when its
+/// report is read).
 class ProbeCache {
  public:
+  /// `caller_scratch`: the search thread's buffers (nullptr: the cache's own).
   ProbeCache(const sim::ScheduleInputs& base,
              std::int64_t step,
              int threads,
-             RefusalText refusal_text)
-      : base_(base), step_(step), refusal_text_(std::move(refusal_text)) {
+             RefusalText refusal_text,
+             EvaluationScratch* caller_scratch)
+      : base_(base),
+        step_(step),
+        refusal_text_(std::move(refusal_text)),
+        caller_scratch_(caller_scratch != nullptr ? *caller_scratch : own_scratch_) {
     if (threads > 1) {
       helper_ = std::thread([this] { help(); });
     }
@@ -163,46 +173,35 @@ class ProbeCache {
   const Probe& get(std::int64_t k, Need need = Need::kReport) {
     std::unique_lock<std::mutex> lock(mutex_);
     Slot& slot = slots_[slot_key(k, need)];
-    if (slot.state == Slot::kDone && slot.probe.partial && need == Need::kReport) {
-      slot.state = Slot::kEmpty;
+    for (;;) {
+      if (slot.state == Slot::kDone && slot.probe.partial && need == Need::kReport) {
+        slot.state = Slot::kEmpty;
+      }
+      if (slot.state == Slot::kEmpty || slot.state == Slot::kQueued) {
+        // A queued whole report also answers whether it fits.
+        if (!(slot.state == Slot::kQueued && slot.need == Need::kReport)) {
+          slot.need = need;
+        }
+        run_on_caller(lock, slot, k);
+      }
+      if (slot.state == Slot::kDone) {
+        break;
+      }
+      // The helper evaluates it: evaluate what is queued for it meanwhile, then wait.
+      if (!steal_queued(lock)) {
+        cv_.wait(lock, [&slot] { return slot.state == Slot::kDone; });
+      }
     }
-    if (slot.state == Slot::kEmpty) {
-      slot.state = Slot::kRunning;
-      lock.unlock();
-      Slot done = evaluate_at(k, caller_scratch_, caller_k_, need);
-      lock.lock();
-      slot.probe = std::move(done.probe);
-      slot.error = done.error;
-      slot.state = Slot::kDone;
-      cv_.notify_all();
-    }
-    cv_.wait(lock, [&slot] { return slot.state == Slot::kDone; });
     if (slot.error) {
       std::rethrow_exception(slot.error);
     }
     return slot.probe;
   }
 
-  /// The search thread's buffers, for evaluations after the search (the helper never uses them).
-  EvaluationScratch& caller_scratch() { return caller_scratch_; }
+  void hint(std::int64_t k, Need need = Need::kReport) { offer(k, need, false); }
 
-  void hint(std::int64_t k, Need need = Need::kReport) {
-    if (!helper_.joinable()) {
-      return;
-    }
-    {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      const std::int64_t key = slot_key(k, need);
-      if (helper_busy_ || slots_.count(key) > 0) {
-        return;
-      }
-      slots_[key].state = Slot::kRunning;
-      hinted_ = k;
-      hinted_need_ = need;
-      helper_busy_ = true;
-    }
-    cv_.notify_all();
-  }
+  /// A probe the search will ask for: the helper evaluates it when free, unless asked first.
+  void enqueue(std::int64_t k, Need need) { offer(k, need, true); }
 
  private:
   // Probes with the allocator replayed are kept apart from the others, under −k.
@@ -211,11 +210,75 @@ class ProbeCache {
   }
 
   struct Slot {
-    enum State { kEmpty, kRunning, kDone };
+    enum State { kEmpty, kQueued, kRunning, kDone };
     State state = kEmpty;
+    Need need = Need::kReport;  // what the evaluation under way or queued computes
     Probe probe;
     std::exception_ptr error;
   };
+
+  void offer(std::int64_t k, Need need, bool queue_when_busy) {
+    if (!helper_.joinable()) {
+      return;
+    }
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      const std::int64_t key = slot_key(k, need);
+      if (slots_.count(key) > 0 || (helper_busy_ && !queue_when_busy)) {
+        return;
+      }
+      Slot& slot = slots_[key];
+      slot.need = need;
+      if (helper_busy_) {
+        slot.state = Slot::kQueued;
+        queue_.push_back(k);
+        queue_need_.push_back(need);
+        return;
+      }
+      slot.state = Slot::kRunning;
+      hinted_ = k;
+      hinted_need_ = need;
+      helper_busy_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  /// Evaluates `slot` (the probe at k) on the search's thread; `lock` is held on entry and exit.
+  void run_on_caller(std::unique_lock<std::mutex>& lock, Slot& slot, std::int64_t k) {
+    slot.state = Slot::kRunning;
+    const Need need = slot.need;
+    lock.unlock();
+    Slot done = evaluate_at(k, caller_scratch_, caller_k_, need);
+    lock.lock();
+    slot.probe = std::move(done.probe);
+    slot.error = done.error;
+    slot.state = Slot::kDone;
+    cv_.notify_all();
+  }
+
+  /// The first probe still queued, taken off the queue (nullopt: none). `lock` is held.
+  std::optional<std::pair<std::int64_t, Need>> pop_queued() {
+    while (!queue_.empty()) {
+      const std::int64_t k = queue_.front();
+      const Need need = queue_need_.front();
+      queue_.pop_front();
+      queue_need_.pop_front();
+      if (slots_[slot_key(k, need)].state == Slot::kQueued) {
+        return std::make_pair(k, need);
+      }
+    }
+    return std::nullopt;
+  }
+
+  /// Evaluates one queued probe on the search's thread; false when none is queued.
+  bool steal_queued(std::unique_lock<std::mutex>& lock) {
+    const auto next = pop_queued();
+    if (!next) {
+      return false;
+    }
+    run_on_caller(lock, slots_[slot_key(next->first, next->second)], next->first);
+    return true;
+  }
 
   /// Evaluates k·step in `scratch` (the calling thread's), which last evaluated `last_k`.
   Slot evaluate_at(std::int64_t k,
@@ -283,17 +346,25 @@ class ProbeCache {
       if (stop_) {
         return;
       }
-      const std::int64_t k = hinted_;
-      const Need need = hinted_need_;
-      lock.unlock();
-      Slot done = evaluate_at(k, helper_scratch_, helper_k_, need);
-      lock.lock();
-      Slot& slot = slots_[slot_key(k, need)];
-      slot.probe = std::move(done.probe);
-      slot.error = done.error;
-      slot.state = Slot::kDone;
+      std::int64_t k = hinted_;
+      Need need = hinted_need_;
+      for (;;) {
+        lock.unlock();
+        Slot done = evaluate_at(k, helper_scratch_, helper_k_, need);
+        lock.lock();
+        Slot& slot = slots_[slot_key(k, need)];
+        slot.probe = std::move(done.probe);
+        slot.error = done.error;
+        slot.state = Slot::kDone;
+        cv_.notify_all();
+        const auto next = stop_ ? std::nullopt : pop_queued();
+        if (!next) {
+          break;
+        }
+        std::tie(k, need) = *next;
+        slots_[slot_key(k, need)].state = Slot::kRunning;
+      }
       helper_busy_ = false;
-      cv_.notify_all();
     }
   }
 
@@ -307,11 +378,14 @@ class ProbeCache {
   Need hinted_need_ = Need::kReport;
   bool helper_busy_ = false;
   bool stop_ = false;
-  EvaluationScratch caller_scratch_;  // used by get(), on the search's thread only
-  EvaluationScratch helper_scratch_;  // used by the helper thread only
-  std::int64_t caller_k_ = 0;         // the longest probe caller_scratch_ has built
-  std::int64_t helper_k_ = 0;         // the longest probe helper_scratch_ has built
-  std::thread helper_;                // last: started once the members it uses exist
+  std::deque<std::int64_t> queue_;  // enqueued while the helper was busy, in order
+  std::deque<Need> queue_need_;
+  EvaluationScratch own_scratch_;
+  EvaluationScratch& caller_scratch_;  // used by get(), on the search's thread only
+  EvaluationScratch helper_scratch_;   // used by the helper thread only
+  std::int64_t caller_k_ = 0;          // the longest probe caller_scratch_ has built
+  std::int64_t helper_k_ = 0;          // the longest probe helper_scratch_ has built
+  std::thread helper_;                 // last: started once the members it uses exist
 };
 
 // The search decides on the allocated peak, a lower bound of the reserved memory (reserved
@@ -398,7 +472,7 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
     (void)sim::derive_head_layout(probe);
   }
   const std::int64_t k_max = options.max_tokens / res.step;
-  ProbeCache cache(base, res.step, options.threads, options.refusal_text);
+  ProbeCache cache(base, res.step, options.threads, options.refusal_text, options.scratch);
   std::vector<bool> asked;
   auto probe = [&](std::int64_t k, Need need = Need::kReport) -> const Probe& {
     if (static_cast<std::size_t>(k) >= asked.size()) {
@@ -471,18 +545,40 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
     }
     return std::clamp<std::int64_t>(k, lo + 1, std::min(hi - 1, k_max));
   };
+  // The pressure the line through the last two probes gives at k (nullopt: no line yet).
+  auto line_at = [&](std::int64_t k) -> std::optional<double> {
+    if (points.size() < 2) {
+      return std::nullopt;
+    }
+    const Point& a = points[points.size() - 2];
+    const Point& b = points.back();
+    return b.pressure + (a.pressure - b.pressure) / static_cast<double>(a.k - b.k) *
+                            static_cast<double>(k - b.k);
+  };
   auto narrow = [&]() {
     while (hi - lo > 1 && lo < k_max) {
       const std::int64_t k = next_k();
-      // The helper's guess. Near the limit (a failure bracketed): k fits and the next length
-      // asked is k + 1. On a long leap before the first failure (memory is often convex in the
-      // length, so secant leaps overshoot): the length the search falls back to if k fails,
+      // The helper's guess. On a long leap before the first failure (memory is often convex in
+      // the length, so secant leaps overshoot): the length the search falls back to if k fails,
       // about 7/8 of the way; it also builds a workload of about k's size in the helper's
-      // buffers, which a later guess then reuses instead of growing them.
+      // buffers, which a later guess then reuses instead of growing them. Otherwise what follows
+      // k on the side the line through the last two probes puts it (fits when there is no
+      // line): the next length that way, or where k closes the bracket the caching allocator
+      // at the answer, the longest evaluation left.
       if (hi > k_max && k > 2 * lo + 1) {
         hint(lo + (k - lo) * 7 / 8);
-      } else {
-        hint(k + 1 < hi ? k + 1 : k - 1);
+      } else if (const std::optional<double> x = line_at(k); !x || *x <= 1.0) {
+        if (k + 1 < hi) {
+          hint(k + 1);
+        } else if (options.check_reserved) {
+          cache.hint(k, Need::kReserved);
+        } else {
+          hint(k - 1);
+        }
+      } else if (k - 1 > lo) {
+        hint(k - 1);
+      } else if (options.check_reserved && lo >= 1) {
+        cache.hint(lo, Need::kReserved);
       }
       const std::int64_t width = hi > k_max ? 0 : hi - lo;  // 0: no failure bracketed yet
       const Probe& p = probe(k);
@@ -501,13 +597,15 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
   for (;;) {
     narrow();
     // Neighbours: memory is not always monotone in the length (tile counts, loss chunks). One
-    // step past the first failure must fail too; otherwise continue the search from there. The
-    // helper meanwhile replays the caching allocator at the likely answer (the longest evaluation
-    // that follows), or evaluates the other neighbour.
+    // step past the first failure must fail too; otherwise continue the search from there. What
+    // follows is known unless that happens: the caching allocator replayed at the answer (the
+    // longest evaluation left) and the neighbour below it, queued for the helper in that order
+    // while the search evaluates the one above.
     if (options.check_reserved && lo >= 1 && lo <= k_max) {
-      cache.hint(lo, Need::kReserved);
-    } else if (lo >= 2) {
-      hint(lo - 1);
+      cache.enqueue(lo, Need::kReserved);
+    }
+    if (lo >= 2) {
+      cache.enqueue(lo - 1, Need::kFits);
     }
     if (hi + 1 <= k_max && probe(hi + 1, Need::kFits).fits) {
       res.monotone = false;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -695,7 +696,8 @@ bool check_reserved(const sim::ScheduleInputs& base,
                     const PlanOptions& options,
                     Candidate& c,
                     bool max_context,
-                    std::int64_t& simulations) {
+                    std::int64_t& simulations,
+                    EvaluationScratch& scratch) {
   if (c.reserved_checked) {
     return false;
   }
@@ -705,7 +707,7 @@ bool check_reserved(const sim::ScheduleInputs& base,
     EvaluateOptions logged;
     logged.model_allocator = true;
     simulations += 1;
-    c.report = evaluate(in, logged).report;
+    c.report = evaluate(in, logged, scratch).report;
     c.fits = c.report.fits();
     return !c.fits;
   }
@@ -714,7 +716,7 @@ bool check_reserved(const sim::ScheduleInputs& base,
   m.max_seq_len = c.max_seq_len;
   m.at_max = c.report;
   m.binding = c.binding;
-  check_reserved_memory(in, m);
+  check_reserved_memory(in, m, &scratch);
   simulations += m.evaluations;
   const bool changed = m.max_seq_len != c.max_seq_len;
   c.max_seq_len = m.max_seq_len;
@@ -725,6 +727,46 @@ bool check_reserved(const sim::ScheduleInputs& base,
     c.parallel.seq_len = m.max_seq_len;
   }
   return changed;
+}
+
+// Checks the reserved memory of `cands` on the plan's threads (each check is independent of the
+// others: the outcome is the same in any order); true when one moved. Rethrows the first
+// candidate's error, in the order given.
+bool check_reserved_all(const sim::ScheduleInputs& base,
+                        const PlanOptions& options,
+                        const std::vector<Candidate*>& cands,
+                        bool max_context,
+                        std::int64_t& simulations) {
+  std::vector<char> moved(cands.size(), 0);
+  std::vector<std::int64_t> sims(cands.size(), 0);
+  std::vector<std::exception_ptr> errors(cands.size());
+  std::atomic<std::size_t> next{0};
+  auto worker = [&]() {
+    EvaluationScratch scratch;
+    for (std::size_t i = next++; i < cands.size(); i = next++) {
+      try {
+        moved[i] = check_reserved(base, options, *cands[i], max_context, sims[i], scratch) ? 1 : 0;
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(cands.size())));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) {
+    pool.emplace_back(worker);
+  }
+  worker();
+  for (auto& t : pool) {
+    t.join();
+  }
+  for (const std::exception_ptr& e : errors) {
+    if (e) {
+      std::rethrow_exception(e);
+    }
+  }
+  simulations += std::accumulate(sims.begin(), sims.end(), std::int64_t{0});
+  return std::find(moved.begin(), moved.end(), 1) != moved.end();
 }
 
 // Ranks `res.ranked` (fitting on their allocated peak) and checks the reserved memory of every
@@ -761,12 +803,13 @@ void rank_checking_reserved(const sim::ScheduleInputs& base,
       shown.push_back(c.label);
     for (const Candidate& c : res.best_per_method)
       shown.push_back(c.label);
-    bool moved = false;
+    std::vector<Candidate*> to_check;
     for (Candidate& c : res.ranked) {
-      if (std::find(shown.begin(), shown.end(), c.label) != shown.end()) {
-        moved = check_reserved(base, options, c, mc, res.simulations) || moved;
+      if (!c.reserved_checked && std::find(shown.begin(), shown.end(), c.label) != shown.end()) {
+        to_check.push_back(&c);
       }
     }
+    bool moved = check_reserved_all(base, options, to_check, mc, res.simulations);
     // Those that no longer fit leave the ranking, in order (an erase, not a stable partition:
     // that builds a buffer of candidates as long as the ranking).
     for (const Candidate& c : res.ranked) {
@@ -884,7 +927,8 @@ bool check_reserved_memory(const sim::ScheduleInputs& base,
                            Candidate& candidate,
                            bool max_context) {
   std::int64_t simulations = 0;
-  return check_reserved(base, options, candidate, max_context, simulations);
+  EvaluationScratch scratch;
+  return check_reserved(base, options, candidate, max_context, simulations, scratch);
 }
 
 PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
@@ -967,6 +1011,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
           mo.granularity = options.granularity;
           mo.check_reserved = false;  // the candidates shown are checked below
           mo.threads = 1;             // the candidates already share the threads
+          mo.scratch = &scratch;
           mo.refusal_text = refusal_text;
           const MaxLenResult m = max_seq_len(in, mo);
           simulations += m.evaluations;

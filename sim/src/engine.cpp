@@ -1768,6 +1768,11 @@ void Engine::setup() {
   b_.node_host_bytes.assign(n_ranks / static_cast<std::size_t>(std::max(1, w_.gpus_per_node)) + 1,
                             0);
   result_.busy.assign(n_ranks, {});
+  if (log_allocations_) {
+    // At most an allocation and a free per tensor and per op's workspace: room for all of them up
+    // front (pages are touched only as entries are written) instead of copies at each doubling.
+    result_.allocations.reserve(2 * (w_.tensors.size() + n_ops));
+  }
   host_ = profile_.host_issue.enabled();
   if (host_) {
     if (n_queues >= static_cast<std::size_t>(kHostWaitEvent)) {

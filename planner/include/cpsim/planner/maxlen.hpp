@@ -45,6 +45,9 @@ struct MaxLenOptions {
   /// every field of the result is the same for any value and any timing.
   int threads = 2;
   RefusalText refusal_text;
+  /// The calling thread's buffers to build and simulate in (nullptr: the search's own), so that
+  /// a caller running many searches (plan's workers) reuses memory already faulted in.
+  EvaluationScratch* scratch = nullptr;
 };
 
 struct MaxLenResult {
