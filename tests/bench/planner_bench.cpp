@@ -190,6 +190,22 @@ void BM_PlanSweepGpus(benchmark::State& state) {
 }
 BENCHMARK(BM_PlanSweepGpus)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// One plan per iteration, with its counters (of the last plan): configurations, pruned by the
+// memory bound, evaluated, simulations.
+void run_plan(benchmark::State& state,
+              const sim::ScheduleInputs& in,
+              const planner::PlanOptions& o) {
+  planner::PlanResult last;
+  for (auto _ : state) {
+    last = planner::plan(in, o);
+    benchmark::DoNotOptimize(last.ranked.size());
+  }
+  state.counters["configurations"] = static_cast<double>(last.generated);
+  state.counters["pruned"] = static_cast<double>(last.pruned);
+  state.counters["evaluated"] = static_cast<double>(last.evaluated);
+  state.counters["simulations"] = static_cast<double>(last.simulations);
+}
+
 // `plan --seq 128K --allow-data-parallel` for Llama-3-70B on 1024 H100s, 2 threads: TP × PP × CP
 // × DP × micro-batches × pipeline schedules × recipes, 111,808 configurations before pruning
 // (target: ≤ 2 s on 2 cores). Counters per plan: configurations, pruned by the memory bound,
@@ -204,33 +220,17 @@ void BM_Plan1024Gpus(benchmark::State& state) {
   o.seq_len = in.parallel.seq_len;
   o.threads = 2;
   o.allow_data_parallel = true;
-  planner::PlanResult last;
-  for (auto _ : state) {
-    last = planner::plan(in, o);
-    benchmark::DoNotOptimize(last.ranked.size());
-  }
-  state.counters["configurations"] = static_cast<double>(last.generated);
-  state.counters["pruned"] = static_cast<double>(last.pruned);
-  state.counters["evaluated"] = static_cast<double>(last.evaluated);
-  state.counters["simulations"] = static_cast<double>(last.simulations);
+  run_plan(state, in, o);
 }
 BENCHMARK(BM_Plan1024Gpus)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
 // `cpsim plan` on its defaults (Llama-3-8B on 8 H100s, longest context), 2 threads: every
 // candidate's longest context searched, then the reserved memory of every candidate shown
-// checked. Counters per plan: configurations, evaluated, simulations.
+// checked.
 void BM_PlanMaxContext(benchmark::State& state) {
-  const sim::ScheduleInputs in = base(models::CpMethod::kUlysses);
   planner::PlanOptions o;
   o.threads = 2;
-  planner::PlanResult last;
-  for (auto _ : state) {
-    last = planner::plan(in, o);
-    benchmark::DoNotOptimize(last.ranked.size());
-  }
-  state.counters["configurations"] = static_cast<double>(last.generated);
-  state.counters["evaluated"] = static_cast<double>(last.evaluated);
-  state.counters["simulations"] = static_cast<double>(last.simulations);
+  run_plan(state, base(models::CpMethod::kUlysses), o);
 }
 BENCHMARK(BM_PlanMaxContext)->Unit(benchmark::kMillisecond)->UseRealTime();
 
