@@ -523,6 +523,10 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
   };
   std::vector<Point> points;
   int slow_steps = 0;
+  // After a long leap fails (the first failure): 7/8 of the way from the last fit. Memory is
+  // often convex in the length, so the line through the leap's end points reaches the limit
+  // early (a fitting length); the next length asked is the larger of the two.
+  std::int64_t leap_fallback = 0;
   auto next_k = [&]() -> std::int64_t {
     std::int64_t k = 0;
     const bool line = points.size() >= 2 && slow_steps < 2;
@@ -557,7 +561,11 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
   };
   auto narrow = [&]() {
     while (hi - lo > 1 && lo < k_max) {
-      const std::int64_t k = next_k();
+      std::int64_t k = next_k();
+      if (leap_fallback > k && leap_fallback < hi) {
+        k = leap_fallback;
+      }
+      leap_fallback = 0;
       // The helper's guess. On a long leap before the first failure (memory is often convex in
       // the length, so secant leaps overshoot): the length the search falls back to if k fails,
       // about 7/8 of the way; it also builds a workload of about k's size in the helper's
@@ -565,7 +573,8 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
       // k on the side the line through the last two probes puts it (fits when there is no
       // line): the next length that way, or where k closes the bracket the caching allocator
       // at the answer, the longest evaluation left.
-      if (hi > k_max && k > 2 * lo + 1) {
+      const bool long_leap = hi > k_max && k > 2 * lo + 1;
+      if (long_leap) {
         hint(lo + (k - lo) * 7 / 8);
       } else if (const std::optional<double> x = line_at(k); !x || *x <= 1.0) {
         if (k + 1 < hi) {
@@ -588,6 +597,7 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
       if (p.fits) {
         lo = k;
       } else {
+        leap_fallback = long_leap ? lo + (k - lo) * 7 / 8 : 0;
         hi = k;
       }
       slow_steps = width > 0 && 2 * (hi - lo) > width ? slow_steps + 1 : 0;
