@@ -231,8 +231,7 @@ class ProbeCache {
       slot.need = need;
       if (helper_busy_) {
         slot.state = Slot::kQueued;
-        queue_.push_back(k);
-        queue_need_.push_back(need);
+        queue_.emplace_back(k, need);
         return;
       }
       slot.state = Slot::kRunning;
@@ -259,10 +258,8 @@ class ProbeCache {
   /// The first probe still queued, taken off the queue (nullopt: none). `lock` is held.
   std::optional<std::pair<std::int64_t, Need>> pop_queued() {
     while (!queue_.empty()) {
-      const std::int64_t k = queue_.front();
-      const Need need = queue_need_.front();
+      const auto [k, need] = queue_.front();
       queue_.pop_front();
-      queue_need_.pop_front();
       if (slots_[slot_key(k, need)].state == Slot::kQueued) {
         return std::make_pair(k, need);
       }
@@ -378,8 +375,7 @@ class ProbeCache {
   Need hinted_need_ = Need::kReport;
   bool helper_busy_ = false;
   bool stop_ = false;
-  std::deque<std::int64_t> queue_;  // enqueued while the helper was busy, in order
-  std::deque<Need> queue_need_;
+  std::deque<std::pair<std::int64_t, Need>> queue_;  // enqueued while the helper was busy
   EvaluationScratch own_scratch_;
   EvaluationScratch& caller_scratch_;  // used by get(), on the search's thread only
   EvaluationScratch helper_scratch_;   // used by the helper thread only

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -729,6 +730,19 @@ bool check_reserved(const sim::ScheduleInputs& base,
   return changed;
 }
 
+// Runs `worker` on min(threads, items) threads, this one among them, and waits for all of them.
+void run_workers(int threads, std::size_t items, const std::function<void()>& worker) {
+  const int n = std::max(1, std::min<int>(threads, static_cast<int>(items)));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < n; ++t) {
+    pool.emplace_back(worker);
+  }
+  worker();
+  for (auto& t : pool) {
+    t.join();
+  }
+}
+
 // Checks the reserved memory of `cands` on the plan's threads (each check is independent of the
 // others: the outcome is the same in any order); true when one moved. Rethrows the first
 // candidate's error, in the order given.
@@ -751,15 +765,7 @@ bool check_reserved_all(const sim::ScheduleInputs& base,
       }
     }
   };
-  const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(cands.size())));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) {
-    pool.emplace_back(worker);
-  }
-  worker();
-  for (auto& t : pool) {
-    t.join();
-  }
+  run_workers(options.threads, cands.size(), worker);
   for (const std::exception_ptr& e : errors) {
     if (e) {
       std::rethrow_exception(e);
@@ -1031,13 +1037,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
       }
     }
   };
-  const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(order.size())));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t)
-    pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool)
-    t.join();
+  run_workers(options.threads, order.size(), worker);
   res.simulations = simulations;
 
   for (Candidate& c : cands) {
