@@ -95,6 +95,10 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs,
       scratch.simulator.run(scratch.workload, inputs.hardware, sim_options);
   Evaluation e;
   e.report = sim::summarize(inputs, scratch.workload, result);
+  if (options.model_allocator && options.allocated_report_too) {
+    e.allocated_report =
+        sim::summarize(inputs, scratch.workload, result, sim::AllocatorLogUse::kIgnoreLog);
+  }
   return e;
 }
 

@@ -3,15 +3,15 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
-#include <deque>
 #include <exception>
 #include <functional>
+#include <list>
 #include <map>
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <stdexcept>
 #include <thread>
-#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
@@ -62,8 +62,9 @@ struct Probe {
 
 /// What a caller reads of a probe: `fits` alone, or its whole report as well (pressure, binding,
 /// the step at the longest length), or the report with the caching allocator replayed (the
-/// reserved memory decides whether it fits).
-enum class Need { kFits, kReport, kReserved };
+/// reserved memory decides whether it fits), or both reports from one run (the length the search
+/// expects to answer: its replay is then not a second simulation).
+enum class Need { kFits, kReport, kReserved, kReportAndReserved };
 
 BindingConstraint binding_of(const Probe& p, std::int64_t seq) {
   BindingConstraint b;
@@ -131,10 +132,11 @@ BindingConstraint binding_of(const Probe& p, std::int64_t seq) {
 }
 
 /// The probes of one search: evaluated on demand (get), or ahead of demand by a helper thread
-/// (hint: the length the search will likely ask for next; enqueue: one it will certainly ask for).
-/// A hint for a length already known or under way, or while the helper is busy, is dropped; an
-/// enqueued probe waits for the helper, unless the search asks for it first. A search that would
-/// wait for the helper evaluates enqueued probes meanwhile. Which lengths were evaluated
+/// (hint: the length the search will likely ask for next; enqueue: one it will certainly ask for;
+/// speculate: one it will ask for if its current guess at the answer holds). A hint for a length
+/// already known or under way, or while the helper is busy, is dropped; an enqueued or speculative
+/// probe waits for the helper, unless the search asks for it first. A search that would wait for
+/// the helper evaluates enqueued (not speculative) probes meanwhile. Which lengths were evaluated
 /// speculatively, and on which thread, changes nothing the search reads: a probe's outcome depends
 /// only on its length (a probe evaluated only for whether it fits is evaluated again when its
 /// report is read).
@@ -169,17 +171,18 @@ class ProbeCache {
 
   /// The probe at k·step; rethrows what its evaluation threw (other than a refused length). With
   /// Need::kFits a length that does not fit may be simulated only until its memory passes the
-  /// usable capacity; a later Need::kReport evaluates it again in full.
+  /// usable capacity; a later Need::kReport evaluates it again in full. Need::kReportAndReserved
+  /// returns the report (as kReport) and keeps the reserved one for get(k, Need::kReserved).
   const Probe& get(std::int64_t k, Need need = Need::kReport) {
     std::unique_lock<std::mutex> lock(mutex_);
     Slot& slot = slots_[slot_key(k, need)];
     for (;;) {
-      if (slot.state == Slot::kDone && slot.probe.partial && need == Need::kReport) {
+      if (slot.state == Slot::kDone && slot.probe.partial && need != Need::kFits) {
         slot.state = Slot::kEmpty;
       }
       if (slot.state == Slot::kEmpty || slot.state == Slot::kQueued) {
         // A queued whole report also answers whether it fits.
-        if (!(slot.state == Slot::kQueued && slot.need == Need::kReport)) {
+        if (!(slot.state == Slot::kQueued && slot.need == Need::kReport && need == Need::kFits)) {
           slot.need = need;
         }
         run_on_caller(lock, slot, k);
@@ -198,10 +201,29 @@ class ProbeCache {
     return slot.probe;
   }
 
-  void hint(std::int64_t k, Need need = Need::kReport) { offer(k, need, false); }
+  /// Whether the probe at k is known (its whole report, or only whether it fits when `need` is
+  /// kFits) or under way.
+  bool known(std::int64_t k, Need need = Need::kReport) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = slots_.find(slot_key(k, need));
+    if (it == slots_.end() || it->second.state == Slot::kEmpty ||
+        it->second.state == Slot::kQueued) {
+      return false;
+    }
+    return need == Need::kFits || !(it->second.state == Slot::kDone && it->second.probe.partial);
+  }
+
+  /// Whether a length's report and reserved report can come from one run (kReportAndReserved).
+  bool one_run_for_both() const { return base_.parallel.pp_degree <= 1; }
+
+  void hint(std::int64_t k, Need need = Need::kReport) { offer(k, need, Offer::kHint); }
 
   /// A probe the search will ask for: the helper evaluates it when free, unless asked first.
-  void enqueue(std::int64_t k, Need need) { offer(k, need, true); }
+  void enqueue(std::int64_t k, Need need) { offer(k, need, Offer::kCertain); }
+
+  /// A probe the search will ask for if its guess holds: the helper evaluates it when free; the
+  /// search does not take it up while waiting.
+  void speculate(std::int64_t k, Need need) { offer(k, need, Offer::kSpeculative); }
 
  private:
   // Probes with the allocator replayed are kept apart from the others, under −k.
@@ -216,22 +238,41 @@ class ProbeCache {
     Probe probe;
     std::exception_ptr error;
   };
+  /// What one evaluation found: the slot of its need and, for kReportAndReserved, the reserved.
+  struct Evaluated {
+    Slot slot;
+    std::optional<Slot> reserved;
+  };
+  struct Queued {
+    std::int64_t k = 0;
+    Need need = Need::kReport;
+    bool speculative = false;
+  };
+  enum class Offer { kHint, kCertain, kSpeculative };
 
-  void offer(std::int64_t k, Need need, bool queue_when_busy) {
+  void offer(std::int64_t k, Need need, Offer kind) {
     if (!helper_.joinable()) {
       return;
     }
     {
       const std::lock_guard<std::mutex> lock(mutex_);
       const std::int64_t key = slot_key(k, need);
-      if (slots_.count(key) > 0 || (helper_busy_ && !queue_when_busy)) {
+      if (const auto it = slots_.find(key); it != slots_.end()) {
+        if (kind == Offer::kCertain && it->second.state == Slot::kQueued) {
+          for (Queued& q : queue_) {
+            q.speculative = q.speculative && slot_key(q.k, q.need) != key;
+          }
+        }
+        return;
+      }
+      if (helper_busy_ && kind == Offer::kHint) {
         return;
       }
       Slot& slot = slots_[key];
       slot.need = need;
       if (helper_busy_) {
         slot.state = Slot::kQueued;
-        queue_.emplace_back(k, need);
+        queue_.push_back({k, need, kind == Offer::kSpeculative});
         return;
       }
       slot.state = Slot::kRunning;
@@ -242,46 +283,67 @@ class ProbeCache {
     cv_.notify_all();
   }
 
+  /// Stores what evaluating the probe at k found; `lock` is held.
+  void store(std::int64_t k, Need need, Evaluated done) {
+    Slot& slot = slots_[slot_key(k, need)];
+    slot.probe = std::move(done.slot.probe);
+    slot.error = done.slot.error;
+    slot.state = Slot::kDone;
+    if (done.reserved) {
+      Slot& reserved = slots_[slot_key(k, Need::kReserved)];
+      if (reserved.state == Slot::kEmpty || reserved.state == Slot::kQueued) {
+        reserved.probe = std::move(done.reserved->probe);
+        reserved.error = done.reserved->error;
+        reserved.state = Slot::kDone;
+      }
+    }
+    cv_.notify_all();
+  }
+
   /// Evaluates `slot` (the probe at k) on the search's thread; `lock` is held on entry and exit.
   void run_on_caller(std::unique_lock<std::mutex>& lock, Slot& slot, std::int64_t k) {
     slot.state = Slot::kRunning;
     const Need need = slot.need;
     lock.unlock();
-    Slot done = evaluate_at(k, caller_scratch_, caller_k_, need);
+    Evaluated done = evaluate_at(k, caller_scratch_, caller_k_, need);
     lock.lock();
-    slot.probe = std::move(done.probe);
-    slot.error = done.error;
-    slot.state = Slot::kDone;
-    cv_.notify_all();
+    store(k, need, std::move(done));
   }
 
-  /// The first probe still queued, taken off the queue (nullopt: none). `lock` is held.
-  std::optional<std::pair<std::int64_t, Need>> pop_queued() {
-    while (!queue_.empty()) {
-      const auto [k, need] = queue_.front();
-      queue_.pop_front();
-      if (slots_[slot_key(k, need)].state == Slot::kQueued) {
-        return std::make_pair(k, need);
+  /// The first probe still queued (speculative ones too when `speculative`), taken off the queue
+  /// (nullopt: none). `lock` is held.
+  std::optional<Queued> pop_queued(bool speculative) {
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      const Queued q = *it;
+      if (slots_[slot_key(q.k, q.need)].state != Slot::kQueued) {
+        it = queue_.erase(it);
+        continue;
       }
+      if (q.speculative && !speculative) {
+        ++it;
+        continue;
+      }
+      queue_.erase(it);
+      return q;
     }
     return std::nullopt;
   }
 
-  /// Evaluates one queued probe on the search's thread; false when none is queued.
+  /// Evaluates one queued (not speculative) probe on the search's thread; false when none is.
   bool steal_queued(std::unique_lock<std::mutex>& lock) {
-    const auto next = pop_queued();
+    const std::optional<Queued> next = pop_queued(false);
     if (!next) {
       return false;
     }
-    run_on_caller(lock, slots_[slot_key(next->first, next->second)], next->first);
+    run_on_caller(lock, slots_[slot_key(next->k, next->need)], next->k);
     return true;
   }
 
   /// Evaluates k·step in `scratch` (the calling thread's), which last evaluated `last_k`.
-  Slot evaluate_at(std::int64_t k,
-                   EvaluationScratch& scratch,
-                   std::int64_t& last_k,
-                   Need need = Need::kReport) const {
+  Evaluated evaluate_at(std::int64_t k,
+                        EvaluationScratch& scratch,
+                        std::int64_t& last_k,
+                        Need need = Need::kReport) const {
     // A longer probe than the scratch has seen builds a proportionally larger workload (FPDT and
     // UPipe grow with the length): room for it up front instead of growing vectors by doubling,
     // each doubling a copy into freshly faulted memory. Only capacities change.
@@ -301,7 +363,8 @@ class ProbeCache {
       room(w.collectives);
     }
     last_k = std::max(last_k, k);
-    Slot s;
+    Evaluated out;
+    Slot& s = out.slot;
     sim::ScheduleInputs in = base_;
     in.parallel.seq_len = k * step_;
     // Only whether it fits: the run may stop once device memory passes capacity − margin, which
@@ -309,7 +372,8 @@ class ProbeCache {
     // memory passes the host capacity (fits_host is host ≤ capacity; host peaks only grow). A
     // run that does not stop is the same run as without the limits (they only end the loop).
     EvaluateOptions options;
-    options.model_allocator = need == Need::kReserved;
+    options.model_allocator = need == Need::kReserved || need == Need::kReportAndReserved;
+    options.allocated_report_too = need == Need::kReportAndReserved;
     if (need == Need::kFits) {
       options.stop_above_device_bytes =
           std::max<std::int64_t>(1, base_.hardware.hbm_capacity_bytes - base_.margin.gpu_bytes);
@@ -319,7 +383,18 @@ class ProbeCache {
           host > 0 ? std::max<std::int64_t>(1, host - base_.margin.host_bytes) : 0;
     }
     try {
-      s.probe.report = evaluate(in, options, scratch).report;
+      Evaluation e = evaluate(in, options, scratch);
+      if (options.allocated_report_too && !e.allocated_report) {
+        throw std::logic_error("maxlen: no report without the allocator replay");
+      }
+      if (e.allocated_report) {
+        Slot reserved;
+        reserved.probe.report = std::move(e.report);
+        reserved.probe.fits = reserved.probe.report->fits();
+        out.reserved = std::move(reserved);
+        e.report = std::move(*e.allocated_report);
+      }
+      s.probe.report = std::move(e.report);
       s.probe.partial = s.probe.report->stopped_early;
       s.probe.fits = !s.probe.partial && s.probe.report->fits();
     } catch (const sim::ConfigError& e) {
@@ -333,7 +408,7 @@ class ProbeCache {
     } catch (...) {
       s.error = std::current_exception();
     }
-    return s;
+    return out;
   }
 
   void help() {
@@ -347,18 +422,15 @@ class ProbeCache {
       Need need = hinted_need_;
       for (;;) {
         lock.unlock();
-        Slot done = evaluate_at(k, helper_scratch_, helper_k_, need);
+        Evaluated done = evaluate_at(k, helper_scratch_, helper_k_, need);
         lock.lock();
-        Slot& slot = slots_[slot_key(k, need)];
-        slot.probe = std::move(done.probe);
-        slot.error = done.error;
-        slot.state = Slot::kDone;
-        cv_.notify_all();
-        const auto next = stop_ ? std::nullopt : pop_queued();
+        store(k, need, std::move(done));
+        const std::optional<Queued> next = stop_ ? std::nullopt : pop_queued(true);
         if (!next) {
           break;
         }
-        std::tie(k, need) = *next;
+        k = next->k;
+        need = next->need;
         slots_[slot_key(k, need)].state = Slot::kRunning;
       }
       helper_busy_ = false;
@@ -375,7 +447,7 @@ class ProbeCache {
   Need hinted_need_ = Need::kReport;
   bool helper_busy_ = false;
   bool stop_ = false;
-  std::deque<std::pair<std::int64_t, Need>> queue_;  // enqueued while the helper was busy
+  std::list<Queued> queue_;  // offered while the helper was busy, in order
   EvaluationScratch own_scratch_;
   EvaluationScratch& caller_scratch_;  // used by get(), on the search's thread only
   EvaluationScratch helper_scratch_;   // used by the helper thread only
@@ -520,9 +592,12 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
   std::vector<Point> points;
   int slow_steps = 0;
   // After a long leap fails (the first failure): 7/8 of the way from the last fit. Memory is
-  // often convex in the length, so the line through the leap's end points reaches the limit
-  // early (a fitting length); the next length asked is the larger of the two.
+  // often convex in the length, so the line through the leap's end points reaches the limit early
+  // (a fitting length). With a helper thread, which evaluates this length while the search
+  // evaluates the leap, it is the next length asked (the line through it and the leap's end then
+  // lands close to the limit); alone, the larger of it and the line's length.
   std::int64_t leap_fallback = 0;
+  const bool parallel = options.threads > 1;
   auto next_k = [&]() -> std::int64_t {
     std::int64_t k = 0;
     const bool line = points.size() >= 2 && slow_steps < 2;
@@ -555,38 +630,68 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
     return b.pressure + (a.pressure - b.pressure) / static_cast<double>(a.k - b.k) *
                             static_cast<double>(k - b.k);
   };
+  // The helper's guess while the search evaluates k. On a long leap before the first failure
+  // (memory is often convex in the length, so secant leaps overshoot): the length the search falls
+  // back to if k fails, about 7/8 of the way; it also builds a workload of about k's size in the
+  // helper's buffers, which a later guess then reuses instead of growing them. At the likely
+  // answer: the length above it (closing the bracket when k fits), then the neighbour checks that
+  // follow if the guess holds (one past k + 1, one step below k). Otherwise what follows k on the
+  // side the line through the last two probes puts it (fits when there is no line): the next
+  // length that way, or where k closes the bracket the caching allocator at the answer, the
+  // longest evaluation left.
+  auto give_helper = [&](std::int64_t k, bool long_leap, std::optional<double> at_k,
+                         bool likely_answer) {
+    if (long_leap) {
+      const std::int64_t fallback = lo + (k - lo) * 7 / 8;
+      if (fallback > lo) {
+        cache.speculate(fallback, Need::kReport);  // asked next if the leap fails (parallel)
+      }
+    } else if (likely_answer) {
+      if (k + 1 < hi) {
+        hint(k + 1);
+      }
+      if (k + 2 <= k_max) {
+        cache.speculate(k + 2, Need::kFits);
+      }
+      if (k - 1 > lo) {
+        cache.speculate(k - 1, Need::kFits);
+      }
+    } else if (!at_k || *at_k <= 1.0) {
+      if (k + 1 < hi) {
+        hint(k + 1);
+      } else if (options.check_reserved) {
+        cache.hint(k, Need::kReserved);
+      } else {
+        hint(k - 1);
+      }
+    } else if (k - 1 > lo) {
+      hint(k - 1);
+    } else if (options.check_reserved && lo >= 1) {
+      cache.hint(lo, Need::kReserved);
+    }
+  };
   auto narrow = [&]() {
     while (hi - lo > 1 && lo < k_max) {
       std::int64_t k = next_k();
-      if (leap_fallback > k && leap_fallback < hi) {
-        k = leap_fallback;
+      if (leap_fallback > lo && leap_fallback < hi) {
+        k = parallel ? leap_fallback : std::max(k, leap_fallback);
       }
       leap_fallback = 0;
-      // The helper's guess. On a long leap before the first failure (memory is often convex in
-      // the length, so secant leaps overshoot): the length the search falls back to if k fails,
-      // about 7/8 of the way; it also builds a workload of about k's size in the helper's
-      // buffers, which a later guess then reuses instead of growing them. Otherwise what follows
-      // k on the side the line through the last two probes puts it (fits when there is no
-      // line): the next length that way, or where k closes the bracket the caching allocator
-      // at the answer, the longest evaluation left.
       const bool long_leap = hi > k_max && k > 2 * lo + 1;
-      if (long_leap) {
-        hint(lo + (k - lo) * 7 / 8);
-      } else if (const std::optional<double> x = line_at(k); !x || *x <= 1.0) {
-        if (k + 1 < hi) {
-          hint(k + 1);
-        } else if (options.check_reserved) {
-          cache.hint(k, Need::kReserved);
-        } else {
-          hint(k - 1);
-        }
-      } else if (k - 1 > lo) {
-        hint(k - 1);
-      } else if (options.check_reserved && lo >= 1) {
-        cache.hint(lo, Need::kReserved);
+      const std::optional<double> at_k = line_at(k);
+      // The answer, if the line through the last two probes holds: it puts k within the memory
+      // limit and k + 1 past it. Its caching-allocator replay (checked at the answer) then comes
+      // from k's own run instead of a second one. Not on a leap before the first failure, whose
+      // line is drawn far from the limit, nor where the line does not reach the limit (what
+      // stops the length is then not memory, e.g. a kernel's 32-bit indexing).
+      const std::optional<double> after_k = line_at(k + 1);
+      const bool likely_answer = options.check_reserved && cache.one_run_for_both() && !long_leap &&
+                                 at_k && after_k && *at_k <= 1.0 && *after_k > 1.0;
+      if (!cache.known(k)) {
+        give_helper(k, long_leap, at_k, likely_answer);
       }
       const std::int64_t width = hi > k_max ? 0 : hi - lo;  // 0: no failure bracketed yet
-      const Probe& p = probe(k);
+      const Probe& p = probe(k, likely_answer ? Need::kReportAndReserved : Need::kReport);
       if (const std::optional<double> x = pressure(p)) {
         points.push_back({k, *x});
       }

@@ -84,7 +84,10 @@ PeakContents peak_contents(const Workload& w, const SimResult& r, int rank, std:
   return out;
 }
 
-StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResult& r) {
+StepReport summarize(const ScheduleInputs& in,
+                     const Workload& w,
+                     const SimResult& r,
+                     AllocatorLogUse log_use) {
   StepReport rep;
   const auto& par = in.parallel;
   rep.step_time_s = simtime_to_seconds(r.step_time_ns);
@@ -120,7 +123,7 @@ StepReport summarize(const ScheduleInputs& in, const Workload& w, const SimResul
   rep.gpu_capacity_bytes = in.hardware.hbm_capacity_bytes;
   rep.gpu_margin_bytes = in.margin.gpu_bytes;
   rep.stopped_early = r.stopped_early;
-  if (!r.allocations.empty()) {
+  if (log_use == AllocatorLogUse::kReplay && !r.allocations.empty()) {
     // The caching allocator's reserved memory on the peak rank: what nvidia-smi shows is this plus
     // the fixed overheads (context, NCCL and library workspaces), which live outside it.
     AllocatorConfig config;

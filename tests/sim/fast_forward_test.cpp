@@ -12,6 +12,7 @@
 #include "cpsim/sim/allocator.hpp"
 #include "cpsim/sim/engine.hpp"
 #include "cpsim/sim/implementation.hpp"
+#include "cpsim/sim/result.hpp"
 #include "cpsim/sim/schedule.hpp"
 
 #include "helpers.hpp"
@@ -227,6 +228,40 @@ TEST(FastForward, SameResultsAsOpByOp) {
   EXPECT_GT(skipping_cases, 20);
   // Some blocks leave the caching allocator's blocks as they found them.
   EXPECT_GT(copies_applied, 0);
+}
+
+// A run that logged its allocations, summarised without the caching allocator's replay, reports
+// what the run without the log reports, field by field (maxlen reads both from one run).
+TEST(FastForward, LoggedRunWithoutReplayReportsAsUnlogged) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.label);
+    const Workload w = build_step(c.in, {.all_ranks = c.all_ranks});
+    SimOptions logged;
+    logged.log_allocations = true;
+    const StepReport plain = summarize(c.in, w, simulate(w, c.in.hardware));
+    const SimResult logged_run = simulate(w, c.in.hardware, logged);
+    const StepReport ignored = summarize(c.in, w, logged_run, AllocatorLogUse::kIgnoreLog);
+    EXPECT_EQ(ignored.step_time_s, plain.step_time_s);
+    EXPECT_EQ(ignored.stream_busy_s, plain.stream_busy_s);
+    EXPECT_EQ(ignored.peak_memory_bytes, plain.peak_memory_bytes);
+    EXPECT_EQ(ignored.peak_rank, plain.peak_rank);
+    EXPECT_EQ(ignored.peak_op, plain.peak_op);
+    EXPECT_EQ(ignored.breakdown_at_peak, plain.breakdown_at_peak);
+    EXPECT_EQ(ignored.category_peak, plain.category_peak);
+    EXPECT_EQ(ignored.host_memory_bytes, plain.host_memory_bytes);
+    EXPECT_EQ(ignored.reserved_peak_bytes, 0);
+    EXPECT_FALSE(ignored.reserved_checked);
+    EXPECT_EQ(ignored.gpu_headroom_bytes, plain.gpu_headroom_bytes);
+    EXPECT_EQ(ignored.fits_gpu, plain.fits_gpu);
+    EXPECT_EQ(ignored.binding, plain.binding);
+    EXPECT_EQ(ignored.events, plain.events);
+    EXPECT_EQ(ignored.ops, plain.ops);
+    // The replay itself is what summarize() with the log gives.
+    const StepReport replayed = summarize(c.in, w, logged_run);
+    EXPECT_TRUE(replayed.reserved_checked);
+    EXPECT_GE(replayed.reserved_peak_bytes, replayed.peak_memory_bytes);
+    EXPECT_EQ(replayed.peak_memory_bytes, plain.peak_memory_bytes);
+  }
 }
 
 TEST(FastForward, SkipsAllButAFewBlocksOfAPeriodicStep) {

@@ -3,6 +3,7 @@
 /// The unit of work of every search (maxlen, plan) and of `cpsim simulate`.
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "cpsim/sim/engine.hpp"
@@ -27,6 +28,10 @@ struct EvaluateOptions {
   bool verify_graph = false;
   /// Replay the allocations through the caching-allocator model (StepReport::reserved_peak_bytes).
   bool model_allocator = false;
+  /// With model_allocator, on the reused-scratch path: also the report of the same run without the
+  /// replay (Evaluation::allocated_report), equal to what an evaluation without model_allocator
+  /// reports.
+  bool allocated_report_too = false;
   /// sim::SimOptions::stop_above_device_bytes: a search that drops configurations which do not
   /// fit stops simulating one as soon as its device memory passes this (0: never).
   std::int64_t stop_above_device_bytes = 0;
@@ -40,6 +45,8 @@ struct Evaluation {
   std::shared_ptr<const sim::Workload> workload;
   std::shared_ptr<const sim::SimResult> result;
   sim::PeakContents peak;  ///< when explain_peak: the 10 largest allocations at the peak
+  /// When allocated_report_too: `report` without the caching allocator's replay.
+  std::optional<sim::StepReport> allocated_report;
 };
 
 /// @throws sim::ConfigError for refused configurations, InputError for an invalid model or recipe.

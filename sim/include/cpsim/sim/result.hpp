@@ -82,9 +82,15 @@ struct StepReport {
   std::int64_t pipeline_in_flight_extra_bytes = 0;
 };
 
+/// Whether summarize() replays the caching allocator over the run's allocation log (when the run
+/// logged one, SimOptions::log_allocations): kIgnoreLog gives the report a run without the log
+/// gives, from a run that logged.
+enum class AllocatorLogUse : std::uint8_t { kReplay, kIgnoreLog };
+
 StepReport summarize(const ScheduleInputs& inputs,
                      const Workload& workload,
-                     const SimResult& result);
+                     const SimResult& result,
+                     AllocatorLogUse log_use = AllocatorLogUse::kReplay);
 
 /// A device tensor (or an op's workspace) allocated at the moment of a rank's memory peak.
 struct LiveTensor {
