@@ -18,6 +18,7 @@
 #include "common.hpp"
 #include "config_flags.hpp"
 #include "output.hpp"
+#include "progress.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -331,15 +332,16 @@ int run_plan(const PlanArgs& a) {
   opts.threads = a.threads;
   opts.top = a.top;
   const auto t0 = std::chrono::steady_clock::now();
-  if (isatty(STDERR_FILENO) != 0) {
-    std::cerr << "cpsim plan: searching...\r" << std::flush;
-  }
+  Progress progress("plan");
+  opts.on_progress = [&progress](std::int64_t done, std::int64_t total) {
+    progress.update(fmt::format(
+        "{} of {} configurations evaluated ({:.0f} %)", done, total,
+        100.0 * static_cast<double>(done) / static_cast<double>(std::max<std::int64_t>(1, total))));
+  };
   const planner::PlanResult res = planner::plan(base, opts);
   const double wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (isatty(STDERR_FILENO) != 0) {
-    std::cerr << "                         \r" << std::flush;
-  }
+  progress.clear();
   if (res.ranked.empty()) {
     const std::string closest = res.closest_miss.empty() ? "" : "; " + res.closest_miss;
     throw DoesNotFit(a.seq.empty() ? "--methods" : "--seq",

@@ -18,6 +18,7 @@
 #include "common.hpp"
 #include "config_flags.hpp"
 #include "output.hpp"
+#include "progress.hpp"
 #include "report_html.hpp"
 
 namespace cpsim::cli {
@@ -91,50 +92,6 @@ bool is_shared_field(const std::string& f) {
   return std::find(kShared.begin(), kShared.end(), f) != kShared.end() ||
          f.find(".json") != std::string::npos;
 }
-
-// A line on stderr while a long run goes on, only on a terminal and only after a few seconds.
-class Progress {
- public:
-  explicit Progress(const char* command)
-      : command_(command),
-        tty_(isatty(STDERR_FILENO) != 0),
-        start_(std::chrono::steady_clock::now()) {}
-  Progress(const Progress&) = delete;
-  Progress& operator=(const Progress&) = delete;
-  ~Progress() { clear(); }
-
-  void update(const std::string& what) {
-    if (!tty_) {
-      return;
-    }
-    if (!shown_ && std::chrono::steady_clock::now() - start_ < std::chrono::seconds(2)) {
-      return;
-    }
-    std::string line = fmt::format("cpsim {}: {}", command_, what);
-    const std::size_t len = line.size();
-    if (len < width_) {
-      line.append(width_ - len, ' ');
-    }
-    width_ = std::max(width_, len);
-    std::cerr << "\r" << line << std::flush;
-    shown_ = true;
-  }
-
-  void clear() {
-    if (shown_) {
-      std::cerr << "\r" << std::string(width_, ' ') << "\r" << std::flush;
-      shown_ = false;
-      width_ = 0;
-    }
-  }
-
- private:
-  const char* command_;
-  bool tty_;
-  std::chrono::steady_clock::time_point start_;
-  bool shown_ = false;
-  std::size_t width_ = 0;
-};
 
 std::string degrees_text(const sim::ScheduleInputs& in, const sim::HeadLayout* layout) {
   const auto& p = in.parallel;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -996,6 +997,15 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   // soon as the memory passes the capacity (the ranking is unchanged; only time is saved).
   EvaluateOptions seq_options;
   seq_options.stop_above_device_bytes = std::max<std::int64_t>(1, capacity);
+  std::mutex progress_mutex;
+  std::int64_t progressed = 0;
+  auto progress = [&](std::size_t candidates) {
+    if (options.on_progress) {
+      const std::lock_guard<std::mutex> lock(progress_mutex);
+      progressed += static_cast<std::int64_t>(candidates);
+      options.on_progress(progressed, static_cast<std::int64_t>(pending.size()));
+    }
+  };
   auto worker = [&]() {
     EvaluationScratch scratch;
     sim::ScheduleInputs in = base;  // this thread's inputs, one candidate at a time
@@ -1003,6 +1013,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
       const std::vector<std::size_t>& item = work[order[k]];
       if (options.seq_len && cands[item.front()].parallel.pp_degree > 1) {
         simulations += evaluate_stage_group(cands, item, seq_options, scratch, in, refusal_text);
+        progress(item.size());
         continue;
       }
       Candidate& c = cands[item.front()];
@@ -1035,6 +1046,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
       } catch (const InputError& e) {
         c.error = e.what();
       }
+      progress(item.size());
     }
   };
   run_workers(options.threads, order.size(), worker);

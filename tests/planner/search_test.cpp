@@ -408,6 +408,36 @@ TEST(Plan, SameOptimumAsExhaustiveSimulation) {
 
 // The plan stops simulating a configuration once it passes the GPU's memory: it still ranks
 // exactly the configurations that fit, each with the report of a whole simulation.
+// Progress: one call per work item, from the threads one at a time, counting up to every
+// candidate that was neither refused before simulating nor pruned (stage groups count each of
+// their candidates).
+TEST(Plan, ReportsProgressUpToEveryEvaluation) {
+  const sim::ScheduleInputs base = small(CpMethod::kUlysses, 4);
+  for (const bool max_context : {false, true}) {
+    SCOPED_TRACE(max_context ? "longest context" : "--seq");
+    PlanOptions o;
+    if (!max_context) {
+      o.seq_len = 64 * 1024;
+      o.allow_data_parallel = true;
+    }
+    o.threads = 2;
+    std::vector<std::pair<std::int64_t, std::int64_t>> calls;
+    o.on_progress = [&calls](std::int64_t done, std::int64_t total) {
+      calls.emplace_back(done, total);
+    };
+    const PlanResult res = plan(base, o);
+    ASSERT_FALSE(calls.empty());
+    const std::int64_t total = calls.front().second;
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(calls[i].second, total);
+      EXPECT_GT(calls[i].first, i == 0 ? 0 : calls[i - 1].first);
+    }
+    EXPECT_EQ(calls.back().first, total);
+    EXPECT_GE(total, res.evaluated);
+    EXPECT_LE(total, res.generated - res.pruned);
+  }
+}
+
 TEST(Plan, RanksExactlyWhatFitsAlthoughOverfullRunsStopEarly) {
   const sim::ScheduleInputs base = small(CpMethod::kUlysses, 4);
   PlanOptions o;

@@ -4,6 +4,7 @@
 /// length or by the longest context. Cheap memory lower bounds prune before simulating.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,6 +65,9 @@ struct PlanOptions {
   int threads = 2;
   int top = 5;
   RefusalText refusal_text;  ///< candidates' errors (see MaxLenOptions)
+  /// Called as the candidates' evaluations end, from the plan's threads one call at a time: the
+  /// candidates evaluated so far and how many are to be (those neither refused nor pruned).
+  std::function<void(std::int64_t done, std::int64_t total)> on_progress;
 };
 
 /// One configuration of the search: what it changes in the plan's base inputs (the model, the
