@@ -509,6 +509,252 @@ void check_reserved(MaxLenResult& result,
   result.at_max = good > 0 ? std::move(good_report) : sim::StepReport{};
 }
 
+// The longest k (length / step) in [1, k_max] that fits, and the smallest above it that does not
+// (lo, hi). Narrowing (lo, hi) to adjacent lengths: memory grows about linearly with the length,
+// so the next length is where the line through the last two probes reaches the limit (secant);
+// when that does not at least halve the interval twice running, or no line is available, the step
+// doubles (no failure yet) or bisects. Only probes decide lo and hi, so the result is the one a
+// bisection finds whenever memory is monotone in the length; only the probes asked differ. Then
+// the neighbours: memory is not always monotone in the length (tile counts, loss chunks).
+class LengthSearch {
+ public:
+  LengthSearch(ProbeCache& cache,
+               const MaxLenOptions& options,
+               std::int64_t k_max,
+               MaxLenResult& result)
+      : cache_(cache),
+        options_(options),
+        k_max_(k_max),
+        parallel_(options.threads > 1),
+        res_(result),
+        hi_(k_max + 1) {}
+
+  /// Narrows, checks the neighbours (warnings in the result), and searches on past a length
+  /// that fits one step above the first failure.
+  void run() {
+    for (;;) {
+      narrow();
+      // What follows is known unless one step past the first failure fits: the caching allocator
+      // replayed at the answer (the longest evaluation left) and the neighbour below it, queued
+      // for the helper in that order while the search evaluates the one above.
+      if (options_.check_reserved && lo_ >= 1 && lo_ <= k_max_) {
+        cache_.enqueue(lo_, Need::kReserved);
+      }
+      if (lo_ >= 2) {
+        cache_.enqueue(lo_ - 1, Need::kFits);
+      }
+      if (!fits_past_first_failure()) {
+        break;
+      }
+    }
+    if (lo_ >= 2 && !probe(lo_ - 1, Need::kFits).fits) {
+      res_.monotone = false;
+      res_.warnings.push_back(
+          fmt::format("memory is not monotone in the length: {} fits but {} does not",
+                      format_length(lo_ * res_.step), format_length((lo_ - 1) * res_.step)));
+    }
+  }
+
+  std::int64_t lo() const { return lo_; }
+  std::int64_t hi() const { return hi_; }
+
+  /// The probe at k, counted once in the result's evaluations.
+  const Probe& probe(std::int64_t k, Need need = Need::kReport) {
+    if (static_cast<std::size_t>(k) >= asked_.size()) {
+      asked_.resize(static_cast<std::size_t>(k) + 1);
+    }
+    if (!asked_[static_cast<std::size_t>(k)]) {
+      asked_[static_cast<std::size_t>(k)] = true;
+      ++res_.evaluations;
+    }
+    return cache_.get(k, need);
+  }
+
+ private:
+  struct Point {
+    std::int64_t k;
+    double pressure;
+  };
+
+  // Memory pressure of a probe: peak over the usable capacity of whichever memory binds (GPU or
+  // host), 1 at the limit. Absent when a probe cannot guide interpolation (a refused length, a
+  // kernel limit).
+  static std::optional<double> pressure(const Probe& p) {
+    if (!p.report || !p.report->fits_kernels) {
+      return std::nullopt;
+    }
+    const sim::StepReport& r = *p.report;
+    const double usable = static_cast<double>(r.gpu_capacity_bytes - r.gpu_margin_bytes);
+    double x = usable > 0 ? static_cast<double>(r.peak_memory_bytes) / usable : 2.0;
+    const double host_usable = static_cast<double>(r.host_capacity_bytes - r.host_margin_bytes);
+    if (r.host_capacity_bytes > 0) {
+      x = std::max(x,
+                   host_usable > 0 ? static_cast<double>(r.host_memory_bytes) / host_usable : 2.0);
+    }
+    return x;
+  }
+
+  // Speculation (threads > 1): while the search evaluates a length, the helper evaluates the one
+  // it will likely ask for next.
+  void hint(std::int64_t k) {
+    if (k >= 1 && k <= k_max_) {
+      cache_.hint(k);
+    }
+  }
+
+  std::int64_t next_k() const {
+    std::int64_t k = 0;
+    const bool line = points_.size() >= 2 && slow_steps_ < 2;
+    if (line) {
+      const Point& a = points_[points_.size() - 2];
+      const Point& b = points_.back();
+      const double slope = (b.pressure - a.pressure) / static_cast<double>(b.k - a.k);
+      if (slope > 0.0) {
+        const double at_limit = static_cast<double>(b.k) + (1.0 - b.pressure) / slope;
+        k = static_cast<std::int64_t>(
+            std::floor(std::min(at_limit, static_cast<double>(k_max_ + 1))));
+      }
+    }
+    if (k <= lo_ || k >= hi_) {
+      k = k <= lo_ && line
+              ? lo_ + 1
+              : (hi_ > k_max_ ? std::max<std::int64_t>(1, 2 * lo_) : lo_ + (hi_ - lo_) / 2);
+    }
+    if (hi_ > k_max_) {
+      k = std::min(k, std::max<std::int64_t>(1, 8 * lo_));  // no failure yet: bound the leap
+    }
+    return std::clamp<std::int64_t>(k, lo_ + 1, std::min(hi_ - 1, k_max_));
+  }
+
+  // The pressure the line through the last two probes gives at k (nullopt: no line yet).
+  std::optional<double> line_at(std::int64_t k) const {
+    if (points_.size() < 2) {
+      return std::nullopt;
+    }
+    const Point& a = points_[points_.size() - 2];
+    const Point& b = points_.back();
+    return b.pressure + (a.pressure - b.pressure) / static_cast<double>(a.k - b.k) *
+                            static_cast<double>(k - b.k);
+  }
+
+  // The helper's guess while the search evaluates k. On a long leap before the first failure
+  // (memory is often convex in the length, so secant leaps overshoot): the length the search
+  // falls back to if k fails, about 7/8 of the way; it also builds a workload of about k's size
+  // in the helper's buffers, which a later guess then reuses instead of growing them. At the
+  // likely answer: the length above it (closing the bracket when k fits), then the neighbour
+  // checks that follow if the guess holds (one past k + 1, one step below k). Otherwise what
+  // follows k on the side the line through the last two probes puts it (fits when there is no
+  // line): the next length that way, or where k closes the bracket the caching allocator at the
+  // answer, the longest evaluation left.
+  void give_helper(std::int64_t k, bool long_leap, std::optional<double> at_k, bool likely_answer) {
+    if (long_leap) {
+      const std::int64_t fallback = lo_ + (k - lo_) * 7 / 8;
+      if (fallback > lo_) {
+        cache_.speculate(fallback, Need::kReport);  // asked next if the leap fails (parallel)
+      }
+    } else if (likely_answer) {
+      if (k + 1 < hi_) {
+        hint(k + 1);
+      }
+      if (k + 2 <= k_max_) {
+        cache_.speculate(k + 2, Need::kFits);
+      }
+      if (k - 1 > lo_) {
+        cache_.speculate(k - 1, Need::kFits);
+      }
+    } else if (!at_k || *at_k <= 1.0) {
+      if (k + 1 < hi_) {
+        hint(k + 1);
+      } else if (options_.check_reserved) {
+        cache_.hint(k, Need::kReserved);
+      } else {
+        hint(k - 1);
+      }
+    } else if (k - 1 > lo_) {
+      hint(k - 1);
+    } else if (options_.check_reserved && lo_ >= 1) {
+      cache_.hint(lo_, Need::kReserved);
+    }
+  }
+
+  // The next length to ask: the secant's, or after a failed long leap 7/8 of the leap (with a
+  // helper, which evaluated it during the leap, that; alone, the larger of the two). Memory is
+  // often convex in the length, so the line through the leap's end points reaches the limit
+  // early; the line through the leap's end and its 7/8 point lands close to the limit.
+  std::int64_t next_length() {
+    std::int64_t k = next_k();
+    if (leap_fallback_ > lo_ && leap_fallback_ < hi_) {
+      k = parallel_ ? leap_fallback_ : std::max(k, leap_fallback_);
+    }
+    leap_fallback_ = 0;
+    return k;
+  }
+
+  void narrow() {
+    while (hi_ - lo_ > 1 && lo_ < k_max_) {
+      const std::int64_t k = next_length();
+      const bool long_leap = hi_ > k_max_ && k > 2 * lo_ + 1;
+      const std::optional<double> at_k = line_at(k);
+      // The answer, if the line through the last two probes holds: it puts k within the memory
+      // limit and k + 1 past it. Its caching-allocator replay (checked at the answer) then comes
+      // from k's own run instead of a second one. Not on a leap before the first failure, whose
+      // line is drawn far from the limit, nor where the line does not reach the limit (what
+      // stops the length is then not memory, e.g. a kernel's 32-bit indexing).
+      const std::optional<double> after_k = line_at(k + 1);
+      const bool likely_answer = options_.check_reserved && cache_.one_run_for_both() &&
+                                 !long_leap && at_k && after_k && *at_k <= 1.0 && *after_k > 1.0;
+      if (!cache_.known(k)) {
+        give_helper(k, long_leap, at_k, likely_answer);
+      }
+      const std::int64_t width = hi_ > k_max_ ? 0 : hi_ - lo_;  // 0: no failure bracketed yet
+      const Probe& p = probe(k, likely_answer ? Need::kReportAndReserved : Need::kReport);
+      if (const std::optional<double> x = pressure(p)) {
+        points_.push_back({k, *x});
+      }
+      if (p.fits) {
+        lo_ = k;
+      } else {
+        leap_fallback_ = long_leap ? lo_ + (k - lo_) * 7 / 8 : 0;
+        hi_ = k;
+      }
+      slow_steps_ = width > 0 && 2 * (hi_ - lo_) > width ? slow_steps_ + 1 : 0;
+    }
+    hi_ = std::min(hi_, k_max_ + 1);
+  }
+
+  // One step past the first failure must fail too; when it fits instead, the search goes on from
+  // there (strides doubling while they fit), with a warning; returns whether it does.
+  bool fits_past_first_failure() {
+    if (hi_ + 1 > k_max_ || !probe(hi_ + 1, Need::kFits).fits) {
+      return false;
+    }
+    res_.monotone = false;
+    res_.warnings.push_back(fmt::format(
+        "memory is not monotone in the length: {} does not fit but {} does; searching on",
+        format_length(hi_ * res_.step), format_length((hi_ + 1) * res_.step)));
+    lo_ = hi_ + 1;
+    std::int64_t stride = 1;
+    while (lo_ + stride <= k_max_ && probe(lo_ + stride).fits) {
+      lo_ += stride;
+      stride *= 2;
+    }
+    hi_ = std::min(lo_ + stride, k_max_ + 1);
+    return true;
+  }
+
+  ProbeCache& cache_;
+  const MaxLenOptions& options_;
+  const std::int64_t k_max_;
+  const bool parallel_;
+  MaxLenResult& res_;
+  std::vector<bool> asked_;
+  std::int64_t lo_ = 0;  // largest k known to fit (0: none)
+  std::int64_t hi_;      // smallest k known to fail (k_max + 1: none yet)
+  std::vector<Point> points_;
+  int slow_steps_ = 0;
+  std::int64_t leap_fallback_ = 0;  // after a failed long leap: its 7/8 point
+};
+
 }  // namespace
 
 void check_reserved_memory(const sim::ScheduleInputs& base,
@@ -541,205 +787,9 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
   }
   const std::int64_t k_max = options.max_tokens / res.step;
   ProbeCache cache(base, res.step, options.threads, options.refusal_text, options.scratch);
-  std::vector<bool> asked;
-  auto probe = [&](std::int64_t k, Need need = Need::kReport) -> const Probe& {
-    if (static_cast<std::size_t>(k) >= asked.size()) {
-      asked.resize(static_cast<std::size_t>(k) + 1);
-    }
-    if (!asked[static_cast<std::size_t>(k)]) {
-      asked[static_cast<std::size_t>(k)] = true;
-      ++res.evaluations;
-    }
-    return cache.get(k, need);
-  };
-  // Speculation (threads > 1): while the search evaluates a length, the helper evaluates the one
-  // it will likely ask for next.
-  auto hint = [&](std::int64_t k) {
-    if (k >= 1 && k <= k_max) {
-      cache.hint(k);
-    }
-  };
-
-  // Memory pressure of a probe: peak over the usable capacity of whichever memory binds (GPU or
-  // host), 1 at the limit. Absent when a probe cannot guide interpolation (a refused length, a
-  // kernel limit).
-  auto pressure = [&](const Probe& p) -> std::optional<double> {
-    if (!p.report || !p.report->fits_kernels) {
-      return std::nullopt;
-    }
-    const sim::StepReport& r = *p.report;
-    const double usable = static_cast<double>(r.gpu_capacity_bytes - r.gpu_margin_bytes);
-    double x = usable > 0 ? static_cast<double>(r.peak_memory_bytes) / usable : 2.0;
-    const double host_usable = static_cast<double>(r.host_capacity_bytes - r.host_margin_bytes);
-    if (r.host_capacity_bytes > 0) {
-      x = std::max(x,
-                   host_usable > 0 ? static_cast<double>(r.host_memory_bytes) / host_usable : 2.0);
-    }
-    return x;
-  };
-
-  std::int64_t lo = 0;          // largest k known to fit (0: none)
-  std::int64_t hi = k_max + 1;  // smallest k known to fail (k_max + 1: none yet)
-  // Narrowing (lo, hi) to adjacent lengths. Memory grows about linearly with the length, so the
-  // next length is where the line through the last two probes reaches the limit (secant); when
-  // that does not at least halve the interval twice running, or no line is available, the step
-  // doubles (no failure yet) or bisects. Only probes decide lo and hi, so the result is the one a
-  // bisection finds whenever memory is monotone in the length; only the probes asked differ.
-  struct Point {
-    std::int64_t k;
-    double pressure;
-  };
-  std::vector<Point> points;
-  int slow_steps = 0;
-  // After a long leap fails (the first failure): 7/8 of the way from the last fit. Memory is
-  // often convex in the length, so the line through the leap's end points reaches the limit early
-  // (a fitting length). With a helper thread, which evaluates this length while the search
-  // evaluates the leap, it is the next length asked (the line through it and the leap's end then
-  // lands close to the limit); alone, the larger of it and the line's length.
-  std::int64_t leap_fallback = 0;
-  const bool parallel = options.threads > 1;
-  auto next_k = [&]() -> std::int64_t {
-    std::int64_t k = 0;
-    const bool line = points.size() >= 2 && slow_steps < 2;
-    if (line) {
-      const Point& a = points[points.size() - 2];
-      const Point& b = points.back();
-      const double slope = (b.pressure - a.pressure) / static_cast<double>(b.k - a.k);
-      if (slope > 0.0) {
-        const double at_limit = static_cast<double>(b.k) + (1.0 - b.pressure) / slope;
-        k = static_cast<std::int64_t>(
-            std::floor(std::min(at_limit, static_cast<double>(k_max + 1))));
-      }
-    }
-    if (k <= lo || k >= hi) {
-      k = k <= lo && line ? lo + 1
-                          : (hi > k_max ? std::max<std::int64_t>(1, 2 * lo) : lo + (hi - lo) / 2);
-    }
-    if (hi > k_max) {
-      k = std::min(k, std::max<std::int64_t>(1, 8 * lo));  // no failure yet: bound the leap
-    }
-    return std::clamp<std::int64_t>(k, lo + 1, std::min(hi - 1, k_max));
-  };
-  // The pressure the line through the last two probes gives at k (nullopt: no line yet).
-  auto line_at = [&](std::int64_t k) -> std::optional<double> {
-    if (points.size() < 2) {
-      return std::nullopt;
-    }
-    const Point& a = points[points.size() - 2];
-    const Point& b = points.back();
-    return b.pressure + (a.pressure - b.pressure) / static_cast<double>(a.k - b.k) *
-                            static_cast<double>(k - b.k);
-  };
-  // The helper's guess while the search evaluates k. On a long leap before the first failure
-  // (memory is often convex in the length, so secant leaps overshoot): the length the search falls
-  // back to if k fails, about 7/8 of the way; it also builds a workload of about k's size in the
-  // helper's buffers, which a later guess then reuses instead of growing them. At the likely
-  // answer: the length above it (closing the bracket when k fits), then the neighbour checks that
-  // follow if the guess holds (one past k + 1, one step below k). Otherwise what follows k on the
-  // side the line through the last two probes puts it (fits when there is no line): the next
-  // length that way, or where k closes the bracket the caching allocator at the answer, the
-  // longest evaluation left.
-  auto give_helper = [&](std::int64_t k, bool long_leap, std::optional<double> at_k,
-                         bool likely_answer) {
-    if (long_leap) {
-      const std::int64_t fallback = lo + (k - lo) * 7 / 8;
-      if (fallback > lo) {
-        cache.speculate(fallback, Need::kReport);  // asked next if the leap fails (parallel)
-      }
-    } else if (likely_answer) {
-      if (k + 1 < hi) {
-        hint(k + 1);
-      }
-      if (k + 2 <= k_max) {
-        cache.speculate(k + 2, Need::kFits);
-      }
-      if (k - 1 > lo) {
-        cache.speculate(k - 1, Need::kFits);
-      }
-    } else if (!at_k || *at_k <= 1.0) {
-      if (k + 1 < hi) {
-        hint(k + 1);
-      } else if (options.check_reserved) {
-        cache.hint(k, Need::kReserved);
-      } else {
-        hint(k - 1);
-      }
-    } else if (k - 1 > lo) {
-      hint(k - 1);
-    } else if (options.check_reserved && lo >= 1) {
-      cache.hint(lo, Need::kReserved);
-    }
-  };
-  auto narrow = [&]() {
-    while (hi - lo > 1 && lo < k_max) {
-      std::int64_t k = next_k();
-      if (leap_fallback > lo && leap_fallback < hi) {
-        k = parallel ? leap_fallback : std::max(k, leap_fallback);
-      }
-      leap_fallback = 0;
-      const bool long_leap = hi > k_max && k > 2 * lo + 1;
-      const std::optional<double> at_k = line_at(k);
-      // The answer, if the line through the last two probes holds: it puts k within the memory
-      // limit and k + 1 past it. Its caching-allocator replay (checked at the answer) then comes
-      // from k's own run instead of a second one. Not on a leap before the first failure, whose
-      // line is drawn far from the limit, nor where the line does not reach the limit (what
-      // stops the length is then not memory, e.g. a kernel's 32-bit indexing).
-      const std::optional<double> after_k = line_at(k + 1);
-      const bool likely_answer = options.check_reserved && cache.one_run_for_both() && !long_leap &&
-                                 at_k && after_k && *at_k <= 1.0 && *after_k > 1.0;
-      if (!cache.known(k)) {
-        give_helper(k, long_leap, at_k, likely_answer);
-      }
-      const std::int64_t width = hi > k_max ? 0 : hi - lo;  // 0: no failure bracketed yet
-      const Probe& p = probe(k, likely_answer ? Need::kReportAndReserved : Need::kReport);
-      if (const std::optional<double> x = pressure(p)) {
-        points.push_back({k, *x});
-      }
-      if (p.fits) {
-        lo = k;
-      } else {
-        leap_fallback = long_leap ? lo + (k - lo) * 7 / 8 : 0;
-        hi = k;
-      }
-      slow_steps = width > 0 && 2 * (hi - lo) > width ? slow_steps + 1 : 0;
-    }
-    hi = std::min(hi, k_max + 1);
-  };
-  for (;;) {
-    narrow();
-    // Neighbours: memory is not always monotone in the length (tile counts, loss chunks). One
-    // step past the first failure must fail too; otherwise continue the search from there. What
-    // follows is known unless that happens: the caching allocator replayed at the answer (the
-    // longest evaluation left) and the neighbour below it, queued for the helper in that order
-    // while the search evaluates the one above.
-    if (options.check_reserved && lo >= 1 && lo <= k_max) {
-      cache.enqueue(lo, Need::kReserved);
-    }
-    if (lo >= 2) {
-      cache.enqueue(lo - 1, Need::kFits);
-    }
-    if (hi + 1 <= k_max && probe(hi + 1, Need::kFits).fits) {
-      res.monotone = false;
-      res.warnings.push_back(fmt::format(
-          "memory is not monotone in the length: {} does not fit but {} does; searching on",
-          format_length(hi * res.step), format_length((hi + 1) * res.step)));
-      lo = hi + 1;
-      std::int64_t stride = 1;
-      while (lo + stride <= k_max && probe(lo + stride).fits) {
-        lo += stride;
-        stride *= 2;
-      }
-      hi = std::min(lo + stride, k_max + 1);
-      continue;
-    }
-    break;
-  }
-  if (lo >= 2 && !probe(lo - 1, Need::kFits).fits) {
-    res.monotone = false;
-    res.warnings.push_back(
-        fmt::format("memory is not monotone in the length: {} fits but {} does not",
-                    format_length(lo * res.step), format_length((lo - 1) * res.step)));
-  }
+  LengthSearch search(cache, options, k_max, res);
+  search.run();
+  const std::int64_t lo = search.lo(), hi = search.hi();
   res.max_seq_len = lo * res.step;
   if (hi > k_max) {
     res.binding.kind = BindingConstraint::Kind::kLengthLimit;
@@ -747,10 +797,10 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
     res.binding.text =
         fmt::format("search ceiling of {} tokens reached", format_length(options.max_tokens));
   } else {
-    res.binding = binding_of(probe(hi), hi * res.step);
+    res.binding = binding_of(search.probe(hi), hi * res.step);
   }
   if (lo > 0) {
-    res.at_max = *probe(lo).report;
+    res.at_max = *search.probe(lo).report;
   }
   if (options.check_reserved) {
     check_reserved(res, [&](std::int64_t k) {
