@@ -770,8 +770,9 @@ TEST_F(BadInputTest, HardwareProfileWithStringNumber) {
 // ---------------------------------------------------------------------------------------------
 // 6. Catalog subcommands
 
-const std::vector<std::string> kBuiltinModels = {
-    "llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b"};
+const std::vector<std::string> kBuiltinModels = {"llama2-7b",  "llama2-13b",    "llama3-8b",
+                                                 "llama3-70b", "llama3.1-405b", "qwen3-4b",
+                                                 "qwen3-8b",   "qwen3-14b",     "qwen3-32b"};
 
 TEST_F(CliTest, ModelsListsBuiltins) {
   const RunResult r = run({"models"});

@@ -22,8 +22,9 @@ DataDir test_data() {
 
 TEST(BuiltinData, ListsSortedStems) {
   const std::vector<std::string> models = list_builtin(test_data(), "models");
-  EXPECT_THAT(models, ::testing::IsSupersetOf({"llama3-8b", "llama3-70b", "llama3.1-405b",
-                                               "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b"}));
+  EXPECT_THAT(models, ::testing::IsSupersetOf({"llama2-7b", "llama2-13b", "llama3-8b", "llama3-70b",
+                                               "llama3.1-405b", "qwen3-4b", "qwen3-8b", "qwen3-14b",
+                                               "qwen3-32b"}));
   EXPECT_TRUE(std::is_sorted(models.begin(), models.end()));
   EXPECT_THAT(list_builtin(test_data(), "hardware"),
               ::testing::IsSupersetOf({"a100-sxm-40g", "a100-sxm-80g", "a800-sxm-80g", "b200",

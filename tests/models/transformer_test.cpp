@@ -32,6 +32,18 @@ TEST(ParameterCount, Llama3_8bIsExact) {
   EXPECT_EQ(p.total, spec.layers * p.per_layer + p.embedding + p.lm_head + p.final_norm);
 }
 
+// Multi-head attention (as many KV heads as heads) and the 32,000-token vocabulary, by hand:
+// 32 · (4 · 4096² + 3 · 4096 · 11008 + 2 · 4096) + 2 · 32000 · 4096 + 4096.
+TEST(ParameterCount, Llama2_7bIsExact) {
+  const TransformerSpec spec = load_model("llama2-7b", test_data());
+  EXPECT_EQ(spec.kv_heads, spec.heads);
+  const ParameterCount p = count_parameters(spec);
+  EXPECT_EQ(p.attention_per_layer, 4LL * 4096 * 4096);
+  EXPECT_EQ(p.mlp_per_layer, 3LL * 4096 * 11008);
+  EXPECT_EQ(p.embedding, 32000LL * 4096);
+  EXPECT_EQ(p.total, 6'738'415'616);
+}
+
 TEST(ParameterCount, PublishedModelSizes) {
   // REFERENCES.md [HF-configs] (parameter counts are our own count).
   struct Case {
@@ -41,7 +53,8 @@ TEST(ParameterCount, PublishedModelSizes) {
   };
   for (const Case& c : {Case{"llama3-70b", 70.554, 0.001}, Case{"llama3.1-405b", 405.853, 0.001},
                         Case{"qwen3-32b", 32.762, 0.001}, Case{"qwen3-14b", 14.768, 0.001},
-                        Case{"qwen3-8b", 8.191, 0.001}, Case{"qwen3-4b", 4.02, 0.005}}) {
+                        Case{"qwen3-8b", 8.191, 0.001}, Case{"qwen3-4b", 4.02, 0.005},
+                        Case{"llama2-7b", 6.738, 0.001}, Case{"llama2-13b", 13.016, 0.001}}) {
     const TransformerSpec spec = load_model(c.name, test_data());
     EXPECT_NEAR(billions(count_parameters(spec).total), c.billions, c.tolerance) << c.name;
   }
