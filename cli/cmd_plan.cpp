@@ -3,7 +3,6 @@
 #include <chrono>
 #include <iostream>
 #include <optional>
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -1,10 +1,8 @@
 // `cpsim sweep` and `cpsim report`: every method over a range of sequence lengths, as a table, CSV
 // or JSON (sweep), or as one self-contained HTML page with charts (report).
 #include <algorithm>
-#include <chrono>
 #include <iostream>
 #include <optional>
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -201,16 +201,15 @@ class ProbeCache {
     return slot.probe;
   }
 
-  /// Whether the probe at k is known (its whole report, or only whether it fits when `need` is
-  /// kFits) or under way.
-  bool known(std::int64_t k, Need need = Need::kReport) {
+  /// Whether the probe at k has its whole report, or is under way.
+  bool known(std::int64_t k) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = slots_.find(slot_key(k, need));
+    const auto it = slots_.find(k);
     if (it == slots_.end() || it->second.state == Slot::kEmpty ||
         it->second.state == Slot::kQueued) {
       return false;
     }
-    return need == Need::kFits || !(it->second.state == Slot::kDone && it->second.probe.partial);
+    return !(it->second.state == Slot::kDone && it->second.probe.partial);
   }
 
   /// Whether a length's report and reserved report can come from one run (kReportAndReserved).
