@@ -4,6 +4,7 @@
 #include <atomic>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -561,12 +562,16 @@ void Candidate::apply_to(sim::ScheduleInputs& into) const {
   into.recipe = recipe;
 }
 
-// One pass over `ranked` (sorted best first by the plan's order): with the primary key p (max
-// context: the length; else throughput) and the secondary q (throughput; else −peak), both higher
-// is better, a candidate is dominated exactly when one with a higher p has q at least as high, or
-// one with the same p has a higher q. Candidates of equal p are adjacent and the first of them has
-// the highest q, so it suffices to keep the best q among higher p and the first q of the group.
-std::vector<Candidate> pareto_front(const std::vector<Candidate>& ranked, bool max_context) {
+namespace {
+
+// One pass over the candidates at(0..n−1) (sorted best first by the plan's order), giving the
+// positions of the front: with the primary key p (max context: the length; else throughput) and
+// the secondary q (throughput; else −peak), both higher is better, a candidate is dominated
+// exactly when one with a higher p has q at least as high, or one with the same p has a higher q.
+// Candidates of equal p are adjacent and the first of them has the highest q, so it suffices to
+// keep the best q among higher p and the first q of the group.
+template <class At>
+std::vector<std::size_t> pareto_positions(std::size_t n, const At& at, bool max_context) {
   auto primary = [max_context](const Candidate& c) {
     return max_context ? static_cast<double>(c.max_seq_len) : c.report.tokens_per_s_per_gpu;
   };
@@ -574,20 +579,31 @@ std::vector<Candidate> pareto_front(const std::vector<Candidate>& ranked, bool m
     return max_context ? c.report.tokens_per_s_per_gpu
                        : -static_cast<double>(c.report.peak_memory_bytes);
   };
-  std::vector<Candidate> front;
+  std::vector<std::size_t> front;
   double best_above = -std::numeric_limits<double>::infinity();  // best q among higher p
   std::size_t group = 0;                                         // first of the current p
-  for (std::size_t i = 0; i < ranked.size(); ++i) {
-    if (primary(ranked[i]) != primary(ranked[group])) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (primary(at(i)) != primary(at(group))) {
       for (std::size_t j = group; j < i; ++j) {
-        best_above = std::max(best_above, secondary(ranked[j]));
+        best_above = std::max(best_above, secondary(at(j)));
       }
       group = i;
     }
-    const double q = secondary(ranked[i]);
-    if (q > best_above && q >= secondary(ranked[group])) {
-      front.push_back(ranked[i]);
+    const double q = secondary(at(i));
+    if (q > best_above && q >= secondary(at(group))) {
+      front.push_back(i);
     }
+  }
+  return front;
+}
+
+}  // namespace
+
+std::vector<Candidate> pareto_front(const std::vector<Candidate>& ranked, bool max_context) {
+  std::vector<Candidate> front;
+  const auto at = [&ranked](std::size_t i) -> const Candidate& { return ranked[i]; };
+  for (const std::size_t i : pareto_positions(ranked.size(), at, max_context)) {
+    front.push_back(ranked[i]);
   }
   return front;
 }
@@ -776,59 +792,91 @@ bool check_reserved_all(const sim::ScheduleInputs& base,
   return std::find(moved.begin(), moved.end(), 1) != moved.end();
 }
 
-// Ranks `res.ranked` (fitting on their allocated peak) and checks the reserved memory of every
-// candidate the plan shows (the top, each method's best, the Pareto front, the runner-up), best
-// first; a check that moves a candidate re-ranks and goes on until every shown one is checked.
-// The allocated peak bounds the reserved memory from below, so unchecked candidates can only move
-// down: none of them belongs above a checked one.
+// Ranks the fitting candidates `order` (indices into `cands`, sorted by the plan's order) and
+// checks the reserved memory of every candidate the plan shows (the top, each method's best, the
+// Pareto front, the runner-up), best first; a check that moves a candidate re-ranks and goes on
+// until every shown one is checked. The allocated peak bounds the reserved memory from below, so
+// unchecked candidates can only move down: none of them belongs above a checked one. The ranking
+// works on indices (a check moves a few of tens of thousands); the candidates are moved into
+// `res` once, at the end.
 void rank_checking_reserved(const sim::ScheduleInputs& base,
                             const PlanOptions& options,
+                            std::vector<Candidate>& cands,
+                            std::vector<std::size_t> order,
                             PlanResult& res,
                             ClosestMiss& miss) {
   const bool mc = res.max_context;
-  auto better = [mc](const Candidate& a, const Candidate& b) { return ranks_before(a, b, mc); };
+  auto better = [&cands, mc](std::size_t a, std::size_t b) {
+    return ranks_before(cands[a], cands[b], mc);
+  };
+  auto at = [&cands, &order](std::size_t i) -> const Candidate& { return cands[order[i]]; };
   const std::vector<const sim::CpImplementation*> methods = methods_of(options);
+  std::vector<char> shown(cands.size(), 0);
+  std::vector<std::size_t> front, per_method;  // indices into cands
   for (;;) {
-    if (!std::is_sorted(res.ranked.begin(), res.ranked.end(), better)) {
-      std::stable_sort(res.ranked.begin(), res.ranked.end(), better);
+    if (!std::is_sorted(order.begin(), order.end(), better)) {
+      std::stable_sort(order.begin(), order.end(), better);
     }
-    res.pareto = pareto_front(res.ranked, mc);
-    res.best_per_method.clear();
-    for (const sim::CpImplementation* m : methods) {
-      for (const Candidate& c : res.ranked) {
-        if (c.parallel.method == m->id()) {
-          res.best_per_method.push_back(c);
-          break;
+    front.clear();
+    for (const std::size_t i : pareto_positions(order.size(), at, mc)) {
+      front.push_back(order[i]);
+    }
+    // Each method's first candidate, in the methods' order.
+    std::vector<std::size_t> first(methods.size(), cands.size());
+    std::size_t found = 0;
+    for (std::size_t k = 0; k < order.size() && found < methods.size(); ++k) {
+      for (std::size_t m = 0; m < methods.size(); ++m) {
+        if (first[m] == cands.size() && cands[order[k]].parallel.method == methods[m]->id()) {
+          first[m] = order[k];
+          ++found;
         }
       }
     }
-    std::vector<std::string> shown;
-    for (std::size_t i = 0;
-         i < res.ranked.size() && i < static_cast<std::size_t>(std::max(2, options.top)); ++i)
-      shown.push_back(res.ranked[i].label);
-    for (const Candidate& c : res.pareto)
-      shown.push_back(c.label);
-    for (const Candidate& c : res.best_per_method)
-      shown.push_back(c.label);
+    per_method.clear();
+    std::copy_if(first.begin(), first.end(), std::back_inserter(per_method),
+                 [&cands](std::size_t i) { return i < cands.size(); });
+    const std::size_t top =
+        std::min(order.size(), static_cast<std::size_t>(std::max(2, options.top)));
+    for (std::size_t k = 0; k < top; ++k) {
+      shown[order[k]] = 1;
+    }
+    for (const std::size_t i : front) {
+      shown[i] = 1;
+    }
+    for (const std::size_t i : per_method) {
+      shown[i] = 1;
+    }
     std::vector<Candidate*> to_check;
-    for (Candidate& c : res.ranked) {
-      if (!c.reserved_checked && std::find(shown.begin(), shown.end(), c.label) != shown.end()) {
-        to_check.push_back(&c);
+    for (const std::size_t i : order) {
+      if (shown[i] != 0) {
+        shown[i] = 0;
+        if (!cands[i].reserved_checked) {
+          to_check.push_back(&cands[i]);
+        }
       }
     }
     bool moved = check_reserved_all(base, options, to_check, mc, res.simulations);
-    // Those that no longer fit leave the ranking, in order (an erase, not a stable partition:
-    // that builds a buffer of candidates as long as the ranking).
-    for (const Candidate& c : res.ranked) {
-      if (!c.fits) {
-        offer_miss(c, mc, base.hardware.hbm_capacity_bytes - base.margin.gpu_bytes, miss);
+    // Those that no longer fit leave the ranking, in order.
+    for (const std::size_t i : order) {
+      if (!cands[i].fits) {
+        offer_miss(cands[i], mc, base.hardware.hbm_capacity_bytes - base.margin.gpu_bytes, miss);
         moved = true;
       }
     }
-    std::erase_if(res.ranked, [](const Candidate& c) { return !c.fits; });
+    std::erase_if(order, [&cands](std::size_t i) { return !cands[i].fits; });
     if (!moved) {
-      return;
+      break;
     }
+  }
+  for (const std::size_t i : front) {
+    res.pareto.push_back(cands[i]);
+  }
+  for (const std::size_t i : per_method) {
+    res.best_per_method.push_back(cands[i]);
+  }
+  res.ranked.reserve(order.size());
+  for (const std::size_t i : order) {
+    res.ranked.push_back(std::move(cands[i]));
   }
 }
 
@@ -927,6 +975,80 @@ std::int64_t evaluate_stage_group(std::vector<Candidate>& cands,
   return simulations;
 }
 
+// What screen() found: per candidate, its cost estimate (evaluated ones) and the memory lower
+// bound that pruned it.
+struct Screened {
+  std::vector<std::int64_t> cost;
+  std::vector<std::int64_t> bound;
+};
+
+// The cheap checks of every candidate, on the plan's threads (each candidate on its own, in
+// blocks of consecutive candidates; one reused copy of the base inputs per thread, a candidate
+// holds only what it changes): its length (the plan's, or the first step of the longest-context
+// search), the head layout and the recipe (refusals set `error`), and at --seq the memory lower
+// bound (over the capacity: `pruned`).
+Screened screen(const sim::ScheduleInputs& base,
+                const PlanOptions& options,
+                const RefusalText& refusal_text,
+                std::vector<Candidate>& cands) {
+  const std::int64_t capacity = base.hardware.hbm_capacity_bytes - base.margin.gpu_bytes;
+  Screened out;
+  out.cost.assign(cands.size(), 0);
+  out.bound.assign(cands.size(), 0);
+  constexpr std::size_t kBlock = 1024;
+  const std::size_t blocks = (cands.size() + kBlock - 1) / kBlock;
+  std::atomic<std::size_t> next{0};
+  std::vector<std::exception_ptr> errors(blocks);
+  auto check_block = [&](std::size_t b, sim::ScheduleInputs& probe,
+                         sim::ScheduleInputs& stage_probe) {
+    for (std::size_t i = b * kBlock; i < std::min(cands.size(), (b + 1) * kBlock); ++i) {
+      Candidate& c = cands[i];
+      c.apply_to(probe);
+      c.parallel.seq_len = options.seq_len
+                               ? *options.seq_len
+                               : std::lcm(options.granularity, required_multiple(probe));
+      probe.parallel.seq_len = c.parallel.seq_len;
+      if (sim::LayoutCheck checked = sim::check_head_layout(probe); checked.issue) {
+        c.error = refusal_text(sim::ConfigError(std::move(*checked.issue), probe.parallel));
+        continue;
+      }
+      try {
+        probe.recipe.validate();
+      } catch (const InputError& e) {
+        c.error = e.what();
+        continue;
+      }
+      if (options.seq_len) {
+        if (const std::int64_t bound = memory_lower_bound(probe, stage_probe); bound > capacity) {
+          c.pruned = true;
+          c.prune_reason = "memory lower bound exceeds the GPU";
+          out.bound[i] = bound;
+          continue;
+        }
+      }
+      out.cost[i] = cost_estimate(probe);
+    }
+  };
+  auto worker = [&]() {
+    sim::ScheduleInputs probe = base;
+    sim::ScheduleInputs stage_probe = base;  // a pipeline's stage, for its bound
+    for (std::size_t b = next++; b < blocks; b = next++) {
+      try {
+        check_block(b, probe, stage_probe);
+      } catch (...) {
+        errors[b] = std::current_exception();
+      }
+    }
+  };
+  run_workers(options.threads, blocks, worker);
+  for (const std::exception_ptr& e : errors) {
+    if (e) {
+      std::rethrow_exception(e);  // the first block's, as one thread would have met it
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 bool check_reserved_memory(const sim::ScheduleInputs& base,
@@ -947,39 +1069,19 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   res.generated = static_cast<std::int64_t>(cands.size());
   const std::int64_t capacity = base.hardware.hbm_capacity_bytes - base.margin.gpu_bytes;
 
-  // Cheap checks first: invalid combinations and memory lower bounds, on one reused copy of the
-  // base inputs (a candidate holds only what it changes).
-  sim::ScheduleInputs probe = base;
-  sim::ScheduleInputs stage_probe = base;  // a pipeline's stage, for its bound
+  // Cheap checks first: invalid combinations and memory lower bounds (screen), then the closest
+  // miss offered in the candidates' order.
   ClosestMiss miss;
-  std::vector<std::int64_t> cost(cands.size(), 0);
+  const Screened screened = screen(base, options, refusal_text, cands);
+  const std::vector<std::int64_t>& cost = screened.cost;
   std::vector<std::size_t> pending;
   for (std::size_t i = 0; i < cands.size(); ++i) {
-    Candidate& c = cands[i];
-    c.apply_to(probe);
-    c.parallel.seq_len = options.seq_len ? *options.seq_len
-                                         : std::lcm(options.granularity, required_multiple(probe));
-    probe.parallel.seq_len = c.parallel.seq_len;
-    if (sim::LayoutCheck checked = sim::check_head_layout(probe); checked.issue) {
-      c.error = refusal_text(sim::ConfigError(std::move(*checked.issue), probe.parallel));
-      continue;
+    const Candidate& c = cands[i];
+    if (c.pruned) {
+      miss.offer(c, c.parallel.seq_len, "GPU", screened.bound[i], capacity, true);
+    } else if (c.error.empty()) {
+      pending.push_back(i);
     }
-    try {
-      probe.recipe.validate();
-    } catch (const InputError& e) {
-      c.error = e.what();
-      continue;
-    }
-    if (options.seq_len) {
-      if (const std::int64_t bound = memory_lower_bound(probe, stage_probe); bound > capacity) {
-        c.pruned = true;
-        c.prune_reason = "memory lower bound exceeds the GPU";
-        miss.offer(c, c.parallel.seq_len, "GPU", bound, capacity, true);
-        continue;
-      }
-    }
-    cost[i] = cost_estimate(probe);
-    pending.push_back(i);
   }
   // Work items: one candidate, or at --seq the candidates of one pipeline stage group (one stage
   // simulation composed for each). Longest first (each result goes to its own candidate: the
@@ -1073,11 +1175,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   std::stable_sort(fitting.begin(), fitting.end(), [&](std::size_t a, std::size_t b) {
     return ranks_before(cands[a], cands[b], res.max_context);
   });
-  res.ranked.reserve(fitting.size());
-  for (const std::size_t i : fitting) {
-    res.ranked.push_back(std::move(cands[i]));
-  }
-  rank_checking_reserved(base, options, res, miss);
+  rank_checking_reserved(base, options, cands, std::move(fitting), res, miss);
   if (res.ranked.empty()) {
     res.closest_miss = miss.text();
   }
