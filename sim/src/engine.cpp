@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 #include <span>
 #include <stdexcept>
 #include <type_traits>
@@ -11,6 +12,9 @@
 
 namespace cpsim::sim {
 namespace {
+
+// Simulator::Scratch::reader_queue of a tensor nobody reads, and of one read on several queues.
+constexpr std::int32_t kNoQueue = -1, kMixedQueues = -2;
 
 std::int64_t rounded(std::int64_t bytes) {
   return allocation_bytes(bytes);
@@ -225,6 +229,13 @@ struct Simulator::Scratch {
   // (kNotIssued before) and the next op of its rank; per rank, its host thread.
   RawArray<HostOp> host_ops;
   std::vector<HostClock> hosts;
+  // Fast-forward, learnt when a window first reads a tensor with several readers
+  // (Engine::ff_learn_readers): each tensor's reads in program order (the ops
+  // reads[read_begin[t] .. read_begin[t + 1])), and the queue its readers all run on
+  // (kMixedQueues when they run on several).
+  std::vector<std::int32_t> read_begin;
+  std::vector<OpId> reads;
+  std::vector<std::int32_t> reader_queue;
 };
 
 namespace {
@@ -358,6 +369,9 @@ class Engine {
   bool ff_same_hosts(const FfSnapshot& p, const FfSnapshot& c, const Workload::Instance& d) const;
   OpId ff_watched(OpId head, std::int32_t cursor) const;
   bool ff_same_op(const Op& o, const Op& r, const Workload::Instance& d) const;
+  void ff_learn_readers();
+  bool ff_same_reads(
+      TensorId a, OpId x, TensorId b, const FfSnapshot& p, OpId from, OpId to, OpId shift);
   OpId ff_first_aperiodic(const FfSnapshot& p,
                           OpId from,
                           OpId to,
@@ -424,6 +438,9 @@ class Engine {
   /// Tensors read by every block that are not the block's own (the same id in each), with their
   /// reads in one block: set by ff_first_aperiodic.
   std::vector<std::pair<TensorId, std::int32_t>> ff_statics_;
+  bool ff_readers_known_ = false;  // b_.reads and b_.reader_queue are this workload's
+  /// The boundary (ff_next_) that first asked for the reads, before they were learnt.
+  std::size_t ff_reads_first_asked_ = std::numeric_limits<std::size_t>::max();
   /// With the allocation log: the ops begun (id) and ended (~id) since the last boundary, in the
   /// order the engine made them, which a skip repeats block by block (ff_log_skipped).
   std::vector<OpId> ff_op_log_;
@@ -1052,6 +1069,8 @@ void Engine::finish_activity(std::int32_t a) {
 // full run). A stop limit is not crossed inside the skipped blocks (ff_stop_limit), so a run that
 // stops stops at the same op.
 void Engine::ff_setup() {
+  ff_readers_known_ = false;
+  ff_reads_first_asked_ = std::numeric_limits<std::size_t>::max();
   ff_runs_.clear();
   ff_boundaries_.clear();
   ff_next_ = 0;
@@ -1396,8 +1415,10 @@ OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
         continue;
       }
       // Each block's own tensor made before the window (a backward block reading what its
-      // forward saved, in the reverse order): the same when its sole reader is this op.
-      if (a != b && made_before(a, b) && same_tensor(a, b) && w_.tensors[idx(a)].consumers == 1) {
+      // forward saved, in the reverse order): the same when its sole reader is this op, or when
+      // its reads free it as the other's freed it (ff_same_reads).
+      if (a != b && made_before(a, b) && same_tensor(a, b) &&
+          (w_.tensors[idx(a)].consumers == 1 || ff_same_reads(a, x, b, p, from, to, d.ops))) {
         continue;
       }
       if (a != b) {
@@ -1422,6 +1443,95 @@ OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
     }
   }
   return to;
+}
+
+// Learns each tensor's reads in program order and the queue of its readers (two passes over the
+// ops: counts, then the reads).
+void Engine::ff_learn_readers() {
+  ff_readers_known_ = true;
+  const std::size_t n = w_.tensors.size();
+  b_.read_begin.assign(n + 1, 0);
+  b_.reader_queue.assign(n, kNoQueue);
+  const std::int32_t* edges = w_.edges.data();
+  for (const Op& o : w_.ops) {
+    const auto q = static_cast<std::int32_t>(queue_index(o.rank, o.stream));
+    for (std::int32_t e = o.inputs_begin; e < o.inputs_end; ++e) {
+      const auto t = idx(edges[e]);
+      b_.read_begin[t + 1] += 1;
+      std::int32_t& rq = b_.reader_queue[t];
+      rq = rq == kNoQueue || rq == q ? q : kMixedQueues;
+    }
+  }
+  std::partial_sum(b_.read_begin.begin(), b_.read_begin.end(), b_.read_begin.begin());
+  b_.reads.resize(idx(b_.read_begin[n]));
+  std::vector<std::int32_t> cursor(b_.read_begin.begin(), b_.read_begin.end() - 1);
+  for (std::size_t i = 0; i < w_.ops.size(); ++i) {
+    const Op& o = w_.ops[i];
+    for (std::int32_t e = o.inputs_begin; e < o.inputs_end; ++e) {
+      b_.reads[idx(cursor[idx(edges[e])]++)] = static_cast<OpId>(i);
+    }
+  }
+}
+
+// Whether reading tensor a at op x frees it (or not) as reading b at op x − shift freed b, for a
+// block's own tensor made before the window [from, to) with several readers. Either
+//   - the readers of each run on one queue, which ends its ops in program order: a tensor is freed
+//     when its last reader in program order ends, and x is a's last exactly when x − shift is
+//     b's; or
+//   - a's readers in the window are b's moved by the shift and the other way round, and every
+//     other reader of a has ended now and of b had ended at p: the reads left then are those of
+//     one block before, moved by a block, so the last of them to end frees it in both.
+bool Engine::ff_same_reads(
+    TensorId a, OpId x, TensorId b, const FfSnapshot& p, OpId from, OpId to, OpId shift) {
+  if (!ff_readers_known_) {
+    // Learning the reads is a pass over every op. A run whose blocks read such tensors at one
+    // boundary only (the first backward block reading what the last forward block and the loss
+    // read too) gains a block at most: the reads are learnt at the second boundary that asks.
+    if (ff_reads_first_asked_ == std::numeric_limits<std::size_t>::max() ||
+        ff_reads_first_asked_ == ff_next_) {
+      ff_reads_first_asked_ = ff_next_;
+      return false;
+    }
+    ff_learn_readers();
+  }
+  const OpId* reads = b_.reads.data();
+  const OpId* a_begin = reads + b_.read_begin[idx(a)];
+  const OpId* a_end = reads + b_.read_begin[idx(a) + 1];
+  const OpId* b_begin = reads + b_.read_begin[idx(b)];
+  const OpId* b_end = reads + b_.read_begin[idx(b) + 1];
+  if (b_.reader_queue[idx(a)] >= 0 && b_.reader_queue[idx(b)] >= 0 && a_end > a_begin &&
+      b_end > b_begin && (a_end[-1] == x) == (b_end[-1] == x - shift)) {
+    return true;
+  }
+  auto done_at_p = [this, &p](OpId op) {
+    const Op& o = w_.ops[idx(op)];
+    const OpId head = p.queues[queue_index(o.rank, o.stream)].head;
+    return head == kNone || op < head;
+  };
+  const OpId* j = b_begin;
+  for (const OpId* i = a_begin; i != a_end; ++i) {
+    if (*i >= from && *i < to) {
+      // The reads of b before *i − shift are outside the reference window and ended at p.
+      while (j != b_end && *j < *i - shift) {
+        if (*j >= from - shift || !done_at_p(*j)) {
+          return false;
+        }
+        ++j;
+      }
+      if (j == b_end || *j != *i - shift) {
+        return false;
+      }
+      ++j;
+    } else if (b_.op[idx(*i)].state != OpState::kDone) {
+      return false;
+    }
+  }
+  for (; j != b_end; ++j) {
+    if ((*j >= from - shift && *j < to - shift) || !done_at_p(*j)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 // Whether the tensors every block reads by the same id keep a reader after k more blocks (their

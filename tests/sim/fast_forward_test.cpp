@@ -140,6 +140,18 @@ std::vector<Case> cases() {
         add(fmt::format("{} ac {} zero {}", models::to_string(m), static_cast<int>(ac), zero), in);
       }
     }
+    // Full checkpointing with the checkpoints kept on the GPU: the backward reads each block's
+    // input, which has several readers (the next block's forward and recomputation).
+    for (const bool tiled : {false, true}) {
+      ScheduleInputs in = inputs(m, "llama3-8b", 8, 256 * kK);
+      in.recipe.checkpointing = CheckpointMode::kFull;
+      in.recipe.checkpoint_offload = false;
+      in.recipe.tiled_mlp = tiled;
+      in.parallel.ring_degree = m == CpMethod::kRing || m == CpMethod::kAllGather ? 8
+                                : m == CpMethod::kUsp                             ? 2
+                                                                                  : 1;
+      add(fmt::format("{} ac full on the GPU{}", models::to_string(m), tiled ? ", tiled" : ""), in);
+    }
     ScheduleInputs two_nodes = inputs(m, "llama3-8b", 16, 512 * kK);
     two_nodes.parallel.ring_degree = m == CpMethod::kRing || m == CpMethod::kAllGather ? 16
                                      : m == CpMethod::kUsp || m == CpMethod::kUPipe    ? 2
@@ -149,6 +161,9 @@ std::vector<Case> cases() {
       two_nodes.parallel.cp_degree = 8;
     }
     add(fmt::format("{} all ranks", models::to_string(m)), two_nodes, /*all_ranks=*/true);
+    two_nodes.recipe.checkpoint_offload = false;
+    add(fmt::format("{} all ranks, checkpoints on the GPU", models::to_string(m)), two_nodes,
+        /*all_ranks=*/true);
   }
   // Compute slowed beside collectives (compute as activities, not fixed-rate events).
   {
@@ -272,6 +287,26 @@ TEST(FastForward, SkipsAllButAFewBlocksOfAPeriodicStep) {
   const SimResult r = simulate(w, in.hardware);
   // 32 forward and 32 backward blocks: a few at the start and the end of each are simulated.
   EXPECT_GE(r.fast_forwarded_blocks, 2 * (32 - 8));
+}
+
+// Backwards that read forward tensors with several readers: with full checkpointing kept on the
+// GPU each block's input (the next block's forward and recomputation read it too, all on the
+// compute stream); without checkpointing or with selective checkpointing the tensors the forward
+// saved, read by the backward on the compute and communication streams.
+TEST(FastForward, SkipsBackwardsReadingForwardTensorsWithSeveralReaders) {
+  for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kUPipe, CpMethod::kRing}) {
+    for (const CheckpointMode ac :
+         {CheckpointMode::kFull, CheckpointMode::kSelective, CheckpointMode::kNone}) {
+      ScheduleInputs in = inputs(m, "llama3-8b", 8, 256 * kK);
+      in.recipe.checkpointing = ac;
+      in.recipe.checkpoint_offload = false;
+      in.parallel.ring_degree = m == CpMethod::kRing ? 8 : 1;
+      const Workload w = build_step(in);
+      const SimResult r = simulate(w, in.hardware);
+      EXPECT_GE(r.fast_forwarded_blocks, 2 * (32 - 8))
+          << models::to_string(m) << " ac " << static_cast<int>(ac);
+    }
+  }
 }
 
 TEST(FastForward, OffWithTraceOnWithAllocationLog) {
