@@ -375,6 +375,8 @@ class Engine {
   OpId ff_first_aperiodic(const FfSnapshot& p,
                           OpId from,
                           OpId to,
+                          TensorId from_tensor,
+                          TensorId to_tensor,
                           const Workload::Instance& d,
                           OpId period_begin,
                           OpId period_end);
@@ -1370,6 +1372,8 @@ bool Engine::ff_same_op(const Op& o, const Op& r, const Workload::Instance& d) c
 OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
                                 OpId from,
                                 OpId to,
+                                TensorId from_tensor,
+                                TensorId to_tensor,
                                 const Workload::Instance& d,
                                 OpId period_begin,
                                 OpId period_end) {
@@ -1389,6 +1393,21 @@ OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
     return head == kNone || op < head;
   };
   auto done_now = [this](OpId op) { return b_.op[idx(op)].state == OpState::kDone; };
+  // A tensor of the window moved by d from b (a == b + d.tensors): the window's tensors
+  // [from_tensor, to_tensor) are compared once each, in order, as far as the reads reach, so
+  // that a tensor read several times is compared once.
+  TensorId verified = from_tensor;  // [from_tensor, verified): each the same as d.tensors before
+  auto same_moved_tensor = [&](TensorId a, TensorId b) {
+    if (a >= from_tensor && a < to_tensor) {
+      while (verified <= a && same_tensor(verified, verified - d.tensors)) {
+        ++verified;
+      }
+      if (a < verified) {
+        return true;
+      }
+    }
+    return same_tensor(a, b);
+  };
   // Tensors made before the window and its reference: a by an op done now, b by one done at p.
   auto made_before = [&](TensorId a, TensorId b) {
     const OpId pa = w_.tensors[idx(a)].producer, pb = w_.tensors[idx(b)].producer;
@@ -1411,7 +1430,7 @@ OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
     for (std::int32_t j = 0; j < o.inputs_end - o.inputs_begin; ++j) {
       const TensorId a = edges[o.inputs_begin + j];
       const TensorId b = edges[r.inputs_begin + j];
-      if (a == b + d.tensors && same_tensor(a, b)) {
+      if (a == b + d.tensors && same_moved_tensor(a, b)) {
         continue;
       }
       // Each block's own tensor made before the window (a backward block reading what its
@@ -1437,7 +1456,7 @@ OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
     for (std::int32_t j = 0; j < o.outputs_end - o.outputs_begin; ++j) {
       const TensorId a = edges[o.outputs_begin + j];
       const TensorId b = edges[r.outputs_begin + j];
-      if (a != b + d.tensors || !same_tensor(a, b)) {
+      if (a != b + d.tensors || !same_moved_tensor(a, b)) {
         return x;
       }
     }
@@ -1599,7 +1618,8 @@ std::int32_t Engine::ff_stop_limit(const FfSnapshot& p, const FfSnapshot& c, std
                                m.edges - before.edges, m.collectives - before.collectives, 0};
     auto window_end = [&run, i](std::int32_t blocks) { return run.marks[idx(i + blocks + 2)].ops; };
     if (ff_equivalent(ff_prev_, snap, d, before.ops)) {
-      const OpId aperiodic = ff_first_aperiodic(ff_prev_, before.ops, window_end(k), d, m.ops,
+      const OpId aperiodic = ff_first_aperiodic(ff_prev_, before.ops, window_end(k), before.tensors,
+                                                run.marks[idx(i + k + 2)].tensors, d, m.ops,
                                                 run.marks[idx(i + 1)].ops);
       for (std::size_t q = 0; q < snap.queues.size(); ++q) {
         const FfQueue& f = snap.queues[q];
