@@ -521,15 +521,25 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
   std::vector<Candidate> out;
   out.reserve(count);
   std::int64_t group = 0;
+  // Labels: each recipe's and each variant's made once (not once per candidate).
+  std::vector<std::string> recipe_labels;
+  for (const models::TrainingRecipe& r : recipes) {
+    recipe_labels.push_back(" | " + recipe_label(r));
+  }
+  std::vector<std::string> variant_labels;
   for (std::size_t s = 0; s < structures.size(); ++s) {
     const std::vector<models::ParallelConfig>& variants = variants_of[s];
-    for (const models::TrainingRecipe& r : recipes) {
-      for (const models::ParallelConfig& q : variants) {
+    variant_labels.clear();
+    for (const models::ParallelConfig& q : variants) {
+      variant_labels.push_back(structure_label(q));
+    }
+    for (std::size_t ri = 0; ri < recipes.size(); ++ri) {
+      for (std::size_t v = 0; v < variants.size(); ++v) {
         Candidate& c = out.emplace_back();
-        c.parallel = q;
-        c.recipe = r;
-        c.label = structure_label(q) + " | " + recipe_label(r);
-        c.stage_group = q.pp_degree > 1 ? group : -1;
+        c.parallel = variants[v];
+        c.recipe = recipes[ri];
+        c.label = variant_labels[v] + recipe_labels[ri];
+        c.stage_group = variants[v].pp_degree > 1 ? group : -1;
       }
       group += 1;
     }
