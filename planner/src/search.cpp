@@ -802,6 +802,41 @@ bool check_reserved_all(const sim::ScheduleInputs& base,
   return std::find(moved.begin(), moved.end(), 1) != moved.end();
 }
 
+// The Pareto front of the candidates `order` (indices into `cands`, in the plan's order), as
+// indices into `cands`.
+std::vector<std::size_t> front_of(const std::vector<Candidate>& cands,
+                                  const std::vector<std::size_t>& order,
+                                  bool max_context) {
+  auto at = [&cands, &order](std::size_t i) -> const Candidate& { return cands[order[i]]; };
+  std::vector<std::size_t> front;
+  for (const std::size_t i : pareto_positions(order.size(), at, max_context)) {
+    front.push_back(order[i]);
+  }
+  return front;
+}
+
+// Each method's first candidate of `order`, in the methods' order (methods without one left
+// out), as indices into `cands`.
+std::vector<std::size_t> best_per_method_of(
+    const std::vector<Candidate>& cands,
+    const std::vector<std::size_t>& order,
+    const std::vector<const sim::CpImplementation*>& methods) {
+  std::vector<std::size_t> first(methods.size(), cands.size());
+  std::size_t found = 0;
+  for (std::size_t k = 0; k < order.size() && found < methods.size(); ++k) {
+    for (std::size_t m = 0; m < methods.size(); ++m) {
+      if (first[m] == cands.size() && cands[order[k]].parallel.method == methods[m]->id()) {
+        first[m] = order[k];
+        ++found;
+      }
+    }
+  }
+  std::vector<std::size_t> out;
+  std::copy_if(first.begin(), first.end(), std::back_inserter(out),
+               [&cands](std::size_t i) { return i < cands.size(); });
+  return out;
+}
+
 // Ranks the fitting candidates `order` (indices into `cands`, sorted by the plan's order) and
 // checks the reserved memory of every candidate the plan shows (the top, each method's best, the
 // Pareto front, the runner-up), best first; a check that moves a candidate re-ranks and goes on
@@ -819,7 +854,6 @@ void rank_checking_reserved(const sim::ScheduleInputs& base,
   auto better = [&cands, mc](std::size_t a, std::size_t b) {
     return ranks_before(cands[a], cands[b], mc);
   };
-  auto at = [&cands, &order](std::size_t i) -> const Candidate& { return cands[order[i]]; };
   const std::vector<const sim::CpImplementation*> methods = methods_of(options);
   std::vector<char> shown(cands.size(), 0);
   std::vector<std::size_t> front, per_method;  // indices into cands
@@ -827,24 +861,8 @@ void rank_checking_reserved(const sim::ScheduleInputs& base,
     if (!std::is_sorted(order.begin(), order.end(), better)) {
       std::stable_sort(order.begin(), order.end(), better);
     }
-    front.clear();
-    for (const std::size_t i : pareto_positions(order.size(), at, mc)) {
-      front.push_back(order[i]);
-    }
-    // Each method's first candidate, in the methods' order.
-    std::vector<std::size_t> first(methods.size(), cands.size());
-    std::size_t found = 0;
-    for (std::size_t k = 0; k < order.size() && found < methods.size(); ++k) {
-      for (std::size_t m = 0; m < methods.size(); ++m) {
-        if (first[m] == cands.size() && cands[order[k]].parallel.method == methods[m]->id()) {
-          first[m] = order[k];
-          ++found;
-        }
-      }
-    }
-    per_method.clear();
-    std::copy_if(first.begin(), first.end(), std::back_inserter(per_method),
-                 [&cands](std::size_t i) { return i < cands.size(); });
+    front = front_of(cands, order, mc);
+    per_method = best_per_method_of(cands, order, methods);
     const std::size_t top =
         std::min(order.size(), static_cast<std::size_t>(std::max(2, options.top)));
     for (std::size_t k = 0; k < top; ++k) {
