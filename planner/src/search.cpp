@@ -770,6 +770,31 @@ void run_workers(int threads, std::size_t items, const std::function<void()>& wo
   }
 }
 
+// Runs item(state, i) for i in [0, n) on the plan's threads, each thread with its own state
+// (make_state()); every item runs, and the error of the first failing item, in index order, is
+// rethrown afterwards (as one thread in order would have met it).
+template <class MakeState, class Item>
+void for_each_index(int threads, std::size_t n, const MakeState& make_state, const Item& item) {
+  std::vector<std::exception_ptr> errors(n);
+  std::atomic<std::size_t> next{0};
+  auto worker = [&]() {
+    auto state = make_state();
+    for (std::size_t i = next++; i < n; i = next++) {
+      try {
+        item(state, i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  run_workers(threads, n, worker);
+  for (const std::exception_ptr& e : errors) {
+    if (e) {
+      std::rethrow_exception(e);
+    }
+  }
+}
+
 // Checks the reserved memory of `cands` on the plan's threads (each check is independent of the
 // others: the outcome is the same in any order); true when one moved. Rethrows the first
 // candidate's error, in the order given.
@@ -780,24 +805,11 @@ bool check_reserved_all(const sim::ScheduleInputs& base,
                         std::int64_t& simulations) {
   std::vector<char> moved(cands.size(), 0);
   std::vector<std::int64_t> sims(cands.size(), 0);
-  std::vector<std::exception_ptr> errors(cands.size());
-  std::atomic<std::size_t> next{0};
-  auto worker = [&]() {
-    EvaluationScratch scratch;
-    for (std::size_t i = next++; i < cands.size(); i = next++) {
-      try {
+  for_each_index(
+      options.threads, cands.size(), [] { return EvaluationScratch{}; },
+      [&](EvaluationScratch& scratch, std::size_t i) {
         moved[i] = check_reserved(base, options, *cands[i], max_context, sims[i], scratch) ? 1 : 0;
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-    }
-  };
-  run_workers(options.threads, cands.size(), worker);
-  for (const std::exception_ptr& e : errors) {
-    if (e) {
-      std::rethrow_exception(e);
-    }
-  }
+      });
   simulations += std::accumulate(sims.begin(), sims.end(), std::int64_t{0});
   return std::find(moved.begin(), moved.end(), 1) != moved.end();
 }
@@ -1024,56 +1036,47 @@ Screened screen(const sim::ScheduleInputs& base,
   out.cost.assign(cands.size(), 0);
   out.bound.assign(cands.size(), 0);
   constexpr std::size_t kBlock = 1024;
+  struct Probes {
+    sim::ScheduleInputs probe;
+    sim::ScheduleInputs stage_probe;  // a pipeline's stage, for its bound
+  };
   const std::size_t blocks = (cands.size() + kBlock - 1) / kBlock;
-  std::atomic<std::size_t> next{0};
-  std::vector<std::exception_ptr> errors(blocks);
-  auto check_block = [&](std::size_t b, sim::ScheduleInputs& probe,
-                         sim::ScheduleInputs& stage_probe) {
-    for (std::size_t i = b * kBlock; i < std::min(cands.size(), (b + 1) * kBlock); ++i) {
-      Candidate& c = cands[i];
-      c.apply_to(probe);
-      c.parallel.seq_len = options.seq_len
-                               ? *options.seq_len
-                               : std::lcm(options.granularity, required_multiple(probe));
-      probe.parallel.seq_len = c.parallel.seq_len;
-      if (sim::LayoutCheck checked = sim::check_head_layout(probe); checked.issue) {
-        c.error = refusal_text(sim::ConfigError(std::move(*checked.issue), probe.parallel));
-        continue;
-      }
-      try {
-        probe.recipe.validate();
-      } catch (const InputError& e) {
-        c.error = e.what();
-        continue;
-      }
-      if (options.seq_len) {
-        if (const std::int64_t bound = memory_lower_bound(probe, stage_probe); bound > capacity) {
-          c.pruned = true;
-          c.prune_reason = "memory lower bound exceeds the GPU";
-          out.bound[i] = bound;
-          continue;
+  for_each_index(
+      options.threads, blocks,
+      [&base] {
+        return Probes{base, base};
+      },
+      [&](Probes& probes, std::size_t b) {
+        sim::ScheduleInputs& probe = probes.probe;
+        for (std::size_t i = b * kBlock; i < std::min(cands.size(), (b + 1) * kBlock); ++i) {
+          Candidate& c = cands[i];
+          c.apply_to(probe);
+          c.parallel.seq_len = options.seq_len
+                                   ? *options.seq_len
+                                   : std::lcm(options.granularity, required_multiple(probe));
+          probe.parallel.seq_len = c.parallel.seq_len;
+          if (sim::LayoutCheck checked = sim::check_head_layout(probe); checked.issue) {
+            c.error = refusal_text(sim::ConfigError(std::move(*checked.issue), probe.parallel));
+            continue;
+          }
+          try {
+            probe.recipe.validate();
+          } catch (const InputError& e) {
+            c.error = e.what();
+            continue;
+          }
+          if (options.seq_len) {
+            const std::int64_t bound = memory_lower_bound(probe, probes.stage_probe);
+            if (bound > capacity) {
+              c.pruned = true;
+              c.prune_reason = "memory lower bound exceeds the GPU";
+              out.bound[i] = bound;
+              continue;
+            }
+          }
+          out.cost[i] = cost_estimate(probe);
         }
-      }
-      out.cost[i] = cost_estimate(probe);
-    }
-  };
-  auto worker = [&]() {
-    sim::ScheduleInputs probe = base;
-    sim::ScheduleInputs stage_probe = base;  // a pipeline's stage, for its bound
-    for (std::size_t b = next++; b < blocks; b = next++) {
-      try {
-        check_block(b, probe, stage_probe);
-      } catch (...) {
-        errors[b] = std::current_exception();
-      }
-    }
-  };
-  run_workers(options.threads, blocks, worker);
-  for (const std::exception_ptr& e : errors) {
-    if (e) {
-      std::rethrow_exception(e);  // the first block's, as one thread would have met it
-    }
-  }
+      });
   return out;
 }
 

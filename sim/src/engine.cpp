@@ -369,6 +369,7 @@ class Engine {
   bool ff_same_hosts(const FfSnapshot& p, const FfSnapshot& c, const Workload::Instance& d) const;
   OpId ff_watched(OpId head, std::int32_t cursor) const;
   bool ff_same_op(const Op& o, const Op& r, const Workload::Instance& d) const;
+  bool ff_done_at(const FfSnapshot& p, OpId op) const;
   void ff_learn_readers();
   bool ff_same_reads(
       TensorId a, OpId x, TensorId b, const FfSnapshot& p, OpId from, OpId to, OpId shift);
@@ -1386,12 +1387,7 @@ OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
            a.on_host == b.on_host && a.consumers == b.consumers &&
            (a.producer == kNone) == (b.producer == kNone);
   };
-  // Whether an op had ended when snapshot p was taken (a queue runs its ops in order).
-  auto done_at_p = [this, &p](OpId op) {
-    const Op& o = w_.ops[idx(op)];
-    const OpId head = p.queues[queue_index(o.rank, o.stream)].head;
-    return head == kNone || op < head;
-  };
+  auto done_at_p = [this, &p](OpId op) { return ff_done_at(p, op); };
   auto done_now = [this](OpId op) { return b_.op[idx(op)].state == OpState::kDone; };
   // A tensor of the window moved by d from b (a == b + d.tensors): the window's tensors
   // [from_tensor, to_tensor) are compared once each, in order, as far as the reads reach, so
@@ -1464,6 +1460,13 @@ OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
   return to;
 }
 
+// Whether op `op` had ended when snapshot p was taken (a queue runs its ops in order).
+bool Engine::ff_done_at(const FfSnapshot& p, OpId op) const {
+  const Op& o = w_.ops[idx(op)];
+  const OpId head = p.queues[queue_index(o.rank, o.stream)].head;
+  return head == kNone || op < head;
+}
+
 // Learns each tensor's reads in program order and the queue of its readers (two passes over the
 // ops: counts, then the reads).
 void Engine::ff_learn_readers() {
@@ -1518,15 +1521,12 @@ bool Engine::ff_same_reads(
   const OpId* a_end = reads + b_.read_begin[idx(a) + 1];
   const OpId* b_begin = reads + b_.read_begin[idx(b)];
   const OpId* b_end = reads + b_.read_begin[idx(b) + 1];
-  if (b_.reader_queue[idx(a)] >= 0 && b_.reader_queue[idx(b)] >= 0 && a_end > a_begin &&
-      b_end > b_begin && (a_end[-1] == x) == (b_end[-1] == x - shift)) {
+  // x reads a and x − shift reads b: neither list is empty.
+  if (b_.reader_queue[idx(a)] >= 0 && b_.reader_queue[idx(b)] >= 0 &&
+      (a_end[-1] == x) == (b_end[-1] == x - shift)) {
     return true;
   }
-  auto done_at_p = [this, &p](OpId op) {
-    const Op& o = w_.ops[idx(op)];
-    const OpId head = p.queues[queue_index(o.rank, o.stream)].head;
-    return head == kNone || op < head;
-  };
+  auto done_at_p = [this, &p](OpId op) { return ff_done_at(p, op); };
   const OpId* j = b_begin;
   for (const OpId* i = a_begin; i != a_end; ++i) {
     if (*i >= from && *i < to) {
