@@ -1409,18 +1409,18 @@ OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
     const OpId pa = w_.tensors[idx(a)].producer, pb = w_.tensors[idx(b)].producer;
     return (pa == kNone || done_now(pa)) && (pb == kNone || done_at_p(pb));
   };
-  for (OpId x = from; x < to; ++x) {
+  auto periodic = [&](OpId x) {
     const Op& o = w_.ops[idx(x)];
     const Op& r = w_.ops[idx(x - d.ops)];
     if (!ff_same_op(o, r, d)) {
-      return x;
+      return false;
     }
     for (std::int32_t j = 0; j < o.deps_end - o.deps_begin; ++j) {
       const OpId a = edges[o.deps_begin + j];
       const OpId b = edges[r.deps_begin + j];
       // Moved with the block, or no constraint on either side (ended before both runs).
       if (a != b + d.ops && !(done_now(a) && done_at_p(b))) {
-        return x;
+        return false;
       }
     }
     for (std::int32_t j = 0; j < o.inputs_end - o.inputs_begin; ++j) {
@@ -1437,7 +1437,7 @@ OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
         continue;
       }
       if (a != b) {
-        return x;
+        return false;
       }
       if (x >= period_begin && x < period_end) {
         auto it = std::find_if(ff_statics_.begin(), ff_statics_.end(),
@@ -1453,9 +1453,54 @@ OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
       const TensorId a = edges[o.outputs_begin + j];
       const TensorId b = edges[r.outputs_begin + j];
       if (a != b + d.tensors || !same_moved_tensor(a, b)) {
+        return false;
+      }
+    }
+    return true;
+  };
+  // Instances of one template Δ apart (Workload::template_shapes): the ops without a port are
+  // the same up to Δ by construction, so only the instance's tensors and its ported ops are
+  // compared. When every tensor is the same, no op before the first ported op that differs can
+  // differ: that op is the answer. Otherwise the instance is compared op by op.
+  const auto& instances = w_.instances;
+  auto instance_at = [&instances](OpId op) {
+    return std::lower_bound(instances.begin(), instances.end(), op,
+                            [](const Workload::Instance& m, OpId value) { return m.ops < value; });
+  };
+  auto counterpart = [&](const Workload::Instance& m) {
+    const auto ref = instance_at(m.ops - d.ops);
+    return ref != instances.end() && ref->ops == m.ops - d.ops &&
+           ref->template_id == m.template_id && ref->tensors == m.tensors - d.tensors &&
+           ref->edges == m.edges - d.edges && ref->collectives == m.collectives - d.collectives;
+  };
+  OpId x = from;
+  for (auto m = instance_at(from); x < to; ++m) {
+    const OpId next = m == instances.end() ? to : std::min(m->ops, to);
+    for (; x < next; ++x) {
+      if (!periodic(x)) {
         return x;
       }
     }
+    if (m == instances.end() || x >= to) {
+      break;
+    }
+    const Workload::TemplateShape& shape = w_.template_shapes[idx(m->template_id)];
+    if (shape.ops <= 0 || m->ops < x || m->ops + shape.ops > to || !counterpart(*m)) {
+      continue;  // compared op by op (the loop above, from the next instance on)
+    }
+    bool same_tensors = true;
+    for (TensorId t = m->tensors; t < m->tensors + shape.tensors && same_tensors; ++t) {
+      same_tensors = same_moved_tensor(t, t - d.tensors);
+    }
+    if (!same_tensors) {
+      continue;
+    }
+    for (const std::int32_t q : shape.ported_ops) {
+      if (!periodic(m->ops + q)) {
+        return m->ops + q;
+      }
+    }
+    x = m->ops + shape.ops;
   }
   return to;
 }

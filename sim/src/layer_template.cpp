@@ -107,6 +107,13 @@ LayerTemplate LayerTemplate::record(
     for (std::int32_t e = o.inputs_begin; e < o.outputs_end; ++e) {
       at(e) = t.encode_tensor(w.edges[static_cast<std::size_t>(e)], begin, end, ports, ranks);
     }
+    bool ported = false;
+    for (std::int32_t e = o.deps_begin; e < o.outputs_end && !ported; ++e) {
+      ported = at(e) < 0;
+    }
+    if (ported) {
+      t.ported_ops_.push_back(static_cast<std::int32_t>(&o - t.ops_.data()));
+    }
     o.deps_begin -= begin.edges;
     o.deps_end -= begin.edges;
     o.inputs_begin -= begin.edges;

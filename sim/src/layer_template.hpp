@@ -54,6 +54,11 @@ class LayerTemplate {
   OpSet in(const Mark& at, OpSet o) const;
   /// Sizes of the segment.
   Mark size() const { return size_; }
+  /// The recorded ops (offsets in the segment, ascending) with an edge outside the segment (a
+  /// port). Every other op of an instance is the recorded op with its edges, tensors and
+  /// collective moved by the instance's start: two instances whose starts differ by Δ have those
+  /// ops equal up to Δ wherever their earlier ported ops have as many edges.
+  const std::vector<std::int32_t>& ported_ops() const { return ported_ops_; }
 
  private:
   /// An id outside the segment: port `port`; `index` is the rank (tensor port, its tensor or its
@@ -91,6 +96,7 @@ class LayerTemplate {
   std::vector<std::int32_t> unproduced_ports_;
   std::int32_t port_count_ = 0;
   std::vector<std::int32_t> resolved_;  ///< refs_ in the current instance (reused)
+  std::vector<std::int32_t> ported_ops_;
 };
 
 }  // namespace cpsim::sim::detail

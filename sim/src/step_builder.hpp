@@ -271,6 +271,8 @@ class StepBuilder {
   void record_body(LayerBody& body, TensorSet x, TensorSet params, bool grad);
   /// Records layer_backward into bwd_, reading a block emitted just before it, then removes both.
   void record_backward(TensorSet x, TensorSet params, TensorSet dy, TensorSet grads);
+  /// Tells the workload the shape of template `id` (Workload::template_shapes).
+  void note_template(std::int32_t id, const LayerTemplate& t);
 
   // ---- block ----
   SavedLayer layer_forward(TensorSet x, TensorSet params, bool grad);
@@ -359,6 +361,7 @@ class StepBuilder {
   std::vector<SavedLayer> saved_;        ///< built one by one: what each backward reads
   std::vector<Mark> body_at_;  ///< instances: where each forward (or recomputation) begins
   LayerBody fwd_, rec_, bwd_;  ///< templates: forward, recomputation, backward
+  std::array<int, 3> noted_templates_{};  ///< recordings per Workload template id
 };
 
 }  // namespace cpsim::sim::detail

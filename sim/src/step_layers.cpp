@@ -29,6 +29,17 @@ TensorSet StepBuilder::port_like(TensorSet bound) {
   return port;
 }
 
+void StepBuilder::note_template(std::int32_t id, const LayerTemplate& t) {
+  Workload::TemplateShape& shape = w_.template_shapes.at(static_cast<std::size_t>(id));
+  if (noted_templates_[static_cast<std::size_t>(id)]++ > 0) {
+    shape = {};  // recorded twice: its instances need not share one template
+    return;
+  }
+  shape.ops = t.size().ops;
+  shape.tensors = t.size().tensors;
+  shape.ported_ops = t.ported_ops();
+}
+
 void StepBuilder::record_body(LayerBody& body, TensorSet x, TensorSet params, bool grad) {
   const Mark scratch = b_.mark();
   const TensorSet x_port = port_like(x), params_port = port_like(params);
@@ -37,6 +48,7 @@ void StepBuilder::record_body(LayerBody& body, TensorSet x, TensorSet params, bo
   const SavedLayer sv = layer_forward(x_port, params_port, grad);
   body.tmpl = LayerTemplate::record(w_, begin, b_.mark(), {Port::of(x_port), Port::of(params_port)},
                                     b_.simulated_ranks());
+  note_template(&body == &fwd_ ? Workload::kForwardBlock : Workload::kRecomputeBlock, body.tmpl);
   body.out = sv.out;
   body.first_op = sv.first_op;
   b_.set_port_ops(kNone, kNone);
@@ -70,6 +82,7 @@ void StepBuilder::record_backward(TensorSet x, TensorSet params, TensorSet dy, T
                                     {Port::of(x_port), Port::of(params_port), Port::of(dy_port),
                                      Port::of(grads_port), Port::segment(body, body_end)},
                                     b_.simulated_ranks());
+  note_template(Workload::kBackwardBlock, bwd_.tmpl);
   bwd_.out = dx;
   b_.set_phase(phase);
   b_.set_port_ops(kNone, kNone);

@@ -87,6 +87,11 @@ void Workload::clear() {
   notes.clear();
   repeated_blocks = 0;
   instances.clear();
+  for (TemplateShape& t : template_shapes) {
+    t.ops = 0;
+    t.tensors = 0;
+    t.ported_ops.clear();
+  }
   layout = {};
   last_name_ = -1;
 }

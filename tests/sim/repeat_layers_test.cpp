@@ -88,18 +88,20 @@ struct Case {
   std::int64_t seq;
 };
 
+// Every method, UPipe with and without a ring.
+constexpr Case kCases[] = {
+    {CpMethod::kUlysses, "llama3-8b", 8, 1, 256 * kK},
+    {CpMethod::kUPipe, "qwen3-4b", 8, 1, 256 * kK},
+    {CpMethod::kRing, "llama3-8b", 8, 8, 256 * kK},
+    {CpMethod::kAllGather, "llama3-8b", 8, 8, 128 * kK},
+    {CpMethod::kFpdt, "llama3-8b", 8, 1, 512 * kK},
+    {CpMethod::kUsp, "qwen3-8b", 16, 2, 256 * kK},
+    {CpMethod::kUPipe, "llama3-8b", 16, 2, 256 * kK},
+};
+
 TEST(RepeatLayers, SameWorkloadAsBuiltBlockByBlock) {
-  const Case cases[] = {
-      {CpMethod::kUlysses, "llama3-8b", 8, 1, 256 * kK},
-      {CpMethod::kUPipe, "qwen3-4b", 8, 1, 256 * kK},
-      {CpMethod::kRing, "llama3-8b", 8, 8, 256 * kK},
-      {CpMethod::kAllGather, "llama3-8b", 8, 8, 128 * kK},
-      {CpMethod::kFpdt, "llama3-8b", 8, 1, 512 * kK},
-      {CpMethod::kUsp, "qwen3-8b", 16, 2, 256 * kK},
-      {CpMethod::kUPipe, "llama3-8b", 16, 2, 256 * kK},
-  };
   int repeated = 0;
-  for (const Case& c : cases) {
+  for (const Case& c : kCases) {
     for (const auto& [ac, offload] :
          {std::pair{CheckpointMode::kFull, true}, std::pair{CheckpointMode::kFull, false},
           std::pair{CheckpointMode::kSelective, false}, std::pair{CheckpointMode::kNone, false}}) {
@@ -151,6 +153,112 @@ TEST(RepeatLayers, ShallowModels) {
         const Workload fast = build_step(in);
         expect_same(built, fast);
         EXPECT_EQ(fast.repeated_blocks, (ac == CheckpointMode::kFull ? 3 : 2) * layers);
+      }
+    }
+  }
+}
+
+// What the engine's fast-forward takes from the construction (Workload::template_shapes): every
+// op of an instance that is not among its template's ported ops has its dependencies and tensors
+// inside the instance, and is the same op in every instance of the template, with its ids moved
+// by the instance's start (its edges' positions too, while the ported ops before it have as many
+// edges in both instances).
+void expect_instances_differ_only_in_ported_ops(const Workload& w) {
+  int compared = 0;
+  for (std::int32_t id = 0; id < 3; ++id) {
+    const Workload::TemplateShape& shape = w.template_shapes[static_cast<std::size_t>(id)];
+    std::vector<Workload::Instance> of_template;
+    for (const Workload::Instance& m : w.instances) {
+      if (m.template_id == id) {
+        of_template.push_back(m);
+      }
+    }
+    if (of_template.empty()) {
+      EXPECT_EQ(shape.ops, 0);
+      continue;
+    }
+    ASSERT_GT(shape.ops, 0) << "template " << id;
+    const Workload::Instance& a = of_template.front();
+    for (const Workload::Instance& b : of_template) {
+      SCOPED_TRACE(fmt::format("template {} instances at ops {} and {}", id, a.ops, b.ops));
+      const std::int32_t dops = b.ops - a.ops, dtensors = b.tensors - a.tensors;
+      bool aligned = true;  // the ported ops so far have as many edges in both
+      std::size_t next_ported = 0;
+      for (std::int32_t k = 0; k < shape.ops; ++k) {
+        const Op& x = w.ops[static_cast<std::size_t>(a.ops + k)];
+        const Op& y = w.ops[static_cast<std::size_t>(b.ops + k)];
+        if (next_ported < shape.ported_ops.size() && shape.ported_ops[next_ported] == k) {
+          ++next_ported;
+          aligned = aligned && x.outputs_end - x.deps_begin == y.outputs_end - y.deps_begin;
+          continue;
+        }
+        SCOPED_TRACE(fmt::format("op {} of the instance, '{}'", k, name(w, x.name)));
+        ASSERT_EQ(x.name, y.name);
+        ASSERT_EQ(x.rank, y.rank);
+        ASSERT_EQ(x.stream, y.stream);
+        ASSERT_EQ(x.kind, y.kind);
+        ASSERT_EQ(x.phase, y.phase);
+        ASSERT_EQ(x.duration_ns, y.duration_ns);
+        ASSERT_EQ(x.workspace_bytes, y.workspace_bytes);
+        ASSERT_EQ(x.host_calls, y.host_calls);
+        ASSERT_EQ(x.host_sync, y.host_sync);
+        ASSERT_EQ(x.collective == kNone, y.collective == kNone);
+        if (x.collective != kNone) {
+          ASSERT_EQ(y.collective - x.collective, b.collectives - a.collectives);
+        }
+        if (aligned) {
+          ASSERT_EQ(y.deps_begin - x.deps_begin, b.edges - a.edges);
+        }
+        ASSERT_EQ(x.deps_end - x.deps_begin, y.deps_end - y.deps_begin);
+        ASSERT_EQ(x.outputs_end - x.inputs_begin, y.outputs_end - y.inputs_begin);
+        for (std::int32_t e = 0; e < x.deps_end - x.deps_begin; ++e) {
+          const OpId dx = w.edges[static_cast<std::size_t>(x.deps_begin + e)];
+          ASSERT_GE(dx, a.ops);
+          ASSERT_LT(dx, a.ops + shape.ops);
+          ASSERT_EQ(w.edges[static_cast<std::size_t>(y.deps_begin + e)], dx + dops);
+        }
+        for (std::int32_t e = 0; e < x.outputs_end - x.inputs_begin; ++e) {
+          const TensorId tx = w.edges[static_cast<std::size_t>(x.inputs_begin + e)];
+          ASSERT_GE(tx, a.tensors);
+          ASSERT_LT(tx, a.tensors + shape.tensors);
+          ASSERT_EQ(w.edges[static_cast<std::size_t>(y.inputs_begin + e)], tx + dtensors);
+        }
+        ++compared;
+      }
+      ASSERT_EQ(next_ported, shape.ported_ops.size());
+      for (std::int32_t t = 0; t < shape.tensors; ++t) {
+        const Tensor& x = w.tensors[static_cast<std::size_t>(a.tensors + t)];
+        const Tensor& y = w.tensors[static_cast<std::size_t>(b.tensors + t)];
+        ASSERT_EQ(x.bytes, y.bytes);
+        ASSERT_EQ(x.rank, y.rank);
+        ASSERT_EQ(x.category, y.category);
+        ASSERT_EQ(x.on_host, y.on_host);
+      }
+    }
+  }
+  EXPECT_GT(compared, 0);
+}
+
+TEST(RepeatLayers, InstancesDifferOnlyInPortedOps) {
+  for (const Case& c : kCases) {
+    for (const CheckpointMode ac :
+         {CheckpointMode::kFull, CheckpointMode::kSelective, CheckpointMode::kNone}) {
+      for (const int zero : {3, 2}) {
+        ScheduleInputs in = inputs(c.method, c.model, c.gpus, c.seq);
+        in.parallel.ring_degree = c.ring;
+        in.recipe.checkpointing = ac;
+        in.recipe.checkpoint_offload = ac == CheckpointMode::kFull;
+        in.recipe.zero_stage = zero;
+        SCOPED_TRACE(fmt::format("{} {} ac {} zero {}", models::to_string(c.method), c.model,
+                                 models::to_string(ac), zero));
+        const Workload w = build_step(in);
+        expect_instances_differ_only_in_ported_ops(w);
+        // Each template recorded once per build: its shape is known (the recomputation's under
+        // full checkpointing only).
+        EXPECT_GT(w.template_shapes[Workload::kForwardBlock].ops, 0);
+        EXPECT_EQ(w.template_shapes[Workload::kRecomputeBlock].ops > 0,
+                  ac == CheckpointMode::kFull);
+        EXPECT_GT(w.template_shapes[Workload::kBackwardBlock].ops, 0);
       }
     }
   }

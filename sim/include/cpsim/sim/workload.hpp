@@ -3,6 +3,7 @@
 /// lifetimes, and collectives that rendezvous across a group of ranks. Schedule builders emit it;
 /// the engine runs it.
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -148,6 +149,17 @@ struct Workload {
   };
   static constexpr std::int32_t kForwardBlock = 0, kRecomputeBlock = 1, kBackwardBlock = 2;
   std::vector<Instance> instances;
+  /// Per template (Instance::template_id), when the build recorded it once: its instances' ops
+  /// and tensors, and the ops (offsets in an instance, ascending) with an edge outside the
+  /// instance. An instance's other ops are the template's with every id moved by the instance's
+  /// start, by construction; the engine's fast-forward then compares only the ported ops and the
+  /// tensors of two instances Δ apart. ops 0: nothing known (not recorded, or recorded more than
+  /// once in the build).
+  struct TemplateShape {
+    std::int32_t ops = 0, tensors = 0;
+    std::vector<std::int32_t> ported_ops;
+  };
+  std::array<TemplateShape, 3> template_shapes;
   HeadLayout layout;  ///< of the configuration the step was built for (build_step)
 
   /// The member ranks of collective `c`, in rank order.
