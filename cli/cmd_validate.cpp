@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -153,6 +154,18 @@ std::string show(const std::string& quantity, double v) {
   return fmt::format("{:.1f}", v);
 }
 
+// The shared gaps the failing cases cite, each once, by key.
+std::map<std::string, std::string> failing_shared_gaps(const std::vector<Outcome>& outcomes) {
+  std::map<std::string, std::string> shared;
+  for (const Outcome& o : outcomes) {
+    if (!o.skipped && !o.passed) {
+      for (const auto& g : o.c.shared_gaps)
+        shared.emplace(g.key, g.text);
+    }
+  }
+  return shared;
+}
+
 }  // namespace
 
 CLI::App* register_validate(CLI::App& app, ValidateArgs& a) {
@@ -216,16 +229,24 @@ int run_validate(const ValidateArgs& a) {
         j["note"] = o.note;
         if (!o.passed) {
           j["open_gap"] = o.c.open_gap;
+          nlohmann::json keys = nlohmann::json::array();
+          for (const auto& g : o.c.shared_gaps)
+            keys.push_back(g.key);
+          j["shared_gaps"] = keys;
         }
       }
       list.push_back(j);
     }
+    nlohmann::json shared = nlohmann::json::object();
+    for (const auto& [key, text] : failing_shared_gaps(outcomes))
+      shared[key] = text;
     std::cout << nlohmann::json{{"schema_version", kValidateSchemaVersion},
                                 {"command", "validate"},
                                 {"passed", passed},
                                 {"failed", failed},
                                 {"skipped", skipped},
-                                {"cases", list}}
+                                {"cases", list},
+                                {"shared_gaps", shared}}
                      .dump(2)
               << "\n";
   } else {
@@ -246,9 +267,19 @@ int run_validate(const ValidateArgs& a) {
     std::cout << "\nfailing:\n";
     for (const Outcome& o : outcomes) {
       if (!o.skipped && !o.passed) {
-        std::cout << fmt::format("  {}: {}\n", o.c.id,
-                                 o.c.open_gap.empty() ? "no known cause" : o.c.open_gap);
+        std::string cited;
+        for (const auto& g : o.c.shared_gaps)
+          cited += (cited.empty() ? " (see also: " : ", ") + g.key;
+        std::cout << fmt::format("  {}: {}{}\n", o.c.id,
+                                 o.c.open_gap.empty() ? "no known cause" : o.c.open_gap,
+                                 cited.empty() ? "" : cited + ")");
       }
+    }
+    const auto shared = failing_shared_gaps(outcomes);
+    if (!shared.empty()) {
+      std::cout << "\nfindings the failing cases share:\n";
+      for (const auto& [key, text] : shared)
+        std::cout << fmt::format("  {}: {}\n", key, text);
     }
     std::cout << "\nskipped:\n";
     for (const Outcome& o : outcomes) {

@@ -199,6 +199,14 @@ ValidationCase parse_validation_case(const std::string& json_text, const std::st
       c.bound_quote = j.at("bound_quote").get<std::string>();
     if (j.contains("open_gap"))
       c.open_gap = j.at("open_gap").get<std::string>();
+    if (j.contains("shared_gaps")) {
+      if (!j.at("shared_gaps").is_array()) {
+        throw InputError(origin + ":shared_gaps", "must be an array of keys");
+      }
+      for (const Json& key : j.at("shared_gaps")) {
+        c.shared_gaps.push_back({key.get<std::string>(), ""});
+      }
+    }
   } catch (const Json::exception& e) {
     throw InputError(origin, fmt::format("wrong type: {}", e.what()));
   }
@@ -220,6 +228,16 @@ ValidationCase parse_validation_case(const std::string& json_text, const std::st
                      "a lower bound needs the source's own words that the run was not at the "
                      "limit");
   }
+  for (const ValidationCase::SharedGap& g : c.shared_gaps) {
+    // A file name beside the case, nothing else.
+    if (g.key.empty() || !std::all_of(g.key.begin(), g.key.end(), [](char ch) {
+          return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-';
+        })) {
+      throw InputError(
+          origin + ":shared_gaps",
+          fmt::format("'{}' is not a key (lower-case letters, digits and '-')", g.key));
+    }
+  }
   c.setup = parse_setup(need("setup"), origin);
   if (c.setup.impl.empty()) {
     throw InputError(origin + ":setup.impl",
@@ -236,7 +254,22 @@ ValidationCase load_validation_case(const std::filesystem::path& path) {
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
-  return parse_validation_case(buffer.str(), origin);
+  ValidationCase c = parse_validation_case(buffer.str(), origin);
+  for (ValidationCase::SharedGap& g : c.shared_gaps) {
+    const std::filesystem::path gap = path.parent_path() / "gaps" / (g.key + ".md");
+    std::ifstream text(gap, std::ios::binary);
+    std::stringstream read;
+    read << text.rdbuf();
+    g.text = read.str();
+    while (!g.text.empty() && (g.text.back() == '\n' || g.text.back() == ' ')) {
+      g.text.pop_back();
+    }
+    if (!text || g.text.empty()) {
+      throw InputError(origin + ":shared_gaps",
+                       fmt::format("cannot read '{}' (or it is empty)", gap.string()));
+    }
+  }
+  return c;
 }
 
 }  // namespace cpsim::planner

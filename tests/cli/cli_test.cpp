@@ -1210,7 +1210,19 @@ TEST_F(CliTest, ValidateReportsEveryCase) {
     }
     if (c.at("status") == "fail") {  // a case cpsim misses says why
       EXPECT_FALSE(c.at("open_gap").get<std::string>().empty()) << c.at("id");
+      for (const Json& key : c.at("shared_gaps")) {  // findings it shares, listed once
+        EXPECT_FALSE(j.at("shared_gaps").at(key.get<std::string>()).get<std::string>().empty());
+      }
     }
+  }
+  // The table lists each shared finding once, after the failing cases that cite it.
+  const RunResult table = run({"validate"});
+  for (const auto& [key, text] : j.at("shared_gaps").items()) {
+    const std::string line = "  " + key + ": " + text.get<std::string>() + "\n";
+    const std::size_t at = table.out.find(line);
+    ASSERT_NE(at, std::string::npos) << key;
+    EXPECT_EQ(table.out.find(line, at + 1), std::string::npos) << key;
+    EXPECT_LT(table.out.find("see also: " + key), at) << key;
   }
   for (const char* id :
        {"alst-llama8b-1xh100-maxlen", "alst-llama8b-1xh200-liger", "alst-llama8b-1xh200-tiled",
@@ -1228,9 +1240,8 @@ TEST_F(CliTest, ValidateBandIsTenPercentOrOneSearchStep) {
   fs::copy(CPSIM_TEST_DATA_DIR, data, fs::copy_options::recursive);
   const fs::path dir = data / "validation";
   Json base = Json::parse(read_file(dir / "alst-llama8b-1xh100-maxlen.json"));
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    fs::remove(entry.path());
-  }
+  fs::remove_all(dir);
+  fs::create_directory(dir);
   data_dir_ = data.string();
   auto outcome = [&](const std::string& id, double published, const std::string& granularity) {
     Json c = base;

@@ -172,6 +172,43 @@ TEST(ValidationCase, LoadNamesTheFileItCannotRead) {
   }
 }
 
+// Gaps several cases share: listed by key, each read from gaps/<key>.md beside the case (its
+// text without the final newline); a key that is not a plain name, or a missing or empty file, is
+// refused naming the field.
+TEST(ValidationCase, SharedGapsAreReadBesideTheCase) {
+  const fs::path dir = fs::temp_directory_path() / "cpsim-validation-case-test";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "gaps");
+  std::ofstream(dir / "gaps" / "loss-read.md") << "Read the loss.\n";
+  std::ofstream(dir / "gaps" / "empty.md") << "\n";
+  auto write_case = [&](const Json& keys) {
+    Json j = good_case();
+    j["open_gap"] = "own text";
+    j["shared_gaps"] = keys;
+    std::ofstream(dir / "demo-case.json") << j.dump();
+    return dir / "demo-case.json";
+  };
+  const ValidationCase c = load_validation_case(write_case(Json::array({"loss-read"})));
+  EXPECT_EQ(c.open_gap, "own text");
+  ASSERT_EQ(c.shared_gaps.size(), 1U);
+  EXPECT_EQ(c.shared_gaps[0].key, "loss-read");
+  EXPECT_EQ(c.shared_gaps[0].text, "Read the loss.");
+  for (const Json& keys :
+       {Json::array({"missing"}), Json::array({"empty"}), Json::array({"../gaps/loss-read"}),
+        Json::array({""}), Json("loss-read"), Json::array({3})}) {
+    try {
+      (void)load_validation_case(write_case(keys));
+      ADD_FAILURE() << "accepted " << keys;
+    } catch (const InputError& e) {
+      EXPECT_THAT(e.field(), ::testing::StartsWith("demo-case.json")) << keys;
+      if (keys.is_array() && keys[0].is_string()) {
+        EXPECT_EQ(e.field(), "demo-case.json:shared_gaps") << keys;
+      }
+    }
+  }
+  fs::remove_all(dir);
+}
+
 TEST(ValidationCase, BadInputNamesTheField) {
   EXPECT_EQ(error_field(good_case()), "");
   EXPECT_EQ(error_field(std::string("{\"schema\": ")), "case.json") << "malformed JSON";

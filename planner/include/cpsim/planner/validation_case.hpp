@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace cpsim::planner {
 
@@ -73,6 +74,13 @@ struct ValidationCase {
   std::string bound_quote;
   /// Why cpsim does not meet the case yet (printed when it fails); empty: no known gap.
   std::string open_gap;
+  /// Findings several cases' gaps share, kept once in data/validation/gaps/<key>.md: the keys
+  /// the case lists ("shared_gaps"), with each file's text once load_validation_case read it.
+  struct SharedGap {
+    std::string key;
+    std::string text;
+  };
+  std::vector<SharedGap> shared_gaps;
   double published = 0.0;
   double tolerance = 0.0;  ///< relative, in (0, 1]
   int row = 0;             ///< row of the validation table in the reference, 0 when none
@@ -90,6 +98,8 @@ ValidationCase parse_validation_case(const std::string& json_text, const std::st
 
 /// Reads and parses one case file; the origin in errors is the file name without its folder.
 /// @throws InputError (field: the file name when it cannot be read).
+/// Reads and parses the case at `path`, with the texts of its shared gaps (gaps/<key>.md beside
+/// it). @throws InputError naming the file (and the field) when either cannot be read or parsed.
 ValidationCase load_validation_case(const std::filesystem::path& path);
 
 }  // namespace cpsim::planner
