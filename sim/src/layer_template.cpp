@@ -1,7 +1,6 @@
 #include "layer_template.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -83,7 +82,9 @@ LayerTemplate LayerTemplate::record(
     if (x.producer != kNone && !inside(x.producer, begin.ops, end.ops)) {
       throw std::logic_error("recorded tensor produced outside its segment");
     }
-    x.producer = kNone;  // set again by the instance's ops, as Builder::op sets it
+    // What the segment's own ops give it, as Builder::op does: its producer (an offset in the
+    // segment) and its readers, counted below; reads after the segment add to an instance's.
+    x.producer = x.producer == kNone ? kNone : x.producer - begin.ops;
     x.consumers = 0;
   }
   t.ops_.assign(w.ops.begin() + begin.ops, w.ops.begin() + end.ops);
@@ -106,6 +107,11 @@ LayerTemplate LayerTemplate::record(
     }
     for (std::int32_t e = o.inputs_begin; e < o.outputs_end; ++e) {
       at(e) = t.encode_tensor(w.edges[static_cast<std::size_t>(e)], begin, end, ports, ranks);
+    }
+    for (std::int32_t e = o.inputs_begin; e < o.inputs_end; ++e) {
+      if (at(e) >= 0) {
+        t.tensors_[static_cast<std::size_t>(at(e))].consumers += 1;
+      }
     }
     bool ported = false;
     for (std::int32_t e = o.deps_begin; e < o.outputs_end && !ported; ++e) {
@@ -224,18 +230,24 @@ Mark LayerTemplate::instantiate(Workload& w, std::int32_t layer, ListRef<Binding
   make_room(w.edges, edges_.size());
   make_room(w.collectives, collectives_.size());
   w.collectives.insert(w.collectives.end(), collectives_.begin(), collectives_.end());
+  // Local tensors with their local readers counted and their local producer recorded (moved to
+  // the instance here); a port's tensor gains its reads and its producer in the pass below.
   w.tensors.insert(w.tensors.end(), tensors_.begin(), tensors_.end());
+  Tensor* const tensors = w.tensors.data();
+  for (Tensor* t = tensors + at.tensors; t != tensors + w.tensors.size(); ++t) {
+    if (t->producer != kNone) {
+      t->producer += at.ops;
+    }
+  }
   // Ops in one copy, then their ids moved in one pass. Edges to local ops and tensors move by the
   // instance's start; a dependency on a port's producer is left out or de-duplicated as
   // Builder::op does (so an instance can have fewer edges than the recording).
   const auto o0 = static_cast<std::size_t>(at.ops);
-  w.ops.resize(o0 + ops_.size());
   static_assert(std::is_trivially_copyable_v<Op>);
+  w.ops.insert(w.ops.end(), ops_.begin(), ops_.end());
   Op* const ops = w.ops.data();
-  std::memcpy(ops + o0, ops_.data(), ops_.size() * sizeof(Op));
   w.edges.resize(static_cast<std::size_t>(at.edges) + edges_.size());
   std::int32_t* const edges = w.edges.data();
-  Tensor* const tensors = w.tensors.data();
   const std::int32_t* const rec = edges_.data();
   const std::int32_t* const resolved = resolved_.data();
   std::int32_t cursor = at.edges;
@@ -257,7 +269,11 @@ Mark LayerTemplate::instantiate(Workload& w, std::int32_t layer, ListRef<Binding
     o.inputs_begin = cursor;
     for (; e < inputs_end; ++e) {
       const std::int32_t x = rec[e];
-      const TensorId t = x >= 0 ? at.tensors + x : resolved[~x];
+      if (x >= 0) {
+        edges[cursor++] = at.tensors + x;
+        continue;
+      }
+      const TensorId t = resolved[~x];
       edges[cursor++] = t;
       tensors[t].consumers += 1;
     }
@@ -265,7 +281,11 @@ Mark LayerTemplate::instantiate(Workload& w, std::int32_t layer, ListRef<Binding
     o.outputs_begin = cursor;
     for (; e < outputs_end; ++e) {
       const std::int32_t x = rec[e];
-      const TensorId t = x >= 0 ? at.tensors + x : resolved[~x];
+      if (x >= 0) {
+        edges[cursor++] = at.tensors + x;
+        continue;
+      }
+      const TensorId t = resolved[~x];
       edges[cursor++] = t;
       Tensor& ten = tensors[t];
       if (ten.producer != kNone) {
