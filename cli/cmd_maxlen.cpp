@@ -94,7 +94,7 @@ CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& a) {
                 "answer for the configuration as this launcher runs it from the file cpsim emits "
                 "(its recipe knobs and implementation): torchtitan, torchtitan-main, "
                 "untied-ulysses, deepspeed, "
-                "accelerate, megatron, arctic");
+                "accelerate, megatron, arctic, nemo");
   c->add_flag("--json", a.json, "print JSON instead of text");
   return c;
 }

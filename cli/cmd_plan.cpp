@@ -113,10 +113,10 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
       "--launcher", a.launcher,
       "search only what this launcher runs from the file cpsim emits for it (as --emit "
       "does), without writing the file: torchtitan, torchtitan-main, untied-ulysses, deepspeed, "
-      "accelerate, megatron, arctic");
+      "accelerate, megatron, arctic, nemo");
   c->add_option("--emit", a.emit,
                 "write the best configuration's settings for a launcher: torchtitan, "
-                "torchtitan-main, untied-ulysses, deepspeed, accelerate, megatron, arctic");
+                "torchtitan-main, untied-ulysses, deepspeed, accelerate, megatron, arctic, nemo");
   c->add_option("--dataset", a.dataset,
                 "training data for launchers whose file names it (arctic: data.sources): a "
                 "Hugging Face dataset id, name:split, or a local path");

@@ -973,7 +973,7 @@ TEST_F(CliTest, MaxlenKeepsTheMarginOnReservedMemory) {
 // length, and is the step the plan simulated (same peak and step time).
 // Launcher sources the reader follows: TorchTitan v0.2.2 and main @ b5bcd76 (config functions),
 // Accelerate 1.12 (parallelism_config), ArcticTraining b28638e, Megatron-LM core_r0.15,
-// Megatron-DeepSpeed FPDT flags, the UPipe fork (REFERENCES.md, "Launchers").
+// Megatron-DeepSpeed FPDT flags, the UPipe fork, NeMo v2.4.0 (REFERENCES.md, "Launchers").
 
 struct RoundTripCase {
   std::string launcher;
@@ -1087,7 +1087,25 @@ INSTANTIATE_TEST_SUITE_P(
                       {"--seq", "32K", "--methods", "allgather", "--pp", "2", "--pp-schedule",
                        "1f1b", "--pp-first-stage-layers", "14"},
                       "pp_uneven.toml"},
-        RoundTripCase{"torchtitan-main", {"--seq", "64K", "--pp", "2"}, "main_pp.py"}),
+        RoundTripCase{"torchtitan-main", {"--seq", "64K", "--pp", "2"}, "main_pp.py"},
+        // NeMo 2.0's recipe module (read with Python's ast): p2p, a2a, TP with FP8, PP with
+        // uneven first/last stages and interleaving.
+        RoundTripCase{"nemo", {}, "cpsim_nemo.py"},
+        RoundTripCase{"nemo", {"--seq", "32K", "--methods", "ulysses"}, "nemo_a2a.py"},
+        RoundTripCase{
+            "nemo",
+            {"--seq", "32K", "--fp8", "on", "--tiled-mlp", "off", "--zero", "1", "--tp", "2"},
+            "nemo_fp8.py"},
+        RoundTripCase{"nemo",
+                      {"--seq", "32K", "--gpus", "16", "--methods", "ring", "--pp", "4",
+                       "--pp-first-stage-layers", "6", "--pp-last-stage-layers", "6"},
+                      "nemo_pp_uneven.py",
+                      "alst",
+                      "16"},
+        RoundTripCase{"nemo",
+                      {"--seq", "64K", "--methods", "ring", "--pp", "2", "--pp-schedule",
+                       "interleaved", "--virtual-stages", "2"},
+                      "nemo_vpp.py"}),
     [](const ::testing::TestParamInfo<RoundTripCase>& param) {
       std::string name = param.param.launcher + "_" + std::to_string(param.index);
       for (char& ch : name) {

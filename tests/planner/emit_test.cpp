@@ -51,7 +51,7 @@ constexpr std::array kAllMethods = {CpMethod::kUlysses,   CpMethod::kUPipe, CpMe
 constexpr std::array kAllFormats = {LauncherFormat::kTorchTitan,    LauncherFormat::kTorchTitanMain,
                                     LauncherFormat::kUntiedUlysses, LauncherFormat::kDeepSpeed,
                                     LauncherFormat::kAccelerate,    LauncherFormat::kMegatron,
-                                    LauncherFormat::kArctic};
+                                    LauncherFormat::kArctic,        LauncherFormat::kNeMo};
 
 const models::DataDir& data() {
   static const models::DataDir d{CPSIM_TEST_DATA_DIR};
@@ -183,25 +183,45 @@ json parse_toml(const std::string& text) {
       text);
 }
 
-/// A TorchTitan main config module, read with Python's ast (torchtitan is not imported): the
-/// assignments of its cpsim_config function by target ("config.training.max_context_length"), a
-/// literal as its value, anything else (a call) as its source text.
-json parse_config_function(const std::string& text) {
+/// The assignments of function `name` of a Python module, read with Python's ast (the module is
+/// not imported), by target ("config.training.max_context_length"): a literal as its value,
+/// anything else (a call, an enum member) as its source text; a call's keyword arguments also as
+/// "<target>(<keyword>)".
+json parse_function_assignments(const std::string& text, const std::string& name) {
   return run_python(
       "import ast, json, sys\n"
       "with open(sys.argv[1]) as f:\n"
       "    tree = ast.parse(f.read())\n"
       "fn = next(n for n in tree.body\n"
-      "          if isinstance(n, ast.FunctionDef) and n.name == 'cpsim_config')\n"
-      "out = {}\n"
-      "for st in fn.body:\n"
-      "    if isinstance(st, ast.Assign):\n"
-      "        try:\n"
-      "            out[ast.unparse(st.targets[0])] = ast.literal_eval(st.value)\n"
-      "        except ValueError:\n"
-      "            out[ast.unparse(st.targets[0])] = ast.unparse(st.value)\n"
-      "print(json.dumps(out))\n",
+      "          if isinstance(n, ast.FunctionDef) and n.name == '" +
+          name +
+          "')\n"
+          "out = {}\n"
+          "for st in fn.body:\n"
+          "    if isinstance(st, ast.Assign):\n"
+          "        target = ast.unparse(st.targets[0])\n"
+          "        try:\n"
+          "            out[target] = ast.literal_eval(st.value)\n"
+          "        except ValueError:\n"
+          "            out[target] = ast.unparse(st.value)\n"
+          "        for k in getattr(st.value, 'keywords', []):\n"
+          "            try:\n"
+          "                out[target + '(' + k.arg + ')'] = ast.literal_eval(k.value)\n"
+          "            except ValueError:\n"
+          "                out[target + '(' + k.arg + ')'] = ast.unparse(k.value)\n"
+          "print(json.dumps(out))\n",
       text);
+}
+
+/// A TorchTitan main config module: its cpsim_config function's assignments.
+json parse_config_function(const std::string& text) {
+  return parse_function_assignments(text, "cpsim_config");
+}
+
+/// A NeMo recipe module: its cpsim_recipe function's assignments ("recipe" is the pretrain
+/// recipe it starts from, "recipe(num_nodes)" its arguments, "recipe.data.seq_length" a field).
+json parse_recipe_function(const std::string& text) {
+  return parse_function_assignments(text, "cpsim_recipe");
 }
 
 json parse_json(const std::string& text) {
@@ -899,15 +919,108 @@ TEST_F(EmitTest, MegatronQwenSelective) {
   EXPECT_EQ(f.count("--use-distributed-optimizer"), 0U);
 }
 
+// Megatron-LM's and NeMo's (both Megatron-Core through Transformer Engine).
 TEST_F(EmitTest, MegatronConstraints) {
-  // a2a splits KV heads: 16 ranks over Llama-3-8B's 8 KV heads cannot work in TE.
-  expect_refusal(LauncherFormat::kMegatron, inputs(CpMethod::kUlysses, 16, 16, 1, 256 * kK),
-                 "deepspeed", "8 KV heads");
-  // seq divisible by C (Ulysses) but not by 2C.
-  expect_refusal(LauncherFormat::kMegatron, inputs(CpMethod::kUlysses, 8, 8, 1, 8 * 32769),
-                 "2 x CP = 16");
-  expect_refusal(LauncherFormat::kMegatron, default_inputs(CpMethod::kUPipe), "untied-ulysses");
-  expect_refusal(LauncherFormat::kMegatron, default_inputs(CpMethod::kFpdt), "deepspeed");
+  for (const LauncherFormat f : {LauncherFormat::kMegatron, LauncherFormat::kNeMo}) {
+    SCOPED_TRACE(to_string(f));
+    // a2a splits KV heads: 16 ranks over Llama-3-8B's 8 KV heads cannot work in TE.
+    expect_refusal(f, inputs(CpMethod::kUlysses, 16, 16, 1, 256 * kK), "deepspeed", "8 KV heads");
+    // seq divisible by C (Ulysses) but not by 2C.
+    expect_refusal(f, inputs(CpMethod::kUlysses, 8, 8, 1, 8 * 32769), "2 x CP = 16");
+    expect_refusal(f, default_inputs(CpMethod::kUPipe), "untied-ulysses");
+    expect_refusal(f, default_inputs(CpMethod::kFpdt), "deepspeed");
+  }
+}
+
+// ---- NeMo ---------------------------------------------------------------------------------------
+
+// The pretrain recipe of the model's shape, every parallel size, the sequence length on both the
+// data and the model config, the batch, Megatron-Core's recompute and CP communication type,
+// the distributed optimizer and the gradient reduction dtype, all set explicitly.
+TEST_F(EmitTest, NeMoRing) {
+  const EmittedConfig e =
+      emit_launcher_config(LauncherFormat::kNeMo, default_inputs(CpMethod::kRing));
+  EXPECT_EQ(e.suggested_filename, "cpsim_nemo.py");
+  EXPECT_THAT(e.text, StartsWith("# generated by cpsim"));
+  EXPECT_THAT(e.text, HasSubstr("# environment: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
+  EXPECT_THAT(e.text, HasSubstr("run.cli.main(llm.pretrain, default_factory=cpsim_recipe)"));
+  const json r = parse_recipe_function(e.text);
+  EXPECT_EQ(r["recipe"],
+            "llama3_8b.pretrain_recipe(name='cpsim', num_nodes=1, num_gpus_per_node=8)");
+  EXPECT_EQ(r["recipe(num_nodes)"], 1);
+  EXPECT_EQ(r["recipe.trainer.strategy.tensor_model_parallel_size"], 1);
+  EXPECT_EQ(r["recipe.trainer.strategy.sequence_parallel"], false);
+  EXPECT_EQ(r["recipe.trainer.strategy.pipeline_model_parallel_size"], 1);
+  EXPECT_TRUE(r["recipe.trainer.strategy.pipeline_dtype"].is_null());
+  EXPECT_TRUE(r["recipe.trainer.strategy.virtual_pipeline_model_parallel_size"].is_null());
+  EXPECT_EQ(r["recipe.trainer.strategy.context_parallel_size"], 8);
+  EXPECT_EQ(r["recipe.data.seq_length"], 262144);
+  EXPECT_EQ(r["recipe.model.config.seq_length"], 262144);
+  EXPECT_EQ(r["recipe.data.micro_batch_size"], 1);
+  EXPECT_EQ(r["recipe.data.global_batch_size"], 1);
+  EXPECT_EQ(r["recipe.model.config.cp_comm_type"], "p2p");
+  EXPECT_EQ(r["recipe.model.config.recompute_granularity"], "full");
+  EXPECT_EQ(r["recipe.model.config.recompute_method"], "uniform");
+  EXPECT_EQ(r["recipe.model.config.recompute_num_layers"], 1);
+  EXPECT_EQ(r["recipe.model.config.attention_backend"], "AttnBackend.flash");
+  EXPECT_EQ(r["recipe.model.config.apply_rope_fusion"], true);
+  EXPECT_EQ(r["recipe.optim.config.use_distributed_optimizer"], true);
+  EXPECT_EQ(r["recipe.trainer.plugins.grad_reduce_in_fp32"], true);
+  EXPECT_EQ(r["recipe.trainer.strategy.ddp.grad_reduce_in_fp32"], true);
+  EXPECT_FALSE(r.contains("recipe.trainer.plugins.fp8"));
+  // What the recipe cannot say, in the notes: ZeRO-3 parameter sharding, checkpoint offload.
+  EXPECT_THAT(joined(e.notes), HasSubstr("ZeRO-3 parameter sharding needs Megatron FSDP"));
+  EXPECT_THAT(joined(e.notes), HasSubstr("checkpoint offload is not set"));
+}
+
+// Ulysses as a2a, tensor and pipeline parallelism (interleaved, uneven first/last stages), FP8
+// with TransformerEngine's delayed scaling, no recompute; a Qwen3 recipe.
+TEST_F(EmitTest, NeMoPipelineFp8AndQwen) {
+  sim::ScheduleInputs in = inputs(CpMethod::kUlysses, 32, 4, 1, 32 * kK);
+  in.parallel.tp_degree = 2;
+  in.parallel.pp_degree = 4;
+  in.parallel.pp_schedule = models::PipelineSchedule::kInterleaved;
+  in.parallel.virtual_stages = 2;
+  in.parallel.pp_first_stage_layers = 6;  // 6 + 10 + 10 + 6 blocks
+  in.parallel.pp_last_stage_layers = 6;
+  in.parallel.micro_batches = 16;
+  in.recipe.fp8 = true;
+  in.recipe.tiled_mlp = false;
+  in.recipe.zero_stage = 1;
+  in.recipe.checkpointing = CheckpointMode::kNone;
+  const json r = parse_recipe_function(emit_launcher_config(LauncherFormat::kNeMo, in).text);
+  EXPECT_EQ(r["recipe(num_nodes)"], 4);
+  EXPECT_EQ(r["recipe.model.config.cp_comm_type"], "a2a");
+  EXPECT_EQ(r["recipe.trainer.strategy.tensor_model_parallel_size"], 2);
+  EXPECT_EQ(r["recipe.trainer.strategy.sequence_parallel"], true);
+  EXPECT_EQ(r["recipe.trainer.strategy.pipeline_model_parallel_size"], 4);
+  EXPECT_EQ(r["recipe.trainer.strategy.pipeline_dtype"], "torch.bfloat16");
+  EXPECT_EQ(r["recipe.trainer.strategy.virtual_pipeline_model_parallel_size"], 2);
+  EXPECT_EQ(r["recipe.trainer.strategy.num_layers_in_first_pipeline_stage"], 6);
+  EXPECT_EQ(r["recipe.trainer.strategy.num_layers_in_last_pipeline_stage"], 6);
+  EXPECT_EQ(r["recipe.data.global_batch_size"], 16);  // 16 micro-batches x data parallel 1
+  EXPECT_TRUE(r["recipe.model.config.recompute_granularity"].is_null());
+  EXPECT_EQ(r["recipe.trainer.plugins.fp8"], "hybrid");
+  EXPECT_EQ(r["recipe.trainer.plugins.fp8_recipe"], "delayed");
+  EXPECT_EQ(r["recipe.trainer.plugins.fp8_amax_history_len"], 1024);
+  EXPECT_EQ(r["recipe.trainer.plugins.fp8_amax_compute_algo"], "max");
+  EXPECT_EQ(r["recipe.trainer.plugins.fp8_param_gather"], false);
+
+  sim::ScheduleInputs qwen = inputs(CpMethod::kRing, 8, 8, 8, 128 * kK, "qwen3-8b");
+  qwen.recipe.checkpointing = CheckpointMode::kSelective;
+  const json q = parse_recipe_function(emit_launcher_config(LauncherFormat::kNeMo, qwen).text);
+  EXPECT_THAT(q["recipe"].get<std::string>(), StartsWith("qwen3_8b.pretrain_recipe("));
+  EXPECT_EQ(q["recipe.model.config.recompute_granularity"], "selective");
+  EXPECT_TRUE(q["recipe.model.config.recompute_num_layers"].is_null());
+}
+
+// NeMo's own (the Transformer Engine constraints: MegatronConstraints).
+TEST_F(EmitTest, NeMoRefusals) {
+  // No NeMo pretrain recipe has Llama-2-13B's shape: Megatron-LM's arguments set it.
+  expect_refusal(LauncherFormat::kNeMo, inputs(CpMethod::kRing, 8, 8, 8, 128 * kK, "llama2-13b"),
+                 "megatron", "no pretrain recipe");
+  // No hierarchical a2a+p2p sizes in NeMo's strategy.
+  expect_refusal(LauncherFormat::kNeMo, default_inputs(CpMethod::kUsp), "megatron");
 }
 
 // ---- ArcticTraining -----------------------------------------------------------------------------
@@ -993,6 +1106,8 @@ bool parses(LauncherFormat f, const EmittedConfig& e) {
       return !shell_flags(e.text, "UNTIED_ULYSSES_ARGS").empty();
     case LauncherFormat::kMegatron:
       return !shell_flags(e.text, "MEGATRON_ARGS").empty();
+    case LauncherFormat::kNeMo:
+      return parse_recipe_function(e.text).contains("recipe");
   }
   return false;
 }
@@ -1039,7 +1154,7 @@ TEST_F(EmitTest, EveryFormatEitherParsesOrRefusesNamingAnotherLauncher) {
       }
     }
   }
-  EXPECT_EQ(emitted, 2 + 1 + 4 + 2 + 3 + 4 + 1);  // methods per launcher (launchers_for)
+  EXPECT_EQ(emitted, 2 + 1 + 4 + 2 + 3 + 4 + 1 + 3);  // methods per launcher (launchers_for)
 }
 
 TEST_F(EmitTest, InvalidConfigurationsKeepTheirOwnQuantity) {

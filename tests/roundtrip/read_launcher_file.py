@@ -249,23 +249,32 @@ MAIN_DEFAULTS = {
 }
 
 
-def main_config_function(path):
-    """The `cpsim_config` function of a TorchTitan main config module, read with Python's ast (no
-    torchtitan import): (baseline function, {"section.field": value}, activation checkpoint)."""
+def function_assignments(path, name):
+    """The statements of function `name` of a Python module, read with Python's ast (the module
+    is not imported) up to its return: (line, target as text, value node), each a single
+    assignment."""
     import ast
     with open(path) as f:
         tree = ast.parse(f.read(), filename=path)
-    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "cpsim_config"),
-              None)
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
     if fn is None:
-        raise Unreadable("no function cpsim_config")
-    baseline, fields, ac = None, {}, "unset"
+        raise Unreadable(f"no function {name}")
+    out = []
     for st in fn.body:
         if isinstance(st, ast.Return):
             break
         if not isinstance(st, ast.Assign) or len(st.targets) != 1:
             raise Unreadable(f"line {st.lineno}: not a single assignment")
-        target, value = ast.unparse(st.targets[0]), st.value
+        out.append((st.lineno, ast.unparse(st.targets[0]), st.value))
+    return out
+
+
+def main_config_function(path):
+    """The `cpsim_config` function of a TorchTitan main config module, read with Python's ast (no
+    torchtitan import): (baseline function, {"section.field": value}, activation checkpoint)."""
+    import ast
+    baseline, fields, ac = None, {}, "unset"
+    for line, target, value in function_assignments(path, "cpsim_config"):
         if target == "config" and isinstance(value, ast.Call) and not value.args:
             baseline = ast.unparse(value.func)
         elif target == "config.activation_checkpoint":
@@ -274,11 +283,11 @@ def main_config_function(path):
             ac = {"FullAC.Config()": "full", "SelectiveAC.Config()": "selective",
                   "None": "none"}.get(ast.unparse(value))
             if ac is None:
-                raise Unreadable(f"line {st.lineno}: activation_checkpoint {ast.unparse(value)}")
+                raise Unreadable(f"line {line}: activation_checkpoint {ast.unparse(value)}")
         elif target.startswith("config."):
             fields[target[len("config."):]] = ast.literal_eval(value)
         else:
-            raise Unreadable(f"line {st.lineno}: assignment to {target}")
+            raise Unreadable(f"line {line}: assignment to {target}")
     if baseline not in MAIN_BASELINES:
         raise Unreadable(f"baseline {baseline}: not a known config_registry function")
     return baseline, {**MAIN_DEFAULTS, **fields}, ac
@@ -585,6 +594,128 @@ def read_arctic(path, recipe, a):
     return flags
 
 
+# NeMo 2.0's pretrain recipes and their model configs (nemo/collections/llm/recipes/<module>.py,
+# gpt/model/llama.py and qwen3.py at v2.4.0 @ 2381f42): (layers, hidden, heads, query groups,
+# ffn hidden).
+NEMO_RECIPES = {
+    "llama2_7b": (32, 4096, 32, 32, 11008),
+    "llama3_8b": (32, 4096, 32, 8, 14336),
+    "llama3_70b": (80, 8192, 64, 8, 28672),
+    "llama31_405b": (126, 16384, 128, 8, 53248),
+    "qwen3_4b": (36, 2560, 32, 8, 9728),
+    "qwen3_8b": (36, 4096, 32, 8, 12288),
+    "qwen3_14b": (40, 5120, 40, 8, 17408),
+    "qwen3_32b": (64, 5120, 64, 8, 25600),
+}
+
+# What the recipes leave as NeMo and Megatron-Core define it when the file does not set a field
+# (MegatronStrategy.__init__, MegatronMixedPrecision.__init__, TransformerConfig @ 03f7793).
+NEMO_DEFAULTS = {
+    "trainer.strategy.num_layers_in_first_pipeline_stage": None,
+    "trainer.strategy.num_layers_in_last_pipeline_stage": None,
+    "trainer.plugins.fp8": None,
+}
+
+
+def nemo_recipe_function(path, defaults=True):
+    """The `cpsim_recipe` function of a NeMo recipe module, read with Python's ast (no NeMo
+    import): (recipe module, factory keyword arguments, {"field.path": value}); a value that is
+    not a literal (torch.bfloat16, AttnBackend.flash) as its source text."""
+    import ast
+    module, factory, fields = None, {}, {}
+    for line, target, value in function_assignments(path, "cpsim_recipe"):
+        if target == "recipe" and isinstance(value, ast.Call) and not value.args:
+            call = ast.unparse(value.func)
+            if not call.endswith(".pretrain_recipe"):
+                raise Unreadable(f"line {line}: {call} is not a pretrain recipe")
+            module = call[: -len(".pretrain_recipe")]
+            factory = {k.arg: ast.literal_eval(k.value) for k in value.keywords}
+        elif target.startswith("recipe."):
+            try:
+                fields[target[len("recipe."):]] = ast.literal_eval(value)
+            except ValueError:
+                fields[target[len("recipe."):]] = ast.unparse(value)
+        else:
+            raise Unreadable(f"line {line}: assignment to {target}")
+    if module not in NEMO_RECIPES:
+        raise Unreadable(f"recipe {module}: not a known NeMo pretrain recipe")
+    return module, factory, {**NEMO_DEFAULTS, **fields} if defaults else fields
+
+
+def read_nemo(path, recipe, a):
+    module, factory, f = nemo_recipe_function(path)
+    if factory.get("num_nodes", 1) * factory.get("num_gpus_per_node", 8) != a.gpus:
+        raise Unreadable("num_nodes x num_gpus_per_node: not the GPUs launched")
+    flags = ["--model", model_of_shape(NEMO_RECIPES[module], a.data, module)]
+    seq = int(f["data.seq_length"])
+    # NeMo does not sync the model's sequence length with the data's (recipes/llama3_8b.py).
+    if int(f["model.config.seq_length"]) != seq:
+        raise Unreadable("model.config.seq_length differs from data.seq_length")
+    if int(f["data.micro_batch_size"]) != 1:
+        raise Unreadable("data.micro_batch_size: more than one sequence per micro-batch")
+    tp = int(f["trainer.strategy.tensor_model_parallel_size"])
+    pp = int(f["trainer.strategy.pipeline_model_parallel_size"])
+    cp = int(f["trainer.strategy.context_parallel_size"])
+    if tp > 1 and f["trainer.strategy.sequence_parallel"] is not True:
+        raise Unreadable("tensor parallelism without sequence_parallel: not modelled")
+    if pp > 1 and f["trainer.strategy.pipeline_dtype"] != "torch.bfloat16":
+        raise Unreadable("pipeline_dtype: NeMo needs it with PP > 1 (api.py _validate_config)")
+    dp = a.gpus // (tp * cp * pp)
+    micro = int(f["data.global_batch_size"]) // dp
+    flags += ["--seq", str(seq), "--cp-degree", str(cp), "--tp", str(tp),
+              "--micro-batches", str(micro)]
+    if pp > 1:
+        flags += ["--pp", str(pp)]
+        v = f["trainer.strategy.virtual_pipeline_model_parallel_size"]
+        if v is not None and int(v) > 1:
+            flags += ["--pp-schedule", "interleaved", "--virtual-stages", str(v)]
+        for key, ours in (("num_layers_in_first_pipeline_stage", "--pp-first-stage-layers"),
+                          ("num_layers_in_last_pipeline_stage", "--pp-last-stage-layers")):
+            if f["trainer.strategy." + key] is not None:
+                flags += [ours, str(f["trainer.strategy." + key])]
+    # Megatron-Core through TransformerEngine (TE's p2p when cp_comm_type is None); its all_gather
+    # CP is cpsim's scheme alone.
+    comm = f.get("model.config.cp_comm_type") or "p2p"
+    method = {"p2p": ["--method", "ring", "--ring-layout", "zigzag"], "a2a": ["--method", "ulysses"],
+              "all_gather": ["--method", "allgather"]}.get(comm)
+    if method is None:
+        raise Unreadable(f"cp_comm_type {comm}: not read back")
+    flags += method + ["--impl", "none" if comm == "all_gather" else "megatron-core-cp"]
+    granularity = f["model.config.recompute_granularity"]
+    if granularity == "full" and (f["model.config.recompute_method"] != "uniform" or
+                                  f["model.config.recompute_num_layers"] != 1):
+        raise Unreadable("full recompute other than uniform over 1 layer: not modelled")
+    recipe["activation_checkpointing"]["mode"] = granularity or "none"
+    plugins = {k: f.get("trainer.plugins." + k) for k in
+               ("fp8", "fp8_recipe", "fp8_amax_history_len", "fp8_amax_compute_algo",
+                "fp8_param_gather")}
+    if plugins["fp8"] is not None and plugins != {
+            "fp8": "hybrid", "fp8_recipe": "delayed", "fp8_amax_history_len": 1024,
+            "fp8_amax_compute_algo": "max", "fp8_param_gather": False}:
+        raise Unreadable(f"FP8 settings {plugins}: not TransformerEngine's delayed scaling as "
+                         "modelled")
+    recipe["precision"]["fp8"] = plugins["fp8"] is not None
+    fp32_reduce = f["trainer.plugins.grad_reduce_in_fp32"]
+    if f["trainer.strategy.ddp.grad_reduce_in_fp32"] != fp32_reduce:
+        raise Unreadable("grad_reduce_in_fp32 differs between the plugin and the DDP config")
+    recipe["precision"]["grad_reduce_bytes"] = 4 if fp32_reduce else 2
+    recipe["sharding"]["zero_stage"] = 1 if f["optim.config.use_distributed_optimizer"] else 0
+    recipe["sharding"]["optimizer_offload"] = False
+    no_key(recipe, fused_loss=False)
+    recipe["rope_kernel"] = "fused" if f.get("model.config.apply_rope_fusion") else "eager"
+    backend = f.get("model.config.attention_backend", "AttnBackend.auto")
+    if backend == "AttnBackend.fused":
+        recipe["attention_kernel"] = "cudnn"
+    elif backend == "AttnBackend.flash":
+        if recipe["attention_kernel"] not in ("fa2", "fa3"):
+            recipe["attention_kernel"] = "fa2"
+    else:
+        raise Unreadable(f"attention_backend {backend}: the backend TE picks is not read")
+    compute_dtype_comm(recipe)
+    recipe["allocator"]["expandable_segments"] = expandable(comment_environment(path))
+    return flags
+
+
 # ---- The keys a file sets, as its launcher names them -------------------------------------------
 
 def key_paths(tree, prefix=""):
@@ -639,6 +770,9 @@ def file_keys(fmt, path):
                 if isinstance(target, ast.Name) and target.id == "config" and parts:
                     keys.add(".".join(parts))
         return {"config": sorted(keys)}
+    if fmt == "nemo":
+        _, factory, fields = nemo_recipe_function(path, defaults=False)
+        return {"recipe": sorted(list(fields) + [f"pretrain_recipe.{k}" for k in factory])}
     array = {"megatron": "MEGATRON_ARGS", "untied-ulysses": "UNTIED_ULYSSES_ARGS"}[fmt]
     return {"args": flags_of(source_bash(path, array)[0])}
 
@@ -662,6 +796,7 @@ READERS = {
     "accelerate": read_accelerate,
     "megatron": read_megatron,
     "arctic": read_arctic,
+    "nemo": read_nemo,
 }
 
 

@@ -76,11 +76,11 @@ TEST(Registry, LauncherSentences) {
   const LauncherSupport ulysses = cp_implementation(CpMethod::kUlysses).launchers();
   EXPECT_TRUE(ulysses.runs_on("untied-ulysses"));
   EXPECT_FALSE(ulysses.runs_on("torchtitan"));
-  EXPECT_EQ(ulysses.list(), "arctic, deepspeed, accelerate, megatron, untied-ulysses");
+  EXPECT_EQ(ulysses.list(), "arctic, deepspeed, accelerate, megatron, nemo, untied-ulysses");
   EXPECT_EQ(cp_implementation(CpMethod::kFpdt).launchers().sentence(),
             "deepspeed (Megatron-DeepSpeed flags)");
   EXPECT_EQ(cp_implementation(CpMethod::kAllGather).launchers().sentence(),
-            "torchtitan, torchtitan-main, megatron or accelerate");
+            "torchtitan, torchtitan-main, megatron, nemo or accelerate");
   EXPECT_FALSE(cp_implementation(CpMethod::kRing).launchers().runs_on("torchtitan-main"));
 }
 
@@ -89,7 +89,7 @@ TEST(Registry, LauncherSelectionFollowsTheTable) {
   const ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, kM);
   for (const CpImplementation* m : cp_implementations()) {
     for (const char* launcher : {"torchtitan", "torchtitan-main", "untied-ulysses", "deepspeed",
-                                 "accelerate", "megatron", "arctic"}) {
+                                 "accelerate", "megatron", "arctic", "nemo"}) {
       const std::optional<LauncherSelection> s =
           m->launcher_selection(launcher, in.parallel, "fa3");
       EXPECT_EQ(s.has_value(), m->launchers().runs_on(launcher)) << m->name() << " " << launcher;

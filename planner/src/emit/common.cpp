@@ -33,6 +33,8 @@ const char* launcher_title(LauncherFormat f) {
       return "Megatron-LM";
     case LauncherFormat::kArctic:
       return "ArcticTraining";
+    case LauncherFormat::kNeMo:
+      return "NeMo";
   }
   return "this launcher";
 }
@@ -56,6 +58,9 @@ const char* launcher_scope(LauncherFormat f) {
       return "Megatron-LM CP (Transformer Engine) has p2p, all_gather, a2a and a2a+p2p only";
     case LauncherFormat::kArctic:
       return "ArcticTraining only has DeepSpeed Ulysses (sequence_parallel_size)";
+    case LauncherFormat::kNeMo:
+      return "NeMo runs Megatron-Core CP (Transformer Engine) with cp_comm_type p2p, all_gather "
+             "or a2a; its strategy sets no hierarchical a2a+p2p sizes";
   }
   return "";
 }

@@ -23,7 +23,7 @@ namespace {
 constexpr std::array kFormats = {LauncherFormat::kTorchTitan,    LauncherFormat::kTorchTitanMain,
                                  LauncherFormat::kUntiedUlysses, LauncherFormat::kDeepSpeed,
                                  LauncherFormat::kAccelerate,    LauncherFormat::kMegatron,
-                                 LauncherFormat::kArctic};
+                                 LauncherFormat::kArctic,        LauncherFormat::kNeMo};
 
 }  // namespace
 
@@ -55,6 +55,8 @@ const char* to_string(LauncherFormat f) {
       return "megatron";
     case LauncherFormat::kArctic:
       return "arctic";
+    case LauncherFormat::kNeMo:
+      return "nemo";
   }
   return "unknown";
 }
@@ -78,7 +80,7 @@ struct LauncherFunctions {
   EmittedConfig (*emit)(emit_detail::Plan&);
   RecipeAsRun (*recipe_as_run)(const sim::ScheduleInputs&);
 };
-constexpr std::array<LauncherFunctions, 7> kLaunchers = {{
+constexpr std::array<LauncherFunctions, 8> kLaunchers = {{
     {LauncherFormat::kTorchTitan, emit_detail::emit_torchtitan,
      emit_detail::torchtitan_recipe_as_run},
     {LauncherFormat::kTorchTitanMain, emit_detail::emit_torchtitan_main,
@@ -90,6 +92,7 @@ constexpr std::array<LauncherFunctions, 7> kLaunchers = {{
      emit_detail::accelerate_recipe_as_run},
     {LauncherFormat::kMegatron, emit_detail::emit_megatron, emit_detail::megatron_recipe_as_run},
     {LauncherFormat::kArctic, emit_detail::emit_arctic, emit_detail::arctic_recipe_as_run},
+    {LauncherFormat::kNeMo, emit_detail::emit_nemo, emit_detail::nemo_recipe_as_run},
 }};
 
 const LauncherFunctions& functions_of(LauncherFormat format) {
@@ -152,8 +155,8 @@ std::string companion_path(const std::string& main_path,
 }
 
 bool launcher_writes_pipeline(LauncherFormat f) {
-  return f == LauncherFormat::kMegatron || f == LauncherFormat::kTorchTitan ||
-         f == LauncherFormat::kTorchTitanMain;
+  return f == LauncherFormat::kMegatron || f == LauncherFormat::kNeMo ||
+         f == LauncherFormat::kTorchTitan || f == LauncherFormat::kTorchTitanMain;
 }
 
 EmittedConfig emit_launcher_config(LauncherFormat format,
@@ -167,13 +170,14 @@ EmittedConfig emit_launcher_config(LauncherFormat format,
     emit_detail::refuse_method(format, m);
   }
   // What each file can say about tensor parallelism and gradient accumulation.
-  const bool writes_tp =
-      format == LauncherFormat::kMegatron || format == LauncherFormat::kTorchTitan ||
-      format == LauncherFormat::kTorchTitanMain || format == LauncherFormat::kAccelerate;
+  const bool writes_tp = format == LauncherFormat::kMegatron || format == LauncherFormat::kNeMo ||
+                         format == LauncherFormat::kTorchTitan ||
+                         format == LauncherFormat::kTorchTitanMain ||
+                         format == LauncherFormat::kAccelerate;
   if (config.parallel.tp_degree > 1 && !writes_tp) {
     emit_detail::refuse(
         fmt::format("{} files set no tensor parallelism (--tp {}); launchers that "
-                    "do: torchtitan, torchtitan-main, megatron, accelerate (torch CP)",
+                    "do: torchtitan, torchtitan-main, megatron, nemo, accelerate (torch CP)",
                     to_string(format), config.parallel.tp_degree));
   }
   // Pipeline parallelism: Megatron-LM's and TorchTitan's keys; the files cpsim writes for the
@@ -183,7 +187,7 @@ EmittedConfig emit_launcher_config(LauncherFormat format,
   if (config.parallel.pp_degree > 1 && !launcher_writes_pipeline(format)) {
     emit_detail::refuse(
         fmt::format("{} files set no pipeline parallelism (--pp {}); launchers that do: megatron, "
-                    "torchtitan, torchtitan-main",
+                    "nemo, torchtitan, torchtitan-main",
                     to_string(format), config.parallel.pp_degree));
   }
   if (config.parallel.micro_batches > 1 && format == LauncherFormat::kUntiedUlysses) {

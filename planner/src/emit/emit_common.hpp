@@ -235,6 +235,21 @@ RecipeAsRun deepspeed_recipe_as_run(const sim::ScheduleInputs& in);
 RecipeAsRun accelerate_recipe_as_run(const sim::ScheduleInputs& in);
 RecipeAsRun megatron_recipe_as_run(const sim::ScheduleInputs& in);
 RecipeAsRun arctic_recipe_as_run(const sim::ScheduleInputs& in);
+RecipeAsRun nemo_recipe_as_run(const sim::ScheduleInputs& in);
+
+/// How a launcher of Megatron-Core names what megatron_core_recipe_as_run changes.
+struct MegatronCoreWords {
+  const char* launcher_te;            ///< "Megatron-LM (TE)": fixes the CP communication dtype
+  const char* distributed_optimizer;  ///< its switch for the distributed optimizer
+  const char* no_setting;             ///< "no Megatron-LM flag": why offload/tiling are off
+  const char* setting_kind;           ///< "flag" or "field"
+  const char* rope_fusion;            ///< how the file leaves RoPE fused
+};
+/// The recipe Megatron-Core runs from a launcher's file (megatron.cpp).
+RecipeAsRun megatron_core_recipe_as_run(const sim::ScheduleInputs& in, const MegatronCoreWords& w);
+/// Refuses an a2a CP of `a2a` ranks that does not divide the query and KV heads (Transformer
+/// Engine splits both, never replicating KV heads); `instead` ends the message (alternatives).
+void require_te_a2a_heads(const Plan& p, int a2a, const char* launcher, const char* instead);
 
 /// The ds_config JSON keys both DeepSpeed paths share (bf16, ZeRO stage and optimizer offload,
 /// the communication dtype), one `"key": value` line each, indented by two spaces, no trailing
@@ -248,5 +263,6 @@ EmittedConfig emit_deepspeed(Plan& p);
 EmittedConfig emit_accelerate(Plan& p);
 EmittedConfig emit_megatron(Plan& p);
 EmittedConfig emit_arctic(Plan& p);
+EmittedConfig emit_nemo(Plan& p);
 
 }  // namespace cpsim::planner::emit_detail

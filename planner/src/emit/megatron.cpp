@@ -12,26 +12,45 @@ namespace cpsim::planner::emit_detail {
 
 // ---- Megatron-LM arguments (REFERENCES.md [Megatron-LM]) ----------------------------------------
 
-// What the arguments run (the notes of emit_megatron): the distributed optimizer (ZeRO-1: no
-// parameter or gradient sharding in memory), no optimizer or checkpoint offload, tiled MLP or
-// fused loss flag; attention through TE's flash or fused (cuDNN) backend; CP tensors in the
-// compute dtype.
-RecipeAsRun megatron_recipe_as_run(const sim::ScheduleInputs& in) {
+// Megatron-Core as a launcher's file runs it (Megatron-LM's arguments, NeMo's recipe): the
+// distributed optimizer (ZeRO-1: no parameter or gradient sharding in memory), no optimizer or
+// checkpoint offload, tiled MLP or fused loss; the fused RoPE; attention through TE's flash or
+// fused (cuDNN) backend; CP tensors in the compute dtype. `w` names the launcher's settings.
+RecipeAsRun megatron_core_recipe_as_run(const sim::ScheduleInputs& in, const MegatronCoreWords& w) {
   RecipeAsRun r{in.recipe, {}};
   models::TrainingRecipe& x = r.recipe;
   if (x.zero_stage > 1) {
-    run_as(r, x.zero_stage, 1, "ZeRO-1 (--use-distributed-optimizer shards optimizer states only)");
+    run_as(r, x.zero_stage, 1,
+           fmt::format("ZeRO-1 ({} shards optimizer states only)", w.distributed_optimizer));
   }
   run_as(r, x.optimizer_offload, false, "no optimizer offload (not emitted)");
-  no_offload_or_tiling(r, "incompatible with recompute", "no Megatron-LM flag");
-  run_as(r, x.fused_loss, false, "logits materialised (no fused linear cross-entropy flag)");
+  no_offload_or_tiling(r, "incompatible with recompute", w.no_setting);
+  run_as(r, x.fused_loss, false,
+         fmt::format("logits materialised (no fused linear cross-entropy {})", w.setting_kind));
   run_as(r, x.rope_kernel, models::RopeKernel::kFused,
-         "Megatron-Core's fused RoPE (on unless --no-rope-fusion, which is not emitted)");
+         fmt::format("Megatron-Core's fused RoPE ({})", w.rope_fusion));
   if (x.attention_kernel != "fa2" && x.attention_kernel != "fa3" && x.attention_kernel != "cudnn") {
     run_as(r, x.attention_kernel, std::string("fa2"), "attention through TE's flash backend");
   }
-  comm_dtype_fixed(r, "Megatron-LM (TE)");
+  comm_dtype_fixed(r, w.launcher_te);
   return r;
+}
+
+RecipeAsRun megatron_recipe_as_run(const sim::ScheduleInputs& in) {
+  return megatron_core_recipe_as_run(
+      in, {"Megatron-LM (TE)", "--use-distributed-optimizer", "no Megatron-LM flag", "flag",
+           "on unless --no-rope-fusion, which is not emitted"});
+}
+
+void require_te_a2a_heads(const Plan& p, int a2a, const char* launcher, const char* instead) {
+  if (a2a > 1 && (p.model.kv_heads % a2a != 0 || p.model.heads % a2a != 0)) {
+    refuse(fmt::format(
+        "{}'s a2a CP splits query and KV heads across the {} all-to-all ranks "
+        "(Transformer "
+        "Engine does not replicate KV heads): {} has {} KV heads, so the a2a size must divide {}; "
+        "use --emit deepspeed, accelerate or arctic (they replicate KV heads){}",
+        launcher, a2a, p.model.name, p.model.kv_heads, p.model.kv_heads, instead));
+  }
 }
 
 EmittedConfig emit_megatron(Plan& p) {
@@ -40,15 +59,7 @@ EmittedConfig emit_megatron(Plan& p) {
   p.note_selection();
   // Size of the all-to-all (Ulysses) part: the CP group for a2a, the Ulysses degree for a2a+p2p.
   const int a2a = comm == "a2a" ? p.cp : comm == "a2a+p2p" ? p.ulysses : 0;
-  if (a2a > 1 && (p.model.kv_heads % a2a != 0 || p.model.heads % a2a != 0)) {
-    refuse(fmt::format(
-        "Megatron-LM's a2a CP splits query and KV heads across the {} all-to-all ranks "
-        "(Transformer "
-        "Engine does not replicate KV heads): {} has {} KV heads, so the a2a size must divide {}; "
-        "use --emit deepspeed, accelerate or arctic (they replicate KV heads), or --method usp "
-        "with a smaller Ulysses degree",
-        a2a, p.model.name, p.model.kv_heads, p.model.kv_heads));
-  }
+  require_te_a2a_heads(p, a2a, "Megatron-LM", ", or --method usp with a smaller Ulysses degree");
 
   const std::int64_t max_pos = std::max(p.model.max_position_embeddings, p.seq);
   std::vector<std::vector<std::string>> a;  // one flag with its values per line

@@ -77,7 +77,7 @@ constexpr std::array<std::string_view, 3> kLimits = {
 };
 
 constexpr std::array kMethods = {CpMethod::kRing, CpMethod::kUlysses, CpMethod::kUsp};
-constexpr std::array<std::string_view, 1> kLaunchers = {"megatron"};
+constexpr std::array<std::string_view, 2> kLaunchers = {"megatron", "nemo"};
 
 // No built-in recipe is Megatron's: `--impl megatron-core-cp` selects it.
 constexpr ImplementationTable kTable{

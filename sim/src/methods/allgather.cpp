@@ -38,6 +38,7 @@ class AllGather final : public WholeRingImplementation {
     return {{{"torchtitan", "allgather"},
              {"torchtitan-main", "flex"},
              {"megatron", "all_gather"},
+             {"nemo", "all_gather"},
              {"accelerate", "allgather"}},
             {}};
   }

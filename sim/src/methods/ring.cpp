@@ -35,6 +35,7 @@ class Ring final : public WholeRingImplementation {
   LauncherSupport launchers() const override {
     return {{{"torchtitan", "alltoall"},  // TorchTitan's name for passing K/V around the ring
              {"megatron", "p2p"},
+             {"nemo", "p2p"},
              {"accelerate", "alltoall"},
              {"untied-ulysses", "usp"}},
             {}};

@@ -60,8 +60,9 @@ class Ulysses final : public UlyssesSchemeImplementation {
              {"deepspeed", "ulysses"},
              {"accelerate", "deepspeed"},  // Accelerate's SP backend: DeepSpeed's ALST Ulysses
              {"megatron", "a2a"},
+             {"nemo", "a2a"},
              {"untied-ulysses", "usp"}},
-            "megatron with a2a"};
+            "megatron and nemo with a2a"};
   }
   std::optional<LauncherSelection> launcher_selection(std::string_view launcher,
                                                       const models::ParallelConfig& p,

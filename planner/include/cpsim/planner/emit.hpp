@@ -1,8 +1,8 @@
 #pragma once
 /// @file Launcher settings for a planned configuration: paste-ready files and flags for TorchTitan,
 /// TorchTitan main's Python config functions, the UPipe reference code, DeepSpeed /
-/// Megatron-DeepSpeed, HF Accelerate, Megatron-LM and ArcticTraining (key names from the sources in
-/// docs/REFERENCES.md, "Launchers").
+/// Megatron-DeepSpeed, HF Accelerate, Megatron-LM, ArcticTraining and NeMo (key names from the
+/// sources in docs/REFERENCES.md, "Launchers").
 
 #include <span>
 #include <string>
@@ -20,15 +20,18 @@ enum class LauncherFormat {
   kAccelerate,      ///< accelerate config YAML with ParallelismConfig keys
   kMegatron,        ///< Megatron-LM command-line arguments
   kArctic,          ///< ArcticTraining recipe YAML
+  kNeMo,            ///< NeMo 2.0: a Python module with one pretrain-recipe function
 };
 const char* to_string(LauncherFormat f);
 /// Every launcher, in the order lists and messages name them.
 std::span<const LauncherFormat> launcher_formats();
-/// Names: torchtitan, torchtitan-main, untied-ulysses, deepspeed, accelerate, megatron, arctic.
+/// Names: torchtitan, torchtitan-main, untied-ulysses, deepspeed, accelerate, megatron, arctic,
+/// nemo.
 /// @throws InputError(field) listing the known names.
 LauncherFormat parse_launcher_format(const std::string& text, const std::string& field);
 
-/// Whether the launcher's file sets pipeline parallelism (megatron, torchtitan, torchtitan-main);
+/// Whether the launcher's file sets pipeline parallelism (megatron, nemo, torchtitan,
+/// torchtitan-main);
 /// the others have no key for it and refuse PP > 1 (see emit_launcher_config).
 bool launcher_writes_pipeline(LauncherFormat f);
 
