@@ -1484,6 +1484,9 @@ OpId Engine::ff_first_aperiodic(const FfSnapshot& p,
     if (m == instances.end() || x >= to) {
       break;
     }
+    if (idx(m->template_id) >= w_.template_shapes.size()) {
+      continue;  // not a template the build recorded
+    }
     const Workload::TemplateShape& shape = w_.template_shapes[idx(m->template_id)];
     if (shape.ops <= 0 || m->ops < x || m->ops + shape.ops > to || !counterpart(*m)) {
       continue;  // compared op by op (the loop above, from the next instance on)
