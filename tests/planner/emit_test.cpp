@@ -877,6 +877,11 @@ TEST_F(EmitTest, MegatronRing) {
   EXPECT_EQ(f.count("--bf16"), 1U);
   EXPECT_EQ(f.count("--use-distributed-optimizer"), 1U);
   EXPECT_EQ(value(f, "--attention-backend"), "flash");
+  // Fewer GPUs than a node holds: torchrun starts those.
+  EXPECT_THAT(
+      emit_launcher_config(LauncherFormat::kMegatron, inputs(CpMethod::kRing, 4, 4, 4, 128 * kK))
+          .text,
+      HasSubstr("torchrun --nnodes 1 --nproc_per_node 4 "));
 }
 
 TEST_F(EmitTest, MegatronCommTypes) {
@@ -968,6 +973,11 @@ TEST_F(EmitTest, NeMoRing) {
   EXPECT_EQ(r["recipe.trainer.plugins.grad_reduce_in_fp32"], true);
   EXPECT_EQ(r["recipe.trainer.strategy.ddp.grad_reduce_in_fp32"], true);
   EXPECT_FALSE(r.contains("recipe.trainer.plugins.fp8"));
+  // Fewer GPUs than a node holds: the trainer's devices are those GPUs.
+  const json four = parse_recipe_function(
+      emit_launcher_config(LauncherFormat::kNeMo, inputs(CpMethod::kRing, 4, 4, 4, 128 * kK)).text);
+  EXPECT_EQ(four["recipe(num_nodes)"], 1);
+  EXPECT_EQ(four["recipe(num_gpus_per_node)"], 4);
   // What the recipe cannot say, in the notes: ZeRO-3 parameter sharding, checkpoint offload.
   EXPECT_THAT(joined(e.notes), HasSubstr("ZeRO-3 parameter sharding needs Megatron FSDP"));
   EXPECT_THAT(joined(e.notes), HasSubstr("checkpoint offload is not set"));

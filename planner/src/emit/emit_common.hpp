@@ -89,6 +89,8 @@ struct Plan {
   }
 
   CpMethod method() const { return par.method; }
+  /// Processes a launcher starts per node: a node's GPUs, or all of them on less than a node.
+  int procs_per_node() const { return par.gpus < par.gpus_per_node ? par.gpus : par.gpus_per_node; }
   bool full_ac() const { return recipe.checkpointing == CheckpointMode::kFull; }
   /// Block inputs go to host memory only under full checkpointing (that is what cpsim simulates).
   bool ckpt_offload() const { return recipe.checkpoint_offload && full_ac(); }

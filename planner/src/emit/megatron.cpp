@@ -208,7 +208,7 @@ EmittedConfig emit_megatron(Plan& p) {
       "Megatron-LM arguments; add data, tokenizer, optimizer and schedule flags, then:",
       fmt::format("  source cpsim_megatron.sh && torchrun --nnodes {} --nproc_per_node {} ... "
                   "pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" ...",
-                  p.nodes, p.par.gpus_per_node)};
+                  p.nodes, p.procs_per_node())};
   std::string text;
   if (p.recipe.expandable_segments) {
     text += "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n";

@@ -209,6 +209,14 @@ EmittedConfig emit_nemo(Plan& p) {
         p.model.name, shape_summary(p.model)));
   }
   require_seq_multiple_of_2cp(p, "NeMo", "Transformer Engine's DualChunkSwap layout");
+  // The trainer starts num_nodes x num_gpus_per_node processes (its `devices` per node).
+  const int per_node = p.procs_per_node();
+  if (p.par.gpus % per_node != 0) {
+    refuse(fmt::format(
+        "NeMo's trainer runs num_nodes x num_gpus_per_node GPUs; {} GPUs are not whole nodes of {}",
+        p.par.gpus, per_node));
+  }
+  const int nodes = p.par.gpus / per_node;
   const std::string comm = p.selects();
   p.note_selection();
   require_te_a2a_heads(p, comm == "a2a" ? p.cp : 0, "NeMo", "");
@@ -224,7 +232,7 @@ EmittedConfig emit_nemo(Plan& p) {
   body += "def cpsim_recipe() -> run.Partial:\n";
   body += fmt::format(
       "    recipe = {}.pretrain_recipe(name=\"cpsim\", num_nodes={}, num_gpus_per_node={})\n",
-      base->module, p.nodes, p.par.gpus_per_node);
+      base->module, nodes, per_node);
   body += strategy_lines(p);
   // One sequence per micro-batch; micro-batches per step = global / (micro x data parallel).
   body += fmt::format(
@@ -246,8 +254,8 @@ EmittedConfig emit_nemo(Plan& p) {
       fmt::format("NeMo 2.0 recipe (from {}.pretrain_recipe); replace recipe.data (a mock "
                   "dataset) with your data module, then on each node:",
                   base->module),
-      fmt::format("  torchrun --nnodes {} --nproc-per-node {} ... cpsim_nemo.py --yes", p.nodes,
-                  p.par.gpus_per_node)};
+      fmt::format("  torchrun --nnodes {} --nproc-per-node {} ... cpsim_nemo.py --yes", nodes,
+                  per_node)};
   add_environment_line(p, usage);
   return finish(p, {std::move(usage), std::move(body), "cpsim_nemo.py", true});
 }
