@@ -254,8 +254,8 @@ EmittedConfig emit_nemo(Plan& p) {
       fmt::format("NeMo 2.0 recipe (from {}.pretrain_recipe); replace recipe.data (a mock "
                   "dataset) with your data module, then on each node:",
                   base->module),
-      fmt::format("  torchrun --nnodes {} --nproc-per-node {} ... cpsim_nemo.py --yes", nodes,
-                  per_node)};
+      fmt::format("  torchrun --nnodes {} --nproc-per-node {} ... {} --yes", nodes, per_node,
+                  p.main_file("cpsim_nemo.py"))};
   add_environment_line(p, usage);
   return finish(p, {std::move(usage), std::move(body), "cpsim_nemo.py", true});
 }
