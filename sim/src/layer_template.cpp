@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 
 namespace cpsim::sim::detail {
 namespace {
@@ -243,7 +242,6 @@ Mark LayerTemplate::instantiate(Workload& w, std::int32_t layer, ListRef<Binding
   // instance's start; a dependency on a port's producer is left out or de-duplicated as
   // Builder::op does (so an instance can have fewer edges than the recording).
   const auto o0 = static_cast<std::size_t>(at.ops);
-  static_assert(std::is_trivially_copyable_v<Op>);
   w.ops.insert(w.ops.end(), ops_.begin(), ops_.end());
   Op* const ops = w.ops.data();
   w.edges.resize(static_cast<std::size_t>(at.edges) + edges_.size());
