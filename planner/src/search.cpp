@@ -11,6 +11,7 @@
 #include <numeric>
 #include <set>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include <fmt/format.h>
@@ -931,25 +932,83 @@ std::int64_t saved_of_stage(const sim::ScheduleInputs& in) {
   return saved_bytes(stage);
 }
 
-// The work of the threads: at --seq, the pending candidates of one stage group together (in
-// pending order), every other candidate alone.
+// At --seq, the candidate whose simulation each pending candidate's is (itself for most): one
+// under selective checkpointing of a method whose blocks keep under it what they keep without
+// checkpointing (CpImplementation::recomputes_selectively) runs, op for op, the step of the same
+// candidate without checkpointing, and takes that one's evaluation when it is pending too.
+std::vector<std::size_t> simulation_twins(const std::vector<Candidate>& cands,
+                                          const std::vector<std::size_t>& pending) {
+  std::vector<std::size_t> twin(cands.size());
+  std::iota(twin.begin(), twin.end(), std::size_t{0});
+  std::unordered_map<std::string_view, std::size_t> without_checkpointing;
+  for (const std::size_t i : pending) {
+    if (cands[i].recipe.checkpointing == CheckpointMode::kNone) {
+      without_checkpointing.emplace(cands[i].label, i);
+    }
+  }
+  for (const std::size_t i : pending) {
+    const Candidate& c = cands[i];
+    if (c.recipe.checkpointing != CheckpointMode::kSelective ||
+        sim::cp_implementation(c.parallel.method).recomputes_selectively(c.parallel)) {
+      continue;
+    }
+    models::TrainingRecipe none = c.recipe;
+    none.checkpointing = CheckpointMode::kNone;
+    const std::string suffix = " | " + recipe_label(c.recipe);
+    if (!c.label.ends_with(suffix)) {
+      continue;
+    }
+    const std::string label =
+        c.label.substr(0, c.label.size() - suffix.size()) + " | " + recipe_label(none);
+    const auto it = without_checkpointing.find(label);
+    if (it != without_checkpointing.end() && cands[it->second].parallel == c.parallel &&
+        cands[it->second].recipe == none) {
+      twin[i] = it->second;
+    }
+  }
+  return twin;
+}
+
+// The work of the threads at --seq: the pending candidates of one stage group together (in
+// pending order), and each candidate with the ones whose simulation is its own (`twin`, after it);
+// every other candidate alone. A stage group takes the twins of its members.
 std::vector<std::vector<std::size_t>> work_items(const std::vector<Candidate>& cands,
                                                  const std::vector<std::size_t>& pending,
-                                                 bool share_stages) {
+                                                 const std::vector<std::size_t>& twin) {
   std::vector<std::vector<std::size_t>> work;
   std::map<std::int64_t, std::size_t> item_of_group;
+  std::unordered_map<std::size_t, std::size_t> item_of_candidate;
   for (const std::size_t i : pending) {
+    if (twin[i] != i) {
+      continue;
+    }
     const std::int64_t g = cands[i].stage_group;
-    if (share_stages && g >= 0) {
+    if (g >= 0) {
       const auto [it, added] = item_of_group.emplace(g, work.size());
       if (!added) {
         work[it->second].push_back(i);
         continue;
       }
     }
+    item_of_candidate.emplace(i, work.size());
     work.push_back({i});
   }
+  for (const std::size_t i : pending) {
+    if (twin[i] == i) {
+      continue;
+    }
+    const std::int64_t g = cands[twin[i]].stage_group;
+    work[g >= 0 ? item_of_group.at(g) : item_of_candidate.at(twin[i])].push_back(i);
+  }
   return work;
+}
+
+// What a candidate's evaluation found, for a candidate whose simulation is the same (twin).
+void share_evaluation(const Candidate& from, Candidate& to) {
+  to.report = from.report;
+  to.fits = from.fits;
+  to.evaluated = from.evaluated;
+  to.error = from.error;
 }
 
 // Evaluates the candidates of one stage group at --seq: their stage is simulated once (one and
@@ -1115,10 +1174,16 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
     }
   }
   // Work items: one candidate, or at --seq the candidates of one pipeline stage group (one stage
-  // simulation composed for each). Longest first (each result goes to its own candidate: the
-  // order changes only the wall time).
-  const std::vector<std::vector<std::size_t>> work =
-      work_items(cands, pending, options.seq_len.has_value());
+  // simulation composed for each) and those whose simulation is another's, with it. Longest first
+  // (each result goes to its own candidate: the order changes only the wall time).
+  std::vector<std::vector<std::size_t>> work;
+  if (options.seq_len) {
+    work = work_items(cands, pending, simulation_twins(cands, pending));
+  } else {
+    for (const std::size_t i : pending) {
+      work.push_back({i});
+    }
+  }
   std::vector<std::size_t> order(work.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
@@ -1178,6 +1243,9 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
         c.error = refusal_text(e);
       } catch (const InputError& e) {
         c.error = e.what();
+      }
+      for (std::size_t t = 1; t < item.size(); ++t) {
+        share_evaluation(c, cands[item[t]]);
       }
       progress(item.size());
     }

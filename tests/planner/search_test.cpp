@@ -750,6 +750,58 @@ TEST(Plan, PipelineStagesSimulatedOncePerShape) {
   EXPECT_EQ(res.ranked.front().parallel.micro_batches, 8);
 }
 
+// UPipe and FPDT (several chunks) keep the same blocks under selective checkpointing as without:
+// each such candidate takes the simulation of its twin without checkpointing, and its report is
+// the one a simulation of its own gives; with pipeline parallelism, the stage's.
+TEST(Plan, SelectiveTwinsShareOneSimulation) {
+  sim::ScheduleInputs base = small(CpMethod::kUPipe, 8);
+  base.recipe.name = "none";  // the methods' schemes, each with pipeline parallelism
+  base.parallel.implementation = "none";
+  for (const int pp : {1, 0}) {
+    SCOPED_TRACE(pp == 1 ? "PP 1" : "PP searched");
+    PlanOptions o;
+    o.seq_len = 64 * 1024;
+    o.methods = {CpMethod::kUPipe, CpMethod::kFpdt};
+    o.threads = 2;
+    o.allow_data_parallel = true;
+    o.fixed.pp_degree = pp;
+    const PlanResult res = plan(base, o);
+    std::map<std::string, const Candidate*> by_label;
+    int pipelined = 0, checked = 0;
+    for (const Candidate& c : res.ranked) {
+      by_label.emplace(c.label, &c);
+      pipelined += c.parallel.pp_degree > 1 ? 1 : 0;
+      checked += c.reserved_checked ? 1 : 0;
+    }
+    EXPECT_EQ(pipelined > 0, pp == 0);
+    int twins = 0;
+    for (const Candidate& c : res.ranked) {
+      if (c.recipe.checkpointing != models::CheckpointMode::kSelective) {
+        continue;
+      }
+      std::string label = c.label;
+      label.replace(label.find("ac selective"), 12, "ac none");
+      const auto twin = by_label.find(label);
+      ASSERT_NE(twin, by_label.end()) << c.label;
+      twins += 1;
+      for (const Candidate* x : {&c, twin->second}) {
+        if (x->reserved_checked) {
+          continue;  // its report is the allocator's run
+        }
+        const sim::StepReport alone = evaluate(x->inputs(base)).report;
+        EXPECT_EQ(x->report.step_time_s, alone.step_time_s) << x->label;
+        EXPECT_EQ(x->report.peak_memory_bytes, alone.peak_memory_bytes) << x->label;
+      }
+    }
+    EXPECT_GT(twins, 10);
+    if (pp == 1) {
+      // One simulation per candidate and per check of one shown, but one per pair of twins (at
+      // least those that fit).
+      EXPECT_LE(res.simulations, res.evaluated - twins + checked);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cpsim::planner
 

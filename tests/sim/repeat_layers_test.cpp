@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "cpsim/sim/cp_method.hpp"
 #include "cpsim/sim/schedule.hpp"
 
 #include "helpers.hpp"
@@ -47,6 +48,8 @@ void expect_same(const Workload& a, const Workload& b) {
     ASSERT_EQ(x.flops, y.flops);
     ASSERT_EQ(x.workspace_bytes, y.workspace_bytes);
     ASSERT_EQ(x.workspace_category, y.workspace_category);
+    ASSERT_EQ(x.host_calls, y.host_calls);
+    ASSERT_EQ(x.host_sync, y.host_sync);
     ASSERT_EQ(x.collective, y.collective);
     ASSERT_EQ(x.deps_begin, y.deps_begin);
     ASSERT_EQ(x.deps_end, y.deps_end);
@@ -98,6 +101,40 @@ constexpr Case kCases[] = {
     {CpMethod::kUsp, "qwen3-8b", 16, 2, 256 * kK},
     {CpMethod::kUPipe, "llama3-8b", 16, 2, 256 * kK},
 };
+
+// CpImplementation::recomputes_selectively: where a method says selective checkpointing changes
+// nothing, the step under it is the step without checkpointing, op for op (a plan simulates one
+// for both); where it says it does, the steps differ. Each method's scheme and the implementation
+// the recipe runs for it; FPDT with several chunks (kCases) and with one (plain Ulysses).
+TEST(SelectiveCheckpointing, SameStepWhereTheMethodRecomputesNothing) {
+  std::vector<Case> cases(std::begin(kCases), std::end(kCases));
+  cases.push_back({CpMethod::kFpdt, "llama3-8b", 8, 1, 64 * kK});
+  int same = 0, different = 0;
+  for (const Case& c : cases) {
+    for (const char* impl : {"none", ""}) {
+      ScheduleInputs in = inputs(c.method, c.model, c.gpus, c.seq);
+      in.parallel.ring_degree = c.ring;
+      in.parallel.fpdt_chunk = 64 * kK;
+      in.parallel.implementation = impl;
+      in.recipe.checkpoint_offload = false;
+      SCOPED_TRACE(
+          fmt::format("{} {} seq {} impl '{}'", models::to_string(c.method), c.model, c.seq, impl));
+      in.recipe.checkpointing = CheckpointMode::kSelective;
+      const Workload selective = build_step(in);
+      in.recipe.checkpointing = CheckpointMode::kNone;
+      const Workload none = build_step(in);
+      if (!cp_implementation(c.method).recomputes_selectively(in.parallel)) {
+        expect_same(selective, none);
+        same += 1;
+      } else {
+        EXPECT_NE(selective.ops.size(), none.ops.size());
+        different += 1;
+      }
+    }
+  }
+  EXPECT_EQ(same, 6);  // UPipe with and without a ring, FPDT with 8 chunks
+  EXPECT_EQ(different, 10);
+}
 
 TEST(RepeatLayers, SameWorkloadAsBuiltBlockByBlock) {
   int repeated = 0;

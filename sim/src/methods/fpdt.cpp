@@ -33,6 +33,11 @@ class Fpdt final : public CpImplementation {
   bool has_ulysses_part() const override { return true; }
   bool has_ring_part() const override { return false; }
   bool uses_fpdt_chunk() const override { return true; }
+  /// The chunked layer keeps its own chunks (on the host or the GPU) whatever the checkpointing;
+  /// one chunk runs plain Ulysses, which recomputes selectively.
+  bool recomputes_selectively(const models::ParallelConfig& p) const override {
+    return p.fpdt_chunk <= 0 || p.seq_len / p.fpdt_chunk <= 1;
+  }
 
   std::optional<ConfigIssue> check_ring_degree(const models::ParallelConfig& p) const override {
     return no_ring(p);

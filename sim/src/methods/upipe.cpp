@@ -29,6 +29,8 @@ class UPipe final : public CpImplementation {
   bool has_ulysses_part() const override { return true; }
   bool has_ring_part() const override { return true; }
   bool uses_heads_per_stage() const override { return true; }
+  /// The custom op saves its input, output and LSEs whatever the checkpointing (see above).
+  bool recomputes_selectively(const models::ParallelConfig& /*p*/) const override { return false; }
 
   std::optional<ConfigIssue> check_ring_degree(const models::ParallelConfig& /*p*/) const override {
     return std::nullopt;  // any split of C

@@ -69,6 +69,7 @@ struct ParallelConfig {
   int ulysses_degree() const { return cp_degree / ring_degree; }
   int data_parallel() const { return gpus / (cp_degree * tp_degree * pp_degree); }
   std::int64_t local_seq() const { return seq_len / cp_degree; }
+  bool operator==(const ParallelConfig&) const = default;
 };
 
 }  // namespace cpsim::models

@@ -130,6 +130,7 @@ struct TrainingRecipe {
 
   /// The RoPE kernel this recipe runs for a model of this `model_type` (HF config).
   RopeKernel rope_kernel_for(std::string_view model_type) const;
+  bool operator==(const TrainingRecipe&) const = default;
 };
 
 }  // namespace cpsim::models

@@ -129,6 +129,12 @@ class CpImplementation {
   virtual bool uses_heads_per_stage() const { return false; }
   /// Reads ParallelConfig::fpdt_chunk and fpdt_offload.
   virtual bool uses_fpdt_chunk() const { return false; }
+  /// Whether selective checkpointing changes what a block of configuration `p` keeps and runs
+  /// again (the Ulysses scheme, which the ring, all-gather and USP methods build on, recomputes
+  /// the attention core from the local Q and K/V). false: the method's attention keeps what it
+  /// keeps without checkpointing, so a step under selective checkpointing is, op for op, the step
+  /// without any (a search simulates it once for both).
+  virtual bool recomputes_selectively(const models::ParallelConfig& /*p*/) const { return true; }
 
   // ---- validation and layout (called by check_head_layout in this order) ----
   /// The ring degree against the CP degree.
