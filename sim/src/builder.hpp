@@ -75,6 +75,10 @@ class Name {
   }
   /// The interned id in `w`.
   std::int32_t id(Workload& w) const { return id_ != kNone ? id_ : w.intern(text_); }
+  /// The text, copied (interning another name may move the one `w` holds).
+  std::string text(const Workload& w) const {
+    return id_ != kNone ? w.names[static_cast<std::size_t>(id_)] : std::string(text_);
+  }
 
  private:
   std::string_view text_;

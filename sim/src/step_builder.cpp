@@ -415,7 +415,7 @@ std::int64_t StepBuilder::norm_saved_bytes(std::int64_t rows, std::int64_t width
   return rows * width * (kFp32Bytes + ab_);
 }
 
-OpSet StepBuilder::gather_params(const std::string& name,
+OpSet StepBuilder::gather_params(Name name,
                                  std::int64_t params,
                                  TensorSet out,
                                  ListRef<OpSet> deps) {
@@ -426,10 +426,10 @@ OpSet StepBuilder::gather_params(const std::string& name,
     // (on one GPU the copy fills the whole buffer).
     const std::int64_t shard_bytes = ceil_div(params, b_.group_size(Group::kAll)) * r_.param_bytes;
     if (b_.group_size(Group::kAll) == 1) {
-      return host_copy(name + "(from host)", true, shard_bytes, TensorSet{}, out, deps);
+      return host_copy(name.text(w_) + "(from host)", true, shard_bytes, TensorSet{}, out, deps);
     }
-    staged = b_.tensor(name + ".shard", shard_bytes, MemCategory::kParamGather);
-    copied = host_copy(name + "(from host)", true, shard_bytes, TensorSet{}, staged, deps);
+    staged = b_.tensor(name.text(w_) + ".shard", shard_bytes, MemCategory::kParamGather);
+    copied = host_copy(name.text(w_) + "(from host)", true, shard_bytes, TensorSet{}, staged, deps);
   }
   OpSpec& s = next_spec(name, Stream::kFsdp, OpKind::kElementwise);
   s.outputs.push_back(out);
@@ -443,7 +443,7 @@ OpSet StepBuilder::gather_params(const std::string& name,
                        params * r_.param_bytes);
 }
 
-OpSet StepBuilder::reduce_grads(const std::string& name,
+OpSet StepBuilder::reduce_grads(Name name,
                                 std::int64_t params,
                                 TensorSet grads,
                                 ListRef<OpSet> deps) {
@@ -455,7 +455,7 @@ OpSet StepBuilder::reduce_grads(const std::string& name,
   const auto kind =
       r_.zero_stage >= 2 ? models::Collective::kReduceScatter : models::Collective::kAllReduce;
   if (b_.group_size(Group::kAll) == 1) {
-    return compute(name + "(local)", OpKind::kElementwise, mem(params * r_.grad_reduce_bytes),
+    return compute(name.text(w_) + "(local)", OpKind::kElementwise, mem(params * r_.grad_reduce_bytes),
                    {grads}, {}, deps, workspace, MemCategory::kGradBuffers);
   }
   OpSpec& s = next_spec(name, Stream::kFsdp, OpKind::kElementwise);
@@ -744,17 +744,19 @@ std::int64_t StepBuilder::act_bytes() const {
   return sp_ * m_.hidden * ab_;
 }
 
-TensorSet StepBuilder::param_buffer(const std::string& name, std::int64_t params) {
-  return r_.zero_stage == 3 ? b_.tensor(name, params * r_.param_bytes, MemCategory::kParamGather)
-                            : TensorSet{};
+TensorSet StepBuilder::param_buffer(Name name, std::int64_t params) {
+  return r_.zero_stage == 3
+             ? b_.tensor(name.id(w_), params * r_.param_bytes, MemCategory::kParamGather)
+             : TensorSet{};
 }
 
-TensorSet StepBuilder::grad_buffer(const std::string& name, std::int64_t params) {
-  return r_.zero_stage >= 2 ? b_.tensor(name, params * r_.param_bytes, MemCategory::kGradBuffers)
-                            : TensorSet{};
+TensorSet StepBuilder::grad_buffer(Name name, std::int64_t params) {
+  return r_.zero_stage >= 2
+             ? b_.tensor(name.id(w_), params * r_.param_bytes, MemCategory::kGradBuffers)
+             : TensorSet{};
 }
 
-OpSet StepBuilder::gather_into(const std::string& name,
+OpSet StepBuilder::gather_into(Name name,
                                std::int64_t params,
                                TensorSet out,
                                ListRef<OpSet> deps) {
@@ -766,16 +768,17 @@ void StepBuilder::gather_layer(int l, ListRef<OpSet> deps) {
     return;  // no per-block parameter buffer
   }
   TensorSet& params = layer_params_[static_cast<std::size_t>(l)];
-  params = param_buffer(fmt::format("layer{}.params", l), params_.per_layer);
-  gather_into(fmt::format("allgather.layer{}", l), params_.per_layer, params, deps);
+  params = param_buffer(block_name("layer", l, ".params"), params_.per_layer);
+  gather_into(block_name("allgather.layer", l), params_.per_layer, params, deps);
 }
 
 void StepBuilder::prefetch_layer(int l, OpSet after) {
   const auto li = static_cast<std::size_t>(l);
   gather_layer(l, {after});
   if (host_copies_[li].valid()) {
-    checkpoints_[li] = b_.tensor(fmt::format("ckpt{}", l), act_bytes(), MemCategory::kActivations);
-    host_copy(fmt::format("prefetch_ckpt{}", l), true, act_bytes(), host_copies_[li],
+    checkpoints_[li] =
+        b_.tensor(block_name("ckpt", l).id(w_), act_bytes(), MemCategory::kActivations);
+    host_copy(block_name("prefetch_ckpt", l), true, act_bytes(), host_copies_[li],
               checkpoints_[li], {after});
   }
 }
@@ -804,9 +807,9 @@ TensorSet StepBuilder::forward_layers(TensorSet x) {
     const bool keep_on_gpu =
         !offload || (r_.offload_keep_first_last && (l == 0 || l == layers - 1));
     if (full_ac && !keep_on_gpu) {
-      host_copies_[li] =
-          b_.tensor(fmt::format("ckpt{}.host", l), act_bytes(), MemCategory::kActivations, true);
-      host_copy(fmt::format("offload_ckpt{}", l), false, act_bytes(), x, host_copies_[li]);
+      host_copies_[li] = b_.tensor(block_name("ckpt", l, ".host").id(w_), act_bytes(),
+                                   MemCategory::kActivations, true);
+      host_copy(block_name("offload_ckpt", l), false, act_bytes(), x, host_copies_[li]);
     }
     const LayerEnds block = forward_layer(l, x, layer_params_[li]);
     if (l + 1 < layers) {
@@ -938,14 +941,14 @@ TensorSet StepBuilder::backward_layers(TensorSet dy, OpSet after_loss, bool redu
     if (l > 0) {
       prefetch_layer(l - 1, recomputed);
     }
-    TensorSet grads = grad_buffer(fmt::format("layer{}.grads", l), params_.per_layer);
+    TensorSet grads = grad_buffer(block_name("layer", l, ".grads"), params_.per_layer);
     dy = backward_layer(l, checkpoints_[li], dy, layer_params_[li], grads);
     // FSDP's post-backward hook: the block's gradients are reduced once its backward has ended
     // (dy's producer is the block's last op on the compute stream).
     if (!reduce) {
       continue;
     }
-    reduce_grads(fmt::format("reduce.layer{}", l), params_.per_layer, grads, {b_.producer(dy)});
+    reduce_grads(block_name("reduce.layer", l), params_.per_layer, grads, {b_.producer(dy)});
   }
   return dy;
 }

@@ -199,11 +199,11 @@ class StepBuilder {
                                    std::int64_t nkv,
                                    std::int64_t hq,
                                    std::int64_t hkv) const;
-  OpSet gather_params(const std::string& name,
+  OpSet gather_params(Name name,
                       std::int64_t params,
                       TensorSet out,
                       ListRef<OpSet> deps);
-  OpSet reduce_grads(const std::string& name,
+  OpSet reduce_grads(Name name,
                      std::int64_t params,
                      TensorSet grads,
                      ListRef<OpSet> deps);
@@ -215,12 +215,16 @@ class StepBuilder {
   TensorSet allocate_reduce_bucket();
   std::int64_t act_bytes() const;  ///< one [s, h] activation
   /// Gathered parameters (ZeRO-3) and unsharded gradients (ZeRO ≥ 2); none otherwise.
-  TensorSet param_buffer(const std::string& name, std::int64_t params);
-  TensorSet grad_buffer(const std::string& name, std::int64_t params);
-  OpSet gather_into(const std::string& name,
+  TensorSet param_buffer(Name name, std::int64_t params);
+  TensorSet grad_buffer(Name name, std::int64_t params);
+  OpSet gather_into(Name name,
                     std::int64_t params,
                     TensorSet out,
                     ListRef<OpSet> deps);
+  /// prefix + l + suffix, interned once per workload (Workload::intern_indexed).
+  Name block_name(std::string_view prefix, int l, std::string_view suffix = {}) {
+    return Name::interned(w_.intern_indexed(prefix, l, suffix));
+  }
   /// Block l's parameters gathered into layer_params_[l] (ZeRO-3).
   void gather_layer(int l, ListRef<OpSet> deps);
   /// Before block l's backward: its parameters and its offloaded checkpoint, issued after `after`.

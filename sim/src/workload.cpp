@@ -1,5 +1,10 @@
 #include "cpsim/sim/workload.hpp"
 
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
 namespace cpsim::sim {
 
 const char* to_string(Stream s) {
@@ -119,6 +124,31 @@ std::int32_t Workload::intern(std::string_view name) {
   }
   last_name_ = id;
   return id;
+}
+
+std::int32_t Workload::intern_indexed(std::string_view prefix,
+                                      std::int32_t index,
+                                      std::string_view suffix) {
+  if (index < 0) {
+    throw std::logic_error("intern_indexed: negative index");
+  }
+  auto series = std::find_if(
+      indexed_names_.begin(), indexed_names_.end(),
+      [&](const IndexedNames& n) { return n.prefix == prefix && n.suffix == suffix; });
+  if (series == indexed_names_.end()) {
+    indexed_names_.push_back({std::string(prefix), std::string(suffix), {}});
+    series = indexed_names_.end() - 1;
+  }
+  std::vector<std::int32_t>& ids = series->ids;
+  const auto i = static_cast<std::size_t>(index);
+  if (i >= ids.size()) {
+    ids.resize(i + 1, kNone);
+  }
+  if (ids[i] == kNone) {
+    ids[i] = intern(fmt::format("{}{}{}", prefix, index, suffix));
+  }
+  last_name_ = ids[i];
+  return ids[i];
 }
 
 }  // namespace cpsim::sim

@@ -171,6 +171,10 @@ struct Workload {
   void clear();
   /// Index of `name` in `names`, adding it on first use.
   std::int32_t intern(std::string_view name);
+  /// intern(prefix + index + suffix) for index ≥ 0 (per-block names: "layer12.params"). The ids
+  /// of each (prefix, suffix) are kept with the names, across clear(): a rebuild formats and
+  /// looks up none of them again.
+  std::int32_t intern_indexed(std::string_view prefix, std::int32_t index, std::string_view suffix);
 
  private:
   /// Hashes std::string and std::string_view alike (lookups without a temporary string).
@@ -183,6 +187,11 @@ struct Workload {
   // name last time is tried first (one string comparison instead of a hash lookup).
   std::vector<std::int32_t> next_name_;
   std::int32_t last_name_ = -1;
+  struct IndexedNames {
+    std::string prefix, suffix;
+    std::vector<std::int32_t> ids;  ///< by index; kNone where not interned yet
+  };
+  std::vector<IndexedNames> indexed_names_;
 };
 
 }  // namespace cpsim::sim
