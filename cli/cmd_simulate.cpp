@@ -1075,7 +1075,15 @@ int run_simulate(const SimulateArgs& a) {
   opts.trace_ranks = trace.ranks;
   opts.explain_peak = true;
   opts.model_allocator = true;
-  const planner::Evaluation e = planner::evaluate(in, opts);
+  planner::Evaluation e = planner::evaluate(in, opts);
+  const sim::CpImplementation& method = sim::cp_implementation(in.parallel.method);
+  if (in.recipe.checkpointing == models::CheckpointMode::kSelective &&
+      !method.recomputes_selectively(in.parallel)) {
+    e.report.notes.push_back(fmt::format(
+        "--ac selective: {} keeps what it keeps without checkpointing (its attention saves its "
+        "own tensors for backward), so this is the step of --ac none",
+        method.label(sim::LabelStyle::kDescription, in.parallel, &e.report.layout)));
+  }
   if (!a.trace.empty()) {
     write_trace(a, in, e, trace);
   }

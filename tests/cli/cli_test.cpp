@@ -351,6 +351,32 @@ TEST_F(CliTest, Fp8Switch) {
   EXPECT_LT(on.at("step_time_s").get<double>(), off.at("step_time_s").get<double>());
 }
 
+// --ac selective where the method keeps the same under it as without (UPipe): the step of
+// --ac none, and a note that says so; where it recomputes (Ulysses), no such note.
+TEST_F(CliTest, SelectiveCheckpointingThatChangesNothingSaysSo) {
+  auto run = [&](const char* method, const char* ac) {
+    return run_json({"simulate", "--method", method, "--seq", "64K", "--ac", ac, "--ac-offload",
+                     "off", "--json"});
+  };
+  auto says_so = [](const Json& j) {
+    for (const Json& n : j.at("notes")) {
+      if (n.get<std::string>().starts_with("--ac selective:")) {
+        return true;
+      }
+    }
+    return false;
+  };
+  const Json upipe = run("upipe", "selective");
+  const Json upipe_none = run("upipe", "none");
+  EXPECT_TRUE(says_so(upipe));
+  EXPECT_FALSE(says_so(upipe_none));
+  EXPECT_EQ(upipe.at("step_time_s"), upipe_none.at("step_time_s"));
+  EXPECT_EQ(upipe.at("peak_memory_bytes"), upipe_none.at("peak_memory_bytes"));
+  const Json ulysses = run("ulysses", "selective");
+  EXPECT_FALSE(says_so(ulysses));
+  EXPECT_NE(ulysses.at("step_time_s"), run("ulysses", "none").at("step_time_s"));
+}
+
 // TorchTitan's recipes rotate as its model code does: the complex product for Llama, rotate_half
 // (eager) for Qwen3; --rope-kernel still wins.
 TEST_F(CliTest, RecipeRopeFollowsTheModelType) {
