@@ -455,8 +455,9 @@ OpSet StepBuilder::reduce_grads(Name name,
   const auto kind =
       r_.zero_stage >= 2 ? models::Collective::kReduceScatter : models::Collective::kAllReduce;
   if (b_.group_size(Group::kAll) == 1) {
-    return compute(name.text(w_) + "(local)", OpKind::kElementwise, mem(params * r_.grad_reduce_bytes),
-                   {grads}, {}, deps, workspace, MemCategory::kGradBuffers);
+    return compute(name.text(w_) + "(local)", OpKind::kElementwise,
+                   mem(params * r_.grad_reduce_bytes), {grads}, {}, deps, workspace,
+                   MemCategory::kGradBuffers);
   }
   OpSpec& s = next_spec(name, Stream::kFsdp, OpKind::kElementwise);
   s.inputs.push_back(grads);
@@ -756,10 +757,7 @@ TensorSet StepBuilder::grad_buffer(Name name, std::int64_t params) {
              : TensorSet{};
 }
 
-OpSet StepBuilder::gather_into(Name name,
-                               std::int64_t params,
-                               TensorSet out,
-                               ListRef<OpSet> deps) {
+OpSet StepBuilder::gather_into(Name name, std::int64_t params, TensorSet out, ListRef<OpSet> deps) {
   return r_.zero_stage == 3 ? gather_params(name, params, out, deps) : OpSet{};
 }
 
@@ -778,8 +776,8 @@ void StepBuilder::prefetch_layer(int l, OpSet after) {
   if (host_copies_[li].valid()) {
     checkpoints_[li] =
         b_.tensor(block_name("ckpt", l).id(w_), act_bytes(), MemCategory::kActivations);
-    host_copy(block_name("prefetch_ckpt", l), true, act_bytes(), host_copies_[li],
-              checkpoints_[li], {after});
+    host_copy(block_name("prefetch_ckpt", l), true, act_bytes(), host_copies_[li], checkpoints_[li],
+              {after});
   }
 }
 

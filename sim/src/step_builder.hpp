@@ -199,14 +199,8 @@ class StepBuilder {
                                    std::int64_t nkv,
                                    std::int64_t hq,
                                    std::int64_t hkv) const;
-  OpSet gather_params(Name name,
-                      std::int64_t params,
-                      TensorSet out,
-                      ListRef<OpSet> deps);
-  OpSet reduce_grads(Name name,
-                     std::int64_t params,
-                     TensorSet grads,
-                     ListRef<OpSet> deps);
+  OpSet gather_params(Name name, std::int64_t params, TensorSet out, ListRef<OpSet> deps);
+  OpSet reduce_grads(Name name, std::int64_t params, TensorSet grads, ListRef<OpSet> deps);
 
   // ---- the step (step_builder.cpp): embedding, blocks forward, loss, blocks backward, optimizer
   void set_static_memory();
@@ -217,10 +211,7 @@ class StepBuilder {
   /// Gathered parameters (ZeRO-3) and unsharded gradients (ZeRO ≥ 2); none otherwise.
   TensorSet param_buffer(Name name, std::int64_t params);
   TensorSet grad_buffer(Name name, std::int64_t params);
-  OpSet gather_into(Name name,
-                    std::int64_t params,
-                    TensorSet out,
-                    ListRef<OpSet> deps);
+  OpSet gather_into(Name name, std::int64_t params, TensorSet out, ListRef<OpSet> deps);
   /// prefix + l + suffix, interned once per workload (Workload::intern_indexed).
   Name block_name(std::string_view prefix, int l, std::string_view suffix = {}) {
     return Name::interned(w_.intern_indexed(prefix, l, suffix));

@@ -132,9 +132,9 @@ std::int32_t Workload::intern_indexed(std::string_view prefix,
   if (index < 0) {
     throw std::logic_error("intern_indexed: negative index");
   }
-  auto series = std::find_if(
-      indexed_names_.begin(), indexed_names_.end(),
-      [&](const IndexedNames& n) { return n.prefix == prefix && n.suffix == suffix; });
+  auto series =
+      std::find_if(indexed_names_.begin(), indexed_names_.end(),
+                   [&](const IndexedNames& n) { return n.prefix == prefix && n.suffix == suffix; });
   if (series == indexed_names_.end()) {
     indexed_names_.push_back({std::string(prefix), std::string(suffix), {}});
     series = indexed_names_.end() - 1;
