@@ -839,7 +839,9 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
   c->add_option("--comm-dtype", a.comm_dtype,
                 "dtype of context-parallel communication: bf16 | fp32 (default: recipe)");
   c->add_option("--ac", a.ac,
-                "activation checkpointing: none | selective | full (default: recipe)");
+                "activation checkpointing: none | selective (the attention core runs again in "
+                "backward; a note says where the method saves its own tensors and it is none) | "
+                "full (default: recipe)");
   c->add_option("--ac-offload", a.ac_offload,
                 "offload checkpointed block inputs to host: on | off");
   c->add_option("--tiled-mlp", a.tiled_mlp,
