@@ -230,12 +230,15 @@ struct Simulator::Scratch {
   RawArray<HostOp> host_ops;
   std::vector<HostClock> hosts;
   // Fast-forward, learnt when a window first reads a tensor with several readers
-  // (Engine::ff_learn_readers): each tensor's reads in program order (the ops
-  // reads[read_begin[t] .. read_begin[t + 1])), and the queue its readers all run on
-  // (kMixedQueues when they run on several).
+  // (Engine::ff_learn_readers): each tensor's count of reads, the queue its readers all run on
+  // (kMixedQueues when they run on several) and its last reader in program order; and when a
+  // case needs them (Engine::ff_list_reads), its reads in program order (the ops
+  // reads[read_begin[t] .. read_begin[t + 1])).
   std::vector<std::int32_t> read_begin;
-  std::vector<OpId> reads;
   std::vector<std::int32_t> reader_queue;
+  std::vector<OpId> last_reader;
+  std::vector<OpId> reads;
+  std::vector<std::int32_t> read_cursor;
 };
 
 namespace {
@@ -371,6 +374,7 @@ class Engine {
   bool ff_same_op(const Op& o, const Op& r, const Workload::Instance& d) const;
   bool ff_done_at(const FfSnapshot& p, OpId op) const;
   void ff_learn_readers();
+  void ff_list_reads();
   bool ff_same_reads(
       TensorId a, OpId x, TensorId b, const FfSnapshot& p, OpId from, OpId to, OpId shift);
   OpId ff_first_aperiodic(const FfSnapshot& p,
@@ -441,7 +445,8 @@ class Engine {
   /// Tensors read by every block that are not the block's own (the same id in each), with their
   /// reads in one block: set by ff_first_aperiodic.
   std::vector<std::pair<TensorId, std::int32_t>> ff_statics_;
-  bool ff_readers_known_ = false;  // b_.reads and b_.reader_queue are this workload's
+  bool ff_readers_known_ = false;  // b_.reader_queue, b_.last_reader are this workload's
+  bool ff_reads_listed_ = false;   // b_.reads and b_.read_begin too
   /// The boundary (ff_next_) that first asked for the reads, before they were learnt.
   std::size_t ff_reads_first_asked_ = std::numeric_limits<std::size_t>::max();
   /// With the allocation log: the ops begun (id) and ended (~id) since the last boundary, in the
@@ -1073,6 +1078,7 @@ void Engine::finish_activity(std::int32_t a) {
 // stops stops at the same op.
 void Engine::ff_setup() {
   ff_readers_known_ = false;
+  ff_reads_listed_ = false;
   ff_reads_first_asked_ = std::numeric_limits<std::size_t>::max();
   ff_runs_.clear();
   ff_boundaries_.clear();
@@ -1515,30 +1521,41 @@ bool Engine::ff_done_at(const FfSnapshot& p, OpId op) const {
   return head == kNone || op < head;
 }
 
-// Learns each tensor's reads in program order and the queue of its readers (two passes over the
-// ops: counts, then the reads).
+// Learns each tensor's count of reads, the queue of its readers and its last reader (one pass
+// over the ops).
 void Engine::ff_learn_readers() {
   ff_readers_known_ = true;
+  ff_reads_listed_ = false;
   const std::size_t n = w_.tensors.size();
   b_.read_begin.assign(n + 1, 0);
   b_.reader_queue.assign(n, kNoQueue);
+  b_.last_reader.resize(n);  // read only where reader_queue says the tensor is read
   const std::int32_t* edges = w_.edges.data();
-  for (const Op& o : w_.ops) {
+  for (std::size_t i = 0; i < w_.ops.size(); ++i) {
+    const Op& o = w_.ops[i];
     const auto q = static_cast<std::int32_t>(queue_index(o.rank, o.stream));
     for (std::int32_t e = o.inputs_begin; e < o.inputs_end; ++e) {
       const auto t = idx(edges[e]);
       b_.read_begin[t + 1] += 1;
       std::int32_t& rq = b_.reader_queue[t];
       rq = rq == kNoQueue || rq == q ? q : kMixedQueues;
+      b_.last_reader[t] = static_cast<OpId>(i);
     }
   }
+}
+
+// Lists each tensor's reads in program order (a second pass over the ops, after
+// ff_learn_readers's counts).
+void Engine::ff_list_reads() {
+  ff_reads_listed_ = true;
   std::partial_sum(b_.read_begin.begin(), b_.read_begin.end(), b_.read_begin.begin());
-  b_.reads.resize(idx(b_.read_begin[n]));
-  std::vector<std::int32_t> cursor(b_.read_begin.begin(), b_.read_begin.end() - 1);
+  b_.reads.resize(idx(b_.read_begin.back()));
+  b_.read_cursor.assign(b_.read_begin.begin(), b_.read_begin.end() - 1);
+  const std::int32_t* edges = w_.edges.data();
   for (std::size_t i = 0; i < w_.ops.size(); ++i) {
     const Op& o = w_.ops[i];
     for (std::int32_t e = o.inputs_begin; e < o.inputs_end; ++e) {
-      b_.reads[idx(cursor[idx(edges[e])]++)] = static_cast<OpId>(i);
+      b_.reads[idx(b_.read_cursor[idx(edges[e])]++)] = static_cast<OpId>(i);
     }
   }
 }
@@ -1564,16 +1581,19 @@ bool Engine::ff_same_reads(
     }
     ff_learn_readers();
   }
+  // x reads a and x − shift reads b: each has a last reader.
+  if (b_.reader_queue[idx(a)] >= 0 && b_.reader_queue[idx(b)] >= 0 &&
+      (b_.last_reader[idx(a)] == x) == (b_.last_reader[idx(b)] == x - shift)) {
+    return true;
+  }
+  if (!ff_reads_listed_) {
+    ff_list_reads();
+  }
   const OpId* reads = b_.reads.data();
   const OpId* a_begin = reads + b_.read_begin[idx(a)];
   const OpId* a_end = reads + b_.read_begin[idx(a) + 1];
   const OpId* b_begin = reads + b_.read_begin[idx(b)];
   const OpId* b_end = reads + b_.read_begin[idx(b) + 1];
-  // x reads a and x − shift reads b: neither list is empty.
-  if (b_.reader_queue[idx(a)] >= 0 && b_.reader_queue[idx(b)] >= 0 &&
-      (a_end[-1] == x) == (b_end[-1] == x - shift)) {
-    return true;
-  }
   auto done_at_p = [this, &p](OpId op) { return ff_done_at(p, op); };
   const OpId* j = b_begin;
   for (const OpId* i = a_begin; i != a_end; ++i) {
