@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <utility>
 
 #include <fmt/format.h>
 
@@ -131,9 +130,9 @@ bool pipeline_fits(const sim::ScheduleInputs& inputs, const sim::StepReport& one
   return rep.fits();
 }
 
-Evaluation compose_pipeline(const sim::ScheduleInputs& inputs, StageRuns runs) {
+Evaluation compose_pipeline(const sim::ScheduleInputs& inputs, const StageRuns& runs) {
   const sim::PipelineShape shape = sim::pipeline_shape(inputs);
-  Evaluation e = std::move(runs.one);
+  Evaluation e = runs.one;
   compose_time(inputs, shape, runs.two, e.report);
   add_in_flight_activations(shape, e.report);
   const bool uneven =

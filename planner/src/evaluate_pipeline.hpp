@@ -34,8 +34,9 @@ sim::StepReport simulate_pipeline_stage_two(const sim::ScheduleInputs& inputs,
 /// does not depend on the second run).
 bool pipeline_fits(const sim::ScheduleInputs& inputs, const sim::StepReport& one);
 
-/// The step of `inputs` composed from its stage's runs (which it consumes).
-Evaluation compose_pipeline(const sim::ScheduleInputs& inputs, StageRuns runs);
+/// The step of `inputs` composed from its stage's runs (a stage group composes each member's
+/// from the same runs).
+Evaluation compose_pipeline(const sim::ScheduleInputs& inputs, const StageRuns& runs);
 
 /// As evaluate(); `scratch` may be null. @pre inputs.parallel.pp_degree > 1.
 /// @throws sim::ConfigError for refused configurations.
