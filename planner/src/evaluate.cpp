@@ -91,14 +91,14 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs,
   sim_options.log_allocations = options.model_allocator;
   sim_options.stop_above_device_bytes = options.stop_above_device_bytes;
   sim_options.stop_above_host_bytes = options.stop_above_host_bytes;
-  const sim::SimResult result =
-      scratch.simulator.run(scratch.workload, inputs.hardware, sim_options);
+  sim::SimResult result = scratch.simulator.run(scratch.workload, inputs.hardware, sim_options);
   Evaluation e;
   e.report = sim::summarize(inputs, scratch.workload, result);
   if (options.model_allocator && options.allocated_report_too) {
     e.allocated_report =
         sim::summarize(inputs, scratch.workload, result, sim::AllocatorLogUse::kIgnoreLog);
   }
+  scratch.simulator.recycle(std::move(result));
   return e;
 }
 

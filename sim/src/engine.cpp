@@ -239,6 +239,8 @@ struct Simulator::Scratch {
   std::vector<OpId> last_reader;
   std::vector<OpId> reads;
   std::vector<std::int32_t> read_cursor;
+  // The allocation log of a result given back (Simulator::recycle): the next logged run's.
+  std::vector<AllocationEvent, HugePageAllocator<AllocationEvent>> spare_allocations;
 };
 
 namespace {
@@ -1968,7 +1970,10 @@ void Engine::setup() {
   result_.busy.assign(n_ranks, {});
   if (log_allocations_) {
     // At most an allocation and a free per tensor and per op's workspace: room for all of them up
-    // front (pages are touched only as entries are written) instead of copies at each doubling.
+    // front (pages are touched only as entries are written) instead of copies at each doubling;
+    // in a recycled log, whose pages are in already.
+    result_.allocations = std::move(b_.spare_allocations);
+    result_.allocations.clear();
     result_.allocations.reserve(2 * (w_.tensors.size() + n_ops));
   }
   host_ = profile_.host_issue.enabled();
@@ -2089,6 +2094,12 @@ SimResult Engine::run() {
 }  // namespace
 
 Simulator::Simulator() : scratch_(std::make_unique<Scratch>()) {}
+
+void Simulator::recycle(SimResult&& spent) {
+  if (spent.allocations.capacity() > scratch_->spare_allocations.capacity()) {
+    scratch_->spare_allocations = std::move(spent.allocations);
+  }
+}
 Simulator::~Simulator() = default;
 Simulator::Simulator(Simulator&&) noexcept = default;
 Simulator& Simulator::operator=(Simulator&&) noexcept = default;

@@ -137,6 +137,9 @@ class Simulator {
   SimResult run(const Workload& workload,
                 const models::HardwareProfile& profile,
                 const SimOptions& options = {});
+  /// Takes back the buffers of a result read to the end (its allocation log), for the next run
+  /// to fill instead of faulting fresh pages in: the next result does not depend on it.
+  void recycle(SimResult&& spent);
 
   struct Scratch;
 
