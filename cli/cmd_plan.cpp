@@ -342,7 +342,15 @@ int run_plan(const PlanArgs& a) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   progress.clear();
   if (res.ranked.empty()) {
-    const std::string closest = res.closest_miss.empty() ? "" : "; " + res.closest_miss;
+    std::string closest = res.closest_miss.empty() ? "" : "; " + res.closest_miss;
+    if (format && planner::launcher_writes_pipeline(*format) && opts.seq_len &&
+        !opts.allow_data_parallel && opts.fixed.pp_degree == 0 && opts.fixed.micro_batches == 0) {
+      closest += fmt::format(
+          "; pipeline parallelism, which {} runs, was not searched: its step holds at least P "
+          "sequences (--allow-data-parallel lets the search grow the batch, --pp and "
+          "--micro-batches fix it)",
+          launcher);
+    }
     throw DoesNotFit(a.seq.empty() ? "--methods" : "--seq",
                      a.seq.empty()
                          ? fmt::format("no configuration of {} on {} GPUs fits even the shortest "

@@ -499,7 +499,10 @@ nlohmann::json to_json(const SimulateArgs& a,
                      {"p2p_bytes", s.p2p_bytes},
                      {"p2p_s", rep.pipeline_p2p_s},
                      {"p2p_span", models::to_string(s.p2p_span)},
-                     {"p2p_exposed", s.p2p_exposed}};
+                     {"p2p_exposed", s.p2p_exposed},
+                     {"last_stage_activation_factor", s.last_stage_activation_factor},
+                     {"forward_saved_bytes", rep.forward_saved_bytes},
+                     {"peak_stage", rep.pipeline_peak_stage}};
     if (in.parallel.pp_first_stage_layers > 0 || in.parallel.pp_last_stage_layers > 0) {
       j["pipeline"]["first_stage_layers"] = s.first_stage_layers;
       j["pipeline"]["middle_stage_layers"] = s.middle_stage_layers;
@@ -609,7 +612,12 @@ std::string human(const sim::ScheduleInputs& in,
   o += fmt::format("  peak GPU memory      {} of {}: {}\n",
                    format_bytes(static_cast<double>(rep.peak_memory_bytes)),
                    format_bytes(static_cast<double>(rep.gpu_capacity_bytes)), verdict);
-  o += fmt::format("  at                   rank {}, {}\n", rep.peak_rank, rep.peak_op);
+  if (rep.pipeline_peak_stage.empty()) {
+    o += fmt::format("  at                   rank {}, {}\n", rep.peak_rank, rep.peak_op);
+  } else {
+    o += fmt::format("  at                   {}: rank {}, {}\n", rep.pipeline_peak_stage,
+                     rep.peak_rank, rep.peak_op);
+  }
   if (rep.reserved_peak_bytes > 0 && rep.allocator_out_of_memory && rep.fits_gpu) {
     o += fmt::format(
         "  reserved             {} needed by PyTorch's caching allocator (modelled): MORE THAN THE "

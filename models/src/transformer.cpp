@@ -84,8 +84,8 @@ ParameterCount count_parameters(const TransformerSpec& spec) {
   count.mlp_per_layer = mlp_matmul_weights(spec);
   count.per_layer = count.attention_per_layer + count.mlp_per_layer + 2 * norm_weights(spec);
   count.embedding = spec.vocab * spec.hidden;
-  count.lm_head = spec.tied_embeddings ? 0 : spec.vocab * spec.hidden;
-  count.final_norm = norm_weights(spec);
+  count.lm_head = spec.tied_embeddings || !spec.has_output_layer ? 0 : spec.vocab * spec.hidden;
+  count.final_norm = spec.has_output_layer ? norm_weights(spec) : 0;
   count.total = spec.layers * count.per_layer + count.embedding + count.lm_head + count.final_norm;
   return count;
 }

@@ -45,6 +45,9 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs, const EvaluateOptions& op
       std::make_shared<sim::SimResult>(sim::simulate(*workload, inputs.hardware, sim_options));
   Evaluation e;
   e.report = sim::summarize(inputs, *workload, *result);
+  if (options.measure_forward_saved) {
+    e.report.forward_saved_bytes = sim::forward_saved_bytes(*workload, e.report.peak_rank);
+  }
   if (allocator_apart) {
     sim::BuildOptions plain = build;
     plain.all_ranks = options.all_ranks;
@@ -94,6 +97,9 @@ Evaluation evaluate(const sim::ScheduleInputs& inputs,
   sim::SimResult result = scratch.simulator.run(scratch.workload, inputs.hardware, sim_options);
   Evaluation e;
   e.report = sim::summarize(inputs, scratch.workload, result);
+  if (options.measure_forward_saved) {
+    e.report.forward_saved_bytes = sim::forward_saved_bytes(scratch.workload, e.report.peak_rank);
+  }
   if (options.model_allocator && options.allocated_report_too) {
     e.allocated_report =
         sim::summarize(inputs, scratch.workload, result, sim::AllocatorLogUse::kIgnoreLog);

@@ -376,9 +376,10 @@ std::vector<Candidate> as_run_by(LauncherFormat launcher,
 // Two instants, each with only tensors the step builder certainly holds then (allocation rounding
 // and everything else only add to them); both see the model states, the fixed overheads and the
 // tensors every block saved in the forward (`saved`):
-//   - the unfused loss at log_softmax_bwd: the saved fp32 log-softmax output, its fp32 gradient and
-//     the fp32 gradient of the logits (12 bytes per logit, whatever the activation dtype), and
-//     x_final;
+//   - the unfused loss at its backward peak (sim::logits_loss_peak_bytes_per_logit): Hugging
+//     Face's at log_softmax_bwd holds the saved fp32 log-softmax output, its fp32 gradient and the
+//     fp32 gradient of the logits (12 bytes per logit, whatever the activation dtype); Megatron's
+//     the fp32 softmax and the gradient cast to the activation dtype; and x_final;
 //   - the MLP backward of the last block: the incoming gradient dy and the output dh1n (2·act);
 //     untiled, gate/up and the product (3·s·f·ab, the product s·f with FP8; recomputed under full
 //     AC, else among `saved`)
@@ -388,13 +389,15 @@ namespace {
 
 // `scratch` (a copy of `in` but for the model, recipe, parallel configuration and margin) becomes
 // the stage `in` simulates with one micro-batch, without copying the hardware profile.
-void stage_into(const sim::ScheduleInputs& in, sim::ScheduleInputs& scratch) {
+void stage_into(const sim::ScheduleInputs& in,
+                sim::ScheduleInputs& scratch,
+                sim::PipelineStage stage) {
   scratch.model = in.model;
   scratch.recipe = in.recipe;
   scratch.parallel = in.parallel;
   scratch.margin = in.margin;
   scratch.tp_rank_model = in.tp_rank_model;
-  sim::make_pipeline_stage(scratch, 1);
+  sim::make_pipeline_stage(scratch, 1, stage);
 }
 
 // The tensors every block saves in the forward and holds to its backward (see above).
@@ -432,7 +435,9 @@ std::int64_t bound_with_in_flight(const sim::ScheduleInputs& in, double in_fligh
   const std::int64_t product = r.fp8 ? s * (m.ffn_hidden / t) : mlp_tensor;
   const bool full_ac = r.checkpointing == CheckpointMode::kFull;
   const std::int64_t saved = saved_bytes(in);
-  const std::int64_t loss = r.fused_loss ? 0 : s * vocab * 3 * kFp32Bytes + act;
+  const std::int64_t loss = r.fused_loss || !m.has_output_layer
+                                ? 0
+                                : s * vocab * sim::logits_loss_peak_bytes_per_logit(in) + act;
   std::int64_t last_mlp_backward = 2 * act;
   if (!r.tiled_mlp) {
     last_mlp_backward += full_ac ? 3 * mlp_tensor + product : mlp_tensor;
@@ -459,10 +464,15 @@ std::int64_t memory_lower_bound(const sim::ScheduleInputs& in, sim::ScheduleInpu
   if (in.parallel.pp_degree <= 1) {
     return bound_with_in_flight(in, 1.0);
   }
-  // The composed peak is the stage's simulated peak plus (factor − 1) times its activations saved
-  // for backward, which hold at least `saved` (evaluate_pipeline.cpp).
-  stage_into(in, scratch);
-  return bound_with_in_flight(scratch, sim::pipeline_shape(in).activation_factor);
+  // The composed peak is the larger of the two stages' simulated peaks, each plus (factor − 1)
+  // times what a micro-batch holds between its forward and backward, at least `saved`
+  // (evaluate_pipeline.cpp).
+  const sim::PipelineShape shape = sim::pipeline_shape(in);
+  stage_into(in, scratch, sim::PipelineStage::kWithoutOutputLayer);
+  const std::int64_t inner = bound_with_in_flight(scratch, std::max(1.0, shape.activation_factor));
+  stage_into(in, scratch, sim::PipelineStage::kWithOutputLayer);
+  return std::max(inner,
+                  bound_with_in_flight(scratch, std::max(1.0, shape.last_stage_activation_factor)));
 }
 
 std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
@@ -926,9 +936,9 @@ void rank_checking_reserved(const sim::ScheduleInputs& base,
 namespace {
 
 // The saved tensors of `in`'s pipeline stage (saved_bytes), without copying the hardware profile.
-std::int64_t saved_of_stage(const sim::ScheduleInputs& in) {
+std::int64_t saved_of_stage(const sim::ScheduleInputs& in, sim::PipelineStage kind) {
   sim::ScheduleInputs stage;
-  stage_into(in, stage);
+  stage_into(in, stage, kind);
   return saved_bytes(stage);
 }
 
@@ -1011,10 +1021,38 @@ void share_evaluation(const Candidate& from, Candidate& to) {
   to.error = from.error;
 }
 
-// Evaluates the candidates of one stage group at --seq: their stage is simulated once (one and
-// two micro-batches, evaluate_pipeline.hpp) and each step composed from it; a simulation stopped
-// above the capacity rules out every member (the composed peak is at least the stage's).
-// Returns the simulations run.
+// One micro-batch of a stage group's stage (`kind`), stopping where no member can fit any more:
+// above the capacity less the smallest lower bound of what a member adds to the stage's peak
+// ((factor − 1)·saved, the in-flight micro-batches).
+Evaluation run_stage_stopping(std::vector<Candidate>& cands,
+                              const std::vector<std::size_t>& item,
+                              const EvaluateOptions& options,
+                              EvaluationScratch& scratch,
+                              sim::ScheduleInputs& in,
+                              sim::PipelineStage kind) {
+  EvaluateOptions first = options;
+  double factor = std::numeric_limits<double>::infinity();
+  for (const std::size_t i : item) {
+    cands[i].apply_to(in);
+    const sim::PipelineShape shape = sim::pipeline_shape(in);
+    factor = std::min(factor, kind == sim::PipelineStage::kWithOutputLayer
+                                  ? shape.last_stage_activation_factor
+                                  : shape.activation_factor);
+  }
+  cands[item.front()].apply_to(in);
+  const auto added = static_cast<std::int64_t>(std::max(0.0, factor - 1.0) *
+                                               static_cast<double>(saved_of_stage(in, kind)));
+  if (first.stop_above_device_bytes > 0) {
+    first.stop_above_device_bytes =
+        std::max<std::int64_t>(1, first.stop_above_device_bytes - added);
+  }
+  return simulate_pipeline_stage_one(in, first, &scratch, kind);
+}
+
+// Evaluates the candidates of one stage group at --seq: their stage is simulated once per kind
+// (evaluate_pipeline.hpp) and each step composed from the runs; a simulation stopped above the
+// capacity rules out every member (the composed peak is at least the stage's). Returns the
+// simulations run.
 std::int64_t evaluate_stage_group(std::vector<Candidate>& cands,
                                   const std::vector<std::size_t>& item,
                                   const EvaluateOptions& options,
@@ -1023,30 +1061,26 @@ std::int64_t evaluate_stage_group(std::vector<Candidate>& cands,
                                   const RefusalText& refusal_text) {
   cands[item.front()].apply_to(in);
   StageRuns runs;
-  std::int64_t simulations = 1;
+  std::int64_t simulations = 0;
   try {
-    // The stage's run may stop where no member can fit any more: above the capacity less the
-    // smallest lower bound of what a member adds to the stage's peak ((factor − 1)·saved).
-    EvaluateOptions first = options;
-    double factor = std::numeric_limits<double>::infinity();
-    for (const std::size_t i : item) {
-      cands[i].apply_to(in);
-      factor = std::min(factor, sim::pipeline_shape(in).activation_factor);
+    runs.inner = run_stage_stopping(cands, item, options, scratch, in,
+                                    sim::PipelineStage::kWithoutOutputLayer);
+    simulations += 1;
+    if (runs.inner.report.stopped_early) {
+      runs.one = runs.inner;  // over the capacity on the stages before the last: none fits
+    } else {
+      runs.one = run_stage_stopping(cands, item, options, scratch, in,
+                                    sim::PipelineStage::kWithOutputLayer);
+      simulations += 1;
     }
-    cands[item.front()].apply_to(in);
-    const auto added =
-        static_cast<std::int64_t>((factor - 1.0) * static_cast<double>(saved_of_stage(in)));
-    if (first.stop_above_device_bytes > 0) {
-      first.stop_above_device_bytes =
-          std::max<std::int64_t>(1, first.stop_above_device_bytes - added);
-    }
-    runs.one = simulate_pipeline_stage_one(in, first, &scratch);
     // The second run only times the step: needed only when a member fits.
     bool any_fits = false;
+    const bool stopped = runs.one.report.stopped_early || runs.inner.report.stopped_early;
     for (const std::size_t i : item) {
       cands[i].apply_to(in);
-      any_fits = any_fits || (!runs.one.report.stopped_early && pipeline_fits(in, runs.one.report));
+      any_fits = any_fits || (!stopped && pipeline_fits(in, runs.one.report, runs.inner.report));
     }
+    cands[item.front()].apply_to(in);
     if (any_fits) {
       runs.two = simulate_pipeline_stage_two(in, options, &scratch);
       simulations += 1;

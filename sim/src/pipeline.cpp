@@ -195,11 +195,12 @@ PipelineShape pipeline_shape(const ScheduleInputs& in) {
       interleaved ? std::min(2 * (pp - 1) + (v - 1) * pp, m * v) : std::min(pp - 1, m);
   s.in_flight_first_stage = in_flight_of_rank(0, pp, v, m, interleaved);
   s.p2p_exposed = !interleaved;
-  // The stage holding the most activations: ranks 0, 1 and P − 1 cover it (the middle ranks
-  // hold as many blocks as rank 1 and fewer micro-batches).
+  // The stage before the last holding the most activations: ranks 0 and 1 cover it (the middle
+  // ranks hold as many blocks as rank 1 and fewer micro-batches); the last stage apart, as it
+  // alone holds the LM head and the loss.
   s.activation_factor = 0.0;
-  for (const int r : {0, 1, pp - 1}) {
-    if (r >= pp) {
+  for (const int r : {0, 1}) {
+    if (r >= pp - 1) {
       continue;
     }
     const double held = in_flight_of_rank(r, pp, v, m, interleaved) *
@@ -210,6 +211,9 @@ PipelineShape pipeline_shape(const ScheduleInputs& in) {
       s.memory_stage = r;
     }
   }
+  s.last_stage_activation_factor = in_flight_of_rank(pp - 1, pp, v, m, interleaved) *
+                                   static_cast<double>(split.last) /
+                                   static_cast<double>(s.stage_layers);
   s.bubble_fraction = static_cast<double>(pp - 1) / (static_cast<double>(m) * v);
   s.step_slots = m + static_cast<double>(pp - 1) / v;
   const std::int64_t sp_tokens = p.seq_len / (static_cast<std::int64_t>(p.cp_degree) * p.tp_degree);
@@ -218,11 +222,12 @@ PipelineShape pipeline_shape(const ScheduleInputs& in) {
   return s;
 }
 
-void make_pipeline_stage(ScheduleInputs& in, int micro_batches) {
+void make_pipeline_stage(ScheduleInputs& in, int micro_batches, PipelineStage stage) {
   auto& p = in.parallel;
   const int pp = std::max(1, p.pp_degree);
   const StageSplit split = stage_split(in.model, p);
   in.model.layers = std::max({split.first, pp > 2 ? split.middle : 0, split.last});
+  in.model.has_output_layer = stage == PipelineStage::kWithOutputLayer;
   in.model.name = fmt::format("{} (one of {} pipeline stages)", in.model.name, pp);
   p.gpus /= pp;
   p.pp_degree = 1;
@@ -233,9 +238,11 @@ void make_pipeline_stage(ScheduleInputs& in, int micro_batches) {
   p.micro_batches = micro_batches;
 }
 
-ScheduleInputs pipeline_stage_inputs(const ScheduleInputs& in, int micro_batches) {
+ScheduleInputs pipeline_stage_inputs(const ScheduleInputs& in,
+                                     int micro_batches,
+                                     PipelineStage stage) {
   ScheduleInputs out = in;
-  make_pipeline_stage(out, micro_batches);
+  make_pipeline_stage(out, micro_batches, stage);
   return out;
 }
 

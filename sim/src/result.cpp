@@ -6,6 +6,35 @@
 
 namespace cpsim::sim {
 
+std::int64_t forward_saved_bytes(const Workload& w, int rank) {
+  if (w.loss_begin == kNone) {
+    return 0;
+  }
+  const std::size_t forward_end = static_cast<std::size_t>(w.loss_begin);
+  std::vector<bool> counted(w.tensors.size(), false);
+  std::int64_t bytes = 0;
+  for (std::size_t i = forward_end; i < w.ops.size(); ++i) {
+    const Op& o = w.ops[i];
+    if (o.rank != rank || o.phase == Phase::kForward) {
+      continue;
+    }
+    for (std::int32_t e = o.inputs_begin; e < o.inputs_end; ++e) {
+      const auto t = static_cast<std::size_t>(w.edges[static_cast<std::size_t>(e)]);
+      const Tensor& ten = w.tensors[t];
+      const bool saved =
+          ten.producer != kNone && static_cast<std::size_t>(ten.producer) < forward_end &&
+          !ten.on_host &&
+          (ten.category == MemCategory::kActivations || ten.category == MemCategory::kAttention ||
+           ten.category == MemCategory::kOther);
+      if (saved && !counted[t]) {
+        counted[t] = true;
+        bytes += allocation_bytes(ten.bytes);
+      }
+    }
+  }
+  return bytes;
+}
+
 std::string describe_op(const Workload& w, OpId op) {
   if (op == kNone) {
     return "start of step (static memory)";

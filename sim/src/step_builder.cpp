@@ -60,6 +60,7 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
   if (layout_.implementation != nullptr) {
     acc_bytes_ = layout_.implementation->ring_accumulator_bytes(in);
     rope_kernel_ = layout_.implementation->rope_kernel(in);
+    logits_loss_ = layout_.implementation->logits_loss();
     const LedgerUnits units = ledger_units(in, layout_);
     for (int site = 0; site < kLedgerSiteCount; ++site) {
       ledger_bytes_[static_cast<std::size_t>(site)] =
@@ -691,7 +692,8 @@ void StepBuilder::build() {
 OpSet StepBuilder::micro_batch(bool reduce) {
   TensorSet x = embedding_forward();
   x = forward_layers(x);
-  const LossEnd loss = loss_forward_backward(x, reduce);
+  const LossEnd loss =
+      m_.has_output_layer ? loss_forward_backward(x, reduce) : gradient_from_next_stage(x);
   const TensorSet dy = backward_layers(loss.dy, loss.last_op, reduce);
   b_.set_layer(-1);
   return embedding_backward(dy, reduce);
@@ -820,6 +822,9 @@ TensorSet StepBuilder::forward_layers(TensorSet x) {
 }
 
 StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x, bool reduce) {
+  if (w_.loss_begin == kNone) {
+    w_.loss_begin = static_cast<OpId>(w_.ops.size());
+  }
   b_.set_layer(-1);
   const std::int64_t h = m_.hidden;
   const std::int64_t act = act_bytes();
@@ -871,6 +876,22 @@ StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x, bool reduce
   return {dy, fn_bwd};
 }
 
+StepBuilder::LossEnd StepBuilder::gradient_from_next_stage(TensorSet x) {
+  // The stage's output is sent on and nothing here reads it again: Megatron-Core frees its data
+  // once sent (schedules.py deallocate_output_tensor). The gradient of it arrives in a buffer of
+  // its size before the backward starts; the transfers themselves are timed by the pipeline's
+  // composition (planner/evaluate_pipeline.cpp), so the receive costs nothing here.
+  if (w_.loss_begin == kNone) {
+    w_.loss_begin = static_cast<OpId>(w_.ops.size());
+  }
+  b_.set_layer(-1);
+  compute("pp_send_output", OpKind::kElementwise, KernelCost{0.0, 0.0}, {x}, {});
+  b_.set_phase(Phase::kBackward);
+  TensorSet dy = b_.tensor("dy_received", act_bytes(), MemCategory::kOther);
+  OpSet received = compute("pp_recv_grad", OpKind::kElementwise, KernelCost{0.0, 0.0}, {}, {dy});
+  return {dy, received};
+}
+
 void StepBuilder::fused_loss(TensorSet xf, TensorSet head_w, TensorSet dxf, TensorSet head_grads) {
   // Fused linear cross-entropy (Liger): chunks of c tokens with c ≈ s·h/V (next power of two),
   // logits of one chunk [c, V] live at a time; gradients of the input and the head weight are
@@ -890,6 +911,19 @@ void StepBuilder::materialised_loss(TensorSet xf,
                                     TensorSet head_w,
                                     TensorSet dxf,
                                     TensorSet head_grads) {
+  // The LM head writes n = s·V logits in the activations' dtype; the framework's cross-entropy
+  // turns them into their gradient, which the head's two GEMMs read.
+  const std::int64_t h = m_.hidden, v = m_.vocab;
+  TensorSet logits = b_.tensor("logits", s_ * v * ab_, MemCategory::kActivations);
+  compute("lm_head", OpKind::kGemm, gemm(s_, v, h), {xf, head_w}, {logits});
+  const TensorSet dlogits = logits_loss_ == LogitsLoss::kMegatronVocabParallel
+                                ? vocab_parallel_cross_entropy(logits)
+                                : hugging_face_cross_entropy(logits);
+  compute("lm_head_bwd", OpKind::kGemm, times(gemm(s_, v, h), 2.0), {dlogits, xf, head_w},
+          {dxf, head_grads});
+}
+
+TensorSet StepBuilder::hugging_face_cross_entropy(TensorSet logits) {
   // Hugging Face's loss on materialised logits (ForCausalLMLoss: logits.float(), then
   // F.cross_entropy = log_softmax + nll_loss), tensor by tensor as PyTorch's autograd holds them,
   // with n = s·V logits:
@@ -903,10 +937,7 @@ void StepBuilder::materialised_loss(TensorSet xf,
   //             gradient (2n) that the head's two GEMMs read.
   // Memory traffic per logit: forward 2+4 (upcast) and 4+4+4 (log_softmax: max/sum pass and
   // write); backward 4 (zero fill), 4+4+4 (log_softmax_backward), 4+2 (downcast).
-  const std::int64_t h = m_.hidden, v = m_.vocab;
-  const std::int64_t n = s_ * v;
-  TensorSet logits = b_.tensor("logits", n * ab_, MemCategory::kActivations);
-  compute("lm_head", OpKind::kGemm, gemm(s_, v, h), {xf, head_w}, {logits});
+  const std::int64_t n = s_ * m_.vocab;
   TensorSet log_probs = b_.tensor("log_softmax_out", n * kFp32Bytes, MemCategory::kActivations);
   compute("cross_entropy", OpKind::kLoss, mem(n * (ab_ + 3 * kFp32Bytes)), {logits}, {log_probs},
           {}, n * kFp32Bytes);
@@ -919,8 +950,34 @@ void StepBuilder::materialised_loss(TensorSet xf,
   TensorSet dlogits = b_.tensor("dlogits", n * ab_, MemCategory::kOther);
   compute("upcast_bwd", OpKind::kElementwise, mem(n * (kFp32Bytes + ab_)), {dlogits_fp32},
           {dlogits});
-  compute("lm_head_bwd", OpKind::kGemm, times(gemm(s_, v, h), 2.0), {dlogits, xf, head_w},
-          {dxf, head_grads});
+  return dlogits;
+}
+
+TensorSet StepBuilder::vocab_parallel_cross_entropy(TensorSet logits) {
+  // Megatron-Core's vocab-parallel cross-entropy (REFERENCES.md [Megatron-LM]:
+  // megatron/core/tensor_parallel/cross_entropy.py, _VocabParallelCrossEntropy; the jit-fused copy
+  // in megatron/core/fusions/fused_cross_entropy.py that NeMo's default cross_entropy_loss_fusion
+  // runs holds the same tensors), with n = s·V/T logits per rank:
+  //   forward:  the LM head writes the logits in the activations' dtype (ab·n B); the function's
+  //             `.float()` writes an fp32 copy (4n, :25) that every later step modifies in place
+  //             (`-= max` :42, `exp(out=)` :62, `div_(sum)` :77) and that it saves as the softmax
+  //             (:181); nothing saves the logits, so they die when the loss returns: (4 + ab)·n at
+  //             the forward peak, 4n held into backward.
+  //   backward: the gradient is the saved softmax, changed in place (`-=` at the targets :111,
+  //             `mul_` :114) and returned in fp32 for an input of the activations' dtype, which
+  //             autograd casts to that dtype (torch/csrc/autograd/engine.cpp validate_outputs;
+  //             the fused copy casts it itself): ab·n written while the 4n lives.
+  // The loss's [s]-sized tensors (max, sum, target mask and index) are left out (≤ 25·s bytes).
+  // Memory traffic per logit: forward ab+4 (.float()), 4 (max), 4+4 (-=), 4+4 (exp), 4 (sum),
+  // 4+4 (div_); backward 4+4 (mul_), 4+ab (cast). The fused copy may merge passes: at most this.
+  const std::int64_t n = s_ * m_.vocab;
+  TensorSet softmax = b_.tensor("softmax_fp32", n * kFp32Bytes, MemCategory::kActivations);
+  compute("vocab_parallel_ce", OpKind::kLoss, mem(n * (ab_ + 9 * kFp32Bytes)), {logits}, {softmax});
+  b_.set_phase(Phase::kBackward);
+  TensorSet dlogits = b_.tensor("dlogits", n * ab_, MemCategory::kOther);
+  compute("vocab_parallel_ce_bwd", OpKind::kLoss, mem(n * (3 * kFp32Bytes + ab_)), {softmax},
+          {dlogits});
+  return dlogits;
 }
 
 TensorSet StepBuilder::backward_layers(TensorSet dy, OpSet after_loss, bool reduce) {

@@ -229,8 +229,17 @@ class StepBuilder {
     OpSet last_op;  ///< the final norm's backward
   };
   LossEnd loss_forward_backward(TensorSet x, bool reduce);
+  /// A pipeline stage without the output layer (TransformerSpec::has_output_layer): its output
+  /// `x` goes to the next stage and the gradient of it comes back.
+  LossEnd gradient_from_next_stage(TensorSet x);
   void fused_loss(TensorSet xf, TensorSet head_w, TensorSet dxf, TensorSet head_grads);
+  /// The LM head, the framework's cross-entropy on its logits (logits_loss_), the head's
+  /// backward.
   void materialised_loss(TensorSet xf, TensorSet head_w, TensorSet dxf, TensorSet head_grads);
+  /// Cross-entropy of the logits to their gradient (in the activations' dtype), as each
+  /// framework runs it.
+  TensorSet hugging_face_cross_entropy(TensorSet logits);
+  TensorSet vocab_parallel_cross_entropy(TensorSet logits);
   /// Blocks L−1..0 backward from `dy` (after `after_loss`); returns the embedding's gradient.
   TensorSet backward_layers(TensorSet dy, OpSet after_loss, bool reduce);
   OpSet embedding_backward(TensorSet dy, bool reduce);
@@ -330,7 +339,8 @@ class StepBuilder {
   std::array<std::int64_t, kLedgerSiteCount> ledger_traffic_{};  ///< by LedgerSite
   std::int64_t acc_bytes_ = 4;  ///< ring output and gradient accumulators (implementation's dtype)
   models::RopeKernel rope_kernel_ =
-      models::RopeKernel::kFused;  ///< the implementation's, or the recipe's
+      models::RopeKernel::kFused;                      ///< the implementation's, or the recipe's
+  LogitsLoss logits_loss_ = LogitsLoss::kHuggingFace;  ///< the implementation's framework's
   CostModel cost_;
   Builder b_;
   Workload& w_;

@@ -98,6 +98,7 @@ void Workload::clear() {
     t.ported_ops.clear();
   }
   layout = {};
+  loss_begin = kNone;
   last_name_ = -1;
 }
 

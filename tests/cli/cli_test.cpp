@@ -1615,6 +1615,27 @@ TEST_F(CliTest, PlanSaysWhatDoesNotFit) {
   EXPECT_EQ(error.at("field"), "--methods");
 }
 
+// Llama 3 70B at 128K on 32 GPUs fits Megatron-LM only with pipeline parallelism, which a search at
+// --seq leaves out unless the batch may grow: the miss says so and how to search it, and with
+// --allow-data-parallel the search finds a pipelined configuration.
+TEST_F(CliTest, PlanSaysPipelineParallelismWasNotSearched) {
+  std::vector<std::string> args = {"plan",  "--model", "llama3-70b", "--gpus",  "32",
+                                   "--seq", "128K",    "--launcher", "megatron"};
+  const RunResult miss = run(args);
+  ASSERT_EQ(miss.exit_code, 3) << miss.out << miss.err;
+  EXPECT_EQ(std::count(miss.err.begin(), miss.err.end(), '\n'), 1) << miss.err;
+  EXPECT_NE(miss.err.find("pipeline parallelism, which megatron runs, was not searched"),
+            std::string::npos)
+      << miss.err;
+  EXPECT_NE(miss.err.find("--allow-data-parallel"), std::string::npos) << miss.err;
+  args.push_back("--allow-data-parallel");
+  args.push_back("--json");
+  const RunResult found = run(args);
+  ASSERT_EQ(found.exit_code, 0) << found.err;
+  const Json best = Json::parse(found.out).at("best");
+  EXPECT_GT(best.at("pp_degree").get<int>(), 1) << best.dump();
+}
+
 // Qwen-style config: heads × head_dim (32 × 128) differs from hidden_size, and a sliding window is
 // declared but switched off. It loads, says that head_dim is used, and the projections are counted
 // with head_dim.

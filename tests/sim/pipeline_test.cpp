@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cpsim/sim/result.hpp"
 #include "cpsim/sim/schedule.hpp"
 
 #include "helpers.hpp"
@@ -92,6 +93,70 @@ TEST(Pipeline, StageInputs) {
   // The same data-parallel degree inside the stage as in the whole job: 16/(2·2·4) = 1.
   EXPECT_EQ(stage.parallel.data_parallel(), pp4(8).parallel.data_parallel());
   EXPECT_EQ(issue_of(stage), "");
+}
+
+// The stages before the last (PipelineStage::kWithoutOutputLayer): no final norm, LM head or loss;
+// the stage's output is sent on and the gradient of it received, [s/(C·T), h] bf16 = 16384 · 4096
+// · 2 bytes; the model states lose the LM head's and the final norm's parameters.
+TEST(Pipeline, StageWithoutTheOutputLayer) {
+  const ScheduleInputs with = pipeline_stage_inputs(pp4(8), 1);
+  const ScheduleInputs without =
+      pipeline_stage_inputs(pp4(8), 1, PipelineStage::kWithoutOutputLayer);
+  EXPECT_TRUE(with.model.has_output_layer);
+  EXPECT_FALSE(without.model.has_output_layer);
+  const models::ParameterCount p = models::count_parameters(without.model);
+  EXPECT_EQ(p.lm_head, 0);
+  EXPECT_EQ(p.final_norm, 0);
+  EXPECT_EQ(p.embedding, 128256LL * 4096);
+  // ZeRO-3 (alst) over the stage's 2 GPUs of each TP position: (p' + g + m + o) = 2 + 2 + 12
+  // bytes per parameter of the TP rank's share; the share of the head is ⌈V/T⌉·h, of the final
+  // norm h.
+  const std::int64_t head_share = 64128LL * 4096 + 4096;
+  EXPECT_EQ(model_states(with).gpu_bytes - model_states(without).gpu_bytes,
+            (head_share + 1) / 2 * 16);
+  const Workload w = build_step(without);
+  int sends = 0, receives = 0;
+  std::int64_t received_bytes = 0;
+  for (const Op& op : w.ops) {
+    const std::string& name = w.names[static_cast<std::size_t>(op.name)];
+    EXPECT_NE(name, "lm_head");
+    EXPECT_NE(name, "final_norm");
+    EXPECT_NE(name, "fused_linear_ce");
+    if (op.rank != 0) {
+      continue;
+    }
+    sends += name == "pp_send_output" ? 1 : 0;
+    if (name == "pp_recv_grad") {
+      receives += 1;
+      received_bytes =
+          w.tensors[static_cast<std::size_t>(w.edges[static_cast<std::size_t>(op.outputs_begin)])]
+              .bytes;
+    }
+  }
+  EXPECT_EQ(sends, 1);
+  EXPECT_EQ(receives, 1);
+  EXPECT_EQ(received_bytes, 16384LL * 4096 * 2);
+}
+
+// What one micro-batch holds between its forward and its backward, by hand: with full
+// checkpointing on the GPU, the 8 blocks' inputs [s/(C·T), h] = 16384 · 4096 · 2 bytes each (the
+// first is the embedding's output), and on the last stage the last block's output, which the
+// final norm's backward reads; nothing of the loss (its logits die in the forward) and nothing of
+// a block's recomputation. With the checkpoints offloaded the GPU holds the first and the last
+// block's only (alst keeps them).
+TEST(Pipeline, ForwardSavedBytesByHand) {
+  constexpr std::int64_t kBlockInput = 16384LL * 4096 * 2;
+  ScheduleInputs in = pp4(8);
+  in.recipe.checkpoint_offload = false;
+  const Workload last = build_step(pipeline_stage_inputs(in, 1));
+  EXPECT_EQ(forward_saved_bytes(last, 0), 9 * kBlockInput);
+  const Workload before_last =
+      build_step(pipeline_stage_inputs(in, 1, PipelineStage::kWithoutOutputLayer));
+  EXPECT_EQ(forward_saved_bytes(before_last, 0), 8 * kBlockInput);
+  in.recipe.checkpoint_offload = true;
+  const Workload offloaded =
+      build_step(pipeline_stage_inputs(in, 1, PipelineStage::kWithoutOutputLayer));
+  EXPECT_EQ(forward_saved_bytes(offloaded, 0), 2 * kBlockInput);
 }
 
 TEST(Pipeline, Refusals) {

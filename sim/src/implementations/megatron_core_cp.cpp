@@ -21,8 +21,10 @@
 // Not modelled (limits()): the cuDNN kernels' workspace (chosen by cuDNN at run time); the
 // all_gather comm type (TE regathers K/V and keeps per-step gradient lists); FP8; a contiguous
 // copy of V before CP when it is a strided view (backends.py); the returned dK/dV pinning their
-// whole communication buffer; Megatron's vocab-parallel cross-entropy (one fp32 copy of the
-// logits, backward in place: cpsim's loss models are the fused one and Hugging Face's).
+// whole communication buffer.
+// Megatron's vocab-parallel cross-entropy runs on the materialised logits (LogitsLoss, ledger
+// section 5: one fp32 copy of the logits, softmax and backward in place; the step builder's
+// vocab_parallel_cross_entropy); the fused linear cross-entropy has no Megatron-LM or NeMo setting.
 //
 // Sources (REFERENCES.md [TransformerEngine], [Megatron-LM]): NVIDIA/TransformerEngine @
 // d0067d0da6cb01811b8072a7d304f0e00344ce2b,
@@ -69,8 +71,9 @@ constexpr std::array kRows = {
 constexpr std::array<std::string_view, 3> kLimits = {
     "megatron-core-cp: the cuDNN fused-attention workspace (chosen at run time) and the "
     "all_gather comm type are not modelled",
-    "megatron-core-cp: Megatron's vocab-parallel cross-entropy is not cpsim's loss model; the "
-    "returned dK/dV pinning their communication buffer is not modelled",
+    "megatron-core-cp: the returned dK/dV pinning their communication buffer is not modelled; "
+    "the vocab-parallel cross-entropy is timed pass by pass as the unfused code runs it "
+    "(NeMo's default fused copy may merge passes)",
     "megatron-core-cp: the copies' time (ledger traffic) runs as one op before each all-to-all, "
     "on the compute stream; the index_select reorders after the receive (A3, A9) and the ring's "
     "out correction beyond the scheme's merge are not timed",
@@ -99,6 +102,7 @@ class MegatronCoreCp final : public Implementation {
   std::int64_t ring_accumulator_bytes(const ScheduleInputs& in) const override {
     return in.recipe.activation_bytes;
   }
+  LogitsLoss logits_loss() const override { return LogitsLoss::kMegatronVocabParallel; }
   // TE's a2a splits heads without replicating KV heads (context_parallel.py asserts it).
   std::optional<ConfigIssue> check(const ScheduleInputs& in,
                                    const HeadLayout& layout) const override {

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "cpsim/models/units.hpp"
 #include "cpsim/sim/implementation.hpp"
 #include "cpsim/sim/schedule.hpp"
 
@@ -174,6 +175,18 @@ const Implementation* requested_implementation(const ScheduleInputs& in) {
     return default_implementation(in.recipe.name, in.parallel.method);
   }
   return asked == "none" ? nullptr : find_implementation(asked);
+}
+
+std::int64_t logits_loss_peak_bytes_per_logit(const ScheduleInputs& in) {
+  const Implementation* impl = requested_implementation(in);
+  const LogitsLoss loss = impl != nullptr ? impl->logits_loss() : LogitsLoss::kHuggingFace;
+  switch (loss) {
+    case LogitsLoss::kMegatronVocabParallel:
+      return kFp32Bytes + in.recipe.activation_bytes;
+    case LogitsLoss::kHuggingFace:
+      break;
+  }
+  return 3 * kFp32Bytes;
 }
 
 const Implementation* find_implementation(std::string_view name) {

@@ -22,6 +22,9 @@ struct TransformerSpec {
   std::int64_t ffn_hidden = 0;  ///< intermediate size f
   std::int64_t vocab = 0;
   bool tied_embeddings = false;
+  /// The final norm, LM head and loss: false for the share of a pipeline stage other than the last
+  /// (sim::make_pipeline_stage); a whole model has them.
+  bool has_output_layer = true;
   bool qk_norm = false;  ///< per-head RMSNorm on q and k (Qwen3)
   /// The Hugging Face config's `model_type` ("llama", "qwen3"); empty when the config has none.
   /// Frameworks run different model code per type (TorchTitan's RoPE: TrainingRecipe).
@@ -52,7 +55,8 @@ struct TransformerSpec {
 ///              (+ 2·d for q/k RMSNorm weights when qk_norm)
 ///   mlp        = 3·h·f (gate, up, down) for SwiGLU, 2·h·f for GeLU
 ///   norms      = 2·h per layer (RMSNorm weight; LayerNorm adds a bias: 4·h)
-///   embeddings = V·h, plus V·h for the LM head unless tied, plus h for the final norm.
+///   embeddings = V·h, plus V·h for the LM head unless tied, plus h for the final norm (neither
+///                the LM head nor the final norm without the output layer: has_output_layer).
 struct ParameterCount {
   std::int64_t per_layer = 0;
   std::int64_t attention_per_layer = 0;

@@ -37,6 +37,9 @@ struct EvaluateOptions {
   std::int64_t stop_above_device_bytes = 0;
   /// sim::SimOptions::stop_above_host_bytes: likewise for a node's pinned host memory.
   std::int64_t stop_above_host_bytes = 0;
+  /// Measure what one micro-batch holds between its forward and its backward
+  /// (StepReport::forward_saved_bytes; a pipeline stage's run).
+  bool measure_forward_saved = false;
 };
 
 struct Evaluation {

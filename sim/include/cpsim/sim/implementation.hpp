@@ -113,6 +113,17 @@ std::int64_t row_traffic_bytes(const LedgerRow& row, const LedgerUnits& units);
 /// The row's traffic as the ledger documents write it ("4·sHd", "0" when none).
 std::string traffic_formula(const LedgerRow& row);
 
+/// Cross-entropy over materialised logits (the recipe's fused loss off), as the framework around
+/// an implementation computes it; sim/src/step_builder.cpp has each one's derivation.
+enum class LogitsLoss : std::uint8_t {
+  /// `logits.float()`, then F.cross_entropy (log_softmax + nll_loss): Hugging Face's
+  /// ForCausalLMLoss, TorchTitan's cross_entropy_loss. 12 bytes per logit at the backward peak.
+  kHuggingFace,
+  /// Megatron-Core's vocab-parallel cross-entropy: one fp32 copy of the logits becomes the softmax
+  /// in place and, in backward, the gradient in place, then a cast to the logits' dtype.
+  kMegatronVocabParallel,
+};
+
 /// What an implementation is, as data (one constexpr table per file in sim/src/implementations).
 struct ImplementationTable {
   std::string_view name;           ///< as `--impl` spells it: "yunchang-usp"
@@ -189,6 +200,8 @@ class Implementation {
   virtual models::RopeKernel rope_kernel(const ScheduleInputs& in) const {
     return in.recipe.rope_kernel;
   }
+  /// The cross-entropy its framework runs on materialised logits; the default: Hugging Face's.
+  virtual LogitsLoss logits_loss() const { return LogitsLoss::kHuggingFace; }
   /// Whether it runs the FPDT scheme's offloading loop as DeepSpeed's fpdt_layer.py does: the
   /// framework calls of its chunks and blocks and its host synchronisations after each block
   /// (sim/src/attention_fpdt.cpp, docs/MODEL.md "Host issue"); the default: no.
@@ -216,6 +229,11 @@ const Implementation* default_implementation(std::string_view recipe, models::Cp
 /// the recipe's default for its method; nullptr for "none", an unknown name or no default. Not
 /// validated (check_head_layout does that).
 const Implementation* requested_implementation(const ScheduleInputs& in);
+/// Bytes per logit held at the peak of the loss on materialised logits, beyond the loss's input
+/// and the LM head (the implementation's LogitsLoss; Hugging Face's without one): 12 for Hugging
+/// Face's (three fp32 tensors), 4 + the activation bytes for Megatron's (the fp32 softmax and the
+/// gradient cast to the logits' dtype).
+std::int64_t logits_loss_peak_bytes_per_logit(const ScheduleInputs& in);
 /// By name; nullptr when unknown.
 const Implementation* find_implementation(std::string_view name);
 /// "a, b, c".

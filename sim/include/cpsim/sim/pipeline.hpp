@@ -30,12 +30,16 @@ struct PipelineShape {
   /// micro-batch's activations of all its L/P blocks: min(P, m) under 1F1B, (warm-up + 1)/V
   /// model chunks interleaved.
   double in_flight_first_stage = 1.0;
-  /// The stage whose activations in flight are largest (0: the first; with uneven stages the
-  /// second can hold more: one micro-batch fewer but more blocks) and those activations in units
-  /// of one micro-batch's activations of `stage_layers` blocks: max over ranks r of
-  /// in_flight(r)·blocks(r)/stage_layers (= in_flight_first_stage when the split is even).
+  /// The stage before the last whose activations in flight are largest (0: the first; with
+  /// uneven stages the second can hold more: one micro-batch fewer but more blocks) and those
+  /// activations in units of one micro-batch's activations of `stage_layers` blocks: max over
+  /// ranks r < P − 1 of in_flight(r)·blocks(r)/stage_layers (= in_flight_first_stage when the
+  /// split is even).
   int memory_stage = 0;
   double activation_factor = 1.0;
+  /// The same for the last stage, which alone holds the LM head and the loss:
+  /// in_flight(P − 1)·blocks(P − 1)/stage_layers (1 under 1F1B with an even split).
+  double last_stage_activation_factor = 1.0;
   /// Idle time over ideal time: (P − 1)/(m·V).
   double bubble_fraction = 0.0;
   /// Step time in units of one micro-batch's forward and backward on one stage:
@@ -59,13 +63,23 @@ PipelineShape pipeline_shape(const ScheduleInputs& inputs);
 /// schedule's own knobs; nothing when P = 1 and V = 1 and no stage is uneven.
 std::optional<ConfigIssue> check_pipeline(const ScheduleInputs& inputs);
 
-/// The stage simulated for a pipeline: PipelineShape::stage_layers blocks (L/P when even, else
-/// the largest stage) on G/P GPUs, one micro-batch (or `micro_batches`), P = 1. It keeps the
-/// embedding and the LM head + loss both (first and last stage in one: an upper bound on each); the
+/// Which stage a simulation stands for: the last (with the final norm, LM head and loss), or any
+/// other (without them: it sends its output on and receives the gradient of it).
+enum class PipelineStage : std::uint8_t { kWithOutputLayer, kWithoutOutputLayer };
+
+/// A stage simulated for a pipeline: PipelineShape::stage_layers blocks (L/P when even, else the
+/// largest stage) on G/P GPUs, one micro-batch (or `micro_batches`), P = 1. Both kinds keep the
+/// embedding (an upper bound on the stages without it); kWithOutputLayer stands for the last stage
+/// and, holding every stage's work, times them all; kWithoutOutputLayer for the stages before it.
+/// The
 /// step's tokens and model FLOPs are the full model's (planner).
-ScheduleInputs pipeline_stage_inputs(const ScheduleInputs& inputs, int micro_batches);
+ScheduleInputs pipeline_stage_inputs(const ScheduleInputs& inputs,
+                                     int micro_batches,
+                                     PipelineStage stage = PipelineStage::kWithOutputLayer);
 /// The same in place (no copy of the hardware profile: the planner's bound runs it per candidate).
-void make_pipeline_stage(ScheduleInputs& inputs, int micro_batches);
+void make_pipeline_stage(ScheduleInputs& inputs,
+                         int micro_batches,
+                         PipelineStage stage = PipelineStage::kWithOutputLayer);
 
 /// Seconds of one send/recv of PipelineShape::p2p_bytes on its link (nccl-tests send/recv model).
 double pipeline_p2p_s(const ScheduleInputs& inputs, const PipelineShape& shape);

@@ -78,8 +78,16 @@ struct StepReport {
   PipelineShape pipeline;
   double pipeline_micro_batch_s = 0.0;  ///< one micro-batch's forward + backward on the stage
   double pipeline_p2p_s = 0.0;          ///< one send/recv of PipelineShape::p2p_bytes
-  /// Activations of the micro-batches in flight beyond the simulated one (in the peak).
+  /// What the micro-batches in flight on the stage before the last that holds the most
+  /// (PipelineShape::memory_stage) hold beyond the one its run holds: in the peak when that stage
+  /// binds (pipeline_peak_stage).
   std::int64_t pipeline_in_flight_extra_bytes = 0;
+  /// The stage whose run holds the peak: "the first pipeline stage (4 micro-batches in flight)",
+  /// "the last pipeline stage (LM head and loss)"; empty without pipeline parallelism.
+  std::string pipeline_peak_stage;
+  /// forward_saved_bytes() of the peak rank, when the evaluation measured it (a pipeline stage's
+  /// run; planner::EvaluateOptions::measure_forward_saved); else 0.
+  std::int64_t forward_saved_bytes = 0;
 };
 
 /// Whether summarize() replays the caching allocator over the run's allocation log (when the run
@@ -115,6 +123,12 @@ PeakContents peak_contents(const Workload& workload,
                            const SimResult& result,
                            int rank,
                            std::size_t top);
+
+/// Device bytes, rounded as allocated, of the tensors that `rank`'s embedding and block forwards
+/// (the ops before Workload::loss_begin) allocate and its recomputation or backward reads: what
+/// one micro-batch holds from the end of its forward to its backward (activation, attention and
+/// other tensors; not parameters, gradients or host copies). 0 when the workload has no loss.
+std::int64_t forward_saved_bytes(const Workload& workload, int rank);
 
 /// "phase layer name" of an op, e.g. "recompute layer 31 attn_fwd[s2]".
 std::string describe_op(const Workload& workload, OpId op);

@@ -161,6 +161,9 @@ struct Workload {
   };
   std::array<TemplateShape, 3> template_shapes;
   HeadLayout layout;  ///< of the configuration the step was built for (build_step)
+  /// The first op of the first micro-batch's loss: the ops before it are the embedding and the
+  /// blocks' forward. kNone when the step has no loss.
+  OpId loss_begin = kNone;
 
   /// The member ranks of collective `c`, in rank order.
   const std::vector<std::int32_t>& members(const Collective& c) const {
