@@ -470,7 +470,7 @@ std::int64_t memory_lower_bound(const sim::ScheduleInputs& in, sim::ScheduleInpu
   const sim::PipelineShape shape = sim::pipeline_shape(in);
   stage_into(in, scratch, sim::PipelineStage::kWithoutOutputLayer);
   const std::int64_t inner = bound_with_in_flight(scratch, std::max(1.0, shape.activation_factor));
-  stage_into(in, scratch, sim::PipelineStage::kWithOutputLayer);
+  scratch.model.has_output_layer = true;  // the same stage with the LM head: the last
   return std::max(inner,
                   bound_with_in_flight(scratch, std::max(1.0, shape.last_stage_activation_factor)));
 }

@@ -118,10 +118,10 @@ struct PlanResult {
 /// the last block (its gradients; untiled, its gate/up and product, recomputed under full AC). Both
 /// add model states, fixed overheads and every block's saved tensors (checkpoints not offloaded;
 /// with AC none/selective the block input, norm outputs, residual and untiled MLP intermediates).
-/// With PP > 1 the same for the simulated stage (sim::pipeline_stage_inputs), its saved tensors
-/// times the micro-batches in flight on the stage holding the most (PipelineShape::
-/// activation_factor). Tested ≤ the simulation over methods, recipes and lengths; it only
-/// prunes, never ranks.
+/// With PP > 1 the larger of the same for the two stages simulated (sim::pipeline_stage_inputs
+/// without and with the output layer), each with its saved tensors times its micro-batches in
+/// flight (PipelineShape::activation_factor, last_stage_activation_factor). Tested ≤ the
+/// simulation over methods, recipes and lengths; it only prunes, never ranks.
 std::int64_t memory_lower_bound(const sim::ScheduleInputs& inputs);
 /// The same with `scratch`, a copy of `inputs` with the same hardware profile, for the stage of a
 /// pipeline (no copy of the profile per call).
