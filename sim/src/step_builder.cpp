@@ -878,9 +878,12 @@ StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x, bool reduce
 
 StepBuilder::LossEnd StepBuilder::gradient_from_next_stage(TensorSet x) {
   // The stage's output is sent on and nothing here reads it again: Megatron-Core frees its data
-  // once sent (schedules.py deallocate_output_tensor). The gradient of it arrives in a buffer of
-  // its size before the backward starts; the transfers themselves are timed by the pipeline's
-  // composition (planner/evaluate_pipeline.cpp), so the receive costs nothing here.
+  // once sent (REFERENCES.md [Megatron-LM] megatron/core/pipeline_parallel/schedules.py:171-200
+  // deallocate_output_tensor, which Megatron-LM's training turns on:
+  // megatron/training/argument_utils.py:305; NeMo's and TorchTitan's settings were not read). The
+  // gradient of it arrives in a buffer of its size before the backward starts; the transfers
+  // themselves are timed by the pipeline's composition (planner/evaluate_pipeline.cpp), so send
+  // and receive cost nothing here.
   if (w_.loss_begin == kNone) {
     w_.loss_begin = static_cast<OpId>(w_.ops.size());
   }
@@ -965,8 +968,9 @@ TensorSet StepBuilder::vocab_parallel_cross_entropy(TensorSet logits) {
   //             the forward peak, 4n held into backward.
   //   backward: the gradient is the saved softmax, changed in place (`-=` at the targets :111,
   //             `mul_` :114) and returned in fp32 for an input of the activations' dtype, which
-  //             autograd casts to that dtype (torch/csrc/autograd/engine.cpp validate_outputs;
-  //             the fused copy casts it itself): ab·n written while the 4n lives.
+  //             autograd casts to that dtype (engine.cpp validate_outputs, REFERENCES.md
+  //             [PyTorch-autograd]; the fused copy casts it itself): ab·n written while the 4n
+  //             lives.
   // The loss's [s]-sized tensors (max, sum, target mask and index) are left out (≤ 25·s bytes).
   // Memory traffic per logit: forward ab+4 (.float()), 4 (max), 4+4 (-=), 4+4 (exp), 4 (sum),
   // 4+4 (div_); backward 4+4 (mul_), 4+ab (cast). The fused copy may merge passes: at most this.
