@@ -502,7 +502,9 @@ nlohmann::json to_json(const SimulateArgs& a,
                      {"p2p_exposed", s.p2p_exposed},
                      {"last_stage_activation_factor", s.last_stage_activation_factor},
                      {"forward_saved_bytes", rep.forward_saved_bytes},
-                     {"peak_stage", rep.pipeline_peak_stage}};
+                     {"peak_stage", rep.pipeline_peak_stage},
+                     {"first_stages_peak_bytes", rep.pipeline_inner_stage_peak_bytes},
+                     {"last_stage_peak_bytes", rep.pipeline_last_stage_peak_bytes}};
     if (in.parallel.pp_first_stage_layers > 0 || in.parallel.pp_last_stage_layers > 0) {
       j["pipeline"]["first_stage_layers"] = s.first_stage_layers;
       j["pipeline"]["middle_stage_layers"] = s.middle_stage_layers;
@@ -617,6 +619,11 @@ std::string human(const sim::ScheduleInputs& in,
   } else {
     o += fmt::format("  at                   {}: rank {}, {}\n", rep.pipeline_peak_stage,
                      rep.peak_rank, rep.peak_op);
+    o += fmt::format(
+        "  per stage            {} before the last stage (with its micro-batches in flight), {} "
+        "on the last (LM head and loss)\n",
+        format_bytes(static_cast<double>(rep.pipeline_inner_stage_peak_bytes)),
+        format_bytes(static_cast<double>(rep.pipeline_last_stage_peak_bytes)));
   }
   if (rep.reserved_peak_bytes > 0 && rep.allocator_out_of_memory && rep.fits_gpu) {
     o += fmt::format(

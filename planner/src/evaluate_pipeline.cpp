@@ -89,6 +89,8 @@ bool compose_memory(const sim::PipelineShape& shape, const StageRuns& runs, sim:
   const std::int64_t in_flight = add_in_flight_activations(shape.activation_factor, inner);
   add_in_flight_activations(shape.last_stage_activation_factor, rep);
   rep.pipeline_in_flight_extra_bytes = in_flight;
+  rep.pipeline_inner_stage_peak_bytes = inner.peak_memory_bytes;
+  rep.pipeline_last_stage_peak_bytes = rep.peak_memory_bytes;
   const bool last_binds = rep.gpu_headroom_bytes <= inner.gpu_headroom_bytes;
   const bool fits = rep.fits_gpu && inner.fits_gpu;
   if (!last_binds) {

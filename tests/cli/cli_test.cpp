@@ -403,6 +403,18 @@ TEST_F(CliTest, PipelineParallel) {
   EXPECT_DOUBLE_EQ(pp.at("pipeline").at("bubble_fraction").get<double>(), 0.25);
   EXPECT_DOUBLE_EQ(pp.at("pipeline").at("in_flight_first_stage").get<double>(), 2.0);
   EXPECT_EQ(pp.at("pipeline").at("p2p_bytes"), 65536 / 4 * 4096 * 2);
+  // The peak is the larger of the two stages' and names the stage that holds it.
+  const std::int64_t first_stages = pp.at("pipeline").at("first_stages_peak_bytes");
+  const std::int64_t last_stage = pp.at("pipeline").at("last_stage_peak_bytes");
+  EXPECT_GT(first_stages, 0);
+  EXPECT_GT(last_stage, 0);
+  EXPECT_EQ(pp.at("peak_memory_bytes").get<std::int64_t>(), std::max(first_stages, last_stage));
+  EXPECT_EQ(
+      pp.at("pipeline")
+          .at("peak_stage")
+          .get<std::string>()
+          .find(first_stages > last_stage ? "the first pipeline stage" : "the last pipeline stage"),
+      0U);
   // --pp 1 is the run without the flag, byte for byte.
   const RunResult one = run({"simulate", "--method", "ulysses", "--pp", "1", "--seq", "64K"});
   const RunResult none = run({"simulate", "--method", "ulysses", "--seq", "64K"});

@@ -85,6 +85,10 @@ struct StepReport {
   /// The stage whose run holds the peak: "the first pipeline stage (4 micro-batches in flight)",
   /// "the last pipeline stage (LM head and loss)"; empty without pipeline parallelism.
   std::string pipeline_peak_stage;
+  /// The peak of each stage simulated, with its micro-batches in flight: the stage before the last
+  /// that holds the most, and the last (allocated bytes; 0 without pipeline parallelism).
+  std::int64_t pipeline_inner_stage_peak_bytes = 0;
+  std::int64_t pipeline_last_stage_peak_bytes = 0;
   /// forward_saved_bytes() of the peak rank, when the evaluation measured it (a pipeline stage's
   /// run; planner::EvaluateOptions::measure_forward_saved); else 0.
   std::int64_t forward_saved_bytes = 0;
