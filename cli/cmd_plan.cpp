@@ -244,7 +244,10 @@ void print_companions(const std::vector<planner::CompanionFile>& companions) {
 
 }  // namespace
 
-int run_plan(const PlanArgs& a) {
+namespace {
+
+// Flag combinations refused before anything is read.
+void check_plan_flags(const PlanArgs& a) {
   if (!a.seq.empty() && a.max_context) {
     throw InputError("--max-context", "give either --seq or --max-context");
   }
@@ -265,38 +268,76 @@ int run_plan(const PlanArgs& a) {
     throw InputError("--launcher",
                      fmt::format("'{}' is not the launcher of --emit '{}'", a.launcher, a.emit));
   }
-  // --emit X searches as --launcher X does, then writes X's file.
-  const std::string launcher = a.emit.empty() ? a.launcher : a.emit;
-  const char* launcher_flag = a.emit.empty() ? "--launcher" : "--emit";
-  std::optional<planner::LauncherFormat> format;
-  if (!launcher.empty()) {
-    format = planner::parse_launcher_format(launcher, launcher_flag);
-  }
+}
+
+// What the search runs on: the base inputs, the options and the launcher it searches for.
+struct PlanSetup {
+  sim::ScheduleInputs base;
   planner::PlanOptions opts;
+  std::string launcher;  ///< --emit, else --launcher; empty: none
+  const char* launcher_flag = "--launcher";
+  std::optional<planner::LauncherFormat> format;
+};
+
+// The methods searched: those asked for that --impl runs.
+std::vector<models::CpMethod> searched_methods(const PlanArgs& a) {
   const sim::Implementation* impl = sim::find_implementation(a.config.impl);
   const std::string methods = methods_to_search(a);
   const char* methods_flag = a.methods.empty() && a.config.method_given ? "--method" : "--methods";
+  std::vector<models::CpMethod> out;
   for (const std::string& m : split_methods(methods)) {
     const models::CpMethod id = models::parse_cp_method(m, methods_flag);
     if (impl == nullptr || impl->runs(id)) {  // --impl searches the methods it runs
-      opts.methods.push_back(id);
+      out.push_back(id);
     }
   }
-  if (opts.methods.empty()) {
+  if (out.empty()) {
     throw InputError("--impl",
                      fmt::format("{} runs none of {} {}", a.config.impl, methods_flag, methods));
   }
+  return out;
+}
+
+// Keeps only the methods the launcher of --emit/--launcher runs; none of them: says which
+// launchers run them.
+void keep_methods_the_launcher_runs(const PlanSetup& s, std::vector<models::CpMethod>& methods) {
+  std::vector<models::CpMethod> runs;
+  std::string others;
+  for (const models::CpMethod m : methods) {
+    if (sim::cp_implementation(m).launchers().runs_on(s.launcher)) {
+      runs.push_back(m);
+    } else {
+      others += fmt::format("{}{} (launchers: {})", others.empty() ? "" : "; ",
+                            models::to_string(m), launchers_for(m));
+    }
+  }
+  if (runs.empty()) {
+    throw InputError(s.launcher_flag, fmt::format("{} cannot run {}", s.launcher, others));
+  }
+  methods = std::move(runs);
+}
+
+PlanSetup plan_setup(const PlanArgs& a) {
+  PlanSetup s;
+  // --emit X searches as --launcher X does, then writes X's file.
+  s.launcher = a.emit.empty() ? a.launcher : a.emit;
+  s.launcher_flag = a.emit.empty() ? "--launcher" : "--emit";
+  if (!s.launcher.empty()) {
+    s.format = planner::parse_launcher_format(s.launcher, s.launcher_flag);
+  }
+  planner::PlanOptions& opts = s.opts;
+  opts.methods = searched_methods(a);
   SimulateArgs cfg = a.config;
   cfg.method = models::to_string(opts.methods.front());
   cfg.seq = a.seq.empty() ? "64K" : a.seq;
-  sim::ScheduleInputs base = resolve_inputs(config_for_method(cfg, cfg.method));
+  s.base = resolve_inputs(config_for_method(cfg, cfg.method));
   // Knobs of a method other than the first searched: the base keeps them for the methods that
   // read them (config_for_method dropped them for the first).
   if (!a.config.ring_layout.empty()) {
-    base.parallel.ring_layout = models::parse_ring_layout(a.config.ring_layout, "--ring-layout");
+    s.base.parallel.ring_layout = models::parse_ring_layout(a.config.ring_layout, "--ring-layout");
   }
   if (!a.config.fpdt_offload.empty()) {
-    base.parallel.fpdt_offload = parse_switch(a.config.fpdt_offload, "--fpdt-offload");
+    s.base.parallel.fpdt_offload = parse_switch(a.config.fpdt_offload, "--fpdt-offload");
   }
   if (!a.seq.empty()) {
     opts.seq_len = parse_length(a.seq, "--seq");
@@ -309,160 +350,158 @@ int run_plan(const PlanArgs& a) {
                      "only with --seq: the longest context uses every GPU in one CP group");
   }
   opts.allow_data_parallel = a.allow_data_parallel;
-  opts.launcher = format;  // --emit: search only what that launcher's file runs
-  if (format) {
-    // Only the methods the launcher runs; none of them: say which launchers run them.
-    std::vector<models::CpMethod> runs;
-    std::string others;
-    for (const models::CpMethod m : opts.methods) {
-      if (sim::cp_implementation(m).launchers().runs_on(launcher)) {
-        runs.push_back(m);
-      } else {
-        others += fmt::format("{}{} (launchers: {})", others.empty() ? "" : "; ",
-                              models::to_string(m), launchers_for(m));
-      }
-    }
-    if (runs.empty()) {
-      throw InputError(launcher_flag, fmt::format("{} cannot run {}", launcher, others));
-    }
-    opts.methods = std::move(runs);
+  opts.launcher = s.format;  // --emit: search only what that launcher's file runs
+  if (s.format) {
+    keep_methods_the_launcher_runs(s, opts.methods);
   }
   opts.refusal_text = refusal_text;
   opts.threads = a.threads;
   opts.top = a.top;
-  const auto t0 = std::chrono::steady_clock::now();
-  Progress progress("plan");
-  opts.on_progress = [&progress](std::int64_t done, std::int64_t total) {
-    progress.update(fmt::format(
-        "{} of {} configurations evaluated ({:.0f} %)", done, total,
-        100.0 * static_cast<double>(done) / static_cast<double>(std::max<std::int64_t>(1, total))));
+  return s;
+}
+
+// Nothing fits: one line naming the closest configuration (and, where the launcher runs pipeline
+// parallelism that the search left out, how to search it).
+[[noreturn]] void throw_nothing_fits(const PlanArgs& a,
+                                     const PlanSetup& s,
+                                     const planner::PlanResult& res) {
+  std::string closest = res.closest_miss.empty() ? "" : "; " + res.closest_miss;
+  const planner::PlanOptions& opts = s.opts;
+  if (s.format && planner::launcher_writes_pipeline(*s.format) && opts.seq_len &&
+      !opts.allow_data_parallel && opts.fixed.pp_degree == 0 && opts.fixed.micro_batches == 0) {
+    closest += fmt::format(
+        "; pipeline parallelism, which {} runs, was not searched: its step holds at least P "
+        "sequences (--allow-data-parallel lets the search grow the batch, --pp and "
+        "--micro-batches fix it)",
+        s.launcher);
+  }
+  throw DoesNotFit(a.seq.empty() ? "--methods" : "--seq",
+                   a.seq.empty()
+                       ? fmt::format("no configuration of {} on {} GPUs fits even the shortest "
+                                     "length searched{}",
+                                     s.base.model.name, s.base.parallel.gpus, closest)
+                       : fmt::format("no configuration fits at this length{}; try `cpsim plan "
+                                     "--max-context`",
+                                     closest));
+}
+
+// The launcher file of --emit: for the best configuration the launcher can run.
+struct Emitted {
+  std::optional<planner::Candidate> candidate;
+  std::string text;
+  std::string notes;                               ///< "  note: ...\n" lines
+  std::vector<planner::CompanionFile> companions;  ///< written beside --out (or printed)
+};
+
+Emitted emit_best(const PlanArgs& a, const PlanSetup& s, const planner::PlanResult& res) {
+  Emitted out;
+  std::string first_refusal;
+  for (planner::Candidate c : res.ranked) {
+    // A row the plan did not show has fitted on its allocated peak only: check it as shown rows
+    // are checked before writing it.
+    if (!c.reserved_checked) {
+      planner::check_reserved_memory(s.base, s.opts, c, res.max_context);
+      if (!c.fits) {
+        continue;
+      }
+    }
+    try {
+      const planner::EmittedConfig e =
+          planner::emit_launcher_config(*s.format, c.inputs(s.base), {a.out, a.dataset});
+      out.candidate = std::move(c);
+      out.text = e.text;
+      out.companions = e.companions;
+      for (const auto& n : e.notes)
+        out.notes += "  note: " + n + "\n";
+      break;
+    } catch (const InputError& e) {
+      if (e.field() != "--emit") {
+        throw;  // an input the launcher's file needs (--dataset, --model): every row needs it
+      }
+      if (first_refusal.empty())
+        first_refusal = e.what();
+    }
+  }
+  if (!out.candidate) {
+    throw InputError("--emit", first_refusal.substr(first_refusal.find(':') + 2));
+  }
+  if (!a.out.empty()) {
+    // The companions first: the main file names them, so it lands only once they exist.
+    for (const planner::CompanionFile& f : out.companions) {
+      if (a.out != "-") {
+        write_output(f.path, f.text, "--out");
+      }
+    }
+    write_output(a.out, out.text, "--out");
+  }
+  return out;
+}
+
+void print_plan_json(const PlanArgs& a,
+                     const PlanSetup& s,
+                     const planner::PlanResult& res,
+                     const Emitted& emitted) {
+  nlohmann::json top = nlohmann::json::array(), pareto = nlohmann::json::array(),
+                 per_method = nlohmann::json::array();
+  for (std::size_t i = 0; i < res.ranked.size() && static_cast<int>(i) < a.top; ++i) {
+    top.push_back(candidate_json(res.ranked[i], res.max_context));
+  }
+  for (const auto& c : res.pareto)
+    pareto.push_back(candidate_json(c, res.max_context));
+  for (const auto& c : res.best_per_method)
+    per_method.push_back(candidate_json(c, res.max_context));
+  const sim::ScheduleInputs& base = s.base;
+  nlohmann::json j = {
+      {"schema_version", kPlanSchemaVersion},
+      {"command", "plan"},
+      {"mode", res.max_context ? "max_context" : "seq"},
+      {"model", base.model.name},
+      {"hardware", base.hardware.name},
+      {"gpus", base.parallel.gpus},
+      {"memory_margin",
+       {{"gpu_bytes", base.margin.gpu_bytes}, {"host_bytes", base.margin.host_bytes}}},
+      {"counts",
+       {{"generated", res.generated},
+        {"refused", res.refused},
+        {"pruned", res.pruned},
+        {"evaluated", res.evaluated},
+        {"simulations", res.simulations}}},
+      {"best", candidate_json(res.ranked.front(), res.max_context)},
+      {"why_best", res.why_best},
+      {"top", top},
+      {"pareto", pareto},
+      {"best_per_method", per_method},
   };
-  const planner::PlanResult res = planner::plan(base, opts);
-  const double wall_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  progress.clear();
-  if (res.ranked.empty()) {
-    std::string closest = res.closest_miss.empty() ? "" : "; " + res.closest_miss;
-    if (format && planner::launcher_writes_pipeline(*format) && opts.seq_len &&
-        !opts.allow_data_parallel && opts.fixed.pp_degree == 0 && opts.fixed.micro_batches == 0) {
-      closest += fmt::format(
-          "; pipeline parallelism, which {} runs, was not searched: its step holds at least P "
-          "sequences (--allow-data-parallel lets the search grow the batch, --pp and "
-          "--micro-batches fix it)",
-          launcher);
+  if (s.opts.seq_len)
+    j["seq_len"] = *s.opts.seq_len;
+  if (emitted.candidate) {
+    nlohmann::json files = nlohmann::json::array();
+    for (const planner::CompanionFile& f : emitted.companions) {
+      files.push_back({{"file", f.path},
+                       {"what", f.what},
+                       {"text", a.out.empty() || a.out == "-" ? f.text : ""}});
     }
-    throw DoesNotFit(a.seq.empty() ? "--methods" : "--seq",
-                     a.seq.empty()
-                         ? fmt::format("no configuration of {} on {} GPUs fits even the shortest "
-                                       "length searched{}",
-                                       base.model.name, base.parallel.gpus, closest)
-                         : fmt::format("no configuration fits at this length{}; try `cpsim plan "
-                                       "--max-context`",
-                                       closest));
+    j["emitted"] = {{"format", s.launcher},
+                    {"label", emitted.candidate->label},
+                    {"file", a.out},
+                    {"text", a.out.empty() ? emitted.text : ""},
+                    {"companions", files},
+                    {"searched_as_run", launcher_changes(*s.format, base, res.ranked.front())}};
   }
+  std::cout << j.dump(2) << "\n";
+}
 
-  // Emit the best configuration the chosen launcher can run.
-  std::string emitted_text, emit_note;
-  std::vector<planner::CompanionFile> companions;  // written beside --out (or printed)
-  std::optional<planner::Candidate> emitted;
-  if (format) {
-    std::string first_refusal;
-    for (planner::Candidate c : res.ranked) {
-      // A row the plan did not show has fitted on its allocated peak only: check it as shown
-      // rows are checked before writing it.
-      if (!c.reserved_checked) {
-        planner::check_reserved_memory(base, opts, c, res.max_context);
-        if (!c.fits) {
-          continue;
-        }
-      }
-      try {
-        const planner::EmittedConfig e =
-            planner::emit_launcher_config(*format, c.inputs(base), {a.out, a.dataset});
-        emitted = std::move(c);
-        emitted_text = e.text;
-        companions = e.companions;
-        for (const auto& n : e.notes)
-          emit_note += "  note: " + n + "\n";
-        break;
-      } catch (const InputError& e) {
-        if (e.field() != "--emit") {
-          throw;  // an input the launcher's file needs (--dataset, --model): every row needs it
-        }
-        if (first_refusal.empty())
-          first_refusal = e.what();
-      }
-    }
-    if (!emitted) {
-      throw InputError("--emit", first_refusal.substr(first_refusal.find(':') + 2));
-    }
-    if (!a.out.empty()) {
-      // The companions first: the main file names them, so it lands only once they exist.
-      for (const planner::CompanionFile& f : companions) {
-        if (a.out != "-") {
-          write_output(f.path, f.text, "--out");
-        }
-      }
-      write_output(a.out, emitted_text, "--out");
-    }
-  }
-
-  if (a.json) {
-    nlohmann::json top = nlohmann::json::array(), pareto = nlohmann::json::array(),
-                   per_method = nlohmann::json::array();
-    for (std::size_t i = 0; i < res.ranked.size() && static_cast<int>(i) < a.top; ++i) {
-      top.push_back(candidate_json(res.ranked[i], res.max_context));
-    }
-    for (const auto& c : res.pareto)
-      pareto.push_back(candidate_json(c, res.max_context));
-    for (const auto& c : res.best_per_method)
-      per_method.push_back(candidate_json(c, res.max_context));
-    nlohmann::json j = {
-        {"schema_version", kPlanSchemaVersion},
-        {"command", "plan"},
-        {"mode", res.max_context ? "max_context" : "seq"},
-        {"model", base.model.name},
-        {"hardware", base.hardware.name},
-        {"gpus", base.parallel.gpus},
-        {"memory_margin",
-         {{"gpu_bytes", base.margin.gpu_bytes}, {"host_bytes", base.margin.host_bytes}}},
-        {"counts",
-         {{"generated", res.generated},
-          {"refused", res.refused},
-          {"pruned", res.pruned},
-          {"evaluated", res.evaluated},
-          {"simulations", res.simulations}}},
-        {"best", candidate_json(res.ranked.front(), res.max_context)},
-        {"why_best", res.why_best},
-        {"top", top},
-        {"pareto", pareto},
-        {"best_per_method", per_method},
-    };
-    if (opts.seq_len)
-      j["seq_len"] = *opts.seq_len;
-    if (emitted) {
-      nlohmann::json files = nlohmann::json::array();
-      for (const planner::CompanionFile& f : companions) {
-        files.push_back({{"file", f.path},
-                         {"what", f.what},
-                         {"text", a.out.empty() || a.out == "-" ? f.text : ""}});
-      }
-      j["emitted"] = {{"format", launcher},
-                      {"label", emitted->label},
-                      {"file", a.out},
-                      {"text", a.out.empty() ? emitted_text : ""},
-                      {"companions", files},
-                      {"searched_as_run", launcher_changes(*format, base, res.ranked.front())}};
-    }
-    std::cout << j.dump(2) << "\n";
-    return 0;
-  }
-
+// The header, then the tables: best per method, top N, Pareto front.
+void print_plan_tables(const PlanArgs& a,
+                       const PlanSetup& s,
+                       const planner::PlanResult& res,
+                       double wall_s) {
+  const sim::ScheduleInputs& base = s.base;
   std::cout << fmt::format("plan: {} on {} x {}, {}, base recipe {}\n", base.model.name,
                            base.parallel.gpus, base.hardware.name,
                            res.max_context
                                ? "longest context (then throughput)"
-                               : fmt::format("tokens/s/GPU at {}", format_length(*opts.seq_len)),
+                               : fmt::format("tokens/s/GPU at {}", format_length(*s.opts.seq_len)),
                            base.recipe.name);
   std::cout << fmt::format(
       "  fits = the caching allocator's reserved memory leaves {} free on every GPU and host "
@@ -496,74 +535,117 @@ int run_plan(const PlanArgs& a) {
   print(mc ? "Pareto front (max context vs throughput):"
            : "Pareto front (throughput vs peak memory):",
         res.pareto, 100);
+}
+
+// The file of --emit, printed or where it was written.
+void print_emitted(const PlanArgs& a,
+                   const PlanSetup& s,
+                   const planner::Candidate& best,
+                   const Emitted& emitted) {
+  if (emitted.candidate->label != best.label) {
+    std::cout << fmt::format(
+        "\n{} cannot run the best configuration; emitted the best it can run: {}\n", s.launcher,
+        emitted.candidate->label);
+  }
+  if (a.out.empty()) {
+    std::cout << fmt::format("\n--- {} settings ---\n{}", s.launcher, emitted.text);
+    if (!emitted.text.empty() && emitted.text.back() != '\n')
+      std::cout << "\n";
+    print_companions(emitted.companions);
+  } else {
+    std::cout << fmt::format("\n{} settings written to {}\n", s.launcher, a.out);
+    for (const planner::CompanionFile& f : emitted.companions) {
+      if (a.out != "-") {
+        std::cout << fmt::format("  with {}: {}\n", f.path, f.what);
+      }
+    }
+  }
+  std::cout << emitted.notes;
+}
+
+// Settings of the recommended configuration for the first launcher that runs it exactly as
+// simulated; none does: how to plan for one.
+void print_settings_of(const PlanArgs& a, const PlanSetup& s, const planner::Candidate& best) {
+  const sim::CpImplementation& method = sim::cp_implementation(best.parallel.method);
+  for (const planner::LauncherFormat f : planner::launcher_formats()) {
+    if (!method.launchers().runs_on(planner::to_string(f)) || !runs_exactly(f, s.base, best)) {
+      continue;
+    }
+    try {
+      const planner::EmittedConfig e =
+          planner::emit_launcher_config(f, best.inputs(s.base), {"", a.dataset});
+      std::cout << fmt::format("\n--- {} settings for the recommended configuration ---\n{}",
+                               planner::to_string(f), e.text);
+      if (!e.text.empty() && e.text.back() != '\n')
+        std::cout << "\n";
+      print_companions(e.companions);
+      for (const auto& n : e.notes)
+        std::cout << "  note: " << n << "\n";
+      return;
+    } catch (const InputError&) {
+      continue;  // this launcher cannot express the configuration: try the next
+    }
+  }
+  std::cout << fmt::format(
+      "\nno launcher runs this configuration exactly as simulated: `cpsim plan --launcher X` "
+      "(or --emit X --out FILE) searches only what X runs from its file ({})\n",
+      launchers_for(best.parallel.method));
+}
+
+// The recommendation, why, which launchers run it, and its settings (or the emitted file).
+void print_recommendation(const PlanArgs& a,
+                          const PlanSetup& s,
+                          const planner::PlanResult& res,
+                          const Emitted& emitted) {
   const planner::Candidate& best = res.ranked.front();
   std::cout << fmt::format("recommended: {}\n", best.label);
-  if (mc) {
+  if (res.max_context) {
     std::cout << fmt::format("  longest context {}; limited by {}\n",
                              format_length(best.max_seq_len), best.binding.text);
   }
   if (!res.why_best.empty()) {
     std::cout << "  why: " << res.why_best << "\n";
   }
-  if (format) {
-    const std::vector<std::string> changes = launcher_changes(*format, base, best);
-    std::cout << fmt::format("  searched as {} runs its file{}{}\n", launcher,
+  if (s.format) {
+    const std::vector<std::string> changes = launcher_changes(*s.format, s.base, best);
+    std::cout << fmt::format("  searched as {} runs its file{}{}\n", s.launcher,
                              changes.empty() ? "" : ": ", join(changes, "; "));
   } else {
-    std::cout << fmt::format("  launchers that run it: {}\n", launchers_as_simulated(base, best));
+    std::cout << fmt::format("  launchers that run it: {}\n", launchers_as_simulated(s.base, best));
   }
-  if (emitted) {
-    if (emitted->label != best.label) {
-      std::cout << fmt::format(
-          "\n{} cannot run the best configuration; emitted the best it can run: {}\n", launcher,
-          emitted->label);
-    }
-    if (a.out.empty()) {
-      std::cout << fmt::format("\n--- {} settings ---\n{}", launcher, emitted_text);
-      if (!emitted_text.empty() && emitted_text.back() != '\n')
-        std::cout << "\n";
-      print_companions(companions);
-    } else {
-      std::cout << fmt::format("\n{} settings written to {}\n", launcher, a.out);
-      for (const planner::CompanionFile& f : companions) {
-        if (a.out != "-") {
-          std::cout << fmt::format("  with {}: {}\n", f.path, f.what);
-        }
-      }
-    }
-    std::cout << emit_note;
+  if (emitted.candidate) {
+    print_emitted(a, s, best, emitted);
   } else {
-    // Settings of the recommended configuration for the first launcher that runs it exactly as
-    // simulated; none does: how to plan for one.
-    const sim::CpImplementation& method = sim::cp_implementation(best.parallel.method);
-    bool printed = false;
-    for (const planner::LauncherFormat f : planner::launcher_formats()) {
-      if (printed || !method.launchers().runs_on(planner::to_string(f)) ||
-          !runs_exactly(f, base, best)) {
-        continue;
-      }
-      try {
-        const planner::EmittedConfig e =
-            planner::emit_launcher_config(f, best.inputs(base), {"", a.dataset});
-        std::cout << fmt::format("\n--- {} settings for the recommended configuration ---\n{}",
-                                 planner::to_string(f), e.text);
-        if (!e.text.empty() && e.text.back() != '\n')
-          std::cout << "\n";
-        print_companions(e.companions);
-        for (const auto& n : e.notes)
-          std::cout << "  note: " << n << "\n";
-        printed = true;
-      } catch (const InputError&) {
-        continue;  // this launcher cannot express the configuration: try the next
-      }
-    }
-    if (!printed) {
-      std::cout << fmt::format(
-          "\nno launcher runs this configuration exactly as simulated: `cpsim plan --launcher X` "
-          "(or --emit X --out FILE) searches only what X runs from its file ({})\n",
-          launchers_for(best.parallel.method));
-    }
+    print_settings_of(a, s, best);
   }
+}
+
+}  // namespace
+
+int run_plan(const PlanArgs& a) {
+  check_plan_flags(a);
+  PlanSetup s = plan_setup(a);
+  const auto t0 = std::chrono::steady_clock::now();
+  Progress progress("plan");
+  s.opts.on_progress = [&progress](std::int64_t done, std::int64_t total) {
+    progress.update(fmt::format(
+        "{} of {} configurations evaluated ({:.0f} %)", done, total,
+        100.0 * static_cast<double>(done) / static_cast<double>(std::max<std::int64_t>(1, total))));
+  };
+  const planner::PlanResult res = planner::plan(s.base, s.opts);
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  progress.clear();
+  if (res.ranked.empty()) {
+    throw_nothing_fits(a, s, res);
+  }
+  const Emitted emitted = s.format ? emit_best(a, s, res) : Emitted{};
+  if (a.json) {
+    print_plan_json(a, s, res, emitted);
+    return 0;
+  }
+  print_plan_tables(a, s, res, wall_s);
+  print_recommendation(a, s, res, emitted);
   return 0;
 }
 
