@@ -141,28 +141,10 @@ std::string recipe_for(const SimulateArgs& a) {
   return a.recipe;
 }
 
-sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
-  const models::DataDir data = data_dir();
-  sim::ScheduleInputs in;
-  if (a.gpus < 1) {
-    throw InputError("--gpus", fmt::format("must be at least 1, got {}", a.gpus));
-  }
-  in.model = models::load_model(a.model, data);
-  in.hardware = models::load_hardware(a.hardware, data);
-  if (!a.memory_margin.empty()) {
-    in.margin.gpu_bytes = memory_margin_bytes(a.memory_margin, in.hardware.hbm_capacity_bytes,
-                                              "--memory-margin", "GPU's memory");
-  }
-  if (!a.host_memory_margin.empty()) {
-    in.margin.host_bytes =
-        memory_margin_bytes(a.host_memory_margin, in.hardware.host_memory_bytes_per_node,
-                            "--host-memory-margin", "node's host memory");
-  }
-  in.recipe = models::load_recipe(recipe_for(a), data);
-  auto& r = in.recipe;
-  // The recipe's RoPE for this model's type, once: every later reader sees one kernel.
-  r.rope_kernel = r.rope_kernel_for(in.model.model_type);
-  r.rope_kernel_by_model_type.clear();
+namespace {
+
+// --ac, --ac-offload, --tiled-mlp, --fused-loss and the kernel flags over the recipe's values.
+void apply_kernel_and_checkpoint_flags(const SimulateArgs& a, models::TrainingRecipe& r) {
   if (!a.ac.empty()) {
     r.checkpointing = models::parse_checkpoint_mode(a.ac, "--ac");
     if (r.checkpointing != models::CheckpointMode::kFull && a.ac_offload.empty()) {
@@ -203,8 +185,12 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   if (!a.attention_kernel.empty()) {
     r.attention_kernel = a.attention_kernel;
   }
-  check_attention_kernel(in.hardware, r, !a.attention_kernel.empty());
+}
 
+// --zero, the offloads, --fp8 and --comm-dtype over the recipe's values.
+void apply_sharding_and_precision_flags(const SimulateArgs& a,
+                                        const models::HardwareProfile& hw,
+                                        models::TrainingRecipe& r) {
   if (a.zero >= 0) {
     if (a.zero > 3) {
       throw InputError("--zero", fmt::format("ZeRO stage must be 0, 1, 2 or 3, got {}", a.zero));
@@ -222,7 +208,7 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
                        fmt::format("parameter offload needs ZeRO stage 3, got {}", r.zero_stage));
     }
   }
-  check_fp8(in.hardware, r, a.fp8);
+  check_fp8(hw, r, a.fp8);
   if (!a.comm_dtype.empty()) {
     if (a.comm_dtype == "bf16" || a.comm_dtype == "fp16") {
       r.cp_comm_bytes = 2;
@@ -233,19 +219,11 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
                        fmt::format("expected bf16 or fp32, got '{}'", a.comm_dtype));
     }
   }
+}
 
-  auto& p = in.parallel;
-  p.method = models::parse_cp_method(a.method, "--method");
-  p.implementation = a.impl;
-  if (const sim::Implementation* impl = sim::find_implementation(a.impl);
-      impl != nullptr && !a.method_given) {
-    p.method = impl->methods().front();  // --impl alone: the implementation's first method
-  }
-  p.gpus = a.gpus;
-  if (a.gpus_per_node < 0) {
-    throw InputError("--gpus-per-node", "must be positive");
-  }
-  p.gpus_per_node = a.gpus_per_node > 0 ? a.gpus_per_node : in.hardware.gpus_per_node;
+// CP degree: explicit, else ulysses × ring when both are given, else the one given for a method
+// that has only that part, else the GPUs that TP and PP leave (0 when they do not divide).
+int cp_degree_from_flags(const SimulateArgs& a, const sim::CpImplementation& method) {
   for (const auto& [value, flag] :
        {std::pair{a.cp_degree, "--cp-degree"}, std::pair{a.ulysses_degree, "--ulysses-degree"},
         std::pair{a.ring_degree, "--ring-degree"}}) {
@@ -253,29 +231,24 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
       throw InputError(flag, "must be positive");
     }
   }
-  // CP degree: explicit, else ulysses × ring when both are given, else the one given for a method
-  // that has only that part, else all GPUs.
-  const sim::CpImplementation& method = sim::cp_implementation(p.method);
-  const bool ulysses_only = !method.has_ring_part();
-  const bool ring_only = !method.has_ulysses_part();
   if (a.cp_degree > 0) {
-    p.cp_degree = a.cp_degree;
-  } else if (a.ulysses_degree > 0 && a.ring_degree > 0) {
-    p.cp_degree = a.ulysses_degree * a.ring_degree;
-  } else if (ulysses_only && a.ulysses_degree > 0) {
-    p.cp_degree = a.ulysses_degree;
-  } else if (ring_only && a.ring_degree > 0) {
-    p.cp_degree = a.ring_degree;
-  } else {
-    const int tp_pp = std::max(1, a.tp) * std::max(1, a.pp);
-    p.cp_degree = a.gpus / tp_pp;  // the GPUs that TP and PP leave
-    if (a.gpus % tp_pp != 0) {
-      p.cp_degree = 0;
-    }
+    return a.cp_degree;
   }
-  check_cp_degree_divides_gpus(a, p.cp_degree);
-  p.tp_degree = a.tp;
-  p.micro_batches = a.micro_batches;
+  if (a.ulysses_degree > 0 && a.ring_degree > 0) {
+    return a.ulysses_degree * a.ring_degree;
+  }
+  if (!method.has_ring_part() && a.ulysses_degree > 0) {
+    return a.ulysses_degree;
+  }
+  if (!method.has_ulysses_part() && a.ring_degree > 0) {
+    return a.ring_degree;
+  }
+  const int tp_pp = std::max(1, a.tp) * std::max(1, a.pp);
+  return a.gpus % tp_pp == 0 ? a.gpus / tp_pp : 0;
+}
+
+// --pp, --pp-schedule, --virtual-stages and the uneven stages.
+void apply_pipeline_flags(const SimulateArgs& a, models::ParallelConfig& p) {
   p.pp_degree = a.pp;
   if (!a.pp_schedule.empty()) {
     p.pp_schedule = models::parse_pipeline_schedule(a.pp_schedule, "--pp-schedule");
@@ -290,21 +263,28 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   p.virtual_stages = std::max(1, a.virtual_stages);
   p.pp_first_stage_layers = a.pp_first_stage_layers;
   p.pp_last_stage_layers = a.pp_last_stage_layers;
-  if (ring_only) {
+}
+
+// The ring degree: given, else all of CP for a ring-only method, 1 for a Ulysses-only one, CP /
+// the Ulysses degree given, else Ulysses inside a node and the ring across nodes (yunchang's
+// "ulysses low" placement).
+void apply_ring_degree(const SimulateArgs& a,
+                       const sim::CpImplementation& method,
+                       models::ParallelConfig& p) {
+  if (!method.has_ulysses_part()) {
     p.ring_degree = a.ring_degree > 0 ? a.ring_degree : p.cp_degree;
     if (a.ulysses_degree > 1) {
       throw InputError("--ulysses-degree", fmt::format("--method {} has no Ulysses part; use "
                                                        "--method usp for Ulysses × ring",
                                                        a.method));
     }
-  } else if (ulysses_only) {
+  } else if (!method.has_ring_part()) {
     p.ring_degree = a.ring_degree > 0 ? a.ring_degree : 1;
   } else if (a.ring_degree > 0) {
     p.ring_degree = a.ring_degree;
   } else if (a.ulysses_degree > 0 && p.cp_degree % a.ulysses_degree == 0) {
     p.ring_degree = p.cp_degree / a.ulysses_degree;
   } else {
-    // usp / upipe: Ulysses inside a node, ring across nodes (yunchang's "ulysses low" placement).
     p.ring_degree = p.cp_degree > p.gpus_per_node && p.cp_degree % p.gpus_per_node == 0
                         ? p.cp_degree / p.gpus_per_node
                         : 1;
@@ -315,6 +295,12 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
                      fmt::format("Ulysses degree {} × ring degree {} must equal the CP degree {}",
                                  a.ulysses_degree, p.ring_degree, p.cp_degree));
   }
+}
+
+// The method's own knobs: ring layout, FPDT chunk and offload, UPipe's heads per stage.
+void apply_method_knobs(const SimulateArgs& a,
+                        const sim::CpImplementation& method,
+                        models::ParallelConfig& p) {
   if (!a.ring_layout.empty()) {
     p.ring_layout = models::parse_ring_layout(a.ring_layout, "--ring-layout");
   }
@@ -336,6 +322,59 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
     throw InputError("--heads-per-stage", "must be positive");
   }
   p.heads_per_stage = a.heads_per_stage;
+}
+
+void apply_parallel_flags(const SimulateArgs& a, sim::ScheduleInputs& in) {
+  auto& p = in.parallel;
+  p.method = models::parse_cp_method(a.method, "--method");
+  p.implementation = a.impl;
+  if (const sim::Implementation* impl = sim::find_implementation(a.impl);
+      impl != nullptr && !a.method_given) {
+    p.method = impl->methods().front();  // --impl alone: the implementation's first method
+  }
+  p.gpus = a.gpus;
+  if (a.gpus_per_node < 0) {
+    throw InputError("--gpus-per-node", "must be positive");
+  }
+  p.gpus_per_node = a.gpus_per_node > 0 ? a.gpus_per_node : in.hardware.gpus_per_node;
+  const sim::CpImplementation& method = sim::cp_implementation(p.method);
+  p.cp_degree = cp_degree_from_flags(a, method);
+  check_cp_degree_divides_gpus(a, p.cp_degree);
+  p.tp_degree = a.tp;
+  p.micro_batches = a.micro_batches;
+  apply_pipeline_flags(a, p);
+  apply_ring_degree(a, method, p);
+  apply_method_knobs(a, method, p);
+}
+
+}  // namespace
+
+sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
+  const models::DataDir data = data_dir();
+  sim::ScheduleInputs in;
+  if (a.gpus < 1) {
+    throw InputError("--gpus", fmt::format("must be at least 1, got {}", a.gpus));
+  }
+  in.model = models::load_model(a.model, data);
+  in.hardware = models::load_hardware(a.hardware, data);
+  if (!a.memory_margin.empty()) {
+    in.margin.gpu_bytes = memory_margin_bytes(a.memory_margin, in.hardware.hbm_capacity_bytes,
+                                              "--memory-margin", "GPU's memory");
+  }
+  if (!a.host_memory_margin.empty()) {
+    in.margin.host_bytes =
+        memory_margin_bytes(a.host_memory_margin, in.hardware.host_memory_bytes_per_node,
+                            "--host-memory-margin", "node's host memory");
+  }
+  in.recipe = models::load_recipe(recipe_for(a), data);
+  auto& r = in.recipe;
+  // The recipe's RoPE for this model's type, once: every later reader sees one kernel.
+  r.rope_kernel = r.rope_kernel_for(in.model.model_type);
+  r.rope_kernel_by_model_type.clear();
+  apply_kernel_and_checkpoint_flags(a, r);
+  check_attention_kernel(in.hardware, r, !a.attention_kernel.empty());
+  apply_sharding_and_precision_flags(a, in.hardware, r);
+  apply_parallel_flags(a, in);
   return in;
 }
 
