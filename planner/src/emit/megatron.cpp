@@ -53,16 +53,12 @@ void require_te_a2a_heads(const Plan& p, int a2a, const char* launcher, const ch
   }
 }
 
-EmittedConfig emit_megatron(Plan& p) {
-  require_seq_multiple_of_2cp(p, "Megatron-LM", "Transformer Engine's DualChunkSwap layout");
-  const std::string& comm = p.selects();  // --cp-comm-type
-  p.note_selection();
-  // Size of the all-to-all (Ulysses) part: the CP group for a2a, the Ulysses degree for a2a+p2p.
-  const int a2a = comm == "a2a" ? p.cp : comm == "a2a+p2p" ? p.ulysses : 0;
-  require_te_a2a_heads(p, a2a, "Megatron-LM", ", or --method usp with a smaller Ulysses degree");
+namespace {
 
-  const std::int64_t max_pos = std::max(p.model.max_position_embeddings, p.seq);
-  std::vector<std::vector<std::string>> a;  // one flag with its values per line
+using Args = std::vector<std::vector<std::string>>;  // one flag with its values per line
+
+// The model's shape and architecture flags.
+void model_args(const Plan& p, std::int64_t max_pos, Args& a) {
   a.push_back({"--num-layers", fmt::format("{}", p.model.layers)});
   a.push_back({"--hidden-size", fmt::format("{}", p.model.hidden)});
   a.push_back({"--ffn-hidden-size", fmt::format("{}", p.model.ffn_hidden)});
@@ -91,6 +87,10 @@ EmittedConfig emit_megatron(Plan& p) {
   if (p.model.qk_norm) {
     a.push_back({"--qk-layernorm"});
   }
+}
+
+// TP, PP, CP and the batch.
+void parallel_args(const Plan& p, const std::string& comm, Args& a) {
   a.push_back({"--tensor-model-parallel-size", fmt::format("{}", p.par.tp_degree)});
   if (p.par.tp_degree > 1) {
     a.push_back({"--sequence-parallel"});  // Megatron-style SP, as simulated
@@ -123,6 +123,10 @@ EmittedConfig emit_megatron(Plan& p) {
   // Micro-batches per step = global / (micro-batch size x data parallel): gradient accumulation
   // without PP, the pipeline's micro-batches with it (core/num_microbatches_calculator.py:379).
   a.push_back({"--global-batch-size", fmt::format("{}", p.par.micro_batches * p.dp)});
+}
+
+// Precision, FP8, the distributed optimizer and recomputation.
+void training_args(const Plan& p, Args& a) {
   a.push_back({p.recipe.param_bytes == 2 ? "--bf16" : "--fp16"});
   if (p.recipe.fp8) {
     // TransformerEngine's delayed scaling as simulated: E4M3 forward, E5M2 gradients, the
@@ -147,24 +151,31 @@ EmittedConfig emit_megatron(Plan& p) {
     case CheckpointMode::kNone:
       break;
   }
+}
+
+// The attention backend inside TE, with a note where the recipe's kernel is not what runs.
+void attention_backend_args(Plan& p, Args& a) {
   const std::string& kernel = p.recipe.attention_kernel;
   if (kernel == "cudnn") {
     a.push_back({"--attention-backend", "fused"});  // cuDNN fused attention inside TE
-  } else {
-    a.push_back({"--attention-backend", "flash"});
-    if (kernel == "fa3") {
-      p.note(
-          "--attention-backend flash runs FlashAttention through Transformer Engine (FA3 when "
-          "flash-attn 3 is installed on Hopper; recent Megatron can pin it with "
-          "--flash-attention-version 3)");
-    } else if (kernel != "fa2") {
-      p.note(
-          fmt::format("Megatron-LM has no SDPA backend in TE; the recipe's {} kernel is "
-                      "replaced by flash",
-                      kernel));
-    }
+    return;
   }
+  a.push_back({"--attention-backend", "flash"});
+  if (kernel == "fa3") {
+    p.note(
+        "--attention-backend flash runs FlashAttention through Transformer Engine (FA3 when "
+        "flash-attn 3 is installed on Hopper; recent Megatron can pin it with "
+        "--flash-attention-version 3)");
+  } else if (kernel != "fa2") {
+    p.note(
+        fmt::format("Megatron-LM has no SDPA backend in TE; the recipe's {} kernel is "
+                    "replaced by flash",
+                    kernel));
+  }
+}
 
+// What the recipe asks for that the file cannot say.
+void notes_on_what_is_not_emitted(Plan& p, const std::string& comm, std::int64_t max_pos) {
   if (p.recipe.zero_stage >= 2) {
     p.note(
         fmt::format("--use-distributed-optimizer shards optimizer states (and gradients in the "
@@ -203,12 +214,10 @@ EmittedConfig emit_megatron(Plan& p) {
                     p.model.max_position_embeddings));
   }
   p.note_comm_dtype_fixed("Megatron-LM (TE)");
+}
 
-  std::vector<std::string> usage = {
-      "Megatron-LM arguments; add data, tokenizer, optimizer and schedule flags, then:",
-      fmt::format("  source cpsim_megatron.sh && torchrun --nnodes {} --nproc_per_node {} ... "
-                  "pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" ...",
-                  p.nodes, p.procs_per_node())};
+// The bash array the launch line expands.
+std::string megatron_args_text(const Plan& p, const Args& a) {
   std::string text;
   if (p.recipe.expandable_segments) {
     text += "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n";
@@ -222,7 +231,33 @@ EmittedConfig emit_megatron(Plan& p) {
     text += "\n";
   }
   text += ")\n";
-  return finish(p, {std::move(usage), std::move(text), "cpsim_megatron.sh", true});
+  return text;
+}
+
+}  // namespace
+
+EmittedConfig emit_megatron(Plan& p) {
+  require_seq_multiple_of_2cp(p, "Megatron-LM", "Transformer Engine's DualChunkSwap layout");
+  const std::string& comm = p.selects();  // --cp-comm-type
+  p.note_selection();
+  // Size of the all-to-all (Ulysses) part: the CP group for a2a, the Ulysses degree for a2a+p2p.
+  const int a2a = comm == "a2a" ? p.cp : comm == "a2a+p2p" ? p.ulysses : 0;
+  require_te_a2a_heads(p, a2a, "Megatron-LM", ", or --method usp with a smaller Ulysses degree");
+
+  const std::int64_t max_pos = std::max(p.model.max_position_embeddings, p.seq);
+  Args a;
+  model_args(p, max_pos, a);
+  parallel_args(p, comm, a);
+  training_args(p, a);
+  attention_backend_args(p, a);
+  notes_on_what_is_not_emitted(p, comm, max_pos);
+
+  std::vector<std::string> usage = {
+      "Megatron-LM arguments; add data, tokenizer, optimizer and schedule flags, then:",
+      fmt::format("  source cpsim_megatron.sh && torchrun --nnodes {} --nproc_per_node {} ... "
+                  "pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" ...",
+                  p.nodes, p.procs_per_node())};
+  return finish(p, {std::move(usage), megatron_args_text(p, a), "cpsim_megatron.sh", true});
 }
 
 }  // namespace cpsim::planner::emit_detail
