@@ -30,28 +30,26 @@ RecipeAsRun torchtitan_recipe_as_run(const sim::ScheduleInputs& in) {
   return r;
 }
 
-EmittedConfig emit_torchtitan(Plan& p) {
-  require_seq_multiple_of_2cp(p, "TorchTitan",
-                              "training.seq_len must be divisible by tp x 2 x cp for CP load "
-                              "balancing");
-  const bool allgather = p.selects() == "allgather";  // context_parallel_rotate_method
-  std::string body;
+namespace {
 
-  // [model]
+// [model]: the registered model and flavor of this shape, or a note to pick one.
+std::string model_section(Plan& p) {
   const Flavor fl = torchtitan_flavor(p.model);
   if (fl.name != nullptr) {
-    body += fmt::format("[model]\nname = {}\nflavor = {}\n\n", quoted(fl.name), quoted(fl.flavor));
-  } else {
-    body +=
-        fmt::format("# [model] name / flavor: pick the TorchTitan model registered for {} ({})\n\n",
-                    p.model.name, shape_summary(p.model));
-    p.note(
-        fmt::format("no TorchTitan llama3 or qwen3 flavor matches {} exactly; set [model] name "
-                    "and flavor yourself",
-                    p.model.name));
+    return fmt::format("[model]\nname = {}\nflavor = {}\n\n", quoted(fl.name), quoted(fl.flavor));
   }
+  p.note(
+      fmt::format("no TorchTitan llama3 or qwen3 flavor matches {} exactly; set [model] name "
+                  "and flavor yourself",
+                  p.model.name));
+  return fmt::format(
+      "# [model] name / flavor: pick the TorchTitan model registered for {} ({})\n\n", p.model.name,
+      shape_summary(p.model));
+}
 
-  // [training]
+// [training]: the batch (pipeline micro-batches or gradient accumulation), length, precision.
+std::string training_section(Plan& p) {
+  std::string body;
   if (p.par.pp_degree > 1) {
     // The pipeline's micro-batches: local_batch_size / pipeline_parallel_microbatch_size
     // (distributed/pipeline_parallel.py:186-194), no gradient accumulation on top.
@@ -84,47 +82,33 @@ EmittedConfig emit_torchtitan(Plan& p) {
         "training.enable_cpu_offload offloads parameters, gradients and optimizer states "
         "(FSDP CPUOffload), not only the optimizer as simulated");
   }
+  return body;
+}
 
-  // [parallelism]
-  body += "\n[parallelism]\ndata_parallel_replicate_degree = 1\n";
-  if (p.par.tp_degree > 1) {
-    body += fmt::format(
-        "tensor_parallel_degree = {}  # with sequence parallelism (TorchTitan's TP plan)\n",
-        p.par.tp_degree);
+// The pipeline keys of [parallelism] (PP > 1).
+std::string pipeline_keys(Plan& p) {
+  const TorchTitanPipeline pl = torchtitan_pipeline(p);
+  const sim::PipelineShape s = sim::pipeline_shape(p.in);
+  std::string body = fmt::format(
+      "pipeline_parallel_degree = {}\npipeline_parallel_schedule = {}\n"
+      "pipeline_parallel_microbatch_size = 1\n"
+      "pipeline_parallel_first_stage_less_layers = {}  # blocks per stage: {}/{}/{} "
+      "(first/middle/last)\npipeline_parallel_last_stage_less_layers = {}\n",
+      p.par.pp_degree, quoted(pl.schedule), pl.first_less, s.first_stage_layers,
+      s.middle_stage_layers, s.last_stage_layers, pl.last_less);
+  if (pl.layers_per_stage > 0) {
+    body += fmt::format("pipeline_parallel_layers_per_stage = {}  # {} virtual stages per rank\n",
+                        pl.layers_per_stage, p.par.virtual_stages);
   }
-  if (p.par.pp_degree > 1) {
-    const TorchTitanPipeline pl = torchtitan_pipeline(p);
-    const sim::PipelineShape s = sim::pipeline_shape(p.in);
-    body += fmt::format(
-        "pipeline_parallel_degree = {}\npipeline_parallel_schedule = {}\n"
-        "pipeline_parallel_microbatch_size = 1\n"
-        "pipeline_parallel_first_stage_less_layers = {}  # blocks per stage: {}/{}/{} "
-        "(first/middle/last)\npipeline_parallel_last_stage_less_layers = {}\n",
-        p.par.pp_degree, quoted(pl.schedule), pl.first_less, s.first_stage_layers,
-        s.middle_stage_layers, s.last_stage_layers, pl.last_less);
-    if (pl.layers_per_stage > 0) {
-      body += fmt::format("pipeline_parallel_layers_per_stage = {}  # {} virtual stages per rank\n",
-                          pl.layers_per_stage, p.par.virtual_stages);
-    }
-    p.note(
-        "PyTorch's pipelining schedules (Schedule1F1B, ScheduleInterleaved1F1B) are timed with "
-        "Megatron-Core's schedule counts (warm-up, micro-batches in flight, bubble)");
-  }
-  body += fmt::format(
-      "data_parallel_shard_degree = -1  # the leftover ranks ({}); FSDP shards over dp_shard x cp "
-      "= {} GPUs\n",
-      p.dp, p.par.gpus / p.par.pp_degree);
-  if (p.recipe.zero_stage < 3) {
-    body += fmt::format(
-        "fsdp_reshard_after_forward = \"never\"  # keeps gathered parameters after forward, the "
-        "closest FSDP2 gets to ZeRO-{}\n",
-        p.recipe.zero_stage);
-    p.note(
-        fmt::format("TorchTitan always shards with FSDP2 (ZeRO-3 style); ZeRO-{} is "
-                    "approximated by fsdp_reshard_after_forward = \"never\"",
-                    p.recipe.zero_stage));
-  }
-  body += fmt::format("context_parallel_degree = {}\n", p.cp);
+  p.note(
+      "PyTorch's pipelining schedules (Schedule1F1B, ScheduleInterleaved1F1B) are timed with "
+      "Megatron-Core's schedule counts (warm-up, micro-batches in flight, bubble)");
+  return body;
+}
+
+// The context-parallel keys of [parallelism]: degree, rotation, load balancer.
+std::string context_parallel_keys(Plan& p, bool allgather) {
+  std::string body = fmt::format("context_parallel_degree = {}\n", p.cp);
   if (allgather) {
     body +=
         "context_parallel_rotate_method = \"allgather\"  # all-gather K/V after the first "
@@ -150,9 +134,40 @@ EmittedConfig emit_torchtitan(Plan& p) {
         "contiguous layout is not expressible in the TOML (load balancer None); TorchTitan's "
         "default headtail (zigzag) balancing will run, which evens out causal work");
   }
+  return body;
+}
 
-  // [activation_checkpoint]
-  body += "\n[activation_checkpoint]\n";
+// [parallelism]: data, tensor, pipeline and context parallelism, FSDP's sharding.
+std::string parallelism_section(Plan& p, bool allgather) {
+  std::string body = "\n[parallelism]\ndata_parallel_replicate_degree = 1\n";
+  if (p.par.tp_degree > 1) {
+    body += fmt::format(
+        "tensor_parallel_degree = {}  # with sequence parallelism (TorchTitan's TP plan)\n",
+        p.par.tp_degree);
+  }
+  if (p.par.pp_degree > 1) {
+    body += pipeline_keys(p);
+  }
+  body += fmt::format(
+      "data_parallel_shard_degree = -1  # the leftover ranks ({}); FSDP shards over dp_shard x cp "
+      "= {} GPUs\n",
+      p.dp, p.par.gpus / p.par.pp_degree);
+  if (p.recipe.zero_stage < 3) {
+    body += fmt::format(
+        "fsdp_reshard_after_forward = \"never\"  # keeps gathered parameters after forward, the "
+        "closest FSDP2 gets to ZeRO-{}\n",
+        p.recipe.zero_stage);
+    p.note(
+        fmt::format("TorchTitan always shards with FSDP2 (ZeRO-3 style); ZeRO-{} is "
+                    "approximated by fsdp_reshard_after_forward = \"never\"",
+                    p.recipe.zero_stage));
+  }
+  return body + context_parallel_keys(p, allgather);
+}
+
+// [activation_checkpoint].
+std::string checkpoint_section(Plan& p) {
+  std::string body = "\n[activation_checkpoint]\n";
   switch (p.recipe.checkpointing) {
     case CheckpointMode::kFull:
       body += "mode = \"full\"\n";
@@ -169,8 +184,11 @@ EmittedConfig emit_torchtitan(Plan& p) {
       body += "mode = \"none\"\n";
       break;
   }
+  return body;
+}
 
-  // What the TOML cannot say.
+// What the TOML cannot say.
+void notes_on_what_the_toml_cannot_say(Plan& p) {
   if (p.ckpt_offload()) {
     p.note(
         "checkpoint offload to host (block inputs in pinned memory) has no TorchTitan TOML key; "
@@ -194,6 +212,20 @@ EmittedConfig emit_torchtitan(Plan& p) {
                     p.recipe.attention_kernel));
   }
   p.note_comm_dtype_fixed("TorchTitan");
+}
+
+}  // namespace
+
+EmittedConfig emit_torchtitan(Plan& p) {
+  require_seq_multiple_of_2cp(p, "TorchTitan",
+                              "training.seq_len must be divisible by tp x 2 x cp for CP load "
+                              "balancing");
+  const bool allgather = p.selects() == "allgather";  // context_parallel_rotate_method
+  std::string body = model_section(p);
+  body += training_section(p);
+  body += parallelism_section(p, allgather);
+  body += checkpoint_section(p);
+  notes_on_what_the_toml_cannot_say(p);
 
   LauncherText text;
   text.usage = {
