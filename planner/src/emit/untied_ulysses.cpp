@@ -30,24 +30,15 @@ RecipeAsRun untied_ulysses_recipe_as_run(const sim::ScheduleInputs& in) {
   return r;
 }
 
-EmittedConfig emit_untied_ulysses(Plan& p) {
-  // The fork's attention implementation: usp, upipe or torch_ring_alltoall.
-  const std::string& selects = p.selects();
-  if (selects == "upipe" && p.par.heads_per_stage != 0 && p.par.heads_per_stage != p.ulysses) {
-    refuse(
-        fmt::format("the UPipe reference code fixes the heads per stage U to the Ulysses degree "
-                    "({}); --heads-per-stage {} cannot be expressed there (no other launcher "
-                    "runs UPipe): use --heads-per-stage {}",
-                    p.ulysses, p.par.heads_per_stage, p.ulysses));
-  }
-  if (p.ring > 1) {
-    require_seq_multiple_of_2cp(p, "the UPipe reference code", "its ring is always zigzag");
-  }
+namespace {
+
+// The fork's --model.attn_impl: usp, upipe or torch_ring_alltoall, with the kernel, offload and
+// tiled-MLP suffixes.
+std::string attn_impl(Plan& p, const std::string& selects) {
   const std::string& kernel = p.recipe.attention_kernel;
   // usp and upipe go through yunchang's flash-attn wrappers; the torch ring runs SDPA.
-  const bool torch_ring = selects == "torch_ring_alltoall";
   std::string impl = selects;
-  if (!torch_ring) {
+  if (selects != "torch_ring_alltoall") {
     if (kernel == "fa3") {
       impl += "_fa3";
     } else {
@@ -72,20 +63,11 @@ EmittedConfig emit_untied_ulysses(Plan& p) {
         "the fork's tiled_mlp switches on TiledMLP and TiledRMSNorm together; tiled_mlp and "
         "tiled_norm differ in the recipe");
   }
+  return impl;
+}
 
-  std::vector<std::string> args = {
-      "--parallelism.context_parallel_ulysses_degree", fmt::format("{}", p.ulysses),
-      "--parallelism.context_parallel_degree", fmt::format("{}", p.ring)};
-  if (torch_ring) {
-    args.insert(args.end(), {"--parallelism.context_parallel_rotate_method", "alltoall"});
-  }
-  if (p.recipe.zero_stage < 3) {
-    args.insert(args.end(), {"--parallelism.fsdp_reshard_after_forward", "never"});
-    p.note(
-        fmt::format("the fork shards with FSDP2 (ZeRO-3 style); ZeRO-{} is approximated by "
-                    "--parallelism.fsdp_reshard_after_forward never",
-                    p.recipe.zero_stage));
-  }
+// --model.name and --model.flavor of this shape, or a note to add one.
+void model_args(Plan& p, std::vector<std::string>& args) {
   const Flavor fl = llama3_flavor(p.model);
   // The fork's llama3 "32B" flavor is the Qwen3-32B shape run as a Llama block.
   const auto& md = p.model;
@@ -104,6 +86,25 @@ EmittedConfig emit_untied_ulysses(Plan& p) {
                     "flavor you add to torchtitan/models/llama3/__init__.py",
                     p.model.name, shape_summary(p.model)));
   }
+}
+
+// The fork's command-line overrides.
+std::vector<std::string> fork_args(Plan& p, const std::string& selects) {
+  const std::string impl = attn_impl(p, selects);
+  std::vector<std::string> args = {
+      "--parallelism.context_parallel_ulysses_degree", fmt::format("{}", p.ulysses),
+      "--parallelism.context_parallel_degree", fmt::format("{}", p.ring)};
+  if (selects == "torch_ring_alltoall") {
+    args.insert(args.end(), {"--parallelism.context_parallel_rotate_method", "alltoall"});
+  }
+  if (p.recipe.zero_stage < 3) {
+    args.insert(args.end(), {"--parallelism.fsdp_reshard_after_forward", "never"});
+    p.note(
+        fmt::format("the fork shards with FSDP2 (ZeRO-3 style); ZeRO-{} is approximated by "
+                    "--parallelism.fsdp_reshard_after_forward never",
+                    p.recipe.zero_stage));
+  }
+  model_args(p, args);
   args.insert(args.end(), {"--model.attn_impl", impl, "--model.ring_comm_heads", "gqa_kv",
                            "--activation_checkpoint.mode"});
   switch (p.recipe.checkpointing) {
@@ -128,28 +129,11 @@ EmittedConfig emit_untied_ulysses(Plan& p) {
         "--training.enable_cpu_offload offloads parameters, gradients and optimizer states "
         "(FSDP CPUOffload), not only the optimizer as simulated");
   }
+  return args;
+}
 
-  p.note_selection();
-  if (p.ring > 1 && !p.zigzag()) {
-    p.note(
-        "the fork's ring is always load-balanced (zigzag / round robin); the contiguous layout "
-        "is not selectable");
-  }
-  if (!p.recipe.fused_loss) {
-    p.note(
-        "the fork always uses Liger's fused linear cross-entropy; an unfused loss is not "
-        "selectable");
-  }
-  p.note_comm_dtype_fixed("the fork");
-
-  std::vector<std::string> env;
-  if (p.recipe.expandable_segments) {
-    env.emplace_back("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
-  }
-  if (p.seq > kPinMemoryLimit) {
-    env.emplace_back("INP_PIN_MEMORY=False");  // the fork's scripts do this above 4M tokens
-  }
-
+// The launch line: run_train.sh on one node, torch.distributed.run on several.
+std::vector<std::string> usage_lines(const Plan& p) {
   std::vector<std::string> usage = {
       "Arguments for the UPipe reference code (github.com/togethercomputer/Untied-Ulysses, "
       "TorchTitan fork); from its torchtitan/ folder:"};
@@ -166,14 +150,21 @@ EmittedConfig emit_untied_ulysses(Plan& p) {
         "--job.config_file {} \"${{UNTIED_ULYSSES_ARGS[@]}}\"",
         p.nodes, p.par.gpus_per_node, toml));
   }
+  return usage;
+}
+
+// The environment and the bash array, a flag and its value on one line.
+std::string args_text(const Plan& p, const std::vector<std::string>& args) {
   std::string text;
-  for (const auto& e : env) {
-    text += fmt::format("export {}\n", e);
+  if (p.recipe.expandable_segments) {
+    text += "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n";
+  }
+  if (p.seq > kPinMemoryLimit) {
+    text += "export INP_PIN_MEMORY=False\n";  // the fork's scripts do this above 4M tokens
   }
   text += "UNTIED_ULYSSES_ARGS=(\n";
   for (std::size_t i = 0; i < args.size(); ++i) {
     text += fmt::format("  {}", shell_word(args[i]));
-    // A flag and its value share a line.
     const bool value_follows = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0;
     if (value_follows) {
       text += fmt::format(" {}", shell_word(args[++i]));
@@ -181,7 +172,38 @@ EmittedConfig emit_untied_ulysses(Plan& p) {
     text += "\n";
   }
   text += ")\n";
-  return finish(p, {std::move(usage), std::move(text), "cpsim_untied-ulysses.sh", true});
+  return text;
+}
+
+}  // namespace
+
+EmittedConfig emit_untied_ulysses(Plan& p) {
+  // The fork's attention implementation: usp, upipe or torch_ring_alltoall.
+  const std::string& selects = p.selects();
+  if (selects == "upipe" && p.par.heads_per_stage != 0 && p.par.heads_per_stage != p.ulysses) {
+    refuse(
+        fmt::format("the UPipe reference code fixes the heads per stage U to the Ulysses degree "
+                    "({}); --heads-per-stage {} cannot be expressed there (no other launcher "
+                    "runs UPipe): use --heads-per-stage {}",
+                    p.ulysses, p.par.heads_per_stage, p.ulysses));
+  }
+  if (p.ring > 1) {
+    require_seq_multiple_of_2cp(p, "the UPipe reference code", "its ring is always zigzag");
+  }
+  const std::vector<std::string> args = fork_args(p, selects);
+  p.note_selection();
+  if (p.ring > 1 && !p.zigzag()) {
+    p.note(
+        "the fork's ring is always load-balanced (zigzag / round robin); the contiguous layout "
+        "is not selectable");
+  }
+  if (!p.recipe.fused_loss) {
+    p.note(
+        "the fork always uses Liger's fused linear cross-entropy; an unfused loss is not "
+        "selectable");
+  }
+  p.note_comm_dtype_fixed("the fork");
+  return finish(p, {usage_lines(p), args_text(p, args), "cpsim_untied-ulysses.sh", true});
 }
 
 }  // namespace cpsim::planner::emit_detail
