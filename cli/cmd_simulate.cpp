@@ -568,9 +568,31 @@ nlohmann::json to_json(const SimulateArgs& a,
   return j;
 }
 
-std::string human(const sim::ScheduleInputs& in,
-                  const sim::StepReport& rep,
-                  const sim::PeakContents* peak = nullptr) {
+// The pipeline's layout, schedule, in-flight micro-batches and P2P.
+std::string pipeline_line(const sim::ScheduleInputs& in, const sim::StepReport& rep) {
+  const sim::PipelineShape& s = rep.pipeline;
+  const bool uneven = in.parallel.pp_first_stage_layers > 0 || in.parallel.pp_last_stage_layers > 0;
+  const std::string blocks =
+      uneven ? fmt::format("{}/{}/{} blocks on the first/middle/last stages (the {} simulated)",
+                           s.first_stage_layers, s.middle_stage_layers, s.last_stage_layers,
+                           s.stage_layers)
+             : fmt::format("{} blocks per stage", s.stage_layers);
+  const std::string held =
+      s.memory_stage == 0 ? ""
+                          : fmt::format("; stage {} holds the most activations", s.memory_stage);
+  return fmt::format(
+      "  PP {} ({}{}): {} on {} GPUs, bubble {:.3f}, {:.3g} micro-batches in "
+      "flight on the first stage{} (+{}); P2P {} per send/recv on the {} link, {}\n",
+      s.stages, models::to_string(in.parallel.pp_schedule),
+      s.virtual_stages > 1 ? fmt::format(", {} virtual stages", s.virtual_stages) : "", blocks,
+      in.parallel.gpus / s.stages, s.bubble_fraction, s.in_flight_first_stage, held,
+      format_bytes(static_cast<double>(rep.pipeline_in_flight_extra_bytes)),
+      format_bytes(static_cast<double>(s.p2p_bytes)), models::to_string(s.p2p_span),
+      s.p2p_exposed ? "exposed (blocking)" : "overlapped");
+}
+
+// The set-up: model, method, recipe, implementation, TP/DP/PP layout, micro-batches.
+std::string setup_lines(const sim::ScheduleInputs& in, const sim::StepReport& rep) {
   const auto& L = rep.layout;
   std::string o;
   o += fmt::format("{} on {} x {}, {}, seq {} ({} tokens), recipe {}\n", in.model.name,
@@ -602,37 +624,18 @@ std::string human(const sim::ScheduleInputs& in,
                      in.parallel.data_parallel(), in.parallel.cp_degree, tp);
   }
   if (in.parallel.pp_degree > 1) {
-    const sim::PipelineShape& s = rep.pipeline;
-    const bool uneven =
-        in.parallel.pp_first_stage_layers > 0 || in.parallel.pp_last_stage_layers > 0;
-    const std::string blocks =
-        uneven ? fmt::format("{}/{}/{} blocks on the first/middle/last stages (the {} simulated)",
-                             s.first_stage_layers, s.middle_stage_layers, s.last_stage_layers,
-                             s.stage_layers)
-               : fmt::format("{} blocks per stage", s.stage_layers);
-    const std::string held =
-        s.memory_stage == 0 ? ""
-                            : fmt::format("; stage {} holds the most activations", s.memory_stage);
-    o += fmt::format(
-        "  PP {} ({}{}): {} on {} GPUs, bubble {:.3f}, {:.3g} micro-batches in "
-        "flight on the first stage{} (+{}); P2P {} per send/recv on the {} link, {}\n",
-        s.stages, models::to_string(in.parallel.pp_schedule),
-        s.virtual_stages > 1 ? fmt::format(", {} virtual stages", s.virtual_stages) : "", blocks,
-        in.parallel.gpus / s.stages, s.bubble_fraction, s.in_flight_first_stage, held,
-        format_bytes(static_cast<double>(rep.pipeline_in_flight_extra_bytes)),
-        format_bytes(static_cast<double>(s.p2p_bytes)), models::to_string(s.p2p_span),
-        s.p2p_exposed ? "exposed (blocking)" : "overlapped");
+    o += pipeline_line(in, rep);
   }
   if (tp > 1 || in.parallel.micro_batches > 1 || in.parallel.pp_degree > 1) {
     o += fmt::format("  {} micro-batch{} per step: {} tokens per step\n", in.parallel.micro_batches,
                      in.parallel.micro_batches > 1 ? "es" : "", rep.tokens_per_step);
   }
-  o += "\n";
-  o += fmt::format("  step time            {}\n", format_seconds(rep.step_time_s));
-  o += fmt::format("  throughput           {:.1f} tokens/s/GPU\n", rep.tokens_per_s_per_gpu);
-  o += fmt::format("  model TFLOP/s/GPU    {:.1f}  (MFU {:.1f} %, model FLOPs exclude recompute)\n",
-                   rep.model_tflops_per_gpu, 100.0 * rep.mfu);
-  o += "\n";
+  return o;
+}
+
+// The peak, where it is and whether it fits, and the reserved memory.
+std::string peak_lines(const sim::ScheduleInputs& in, const sim::StepReport& rep) {
+  std::string o;
   const std::string margin =
       rep.gpu_margin_bytes > 0
           ? fmt::format(" beyond the {} margin",
@@ -680,7 +683,21 @@ std::string human(const sim::ScheduleInputs& in,
             ? fmt::format("; it empties its cache {} time(s) to fit", rep.allocator_cache_releases)
             : "");
   }
+  return o;
+}
 
+// `table`, each line indented by four spaces.
+std::string indented(const std::string& table) {
+  std::string o;
+  std::istringstream lines(table);
+  for (std::string line; std::getline(lines, line);) {
+    o += "    " + line + "\n";
+  }
+  return o;
+}
+
+// The categories at the peak and on their own, the largest allocations, the host memory.
+std::string memory_tables(const sim::StepReport& rep, const sim::PeakContents* peak) {
   std::vector<std::vector<std::string>> rows;
   for (int c = 0; c < sim::kMemCategoryCount; ++c) {
     const auto i = static_cast<std::size_t>(c);
@@ -690,11 +707,8 @@ std::string human(const sim::ScheduleInputs& in,
   }
   rows.push_back({"fixed overheads", format_bytes(static_cast<double>(rep.fixed_overhead_bytes)),
                   format_bytes(static_cast<double>(rep.fixed_overhead_bytes))});
-  std::string table = format_table({"category", "at peak", "own peak"}, rows, {false, true, true});
-  std::istringstream lines(table);
-  for (std::string line; std::getline(lines, line);) {
-    o += "    " + line + "\n";
-  }
+  std::string o =
+      indented(format_table({"category", "at peak", "own peak"}, rows, {false, true, true}));
   if (peak != nullptr && !peak->largest.empty()) {
     o += "  largest allocations at the peak (model states and fixed overheads not listed):\n";
     std::vector<std::vector<std::string>> big;
@@ -706,11 +720,8 @@ std::string human(const sim::ScheduleInputs& in,
       big.push_back({fmt::format("{} others", peak->other_count),
                      format_bytes(static_cast<double>(peak->other_bytes)), "", ""});
     }
-    std::istringstream big_lines(format_table({"tensor", "bytes", "category", "allocated by"}, big,
-                                              {false, true, false, false}));
-    for (std::string line; std::getline(big_lines, line);) {
-      o += "    " + line + "\n";
-    }
+    o += indented(format_table({"tensor", "bytes", "category", "allocated by"}, big,
+                               {false, true, false, false}));
   }
   o += fmt::format("  host memory (pinned) {} per node of {}: {}{}\n",
                    format_bytes(static_cast<double>(rep.host_memory_bytes)),
@@ -720,11 +731,16 @@ std::string human(const sim::ScheduleInputs& in,
                        ? fmt::format(" with a {} margin",
                                      format_bytes(static_cast<double>(rep.host_margin_bytes)))
                        : "");
-  o += "\n";
+  return o;
+}
+
+// Attention buffers, stream occupancy, what was simulated, and the modelling notes.
+std::string detail_lines(const sim::ScheduleInputs& in, const sim::StepReport& rep) {
+  std::string o;
   const auto& A = rep.attention;
   o += fmt::format(
       "  attention buffers per rank ({}): QKV local {}, head-sharded {}, out {}, LSE {}",
-      L.stages > 1 ? "one stage" : "all heads",
+      rep.layout.stages > 1 ? "one stage" : "all heads",
       format_bytes(static_cast<double>(A.qkv_local_bytes)),
       format_bytes(static_cast<double>(A.qkv_headsharded_bytes)),
       format_bytes(static_cast<double>(A.out_headsharded_bytes)),
@@ -749,6 +765,23 @@ std::string human(const sim::ScheduleInputs& in,
       o += "    - " + n + "\n";
     }
   }
+  return o;
+}
+
+std::string human(const sim::ScheduleInputs& in,
+                  const sim::StepReport& rep,
+                  const sim::PeakContents* peak = nullptr) {
+  std::string o = setup_lines(in, rep);
+  o += "\n";
+  o += fmt::format("  step time            {}\n", format_seconds(rep.step_time_s));
+  o += fmt::format("  throughput           {:.1f} tokens/s/GPU\n", rep.tokens_per_s_per_gpu);
+  o += fmt::format("  model TFLOP/s/GPU    {:.1f}  (MFU {:.1f} %, model FLOPs exclude recompute)\n",
+                   rep.model_tflops_per_gpu, 100.0 * rep.mfu);
+  o += "\n";
+  o += peak_lines(in, rep);
+  o += memory_tables(rep, peak);
+  o += "\n";
+  o += detail_lines(in, rep);
   return o;
 }
 
