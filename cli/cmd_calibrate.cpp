@@ -342,6 +342,16 @@ int run_fit(const CalibrateArgs& a) {
   try {
     (void)models::parse_hardware_profile(text, a.fit_out);
   } catch (const InputError& e) {
+    // Measurements of another GPU than the base's: its spec values (peak, bandwidth, ranges)
+    // cannot hold them. That is the choice of --base, not a fault of the fit.
+    if (raw.context.sm_count > 0 && raw.context.sm_count != base.sm_count) {
+      throw InputError(
+          "--base", fmt::format("the measurements are from {} ({} SMs) and the base '{}' is {} "
+                                "({} SMs): the fitted profile does not load ({}); pick the "
+                                "base profile of the measured GPU",
+                                raw.context.device, raw.context.sm_count, base.name, base.gpu_name,
+                                base.sm_count, e.what()));
+    }
     throw std::logic_error(fmt::format("the fitted profile does not load: {}", e.what()));
   }
 

@@ -231,6 +231,19 @@ struct Fitter {
   void note_gemm_layouts();
   void fit_attention();
   void fit_attention_kernel(const std::string& kernel);
+  /// The model a kernel's curves go into: the base's entry, or new tiles with their sources.
+  models::AttentionKernelModel attention_model_start(const std::string& kernel,
+                                                     const std::string& path,
+                                                     bool in_base);
+  struct AttentionVariant;
+  /// One of a kernel's four curves from its samples; false when none was measured.
+  bool fit_attention_curve(const std::string& kernel,
+                           const std::string& path,
+                           bool in_base,
+                           const AttentionVariant& v,
+                           const std::vector<const AttentionSample*>& all,
+                           models::AttentionKernelModel& model,
+                           std::vector<std::pair<std::string, std::string>>& new_sources);
   void fit_host_link();
   void fit_collectives();
   void fit_collective_group(const CollectiveGroupKey& key,
@@ -487,6 +500,47 @@ void Fitter::fit_attention() {
   }
 }
 
+struct Fitter::AttentionVariant {
+  AttentionPass pass;
+  bool causal;
+  const char* key;
+  LogCurve models::AttentionKernelModel::*curve;
+};
+
+namespace {
+
+// The head dim the curves are for: 128 (the published curves' and most models') when measured,
+// else the one measured most.
+std::int64_t curve_head_dim(const std::map<std::int64_t, std::size_t>& head_dims) {
+  if (head_dims.count(128) != 0) {
+    return 128;
+  }
+  std::int64_t head_dim = 0;
+  std::size_t most = 0;
+  for (const auto& [d, count] : head_dims) {
+    if (count > most) {
+      most = count;
+      head_dim = d;
+    }
+  }
+  return head_dim;
+}
+
+// The mean of the fitted curve over a published one at the fitted points.
+double mean_ratio_to(const LogCurve& fitted, const LogCurve& published, std::string* ratios) {
+  double ratio_sum = 0.0;
+  for (const auto& [x, y] : fitted.points()) {
+    const double r = y / published(x, y);
+    ratio_sum += r;
+    if (ratios != nullptr) {
+      *ratios += fmt::format("{}{:.2f} @{}", ratios->empty() ? "" : ", ", r, short_length(x));
+    }
+  }
+  return ratio_sum / static_cast<double>(fitted.points().size());
+}
+
+}  // namespace
+
 void Fitter::fit_attention_kernel(const std::string& kernel) {
   const std::string path = "compute.attention_kernels." + kernel;
   std::vector<const AttentionSample*> all;
@@ -497,66 +551,13 @@ void Fitter::fit_attention_kernel(const std::string& kernel) {
       ++head_dims[s.head_dim];
     }
   }
-  // The curves are for one head dim: 128 (the published curves' and most models') when measured.
-  std::int64_t head_dim = head_dims.count(128) != 0 ? 128 : 0;
-  if (head_dim == 0) {
-    std::size_t most = 0;
-    for (const auto& [d, count] : head_dims) {
-      if (count > most) {
-        most = count;
-        head_dim = d;
-      }
-    }
-  }
-
-  const auto base_it = base.attention_kernels.find(kernel);
-  const bool in_base = base_it != base.attention_kernels.end();
-  models::AttentionKernelModel model;
-  if (in_base) {
-    model = base_it->second;
-  } else if (kernel == "cpsim-flash") {
-    model.fwd_block_m = kCpsimFlashBlockM;
-    model.bwd_block_n = kCpsimFlashBlockN;
-    set_source(path + ".fwd_block_m",
-               "(read) cpsim-flash forward tile: 64 query rows per CTA; "
-               "calibrate/cuda/flash_attention.cu");
-    set_source(path + ".bwd_block_n",
-               "(read) cpsim-flash backward tile: 64 key rows per CTA; "
-               "calibrate/cuda/flash_attention.cu");
-  } else {
-    const auto fa3 = base.attention_kernels.find("fa3");
-    if (fa3 != base.attention_kernels.end()) {
-      model.fwd_block_m = fa3->second.fwd_block_m;
-      model.bwd_block_n = fa3->second.bwd_block_n;
-      for (const char* key : {".fwd_block_m", ".bwd_block_n"}) {
-        const auto it = base.provenance.find("compute.attention_kernels.fa3" + std::string(key));
-        set_source(path + key,
-                   "(inferred) copied from the base's fa3 entry: " +
-                       (it != base.provenance.end() ? it->second : std::string("no source")));
-      }
-    } else {
-      set_source(path + ".fwd_block_m", "assumption: 128-row tiles (no base entry to copy)");
-      set_source(path + ".bwd_block_n", "assumption: 128-row tiles (no base entry to copy)");
-    }
-  }
-  model.head_dim = head_dim;
+  const bool in_base = base.attention_kernels.count(kernel) != 0;
+  models::AttentionKernelModel model = attention_model_start(kernel, path, in_base);
+  model.head_dim = curve_head_dim(head_dims);
   set_source(path + ".head_dim", sources.read(fmt::format(
                                      "head_dim of the measured {} points the curves use", kernel)));
 
-  const auto fa3_it = base.attention_kernels.find("fa3");
-  const bool compare_fa3 = kernel != "fa3" && fa3_it != base.attention_kernels.end();
-  const auto cudnn_it = base.attention_kernels.find("cudnn");
-  const double launch = p().kernel_launch_s;
-  const std::int64_t sms = p().sm_count;
-  const std::int64_t ref_block = model.fwd_block_m;
-
-  struct Variant {
-    AttentionPass pass;
-    bool causal;
-    const char* key;
-    LogCurve models::AttentionKernelModel::*curve;
-  };
-  const Variant variants[] = {
+  const AttentionVariant variants[] = {
       {AttentionPass::kForward, true, "fwd_causal_flops_per_s",
        &models::AttentionKernelModel::fwd_causal_flops_per_s},
       {AttentionPass::kForward, false, "fwd_full_flops_per_s",
@@ -566,130 +567,10 @@ void Fitter::fit_attention_kernel(const std::string& kernel) {
       {AttentionPass::kBackward, false, "bwd_full_flops_per_s",
        &models::AttentionKernelModel::bwd_full_flops_per_s},
   };
-
   bool complete = true;
   std::vector<std::pair<std::string, std::string>> new_sources;
-  for (const Variant& v : variants) {
-    const std::string curve_path = path + "." + v.key;
-    const bool fwd = v.pass == AttentionPass::kForward;
-    const std::int64_t block = fwd ? model.fwd_block_m : model.bwd_block_n;
-    auto axis = [fwd](const AttentionSample& s) { return fwd ? s.q_len : s.kv_len; };
-    auto occupancy = [&](const AttentionSample& s) {
-      const std::int64_t len = axis(s);
-      return attention_occupancy_factor(s.heads * ((len + block - 1) / block), sms, ref_block);
-    };
-    std::vector<const AttentionSample*> square, rect;
-    std::map<std::int64_t, std::int64_t> max_heads;  // per length, square shapes
-    for (const AttentionSample* s : all) {
-      if (s->pass != v.pass || s->causal != v.causal || s->head_dim != head_dim) {
-        continue;
-      }
-      if (s->q_len == s->kv_len) {
-        square.push_back(s);
-        auto& h = max_heads[s->q_len];
-        h = std::max(h, s->heads);
-      } else {
-        rect.push_back(s);
-      }
-    }
-    std::vector<const AttentionSample*> many;  // the most heads measured at each length
-    for (const AttentionSample* s : square) {
-      if (s->heads == max_heads[s->q_len]) {
-        many.push_back(s);
-      }
-    }
-    if (many.empty()) {
-      complete = false;
-      note(fmt::format("{}: no square {} samples at head_dim {}; {}", curve_path, v.key, head_dim,
-                       in_base ? "kept from the base" : "kernel skipped"));
-      continue;
-    }
-
-    std::vector<double> xs, ys, times, flops, occ;
-    for (const AttentionSample* s : many) {
-      const double f = attention_flops(*s);
-      const double o = occupancy(*s);
-      const double busy = std::max(s->time_s - launch, 0.5 * s->time_s);
-      xs.push_back(static_cast<double>(axis(*s)));
-      ys.push_back(f / (busy * o));
-      times.push_back(s->time_s);
-      flops.push_back(f);
-      occ.push_back(o);
-    }
-    const Groups groups = make_groups(xs);
-    CurveFit& row = add_row(curve_path);
-    const LogCurve curve = assess(
-        row, xs, times, options.holdout_every,
-        [&](const std::vector<bool>& use) { return group_curve(groups, xs, ys, use); },
-        [&](const LogCurve& c, std::size_t i) {
-          return launch + flops[i] / (c(xs[i], 1.0) * occ[i]);
-        });
-    std::string detail = fmt::format(
-        "{} {} bf16 d={}, the most heads per launch at each length, through the occupancy model "
-        "(fwd_block_m {}, bwd_block_n {}, {} SMs)",
-        kernel, v.key, head_dim, model.fwd_block_m, model.bwd_block_n, sms);
-    if (compare_fa3) {
-      const LogCurve& published = fa3_it->second.*(v.curve);
-      std::string ratios;
-      double ratio_sum = 0.0;
-      for (const auto& [x, y] : curve.points()) {
-        const double r = y / published(x, y);
-        ratio_sum += r;
-        ratios += fmt::format("{}{:.2f} @{}", ratios.empty() ? "" : ", ", r, short_length(x));
-      }
-      const double mean_ratio = ratio_sum / static_cast<double>(curve.points().size());
-      detail += fmt::format(
-          "; kernel efficiency vs the base's published fa3 curve at the same "
-          "length: {} (mean {:.2f})",
-          ratios, mean_ratio);
-      row.note = fmt::format("{:.2f} x fa3", mean_ratio);
-    }
-    if (cudnn_it != base.attention_kernels.end() && kernel != "cudnn") {
-      const LogCurve& published = cudnn_it->second.*(v.curve);
-      double ratio_sum = 0.0;
-      for (const auto& [x, y] : curve.points()) {
-        ratio_sum += y / published(x, y);
-      }
-      const double mean_ratio = ratio_sum / static_cast<double>(curve.points().size());
-      detail += fmt::format("; vs the base's published cudnn curve: mean {:.2f}", mean_ratio);
-      row.note += fmt::format("{}{:.2f} x cudnn", row.note.empty() ? "" : ", ", mean_ratio);
-    }
-    model.*(v.curve) = curve;
-    new_sources.emplace_back(curve_path, sources.measured(row, detail));
-
-    // Cross-checks of the occupancy model and of the length axis (printed, not gated).
-    {
-      ErrorStats e;
-      for (const AttentionSample* s : square) {
-        if (s->heads != max_heads[s->q_len]) {
-          e.add(launch + attention_flops(*s) /
-                             (curve(static_cast<double>(axis(*s)), 1.0) * occupancy(*s)),
-                s->time_s);
-        }
-      }
-      if (e.n > 0) {
-        CurveFit& check = add_row(curve_path + " [fewer heads]", false);
-        check.samples = e.n;
-        check.fit_mape = e.mape();
-        check.fit_max = e.max;
-        check.note = "occupancy model on the few-head launches";
-      }
-    }
-    {
-      ErrorStats e;
-      for (const AttentionSample* s : rect) {
-        e.add(launch +
-                  attention_flops(*s) / (curve(static_cast<double>(axis(*s)), 1.0) * occupancy(*s)),
-              s->time_s);
-      }
-      if (e.n > 0) {
-        CurveFit& check = add_row(curve_path + " [q_len != kv_len]", false);
-        check.samples = e.n;
-        check.fit_mape = e.mape();
-        check.fit_max = e.max;
-        check.note = "unequal lengths (ring steps, FPDT chunks)";
-      }
-    }
+  for (const AttentionVariant& v : variants) {
+    complete = fit_attention_curve(kernel, path, in_base, v, all, model, new_sources) && complete;
   }
   if (!complete && !in_base) {
     // A new kernel needs all four curves: drop the sources recorded for it above.
@@ -704,6 +585,152 @@ void Fitter::fit_attention_kernel(const std::string& kernel) {
     set_source(curve_path, std::move(source));
   }
   p().attention_kernels[kernel] = std::move(model);
+}
+
+models::AttentionKernelModel Fitter::attention_model_start(const std::string& kernel,
+                                                           const std::string& path,
+                                                           bool in_base) {
+  if (in_base) {
+    return base.attention_kernels.at(kernel);
+  }
+  models::AttentionKernelModel model;
+  if (kernel == "cpsim-flash") {
+    model.fwd_block_m = kCpsimFlashBlockM;
+    model.bwd_block_n = kCpsimFlashBlockN;
+    set_source(path + ".fwd_block_m",
+               "(read) cpsim-flash forward tile: 64 query rows per CTA; "
+               "calibrate/cuda/flash_attention.cu");
+    set_source(path + ".bwd_block_n",
+               "(read) cpsim-flash backward tile: 64 key rows per CTA; "
+               "calibrate/cuda/flash_attention.cu");
+    return model;
+  }
+  const auto fa3 = base.attention_kernels.find("fa3");
+  if (fa3 == base.attention_kernels.end()) {
+    set_source(path + ".fwd_block_m", "assumption: 128-row tiles (no base entry to copy)");
+    set_source(path + ".bwd_block_n", "assumption: 128-row tiles (no base entry to copy)");
+    return model;
+  }
+  model.fwd_block_m = fa3->second.fwd_block_m;
+  model.bwd_block_n = fa3->second.bwd_block_n;
+  for (const char* key : {".fwd_block_m", ".bwd_block_n"}) {
+    const auto it = base.provenance.find("compute.attention_kernels.fa3" + std::string(key));
+    set_source(path + key,
+               "(inferred) copied from the base's fa3 entry: " +
+                   (it != base.provenance.end() ? it->second : std::string("no source")));
+  }
+  return model;
+}
+
+bool Fitter::fit_attention_curve(const std::string& kernel,
+                                 const std::string& path,
+                                 bool in_base,
+                                 const AttentionVariant& v,
+                                 const std::vector<const AttentionSample*>& all,
+                                 models::AttentionKernelModel& model,
+                                 std::vector<std::pair<std::string, std::string>>& new_sources) {
+  const std::int64_t head_dim = model.head_dim;
+  const double launch = p().kernel_launch_s;
+  const std::int64_t sms = p().sm_count;
+  const std::int64_t ref_block = model.fwd_block_m;
+  const std::string curve_path = path + "." + v.key;
+  const bool fwd = v.pass == AttentionPass::kForward;
+  const std::int64_t block = fwd ? model.fwd_block_m : model.bwd_block_n;
+  auto axis = [fwd](const AttentionSample& s) { return fwd ? s.q_len : s.kv_len; };
+  auto occupancy = [&](const AttentionSample& s) {
+    const std::int64_t len = axis(s);
+    return attention_occupancy_factor(s.heads * ((len + block - 1) / block), sms, ref_block);
+  };
+  std::vector<const AttentionSample*> square, rect;
+  std::map<std::int64_t, std::int64_t> max_heads;  // per length, square shapes
+  for (const AttentionSample* s : all) {
+    if (s->pass != v.pass || s->causal != v.causal || s->head_dim != head_dim) {
+      continue;
+    }
+    if (s->q_len == s->kv_len) {
+      square.push_back(s);
+      auto& h = max_heads[s->q_len];
+      h = std::max(h, s->heads);
+    } else {
+      rect.push_back(s);
+    }
+  }
+  std::vector<const AttentionSample*> many;  // the most heads measured at each length
+  for (const AttentionSample* s : square) {
+    if (s->heads == max_heads[s->q_len]) {
+      many.push_back(s);
+    }
+  }
+  if (many.empty()) {
+    note(fmt::format("{}: no square {} samples at head_dim {}; {}", curve_path, v.key, head_dim,
+                     in_base ? "kept from the base" : "kernel skipped"));
+    return false;
+  }
+
+  std::vector<double> xs, ys, times, flops, occ;
+  for (const AttentionSample* s : many) {
+    const double f = attention_flops(*s);
+    const double o = occupancy(*s);
+    const double busy = std::max(s->time_s - launch, 0.5 * s->time_s);
+    xs.push_back(static_cast<double>(axis(*s)));
+    ys.push_back(f / (busy * o));
+    times.push_back(s->time_s);
+    flops.push_back(f);
+    occ.push_back(o);
+  }
+  const Groups groups = make_groups(xs);
+  CurveFit& row = add_row(curve_path);
+  const LogCurve curve = assess(
+      row, xs, times, options.holdout_every,
+      [&](const std::vector<bool>& use) { return group_curve(groups, xs, ys, use); },
+      [&](const LogCurve& c, std::size_t i) {
+        return launch + flops[i] / (c(xs[i], 1.0) * occ[i]);
+      });
+  std::string detail = fmt::format(
+      "{} {} bf16 d={}, the most heads per launch at each length, through the occupancy model "
+      "(fwd_block_m {}, bwd_block_n {}, {} SMs)",
+      kernel, v.key, head_dim, model.fwd_block_m, model.bwd_block_n, sms);
+  const auto fa3_it = base.attention_kernels.find("fa3");
+  if (kernel != "fa3" && fa3_it != base.attention_kernels.end()) {
+    std::string ratios;
+    const double mean = mean_ratio_to(curve, fa3_it->second.*(v.curve), &ratios);
+    detail += fmt::format(
+        "; kernel efficiency vs the base's published fa3 curve at the same "
+        "length: {} (mean {:.2f})",
+        ratios, mean);
+    row.note = fmt::format("{:.2f} x fa3", mean);
+  }
+  const auto cudnn_it = base.attention_kernels.find("cudnn");
+  if (cudnn_it != base.attention_kernels.end() && kernel != "cudnn") {
+    const double mean = mean_ratio_to(curve, cudnn_it->second.*(v.curve), nullptr);
+    detail += fmt::format("; vs the base's published cudnn curve: mean {:.2f}", mean);
+    row.note += fmt::format("{}{:.2f} x cudnn", row.note.empty() ? "" : ", ", mean);
+  }
+  model.*(v.curve) = curve;
+  new_sources.emplace_back(curve_path, sources.measured(row, detail));
+
+  // Cross-checks of the occupancy model and of the length axis (printed, not gated).
+  auto check_row = [&](const std::vector<const AttentionSample*>& samples, bool fewer_heads,
+                       const char* suffix, const char* what) {
+    ErrorStats e;
+    for (const AttentionSample* s : samples) {
+      if (!fewer_heads || s->heads != max_heads[s->q_len]) {
+        e.add(launch +
+                  attention_flops(*s) / (curve(static_cast<double>(axis(*s)), 1.0) * occupancy(*s)),
+              s->time_s);
+      }
+    }
+    if (e.n > 0) {
+      CurveFit& check = add_row(curve_path + suffix, false);
+      check.samples = e.n;
+      check.fit_mape = e.mape();
+      check.fit_max = e.max;
+      check.note = what;
+    }
+  };
+  check_row(square, true, " [fewer heads]", "occupancy model on the few-head launches");
+  check_row(rect, false, " [q_len != kv_len]", "unequal lengths (ring steps, FPDT chunks)");
+  return true;
 }
 
 void Fitter::fit_host_link() {

@@ -288,6 +288,22 @@ TEST_F(CalibrateCli, ABadFitIsRefusedUnlessForced) {
   EXPECT_TRUE(fs::exists(profile));
 }
 
+// The committed H200 measurements fitted onto the A100 profile: the base's spec ranges cannot
+// hold them, so the fitted profile does not load. That is bad input naming --base (exit 2, one
+// line), not an internal error, and nothing is written.
+TEST_F(CalibrateCli, MeasurementsOfAnotherGpuThanTheBaseNameTheBase) {
+  const fs::path measured = fs::path(CPSIM_TEST_DATA_DIR) / "measurements" / "h200-2026-11-26";
+  const fs::path profile = path("p.json");
+  const RunResult r = run({"calibrate", "fit", (measured / "calibrate_full.json").string(),
+                           (measured / "attention_cudnn.json").string(), "--base", "a100-sxm-80g",
+                           "--force", "--out", profile.string()});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--base"));
+  EXPECT_THAT(r.err, HasSubstr("132 SMs"));
+  EXPECT_FALSE(fs::exists(profile));
+}
+
 // A measurement script of calibrate/scripts and a Python 3 to run it (empty when there is none).
 std::pair<fs::path, std::string> script_and_python(const char* name) {
   const fs::path script = fs::path(CPSIM_TEST_DATA_DIR).parent_path() / "calibrate/scripts" / name;
