@@ -12,6 +12,7 @@
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/io.hpp"
 #include "cpsim/planner/maxlen.hpp"
+#include "cpsim/sim/implementation.hpp"
 
 namespace cpsim::planner {
 namespace {
@@ -338,6 +339,44 @@ TEST(LowerBound, NeverAboveTheSimulatedPeak) {
   EXPECT_GT(compared, 1000);
   EXPECT_GT(pipelined, 100);  // the bound of pipelined steps (stage × in-flight) is tested too
   EXPECT_GT(binding, compared / 10);  // tight (within 10 %) for a good share, or it prunes little
+}
+
+// The same for what Megatron-LM's launcher runs (megatron-core-cp, Megatron's vocab-parallel loss
+// on materialised logits: 6 bytes per logit in the bound, not 12; TP and PP with both pipeline
+// stages' bounds).
+TEST(LowerBound, NeverAboveTheSimulatedPeakAsMegatronRunsIt) {
+  int compared = 0, pipelined = 0, megatron_loss = 0;
+  for (const std::int64_t seq : {32 * 1024, 128 * 1024}) {
+    sim::ScheduleInputs base = small(CpMethod::kRing, 8);
+    base.hardware.hbm_capacity_bytes = 1LL << 40;
+    base.recipe.attention_kernel = "fa3";
+    PlanOptions o;
+    o.seq_len = seq;
+    o.allow_data_parallel = true;
+    o.launcher = LauncherFormat::kMegatron;
+    o.methods = {CpMethod::kRing, CpMethod::kUlysses, CpMethod::kUsp};
+    for (const Candidate& c : enumerate_candidates(base, o)) {
+      sim::ScheduleInputs in = c.inputs(base);
+      in.parallel.seq_len = seq;
+      try {
+        (void)sim::derive_head_layout(in);
+        in.recipe.validate();
+      } catch (const sim::ConfigError&) {
+        continue;
+      } catch (const InputError&) {
+        continue;
+      }
+      const std::int64_t bound = memory_lower_bound(in);
+      const std::int64_t peak = evaluate(in).report.peak_memory_bytes;
+      EXPECT_LE(bound, peak) << seq << " " << c.label;
+      ++compared;
+      pipelined += in.parallel.pp_degree > 1 ? 1 : 0;
+      megatron_loss += !in.recipe.fused_loss && sim::logits_loss_peak_bytes_per_logit(in) == 6;
+    }
+  }
+  EXPECT_GT(compared, 50);
+  EXPECT_GT(pipelined, 10);
+  EXPECT_GT(megatron_loss, 50);
 }
 
 // With FP8 the search keeps to untiled MLPs and ZeRO <= 2 (TransformerEngine's Linear layers with
