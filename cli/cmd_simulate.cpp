@@ -422,8 +422,110 @@ std::string recipe_label(const models::TrainingRecipe& r,
   return s;
 }
 
-nlohmann::json to_json(const SimulateArgs& a,
-                       const sim::ScheduleInputs& in,
+// The configuration as simulated.
+nlohmann::json config_json(const sim::ScheduleInputs& in, const sim::HeadLayout& L) {
+  using nlohmann::json;
+  const auto& r = in.recipe;
+  json c = {
+      {"model", in.model.name},
+      {"hardware", in.hardware.name},
+      {"gpus", in.parallel.gpus},
+      {"gpus_per_node", in.parallel.gpus_per_node},
+      {"method", models::to_string(in.parallel.method)},
+      {"implementation", L.implementation != nullptr ? json(L.implementation->name()) : json()},
+      {"seq_len", in.parallel.seq_len},
+      {"cp_degree", in.parallel.cp_degree},
+      {"ulysses_degree", L.ulysses},
+      {"ring_degree", L.ring},
+      {"ring_layout", models::to_string(in.parallel.ring_layout)},
+      {"fpdt_chunk", in.parallel.fpdt_chunk},
+      {"fpdt_offload", in.parallel.fpdt_offload},
+      {"optimizer_offload", r.optimizer_offload},
+      {"param_offload", r.param_offload},
+      {"comm_dtype", r.cp_comm_bytes == 4 ? "fp32" : "bf16"},
+      {"data_parallel", in.parallel.data_parallel()},
+      {"heads_per_stage", L.heads_per_stage},
+      {"stages", L.stages},
+      {"recipe", r.name},
+      {"zero_stage", r.zero_stage},
+      {"ac", models::to_string(r.checkpointing)},
+      {"ac_offload", r.checkpoint_offload},
+      {"tiled_mlp", r.tiled_mlp},
+      {"fused_loss", r.fused_loss},
+      {"norm_kernel", models::to_string(r.norm_kernel)},
+      {"rope_kernel", models::to_string(r.rope_kernel)},
+      {"mlp_kernel", models::to_string(r.mlp_kernel)},
+      {"int32_kernel_indexing", r.int32_kernel_indexing},
+      {"attention_kernel", r.attention_kernel}};
+  // Written only when set, so that a run without them reads as before.
+  if (in.parallel.tp_degree > 1 || in.parallel.micro_batches > 1) {
+    c["tp_degree"] = in.parallel.tp_degree;
+    c["micro_batches"] = in.parallel.micro_batches;
+  }
+  if (r.fp8) {
+    c["fp8"] = true;
+  }
+  if (in.parallel.pp_degree > 1) {
+    c["pp_degree"] = in.parallel.pp_degree;
+    c["pp_schedule"] = models::to_string(in.parallel.pp_schedule);
+    c["virtual_stages"] = in.parallel.virtual_stages;
+  }
+  return c;
+}
+
+// The pipeline's counts and both stages' peaks (PP > 1).
+nlohmann::json pipeline_json(const sim::ScheduleInputs& in, const sim::StepReport& rep) {
+  const sim::PipelineShape& s = rep.pipeline;
+  nlohmann::json j = {{"stage_layers", s.stage_layers},
+                      {"bubble_fraction", s.bubble_fraction},
+                      {"warmup_first_stage", s.warmup_first_stage},
+                      {"in_flight_first_stage", s.in_flight_first_stage},
+                      {"in_flight_extra_bytes", rep.pipeline_in_flight_extra_bytes},
+                      {"micro_batch_stage_s", rep.pipeline_micro_batch_s},
+                      {"p2p_bytes", s.p2p_bytes},
+                      {"p2p_s", rep.pipeline_p2p_s},
+                      {"p2p_span", models::to_string(s.p2p_span)},
+                      {"p2p_exposed", s.p2p_exposed},
+                      {"last_stage_activation_factor", s.last_stage_activation_factor},
+                      {"forward_saved_bytes", rep.forward_saved_bytes},
+                      {"peak_stage", rep.pipeline_peak_stage},
+                      {"first_stages_peak_bytes", rep.pipeline_inner_stage_peak_bytes},
+                      {"last_stage_peak_bytes", rep.pipeline_last_stage_peak_bytes}};
+  if (in.parallel.pp_first_stage_layers > 0 || in.parallel.pp_last_stage_layers > 0) {
+    j["first_stage_layers"] = s.first_stage_layers;
+    j["middle_stage_layers"] = s.middle_stage_layers;
+    j["last_stage_layers"] = s.last_stage_layers;
+    j["memory_stage"] = s.memory_stage;
+    j["activation_factor"] = s.activation_factor;
+  }
+  return j;
+}
+
+nlohmann::json attention_buffers_json(const sim::AttentionBuffers& a) {
+  return {{"qkv_local", a.qkv_local_bytes},
+          {"qkv_headsharded", a.qkv_headsharded_bytes},
+          {"out_headsharded", a.out_headsharded_bytes},
+          {"out_local", a.out_local_bytes},
+          {"lse", a.lse_bytes},
+          {"final_out", a.final_out_bytes},
+          {"a2a_send_per_layer_forward", a.a2a_send_bytes_per_layer_fwd},
+          {"ring_block", a.ring_block_bytes},
+          {"allgather_kv", a.allgather_kv_bytes}};
+}
+
+nlohmann::json peak_contents_json(const sim::PeakContents& peak) {
+  nlohmann::json largest = nlohmann::json::array();
+  for (const sim::LiveTensor& t : peak.largest) {
+    largest.push_back({{"name", t.name},
+                       {"allocated_by", t.producer},
+                       {"category", sim::to_string(t.category)},
+                       {"bytes", t.bytes}});
+  }
+  return {
+      {"largest", largest}, {"other_bytes", peak.other_bytes}, {"other_count", peak.other_count}};
+}
+
+nlohmann::json to_json(const sim::ScheduleInputs& in,
                        const sim::StepReport& rep,
                        const sim::PeakContents* peak = nullptr) {
   using nlohmann::json;
@@ -440,42 +542,10 @@ nlohmann::json to_json(const SimulateArgs& a,
     busy[sim::to_string(static_cast<sim::Stream>(s))] =
         rep.stream_busy_s[static_cast<std::size_t>(s)];
   }
-  const auto& r = in.recipe;
-  const auto& L = rep.layout;
   json j = {
       {"schema_version", kSimulateSchemaVersion},
       {"command", "simulate"},
-      {"config",
-       {{"model", in.model.name},
-        {"hardware", in.hardware.name},
-        {"gpus", in.parallel.gpus},
-        {"gpus_per_node", in.parallel.gpus_per_node},
-        {"method", models::to_string(in.parallel.method)},
-        {"implementation", L.implementation != nullptr ? json(L.implementation->name()) : json()},
-        {"seq_len", in.parallel.seq_len},
-        {"cp_degree", in.parallel.cp_degree},
-        {"ulysses_degree", L.ulysses},
-        {"ring_degree", L.ring},
-        {"ring_layout", models::to_string(in.parallel.ring_layout)},
-        {"fpdt_chunk", in.parallel.fpdt_chunk},
-        {"fpdt_offload", in.parallel.fpdt_offload},
-        {"optimizer_offload", r.optimizer_offload},
-        {"param_offload", r.param_offload},
-        {"comm_dtype", r.cp_comm_bytes == 4 ? "fp32" : "bf16"},
-        {"data_parallel", in.parallel.data_parallel()},
-        {"heads_per_stage", L.heads_per_stage},
-        {"stages", L.stages},
-        {"recipe", r.name},
-        {"zero_stage", r.zero_stage},
-        {"ac", models::to_string(r.checkpointing)},
-        {"ac_offload", r.checkpoint_offload},
-        {"tiled_mlp", r.tiled_mlp},
-        {"fused_loss", r.fused_loss},
-        {"norm_kernel", models::to_string(r.norm_kernel)},
-        {"rope_kernel", models::to_string(r.rope_kernel)},
-        {"mlp_kernel", models::to_string(r.mlp_kernel)},
-        {"int32_kernel_indexing", r.int32_kernel_indexing},
-        {"attention_kernel", r.attention_kernel}}},
+      {"config", config_json(in, rep.layout)},
       {"step_time_s", rep.step_time_s},
       {"tokens_per_step", rep.tokens_per_step},
       {"tokens_per_s_per_gpu", rep.tokens_per_s_per_gpu},
@@ -500,71 +570,19 @@ nlohmann::json to_json(const SimulateArgs& a,
       {"fits_gpu", rep.fits_gpu},
       {"fits_host", rep.fits_host},
       {"binding_constraint", rep.binding.empty() ? json(nullptr) : json(rep.binding)},
-      {"attention_buffers_bytes",
-       {{"qkv_local", rep.attention.qkv_local_bytes},
-        {"qkv_headsharded", rep.attention.qkv_headsharded_bytes},
-        {"out_headsharded", rep.attention.out_headsharded_bytes},
-        {"out_local", rep.attention.out_local_bytes},
-        {"lse", rep.attention.lse_bytes},
-        {"final_out", rep.attention.final_out_bytes},
-        {"a2a_send_per_layer_forward", rep.attention.a2a_send_bytes_per_layer_fwd},
-        {"ring_block", rep.attention.ring_block_bytes},
-        {"allgather_kv", rep.attention.allgather_kv_bytes}}},
+      {"attention_buffers_bytes", attention_buffers_json(rep.attention)},
       {"stream_busy_s", busy},
       {"exposed_non_compute_s", rep.exposed_comm_s},
       {"simulator",
        {{"ops", rep.ops}, {"events", rep.events}, {"simulated_ranks", rep.simulated_ranks}}},
       {"notes", rep.notes},
   };
-  // Written only when set, so that a run without them reads as before.
-  if (in.parallel.tp_degree > 1 || in.parallel.micro_batches > 1) {
-    j["config"]["tp_degree"] = in.parallel.tp_degree;
-    j["config"]["micro_batches"] = in.parallel.micro_batches;
-  }
-  if (r.fp8) {
-    j["config"]["fp8"] = true;
-  }
   if (in.parallel.pp_degree > 1) {
-    const sim::PipelineShape& s = rep.pipeline;
-    j["config"]["pp_degree"] = in.parallel.pp_degree;
-    j["config"]["pp_schedule"] = models::to_string(in.parallel.pp_schedule);
-    j["config"]["virtual_stages"] = in.parallel.virtual_stages;
-    j["pipeline"] = {{"stage_layers", s.stage_layers},
-                     {"bubble_fraction", s.bubble_fraction},
-                     {"warmup_first_stage", s.warmup_first_stage},
-                     {"in_flight_first_stage", s.in_flight_first_stage},
-                     {"in_flight_extra_bytes", rep.pipeline_in_flight_extra_bytes},
-                     {"micro_batch_stage_s", rep.pipeline_micro_batch_s},
-                     {"p2p_bytes", s.p2p_bytes},
-                     {"p2p_s", rep.pipeline_p2p_s},
-                     {"p2p_span", models::to_string(s.p2p_span)},
-                     {"p2p_exposed", s.p2p_exposed},
-                     {"last_stage_activation_factor", s.last_stage_activation_factor},
-                     {"forward_saved_bytes", rep.forward_saved_bytes},
-                     {"peak_stage", rep.pipeline_peak_stage},
-                     {"first_stages_peak_bytes", rep.pipeline_inner_stage_peak_bytes},
-                     {"last_stage_peak_bytes", rep.pipeline_last_stage_peak_bytes}};
-    if (in.parallel.pp_first_stage_layers > 0 || in.parallel.pp_last_stage_layers > 0) {
-      j["pipeline"]["first_stage_layers"] = s.first_stage_layers;
-      j["pipeline"]["middle_stage_layers"] = s.middle_stage_layers;
-      j["pipeline"]["last_stage_layers"] = s.last_stage_layers;
-      j["pipeline"]["memory_stage"] = s.memory_stage;
-      j["pipeline"]["activation_factor"] = s.activation_factor;
-    }
+    j["pipeline"] = pipeline_json(in, rep);
   }
   if (peak != nullptr) {
-    json largest = json::array();
-    for (const sim::LiveTensor& t : peak->largest) {
-      largest.push_back({{"name", t.name},
-                         {"allocated_by", t.producer},
-                         {"category", sim::to_string(t.category)},
-                         {"bytes", t.bytes}});
-    }
-    j["peak_contents"] = {{"largest", largest},
-                          {"other_bytes", peak->other_bytes},
-                          {"other_count", peak->other_count}};
+    j["peak_contents"] = peak_contents_json(*peak);
   }
-  (void)a;
   return j;
 }
 
@@ -1030,7 +1048,7 @@ int run_comparison(const SimulateArgs& a, const std::vector<std::string>& method
     nlohmann::json list = nlohmann::json::array();
     for (const Row& r : rows) {
       if (r.error.empty()) {
-        list.push_back(to_json(a, r.in, r.rep));
+        list.push_back(to_json(r.in, r.rep));
       } else {
         list.push_back({{"config", {{"method", r.method}}}, {"error", r.error}});
       }
@@ -1179,7 +1197,7 @@ int run_simulate(const SimulateArgs& a) {
   // With `--trace -` the trace is standard output; the summary goes to standard error.
   std::ostream& summary = a.trace == "-" ? std::cerr : std::cout;
   if (a.json) {
-    summary << to_json(a, in, e.report, &e.peak).dump(2) << "\n";
+    summary << to_json(in, e.report, &e.peak).dump(2) << "\n";
   } else {
     summary << human(in, e.report, &e.peak);
     if (!a.trace.empty() && a.trace != "-") {
