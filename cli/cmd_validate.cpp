@@ -176,7 +176,22 @@ CLI::App* register_validate(CLI::App& app, ValidateArgs& a) {
   return c;
 }
 
-int run_validate(const ValidateArgs& a) {
+namespace {
+
+struct Tally {
+  int passed = 0, failed = 0, skipped = 0;
+};
+
+Tally tally(const std::vector<Outcome>& outcomes) {
+  Tally t;
+  for (const Outcome& o : outcomes) {
+    (o.skipped ? t.skipped : o.passed ? t.passed : t.failed) += 1;
+  }
+  return t;
+}
+
+// Runs the cases of data/validation (one, with --case), in file-name order.
+std::vector<Outcome> run_cases(const ValidateArgs& a) {
   const std::filesystem::path dir = data_dir().root / "validation";
   std::vector<std::filesystem::path> files;
   std::error_code ec;
@@ -203,93 +218,114 @@ int run_validate(const ValidateArgs& a) {
   if (outcomes.empty()) {
     throw InputError("--case", fmt::format("no case with id '{}'", a.only));
   }
-  int passed = 0, failed = 0, skipped = 0;
+  return outcomes;
+}
+
+nlohmann::json outcome_json(const Outcome& o) {
+  nlohmann::json j = {{"id", o.c.id},
+                      {"title", o.c.title},
+                      {"quantity", o.c.quantity},
+                      {"published", o.c.published},
+                      {"source", o.c.source}};
+  if (o.c.row > 0)
+    j["row"] = o.c.row;
+  if (o.skipped) {
+    j["status"] = "skipped";
+    j["reason"] = o.c.skip;
+    return j;
+  }
+  j["status"] = o.passed ? "pass" : "fail";
+  j["predicted"] = o.predicted;
+  j["relative_error"] = o.error;
+  j["tolerance"] = o.tolerance;
+  j["bound"] = o.c.bound;
+  j["note"] = o.note;
+  if (!o.passed) {
+    j["open_gap"] = o.c.open_gap;
+    nlohmann::json keys = nlohmann::json::array();
+    for (const auto& g : o.c.shared_gaps)
+      keys.push_back(g.key);
+    j["shared_gaps"] = keys;
+  }
+  return j;
+}
+
+void print_validate_json(const std::vector<Outcome>& outcomes, const Tally& t) {
+  nlohmann::json list = nlohmann::json::array();
   for (const Outcome& o : outcomes) {
-    (o.skipped ? skipped : o.passed ? passed : failed) += 1;
+    list.push_back(outcome_json(o));
   }
+  nlohmann::json shared = nlohmann::json::object();
+  for (const auto& [key, text] : failing_shared_gaps(outcomes))
+    shared[key] = text;
+  std::cout << nlohmann::json{{"schema_version", kValidateSchemaVersion},
+                              {"command", "validate"},
+                              {"passed", t.passed},
+                              {"failed", t.failed},
+                              {"skipped", t.skipped},
+                              {"cases", list},
+                              {"shared_gaps", shared}}
+                   .dump(2)
+            << "\n";
+}
+
+void print_validate_table(const std::vector<Outcome>& outcomes) {
+  std::vector<std::vector<std::string>> rows;
+  for (const Outcome& o : outcomes) {
+    if (o.skipped) {
+      rows.push_back({o.c.id, show(o.c.quantity, o.c.published), "-", "-", "-", "skipped"});
+    } else {
+      rows.push_back({o.c.id, show(o.c.quantity, o.c.published), show(o.c.quantity, o.predicted),
+                      fmt::format("{:+.1f} %", 100 * o.error),
+                      o.c.bound == "lower" ? fmt::format("≥ −{:.0f} %", 100 * o.tolerance)
+                                           : fmt::format("±{:.0f} %", 100 * o.tolerance),
+                      o.passed ? "pass" : "FAIL"});
+    }
+  }
+  std::cout << format_table({"case", "published", "predicted", "error", "tolerance", "result"},
+                            rows, {false, true, true, true, true, false});
+}
+
+// Why each failing case misses, the findings they share, why each skipped case is skipped.
+void print_reasons(const std::vector<Outcome>& outcomes) {
+  std::cout << "\nfailing:\n";
+  for (const Outcome& o : outcomes) {
+    if (!o.skipped && !o.passed) {
+      std::string cited;
+      for (const auto& g : o.c.shared_gaps)
+        cited += (cited.empty() ? " (see also: " : ", ") + g.key;
+      std::cout << fmt::format("  {}: {}{}\n", o.c.id,
+                               o.c.open_gap.empty() ? "no known cause" : o.c.open_gap,
+                               cited.empty() ? "" : cited + ")");
+    }
+  }
+  const auto shared = failing_shared_gaps(outcomes);
+  if (!shared.empty()) {
+    std::cout << "\nfindings the failing cases share:\n";
+    for (const auto& [key, text] : shared)
+      std::cout << fmt::format("  {}: {}\n", key, text);
+  }
+  std::cout << "\nskipped:\n";
+  for (const Outcome& o : outcomes) {
+    if (o.skipped)
+      std::cout << fmt::format("  {}: {}\n", o.c.id, o.c.skip);
+  }
+}
+
+}  // namespace
+
+int run_validate(const ValidateArgs& a) {
+  const std::vector<Outcome> outcomes = run_cases(a);
+  const Tally t = tally(outcomes);
   if (a.json) {
-    nlohmann::json list = nlohmann::json::array();
-    for (const Outcome& o : outcomes) {
-      nlohmann::json j = {{"id", o.c.id},
-                          {"title", o.c.title},
-                          {"quantity", o.c.quantity},
-                          {"published", o.c.published},
-                          {"source", o.c.source}};
-      if (o.c.row > 0)
-        j["row"] = o.c.row;
-      if (o.skipped) {
-        j["status"] = "skipped";
-        j["reason"] = o.c.skip;
-      } else {
-        j["status"] = o.passed ? "pass" : "fail";
-        j["predicted"] = o.predicted;
-        j["relative_error"] = o.error;
-        j["tolerance"] = o.tolerance;
-        j["bound"] = o.c.bound;
-        j["note"] = o.note;
-        if (!o.passed) {
-          j["open_gap"] = o.c.open_gap;
-          nlohmann::json keys = nlohmann::json::array();
-          for (const auto& g : o.c.shared_gaps)
-            keys.push_back(g.key);
-          j["shared_gaps"] = keys;
-        }
-      }
-      list.push_back(j);
-    }
-    nlohmann::json shared = nlohmann::json::object();
-    for (const auto& [key, text] : failing_shared_gaps(outcomes))
-      shared[key] = text;
-    std::cout << nlohmann::json{{"schema_version", kValidateSchemaVersion},
-                                {"command", "validate"},
-                                {"passed", passed},
-                                {"failed", failed},
-                                {"skipped", skipped},
-                                {"cases", list},
-                                {"shared_gaps", shared}}
-                     .dump(2)
-              << "\n";
+    print_validate_json(outcomes, t);
   } else {
-    std::vector<std::vector<std::string>> rows;
-    for (const Outcome& o : outcomes) {
-      if (o.skipped) {
-        rows.push_back({o.c.id, show(o.c.quantity, o.c.published), "-", "-", "-", "skipped"});
-      } else {
-        rows.push_back({o.c.id, show(o.c.quantity, o.c.published), show(o.c.quantity, o.predicted),
-                        fmt::format("{:+.1f} %", 100 * o.error),
-                        o.c.bound == "lower" ? fmt::format("≥ −{:.0f} %", 100 * o.tolerance)
-                                             : fmt::format("±{:.0f} %", 100 * o.tolerance),
-                        o.passed ? "pass" : "FAIL"});
-      }
-    }
-    std::cout << format_table({"case", "published", "predicted", "error", "tolerance", "result"},
-                              rows, {false, true, true, true, true, false});
-    std::cout << "\nfailing:\n";
-    for (const Outcome& o : outcomes) {
-      if (!o.skipped && !o.passed) {
-        std::string cited;
-        for (const auto& g : o.c.shared_gaps)
-          cited += (cited.empty() ? " (see also: " : ", ") + g.key;
-        std::cout << fmt::format("  {}: {}{}\n", o.c.id,
-                                 o.c.open_gap.empty() ? "no known cause" : o.c.open_gap,
-                                 cited.empty() ? "" : cited + ")");
-      }
-    }
-    const auto shared = failing_shared_gaps(outcomes);
-    if (!shared.empty()) {
-      std::cout << "\nfindings the failing cases share:\n";
-      for (const auto& [key, text] : shared)
-        std::cout << fmt::format("  {}: {}\n", key, text);
-    }
-    std::cout << "\nskipped:\n";
-    for (const Outcome& o : outcomes) {
-      if (o.skipped)
-        std::cout << fmt::format("  {}: {}\n", o.c.id, o.c.skip);
-    }
-    std::cout << fmt::format("\nvalidate: {} passed, {} failed, {} skipped\n", passed, failed,
-                             skipped);
+    print_validate_table(outcomes);
+    print_reasons(outcomes);
+    std::cout << fmt::format("\nvalidate: {} passed, {} failed, {} skipped\n", t.passed, t.failed,
+                             t.skipped);
   }
-  return failed == 0 ? 0 : 1;
+  return t.failed == 0 ? 0 : 1;
 }
 
 }  // namespace cpsim::cli
