@@ -99,6 +99,115 @@ CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& a) {
   return c;
 }
 
+namespace {
+
+// The longest context of method `m` (as `launcher` runs it when given). With several methods a
+// refusal is that method's outcome; with one it is the command's error.
+Outcome search_method(const MaxLenArgs& a,
+                      const std::string& m,
+                      bool several,
+                      const std::optional<planner::LauncherFormat>& launcher,
+                      const planner::MaxLenOptions& opts) {
+  Outcome o;
+  o.method = m;
+  SimulateArgs cfg = several ? config_for_method(a.config, m) : a.config;
+  cfg.method = m;
+  cfg.seq = "64K";  // replaced by the search; any valid length resolves the other flags
+  try {
+    o.in = resolve_inputs(cfg);
+    o.method = models::to_string(o.in.parallel.method);  // --impl alone picks its method
+    if (launcher) {
+      planner::ConfigAsRun run = planner::config_as_run(*launcher, o.in, "--launcher");
+      o.in = std::move(run.inputs);
+      o.launcher_changes = std::move(run.changes);
+    }
+    o.res = planner::max_seq_len(o.in, opts);
+  } catch (const sim::ConfigError& e) {
+    if (!several)
+      throw;
+    o.error = refusal_text(e);
+  } catch (const InputError& e) {
+    if (!several)
+      throw;
+    o.error = e.what();
+  }
+  return o;
+}
+
+void print_maxlen_json(const std::vector<Outcome>& outcomes) {
+  if (outcomes.size() == 1) {
+    nlohmann::json j = outcome_json(outcomes[0]);
+    j["schema_version"] = kMaxLenSchemaVersion;
+    j["command"] = "maxlen";
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  nlohmann::json list = nlohmann::json::array();
+  for (const Outcome& o : outcomes)
+    list.push_back(outcome_json(o));
+  std::cout << nlohmann::json{{"schema_version", kMaxLenSchemaVersion},
+                              {"command", "maxlen"},
+                              {"methods", list}}
+                   .dump(2)
+            << "\n";
+}
+
+// One method's answer: the longest context, what binds, the step there and the search.
+void print_outcome(const MaxLenArgs& a, const Outcome& o) {
+  if (!o.error.empty()) {
+    std::cout << fmt::format("{}: cannot run: {}\n\n", o.method, o.error);
+    return;
+  }
+  const auto& r = o.res;
+  const sim::Implementation* impl = sim::requested_implementation(o.in);
+  std::cout << fmt::format("{} on {} x {}, {}, recipe {}, implementation {}\n", o.in.model.name,
+                           o.in.parallel.gpus, o.in.hardware.name, o.method, o.in.recipe.name,
+                           impl != nullptr ? impl->name() : "none");
+  if (o.in.parallel.pp_degree > 1) {
+    std::cout << fmt::format("  PP {} ({}), {} blocks per stage\n", o.in.parallel.pp_degree,
+                             models::to_string(o.in.parallel.pp_schedule),
+                             o.in.model.layers / o.in.parallel.pp_degree);
+  }
+  if (o.in.parallel.tp_degree > 1 || o.in.parallel.micro_batches > 1) {
+    std::cout << fmt::format("  TP {} (sequence parallel) x CP {}, {} micro-batch(es) per step\n",
+                             o.in.parallel.tp_degree, o.in.parallel.cp_degree,
+                             o.in.parallel.micro_batches);
+  }
+  if (r.max_seq_len == 0) {
+    std::cout << fmt::format("  not even {} tokens fit\n  binding constraint   {}\n\n",
+                             format_length(r.step), r.binding.text);
+    return;
+  }
+  std::cout << fmt::format("  longest context      {} ({} tokens; searched in steps of {})\n",
+                           format_length(r.max_seq_len), r.max_seq_len, format_length(r.step));
+  std::cout << fmt::format("  binding constraint   {}\n", r.binding.text);
+  if (!a.launcher.empty()) {
+    std::string changes;
+    for (const std::string& c : o.launcher_changes) {
+      changes += (changes.empty() ? ": " : "; ") + c;
+    }
+    std::cout << fmt::format("  launcher             {} runs the recipe {}{}\n", a.launcher,
+                             changes.empty() ? "unchanged" : "changed", changes);
+  }
+  std::cout << fmt::format(
+      "  at the longest       peak {}, reserved {} (headroom {} beyond a {} margin), step {}, "
+      "{:.1f} tokens/s/GPU, host {} per node\n",
+      format_bytes(static_cast<double>(r.at_max.peak_memory_bytes)),
+      format_bytes(static_cast<double>(r.at_max.reserved_peak_bytes)),
+      format_bytes(static_cast<double>(r.headroom_bytes)),
+      format_bytes(static_cast<double>(r.at_max.gpu_margin_bytes)),
+      format_seconds(r.at_max.step_time_s), r.at_max.tokens_per_s_per_gpu,
+      format_bytes(static_cast<double>(r.at_max.host_memory_bytes)));
+  std::cout << fmt::format("  searched             {} simulations{}\n", r.evaluations,
+                           r.monotone ? ", memory monotone around the limit" : "");
+  for (const auto& w : r.warnings) {
+    std::cout << "  warning: " << w << "\n";
+  }
+  std::cout << "\n";
+}
+
+}  // namespace
+
 int run_maxlen(const MaxLenArgs& a) {
   planner::MaxLenOptions opts;
   opts.granularity = parse_length(a.granularity, "--granularity");
@@ -110,100 +219,14 @@ int run_maxlen(const MaxLenArgs& a) {
   }
   std::vector<Outcome> outcomes;
   for (const std::string& m : methods) {
-    Outcome o;
-    o.method = m;
-    SimulateArgs cfg = methods.size() > 1 ? config_for_method(a.config, m) : a.config;
-    cfg.method = m;
-    cfg.seq = "64K";  // replaced by the search; any valid length resolves the other flags
-    try {
-      o.in = resolve_inputs(cfg);
-      o.method = models::to_string(o.in.parallel.method);  // --impl alone picks its method
-      if (launcher) {
-        planner::ConfigAsRun run = planner::config_as_run(*launcher, o.in, "--launcher");
-        o.in = std::move(run.inputs);
-        o.launcher_changes = std::move(run.changes);
-      }
-      o.res = planner::max_seq_len(o.in, opts);
-    } catch (const sim::ConfigError& e) {
-      if (methods.size() == 1)
-        throw;
-      o.error = refusal_text(e);
-    } catch (const InputError& e) {
-      if (methods.size() == 1)
-        throw;
-      o.error = e.what();
-    }
-    outcomes.push_back(std::move(o));
+    outcomes.push_back(search_method(a, m, methods.size() > 1, launcher, opts));
   }
   if (a.json) {
-    if (outcomes.size() == 1) {
-      nlohmann::json j = outcome_json(outcomes[0]);
-      j["schema_version"] = kMaxLenSchemaVersion;
-      j["command"] = "maxlen";
-      std::cout << j.dump(2) << "\n";
-    } else {
-      nlohmann::json list = nlohmann::json::array();
-      for (const Outcome& o : outcomes)
-        list.push_back(outcome_json(o));
-      std::cout << nlohmann::json{{"schema_version", kMaxLenSchemaVersion},
-                                  {"command", "maxlen"},
-                                  {"methods", list}}
-                       .dump(2)
-                << "\n";
+    print_maxlen_json(outcomes);
+  } else {
+    for (const Outcome& o : outcomes) {
+      print_outcome(a, o);
     }
-    return maxlen_status(outcomes);
-  }
-  for (const Outcome& o : outcomes) {
-    if (!o.error.empty()) {
-      std::cout << fmt::format("{}: cannot run: {}\n\n", o.method, o.error);
-      continue;
-    }
-    const auto& r = o.res;
-    const sim::Implementation* impl = sim::requested_implementation(o.in);
-    std::cout << fmt::format("{} on {} x {}, {}, recipe {}, implementation {}\n", o.in.model.name,
-                             o.in.parallel.gpus, o.in.hardware.name, o.method, o.in.recipe.name,
-                             impl != nullptr ? impl->name() : "none");
-    if (o.in.parallel.pp_degree > 1) {
-      std::cout << fmt::format("  PP {} ({}), {} blocks per stage\n", o.in.parallel.pp_degree,
-                               models::to_string(o.in.parallel.pp_schedule),
-                               o.in.model.layers / o.in.parallel.pp_degree);
-    }
-    if (o.in.parallel.tp_degree > 1 || o.in.parallel.micro_batches > 1) {
-      std::cout << fmt::format("  TP {} (sequence parallel) x CP {}, {} micro-batch(es) per step\n",
-                               o.in.parallel.tp_degree, o.in.parallel.cp_degree,
-                               o.in.parallel.micro_batches);
-    }
-    if (r.max_seq_len == 0) {
-      std::cout << fmt::format("  not even {} tokens fit\n  binding constraint   {}\n\n",
-                               format_length(r.step), r.binding.text);
-      continue;
-    }
-    std::cout << fmt::format("  longest context      {} ({} tokens; searched in steps of {})\n",
-                             format_length(r.max_seq_len), r.max_seq_len, format_length(r.step));
-    std::cout << fmt::format("  binding constraint   {}\n", r.binding.text);
-    if (!a.launcher.empty()) {
-      std::string changes;
-      for (const std::string& c : o.launcher_changes) {
-        changes += (changes.empty() ? ": " : "; ") + c;
-      }
-      std::cout << fmt::format("  launcher             {} runs the recipe {}{}\n", a.launcher,
-                               changes.empty() ? "unchanged" : "changed", changes);
-    }
-    std::cout << fmt::format(
-        "  at the longest       peak {}, reserved {} (headroom {} beyond a {} margin), step {}, "
-        "{:.1f} tokens/s/GPU, host {} per node\n",
-        format_bytes(static_cast<double>(r.at_max.peak_memory_bytes)),
-        format_bytes(static_cast<double>(r.at_max.reserved_peak_bytes)),
-        format_bytes(static_cast<double>(r.headroom_bytes)),
-        format_bytes(static_cast<double>(r.at_max.gpu_margin_bytes)),
-        format_seconds(r.at_max.step_time_s), r.at_max.tokens_per_s_per_gpu,
-        format_bytes(static_cast<double>(r.at_max.host_memory_bytes)));
-    std::cout << fmt::format("  searched             {} simulations{}\n", r.evaluations,
-                             r.monotone ? ", memory monotone around the limit" : "");
-    for (const auto& w : r.warnings) {
-      std::cout << "  warning: " << w << "\n";
-    }
-    std::cout << "\n";
   }
   return maxlen_status(outcomes);
 }
