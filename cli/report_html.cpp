@@ -355,6 +355,116 @@ constexpr int kWideWidth = 1100;
 // ------------------------------------------------------------------------------------------------
 // 1. Memory over one step (rank 0), stacked by category.
 
+// The outline of the area under the cumulative level of bands 0..k, as an SVG path: steps along
+// the points, horizontal and vertical moves only, pixel-rounded moves merged.
+template <typename X, typename Y>
+std::string stacked_area_path(
+    const std::vector<MemPoint>& pts, int k, const Plot& p, const X& gx, const Y& y) {
+  auto level = [&](const MemPoint& m) {
+    double s = 0;
+    for (int b = 0; b <= k; ++b) {
+      s += m.v[static_cast<std::size_t>(b)];
+    }
+    return y(s / kGiBd);
+  };
+  std::string path = fmt::format("M{},{}", px(p.left), px(p.bottom));
+  std::string last_x, last_y;
+  for (std::size_t i = 0; i < pts.size(); ++i) {
+    const std::string xs = px(gx(pts[i].t));
+    const std::string ys = px(level(pts[i]));
+    if (i == 0) {
+      path += fmt::format("V{}", ys);
+      last_x = px(p.left);
+      last_y = ys;
+      if (xs != last_x) {
+        path += "H" + xs;
+        last_x = xs;
+      }
+      continue;
+    }
+    if (ys == last_y) {
+      continue;
+    }
+    if (xs != last_x) {
+      path += "H" + xs;
+      last_x = xs;
+    }
+    path += "V" + ys;
+    last_y = ys;
+  }
+  path += fmt::format("H{}V{}Z", px(p.right), px(p.bottom));
+  return path;
+}
+
+// The GPU's limit and, when modelled, the reserved memory as lines; returns the limit's y.
+double memory_limit_lines(Out& o, const Plot& p, const Scale& y, double cap, double reserved) {
+  const double ly = y(cap / kGiBd);
+  put(o, "<line class=\"limit\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\"/>\n",
+      px(p.left), px(ly), px(p.right), px(ly), kLimitColor);
+  text(o, p.right - 4, ly - 6, fmt::format("GPU memory {}", gib(cap)), "end", "limit-label");
+  // Reserved memory (the caching allocator model): what nvidia-smi would show at most.
+  if (reserved > 0) {
+    const double ry = y(reserved / kGiBd);
+    put(o, "<line class=\"reserved\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\"/>\n",
+        px(p.left), px(ry), px(p.right), px(ry), kReservedColor);
+    const double ty = std::abs(ry - ly) < 14 ? ry + 16 : ry - 6;
+    text(o, p.left + 6, ty, fmt::format("reserved (nvidia-smi) {}", gib(reserved)), "start",
+         "reserved-label");
+  }
+  return ly;
+}
+
+// Legend: bands top to bottom as stacked, the limit, the reserved memory, the peak.
+void memory_legend(Out& o, const Plot& p, bool reserved) {
+  double ly2 = p.top + 10;
+  text(o, 950, ly2, "category (stacked)", "start", "legend-title");
+  ly2 += 20;
+  for (int k = kMemoryBandCount - 1; k >= 0; --k) {
+    legend_swatch(o, 950, ly2, memory_band_color(k), std::string(memory_band_name(k)));
+    ly2 += 20;
+  }
+  ly2 += 6;
+  put(o, "<line class=\"limit\" x1=\"950\" y1=\"{}\" x2=\"962\" y2=\"{}\" stroke=\"{}\"/>\n",
+      px(ly2 - 4), px(ly2 - 4), kLimitColor);
+  text(o, 968, ly2, "GPU limit", "start", "legend");
+  ly2 += 20;
+  if (reserved) {
+    put(o, "<line class=\"reserved\" x1=\"950\" y1=\"{}\" x2=\"962\" y2=\"{}\" stroke=\"{}\"/>\n",
+        px(ly2 - 4), px(ly2 - 4), kReservedColor);
+    text(o, 968, ly2, "reserved peak", "start", "legend");
+    ly2 += 20;
+  }
+  put(o, "<circle cx=\"956\" cy=\"{}\" r=\"4\" class=\"peak\"/>\n", px(ly2 - 4));
+  text(o, 968, ly2, "peak of rank 0", "start", "legend");
+}
+
+std::string memory_caption(
+    const StepDetail& d, double peak, int raw, std::size_t points, int columns) {
+  const auto& rep = d.evaluation.report;
+  const auto reserved = static_cast<double>(rep.reserved_peak_bytes);
+  std::string caption = fmt::format(
+      "{} at {} ({} tokens): device memory of rank 0 of {} over one step of {}. Peak of rank 0 "
+      "{}{}; "
+      "{} memory changes downsampled to {} points (the highest total in each of {} time buckets, "
+      "one "
+      "per pixel).",
+      d.method, format_length(d.seq_len), d.seq_len, d.evaluation.workload->represented_ranks,
+      format_seconds(rep.step_time_s), gib(peak),
+      rep.peak_rank == 0 && !rep.peak_op.empty() ? ", at " + rep.peak_op : "", raw, points,
+      columns);
+  if (rep.peak_rank != 0) {
+    caption += fmt::format(" The highest peak of the step is on rank {}: {} at {}.", rep.peak_rank,
+                           gib(static_cast<double>(rep.peak_memory_bytes)), rep.peak_op);
+  }
+  if (reserved > 0) {
+    caption += fmt::format(
+        " The dotted line is the memory PyTorch's caching allocator would hold at most (reserved, "
+        "what nvidia-smi shows), from a model of the allocator replayed over the step: {}.",
+        gib(reserved));
+  }
+  return caption;
+}
+
 void memory_chart(Out& o, const StepDetail& d, std::string* caption) {
   const auto& w = *d.evaluation.workload;
   const auto& r = *d.evaluation.result;
@@ -362,7 +472,6 @@ void memory_chart(Out& o, const StepDetail& d, std::string* caption) {
   const int columns = static_cast<int>(kWideRight - kWideLeft);
   const MemorySeries series = memory_series(w, r, columns);
   const std::vector<MemPoint>& pts = series.points;
-  const int raw = series.states;
   const SimTime T = std::max<SimTime>(r.step_time_ns, 1);
   const double step_s = simtime_to_seconds(T);
   const TimeUnit unit = time_unit(step_s);
@@ -392,62 +501,15 @@ void memory_chart(Out& o, const StepDetail& d, std::string* caption) {
   // band it ends with, so each band shows between its level and the one below.
   auto gx = [&](SimTime t) { return x(simtime_to_seconds(t) / unit.seconds); };
   for (int k = kMemoryBandCount - 1; k >= 0; --k) {
-    auto level = [&](const MemPoint& m) {
-      double s = 0;
-      for (int b = 0; b <= k; ++b) {
-        s += m.v[static_cast<std::size_t>(b)];
-      }
-      return y(s / kGiBd);
-    };
-    std::string path = fmt::format("M{},{}", px(p.left), px(p.bottom));
-    std::string last_x, last_y;
-    for (std::size_t i = 0; i < pts.size(); ++i) {
-      const std::string xs = px(gx(pts[i].t));
-      const std::string ys = px(level(pts[i]));
-      if (i == 0) {
-        path += fmt::format("V{}", ys);
-        last_x = px(p.left);
-        last_y = ys;
-        if (xs != last_x) {
-          path += "H" + xs;
-          last_x = xs;
-        }
-        continue;
-      }
-      if (ys == last_y) {
-        continue;
-      }
-      if (xs != last_x) {
-        path += "H" + xs;
-        last_x = xs;
-      }
-      path += "V" + ys;
-      last_y = ys;
-    }
-    path += fmt::format("H{}V{}Z", px(p.right), px(p.bottom));
     put(o, "<path class=\"area\" fill=\"{}\" d=\"{}\"><title>{}</title></path>\n",
-        memory_band_color(k), path, esc(fmt::format("{} and below", memory_band_name(k))));
+        memory_band_color(k), stacked_area_path(pts, k, p, gx, y),
+        esc(fmt::format("{} and below", memory_band_name(k))));
   }
 
   const Ticks xt = linear_ticks(0.0, step_s / unit.seconds, 10);
   x_axis(o, p, x, xt.values, tick_labels(xt), fmt::format("time in the step ({})", unit.name),
          false);
-
-  // GPU limit.
-  const double ly = y(cap / kGiBd);
-  put(o, "<line class=\"limit\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\"/>\n",
-      px(p.left), px(ly), px(p.right), px(ly), kLimitColor);
-  text(o, p.right - 4, ly - 6, fmt::format("GPU memory {}", gib(cap)), "end", "limit-label");
-
-  // Reserved memory (the caching allocator model): what nvidia-smi would show at most.
-  if (reserved > 0) {
-    const double ry = y(reserved / kGiBd);
-    put(o, "<line class=\"reserved\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\"/>\n",
-        px(p.left), px(ry), px(p.right), px(ry), kReservedColor);
-    const double ty = std::abs(ry - ly) < 14 ? ry + 16 : ry - 6;
-    text(o, p.left + 6, ty, fmt::format("reserved (nvidia-smi) {}", gib(reserved)), "start",
-         "reserved-label");
-  }
+  const double ly = memory_limit_lines(o, p, y, cap, reserved);
 
   // Peak marker.
   if (!pts.empty()) {
@@ -459,50 +521,9 @@ void memory_chart(Out& o, const StepDetail& d, std::string* caption) {
     text(o, left ? pxx - 8 : pxx + 8, ty, fmt::format("peak {}", gib(peak)), left ? "end" : "start",
          "peak-label");
   }
-
-  // Legend: bands top to bottom as stacked.
-  double ly2 = p.top + 10;
-  text(o, 950, ly2, "category (stacked)", "start", "legend-title");
-  ly2 += 20;
-  for (int k = kMemoryBandCount - 1; k >= 0; --k) {
-    legend_swatch(o, 950, ly2, memory_band_color(k), std::string(memory_band_name(k)));
-    ly2 += 20;
-  }
-  ly2 += 6;
-  put(o, "<line class=\"limit\" x1=\"950\" y1=\"{}\" x2=\"962\" y2=\"{}\" stroke=\"{}\"/>\n",
-      px(ly2 - 4), px(ly2 - 4), kLimitColor);
-  text(o, 968, ly2, "GPU limit", "start", "legend");
-  ly2 += 20;
-  if (reserved > 0) {
-    put(o, "<line class=\"reserved\" x1=\"950\" y1=\"{}\" x2=\"962\" y2=\"{}\" stroke=\"{}\"/>\n",
-        px(ly2 - 4), px(ly2 - 4), kReservedColor);
-    text(o, 968, ly2, "reserved peak", "start", "legend");
-    ly2 += 20;
-  }
-  put(o, "<circle cx=\"956\" cy=\"{}\" r=\"4\" class=\"peak\"/>\n", px(ly2 - 4));
-  text(o, 968, ly2, "peak of rank 0", "start", "legend");
+  memory_legend(o, p, reserved > 0);
   o += "</svg>\n";
-
-  *caption = fmt::format(
-      "{} at {} ({} tokens): device memory of rank 0 of {} over one step of {}. Peak of rank 0 "
-      "{}{}; "
-      "{} memory changes downsampled to {} points (the highest total in each of {} time buckets, "
-      "one "
-      "per pixel).",
-      d.method, format_length(d.seq_len), d.seq_len, w.represented_ranks,
-      format_seconds(rep.step_time_s), gib(peak),
-      rep.peak_rank == 0 && !rep.peak_op.empty() ? ", at " + rep.peak_op : "", raw, pts.size(),
-      columns);
-  if (rep.peak_rank != 0) {
-    *caption += fmt::format(" The highest peak of the step is on rank {}: {} at {}.", rep.peak_rank,
-                            gib(static_cast<double>(rep.peak_memory_bytes)), rep.peak_op);
-  }
-  if (reserved > 0) {
-    *caption += fmt::format(
-        " The dotted line is the memory PyTorch's caching allocator would hold at most (reserved, "
-        "what nvidia-smi shows), from a model of the allocator replayed over the step: {}.",
-        gib(reserved));
-  }
+  *caption = memory_caption(d, peak, series.states, pts.size(), columns);
 }
 
 // ------------------------------------------------------------------------------------------------
