@@ -534,128 +534,100 @@ std::string busy_percent(double fraction) {
   return p > 0.0 && p < 9.95 ? fmt::format("{:.1f} %", p) : fmt::format("{:.0f} %", p);
 }
 
-void timeline_chart(Out& o, const StepDetail& d, std::string* caption) {
-  const auto& w = *d.evaluation.workload;
-  const auto& r = *d.evaluation.result;
-  const auto& rep = d.evaluation.report;
-  const SimTime T = std::max<SimTime>(r.step_time_ns, 1);
-  const double step_s = simtime_to_seconds(T);
-  const TimeUnit unit = time_unit(step_s);
-  const int cols = static_cast<int>(kWideRight - kWideLeft);  // one column per pixel
+// The phase that covers most of one column; -1 when none does.
+int dominant_phase(const std::array<double, sim::kPhaseCount>& ph) {
+  int best = -1;
+  double most = 0;
+  for (int k = 0; k < sim::kPhaseCount; ++k) {
+    if (ph[static_cast<std::size_t>(k)] > most) {
+      most = ph[static_cast<std::size_t>(k)];
+      best = k;
+    }
+  }
+  return best;
+}
 
-  const TimelineCoverage coverage = timeline_coverage(w, r, cols);
-  const double colw = coverage.column_ns;
+// The phase strip above the streams (from the compute stream): runs of columns of one phase.
+void phase_strip(
+    Out& o, const TimelineCoverage& coverage, const Plot& p, double strip_y, int cols) {
   const auto& phase = coverage.by_phase;
-  const auto& used = coverage.used;
-  constexpr auto kClasses = all_op_classes();
-
-  const double row_h = 30, bar_h = 22;
-  const double strip_y = 34, rows_y = 56;
-  const Plot p{kWideLeft, strip_y, kWideRight, rows_y + sim::kStreamCount * row_h + 4};
-  int used_count = 0;
-  for (bool u : used) {
-    used_count += u ? 1 : 0;
-  }
-  const int H =
-      static_cast<int>(std::max(p.bottom + 60, 40.0 + (used_count + sim::kPhaseCount + 3) * 18));
-  const Scale x{0.0, step_s / unit.seconds, p.left, p.right};
-  svg_open(o, "svg-timeline", kWideWidth, H,
-           fmt::format("Step timeline of rank 0 per stream, {} at {}", d.method,
-                       format_length(d.seq_len)));
-
-  // Phase strip above the streams (from the compute stream).
   text(o, p.left - 6, strip_y + 9, "phase", "end", "tick");
-  {
-    int c = 0;
-    while (c < cols) {
-      const auto& ph = phase[static_cast<std::size_t>(c)];
-      int best = -1;
-      double most = 0;
-      for (int k = 0; k < sim::kPhaseCount; ++k) {
-        if (ph[static_cast<std::size_t>(k)] > most) {
-          most = ph[static_cast<std::size_t>(k)];
-          best = k;
-        }
-      }
-      int e = c + 1;
-      while (e < cols) {
-        const auto& q = phase[static_cast<std::size_t>(e)];
-        int b2 = -1;
-        double m2 = 0;
-        for (int k = 0; k < sim::kPhaseCount; ++k) {
-          if (q[static_cast<std::size_t>(k)] > m2) {
-            m2 = q[static_cast<std::size_t>(k)];
-            b2 = k;
-          }
-        }
-        if (b2 != best) {
-          break;
-        }
-        ++e;
-      }
-      if (best >= 0) {
-        put(o, "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"12\" fill=\"{}\"/>\n", px(p.left + c),
-            px(strip_y), e - c, phase_color(static_cast<Phase>(best)));
-      }
-      c = e;
+  int c = 0;
+  while (c < cols) {
+    const int best = dominant_phase(phase[static_cast<std::size_t>(c)]);
+    int e = c + 1;
+    while (e < cols && dominant_phase(phase[static_cast<std::size_t>(e)]) == best) {
+      ++e;
     }
-  }
-
-  // One row per stream: columns coloured by the class that covers most of the column, lighter
-  // where the stream is busy for only part of the column; runs of equal columns merged.
-  for (int s = 0; s < sim::kStreamCount; ++s) {
-    const double ry = rows_y + s * row_h;
-    const double busy = rep.stream_busy_s[static_cast<std::size_t>(s)];
-    put(o, "<g><title>{}</title>\n",
-        esc(fmt::format("{}: busy {} of {} ({})", sim::to_string(static_cast<Stream>(s)),
-                        format_seconds(busy), format_seconds(step_s),
-                        busy_percent(busy / step_s))));
-    put(o, "<rect class=\"lane\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\"/>\n", px(p.left),
-        px(ry), px(p.right - p.left), px(bar_h));
-    text(o, p.left - 6, ry + 11, sim::to_string(static_cast<Stream>(s)), "end", "tick");
-    text(o, p.left - 6, ry + 22, busy_percent(busy / step_s), "end", "tick-small");
-    const auto& cv = coverage.by_class[static_cast<std::size_t>(s)];
-    auto column = [&](int c, int* cls, int* lvl) {
-      const auto& a = cv[static_cast<std::size_t>(c)];
-      double total = 0, most = 0;
-      *cls = -1;
-      for (int k = 0; k < kOpClassCount; ++k) {
-        total += a[static_cast<std::size_t>(k)];
-        if (a[static_cast<std::size_t>(k)] > most) {
-          most = a[static_cast<std::size_t>(k)];
-          *cls = k;
-        }
-      }
-      const double frac = std::min(1.0, total / colw);
-      *lvl = std::clamp(static_cast<int>(std::ceil(frac * 4.0 - 1e-9)), 1, 4);
-    };
-    int c = 0;
-    while (c < cols) {
-      int cls = 0, lvl = 0;
-      column(c, &cls, &lvl);
-      int e = c + 1;
-      while (e < cols) {
-        int c2 = 0, l2 = 0;
-        column(e, &c2, &l2);
-        if (c2 != cls || l2 != lvl) {
-          break;
-        }
-        ++e;
-      }
-      if (cls >= 0) {
-        put(o, "<rect class=\"b{}{}\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\"/>\n", cls,
-            lvl < 4 ? fmt::format(" o{}", lvl) : std::string(), px(p.left + c), px(ry), e - c,
-            px(bar_h));
-      }
-      c = e;
+    if (best >= 0) {
+      put(o, "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"12\" fill=\"{}\"/>\n", px(p.left + c),
+          px(strip_y), e - c, phase_color(static_cast<Phase>(best)));
     }
-    o += "</g>\n";
+    c = e;
   }
-  const Ticks xt = linear_ticks(0.0, step_s / unit.seconds, 10);
-  x_axis(o, p, x, xt.values, tick_labels(xt), fmt::format("time in the step ({})", unit.name),
-         false);
+}
 
-  // Legend: op classes present, then phases.
+// One stream's row: columns coloured by the class that covers most of the column, lighter where
+// the stream is busy for only part of the column; runs of equal columns merged.
+void stream_row(Out& o,
+                const TimelineCoverage& coverage,
+                const sim::StepReport& rep,
+                const Plot& p,
+                int s,
+                double ry,
+                double bar_h,
+                double step_s,
+                int cols) {
+  const double busy = rep.stream_busy_s[static_cast<std::size_t>(s)];
+  put(o, "<g><title>{}</title>\n",
+      esc(fmt::format("{}: busy {} of {} ({})", sim::to_string(static_cast<Stream>(s)),
+                      format_seconds(busy), format_seconds(step_s), busy_percent(busy / step_s))));
+  put(o, "<rect class=\"lane\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\"/>\n", px(p.left),
+      px(ry), px(p.right - p.left), px(bar_h));
+  text(o, p.left - 6, ry + 11, sim::to_string(static_cast<Stream>(s)), "end", "tick");
+  text(o, p.left - 6, ry + 22, busy_percent(busy / step_s), "end", "tick-small");
+  const auto& cv = coverage.by_class[static_cast<std::size_t>(s)];
+  const double colw = coverage.column_ns;
+  auto column = [&](int c, int* cls, int* lvl) {
+    const auto& a = cv[static_cast<std::size_t>(c)];
+    double total = 0, most = 0;
+    *cls = -1;
+    for (int k = 0; k < kOpClassCount; ++k) {
+      total += a[static_cast<std::size_t>(k)];
+      if (a[static_cast<std::size_t>(k)] > most) {
+        most = a[static_cast<std::size_t>(k)];
+        *cls = k;
+      }
+    }
+    const double frac = std::min(1.0, total / colw);
+    *lvl = std::clamp(static_cast<int>(std::ceil(frac * 4.0 - 1e-9)), 1, 4);
+  };
+  int c = 0;
+  while (c < cols) {
+    int cls = 0, lvl = 0;
+    column(c, &cls, &lvl);
+    int e = c + 1;
+    while (e < cols) {
+      int c2 = 0, l2 = 0;
+      column(e, &c2, &l2);
+      if (c2 != cls || l2 != lvl) {
+        break;
+      }
+      ++e;
+    }
+    if (cls >= 0) {
+      put(o, "<rect class=\"b{}{}\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\"/>\n", cls,
+          lvl < 4 ? fmt::format(" o{}", lvl) : std::string(), px(p.left + c), px(ry), e - c,
+          px(bar_h));
+    }
+    c = e;
+  }
+  o += "</g>\n";
+}
+
+// Legend: op classes present, then phases.
+void timeline_legend(Out& o, const std::array<bool, kOpClassCount>& used) {
+  constexpr auto kClasses = all_op_classes();
   double ly = 20;
   text(o, 950, ly, "op kind", "start", "legend-title");
   ly += 18;
@@ -675,6 +647,39 @@ void timeline_chart(Out& o, const StepDetail& d, std::string* caption) {
                   sim::to_string(static_cast<Phase>(k)));
     ly += 18;
   }
+}
+
+void timeline_chart(Out& o, const StepDetail& d, std::string* caption) {
+  const auto& w = *d.evaluation.workload;
+  const auto& r = *d.evaluation.result;
+  const auto& rep = d.evaluation.report;
+  const SimTime T = std::max<SimTime>(r.step_time_ns, 1);
+  const double step_s = simtime_to_seconds(T);
+  const TimeUnit unit = time_unit(step_s);
+  const int cols = static_cast<int>(kWideRight - kWideLeft);  // one column per pixel
+
+  const TimelineCoverage coverage = timeline_coverage(w, r, cols);
+  const double row_h = 30, bar_h = 22;
+  const double strip_y = 34, rows_y = 56;
+  const Plot p{kWideLeft, strip_y, kWideRight, rows_y + sim::kStreamCount * row_h + 4};
+  int used_count = 0;
+  for (bool u : coverage.used) {
+    used_count += u ? 1 : 0;
+  }
+  const int H =
+      static_cast<int>(std::max(p.bottom + 60, 40.0 + (used_count + sim::kPhaseCount + 3) * 18));
+  const Scale x{0.0, step_s / unit.seconds, p.left, p.right};
+  svg_open(o, "svg-timeline", kWideWidth, H,
+           fmt::format("Step timeline of rank 0 per stream, {} at {}", d.method,
+                       format_length(d.seq_len)));
+  phase_strip(o, coverage, p, strip_y, cols);
+  for (int s = 0; s < sim::kStreamCount; ++s) {
+    stream_row(o, coverage, rep, p, s, rows_y + s * row_h, bar_h, step_s, cols);
+  }
+  const Ticks xt = linear_ticks(0.0, step_s / unit.seconds, 10);
+  x_axis(o, p, x, xt.values, tick_labels(xt), fmt::format("time in the step ({})", unit.name),
+         false);
+  timeline_legend(o, coverage.used);
   o += "</svg>\n";
 
   *caption = fmt::format(
