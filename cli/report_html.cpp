@@ -702,104 +702,65 @@ std::vector<double> log2_ticks(const std::vector<std::int64_t>& lengths) {
   return t;
 }
 
-void length_chart(Out& o,
-                  const std::string& id,
-                  const std::string& title,
-                  const std::string& y_title,
-                  const std::vector<std::int64_t>& lengths,
-                  const std::vector<Series>& series,
-                  bool log_y,
-                  double limit_gib,
-                  bool percent = false) {
-  const int W = 580, H = 420;
-  const Plot p{78, 40, 560, 318};
-  double lo = 1e300, hi = 0;
-  for (const auto& s : series) {
-    for (const auto& pt : s.points) {
-      lo = std::min(lo, pt.value);
-      hi = std::max(hi, pt.value);
-    }
-  }
-  if (limit_gib > 0) {
-    hi = std::max(hi, limit_gib);
-  }
-  if (hi <= 0) {
-    hi = 1;
-    lo = 1;
-  }
-  const double x0 = static_cast<double>(lengths.front());
-  const double x1 = static_cast<double>(lengths.back());
-  const double pad = lengths.size() == 1 ? 2.0 : std::pow(x1 / x0, 0.05);
-  const Scale x{x0 / pad, x1 * pad, p.left, p.right, true};
-  svg_open(o, id, W, H, title);
-  text(o, (p.left + p.right) / 2, 22, title, "middle", "chart-title");
-  Scale y;
-  std::vector<double> yv;
-  std::vector<std::string> yl;
-  if (log_y) {
-    lo = std::max(lo, hi * 1e-6);
-    double d0 = lo / 1.5, d1 = hi * 1.5;
-    // Ticks at 1, 2, 5 × 10^k; with fewer than two in range, widen the range to include them.
-    auto collect = [&]() {
-      yv.clear();
-      for (int e = static_cast<int>(std::floor(std::log10(d0))) - 1;
-           e <= static_cast<int>(std::ceil(std::log10(d1))); ++e) {
-        for (double m : {1.0, 2.0, 5.0}) {
-          const double v = m * std::pow(10.0, e);
-          if (v >= d0 * 0.999 && v <= d1 * 1.001) {
-            yv.push_back(v);
-          }
+// The y axis of a chart over lengths: its scale, tick values and labels.
+struct YAxis {
+  Scale scale;
+  std::vector<double> values;
+  std::vector<std::string> labels;
+};
+
+// Log axis with ticks at 1, 2, 5 × 10^k; with fewer than two in range, the range widens to
+// include them.
+YAxis log_y_axis(double lo, double hi, const Plot& p) {
+  YAxis a;
+  lo = std::max(lo, hi * 1e-6);
+  double d0 = lo / 1.5, d1 = hi * 1.5;
+  auto collect = [&]() {
+    a.values.clear();
+    for (int e = static_cast<int>(std::floor(std::log10(d0))) - 1;
+         e <= static_cast<int>(std::ceil(std::log10(d1))); ++e) {
+      for (double m : {1.0, 2.0, 5.0}) {
+        const double v = m * std::pow(10.0, e);
+        if (v >= d0 * 0.999 && v <= d1 * 1.001) {
+          a.values.push_back(v);
         }
       }
-    };
+    }
+  };
+  collect();
+  if (a.values.size() < 2) {
+    d0 = std::pow(10.0, std::floor(std::log10(d0)));
+    d1 = std::pow(10.0, std::ceil(std::log10(d1)));
     collect();
-    if (yv.size() < 2) {
-      d0 = std::pow(10.0, std::floor(std::log10(d0)));
-      d1 = std::pow(10.0, std::ceil(std::log10(d1)));
-      collect();
-    }
-    y = Scale{d0, d1, p.bottom, p.top, true};
-    for (double v : yv) {
-      yl.push_back(v >= 1e6   ? fmt::format("{:.0f}M", v / 1e6)
-                   : v >= 1e4 ? fmt::format("{:.0f}k", v / 1e3)
-                   : v >= 1   ? fmt::format("{:.0f}", v)
-                              : fmt::format("{}", v));
-    }
-  } else if (percent) {
-    // From a round 5 % below the lowest point to just above 100 %.
-    const double bottom = std::max(0.0, 5.0 * std::floor(lo / 5.0) - 5.0);
-    const double top = std::max(hi, 100.0) + 2.0;
-    y = Scale{bottom, top, p.bottom, p.top};
-    const Ticks t = linear_ticks(bottom, top, 7);
-    yv = t.values;
-    for (double v : yv) {
-      yl.push_back(tick_label(v, t.decimals) + " %");
-    }
-  } else {
-    const double top = hi * 1.08;
-    y = Scale{0.0, top, p.bottom, p.top};
-    const Ticks t = linear_ticks(0.0, top, 7);
-    yv = t.values;
-    for (double v : yv) {
-      yl.push_back(tick_label(v, t.decimals));
-    }
   }
-  y_axis(o, p, y, yv, yl, y_title);
-  std::vector<double> xv = log2_ticks(lengths);
-  std::vector<std::string> xl;
-  const std::size_t every = lengths.size() > 10 ? 2 : 1;
-  for (std::size_t i = 0; i < lengths.size(); ++i) {
-    xl.push_back(i % every == 0 ? format_length(lengths[i]) : std::string());
+  a.scale = Scale{d0, d1, p.bottom, p.top, true};
+  for (double v : a.values) {
+    a.labels.push_back(v >= 1e6   ? fmt::format("{:.0f}M", v / 1e6)
+                       : v >= 1e4 ? fmt::format("{:.0f}k", v / 1e3)
+                       : v >= 1   ? fmt::format("{:.0f}", v)
+                                  : fmt::format("{}", v));
   }
-  x_axis(o, p, x, xv, xl, "sequence length (tokens, log2 scale)", true);
-  if (limit_gib > 0) {
-    const double ly = y(limit_gib);
-    put(o, "<line class=\"limit\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\"/>\n",
-        px(p.left), px(ly), px(p.right), px(ly), kLimitColor);
-    text(o, p.left + 4, ly - 5, fmt::format("GPU memory {:.1f} GiB", limit_gib), "start",
-         "limit-label");
+  return a;
+}
+
+// Linear axis: percent from a round 5 % below the lowest point to just above 100 %, else from 0
+// to 8 % above the highest.
+YAxis linear_y_axis(double lo, double hi, bool percent, const Plot& p) {
+  YAxis a;
+  const double bottom = percent ? std::max(0.0, 5.0 * std::floor(lo / 5.0) - 5.0) : 0.0;
+  const double top = percent ? std::max(hi, 100.0) + 2.0 : hi * 1.08;
+  a.scale = Scale{bottom, top, p.bottom, p.top};
+  const Ticks t = linear_ticks(bottom, top, 7);
+  a.values = t.values;
+  for (double v : a.values) {
+    a.labels.push_back(tick_label(v, t.decimals) + (percent ? " %" : ""));
   }
-  // Lines: solid between points that fit, dashed where either end does not.
+  return a;
+}
+
+// Each series' lines (solid between points that fit, dashed where either end does not), then its
+// points (a cross where it does not fit).
+void length_series(Out& o, const std::vector<Series>& series, const Scale& x, const Scale& y) {
   for (const auto& s : series) {
     std::string solid, dashed;
     for (std::size_t i = 0; i + 1 < s.points.size(); ++i) {
@@ -834,11 +795,14 @@ void length_chart(Out& o,
       }
     }
   }
-  // Legend below the axis title, flowing over rows.
+}
+
+// Legend below the axis title, flowing over rows: the series, then the OOM mark.
+void length_legend(Out& o, const std::vector<Series>& series, const Plot& p, int width) {
   double lx = p.left - 40, ly = 380;
   auto advance = [&](std::size_t chars) {
     const double wdt = 34 + 7.2 * static_cast<double>(chars);
-    if (lx + wdt > W - 6) {
+    if (lx + wdt > width - 6) {
       lx = p.left - 40;
       ly += 20;
     }
@@ -861,6 +825,58 @@ void length_chart(Out& o,
       px(at + 6), px(ly - 9), px(at + 16), px(ly + 1), px(at + 6), px(ly + 1), px(at + 16),
       px(ly - 9));
   text(o, at + 27, ly, oom, "start", "legend");
+}
+
+void length_chart(Out& o,
+                  const std::string& id,
+                  const std::string& title,
+                  const std::string& y_title,
+                  const std::vector<std::int64_t>& lengths,
+                  const std::vector<Series>& series,
+                  bool log_y,
+                  double limit_gib,
+                  bool percent = false) {
+  const int W = 580, H = 420;
+  const Plot p{78, 40, 560, 318};
+  double lo = 1e300, hi = 0;
+  for (const auto& s : series) {
+    for (const auto& pt : s.points) {
+      lo = std::min(lo, pt.value);
+      hi = std::max(hi, pt.value);
+    }
+  }
+  if (limit_gib > 0) {
+    hi = std::max(hi, limit_gib);
+  }
+  if (hi <= 0) {
+    hi = 1;
+    lo = 1;
+  }
+  const double x0 = static_cast<double>(lengths.front());
+  const double x1 = static_cast<double>(lengths.back());
+  const double pad = lengths.size() == 1 ? 2.0 : std::pow(x1 / x0, 0.05);
+  const Scale x{x0 / pad, x1 * pad, p.left, p.right, true};
+  svg_open(o, id, W, H, title);
+  text(o, (p.left + p.right) / 2, 22, title, "middle", "chart-title");
+  const YAxis ya = log_y ? log_y_axis(lo, hi, p) : linear_y_axis(lo, hi, percent, p);
+  const Scale& y = ya.scale;
+  y_axis(o, p, y, ya.values, ya.labels, y_title);
+  std::vector<double> xv = log2_ticks(lengths);
+  std::vector<std::string> xl;
+  const std::size_t every = lengths.size() > 10 ? 2 : 1;
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    xl.push_back(i % every == 0 ? format_length(lengths[i]) : std::string());
+  }
+  x_axis(o, p, x, xv, xl, "sequence length (tokens, log2 scale)", true);
+  if (limit_gib > 0) {
+    const double ly = y(limit_gib);
+    put(o, "<line class=\"limit\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\"/>\n",
+        px(p.left), px(ly), px(p.right), px(ly), kLimitColor);
+    text(o, p.left + 4, ly - 5, fmt::format("GPU memory {:.1f} GiB", limit_gib), "start",
+         "limit-label");
+  }
+  length_series(o, series, x, y);
+  length_legend(o, series, p, W);
   o += "</svg>\n";
 }
 
