@@ -1184,6 +1184,157 @@ bool check_reserved_memory(const sim::ScheduleInputs& base,
   return check_reserved(base, options, candidate, max_context, simulations, scratch);
 }
 
+namespace {
+
+// The work items (one candidate, or at --seq the candidates of one pipeline stage group and
+// those whose simulation is another's, with it), longest first by the screen's cost estimate
+// (each result goes to its own candidate: the order changes only the wall time).
+struct WorkPlan {
+  std::vector<std::vector<std::size_t>> items;
+  std::vector<std::size_t> order;
+};
+
+WorkPlan plan_work(const std::vector<Candidate>& cands,
+                   const std::vector<std::size_t>& pending,
+                   const std::vector<std::int64_t>& cost,
+                   bool at_seq) {
+  WorkPlan w;
+  if (at_seq) {
+    w.items = work_items(cands, pending, simulation_twins(cands, pending));
+  } else {
+    for (const std::size_t i : pending) {
+      w.items.push_back({i});
+    }
+  }
+  w.order.resize(w.items.size());
+  std::iota(w.order.begin(), w.order.end(), std::size_t{0});
+  std::stable_sort(w.order.begin(), w.order.end(), [&](std::size_t a, std::size_t b) {
+    return cost[w.items[a].front()] > cost[w.items[b].front()];
+  });
+  return w;
+}
+
+// Evaluates one candidate without a pipeline: its step at --seq, else its longest context.
+// Returns the simulations run.
+std::int64_t evaluate_candidate(Candidate& c,
+                                const sim::ScheduleInputs& in,
+                                const PlanOptions& options,
+                                const EvaluateOptions& seq_options,
+                                EvaluationScratch& scratch,
+                                const RefusalText& refusal_text) {
+  std::int64_t simulations = 0;
+  try {
+    if (options.seq_len) {
+      c.report = evaluate(in, seq_options, scratch).report;
+      c.fits = c.report.fits();
+      simulations = 1;
+    } else {
+      MaxLenOptions mo;
+      mo.granularity = options.granularity;
+      mo.check_reserved = false;  // the candidates shown are checked below
+      mo.threads = 1;             // the candidates already share the threads
+      mo.scratch = &scratch;
+      mo.refusal_text = refusal_text;
+      const MaxLenResult m = max_seq_len(in, mo);
+      simulations = m.evaluations;
+      c.max_seq_len = m.max_seq_len;
+      c.binding = m.binding;
+      c.fits = m.max_seq_len > 0;
+      if (c.fits) {
+        c.report = m.at_max;
+        c.parallel.seq_len = m.max_seq_len;
+      }
+    }
+    c.evaluated = true;
+  } catch (const sim::ConfigError& e) {
+    c.error = refusal_text(e);
+  } catch (const InputError& e) {
+    c.error = e.what();
+  }
+  return simulations;
+}
+
+// Evaluates the work items on the plan's threads; returns the simulations run.
+std::int64_t evaluate_work(const sim::ScheduleInputs& base,
+                           const PlanOptions& options,
+                           const RefusalText& refusal_text,
+                           std::int64_t capacity,
+                           const WorkPlan& work,
+                           std::size_t pending,
+                           std::vector<Candidate>& cands) {
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::int64_t> simulations{0};
+  // A configuration over the GPU's memory is dropped whatever its speed: its simulation stops as
+  // soon as the memory passes the capacity (the ranking is unchanged; only time is saved).
+  EvaluateOptions seq_options;
+  seq_options.stop_above_device_bytes = std::max<std::int64_t>(1, capacity);
+  std::mutex progress_mutex;
+  std::int64_t progressed = 0;
+  auto progress = [&](std::size_t candidates) {
+    if (options.on_progress) {
+      const std::lock_guard<std::mutex> lock(progress_mutex);
+      progressed += static_cast<std::int64_t>(candidates);
+      options.on_progress(progressed, static_cast<std::int64_t>(pending));
+    }
+  };
+  auto worker = [&]() {
+    EvaluationScratch scratch;
+    sim::ScheduleInputs in = base;  // this thread's inputs, one candidate at a time
+    for (std::size_t k = next++; k < work.order.size(); k = next++) {
+      const std::vector<std::size_t>& item = work.items[work.order[k]];
+      if (options.seq_len && cands[item.front()].parallel.pp_degree > 1) {
+        simulations += evaluate_stage_group(cands, item, seq_options, scratch, in, refusal_text);
+        progress(item.size());
+        continue;
+      }
+      Candidate& c = cands[item.front()];
+      c.apply_to(in);
+      simulations += evaluate_candidate(c, in, options, seq_options, scratch, refusal_text);
+      for (std::size_t t = 1; t < item.size(); ++t) {
+        share_evaluation(c, cands[item[t]]);
+      }
+      progress(item.size());
+    }
+  };
+  run_workers(options.threads, work.order.size(), worker);
+  return simulations;
+}
+
+// The counts of the result, and the misses offered in the candidates' order.
+void count_and_offer_misses(std::vector<Candidate>& cands,
+                            std::int64_t capacity,
+                            PlanResult& res,
+                            ClosestMiss& miss) {
+  for (Candidate& c : cands) {
+    res.pruned += c.pruned ? 1 : 0;
+    res.refused += c.error.empty() ? 0 : 1;
+    res.evaluated += c.evaluated ? 1 : 0;
+    if (c.evaluated && !c.fits) {
+      offer_miss(c, res.max_context, capacity, miss);
+    } else if (!c.error.empty()) {
+      miss.offer_other(c, c.error);
+    }
+  }
+}
+
+// Why the best beats the runner-up: the best configuration of another method when there is one
+// ("why this method" is the question; variants of the winner differ by little).
+std::string why_best(const PlanResult& res) {
+  if (res.ranked.size() < 2) {
+    return "";
+  }
+  const Candidate* runner = &res.ranked[1];
+  for (const Candidate& c : res.ranked) {
+    if (c.parallel.method != res.ranked[0].parallel.method) {
+      runner = &c;
+      break;
+    }
+  }
+  return explain(res.ranked[0], *runner, res.max_context);
+}
+
+}  // namespace
+
 PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   const RefusalText refusal_text =
       options.refusal_text ? options.refusal_text : RefusalText(default_refusal_text);
@@ -1197,7 +1348,6 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   // miss offered in the candidates' order.
   ClosestMiss miss;
   const Screened screened = screen(base, options, refusal_text, cands);
-  const std::vector<std::int64_t>& cost = screened.cost;
   std::vector<std::size_t> pending;
   for (std::size_t i = 0; i < cands.size(); ++i) {
     const Candidate& c = cands[i];
@@ -1207,96 +1357,11 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
       pending.push_back(i);
     }
   }
-  // Work items: one candidate, or at --seq the candidates of one pipeline stage group (one stage
-  // simulation composed for each) and those whose simulation is another's, with it. Longest first
-  // (each result goes to its own candidate: the order changes only the wall time).
-  std::vector<std::vector<std::size_t>> work;
-  if (options.seq_len) {
-    work = work_items(cands, pending, simulation_twins(cands, pending));
-  } else {
-    for (const std::size_t i : pending) {
-      work.push_back({i});
-    }
-  }
-  std::vector<std::size_t> order(work.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return cost[work[a].front()] > cost[work[b].front()];
-  });
-  std::atomic<std::size_t> next{0};
-  std::atomic<std::int64_t> simulations{0};
-  // A configuration over the GPU's memory is dropped whatever its speed: its simulation stops as
-  // soon as the memory passes the capacity (the ranking is unchanged; only time is saved).
-  EvaluateOptions seq_options;
-  seq_options.stop_above_device_bytes = std::max<std::int64_t>(1, capacity);
-  std::mutex progress_mutex;
-  std::int64_t progressed = 0;
-  auto progress = [&](std::size_t candidates) {
-    if (options.on_progress) {
-      const std::lock_guard<std::mutex> lock(progress_mutex);
-      progressed += static_cast<std::int64_t>(candidates);
-      options.on_progress(progressed, static_cast<std::int64_t>(pending.size()));
-    }
-  };
-  auto worker = [&]() {
-    EvaluationScratch scratch;
-    sim::ScheduleInputs in = base;  // this thread's inputs, one candidate at a time
-    for (std::size_t k = next++; k < order.size(); k = next++) {
-      const std::vector<std::size_t>& item = work[order[k]];
-      if (options.seq_len && cands[item.front()].parallel.pp_degree > 1) {
-        simulations += evaluate_stage_group(cands, item, seq_options, scratch, in, refusal_text);
-        progress(item.size());
-        continue;
-      }
-      Candidate& c = cands[item.front()];
-      c.apply_to(in);
-      try {
-        if (options.seq_len) {
-          c.report = evaluate(in, seq_options, scratch).report;
-          c.fits = c.report.fits();
-          simulations += 1;
-        } else {
-          MaxLenOptions mo;
-          mo.granularity = options.granularity;
-          mo.check_reserved = false;  // the candidates shown are checked below
-          mo.threads = 1;             // the candidates already share the threads
-          mo.scratch = &scratch;
-          mo.refusal_text = refusal_text;
-          const MaxLenResult m = max_seq_len(in, mo);
-          simulations += m.evaluations;
-          c.max_seq_len = m.max_seq_len;
-          c.binding = m.binding;
-          c.fits = m.max_seq_len > 0;
-          if (c.fits) {
-            c.report = m.at_max;
-            c.parallel.seq_len = m.max_seq_len;
-          }
-        }
-        c.evaluated = true;
-      } catch (const sim::ConfigError& e) {
-        c.error = refusal_text(e);
-      } catch (const InputError& e) {
-        c.error = e.what();
-      }
-      for (std::size_t t = 1; t < item.size(); ++t) {
-        share_evaluation(c, cands[item[t]]);
-      }
-      progress(item.size());
-    }
-  };
-  run_workers(options.threads, order.size(), worker);
-  res.simulations = simulations;
+  const WorkPlan work = plan_work(cands, pending, screened.cost, options.seq_len.has_value());
+  res.simulations =
+      evaluate_work(base, options, refusal_text, capacity, work, pending.size(), cands);
+  count_and_offer_misses(cands, capacity, res, miss);
 
-  for (Candidate& c : cands) {
-    res.pruned += c.pruned ? 1 : 0;
-    res.refused += c.error.empty() ? 0 : 1;
-    res.evaluated += c.evaluated ? 1 : 0;
-    if (c.evaluated && !c.fits) {
-      offer_miss(c, res.max_context, capacity, miss);
-    } else if (!c.error.empty()) {
-      miss.offer_other(c, c.error);
-    }
-  }
   // The fitting candidates in the plan's order, moved once (a sort of the candidates themselves
   // would move each of them many times).
   std::vector<std::size_t> fitting;
@@ -1312,18 +1377,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   if (res.ranked.empty()) {
     res.closest_miss = miss.text();
   }
-  // The runner-up is the best configuration of another method when there is one: "why this
-  // method" is the question; variants of the winner differ by little.
-  if (res.ranked.size() >= 2) {
-    const Candidate* runner = &res.ranked[1];
-    for (const Candidate& c : res.ranked) {
-      if (c.parallel.method != res.ranked[0].parallel.method) {
-        runner = &c;
-        break;
-      }
-    }
-    res.why_best = explain(res.ranked[0], *runner, res.max_context);
-  }
+  res.why_best = why_best(res);
   return res;
 }
 
