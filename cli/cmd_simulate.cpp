@@ -849,7 +849,10 @@ constexpr long long kMaxGpus = 65536;
 
 }  // namespace
 
-void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
+namespace {
+
+// --model, --gpus, --hardware, --method, --impl, --seq and --recipe.
+void add_model_and_method_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
   c->add_option("--model", a.model,
                 "built-in model name (see `cpsim models`) or path to a "
                 "Hugging Face config.json")
@@ -881,6 +884,10 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
                 "implementation is the default of, e.g. alst-deepspeed for deepspeed-ulysses)")
       ->capture_default_str()
       ->each([&a](const std::string&) { a.recipe_given = true; });
+}
+
+// The degrees and layouts: CP, Ulysses and ring parts, TP, PP, micro-batches, the methods' knobs.
+void add_parallel_options(CLI::App* c, SimulateArgs& a) {
   c->add_option(
        "--heads-per-stage", a.heads_per_stage,
        "UPipe: query heads per stage U, a multiple of the CP degree (default: the CP degree)")
@@ -934,6 +941,10 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
   c->add_option("--fpdt-chunk", a.fpdt_chunk, "FPDT chunk in global tokens (default: 64K)");
   c->add_option("--fpdt-offload", a.fpdt_offload,
                 "FPDT: offload chunks to pinned host memory: on | off (default: on)");
+}
+
+// What overrides the recipe: sharding, offloads, checkpointing, tiling, loss and kernels.
+void add_recipe_options(CLI::App* c, SimulateArgs& a) {
   c->add_option("--zero", a.zero, "ZeRO stage 0-3 (3 = FSDP full shard; default: recipe)")
       ->check(whole_number_in(0, 3));
   c->add_option("--optimizer-offload", a.optimizer_offload,
@@ -973,6 +984,10 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
   c->add_option("--attention-kernel", a.attention_kernel,
                 "attention kernel curve of the profile: "
                 "fa3 | fa2 | cudnn | sdpa (default: recipe)");
+}
+
+// The memory kept free for a step to count as fitting.
+void add_margin_options(CLI::App* c, SimulateArgs& a) {
   a.memory_margin = kDefaultGpuMargin;
   a.host_memory_margin = kDefaultHostMargin;
   c->add_option("--memory-margin", a.memory_margin,
@@ -983,6 +998,15 @@ void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
   c->add_option("--host-memory-margin", a.host_memory_margin,
                 "kept free on every node's host memory: N% or GiB")
       ->capture_default_str();
+}
+
+}  // namespace
+
+void add_config_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
+  add_model_and_method_options(c, a, with_seq);
+  add_parallel_options(c, a);
+  add_recipe_options(c, a);
+  add_margin_options(c, a);
 }
 
 namespace {
