@@ -229,29 +229,9 @@ std::map<int, CollectiveCurve> read_by_ranks(ProfileReader& r,
 
 }  // namespace
 
-HardwareProfile parse_hardware_profile(const std::string& json_text, const std::string& origin) {
-  const Json root = parse_json(json_text, origin);
-  if (!root.is_object()) {
-    throw InputError(origin, fmt::format("a hardware profile must be a JSON object, got {}",
-                                         describe_json(root)));
-  }
-  check_schema(root, kHardwareSchema, origin);
-  reject_unknown_keys(root,
-                      {"schema", "name", "description", "gpu", "compute", "memory_overheads",
-                       "node", "collectives"},
-                      origin, "");
+namespace {
 
-  HardwareProfile hw;
-  ProfileReader r(origin, hw.provenance);
-  hw.schema_version = kProfileSchemaVersion;
-  hw.name = json_string(r.member(root, "", "name"), r.field("name"));
-  if (hw.name.empty()) {
-    throw InputError(r.field("name"), "must not be empty");
-  }
-  if (const Json* description = find_member(root, "description")) {
-    hw.description = json_string(*description, r.field("description"));
-  }
-
+void read_gpu(ProfileReader& r, const Json& root, HardwareProfile& hw) {
   const Json& gpu = r.section(root, "", "gpu",
                               {"name", "hbm_capacity_bytes", "sm_count", "peak_bf16_flops_per_s",
                                "peak_fp8_flops_per_s", "hbm_bandwidth_bytes_per_s"});
@@ -264,7 +244,10 @@ HardwareProfile parse_hardware_profile(const std::string& json_text, const std::
   }
   hw.hbm_bandwidth_bytes_per_s =
       r.number(gpu, "gpu", "hbm_bandwidth_bytes_per_s", Bound::kPositive);
+}
 
+// The compute section's efficiencies and launch costs (its attention kernels apart).
+const Json& read_compute(ProfileReader& r, const Json& root, HardwareProfile& hw) {
   const Json& compute =
       r.section(root, "", "compute",
                 {"gemm_max_efficiency", "gemm_efficiency_by_flops", "memory_bound_efficiency",
@@ -282,6 +265,10 @@ HardwareProfile parse_hardware_profile(const std::string& json_text, const std::
   hw.compute_slowdown_under_comm =
       r.number(compute, "compute", "compute_slowdown_under_comm", Bound::kNonNegative);
 
+  return compute;
+}
+
+void read_attention_kernels(ProfileReader& r, const Json& compute, HardwareProfile& hw) {
   const std::string kernels_path = "compute.attention_kernels";
   const Json& kernels =
       json_object(r.member(compute, "compute", "attention_kernels"), r.field(kernels_path));
@@ -305,7 +292,9 @@ HardwareProfile parse_hardware_profile(const std::string& json_text, const std::
     model.head_dim = r.integer(k, path, "head_dim", Bound::kPositive);
     hw.attention_kernels.emplace(kernel_name, std::move(model));
   }
+}
 
+void read_memory_overheads(ProfileReader& r, const Json& root, HardwareProfile& hw) {
   const Json& overheads =
       r.section(root, "", "memory_overheads",
                 {"cuda_context_bytes", "nccl_buffers_bytes", "cublas_workspace_bytes"});
@@ -315,7 +304,9 @@ HardwareProfile parse_hardware_profile(const std::string& json_text, const std::
       r.integer(overheads, "memory_overheads", "nccl_buffers_bytes", Bound::kNonNegative);
   hw.cublas_workspace_bytes =
       r.integer(overheads, "memory_overheads", "cublas_workspace_bytes", Bound::kNonNegative);
+}
 
+void read_node(ProfileReader& r, const Json& root, HardwareProfile& hw) {
   const Json& node = r.section(
       root, "", "node",
       {"gpus_per_node", "host_memory_bytes", "host_link", "cpu_adam_params_per_s", "host_issue"});
@@ -340,7 +331,9 @@ HardwareProfile parse_hardware_profile(const std::string& json_text, const std::
     hw.host_issue.launch_s = r.number(host, "node.host_issue", "launch_s", Bound::kNonNegative);
     hw.host_issue.sync_s = r.number(host, "node.host_issue", "sync_s", Bound::kNonNegative);
   }
+}
 
+void read_collectives(ProfileReader& r, const Json& root, HardwareProfile& hw) {
   const Json& collectives = r.section(root, "", "collectives", {"intra_node", "inter_node"});
   for (const auto& [span, span_key] : kSpans) {
     const std::string span_path = json_child_path("collectives", span_key);
@@ -360,6 +353,39 @@ HardwareProfile parse_hardware_profile(const std::string& json_text, const std::
       hw.collectives[span][collective] = std::move(model);
     }
   }
+}
+
+}  // namespace
+
+HardwareProfile parse_hardware_profile(const std::string& json_text, const std::string& origin) {
+  const Json root = parse_json(json_text, origin);
+  if (!root.is_object()) {
+    throw InputError(origin, fmt::format("a hardware profile must be a JSON object, got {}",
+                                         describe_json(root)));
+  }
+  check_schema(root, kHardwareSchema, origin);
+  reject_unknown_keys(root,
+                      {"schema", "name", "description", "gpu", "compute", "memory_overheads",
+                       "node", "collectives"},
+                      origin, "");
+
+  HardwareProfile hw;
+  ProfileReader r(origin, hw.provenance);
+  hw.schema_version = kProfileSchemaVersion;
+  hw.name = json_string(r.member(root, "", "name"), r.field("name"));
+  if (hw.name.empty()) {
+    throw InputError(r.field("name"), "must not be empty");
+  }
+  if (const Json* description = find_member(root, "description")) {
+    hw.description = json_string(*description, r.field("description"));
+  }
+
+  read_gpu(r, root, hw);
+  const Json& compute = read_compute(r, root, hw);
+  read_attention_kernels(r, compute, hw);
+  read_memory_overheads(r, root, hw);
+  read_node(r, root, hw);
+  read_collectives(r, root, hw);
   detail::check_profile_plausible(hw, origin);
   return hw;
 }
