@@ -68,77 +68,79 @@ RecipeAsRun accelerate_recipe_as_run(const sim::ScheduleInputs& in) {
   return r;
 }
 
-EmittedConfig emit_accelerate(Plan& p) {
-  // "deepspeed": Accelerate's Ulysses SP backend; else torch CP with this cp_comm_strategy.
-  const bool sp = p.selects() == "deepspeed";
-  std::string y;
-  y += "compute_environment: LOCAL_MACHINE\n";
-  y += "debug: false\n";
-  if (sp) {
-    // DeepSpeed keys live in a ds_config JSON beside the YAML, as Accelerate's ALST example does
-    // (examples/alst_ulysses_sequence_parallelism): `seq_parallel_communication_data_type` is no
-    // accelerate config key, and with `deepspeed_config_file` Accelerate refuses zero_stage,
-    // offload and mixed_precision in the YAML (utils/dataclasses.py, _deepspeed_config_checks).
-    require_zero_for_optimizer_offload(p, "DeepSpeed");
-    p.companions.push_back(accelerate_ds_config(p));
-    y += "distributed_type: DEEPSPEED\n";
-    y += "deepspeed_config:\n";
-    y += fmt::format("  deepspeed_config_file: {}\n", quoted(p.companions.back().path));
-    y += "  zero3_init_flag: false\n";
-  } else {
-    require_seq_multiple_of_2cp(p, "Accelerate CP", "torch CP load balancing; TRL docs");
-    y += "distributed_type: FSDP\n";
-    y += "fsdp_config:\n";
-    y += "  fsdp_version: 2\n";
-    y += fmt::format("  fsdp_activation_checkpointing: {}\n",
-                     boolean(p.recipe.checkpointing != CheckpointMode::kNone));
-    y += "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n";
-    y += "  fsdp_cpu_ram_efficient_loading: false\n";
-    y += fmt::format("  fsdp_offload_params: {}\n", boolean(p.recipe.optimizer_offload));
-    y += fmt::format("  fsdp_reshard_after_forward: {}\n", boolean(p.recipe.zero_stage >= 3));
-    y += "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
-    if (p.recipe.optimizer_offload) {
-      p.note(
-          "fsdp_offload_params offloads parameters, gradients and optimizer states (FSDP2 "
-          "CPUOffload), not only the optimizer as simulated");
-    }
-    if (p.recipe.zero_stage < 3) {
-      p.note(
-          fmt::format("FSDP2 always shards; ZeRO-{} is approximated by "
-                      "fsdp_reshard_after_forward: false",
-                      p.recipe.zero_stage));
-    }
-    if (p.recipe.checkpointing == CheckpointMode::kSelective) {
-      p.note(
-          "fsdp_activation_checkpointing is full per block; selective checkpointing is not "
-          "expressible (emitted full: less memory, more recompute than simulated)");
-    }
-    if (p.recipe.attention_kernel != "sdpa") {
-      p.note(
-          fmt::format("Accelerate's torch CP runs SDPA only (load the model with "
-                      "attn_implementation=\"sdpa\"); the recipe's {} kernel is not available",
-                      p.recipe.attention_kernel));
-    }
-    if (!p.zigzag()) {
-      p.note(
-          "torch CP load-balances the sequence (head-tail); the contiguous layout is not "
-          "selectable");
-    }
-    p.note_comm_dtype_fixed("Accelerate's torch CP");
+namespace {
+
+// The DeepSpeed block (Ulysses SP): the ds_config JSON beside the YAML.
+std::string deepspeed_block(Plan& p) {
+  // DeepSpeed keys live in a ds_config JSON beside the YAML, as Accelerate's ALST example does
+  // (examples/alst_ulysses_sequence_parallelism): `seq_parallel_communication_data_type` is no
+  // accelerate config key, and with `deepspeed_config_file` Accelerate refuses zero_stage,
+  // offload and mixed_precision in the YAML (utils/dataclasses.py, _deepspeed_config_checks).
+  require_zero_for_optimizer_offload(p, "DeepSpeed");
+  p.companions.push_back(accelerate_ds_config(p));
+  std::string y = "distributed_type: DEEPSPEED\n";
+  y += "deepspeed_config:\n";
+  y += fmt::format("  deepspeed_config_file: {}\n", quoted(p.companions.back().path));
+  y += "  zero3_init_flag: false\n";
+  return y;
+}
+
+// What the FSDP2 + torch CP configuration cannot say.
+void torch_cp_notes(Plan& p) {
+  if (p.recipe.optimizer_offload) {
     p.note(
-        fmt::format("pad sequences to a multiple of 2 x cp_size = {} (TRL: "
-                    "pad_to_multiple_of)",
-                    2 * p.cp));
+        "fsdp_offload_params offloads parameters, gradients and optimizer states (FSDP2 "
+        "CPUOffload), not only the optimizer as simulated");
   }
-  y += "downcast_bf16: 'no'\n";
-  y += "machine_rank: 0\n";
-  y += "main_training_function: main\n";
-  if (!sp) {  // with a DeepSpeed JSON, its bf16 block says it
-    y += fmt::format("mixed_precision: {}\n", p.recipe.param_bytes == 2 ? "bf16" : "'no'");
+  if (p.recipe.zero_stage < 3) {
+    p.note(
+        fmt::format("FSDP2 always shards; ZeRO-{} is approximated by "
+                    "fsdp_reshard_after_forward: false",
+                    p.recipe.zero_stage));
   }
-  y += fmt::format("num_machines: {}\n", p.nodes);
-  y += fmt::format("num_processes: {}\n", p.par.gpus);
-  y += "parallelism_config:\n";
+  if (p.recipe.checkpointing == CheckpointMode::kSelective) {
+    p.note(
+        "fsdp_activation_checkpointing is full per block; selective checkpointing is not "
+        "expressible (emitted full: less memory, more recompute than simulated)");
+  }
+  if (p.recipe.attention_kernel != "sdpa") {
+    p.note(
+        fmt::format("Accelerate's torch CP runs SDPA only (load the model with "
+                    "attn_implementation=\"sdpa\"); the recipe's {} kernel is not available",
+                    p.recipe.attention_kernel));
+  }
+  if (!p.zigzag()) {
+    p.note(
+        "torch CP load-balances the sequence (head-tail); the contiguous layout is not "
+        "selectable");
+  }
+  p.note_comm_dtype_fixed("Accelerate's torch CP");
+  p.note(
+      fmt::format("pad sequences to a multiple of 2 x cp_size = {} (TRL: "
+                  "pad_to_multiple_of)",
+                  2 * p.cp));
+}
+
+// The FSDP2 block (torch CP).
+std::string fsdp_block(Plan& p) {
+  require_seq_multiple_of_2cp(p, "Accelerate CP", "torch CP load balancing; TRL docs");
+  std::string y = "distributed_type: FSDP\n";
+  y += "fsdp_config:\n";
+  y += "  fsdp_version: 2\n";
+  y += fmt::format("  fsdp_activation_checkpointing: {}\n",
+                   boolean(p.recipe.checkpointing != CheckpointMode::kNone));
+  y += "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n";
+  y += "  fsdp_cpu_ram_efficient_loading: false\n";
+  y += fmt::format("  fsdp_offload_params: {}\n", boolean(p.recipe.optimizer_offload));
+  y += fmt::format("  fsdp_reshard_after_forward: {}\n", boolean(p.recipe.zero_stage >= 3));
+  y += "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
+  torch_cp_notes(p);
+  return y;
+}
+
+// parallelism_config: data sharding, SP or CP, TP.
+std::string parallelism_block(Plan& p, bool sp) {
+  std::string y = "parallelism_config:\n";
   y += "  parallelism_config_dp_replicate_size: 1\n";
   y += fmt::format("  parallelism_config_dp_shard_size: {}\n", p.dp);
   if (sp) {
@@ -153,10 +155,11 @@ EmittedConfig emit_accelerate(Plan& p) {
     y += fmt::format("  parallelism_config_cp_comm_strategy: {}\n", p.selects());
   }
   y += fmt::format("  parallelism_config_tp_size: {}\n", p.par.tp_degree);
-  y += "rdzv_backend: static\n";
-  y += "same_network: true\n";
-  y += "use_cpu: false\n";
+  return y;
+}
 
+// What neither backend's configuration can say.
+void common_notes(Plan& p, bool sp) {
   if (sp && p.recipe.checkpointing != CheckpointMode::kNone) {
     p.note(
         "activation checkpointing is a trainer argument (TrainingArguments / SFTConfig "
@@ -180,6 +183,30 @@ EmittedConfig emit_accelerate(Plan& p) {
         "a fused linear cross-entropy needs Liger (TRL use_liger_kernel=True); not an "
         "accelerate key");
   }
+}
+
+}  // namespace
+
+EmittedConfig emit_accelerate(Plan& p) {
+  // "deepspeed": Accelerate's Ulysses SP backend; else torch CP with this cp_comm_strategy.
+  const bool sp = p.selects() == "deepspeed";
+  std::string y;
+  y += "compute_environment: LOCAL_MACHINE\n";
+  y += "debug: false\n";
+  y += sp ? deepspeed_block(p) : fsdp_block(p);
+  y += "downcast_bf16: 'no'\n";
+  y += "machine_rank: 0\n";
+  y += "main_training_function: main\n";
+  if (!sp) {  // with a DeepSpeed JSON, its bf16 block says it
+    y += fmt::format("mixed_precision: {}\n", p.recipe.param_bytes == 2 ? "bf16" : "'no'");
+  }
+  y += fmt::format("num_machines: {}\n", p.nodes);
+  y += fmt::format("num_processes: {}\n", p.par.gpus);
+  y += parallelism_block(p, sp);
+  y += "rdzv_backend: static\n";
+  y += "same_network: true\n";
+  y += "use_cpu: false\n";
+  common_notes(p, sp);
   std::vector<std::string> usage = {
       "HF Accelerate config: accelerate launch --config_file cpsim_accelerate.yaml train.py ..."};
   add_environment_line(p, usage);
