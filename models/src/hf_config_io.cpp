@@ -83,27 +83,10 @@ ActivationKind parse_activation(const std::string& act, const std::string& field
 
 }  // namespace
 
-TransformerSpec parse_hf_config(const std::string& json_text, const std::string& origin) {
-  const Json root = parse_json(json_text, origin);
-  if (!root.is_object()) {
-    throw InputError(
-        origin, fmt::format("a config.json must be a JSON object, got {}", describe_json(root)));
-  }
-  const HfReader hf(root, origin);
+namespace {
 
-  for (const auto& refused : kRefusedKeys) {
-    const Json* value = hf.optional(refused.key);
-    if (value != nullptr && !is_zero_or_false(*value)) {
-      throw InputError(hf.field(refused.key),
-                       fmt::format("{} models are not modelled yet (only dense decoder-only "
-                                   "transformers)",
-                                   refused.what));
-    }
-  }
-
-  detail::check_modelled_architecture(root, origin);
-
-  TransformerSpec spec;
+// Layers, widths, heads (KV heads default to the query heads), vocabulary, head dim.
+void read_shape(const HfReader& hf, TransformerSpec& spec) {
   spec.hidden = hf.required_int("hidden_size");
   spec.ffn_hidden = hf.required_int("intermediate_size");
   spec.layers = hf.required_int("num_hidden_layers");
@@ -128,7 +111,10 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
     }
     spec.head_dim = spec.hidden / spec.heads;
   }
+}
 
+// Tied embeddings, context, biases, activation, model type (Qwen3's q/k norms).
+void read_architecture(const HfReader& hf, TransformerSpec& spec) {
   if (const Json* tie = hf.optional("tie_word_embeddings")) {
     spec.tied_embeddings = json_bool(*tie, hf.field("tie_word_embeddings"));
   }
@@ -146,7 +132,9 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
     spec.model_type = json_string(*model_type, hf.field("model_type"));
     spec.qk_norm = spec.model_type == "qwen3";
   }
+}
 
+void read_rope(const HfReader& hf, TransformerSpec& spec) {
   // RoPE: legacy rope_theta (+ rope_scaling), or transformers v5 rope_parameters, which wins.
   if (const Json* theta = hf.optional("rope_theta")) {
     spec.rope_theta = json_number(*theta, hf.field("rope_theta"));
@@ -169,7 +157,10 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
       spec.rope_theta = json_number(*theta, hf.field(theta_key));
     }
   }
+}
 
+// The name (`name`, else the hub id, else the file's) and the source.
+void read_names(const HfReader& hf, const std::string& origin, TransformerSpec& spec) {
   const Json* hub = hf.optional("_name_or_path");
   if (hub != nullptr && hub->is_string()) {
     spec.hf_name_or_path = hub->get<std::string>();
@@ -188,6 +179,35 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
   if (spec.source.empty()) {
     spec.source = origin;
   }
+}
+
+}  // namespace
+
+TransformerSpec parse_hf_config(const std::string& json_text, const std::string& origin) {
+  const Json root = parse_json(json_text, origin);
+  if (!root.is_object()) {
+    throw InputError(
+        origin, fmt::format("a config.json must be a JSON object, got {}", describe_json(root)));
+  }
+  const HfReader hf(root, origin);
+
+  for (const auto& refused : kRefusedKeys) {
+    const Json* value = hf.optional(refused.key);
+    if (value != nullptr && !is_zero_or_false(*value)) {
+      throw InputError(hf.field(refused.key),
+                       fmt::format("{} models are not modelled yet (only dense decoder-only "
+                                   "transformers)",
+                                   refused.what));
+    }
+  }
+
+  detail::check_modelled_architecture(root, origin);
+
+  TransformerSpec spec;
+  read_shape(hf, spec);
+  read_architecture(hf, spec);
+  read_rope(hf, spec);
+  read_names(hf, origin, spec);
 
   try {
     spec.validate();
