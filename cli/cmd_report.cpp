@@ -378,29 +378,27 @@ CLI::App* register_report(CLI::App& app, ReportArgs& a) {
   return c;
 }
 
-int run_report(const ReportArgs& a) {
-  std::optional<std::int64_t> detail_seq;
-  if (!a.detail_seq.empty()) {
-    detail_seq = parse_length(a.detail_seq, "--detail-seq");
-  }
-  std::string detail_method;
-  if (!a.detail_method.empty()) {
-    detail_method = models::to_string(models::parse_cp_method(a.detail_method, "--detail-method"));
-    const std::vector<std::string> methods = sweep_methods(a);
-    if (std::find(methods.begin(), methods.end(), detail_method) == methods.end()) {
-      throw InputError("--detail-method",
-                       fmt::format("'{}' is not among --methods {}", a.detail_method, a.methods));
-    }
-  }
-  Progress progress("report");
-  Sweep sw = run_points(a, progress);
+namespace {
 
-  ReportPage page;
-  page.version = std::string("cpsim ") + CPSIM_VERSION;
-  page.lengths = sw.lengths;
-  planner::MaxLenOptions max_opts;
-  max_opts.refusal_text = refusal_text;
-  page.max_granularity = max_opts.granularity;
+// --detail-method as the sweep spells it (empty: not given), refused when not swept.
+std::string detail_method_of(const ReportArgs& a) {
+  if (a.detail_method.empty()) {
+    return "";
+  }
+  const std::string method =
+      models::to_string(models::parse_cp_method(a.detail_method, "--detail-method"));
+  const std::vector<std::string> methods = sweep_methods(a);
+  if (std::find(methods.begin(), methods.end(), method) == methods.end()) {
+    throw InputError("--detail-method",
+                     fmt::format("'{}' is not among --methods {}", a.detail_method, a.methods));
+  }
+  return method;
+}
+
+// Each method's longest context (methods that ran).
+void search_longest_contexts(Sweep& sw,
+                             const planner::MaxLenOptions& max_opts,
+                             Progress& progress) {
   for (auto& m : sw.methods) {
     if (!m.error.empty()) {
       continue;
@@ -415,9 +413,10 @@ int run_report(const ReportArgs& a) {
     }
     m.has_max = true;
   }
+}
 
-  // The step of the memory and timeline charts.
-  const MethodSweep* pick = nullptr;
+// The method of the memory and timeline charts: --detail-method, else the first that runs.
+const MethodSweep* detail_pick(const Sweep& sw, const std::string& detail_method) {
   for (const auto& m : sw.methods) {
     const bool runs =
         m.error.empty() && std::any_of(m.points.begin(), m.points.end(),
@@ -426,50 +425,82 @@ int run_report(const ReportArgs& a) {
       if (!m.error.empty()) {
         throw InputError("--detail-method", fmt::format("{} cannot run: {}", m.method, m.error));
       }
-      pick = &m;
-      break;
+      return &m;
     }
   }
-  if (pick != nullptr) {
-    std::int64_t len = 0;
-    if (detail_seq) {
-      len = *detail_seq;
-    } else {
-      for (const auto& p : pick->points) {
-        if (p.error.empty() && p.report.fits()) {
-          len = p.seq_len;  // the longest that fits
-        }
-      }
-      if (len == 0) {
-        for (const auto& p : pick->points) {
-          if (p.error.empty()) {
-            len = p.seq_len;  // the shortest that runs
-            break;
-          }
-        }
+  return nullptr;
+}
+
+// The length of the charted step: --detail-seq, else the longest that fits, else the shortest
+// that runs; 0 when none does.
+std::int64_t detail_length(const MethodSweep& pick, const std::optional<std::int64_t>& detail_seq) {
+  if (detail_seq) {
+    return *detail_seq;
+  }
+  std::int64_t len = 0;
+  for (const auto& p : pick.points) {
+    if (p.error.empty() && p.report.fits()) {
+      len = p.seq_len;
+    }
+  }
+  if (len == 0) {
+    for (const auto& p : pick.points) {
+      if (p.error.empty()) {
+        return p.seq_len;
       }
     }
-    if (len > 0) {
+  }
+  return len;
+}
+
+// One step of `pick` at `len`, with its trace and the allocator model; a refusal at a
+// --detail-seq the user gave names that flag.
+StepDetail detail_step(const MethodSweep& pick,
+                       std::int64_t len,
+                       const std::optional<std::int64_t>& detail_seq) {
+  sim::ScheduleInputs in = pick.inputs;
+  in.parallel.seq_len = len;
+  planner::EvaluateOptions opts;
+  opts.keep_trace = true;
+  opts.model_allocator = true;
+  try {
+    return StepDetail{pick.method, len, planner::evaluate(in, opts)};
+  } catch (const sim::ConfigError& e) {
+    if (!detail_seq) {
+      throw;
+    }
+    throw InputError("--detail-seq", e.what());
+  } catch (const InputError& e) {
+    if (!detail_seq) {
+      throw;
+    }
+    const std::string what = e.what();
+    throw InputError("--detail-seq", what.substr(std::min(what.size(), e.field().size() + 2)));
+  }
+}
+
+}  // namespace
+
+int run_report(const ReportArgs& a) {
+  std::optional<std::int64_t> detail_seq;
+  if (!a.detail_seq.empty()) {
+    detail_seq = parse_length(a.detail_seq, "--detail-seq");
+  }
+  const std::string detail_method = detail_method_of(a);
+  Progress progress("report");
+  Sweep sw = run_points(a, progress);
+
+  ReportPage page;
+  page.version = std::string("cpsim ") + CPSIM_VERSION;
+  page.lengths = sw.lengths;
+  planner::MaxLenOptions max_opts;
+  max_opts.refusal_text = refusal_text;
+  page.max_granularity = max_opts.granularity;
+  search_longest_contexts(sw, max_opts, progress);
+  if (const MethodSweep* pick = detail_pick(sw, detail_method)) {
+    if (const std::int64_t len = detail_length(*pick, detail_seq); len > 0) {
       progress.update(fmt::format("one step of {} at {}", pick->method, format_length(len)));
-      sim::ScheduleInputs in = pick->inputs;
-      in.parallel.seq_len = len;
-      planner::EvaluateOptions opts;
-      opts.keep_trace = true;
-      opts.model_allocator = true;
-      try {
-        page.detail = StepDetail{pick->method, len, planner::evaluate(in, opts)};
-      } catch (const sim::ConfigError& e) {
-        if (!detail_seq) {
-          throw;
-        }
-        throw InputError("--detail-seq", e.what());
-      } catch (const InputError& e) {
-        if (!detail_seq) {
-          throw;
-        }
-        const std::string what = e.what();
-        throw InputError("--detail-seq", what.substr(std::min(what.size(), e.field().size() + 2)));
-      }
+      page.detail = detail_step(*pick, len, detail_seq);
     }
   }
 
