@@ -435,33 +435,10 @@ RawCalibration load_raw(const std::filesystem::path& path, const std::string& fi
   return parse_raw(models::read_text_file(path, field, kMaxRawFileBytes), path.string());
 }
 
-std::string write_raw(const RawCalibration& raw) {
-  const RawContext& c = raw.context;
-  OrderedJson context;
-  context["device"] = c.device;
-  context["gpu_count"] = c.gpu_count;
-  context["device_count"] = c.device_count;
-  context["driver_version"] = c.driver_version;
-  context["cuda_driver_version"] = c.cuda_driver_version;
-  context["cuda_runtime_version"] = c.cuda_runtime_version;
-  context["nccl_version"] = c.nccl_version;
-  context["cublaslt_version"] = c.cublaslt_version;
-  context["sm_count"] = c.sm_count;
-  context["hbm_capacity_bytes"] = c.hbm_capacity_bytes;
-  context["l2_cache_bytes"] = c.l2_cache_bytes;
-  context["sm_clock_max_mhz"] = c.sm_clock_max_mhz;
-  context["memory_clock_max_mhz"] = c.memory_clock_max_mhz;
-  context["sm_clock_measured_mhz"] = c.sm_clock_measured_mhz;
-  context["date"] = c.date;
-  context["cpsim_version"] = c.cpsim_version;
-  context["argv"] = c.argv;
-  context["quick"] = c.quick;
-  context["method"] = OrderedJson{{"timer", c.method.timer},
-                                  {"statistic", c.method.statistic},
-                                  {"warmup", c.method.warmup},
-                                  {"repetitions", c.method.repetitions},
-                                  {"rotation_bytes", c.method.rotation_bytes}};
-  context["notes"] = c.notes;
+namespace {
+
+// The context's runs: sweeps, GPU checks, MPI layout (written only when present).
+void add_context_runs(const RawContext& c, OrderedJson& context) {
   if (!c.sweeps.empty()) {
     OrderedJson& sweeps = context["sweeps"] = OrderedJson::array();
     for (const SweepRecord& r : c.sweeps) {
@@ -490,9 +467,40 @@ std::string write_raw(const RawCalibration& raw) {
                                  {"ranks_per_node", c.mpi.ranks_per_node},
                                  {"hosts", c.mpi.hosts}};
   }
+}
 
-  const RawSamples& s = raw.samples;
-  OrderedJson samples = OrderedJson::object();
+OrderedJson context_json(const RawContext& c) {
+  OrderedJson context;
+  context["device"] = c.device;
+  context["gpu_count"] = c.gpu_count;
+  context["device_count"] = c.device_count;
+  context["driver_version"] = c.driver_version;
+  context["cuda_driver_version"] = c.cuda_driver_version;
+  context["cuda_runtime_version"] = c.cuda_runtime_version;
+  context["nccl_version"] = c.nccl_version;
+  context["cublaslt_version"] = c.cublaslt_version;
+  context["sm_count"] = c.sm_count;
+  context["hbm_capacity_bytes"] = c.hbm_capacity_bytes;
+  context["l2_cache_bytes"] = c.l2_cache_bytes;
+  context["sm_clock_max_mhz"] = c.sm_clock_max_mhz;
+  context["memory_clock_max_mhz"] = c.memory_clock_max_mhz;
+  context["sm_clock_measured_mhz"] = c.sm_clock_measured_mhz;
+  context["date"] = c.date;
+  context["cpsim_version"] = c.cpsim_version;
+  context["argv"] = c.argv;
+  context["quick"] = c.quick;
+  context["method"] = OrderedJson{{"timer", c.method.timer},
+                                  {"statistic", c.method.statistic},
+                                  {"warmup", c.method.warmup},
+                                  {"repetitions", c.method.repetitions},
+                                  {"rotation_bytes", c.method.rotation_bytes}};
+  context["notes"] = c.notes;
+  add_context_runs(c, context);
+  return context;
+}
+
+// The compute samples: GEMM, attention, memory, in this order.
+void add_compute_samples(const RawSamples& s, OrderedJson& samples) {
   OrderedJson& gemm = samples["gemm"] = OrderedJson::array();
   for (const GemmSample& g : s.gemm) {
     OrderedJson sample{{"m", g.m}, {"n", g.n}, {"k", g.k}, {"time_s", g.time_s}};
@@ -516,6 +524,10 @@ std::string write_raw(const RawCalibration& raw) {
   for (const MemorySample& m : s.memory) {
     memory.push_back(OrderedJson{{"kernel", m.kernel}, {"bytes", m.bytes}, {"time_s", m.time_s}});
   }
+}
+
+// Collectives, host copies, interference and launches, in this order.
+void add_transfer_samples(const RawSamples& s, OrderedJson& samples) {
   OrderedJson& collectives = samples["collectives"] = OrderedJson::array();
   for (const CollectiveSample& col : s.collectives) {
     OrderedJson entry{{"op", models::to_string(col.op)}, {"ranks", col.ranks}};
@@ -553,10 +565,17 @@ std::string write_raw(const RawCalibration& raw) {
                                  {"device_time_s", l.device_time_s},
                                  {"host_time_s", l.host_time_s}});
   }
+}
 
+}  // namespace
+
+std::string write_raw(const RawCalibration& raw) {
+  OrderedJson samples = OrderedJson::object();
+  add_compute_samples(raw.samples, samples);
+  add_transfer_samples(raw.samples, samples);
   OrderedJson root;
   root["schema"] = kRawSchema;
-  root["context"] = std::move(context);
+  root["context"] = context_json(raw.context);
   root["samples"] = std::move(samples);
   return root.dump(2) + "\n";
 }
