@@ -53,13 +53,9 @@ class ProfileWriter {
 
 }  // namespace
 
-std::string write_hardware_profile(const models::HardwareProfile& p) {
-  const ProfileWriter w(p);
-  OrderedJson root;
-  root["schema"] = fmt::format("cpsim.hardware/{}", models::kProfileSchemaVersion);
-  root["name"] = p.name;
-  root["description"] = p.description;
+namespace {
 
+OrderedJson gpu_json(const ProfileWriter& w, const models::HardwareProfile& p) {
   OrderedJson gpu;
   gpu["name"] = p.gpu_name;
   gpu["hbm_capacity_bytes"] = w.value("gpu.hbm_capacity_bytes", p.hbm_capacity_bytes);
@@ -70,20 +66,10 @@ std::string write_hardware_profile(const models::HardwareProfile& p) {
   }
   gpu["hbm_bandwidth_bytes_per_s"] =
       w.value("gpu.hbm_bandwidth_bytes_per_s", p.hbm_bandwidth_bytes_per_s);
-  root["gpu"] = std::move(gpu);
+  return gpu;
+}
 
-  OrderedJson compute;
-  compute["gemm_max_efficiency"] = w.value("compute.gemm_max_efficiency", p.gemm_max_efficiency);
-  if (!p.gemm_efficiency_by_flops.empty()) {
-    compute["gemm_efficiency_by_flops"] =
-        w.curve("compute.gemm_efficiency_by_flops", p.gemm_efficiency_by_flops);
-  }
-  compute["memory_bound_efficiency"] =
-      w.value("compute.memory_bound_efficiency", p.memory_bound_efficiency);
-  compute["kernel_launch_s"] = w.value("compute.kernel_launch_s", p.kernel_launch_s);
-  compute["collective_launch_s"] = w.value("compute.collective_launch_s", p.collective_launch_s);
-  compute["compute_slowdown_under_comm"] =
-      w.value("compute.compute_slowdown_under_comm", p.compute_slowdown_under_comm);
+OrderedJson attention_kernels_json(const ProfileWriter& w, const models::HardwareProfile& p) {
   OrderedJson kernels = OrderedJson::object();
   for (const auto& [name, k] : p.attention_kernels) {
     const std::string path = "compute.attention_kernels." + name;
@@ -99,9 +85,27 @@ std::string write_hardware_profile(const models::HardwareProfile& p) {
     kj["head_dim"] = w.value(path + ".head_dim", k.head_dim);
     kernels[name] = std::move(kj);
   }
-  compute["attention_kernels"] = std::move(kernels);
-  root["compute"] = std::move(compute);
+  return kernels;
+}
 
+OrderedJson compute_json(const ProfileWriter& w, const models::HardwareProfile& p) {
+  OrderedJson compute;
+  compute["gemm_max_efficiency"] = w.value("compute.gemm_max_efficiency", p.gemm_max_efficiency);
+  if (!p.gemm_efficiency_by_flops.empty()) {
+    compute["gemm_efficiency_by_flops"] =
+        w.curve("compute.gemm_efficiency_by_flops", p.gemm_efficiency_by_flops);
+  }
+  compute["memory_bound_efficiency"] =
+      w.value("compute.memory_bound_efficiency", p.memory_bound_efficiency);
+  compute["kernel_launch_s"] = w.value("compute.kernel_launch_s", p.kernel_launch_s);
+  compute["collective_launch_s"] = w.value("compute.collective_launch_s", p.collective_launch_s);
+  compute["compute_slowdown_under_comm"] =
+      w.value("compute.compute_slowdown_under_comm", p.compute_slowdown_under_comm);
+  compute["attention_kernels"] = attention_kernels_json(w, p);
+  return compute;
+}
+
+OrderedJson overheads_json(const ProfileWriter& w, const models::HardwareProfile& p) {
   OrderedJson overheads;
   overheads["cuda_context_bytes"] =
       w.value("memory_overheads.cuda_context_bytes", p.cuda_context_bytes);
@@ -109,8 +113,10 @@ std::string write_hardware_profile(const models::HardwareProfile& p) {
       w.value("memory_overheads.nccl_buffers_bytes", p.nccl_buffers_bytes);
   overheads["cublas_workspace_bytes"] =
       w.value("memory_overheads.cublas_workspace_bytes", p.cublas_workspace_bytes);
-  root["memory_overheads"] = std::move(overheads);
+  return overheads;
+}
 
+OrderedJson node_json(const ProfileWriter& w, const models::HardwareProfile& p) {
   OrderedJson node;
   node["gpus_per_node"] = w.value("node.gpus_per_node", p.gpus_per_node);
   node["host_memory_bytes"] = w.value("node.host_memory_bytes", p.host_memory_bytes_per_node);
@@ -131,8 +137,10 @@ std::string write_hardware_profile(const models::HardwareProfile& p) {
     host_issue["sync_s"] = w.value("node.host_issue.sync_s", p.host_issue.sync_s);
     node["host_issue"] = std::move(host_issue);
   }
-  root["node"] = std::move(node);
+  return node;
+}
 
+OrderedJson collectives_json(const ProfileWriter& w, const models::HardwareProfile& p) {
   OrderedJson collectives;
   for (const models::Span span : kSpans) {
     const std::string span_key = models::to_string(span);
@@ -163,7 +171,22 @@ std::string write_hardware_profile(const models::HardwareProfile& p) {
     }
     collectives[span_key] = std::move(span_json);
   }
-  root["collectives"] = std::move(collectives);
+  return collectives;
+}
+
+}  // namespace
+
+std::string write_hardware_profile(const models::HardwareProfile& p) {
+  const ProfileWriter w(p);
+  OrderedJson root;
+  root["schema"] = fmt::format("cpsim.hardware/{}", models::kProfileSchemaVersion);
+  root["name"] = p.name;
+  root["description"] = p.description;
+  root["gpu"] = gpu_json(w, p);
+  root["compute"] = compute_json(w, p);
+  root["memory_overheads"] = overheads_json(w, p);
+  root["node"] = node_json(w, p);
+  root["collectives"] = collectives_json(w, p);
   return root.dump(2) + "\n";
 }
 
