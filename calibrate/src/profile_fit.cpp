@@ -236,6 +236,13 @@ struct Fitter {
                                                      const std::string& path,
                                                      bool in_base);
   struct AttentionVariant;
+  /// The fitted curve against the base's published fa3 and cudnn curves, in the row's detail
+  /// and note.
+  void compare_with_published(const std::string& kernel,
+                              const AttentionVariant& v,
+                              const LogCurve& curve,
+                              std::string& detail,
+                              CurveFit& row) const;
   /// One of a kernel's four curves from its samples; false when none was measured.
   bool fit_attention_curve(const std::string& kernel,
                            const std::string& path,
@@ -526,6 +533,38 @@ std::int64_t curve_head_dim(const std::map<std::int64_t, std::size_t>& head_dims
   return head_dim;
 }
 
+// One curve's samples (a pass, causal or not, one head dim): square shapes and, among them, the
+// most heads measured at each length (what the curve is fitted to), and unequal lengths.
+struct CurveSamples {
+  std::vector<const AttentionSample*> square, rect, many;
+  std::map<std::int64_t, std::int64_t> max_heads;  // per length, square shapes
+};
+
+CurveSamples curve_samples(const std::vector<const AttentionSample*>& all,
+                           AttentionPass pass,
+                           bool causal,
+                           std::int64_t head_dim) {
+  CurveSamples c;
+  for (const AttentionSample* s : all) {
+    if (s->pass != pass || s->causal != causal || s->head_dim != head_dim) {
+      continue;
+    }
+    if (s->q_len == s->kv_len) {
+      c.square.push_back(s);
+      auto& h = c.max_heads[s->q_len];
+      h = std::max(h, s->heads);
+    } else {
+      c.rect.push_back(s);
+    }
+  }
+  for (const AttentionSample* s : c.square) {
+    if (s->heads == c.max_heads[s->q_len]) {
+      c.many.push_back(s);
+    }
+  }
+  return c;
+}
+
 // The mean of the fitted curve over a published one at the fitted points.
 double mean_ratio_to(const LogCurve& fitted, const LogCurve& published, std::string* ratios) {
   double ratio_sum = 0.0;
@@ -641,26 +680,11 @@ bool Fitter::fit_attention_curve(const std::string& kernel,
     const std::int64_t len = axis(s);
     return attention_occupancy_factor(s.heads * ((len + block - 1) / block), sms, ref_block);
   };
-  std::vector<const AttentionSample*> square, rect;
-  std::map<std::int64_t, std::int64_t> max_heads;  // per length, square shapes
-  for (const AttentionSample* s : all) {
-    if (s->pass != v.pass || s->causal != v.causal || s->head_dim != head_dim) {
-      continue;
-    }
-    if (s->q_len == s->kv_len) {
-      square.push_back(s);
-      auto& h = max_heads[s->q_len];
-      h = std::max(h, s->heads);
-    } else {
-      rect.push_back(s);
-    }
-  }
-  std::vector<const AttentionSample*> many;  // the most heads measured at each length
-  for (const AttentionSample* s : square) {
-    if (s->heads == max_heads[s->q_len]) {
-      many.push_back(s);
-    }
-  }
+  CurveSamples cs = curve_samples(all, v.pass, v.causal, head_dim);
+  const std::vector<const AttentionSample*>& square = cs.square;
+  const std::vector<const AttentionSample*>& rect = cs.rect;
+  const std::vector<const AttentionSample*>& many = cs.many;
+  std::map<std::int64_t, std::int64_t>& max_heads = cs.max_heads;
   if (many.empty()) {
     note(fmt::format("{}: no square {} samples at head_dim {}; {}", curve_path, v.key, head_dim,
                      in_base ? "kept from the base" : "kernel skipped"));
@@ -690,22 +714,7 @@ bool Fitter::fit_attention_curve(const std::string& kernel,
       "{} {} bf16 d={}, the most heads per launch at each length, through the occupancy model "
       "(fwd_block_m {}, bwd_block_n {}, {} SMs)",
       kernel, v.key, head_dim, model.fwd_block_m, model.bwd_block_n, sms);
-  const auto fa3_it = base.attention_kernels.find("fa3");
-  if (kernel != "fa3" && fa3_it != base.attention_kernels.end()) {
-    std::string ratios;
-    const double mean = mean_ratio_to(curve, fa3_it->second.*(v.curve), &ratios);
-    detail += fmt::format(
-        "; kernel efficiency vs the base's published fa3 curve at the same "
-        "length: {} (mean {:.2f})",
-        ratios, mean);
-    row.note = fmt::format("{:.2f} x fa3", mean);
-  }
-  const auto cudnn_it = base.attention_kernels.find("cudnn");
-  if (cudnn_it != base.attention_kernels.end() && kernel != "cudnn") {
-    const double mean = mean_ratio_to(curve, cudnn_it->second.*(v.curve), nullptr);
-    detail += fmt::format("; vs the base's published cudnn curve: mean {:.2f}", mean);
-    row.note += fmt::format("{}{:.2f} x cudnn", row.note.empty() ? "" : ", ", mean);
-  }
+  compare_with_published(kernel, v, curve, detail, row);
   model.*(v.curve) = curve;
   new_sources.emplace_back(curve_path, sources.measured(row, detail));
 
@@ -731,6 +740,29 @@ bool Fitter::fit_attention_curve(const std::string& kernel,
   check_row(square, true, " [fewer heads]", "occupancy model on the few-head launches");
   check_row(rect, false, " [q_len != kv_len]", "unequal lengths (ring steps, FPDT chunks)");
   return true;
+}
+
+void Fitter::compare_with_published(const std::string& kernel,
+                                    const AttentionVariant& v,
+                                    const LogCurve& curve,
+                                    std::string& detail,
+                                    CurveFit& row) const {
+  const auto fa3_it = base.attention_kernels.find("fa3");
+  if (kernel != "fa3" && fa3_it != base.attention_kernels.end()) {
+    std::string ratios;
+    const double mean = mean_ratio_to(curve, fa3_it->second.*(v.curve), &ratios);
+    detail += fmt::format(
+        "; kernel efficiency vs the base's published fa3 curve at the same "
+        "length: {} (mean {:.2f})",
+        ratios, mean);
+    row.note = fmt::format("{:.2f} x fa3", mean);
+  }
+  const auto cudnn_it = base.attention_kernels.find("cudnn");
+  if (cudnn_it != base.attention_kernels.end() && kernel != "cudnn") {
+    const double mean = mean_ratio_to(curve, cudnn_it->second.*(v.curve), nullptr);
+    detail += fmt::format("; vs the base's published cudnn curve: mean {:.2f}", mean);
+    row.note += fmt::format("{}{:.2f} x cudnn", row.note.empty() ? "" : ", ", mean);
+  }
 }
 
 void Fitter::fit_host_link() {
