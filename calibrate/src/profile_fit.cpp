@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -252,6 +253,11 @@ struct Fitter {
                            models::AttentionKernelModel& model,
                            std::vector<std::pair<std::string, std::string>>& new_sources);
   void fit_host_link();
+  struct HostLinkDirection;
+  /// One direction's alpha-beta fit over single-GPU copies; its intercept, or nothing when it
+  /// has no samples.
+  std::optional<double> fit_host_link_direction(const HostLinkDirection& d);
+  void note_host_copies_all_at_once();
   void fit_collectives();
   void fit_collective_group(const CollectiveGroupKey& key,
                             const TimesBySize& times,
@@ -765,14 +771,15 @@ void Fitter::compare_with_published(const std::string& kernel,
   }
 }
 
+struct Fitter::HostLinkDirection {
+  CopyDirection direction;
+  const char* key;
+  double models::HostLinkModel::*field;
+  double bytes_factor;  // duplex: both directions move `bytes`
+};
+
 void Fitter::fit_host_link() {
-  struct Direction {
-    CopyDirection direction;
-    const char* key;
-    double models::HostLinkModel::*field;
-    double bytes_factor;  // duplex: both directions move `bytes`
-  };
-  const Direction directions[] = {
+  const HostLinkDirection directions[] = {
       {CopyDirection::kHostToDevice, "h2d_bytes_per_s", &models::HostLinkModel::h2d_bytes_per_s,
        1.0},
       {CopyDirection::kDeviceToHost, "d2h_bytes_per_s", &models::HostLinkModel::d2h_bytes_per_s,
@@ -781,66 +788,11 @@ void Fitter::fit_host_link() {
        &models::HostLinkModel::duplex_total_bytes_per_s, 2.0},
   };
   std::vector<double> alphas;
-  for (const Direction& d : directions) {
-    const std::string path = fmt::format("node.host_link.{}", d.key);
-    std::vector<TimingSample> samples;
-    std::map<int, double> per_gpu_largest;
-    std::int64_t largest = 0;
-    for (const HostCopySample& s : raw.samples.host_copies) {
-      if (s.direction == d.direction && s.gpus == 1) {
-        samples.push_back({d.bytes_factor * static_cast<double>(s.bytes), s.time_s});
-        largest = std::max(largest, s.bytes);
-      }
+  for (const HostLinkDirection& d : directions) {
+    const std::optional<double> alpha = fit_host_link_direction(d);
+    if (alpha && d.direction != CopyDirection::kDuplex) {
+      alphas.push_back(*alpha);
     }
-    if (samples.empty()) {
-      note(path + ": no single-GPU samples; kept from the base");
-      continue;
-    }
-    for (const HostCopySample& s : raw.samples.host_copies) {
-      if (s.direction == d.direction && s.gpus == 1 && s.bytes == largest) {
-        per_gpu_largest[s.gpu] = d.bytes_factor * static_cast<double>(s.bytes) / s.time_s;
-      }
-    }
-    std::sort(samples.begin(), samples.end(),
-              [](const TimingSample& a, const TimingSample& b) { return a.bytes < b.bytes; });
-    AlphaBetaFit fit;
-    try {
-      fit = fit_alpha_beta(samples);
-    } catch (const InputError& e) {
-      throw InputError("samples.host_copies", fmt::format("{}: {}", d.key, e.what()));
-    }
-    CurveFit& row = add_row(path);
-    row.samples = fit.samples;
-    row.fit_mape = fit.mape;
-    row.fit_max = fit.max_abs_rel_error;
-    if (samples.size() >= std::max<std::size_t>(3, options.holdout_every)) {
-      const HoldoutError h = holdout_error(samples, options.holdout_every);
-      row.held_out = h.held_out;
-      row.holdout_mape = h.mape;
-      row.holdout_max = h.max_abs_rel_error;
-    }
-    row.note = fmt::format("{:.1f} GB/s", fit.bandwidth_bytes_per_s / 1e9);
-    std::string per_gpu;
-    double slowest = fit.bandwidth_bytes_per_s;
-    for (const auto& [gpu, bw] : per_gpu_largest) {
-      per_gpu += fmt::format("{}{}: {:.1f}", per_gpu.empty() ? "" : ", ", gpu, bw / 1e9);
-      slowest = std::min(slowest, bw);
-    }
-    if (per_gpu_largest.size() > 1 && slowest < 0.8 * fit.bandwidth_bytes_per_s) {
-      note(
-          fmt::format("{}: one GPU reaches only {:.1f} GB/s at {} (others up to {:.1f} GB/s); "
-                      "the profile uses the pooled fit",
-                      path, slowest / 1e9, format_bytes(static_cast<double>(largest)),
-                      fit.bandwidth_bytes_per_s / 1e9));
-    }
-    (p().host_link.*(d.field)) = fit.bandwidth_bytes_per_s;
-    if (d.direction != CopyDirection::kDuplex) {
-      alphas.push_back(fit.alpha_s);
-    }
-    set_source(path, sources.measured(
-                         row, fmt::format("pinned cudaMemcpyAsync (copy engines), alpha-beta fit "
-                                          "pooled over single GPUs; GB/s per GPU at {}: {}",
-                                          format_bytes(static_cast<double>(largest)), per_gpu)));
   }
   if (!alphas.empty()) {
     double alpha = 0.0;
@@ -855,7 +807,71 @@ void Fitter::fit_host_link() {
                     "h2d/d2h alpha-beta fits ({:.2f} us)",
                     raw.context.device, raw.context.driver_version, raw.context.date, alpha * 1e6));
   }
-  // All GPUs at once: no profile field; reported.
+  note_host_copies_all_at_once();
+}
+
+std::optional<double> Fitter::fit_host_link_direction(const HostLinkDirection& d) {
+  const std::string path = fmt::format("node.host_link.{}", d.key);
+  std::vector<TimingSample> samples;
+  std::map<int, double> per_gpu_largest;
+  std::int64_t largest = 0;
+  for (const HostCopySample& s : raw.samples.host_copies) {
+    if (s.direction == d.direction && s.gpus == 1) {
+      samples.push_back({d.bytes_factor * static_cast<double>(s.bytes), s.time_s});
+      largest = std::max(largest, s.bytes);
+    }
+  }
+  if (samples.empty()) {
+    note(path + ": no single-GPU samples; kept from the base");
+    return std::nullopt;
+  }
+  for (const HostCopySample& s : raw.samples.host_copies) {
+    if (s.direction == d.direction && s.gpus == 1 && s.bytes == largest) {
+      per_gpu_largest[s.gpu] = d.bytes_factor * static_cast<double>(s.bytes) / s.time_s;
+    }
+  }
+  std::sort(samples.begin(), samples.end(),
+            [](const TimingSample& a, const TimingSample& b) { return a.bytes < b.bytes; });
+  AlphaBetaFit fit;
+  try {
+    fit = fit_alpha_beta(samples);
+  } catch (const InputError& e) {
+    throw InputError("samples.host_copies", fmt::format("{}: {}", d.key, e.what()));
+  }
+  CurveFit& row = add_row(path);
+  row.samples = fit.samples;
+  row.fit_mape = fit.mape;
+  row.fit_max = fit.max_abs_rel_error;
+  if (samples.size() >= std::max<std::size_t>(3, options.holdout_every)) {
+    const HoldoutError h = holdout_error(samples, options.holdout_every);
+    row.held_out = h.held_out;
+    row.holdout_mape = h.mape;
+    row.holdout_max = h.max_abs_rel_error;
+  }
+  row.note = fmt::format("{:.1f} GB/s", fit.bandwidth_bytes_per_s / 1e9);
+  std::string per_gpu;
+  double slowest = fit.bandwidth_bytes_per_s;
+  for (const auto& [gpu, bw] : per_gpu_largest) {
+    per_gpu += fmt::format("{}{}: {:.1f}", per_gpu.empty() ? "" : ", ", gpu, bw / 1e9);
+    slowest = std::min(slowest, bw);
+  }
+  if (per_gpu_largest.size() > 1 && slowest < 0.8 * fit.bandwidth_bytes_per_s) {
+    note(
+        fmt::format("{}: one GPU reaches only {:.1f} GB/s at {} (others up to {:.1f} GB/s); "
+                    "the profile uses the pooled fit",
+                    path, slowest / 1e9, format_bytes(static_cast<double>(largest)),
+                    fit.bandwidth_bytes_per_s / 1e9));
+  }
+  (p().host_link.*(d.field)) = fit.bandwidth_bytes_per_s;
+  set_source(path, sources.measured(
+                       row, fmt::format("pinned cudaMemcpyAsync (copy engines), alpha-beta fit "
+                                        "pooled over single GPUs; GB/s per GPU at {}: {}",
+                                        format_bytes(static_cast<double>(largest)), per_gpu)));
+  return fit.alpha_s;
+}
+
+// All GPUs at once: no profile field; reported.
+void Fitter::note_host_copies_all_at_once() {
   std::map<std::pair<CopyDirection, std::int64_t>, std::pair<double, int>> all_at_once;
   for (const HostCopySample& s : raw.samples.host_copies) {
     if (s.gpus > 1) {
