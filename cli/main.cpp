@@ -114,13 +114,29 @@ std::string field_of_parse_error(const std::string& message) {
   return "";
 }
 
-/// Registers every subcommand, parses and runs the chosen one. Fills `failure` and returns its exit
-/// status when the run fails with an exception.
-int run_cpsim(int argc, char** argv, std::optional<Failure>& failure) {
-  CLI::App app{
-      "cpsim — simulate context-parallel training (Ulysses, UPipe, Ring, all-gather, FPDT, USP):\n"
-      "step time, throughput, peak memory, the longest context, and launcher settings.",
-      "cpsim"};
+// Every subcommand's arguments and its parser (registered once, in place: the parsers hold
+// references to the arguments).
+struct Subcommands {
+  cpsim::cli::SimulateArgs simulate_args;
+  cpsim::cli::MaxLenArgs maxlen_args;
+  cpsim::cli::PlanArgs plan_args;
+  cpsim::cli::ValidateArgs validate_args;
+  cpsim::cli::ReportArgs sweep_args, report_args;
+  cpsim::cli::CalibrateArgs calibrate_args;
+  cpsim::cli::CatalogArgs models_args, hardware_args, implementations_args;
+  CLI::App* simulate = nullptr;
+  CLI::App* maxlen = nullptr;
+  CLI::App* plan = nullptr;
+  CLI::App* validate = nullptr;
+  CLI::App* sweep = nullptr;
+  CLI::App* report = nullptr;
+  CLI::App* calibrate = nullptr;
+  CLI::App* models = nullptr;
+  CLI::App* hardware = nullptr;
+  CLI::App* implementations = nullptr;
+};
+
+void describe_app(CLI::App& app) {
   app.set_version_flag("--version", std::string("cpsim ") + CPSIM_VERSION);
   app.require_subcommand(1);
   app.footer(
@@ -134,74 +150,61 @@ int run_cpsim(int argc, char** argv, std::optional<Failure>& failure) {
       "asked), with the full answer printed as usual; `plan`: no configuration, one line naming "
       "the closest); `validate` exits 1 when a case misses.\n"
       "Run `cpsim SUBCOMMAND --help` for the flags of each subcommand.");
+}
 
-  cpsim::cli::SimulateArgs sim_args;
-  cpsim::cli::CatalogArgs models_args, hardware_args;
-  CLI::App* simulate = cpsim::cli::register_simulate(app, sim_args);
-  cpsim::cli::MaxLenArgs maxlen_args;
-  CLI::App* maxlen = cpsim::cli::register_maxlen(app, maxlen_args);
-  cpsim::cli::PlanArgs plan_args;
-  CLI::App* plan = cpsim::cli::register_plan(app, plan_args);
-  cpsim::cli::ValidateArgs validate_args;
-  CLI::App* validate = cpsim::cli::register_validate(app, validate_args);
-  cpsim::cli::ReportArgs sweep_args, report_args;
-  CLI::App* sweep = cpsim::cli::register_sweep(app, sweep_args);
-  CLI::App* report = cpsim::cli::register_report(app, report_args);
-  cpsim::cli::CalibrateArgs calibrate_args;
-  calibrate_args.argv.assign(argv, argv + argc);
-  CLI::App* calibrate = cpsim::cli::register_calibrate(app, calibrate_args);
-  CLI::App* models = cpsim::cli::register_models(app, models_args);
-  CLI::App* hardware = cpsim::cli::register_hardware(app, hardware_args);
-  cpsim::cli::CatalogArgs implementations_args;
-  CLI::App* implementations = cpsim::cli::register_implementations(app, implementations_args);
+void register_subcommands(CLI::App& app, Subcommands& s, int argc, char** argv) {
+  s.simulate = cpsim::cli::register_simulate(app, s.simulate_args);
+  s.maxlen = cpsim::cli::register_maxlen(app, s.maxlen_args);
+  s.plan = cpsim::cli::register_plan(app, s.plan_args);
+  s.validate = cpsim::cli::register_validate(app, s.validate_args);
+  s.sweep = cpsim::cli::register_sweep(app, s.sweep_args);
+  s.report = cpsim::cli::register_report(app, s.report_args);
+  s.calibrate_args.argv.assign(argv, argv + argc);
+  s.calibrate = cpsim::cli::register_calibrate(app, s.calibrate_args);
+  s.models = cpsim::cli::register_models(app, s.models_args);
+  s.hardware = cpsim::cli::register_hardware(app, s.hardware_args);
+  s.implementations = cpsim::cli::register_implementations(app, s.implementations_args);
+}
 
-  if (const std::string error = unknown_subcommand_error(app, argc, argv); !error.empty()) {
-    failure = Failure{2, "input", "", "", error, 0};
-    return 2;
+// Runs the subcommand that was parsed.
+int run_parsed(const Subcommands& s) {
+  if (s.simulate->parsed()) {
+    return cpsim::cli::run_simulate(s.simulate_args);
   }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    failure = Failure{2, "input", field_of_parse_error(e.what()), "", e.what(), 0};
-    return 2;
+  if (s.maxlen->parsed()) {
+    return cpsim::cli::run_maxlen(s.maxlen_args);
   }
+  if (s.plan->parsed()) {
+    return cpsim::cli::run_plan(s.plan_args);
+  }
+  if (s.validate->parsed()) {
+    return cpsim::cli::run_validate(s.validate_args);
+  }
+  if (s.sweep->parsed()) {
+    return cpsim::cli::run_sweep(s.sweep_args);
+  }
+  if (s.report->parsed()) {
+    return cpsim::cli::run_report(s.report_args);
+  }
+  if (s.calibrate->parsed()) {
+    return cpsim::cli::run_calibrate(s.calibrate_args);
+  }
+  if (s.models->parsed()) {
+    return cpsim::cli::run_models(s.models_args);
+  }
+  if (s.hardware->parsed()) {
+    return cpsim::cli::run_hardware(s.hardware_args);
+  }
+  if (s.implementations->parsed()) {
+    return cpsim::cli::run_implementations(s.implementations_args);
+  }
+  return 0;
+}
+
+// run_parsed, with each kind of failure mapped to its exit status and `failure`.
+int run_reporting_failure(const Subcommands& s, std::optional<Failure>& failure) {
   try {
-    if (simulate->parsed()) {
-      return cpsim::cli::run_simulate(sim_args);
-    }
-    if (maxlen->parsed()) {
-      return cpsim::cli::run_maxlen(maxlen_args);
-    }
-    if (plan->parsed()) {
-      return cpsim::cli::run_plan(plan_args);
-    }
-    if (validate->parsed()) {
-      return cpsim::cli::run_validate(validate_args);
-    }
-    if (sweep->parsed()) {
-      return cpsim::cli::run_sweep(sweep_args);
-    }
-    if (report->parsed()) {
-      return cpsim::cli::run_report(report_args);
-    }
-    if (calibrate->parsed()) {
-      return cpsim::cli::run_calibrate(calibrate_args);
-    }
-    if (models->parsed()) {
-      return cpsim::cli::run_models(models_args);
-    }
-    if (hardware->parsed()) {
-      return cpsim::cli::run_hardware(hardware_args);
-    }
-    if (implementations->parsed()) {
-      return cpsim::cli::run_implementations(implementations_args);
-    }
+    return run_parsed(s);
   } catch (const cpsim::cli::DoesNotFit& e) {
     failure = Failure{cpsim::cli::kExitDoesNotFit, "does_not_fit", e.field(), "", e.what(), 0};
     return cpsim::cli::kExitDoesNotFit;
@@ -219,7 +222,35 @@ int run_cpsim(int argc, char** argv, std::optional<Failure>& failure) {
     failure = Failure{1, "internal", "", "", e.what(), 0};
     return 1;
   }
-  return 0;
+}
+
+/// Registers every subcommand, parses and runs the chosen one. Fills `failure` and returns its exit
+/// status when the run fails with an exception.
+int run_cpsim(int argc, char** argv, std::optional<Failure>& failure) {
+  CLI::App app{
+      "cpsim — simulate context-parallel training (Ulysses, UPipe, Ring, all-gather, FPDT, USP):\n"
+      "step time, throughput, peak memory, the longest context, and launcher settings.",
+      "cpsim"};
+  describe_app(app);
+  Subcommands s;
+  register_subcommands(app, s, argc, argv);
+  if (const std::string error = unknown_subcommand_error(app, argc, argv); !error.empty()) {
+    failure = Failure{2, "input", "", "", error, 0};
+    return 2;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    failure = Failure{2, "input", field_of_parse_error(e.what()), "", e.what(), 0};
+    return 2;
+  }
+  return run_reporting_failure(s, failure);
 }
 
 void print_json_error(const Failure& f) {
