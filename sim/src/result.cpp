@@ -113,11 +113,10 @@ PeakContents peak_contents(const Workload& w, const SimResult& r, int rank, std:
   return out;
 }
 
-StepReport summarize(const ScheduleInputs& in,
-                     const Workload& w,
-                     const SimResult& r,
-                     AllocatorLogUse log_use) {
-  StepReport rep;
+namespace {
+
+// Step time, throughput, model FLOPs and the streams' occupancy of rank 0.
+void summarize_time(const ScheduleInputs& in, const SimResult& r, StepReport& rep) {
   const auto& par = in.parallel;
   rep.step_time_s = simtime_to_seconds(r.step_time_ns);
   // Gradient accumulation: M micro-batches of one sequence per data-parallel replica.
@@ -137,7 +136,15 @@ StepReport summarize(const ScheduleInputs& in,
     rep.exposed_comm_s = std::max(
         0.0, rep.step_time_s - rep.stream_busy_s[static_cast<std::size_t>(Stream::kCompute)]);
   }
-  // Highest peak over ranks; the first rank wins ties (deterministic).
+}
+
+// The GPU peak of the rank with the highest (the first wins ties: deterministic), its reserved
+// memory when the allocations were logged, and whether it fits.
+void summarize_gpu_memory(const ScheduleInputs& in,
+                          const Workload& w,
+                          const SimResult& r,
+                          AllocatorLogUse log_use,
+                          StepReport& rep) {
   for (std::size_t i = 0; i < r.memory.size(); ++i) {
     if (i == 0 || r.memory[i].peak_bytes > rep.peak_memory_bytes) {
       rep.peak_memory_bytes = r.memory[i].peak_bytes;
@@ -176,11 +183,16 @@ StepReport summarize(const ScheduleInputs& in,
   rep.gpu_headroom_bytes = rep.gpu_capacity_bytes - rep.gpu_margin_bytes - decisive;
   rep.fits_gpu = rep.gpu_headroom_bytes >= 0 && !rep.allocator_out_of_memory &&
                  (rep.gpu_margin_bytes == 0 || rep.allocator_cache_releases == 0);
+}
 
-  // Host memory per node: the sum of the host peaks of the node's ranks (symmetric ranks peak
-  // together, so the sum is the node's peak). On the representative-rank path every rank of a node
-  // holds what rank 0 holds.
-  const int per_node = std::max(1, par.gpus_per_node);
+// Host memory per node: the sum of the host peaks of the node's ranks (symmetric ranks peak
+// together, so the sum is the node's peak). On the representative-rank path every rank of a node
+// holds what rank 0 holds.
+void summarize_host_memory(const ScheduleInputs& in,
+                           const Workload& w,
+                           const SimResult& r,
+                           StepReport& rep) {
+  const int per_node = std::max(1, in.parallel.gpus_per_node);
   if (w.ranks < w.represented_ranks) {
     rep.host_memory_bytes =
         r.memory[0].host_peak_bytes * std::min(per_node, std::max(1, w.represented_ranks));
@@ -196,23 +208,44 @@ StepReport summarize(const ScheduleInputs& in,
   rep.host_capacity_bytes = in.hardware.host_memory_bytes_per_node;
   rep.host_margin_bytes = in.margin.host_bytes;
   rep.fits_host = rep.host_memory_bytes + rep.host_margin_bytes <= rep.host_capacity_bytes;
+}
+
+// What limits the step: GPU memory (allocated, then reserved), host memory, a kernel's limit.
+std::string binding_constraint(const StepReport& rep) {
+  if (!rep.fits_gpu && rep.peak_memory_bytes + rep.gpu_margin_bytes > rep.gpu_capacity_bytes) {
+    return fmt::format("GPU memory on rank {} at {}", rep.peak_rank, rep.peak_op);
+  }
+  if (!rep.fits_gpu) {
+    return fmt::format("GPU reserved memory on rank {} (the caching allocator's segments{})",
+                       rep.peak_rank,
+                       rep.allocator_out_of_memory ? ": out of memory from fragmentation"
+                       : rep.gpu_headroom_bytes >= 0
+                           ? ": it reaches the whole GPU and empties its cache, leaving no margin"
+                           : "");
+  }
+  if (!rep.fits_host) {
+    return "host memory (pinned checkpoint offload)";
+  }
+  if (!rep.fits_kernels) {
+    return rep.kernel_limit;
+  }
+  return "";
+}
+
+}  // namespace
+
+StepReport summarize(const ScheduleInputs& in,
+                     const Workload& w,
+                     const SimResult& r,
+                     AllocatorLogUse log_use) {
+  StepReport rep;
+  summarize_time(in, r, rep);
+  summarize_gpu_memory(in, w, r, log_use, rep);
+  summarize_host_memory(in, w, r, rep);
   rep.layout = w.layout;
   rep.kernel_limit = int32_index_violation(in, rep.layout);
   rep.fits_kernels = rep.kernel_limit.empty();
-  if (!rep.fits_gpu && rep.peak_memory_bytes + rep.gpu_margin_bytes > rep.gpu_capacity_bytes) {
-    rep.binding = fmt::format("GPU memory on rank {} at {}", rep.peak_rank, rep.peak_op);
-  } else if (!rep.fits_gpu) {
-    rep.binding = fmt::format(
-        "GPU reserved memory on rank {} (the caching allocator's segments{})", rep.peak_rank,
-        rep.allocator_out_of_memory ? ": out of memory from fragmentation"
-        : rep.gpu_headroom_bytes >= 0
-            ? ": it reaches the whole GPU and empties its cache, leaving no margin"
-            : "");
-  } else if (!rep.fits_host) {
-    rep.binding = "host memory (pinned checkpoint offload)";
-  } else if (!rep.fits_kernels) {
-    rep.binding = rep.kernel_limit;
-  }
+  rep.binding = binding_constraint(rep);
   rep.attention = attention_buffers(in, rep.layout);
   rep.ops = static_cast<std::int64_t>(w.ops.size());
   rep.simulated_ranks = w.ranks;
