@@ -1020,78 +1020,68 @@ bool is_shared_flag(const std::string& f) {
          f == "--host-memory-margin" || f.find(".json") != std::string::npos;
 }
 
+// One method of a comparison: its inputs and report, or why it cannot run.
+struct ComparisonRow {
+  std::string method;
+  std::string error;
+  sim::ScheduleInputs in;
+  sim::StepReport rep;
+};
+
 // A comparison's exit status: 0 when at least one method fits, else kExitDoesNotFit.
-template <typename Row>
-int comparison_status(const std::vector<Row>& rows) {
-  const bool one_fits = std::any_of(rows.begin(), rows.end(),
-                                    [](const Row& r) { return r.error.empty() && r.rep.fits(); });
+int comparison_status(const std::vector<ComparisonRow>& rows) {
+  const bool one_fits = std::any_of(rows.begin(), rows.end(), [](const ComparisonRow& r) {
+    return r.error.empty() && r.rep.fits();
+  });
   return one_fits ? 0 : kExitDoesNotFit;
 }
 
-// Side-by-side table of several methods, with what sets each one's peak and time.
-int run_comparison(const SimulateArgs& a, const std::vector<std::string>& methods) {
-  struct Row {
-    std::string method;
-    std::string error;
-    sim::ScheduleInputs in;
-    sim::StepReport rep;
-  };
-  std::vector<Row> rows;
-  for (const std::string& method : methods) {
-    Row row;
-    row.method = method;
-    const SimulateArgs m = config_for_method(a, method);
-    try {
-      row.in = resolve_inputs(m);
-      planner::EvaluateOptions with_allocator;  // "fits" is decided on the reserved memory
-      with_allocator.model_allocator = true;
-      row.rep = planner::evaluate(row.in, with_allocator).report;
-    } catch (const sim::ConfigError& e) {
-      // A length out of range, or a flag every method shares, stops the comparison; a method that
-      // cannot run this configuration (heads vs degree, divisibility) is reported in its row.
-      const InputError flagged = flag_error(e);
-      if (refuses_every_method(e) || is_shared_flag(flagged.field())) {
-        throw;
-      }
-      row.error = flagged.what();
-    } catch (const InputError& e) {
-      // Shared inputs (model, lengths, files) are wrong for every method: stop.
-      if (e.field() == "--seq" || is_shared_flag(e.field())) {
-        throw;
-      }
-      row.error = e.what();
+ComparisonRow simulate_row(const SimulateArgs& a, const std::string& method) {
+  ComparisonRow row;
+  row.method = method;
+  const SimulateArgs m = config_for_method(a, method);
+  try {
+    row.in = resolve_inputs(m);
+    planner::EvaluateOptions with_allocator;  // "fits" is decided on the reserved memory
+    with_allocator.model_allocator = true;
+    row.rep = planner::evaluate(row.in, with_allocator).report;
+  } catch (const sim::ConfigError& e) {
+    // A length out of range, or a flag every method shares, stops the comparison; a method that
+    // cannot run this configuration (heads vs degree, divisibility) is reported in its row.
+    const InputError flagged = flag_error(e);
+    if (refuses_every_method(e) || is_shared_flag(flagged.field())) {
+      throw;
     }
-    rows.push_back(std::move(row));
-  }
-  const bool any =
-      std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.error.empty(); });
-  if (!any) {
-    throw InputError("--method", "no method can run this configuration: " + rows.front().error);
-  }
-  if (a.json) {
-    nlohmann::json list = nlohmann::json::array();
-    for (const Row& r : rows) {
-      if (r.error.empty()) {
-        list.push_back(to_json(r.in, r.rep));
-      } else {
-        list.push_back({{"config", {{"method", r.method}}}, {"error", r.error}});
-      }
+    row.error = flagged.what();
+  } catch (const InputError& e) {
+    // Shared inputs (model, lengths, files) are wrong for every method: stop.
+    if (e.field() == "--seq" || is_shared_flag(e.field())) {
+      throw;
     }
-    std::cout << nlohmann::json{{"schema_version", kSimulateSchemaVersion},
-                                {"command", "simulate"},
-                                {"comparison", list}}
-                     .dump(2)
-              << "\n";
-    return comparison_status(rows);
+    row.error = e.what();
   }
-  const Row& first =
-      *std::find_if(rows.begin(), rows.end(), [](const Row& r) { return r.error.empty(); });
-  std::cout << fmt::format("{} on {} x {}, seq {} ({} tokens), recipe {}\n\n", first.in.model.name,
-                           first.in.parallel.gpus, first.in.hardware.name,
-                           format_length(first.in.parallel.seq_len), first.in.parallel.seq_len,
-                           first.in.recipe.name);
+  return row;
+}
+
+void print_comparison_json(const std::vector<ComparisonRow>& rows) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const ComparisonRow& r : rows) {
+    if (r.error.empty()) {
+      list.push_back(to_json(r.in, r.rep));
+    } else {
+      list.push_back({{"config", {{"method", r.method}}}, {"error", r.error}});
+    }
+  }
+  std::cout << nlohmann::json{{"schema_version", kSimulateSchemaVersion},
+                              {"command", "simulate"},
+                              {"comparison", list}}
+                   .dump(2)
+            << "\n";
+}
+
+void print_comparison_table(const std::vector<ComparisonRow>& rows) {
   std::vector<std::vector<std::string>> table;
-  for (const Row& r : rows) {
+  for (const ComparisonRow& r : rows) {
     if (!r.error.empty()) {
       table.push_back({r.method, "-", "-", "-", "-", "-", "-", "-", "cannot run"});
       continue;
@@ -1109,8 +1099,12 @@ int run_comparison(const SimulateArgs& a, const std::vector<std::string>& method
   std::cout << format_table({"method", "step", "tok/s/GPU", "MFU %", "peak GPU", "attention",
                              "host/node", "exposed", "fits"},
                             table, {false, true, true, true, true, true, true, true, false});
+}
+
+// What sets each method's peak and time.
+void print_comparison_why(const std::vector<ComparisonRow>& rows) {
   std::cout << "\nwhy:\n";
-  for (const Row& r : rows) {
+  for (const ComparisonRow& r : rows) {
     if (!r.error.empty()) {
       std::cout << fmt::format("  {:<10} {}\n", r.method, r.error);
       continue;
@@ -1131,6 +1125,31 @@ int run_comparison(const SimulateArgs& a, const std::vector<std::string>& method
         format_bytes(static_cast<double>(p.breakdown_at_peak[top])),
         p.step_time_s > 0 ? 100.0 * p.exposed_comm_s / p.step_time_s : 0.0);
   }
+}
+
+// Side-by-side table of several methods, with what sets each one's peak and time.
+int run_comparison(const SimulateArgs& a, const std::vector<std::string>& methods) {
+  std::vector<ComparisonRow> rows;
+  for (const std::string& method : methods) {
+    rows.push_back(simulate_row(a, method));
+  }
+  const bool any =
+      std::any_of(rows.begin(), rows.end(), [](const ComparisonRow& r) { return r.error.empty(); });
+  if (!any) {
+    throw InputError("--method", "no method can run this configuration: " + rows.front().error);
+  }
+  if (a.json) {
+    print_comparison_json(rows);
+    return comparison_status(rows);
+  }
+  const ComparisonRow& first = *std::find_if(
+      rows.begin(), rows.end(), [](const ComparisonRow& r) { return r.error.empty(); });
+  std::cout << fmt::format("{} on {} x {}, seq {} ({} tokens), recipe {}\n\n", first.in.model.name,
+                           first.in.parallel.gpus, first.in.hardware.name,
+                           format_length(first.in.parallel.seq_len), first.in.parallel.seq_len,
+                           first.in.recipe.name);
+  print_comparison_table(rows);
+  print_comparison_why(rows);
   return comparison_status(rows);
 }
 
