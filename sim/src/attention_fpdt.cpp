@@ -269,206 +269,286 @@ class HostMarks {
 
 }  // namespace
 
-void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
-  const std::int64_t h = m_.hidden, d = m_.head_dim;
-  const std::int64_t kv = layout_.kv_heads_eff;
-  const std::int64_t hq = m_.heads / u_, hkv = kv / u_;
-  const std::int64_t chunk = in_.parallel.fpdt_chunk;  // K, global tokens
-  const std::int64_t nc = n_ / chunk;
-  const std::int64_t lc = s_ / nc;  // local tokens of one chunk
-  const bool offload = in_.parallel.fpdt_offload;
-  const std::int64_t q_local_bytes = lc * m_.heads * d * ab_;
-  const std::int64_t kv_local_bytes = lc * 2 * kv * d * ab_;
-  const std::int64_t q_h_bytes = chunk * hq * d * ab_;
-  const std::int64_t kv_h_bytes = chunk * 2 * hkv * d * ab_;
-  const std::int64_t lse_bytes = hq * chunk * kFp32Bytes;
-  const KernelCost merge = mem(3 * chunk * hq * d * kFp32Bytes);
-  const KernelCost full_block = plus(cost_.attention_fwd({chunk, chunk, hq, d, false}), merge);
-  const KernelCost diag_block = plus(cost_.attention_fwd({chunk, chunk, hq, d, true}), merge);
+// One layer's FPDT forward: the chunk loop of fpdt_forward with its sizes, costs and the state the
+// chunks hand on (the K/V store, the next chunk's prefetched first block, the output's fills).
+class StepBuilder::FpdtForward {
+ public:
+  FpdtForward(StepBuilder& sb, SavedLayer& sv, TensorSet params, bool grad);
+  void run();
+
+ private:
+  struct ChunkQkv {
+    TensorSet q_h, kv_h;
+  };
+  ChunkQkv project(std::int64_t i);
+  OpSet offload(std::int64_t i, TensorSet q_h, TensorSet kv_h);
+  void fetch_first_of(std::int64_t chunk_index);
+  OpSet attend_earlier(std::int64_t i, TensorSet q_h, TensorSet acc, OpSet offloaded);
+  void finish_chunk(std::int64_t i, TensorSet q_h, TensorSet acc, OpSet offloaded);
+  TensorSet exchange(std::int32_t n, TensorSet in, std::int64_t bytes, LedgerSite site) {
+    return sb_.exchange(Name::interned(n), in, bytes, site);
+  }
+
+  StepBuilder& sb_;
+  SavedLayer& sv_;
+  TensorSet params_;
+  bool grad_;
+  std::int64_t hq_, d_, chunk_, nc_, lc_;
+  bool offload_;
+  std::int64_t q_local_bytes_, kv_local_bytes_, q_h_bytes_, kv_h_bytes_, lse_bytes_, attn_ws_;
+  KernelCost full_block_, diag_block_, proj_, rope_, out_cast_, fill_;
+  double offload_kv_s_, fetch_kv_s_, offload_q_s_, offload_out_s_;
+  Emitter e_;
+  HostMarks host_;
+  ChunkNames name_;
+  OpSet alloc_;
+  std::vector<OpSet> fills_;
+  std::vector<TensorSet> kv_store_;  // per chunk: on host when offloading, else on the GPU
+  OpSet out_offloaded_;              // the last chunk's output and LSE offload
+  TensorSet next_first_;
+  OpSet next_fetch_first_;
+};
+
+StepBuilder::FpdtForward::FpdtForward(StepBuilder& sb, SavedLayer& sv, TensorSet params, bool grad)
+    : sb_(sb),
+      sv_(sv),
+      params_(params),
+      grad_(grad),
+      hq_(sb.m_.heads / sb.u_),
+      d_(sb.m_.head_dim),
+      chunk_(sb.in_.parallel.fpdt_chunk),  // K, global tokens
+      nc_(sb.n_ / chunk_),
+      lc_(sb.s_ / nc_),  // local tokens of one chunk
+      offload_(sb.in_.parallel.fpdt_offload),
+      e_(sb.b_),
+      // The offloading implementation's host calls and synchronisations (see above).
+      host_(sb.w_,
+            sb.b_.simulated_ranks(),
+            sb.cost_.profile().host_issue,
+            offload_ && sb.layout_.implementation != nullptr &&
+                sb.layout_.implementation->synchronised_fpdt_loop()),
+      name_(sb.b_, "fpdt_forward", kFwdNames, kFwdStems) {
+  const auto& m = sb.m_;
+  const std::int64_t h = m.hidden, d = d_, ab = sb.ab_;
+  const std::int64_t kv = sb.layout_.kv_heads_eff;
+  const std::int64_t hkv = kv / sb.u_;
+  q_local_bytes_ = lc_ * m.heads * d * ab;
+  kv_local_bytes_ = lc_ * 2 * kv * d * ab;
+  q_h_bytes_ = chunk_ * hq_ * d * ab;
+  kv_h_bytes_ = chunk_ * 2 * hkv * d * ab;
+  lse_bytes_ = hq_ * chunk_ * kFp32Bytes;
+  const KernelCost merge = sb.mem(3 * chunk_ * hq_ * d * kFp32Bytes);
+  full_block_ = sb.plus(sb.cost_.attention_fwd({chunk_, chunk_, hq_, d, false}), merge);
+  diag_block_ = sb.plus(sb.cost_.attention_fwd({chunk_, chunk_, hq_, d, true}), merge);
   // Every chunk has the same shapes.
-  const KernelCost proj = linear_fwd(lc, (m_.heads + 2 * m_.kv_heads) * d, h);
+  proj_ = sb.linear_fwd(lc_, (m.heads + 2 * m.kv_heads) * d, h);
   // RoPE on the chunk's Q and its model K heads (DeepSpeed's apply_rotary_pos_emb); V and any
   // K/V replication are a copy beside it.
-  const std::int64_t rope_k = lc * m_.kv_heads * d;
-  const KernelCost rope = rope_cost(q_local_bytes / ab_, rope_k,
-                                    2 * kv_local_bytes - 2 * ab_ * rope_k, RopeBackward::kNone);
-  const KernelCost out_cast = mem(chunk * hq * d * (kFp32Bytes + ab_));
-  const KernelCost fill = mem(2 * q_local_bytes);
-  const double offload_kv_s = cost_.host_copy_s(kv_h_bytes, false);
-  const double fetch_kv_s = cost_.host_copy_s(kv_h_bytes, true);
-  const double offload_q_s = cost_.host_copy_s(q_h_bytes, false);
-  const double offload_out_s = cost_.host_copy_s(q_h_bytes + lse_bytes, false);
+  const std::int64_t rope_k = lc_ * m.kv_heads * d;
+  rope_ = sb.rope_cost(q_local_bytes_ / ab, rope_k, 2 * kv_local_bytes_ - 2 * ab * rope_k,
+                       RopeBackward::kNone);
+  out_cast_ = sb.mem(chunk_ * hq_ * d * (kFp32Bytes + ab));
+  fill_ = sb.mem(2 * q_local_bytes_);
+  offload_kv_s_ = sb.cost_.host_copy_s(kv_h_bytes_, false);
+  fetch_kv_s_ = sb.cost_.host_copy_s(kv_h_bytes_, true);
+  offload_q_s_ = sb.cost_.host_copy_s(q_h_bytes_, false);
+  offload_out_s_ = sb.cost_.host_copy_s(q_h_bytes_ + lse_bytes_, false);
   // The block's output and LSE before the merge, and the implementation's merge temporaries.
-  const std::int64_t attn_ws =
-      chunk * hq * d * ab_ + lse_bytes + ledger_bytes(LedgerSite::kCoreForward);
-  Emitter e(b_);
-  // The offloading implementation's host calls and synchronisations (see above).
-  HostMarks host(w_, b_.simulated_ranks(), cost_.profile().host_issue,
-                 offload && layout_.implementation != nullptr &&
-                     layout_.implementation->synchronised_fpdt_loop());
-  ChunkNames name(b_, "fpdt_forward", kFwdNames, kFwdStems);
-  auto exchange = [&](std::int32_t n, TensorSet in, std::int64_t bytes, LedgerSite site) {
-    return StepBuilder::exchange(Name::interned(n), in, bytes, site);
-  };
-  const auto attention = MemCategory::kAttention;
+  attn_ws_ = chunk_ * hq_ * d * ab + lse_bytes_ + sb.ledger_bytes(LedgerSite::kCoreForward);
+}
 
-  sv.o = b_.tensor("fpdt_out", s_ * m_.heads * d * ab_, MemCategory::kAttention);
-  const OpSet alloc = compute("fpdt_alloc_out", OpKind::kElementwise, {0.0, 0.0}, {}, {sv.o});
-  std::vector<OpSet> fills;
-  std::vector<TensorSet> kv_store;  // per chunk: on host when offloading, else on the GPU
-  OpSet out_offloaded;              // the last chunk's output and LSE offload
-  fills.reserve(static_cast<std::size_t>(nc));
-  kv_store.reserve(static_cast<std::size_t>(nc));
-  // With offloading, the next query chunk's first K/V block is fetched before this chunk's last
-  // block: fpdt_layer.py loads it after that block and before the synchronisation that ends it
-  // (F:709-732), so it overlaps the block (the copy stream's order is the same either way).
-  TensorSet next_first;
-  OpSet next_fetch_first;
-  const auto fetch_first_of = [&](std::int64_t chunk_index) {
-    next_first = b_.tensor(name(kKvBuffer0, 'c', chunk_index), kv_h_bytes, attention, false);
-    next_fetch_first = e.copy(name(kFetchKv0, 'c', chunk_index), true, kv_h_bytes, fetch_kv_s,
-                              {kv_store[0]}, {next_first});
-    host.mark(0);  // load_to_gpu: counted with the blocks
-  };
-  for (std::int64_t i = 0; i < nc; ++i) {
-    TensorSet q = b_.tensor(name(kQ, 'c', i), q_local_bytes, attention, false);
-    TensorSet kvp = b_.tensor(name(kKv, 'c', i), kv_local_bytes, attention, false);
-    e.compute(name(kQkvProj, 'c', i), OpKind::kGemm, proj, {sv.xn, params}, {q, kvp});
-    host.mark(kProjCalls);
-    TensorSet q_r = b_.tensor(name(kQRope, 'c', i), q_local_bytes, attention, false);
-    TensorSet kv_r = b_.tensor(name(kKvRope, 'c', i), kv_local_bytes, attention, false);
-    e.compute(name(kRope, 'c', i), OpKind::kElementwise, rope, {q, kvp}, {q_r, kv_r});
-    host.mark(kRopeCalls);
-    TensorSet q_h = exchange(name(kA2aQ, 'c', i), q_r, q_local_bytes, LedgerSite::kQExchange);
-    TensorSet kv_h = exchange(name(kA2aKv, 'c', i), kv_r, kv_local_bytes, LedgerSite::kKvExchange);
-    host.sync_last();  // dist.barrier() and the compute stream's synchronize (F:644, F:653-654)
-    // DeepSpeed's fpdt_layer.py @ edaa722 (F): the chunk's Q, K and V go to pinned host memory on
-    // offload_stream as soon as they are made (F:655-658), and after every block of the chunk the
-    // compute stream waits for offload_stream and the host synchronises (F:731-732): the work
-    // after the chunk's first block waits for these offloads (`offloaded`).
-    OpSet offloaded;
-    if (offload) {
-      TensorSet kv_host = b_.tensor(name(kKvHost, 'c', i), kv_h_bytes, attention, true);
-      offloaded =
-          e.copy(name(kOffloadKv, 'c', i), false, kv_h_bytes, offload_kv_s, {kv_h}, {kv_host});
-      host.mark(4);
-      kv_store.push_back(kv_host);
-      if (grad) {  // Q is kept for the backward (the copies run in order: the last one is enough)
-        TensorSet q_host = b_.tensor(name(kQHost, 'c', i), q_h_bytes, attention, true);
-        offloaded = e.copy(name(kOffloadQ, 'c', i), false, q_h_bytes, offload_q_s, {q_h}, {q_host});
-        host.mark(2);
-        sv.chunk_q.push_back(q_host);
-      }
-    } else {
-      kv_store.push_back(kv_h);
-    }
+void StepBuilder::FpdtForward::run() {
+  sv_.o = sb_.b_.tensor("fpdt_out", sb_.s_ * sb_.m_.heads * d_ * sb_.ab_, MemCategory::kAttention);
+  alloc_ = sb_.compute("fpdt_alloc_out", OpKind::kElementwise, {0.0, 0.0}, {}, {sv_.o});
+  fills_.reserve(static_cast<std::size_t>(nc_));
+  kv_store_.reserve(static_cast<std::size_t>(nc_));
+  for (std::int64_t i = 0; i < nc_; ++i) {
+    const ChunkQkv c = project(i);
+    const OpSet offloaded = offload(i, c.q_h, c.kv_h);
     // Online softmax over the visible K/V chunks into an fp32 output + LSE accumulator.
-    TensorSet acc =
-        b_.tensor(name(kAcc, 'c', i), chunk * hq * d * kFp32Bytes + lse_bytes, attention, false);
-    OpSet join;
+    TensorSet acc = sb_.b_.tensor(name_(kAcc, 'c', i), chunk_ * hq_ * d_ * kFp32Bytes + lse_bytes_,
+                                  MemCategory::kAttention, false);
     if (i > 0) {
-      // The blocks of chunks 0..i-1: all but the last step of the pass list only chunk i-1 (see
-      // the file comment).
-      const auto visible_begin = kv_store.begin() + (i + 1 == nc ? 0 : i - 1);
-      const auto visible_end = kv_store.begin() + i;
-      // The implementation's merge (_update_out_and_lse) runs for every block but each query
-      // chunk's first: i − 1 times here, once in the diagonal block below.
-      KernelCost prev_cost = with_traffic(times(full_block, static_cast<double>(i)),
-                                          LedgerSite::kCoreForward, static_cast<double>(i - 1));
-      prev_cost.time_s += host.sync_gaps_s(i, kFwdBlockCalls);
-      const std::int32_t prev_name =
-          name(kAttnPrev, i, [&] { return fmt::format("attn_fwd[k0..{}][c{}]", i - 1, i); });
-      TensorSet rest;
-      OpSet fetch_rest;
-      OpSet prev;
-      if (offload) {
-        if (!next_fetch_first.valid()) {
-          fetch_first_of(i);
-        }
-        const TensorSet first = next_first;
-        const OpSet fetch_first = next_fetch_first;
-        next_fetch_first = OpSet{};
-        if (i > 1) {
-          rest = b_.tensor(name(kKvBuffer1, 'c', i), kv_h_bytes, attention, false);
-          const std::int64_t bytes = (i - 1) * kv_h_bytes;
-          OpSpec& s = e.next(
-              name(kFetchKvRest, i, [&] { return fmt::format("fetch_kv1..{}[c{}]", i - 1, i); }),
-              Stream::kH2D, OpKind::kCopyH2D, cost_.host_copy_s(bytes, true), 0.0);
-          s.transfer_bytes = bytes;
-          s.inputs.assign(std::max(visible_begin, kv_store.begin() + 1), visible_end);
-          s.outputs = {rest};
-          s.deps = {fetch_first};
-          fetch_rest = e.emit();
-          host.mark(0);
-        }
-        prev = e.compute(prev_name, OpKind::kAttentionFwd, prev_cost, {q_h, first}, {acc}, {},
-                         attn_ws, attention);
-        host.mark(kFwdFirstBlockCalls, true);  // F:731-732 after every block
-      } else {
-        OpSpec& s = e.next(prev_name, Stream::kCompute, OpKind::kAttentionFwd, prev_cost.time_s,
-                           prev_cost.flops);
-        s.inputs = {q_h};
-        s.inputs.insert(s.inputs.end(), visible_begin, visible_end);
-        s.outputs = {acc};
-        s.workspace_bytes = attn_ws;
-        s.workspace_category = attention;
-        prev = e.emit();
-      }
-      join = e.compute(name(kFetchJoin, 'c', i), OpKind::kElementwise, {0.0, 0.0}, {rest}, {},
-                       {prev, fetch_rest, offloaded});
-      host.mark(0);
-      if (offload && i + 1 < nc) {
+      const OpSet join = attend_earlier(i, c.q_h, acc, offloaded);
+      if (offload_ && i + 1 < nc_) {
         fetch_first_of(i + 1);
       }
-      e.compute(name(kAttnDiag, 'c', i), OpKind::kAttentionFwd,
-                with_traffic(diag_block, LedgerSite::kCoreForward), {q_h, kv_h, acc}, {}, {join},
-                attn_ws, attention);
-      host.mark(kFwdBlockCalls, true);
+      e_.compute(name_(kAttnDiag, 'c', i), OpKind::kAttentionFwd,
+                 sb_.with_traffic(diag_block_, LedgerSite::kCoreForward), {c.q_h, c.kv_h, acc}, {},
+                 {join}, attn_ws_, MemCategory::kAttention);
+      host_.mark(kFwdBlockCalls, true);
     } else {
-      if (offload && i + 1 < nc) {
+      if (offload_ && i + 1 < nc_) {
         fetch_first_of(i + 1);
       }
-      e.compute(name(kAttnDiag, 'c', i), OpKind::kAttentionFwd, diag_block, {q_h, kv_h}, {acc}, {},
-                attn_ws, attention);
-      host.mark(kFwdFirstBlockCalls, true);
+      e_.compute(name_(kAttnDiag, 'c', i), OpKind::kAttentionFwd, diag_block_, {c.q_h, c.kv_h},
+                 {acc}, {}, attn_ws_, MemCategory::kAttention);
+      host_.mark(kFwdFirstBlockCalls, true);
     }
-    TensorSet o_h = b_.tensor(name(kOutH, 'c', i), q_h_bytes, attention, false);
-    TensorSet lse = b_.tensor(name(kLse, 'c', i), lse_bytes, attention, false);
-    e.compute(name(kOutCast, 'c', i), OpKind::kElementwise, out_cast, {acc}, {o_h, lse},
-              {offloaded});
-    host.mark(3);
-    TensorSet o_local =
-        exchange(name(kA2aOut, 'c', i), o_h, q_local_bytes, LedgerSite::kOutExchange);
-    fills.push_back(
-        e.compute(name(kFillOut, 'c', i), OpKind::kElementwise, fill, {o_local}, {}, {alloc}));
-    if (grad) {
-      // Saved for backward: Q, output and LSE of the chunk (K/V are already stored).
-      if (offload) {
-        TensorSet o_host =
-            b_.tensor(name(kOutHost, 'c', i), q_h_bytes + lse_bytes, attention, true);
-        out_offloaded = e.copy(name(kOffloadOut, 'c', i), false, q_h_bytes + lse_bytes,
-                               offload_out_s, {o_h, lse}, {o_host});
-        host.mark(4);
-        sv.chunk_o.push_back(o_host);
-        sv.chunk_lse.push_back(o_host);
-      } else {
-        sv.chunk_q.push_back(q_h);
-        sv.chunk_o.push_back(o_h);
-        sv.chunk_lse.push_back(lse);
-      }
-    }
+    finish_chunk(i, c.q_h, acc, offloaded);
   }
-  if (grad) {
-    sv.chunk_kv = kv_store;
+  if (grad_) {
+    sv_.chunk_kv = kv_store_;
   }
   // The output projection waits for every chunk's output to be written, and for the output and
   // LSE offloads (the compute stream waits for general_offload_stream before the cat, F:749-750;
   // the copies run in order, so the last one is enough).
-  if (out_offloaded.valid()) {
-    fills.push_back(out_offloaded);
+  if (out_offloaded_.valid()) {
+    fills_.push_back(out_offloaded_);
   }
-  sv.attn_ready = compute("fpdt_out_ready", OpKind::kElementwise, {0.0, 0.0}, {}, {}, fills);
-  host.mark(1, true);  // the synchronize before the output's torch.cat (F:749-752)
+  sv_.attn_ready = sb_.compute("fpdt_out_ready", OpKind::kElementwise, {0.0, 0.0}, {}, {}, fills_);
+  host_.mark(1, true);  // the synchronize before the output's torch.cat (F:749-752)
+}
+
+// Chunk i's Q, K, V: projection, RoPE, the all-to-alls into its head-sharded Q and K/V.
+StepBuilder::FpdtForward::ChunkQkv StepBuilder::FpdtForward::project(std::int64_t i) {
+  const auto attention = MemCategory::kAttention;
+  TensorSet q = sb_.b_.tensor(name_(kQ, 'c', i), q_local_bytes_, attention, false);
+  TensorSet kvp = sb_.b_.tensor(name_(kKv, 'c', i), kv_local_bytes_, attention, false);
+  e_.compute(name_(kQkvProj, 'c', i), OpKind::kGemm, proj_, {sv_.xn, params_}, {q, kvp});
+  host_.mark(kProjCalls);
+  TensorSet q_r = sb_.b_.tensor(name_(kQRope, 'c', i), q_local_bytes_, attention, false);
+  TensorSet kv_r = sb_.b_.tensor(name_(kKvRope, 'c', i), kv_local_bytes_, attention, false);
+  e_.compute(name_(kRope, 'c', i), OpKind::kElementwise, rope_, {q, kvp}, {q_r, kv_r});
+  host_.mark(kRopeCalls);
+  ChunkQkv c;
+  c.q_h = exchange(name_(kA2aQ, 'c', i), q_r, q_local_bytes_, LedgerSite::kQExchange);
+  c.kv_h = exchange(name_(kA2aKv, 'c', i), kv_r, kv_local_bytes_, LedgerSite::kKvExchange);
+  host_.sync_last();  // dist.barrier() and the compute stream's synchronize (F:644, F:653-654)
+  return c;
+}
+
+// DeepSpeed's fpdt_layer.py @ edaa722 (F): the chunk's Q, K and V go to pinned host memory on
+// offload_stream as soon as they are made (F:655-658), and after every block of the chunk the
+// compute stream waits for offload_stream and the host synchronises (F:731-732): the work after
+// the chunk's first block waits for these offloads (the op returned; none without offloading).
+OpSet StepBuilder::FpdtForward::offload(std::int64_t i, TensorSet q_h, TensorSet kv_h) {
+  if (!offload_) {
+    kv_store_.push_back(kv_h);
+    return {};
+  }
+  const auto attention = MemCategory::kAttention;
+  TensorSet kv_host = sb_.b_.tensor(name_(kKvHost, 'c', i), kv_h_bytes_, attention, true);
+  OpSet offloaded =
+      e_.copy(name_(kOffloadKv, 'c', i), false, kv_h_bytes_, offload_kv_s_, {kv_h}, {kv_host});
+  host_.mark(4);
+  kv_store_.push_back(kv_host);
+  if (grad_) {  // Q is kept for the backward (the copies run in order: the last one is enough)
+    TensorSet q_host = sb_.b_.tensor(name_(kQHost, 'c', i), q_h_bytes_, attention, true);
+    offloaded = e_.copy(name_(kOffloadQ, 'c', i), false, q_h_bytes_, offload_q_s_, {q_h}, {q_host});
+    host_.mark(2);
+    sv_.chunk_q.push_back(q_host);
+  }
+  return offloaded;
+}
+
+// With offloading, the next query chunk's first K/V block is fetched before this chunk's last
+// block: fpdt_layer.py loads it after that block and before the synchronisation that ends it
+// (F:709-732), so it overlaps the block (the copy stream's order is the same either way).
+void StepBuilder::FpdtForward::fetch_first_of(std::int64_t chunk_index) {
+  next_first_ = sb_.b_.tensor(name_(kKvBuffer0, 'c', chunk_index), kv_h_bytes_,
+                              MemCategory::kAttention, false);
+  next_fetch_first_ = e_.copy(name_(kFetchKv0, 'c', chunk_index), true, kv_h_bytes_, fetch_kv_s_,
+                              {kv_store_[0]}, {next_first_});
+  host_.mark(0);  // load_to_gpu: counted with the blocks
+}
+
+// The blocks of chunks 0..i-1 for query chunk i (all but the last step of the pass list only
+// chunk i-1, see the file comment); returns the join the diagonal block waits for.
+OpSet StepBuilder::FpdtForward::attend_earlier(std::int64_t i,
+                                               TensorSet q_h,
+                                               TensorSet acc,
+                                               OpSet offloaded) {
+  const auto attention = MemCategory::kAttention;
+  const auto visible_begin = kv_store_.begin() + (i + 1 == nc_ ? 0 : i - 1);
+  const auto visible_end = kv_store_.begin() + i;
+  // The implementation's merge (_update_out_and_lse) runs for every block but each query
+  // chunk's first: i − 1 times here, once in the diagonal block below.
+  KernelCost prev_cost = sb_.with_traffic(sb_.times(full_block_, static_cast<double>(i)),
+                                          LedgerSite::kCoreForward, static_cast<double>(i - 1));
+  prev_cost.time_s += host_.sync_gaps_s(i, kFwdBlockCalls);
+  const std::int32_t prev_name =
+      name_(kAttnPrev, i, [&] { return fmt::format("attn_fwd[k0..{}][c{}]", i - 1, i); });
+  TensorSet rest;
+  OpSet fetch_rest;
+  OpSet prev;
+  if (offload_) {
+    if (!next_fetch_first_.valid()) {
+      fetch_first_of(i);
+    }
+    const TensorSet first = next_first_;
+    const OpSet fetch_first = next_fetch_first_;
+    next_fetch_first_ = OpSet{};
+    if (i > 1) {
+      rest = sb_.b_.tensor(name_(kKvBuffer1, 'c', i), kv_h_bytes_, attention, false);
+      const std::int64_t bytes = (i - 1) * kv_h_bytes_;
+      OpSpec& s = e_.next(
+          name_(kFetchKvRest, i, [&] { return fmt::format("fetch_kv1..{}[c{}]", i - 1, i); }),
+          Stream::kH2D, OpKind::kCopyH2D, sb_.cost_.host_copy_s(bytes, true), 0.0);
+      s.transfer_bytes = bytes;
+      s.inputs.assign(std::max(visible_begin, kv_store_.begin() + 1), visible_end);
+      s.outputs = {rest};
+      s.deps = {fetch_first};
+      fetch_rest = e_.emit();
+      host_.mark(0);
+    }
+    prev = e_.compute(prev_name, OpKind::kAttentionFwd, prev_cost, {q_h, first}, {acc}, {},
+                      attn_ws_, attention);
+    host_.mark(kFwdFirstBlockCalls, true);  // F:731-732 after every block
+  } else {
+    OpSpec& s = e_.next(prev_name, Stream::kCompute, OpKind::kAttentionFwd, prev_cost.time_s,
+                        prev_cost.flops);
+    s.inputs = {q_h};
+    s.inputs.insert(s.inputs.end(), visible_begin, visible_end);
+    s.outputs = {acc};
+    s.workspace_bytes = attn_ws_;
+    s.workspace_category = attention;
+    prev = e_.emit();
+  }
+  const OpSet join = e_.compute(name_(kFetchJoin, 'c', i), OpKind::kElementwise, {0.0, 0.0}, {rest},
+                                {}, {prev, fetch_rest, offloaded});
+  host_.mark(0);
+  return join;
+}
+
+// Chunk i's output: the cast out of the accumulator, the all-to-all back, the fill of the
+// layer's output, and what the backward keeps (on host when offloading).
+void StepBuilder::FpdtForward::finish_chunk(std::int64_t i,
+                                            TensorSet q_h,
+                                            TensorSet acc,
+                                            OpSet offloaded) {
+  const auto attention = MemCategory::kAttention;
+  TensorSet o_h = sb_.b_.tensor(name_(kOutH, 'c', i), q_h_bytes_, attention, false);
+  TensorSet lse = sb_.b_.tensor(name_(kLse, 'c', i), lse_bytes_, attention, false);
+  e_.compute(name_(kOutCast, 'c', i), OpKind::kElementwise, out_cast_, {acc}, {o_h, lse},
+             {offloaded});
+  host_.mark(3);
+  TensorSet o_local =
+      exchange(name_(kA2aOut, 'c', i), o_h, q_local_bytes_, LedgerSite::kOutExchange);
+  fills_.push_back(
+      e_.compute(name_(kFillOut, 'c', i), OpKind::kElementwise, fill_, {o_local}, {}, {alloc_}));
+  if (!grad_) {
+    return;
+  }
+  // Saved for backward: Q, output and LSE of the chunk (K/V are already stored).
+  if (offload_) {
+    TensorSet o_host =
+        sb_.b_.tensor(name_(kOutHost, 'c', i), q_h_bytes_ + lse_bytes_, attention, true);
+    out_offloaded_ = e_.copy(name_(kOffloadOut, 'c', i), false, q_h_bytes_ + lse_bytes_,
+                             offload_out_s_, {o_h, lse}, {o_host});
+    host_.mark(4);
+    sv_.chunk_o.push_back(o_host);
+    sv_.chunk_lse.push_back(o_host);
+  } else {
+    sv_.chunk_q.push_back(q_h);
+    sv_.chunk_o.push_back(o_h);
+    sv_.chunk_lse.push_back(lse);
+  }
+}
+
+void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
+  FpdtForward pass(*this, sv, params, grad);
+  pass.run();
 }
 
 InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,

@@ -93,6 +93,7 @@ class StepBuilder {
   void upipe_forward(SavedLayer& sv, TensorSet params);
   InputGrad upipe_backward(const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads);
   void fpdt_forward(SavedLayer& sv, TensorSet params, bool grad);
+  class FpdtForward;  ///< fpdt_forward's chunk loop (attention_fpdt.cpp)
   InputGrad fpdt_backward(const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads);
 
  private:
