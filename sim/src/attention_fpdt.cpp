@@ -551,196 +551,277 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
   pass.run();
 }
 
-InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
-                                     TensorSet d_o,
-                                     TensorSet params,
-                                     TensorSet grads) {
-  const std::int64_t h = m_.hidden, d = m_.head_dim;
-  const std::int64_t kv = layout_.kv_heads_eff;
-  const std::int64_t hq = m_.heads / u_, hkv = kv / u_;
-  const std::int64_t chunk = in_.parallel.fpdt_chunk;
-  const std::int64_t nc = n_ / chunk;
-  const std::int64_t lc = s_ / nc;
-  const bool offload = in_.parallel.fpdt_offload;
-  const std::int64_t q_local_bytes = lc * m_.heads * d * ab_;
-  const std::int64_t kv_local_bytes = lc * 2 * kv * d * ab_;
-  const std::int64_t q_h_bytes = chunk * hq * d * ab_;
-  const std::int64_t kv_h_bytes = chunk * 2 * hkv * d * ab_;
-  const std::int64_t lse_bytes = hq * chunk * kFp32Bytes;
-  const std::int64_t dq_bytes = chunk * hq * d * kFp32Bytes;
-  const std::int64_t dkv_acc_bytes = chunk * 2 * hkv * d * kFp32Bytes;
-  const KernelCost add = mem(3 * (dq_bytes + dkv_acc_bytes));
-  const KernelCost full_block = plus(cost_.attention_bwd({chunk, chunk, hq, d, false}), add);
-  const KernelCost diag_block = plus(cost_.attention_bwd({chunk, chunk, hq, d, true}), add);
+// One layer's FPDT backward: the loop over K/V chunks (outer) and query chunks (inner) of
+// fpdt_backward with its sizes, costs and the state the chunks hand on.
+class StepBuilder::FpdtBackward {
+ public:
+  FpdtBackward(
+      StepBuilder& sb, const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads);
+  InputGrad run();
+
+ private:
+  struct InnerLoop {
+    TensorSet dkv_acc, dq_block;
+    OpSet join;
+  };
+  void send_douts();
+  void fetch_kv(std::int64_t chunk_index);
+  InnerLoop inner_loop(std::int64_t j);
+  void gradients_of(std::int64_t j, const InnerLoop& loop);
+  TensorSet exchange(std::int32_t n, TensorSet in, std::int64_t bytes, LedgerSite site) {
+    return sb_.exchange(Name::interned(n), in, bytes, site);
+  }
+  static TensorSet at(const std::vector<TensorSet>& v, std::int64_t i) {
+    return v[static_cast<std::size_t>(i)];
+  }
+
+  StepBuilder& sb_;
+  const SavedLayer& sv_;
+  TensorSet d_o_, params_, grads_;
+  std::int64_t hq_, hkv_, d_, chunk_, nc_, lc_;
+  bool offload_;
+  std::int64_t q_local_bytes_, kv_local_bytes_, q_h_bytes_, kv_h_bytes_, lse_bytes_, dq_bytes_,
+      dkv_acc_bytes_, ws_, bundle_;
+  KernelCost full_block_, diag_block_, slice_dout_, dkv_cast_, dq_slice_, dq_cast_, rope_bwd_,
+      proj_bwd_;
+  double offload_dout_s_, fetch_kv_s_, fetch_bundle_s_, fetch_dq_s_;
+  Emitter e_;
+  HostMarks host_;
+  ChunkNames name_;
+  TensorSet dxn_, dq_all_;
+  std::vector<OpSet> dx_writes_;
+  std::vector<TensorSet> dout_;
+  TensorSet last_dout_;
+  std::vector<TensorSet> ins_;
+  TensorSet next_kv_;
+};
+
+StepBuilder::FpdtBackward::FpdtBackward(
+    StepBuilder& sb, const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads)
+    : sb_(sb),
+      sv_(sv),
+      d_o_(d_o),
+      params_(params),
+      grads_(grads),
+      hq_(sb.m_.heads / sb.u_),
+      hkv_(sb.layout_.kv_heads_eff / sb.u_),
+      d_(sb.m_.head_dim),
+      chunk_(sb.in_.parallel.fpdt_chunk),
+      nc_(sb.n_ / chunk_),
+      lc_(sb.s_ / nc_),
+      offload_(sb.in_.parallel.fpdt_offload),
+      e_(sb.b_),
+      host_(sb.w_,
+            sb.b_.simulated_ranks(),
+            sb.cost_.profile().host_issue,
+            offload_ && sb.layout_.implementation != nullptr &&
+                sb.layout_.implementation->synchronised_fpdt_loop()),
+      name_(sb.b_, "fpdt_backward", kBwdNames, kBwdStems) {
+  const auto& m = sb.m_;
+  const std::int64_t h = m.hidden, d = d_, ab = sb.ab_;
+  const std::int64_t kv = sb.layout_.kv_heads_eff;
+  q_local_bytes_ = lc_ * m.heads * d * ab;
+  kv_local_bytes_ = lc_ * 2 * kv * d * ab;
+  q_h_bytes_ = chunk_ * hq_ * d * ab;
+  kv_h_bytes_ = chunk_ * 2 * hkv_ * d * ab;
+  lse_bytes_ = hq_ * chunk_ * kFp32Bytes;
+  dq_bytes_ = chunk_ * hq_ * d * kFp32Bytes;
+  dkv_acc_bytes_ = chunk_ * 2 * hkv_ * d * kFp32Bytes;
+  const KernelCost add = sb.mem(3 * (dq_bytes_ + dkv_acc_bytes_));
+  full_block_ = sb.plus(sb.cost_.attention_bwd({chunk_, chunk_, hq_, d, false}), add);
+  diag_block_ = sb.plus(sb.cost_.attention_bwd({chunk_, chunk_, hq_, d, true}), add);
   // FlashAttention workspace (fp32 dQ accumulator, row sums; GQA: dK/dV expanded or fp32
   // accumulators), the block's dK/dV and the implementation's per-block buffers.
-  const std::int64_t ws = flash_bwd_workspace(chunk, chunk, hq, hkv) + kv_h_bytes +
-                          ledger_bytes(LedgerSite::kCoreBackward);
+  ws_ = sb.flash_bwd_workspace(chunk_, chunk_, hq_, hkv_) + kv_h_bytes_ +
+        sb.ledger_bytes(LedgerSite::kCoreBackward);
   // Q, output + LSE, dOut and fp32 dQ of one query chunk per inner step (offloading).
-  const std::int64_t bundle = 2 * q_h_bytes + lse_bytes + q_h_bytes + dq_bytes;
+  bundle_ = 2 * q_h_bytes_ + lse_bytes_ + q_h_bytes_ + dq_bytes_;
   // Every chunk has the same shapes.
-  const KernelCost slice_dout = mem(2 * q_local_bytes);
-  const KernelCost dkv_cast = mem(chunk * 2 * hkv * d * (kFp32Bytes + ab_));
-  const KernelCost dq_slice = mem(2 * dq_bytes);
-  const KernelCost dq_cast = mem(chunk * hq * d * (kFp32Bytes + ab_));
+  slice_dout_ = sb.mem(2 * q_local_bytes_);
+  dkv_cast_ = sb.mem(chunk_ * 2 * hkv_ * d * (kFp32Bytes + ab));
+  dq_slice_ = sb.mem(2 * dq_bytes_);
+  dq_cast_ = sb.mem(chunk_ * hq_ * d * (kFp32Bytes + ab));
   // DeepSpeed's own RoPE backward (apply_rotary_pos_emb_backward), not autograd's.
-  const std::int64_t rope_k = lc * m_.kv_heads * d;
-  const KernelCost rope_bwd = rope_cost(q_local_bytes / ab_, rope_k,
-                                        2 * kv_local_bytes - 2 * ab_ * rope_k, RopeBackward::kOwn);
-  const KernelCost proj_bwd = linear_bwd(lc, (m_.heads + 2 * m_.kv_heads) * d, h);
-  const double offload_dout_s = cost_.host_copy_s(q_h_bytes, false);
-  const double fetch_kv_s = cost_.host_copy_s(kv_h_bytes, true);
-  const double fetch_bundle_s = cost_.host_copy_s(bundle, true);
-  const double fetch_dq_s = cost_.host_copy_s(dq_bytes, true);
-  const auto at = [](const std::vector<TensorSet>& v, std::int64_t i) {
-    return v[static_cast<std::size_t>(i)];
-  };
-  Emitter e(b_);
-  HostMarks host(w_, b_.simulated_ranks(), cost_.profile().host_issue,
-                 offload && layout_.implementation != nullptr &&
-                     layout_.implementation->synchronised_fpdt_loop());
-  ChunkNames name(b_, "fpdt_backward", kBwdNames, kBwdStems);
-  auto exchange = [&](std::int32_t n, TensorSet in, std::int64_t bytes, LedgerSite site) {
-    return StepBuilder::exchange(Name::interned(n), in, bytes, site);
-  };
-  const auto attention = MemCategory::kAttention;
+  const std::int64_t rope_k = lc_ * m.kv_heads * d;
+  rope_bwd_ = sb.rope_cost(q_local_bytes_ / ab, rope_k, 2 * kv_local_bytes_ - 2 * ab * rope_k,
+                           RopeBackward::kOwn);
+  proj_bwd_ = sb.linear_bwd(lc_, (m.heads + 2 * m.kv_heads) * d, h);
+  offload_dout_s_ = sb.cost_.host_copy_s(q_h_bytes_, false);
+  fetch_kv_s_ = sb.cost_.host_copy_s(kv_h_bytes_, true);
+  fetch_bundle_s_ = sb.cost_.host_copy_s(bundle_, true);
+  fetch_dq_s_ = sb.cost_.host_copy_s(dq_bytes_, true);
+}
 
-  TensorSet dxn = b_.tensor("dxn", s_ * h * ab_, MemCategory::kOther);
-  std::vector<OpSet> dx_writes{
-      compute("fpdt_alloc_dx", OpKind::kElementwise, mem(s_ * h * ab_), {}, {dxn})};
-  dx_writes.reserve(static_cast<std::size_t>(nc) + 1);
+InputGrad StepBuilder::FpdtBackward::run() {
+  const std::int64_t h = sb_.m_.hidden;
+  dxn_ = sb_.b_.tensor("dxn", sb_.s_ * h * sb_.ab_, MemCategory::kOther);
+  dx_writes_ = {sb_.compute("fpdt_alloc_dx", OpKind::kElementwise, sb_.mem(sb_.s_ * h * sb_.ab_),
+                            {}, {dxn_})};
+  dx_writes_.reserve(static_cast<std::size_t>(nc_) + 1);
   // dQ of every chunk accumulates in fp32: pinned host buffers when offloading, else on the GPU.
-  TensorSet dq_all = b_.tensor("dq_fp32_all", nc * dq_bytes, MemCategory::kAttention, offload);
-  compute("fpdt_alloc_dq", OpKind::kElementwise, {0.0, 0.0}, {}, {dq_all});
-  // dOut of every chunk to head-sharded layout (kept on host when offloading).
-  std::vector<TensorSet> dout(static_cast<std::size_t>(nc));
-  for (std::int64_t i = 0; i < nc; ++i) {
-    TensorSet slice = b_.tensor(name(kDoutSlice, 'c', i), q_local_bytes, attention, false);
-    e.compute(name(kSliceDout, 'c', i), OpKind::kElementwise, slice_dout, {d_o}, {slice});
+  dq_all_ = sb_.b_.tensor("dq_fp32_all", nc_ * dq_bytes_, MemCategory::kAttention, offload_);
+  sb_.compute("fpdt_alloc_dq", OpKind::kElementwise, {0.0, 0.0}, {}, {dq_all_});
+  send_douts();
+  for (std::int64_t j = 0; j < nc_; ++j) {
+    gradients_of(j, inner_loop(j));
+  }
+  return {dxn_, dx_writes_.back()};
+}
+
+// dOut of every chunk to head-sharded layout (kept on host when offloading).
+void StepBuilder::FpdtBackward::send_douts() {
+  const auto attention = MemCategory::kAttention;
+  dout_.assign(static_cast<std::size_t>(nc_), TensorSet{});
+  for (std::int64_t i = 0; i < nc_; ++i) {
+    TensorSet slice = sb_.b_.tensor(name_(kDoutSlice, 'c', i), q_local_bytes_, attention, false);
+    e_.compute(name_(kSliceDout, 'c', i), OpKind::kElementwise, slice_dout_, {d_o_}, {slice});
     TensorSet do_h =
-        exchange(name(kA2aDout, 'c', i), slice, q_local_bytes, LedgerSite::kDoutExchange);
-    host.sync_last();  // synchronize after the first (F:826), dist.barrier after the others (F:935)
-    if (offload) {
-      TensorSet dout_host = b_.tensor(name(kDoutHost, 'c', i), q_h_bytes, attention, true);
-      e.copy(name(kOffloadDout, 'c', i), false, q_h_bytes, offload_dout_s, {do_h}, {dout_host});
-      host.mark(2);
-      dout[static_cast<std::size_t>(i)] = dout_host;
+        exchange(name_(kA2aDout, 'c', i), slice, q_local_bytes_, LedgerSite::kDoutExchange);
+    host_
+        .sync_last();  // synchronize after the first (F:826), dist.barrier after the others (F:935)
+    if (offload_) {
+      TensorSet dout_host = sb_.b_.tensor(name_(kDoutHost, 'c', i), q_h_bytes_, attention, true);
+      e_.copy(name_(kOffloadDout, 'c', i), false, q_h_bytes_, offload_dout_s_, {do_h}, {dout_host});
+      host_.mark(2);
+      dout_[static_cast<std::size_t>(i)] = dout_host;
     } else {
-      dout[static_cast<std::size_t>(i)] = do_h;
+      dout_[static_cast<std::size_t>(i)] = do_h;
     }
   }
   // The last dOut: its offload (or all-to-all) is the last producer of what the later query
   // chunks hold (see the file comment).
-  const TensorSet last_dout = dout.back();
-  std::vector<TensorSet> ins;
-  // With offloading, K/V chunk j + 1 is fetched before chunk j's projection backward: fpdt_layer.py
-  // loads it there, before the synchronisation that ends the outer iteration (F:1021-1029).
-  TensorSet next_kv;
-  const auto fetch_kv = [&](std::int64_t chunk_index) {
-    next_kv = b_.tensor(name(kKvFetched, 'k', chunk_index), kv_h_bytes, attention, false);
-    e.copy(name(kFetchKvBwd, 'k', chunk_index), true, kv_h_bytes, fetch_kv_s,
-           {at(sv.chunk_kv, chunk_index)}, {next_kv});
-    host.mark(0);  // load_to_gpu: counted with the projection backward
-  };
-  for (std::int64_t j = 0; j < nc; ++j) {
-    const std::int64_t pairs = nc - j;  // query chunks i = j .. nc-1
-    TensorSet kv_j = at(sv.chunk_kv, j);
-    if (offload) {
-      if (j == 0) {
-        fetch_kv(0);
-      }
-      kv_j = next_kv;
+  last_dout_ = dout_.back();
+}
+
+// With offloading, K/V chunk j + 1 is fetched before chunk j's projection backward: fpdt_layer.py
+// loads it there, before the synchronisation that ends the outer iteration (F:1021-1029).
+void StepBuilder::FpdtBackward::fetch_kv(std::int64_t chunk_index) {
+  next_kv_ = sb_.b_.tensor(name_(kKvFetched, 'k', chunk_index), kv_h_bytes_,
+                           MemCategory::kAttention, false);
+  e_.copy(name_(kFetchKvBwd, 'k', chunk_index), true, kv_h_bytes_, fetch_kv_s_,
+          {at(sv_.chunk_kv, chunk_index)}, {next_kv_});
+  host_.mark(0);  // load_to_gpu: counted with the projection backward
+}
+
+// K/V chunk j against query chunks j..nc-1: the query chunks' fetches (offloading), one op for
+// the blocks, dQ's copies back, and the join that ends the inner loop.
+StepBuilder::FpdtBackward::InnerLoop StepBuilder::FpdtBackward::inner_loop(std::int64_t j) {
+  const auto attention = MemCategory::kAttention;
+  const std::int64_t pairs = nc_ - j;  // query chunks i = j .. nc-1
+  TensorSet kv_j = at(sv_.chunk_kv, j);
+  if (offload_) {
+    if (j == 0) {
+      fetch_kv(0);
     }
-    TensorSet dkv_acc = b_.tensor(name(kDkvAcc, 'k', j), dkv_acc_bytes, attention, false);
-    TensorSet dq_block = b_.tensor(name(kDqBlock, 'k', j), dq_bytes, attention, false);
-    ins.assign({kv_j, dq_all});
-    OpSet load_first, load_rest, dq_back;
-    TensorSet rest;
-    if (offload) {
-      TensorSet first = b_.tensor(name(kQBuffer0, 'k', j), bundle, attention, false);
-      load_first = e.copy(name(kFetchQ0, 'k', j), true, bundle, fetch_bundle_s,
-                          {at(sv.chunk_q, j), at(sv.chunk_o, j), at(dout, j), dq_all}, {first});
-      host.mark(0);
-      ins.push_back(first);
-      if (pairs > 1) {
-        rest = b_.tensor(name(kQBuffer1, 'k', j), bundle, attention, false);
-        const std::int64_t bytes = (pairs - 1) * bundle;
-        OpSpec& r = e.next(name(kFetchQRest, 'k', j), Stream::kH2D, OpKind::kCopyH2D,
-                           cost_.host_copy_s(bytes, true), 0.0);
-        r.transfer_bytes = bytes;
-        r.inputs = {last_dout};  // query chunks j+1..: each one's own fetch frees it
-        r.outputs = {rest};
-        r.deps = {load_first};
-        load_rest = e.emit();
-        host.mark(0);
-      }
-    } else {
-      ins.insert(ins.end(),
-                 {at(sv.chunk_q, j), at(sv.chunk_o, j), at(sv.chunk_lse, j), at(dout, j)});
-      if (pairs > 1) {
-        ins.push_back(last_dout);  // query chunks j+1..: read again (and freed) at their own j
-      }
-    }
-    // The implementation's per-block buffers (new zeroed dq, dk, dv) for each of the pairs blocks.
-    KernelCost k = with_traffic(plus(diag_block, times(full_block, static_cast<double>(pairs - 1))),
-                                LedgerSite::kCoreBackward, static_cast<double>(pairs));
-    k.time_s += host.sync_gaps_s(pairs, kBwdBlockCalls);
-    OpSpec& b = e.next(
-        name(kAttnBwd, j, [&] { return fmt::format("attn_bwd[q{}..{}][k{}]", j, nc - 1, j); }),
-        Stream::kCompute, OpKind::kAttentionBwd, k.time_s, k.flops);
-    b.inputs.assign(ins.begin(), ins.end());
-    b.outputs = {dkv_acc, dq_block};
-    b.workspace_bytes = ws;
-    b.workspace_category = attention;
-    const OpSet bwd = e.emit();
-    // F:940-941 after every block: the gaps between the blocks are in its time; the last block's
-    // synchronisation is the inner loop's below (F:962-963), after dQ's copies to the host are
-    // issued (overwrite_to_cpu after each block, F:951).
-    host.mark(kBwdBlockCalls);
-    if (offload) {
-      // dQ of each inner step goes back to its pinned buffer while the next step computes.
-      const std::int64_t bytes = pairs * dq_bytes;
-      OpSpec& back = e.next(name(kOffloadDq, 'k', j), Stream::kD2H, OpKind::kCopyD2H,
-                            cost_.host_copy_s(bytes, false), 0.0);
-      back.transfer_bytes = bytes;
-      back.deps = {load_first};
-      dq_back = e.emit();
-      host.mark(0);
-    }
-    const OpSet join = e.compute(name(kInnerJoin, 'k', j), OpKind::kElementwise, {0.0, 0.0},
-                                 {rest, dq_block}, {}, {bwd, load_rest, dq_back});
-    host.mark(0, true);  // F:962-963
-    // dK/dV of chunk j are complete: back to sequence sharding and into the K/V projection.
-    TensorSet dkv_h = b_.tensor(name(kDkvH, 'k', j), kv_h_bytes, attention, false);
-    e.compute(name(kDkvCast, 'k', j), OpKind::kElementwise, dkv_cast, {dkv_acc}, {dkv_h}, {join});
-    host.mark(2);
-    TensorSet dkv =
-        exchange(name(kA2aDkv, 'k', j), dkv_h, kv_local_bytes, LedgerSite::kDkvExchange);
-    // dQ of chunk j received its last contribution in this outer iteration.
-    TensorSet dq_j = b_.tensor(name(kDqFinal, 'k', j), dq_bytes, attention, false);
-    if (offload) {
-      e.copy(name(kFetchDq, 'k', j), true, dq_bytes, fetch_dq_s, {dq_all}, {dq_j}, {join});
-      host.mark(0);
-    } else {
-      e.compute(name(kDqSlice, 'k', j), OpKind::kElementwise, dq_slice, {dq_all}, {dq_j}, {join});
-    }
-    TensorSet dq_h = b_.tensor(name(kDqH, 'k', j), q_h_bytes, attention, false);
-    e.compute(name(kDqCast, 'k', j), OpKind::kElementwise, dq_cast, {dq_j}, {dq_h});
-    TensorSet dqs = exchange(name(kA2aDq, 'k', j), dq_h, q_local_bytes, LedgerSite::kDqExchange);
-    host.sync_last();  // general_offload_stream.synchronize() and dist.barrier() (F:983-985)
-    TensorSet dq_r = b_.tensor(name(kDqRope, 'k', j), q_local_bytes, attention, false);
-    TensorSet dkv_r = b_.tensor(name(kDkvRope, 'k', j), kv_local_bytes, attention, false);
-    e.compute(name(kRopeBwd, 'k', j), OpKind::kElementwise, rope_bwd, {dqs, dkv}, {dq_r, dkv_r});
-    host.mark(kRopeCalls);
-    if (offload && j + 1 < nc) {
-      fetch_kv(j + 1);
-    }
-    const OpSet previous = dx_writes.back();
-    dx_writes.push_back(e.compute(name(kQkvProjBwd, 'k', j), OpKind::kGemm, proj_bwd,
-                                  {dq_r, dkv_r, sv.xn, params, grads}, {}, {previous}));
-    host.mark(kProjBwdCalls, true);  // F:1028-1029
+    kv_j = next_kv_;
   }
-  return {dxn, dx_writes.back()};
+  InnerLoop loop;
+  loop.dkv_acc = sb_.b_.tensor(name_(kDkvAcc, 'k', j), dkv_acc_bytes_, attention, false);
+  loop.dq_block = sb_.b_.tensor(name_(kDqBlock, 'k', j), dq_bytes_, attention, false);
+  ins_.assign({kv_j, dq_all_});
+  OpSet load_first, load_rest, dq_back;
+  TensorSet rest;
+  if (offload_) {
+    TensorSet first = sb_.b_.tensor(name_(kQBuffer0, 'k', j), bundle_, attention, false);
+    load_first = e_.copy(name_(kFetchQ0, 'k', j), true, bundle_, fetch_bundle_s_,
+                         {at(sv_.chunk_q, j), at(sv_.chunk_o, j), at(dout_, j), dq_all_}, {first});
+    host_.mark(0);
+    ins_.push_back(first);
+    if (pairs > 1) {
+      rest = sb_.b_.tensor(name_(kQBuffer1, 'k', j), bundle_, attention, false);
+      const std::int64_t bytes = (pairs - 1) * bundle_;
+      OpSpec& r = e_.next(name_(kFetchQRest, 'k', j), Stream::kH2D, OpKind::kCopyH2D,
+                          sb_.cost_.host_copy_s(bytes, true), 0.0);
+      r.transfer_bytes = bytes;
+      r.inputs = {last_dout_};  // query chunks j+1..: each one's own fetch frees it
+      r.outputs = {rest};
+      r.deps = {load_first};
+      load_rest = e_.emit();
+      host_.mark(0);
+    }
+  } else {
+    ins_.insert(ins_.end(),
+                {at(sv_.chunk_q, j), at(sv_.chunk_o, j), at(sv_.chunk_lse, j), at(dout_, j)});
+    if (pairs > 1) {
+      ins_.push_back(last_dout_);  // query chunks j+1..: read again (and freed) at their own j
+    }
+  }
+  // The implementation's per-block buffers (new zeroed dq, dk, dv) for each of the pairs blocks.
+  KernelCost k = sb_.with_traffic(
+      sb_.plus(diag_block_, sb_.times(full_block_, static_cast<double>(pairs - 1))),
+      LedgerSite::kCoreBackward, static_cast<double>(pairs));
+  k.time_s += host_.sync_gaps_s(pairs, kBwdBlockCalls);
+  OpSpec& b = e_.next(
+      name_(kAttnBwd, j, [&] { return fmt::format("attn_bwd[q{}..{}][k{}]", j, nc_ - 1, j); }),
+      Stream::kCompute, OpKind::kAttentionBwd, k.time_s, k.flops);
+  b.inputs.assign(ins_.begin(), ins_.end());
+  b.outputs = {loop.dkv_acc, loop.dq_block};
+  b.workspace_bytes = ws_;
+  b.workspace_category = attention;
+  const OpSet bwd = e_.emit();
+  // F:940-941 after every block: the gaps between the blocks are in its time; the last block's
+  // synchronisation is the inner loop's below (F:962-963), after dQ's copies to the host are
+  // issued (overwrite_to_cpu after each block, F:951).
+  host_.mark(kBwdBlockCalls);
+  if (offload_) {
+    // dQ of each inner step goes back to its pinned buffer while the next step computes.
+    const std::int64_t bytes = pairs * dq_bytes_;
+    OpSpec& back = e_.next(name_(kOffloadDq, 'k', j), Stream::kD2H, OpKind::kCopyD2H,
+                           sb_.cost_.host_copy_s(bytes, false), 0.0);
+    back.transfer_bytes = bytes;
+    back.deps = {load_first};
+    dq_back = e_.emit();
+    host_.mark(0);
+  }
+  loop.join = e_.compute(name_(kInnerJoin, 'k', j), OpKind::kElementwise, {0.0, 0.0},
+                         {rest, loop.dq_block}, {}, {bwd, load_rest, dq_back});
+  host_.mark(0, true);  // F:962-963
+  return loop;
+}
+
+// After K/V chunk j's inner loop: its dK/dV and the (now complete) dQ of chunk j back to sequence
+// sharding, RoPE's backward and the projection's.
+void StepBuilder::FpdtBackward::gradients_of(std::int64_t j, const InnerLoop& loop) {
+  const auto attention = MemCategory::kAttention;
+  // dK/dV of chunk j are complete: back to sequence sharding and into the K/V projection.
+  TensorSet dkv_h = sb_.b_.tensor(name_(kDkvH, 'k', j), kv_h_bytes_, attention, false);
+  e_.compute(name_(kDkvCast, 'k', j), OpKind::kElementwise, dkv_cast_, {loop.dkv_acc}, {dkv_h},
+             {loop.join});
+  host_.mark(2);
+  TensorSet dkv =
+      exchange(name_(kA2aDkv, 'k', j), dkv_h, kv_local_bytes_, LedgerSite::kDkvExchange);
+  // dQ of chunk j received its last contribution in this outer iteration.
+  TensorSet dq_j = sb_.b_.tensor(name_(kDqFinal, 'k', j), dq_bytes_, attention, false);
+  if (offload_) {
+    e_.copy(name_(kFetchDq, 'k', j), true, dq_bytes_, fetch_dq_s_, {dq_all_}, {dq_j}, {loop.join});
+    host_.mark(0);
+  } else {
+    e_.compute(name_(kDqSlice, 'k', j), OpKind::kElementwise, dq_slice_, {dq_all_}, {dq_j},
+               {loop.join});
+  }
+  TensorSet dq_h = sb_.b_.tensor(name_(kDqH, 'k', j), q_h_bytes_, attention, false);
+  e_.compute(name_(kDqCast, 'k', j), OpKind::kElementwise, dq_cast_, {dq_j}, {dq_h});
+  TensorSet dqs = exchange(name_(kA2aDq, 'k', j), dq_h, q_local_bytes_, LedgerSite::kDqExchange);
+  host_.sync_last();  // general_offload_stream.synchronize() and dist.barrier() (F:983-985)
+  TensorSet dq_r = sb_.b_.tensor(name_(kDqRope, 'k', j), q_local_bytes_, attention, false);
+  TensorSet dkv_r = sb_.b_.tensor(name_(kDkvRope, 'k', j), kv_local_bytes_, attention, false);
+  e_.compute(name_(kRopeBwd, 'k', j), OpKind::kElementwise, rope_bwd_, {dqs, dkv}, {dq_r, dkv_r});
+  host_.mark(kRopeCalls);
+  if (offload_ && j + 1 < nc_) {
+    fetch_kv(j + 1);
+  }
+  const OpSet previous = dx_writes_.back();
+  dx_writes_.push_back(e_.compute(name_(kQkvProjBwd, 'k', j), OpKind::kGemm, proj_bwd_,
+                                  {dq_r, dkv_r, sv_.xn, params_, grads_}, {}, {previous}));
+  host_.mark(kProjBwdCalls, true);  // F:1028-1029
+}
+
+InputGrad StepBuilder::fpdt_backward(const SavedLayer& sv,
+                                     TensorSet d_o,
+                                     TensorSet params,
+                                     TensorSet grads) {
+  FpdtBackward pass(*this, sv, d_o, params, grads);
+  return pass.run();
 }
 
 }  // namespace cpsim::sim::detail

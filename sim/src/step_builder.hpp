@@ -95,6 +95,7 @@ class StepBuilder {
   void fpdt_forward(SavedLayer& sv, TensorSet params, bool grad);
   class FpdtForward;  ///< fpdt_forward's chunk loop (attention_fpdt.cpp)
   InputGrad fpdt_backward(const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads);
+  class FpdtBackward;  ///< fpdt_backward's chunk loops (attention_fpdt.cpp)
 
  private:
   // ---- op helpers ----
