@@ -224,6 +224,20 @@ struct Fitter {
     return out.curves.back();
   }
   void note(std::string text) { out.notes.push_back(std::move(text)); }
+  /// An alpha-beta fit's errors in its row, with the hold-out's when there are samples enough.
+  void record_alpha_beta(CurveFit& row,
+                         const AlphaBetaFit& fit,
+                         const std::vector<TimingSample>& samples) const {
+    row.samples = fit.samples;
+    row.fit_mape = fit.mape;
+    row.fit_max = fit.max_abs_rel_error;
+    if (samples.size() >= std::max<std::size_t>(3, options.holdout_every)) {
+      const HoldoutError h = holdout_error(samples, options.holdout_every);
+      row.held_out = h.held_out;
+      row.holdout_mape = h.mape;
+      row.holdout_max = h.max_abs_rel_error;
+    }
+  }
 
   void fit_context();
   void fit_launch();
@@ -383,15 +397,7 @@ void Fitter::fit_memory() {
   } catch (const InputError& e) {
     throw InputError("samples.memory", e.what());
   }
-  row.samples = fit.samples;
-  row.fit_mape = fit.mape;
-  row.fit_max = fit.max_abs_rel_error;
-  if (samples.size() >= std::max<std::size_t>(3, options.holdout_every)) {
-    const HoldoutError h = holdout_error(samples, options.holdout_every);
-    row.held_out = h.held_out;
-    row.holdout_mape = h.mape;
-    row.holdout_max = h.max_abs_rel_error;
-  }
+  record_alpha_beta(row, fit, samples);
   double eff = fit.bandwidth_bytes_per_s / p().hbm_bandwidth_bytes_per_s;
   row.note = fmt::format("{:.0f} GB/s achieved of {:.0f} GB/s", fit.bandwidth_bytes_per_s / 1e9,
                          p().hbm_bandwidth_bytes_per_s / 1e9);
@@ -839,15 +845,7 @@ std::optional<double> Fitter::fit_host_link_direction(const HostLinkDirection& d
     throw InputError("samples.host_copies", fmt::format("{}: {}", d.key, e.what()));
   }
   CurveFit& row = add_row(path);
-  row.samples = fit.samples;
-  row.fit_mape = fit.mape;
-  row.fit_max = fit.max_abs_rel_error;
-  if (samples.size() >= std::max<std::size_t>(3, options.holdout_every)) {
-    const HoldoutError h = holdout_error(samples, options.holdout_every);
-    row.held_out = h.held_out;
-    row.holdout_mape = h.mape;
-    row.holdout_max = h.max_abs_rel_error;
-  }
+  record_alpha_beta(row, fit, samples);
   row.note = fmt::format("{:.1f} GB/s", fit.bandwidth_bytes_per_s / 1e9);
   std::string per_gpu;
   double slowest = fit.bandwidth_bytes_per_s;

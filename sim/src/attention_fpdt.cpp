@@ -269,9 +269,42 @@ class HostMarks {
 
 }  // namespace
 
+// What both FPDT passes of one layer share: the builder, the chunking (K global tokens per chunk,
+// nc chunks of lc local tokens, hq and hkv heads per rank after the all-to-all), whether chunks
+// are offloaded, the op emitter and the offloading implementation's host calls and
+// synchronisations (see above).
+class StepBuilder::FpdtPass {
+ protected:
+  explicit FpdtPass(StepBuilder& sb)
+      : sb_(sb),
+        hq_(sb.m_.heads / sb.u_),
+        hkv_(sb.layout_.kv_heads_eff / sb.u_),
+        d_(sb.m_.head_dim),
+        chunk_(sb.in_.parallel.fpdt_chunk),
+        nc_(sb.n_ / chunk_),
+        lc_(sb.s_ / nc_),
+        offload_(sb.in_.parallel.fpdt_offload),
+        e_(sb.b_),
+        host_(sb.w_,
+              sb.b_.simulated_ranks(),
+              sb.cost_.profile().host_issue,
+              offload_ && sb.layout_.implementation != nullptr &&
+                  sb.layout_.implementation->synchronised_fpdt_loop()) {}
+
+  TensorSet exchange(std::int32_t n, TensorSet in, std::int64_t bytes, LedgerSite site) {
+    return sb_.exchange(Name::interned(n), in, bytes, site);
+  }
+
+  StepBuilder& sb_;
+  std::int64_t hq_, hkv_, d_, chunk_, nc_, lc_;
+  bool offload_;
+  Emitter e_;
+  HostMarks host_;
+};
+
 // One layer's FPDT forward: the chunk loop of fpdt_forward with its sizes, costs and the state the
 // chunks hand on (the K/V store, the next chunk's prefetched first block, the output's fills).
-class StepBuilder::FpdtForward {
+class StepBuilder::FpdtForward : private StepBuilder::FpdtPass {
  public:
   FpdtForward(StepBuilder& sb, SavedLayer& sv, TensorSet params, bool grad);
   void run();
@@ -285,21 +318,13 @@ class StepBuilder::FpdtForward {
   void fetch_first_of(std::int64_t chunk_index);
   OpSet attend_earlier(std::int64_t i, TensorSet q_h, TensorSet acc, OpSet offloaded);
   void finish_chunk(std::int64_t i, TensorSet q_h, TensorSet acc, OpSet offloaded);
-  TensorSet exchange(std::int32_t n, TensorSet in, std::int64_t bytes, LedgerSite site) {
-    return sb_.exchange(Name::interned(n), in, bytes, site);
-  }
 
-  StepBuilder& sb_;
   SavedLayer& sv_;
   TensorSet params_;
   bool grad_;
-  std::int64_t hq_, d_, chunk_, nc_, lc_;
-  bool offload_;
   std::int64_t q_local_bytes_, kv_local_bytes_, q_h_bytes_, kv_h_bytes_, lse_bytes_, attn_ws_;
   KernelCost full_block_, diag_block_, proj_, rope_, out_cast_, fill_;
   double offload_kv_s_, fetch_kv_s_, offload_q_s_, offload_out_s_;
-  Emitter e_;
-  HostMarks host_;
   ChunkNames name_;
   OpSet alloc_;
   std::vector<OpSet> fills_;
@@ -310,32 +335,18 @@ class StepBuilder::FpdtForward {
 };
 
 StepBuilder::FpdtForward::FpdtForward(StepBuilder& sb, SavedLayer& sv, TensorSet params, bool grad)
-    : sb_(sb),
+    : FpdtPass(sb),
       sv_(sv),
       params_(params),
       grad_(grad),
-      hq_(sb.m_.heads / sb.u_),
-      d_(sb.m_.head_dim),
-      chunk_(sb.in_.parallel.fpdt_chunk),  // K, global tokens
-      nc_(sb.n_ / chunk_),
-      lc_(sb.s_ / nc_),  // local tokens of one chunk
-      offload_(sb.in_.parallel.fpdt_offload),
-      e_(sb.b_),
-      // The offloading implementation's host calls and synchronisations (see above).
-      host_(sb.w_,
-            sb.b_.simulated_ranks(),
-            sb.cost_.profile().host_issue,
-            offload_ && sb.layout_.implementation != nullptr &&
-                sb.layout_.implementation->synchronised_fpdt_loop()),
       name_(sb.b_, "fpdt_forward", kFwdNames, kFwdStems) {
   const auto& m = sb.m_;
   const std::int64_t h = m.hidden, d = d_, ab = sb.ab_;
   const std::int64_t kv = sb.layout_.kv_heads_eff;
-  const std::int64_t hkv = kv / sb.u_;
   q_local_bytes_ = lc_ * m.heads * d * ab;
   kv_local_bytes_ = lc_ * 2 * kv * d * ab;
   q_h_bytes_ = chunk_ * hq_ * d * ab;
-  kv_h_bytes_ = chunk_ * 2 * hkv * d * ab;
+  kv_h_bytes_ = chunk_ * 2 * hkv_ * d * ab;
   lse_bytes_ = hq_ * chunk_ * kFp32Bytes;
   const KernelCost merge = sb.mem(3 * chunk_ * hq_ * d * kFp32Bytes);
   full_block_ = sb.plus(sb.cost_.attention_fwd({chunk_, chunk_, hq_, d, false}), merge);
@@ -553,7 +564,7 @@ void StepBuilder::fpdt_forward(SavedLayer& sv, TensorSet params, bool grad) {
 
 // One layer's FPDT backward: the loop over K/V chunks (outer) and query chunks (inner) of
 // fpdt_backward with its sizes, costs and the state the chunks hand on.
-class StepBuilder::FpdtBackward {
+class StepBuilder::FpdtBackward : private StepBuilder::FpdtPass {
  public:
   FpdtBackward(
       StepBuilder& sb, const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads);
@@ -568,25 +579,17 @@ class StepBuilder::FpdtBackward {
   void fetch_kv(std::int64_t chunk_index);
   InnerLoop inner_loop(std::int64_t j);
   void gradients_of(std::int64_t j, const InnerLoop& loop);
-  TensorSet exchange(std::int32_t n, TensorSet in, std::int64_t bytes, LedgerSite site) {
-    return sb_.exchange(Name::interned(n), in, bytes, site);
-  }
   static TensorSet at(const std::vector<TensorSet>& v, std::int64_t i) {
     return v[static_cast<std::size_t>(i)];
   }
 
-  StepBuilder& sb_;
   const SavedLayer& sv_;
   TensorSet d_o_, params_, grads_;
-  std::int64_t hq_, hkv_, d_, chunk_, nc_, lc_;
-  bool offload_;
   std::int64_t q_local_bytes_, kv_local_bytes_, q_h_bytes_, kv_h_bytes_, lse_bytes_, dq_bytes_,
       dkv_acc_bytes_, ws_, bundle_;
   KernelCost full_block_, diag_block_, slice_dout_, dkv_cast_, dq_slice_, dq_cast_, rope_bwd_,
       proj_bwd_;
   double offload_dout_s_, fetch_kv_s_, fetch_bundle_s_, fetch_dq_s_;
-  Emitter e_;
-  HostMarks host_;
   ChunkNames name_;
   TensorSet dxn_, dq_all_;
   std::vector<OpSet> dx_writes_;
@@ -598,24 +601,11 @@ class StepBuilder::FpdtBackward {
 
 StepBuilder::FpdtBackward::FpdtBackward(
     StepBuilder& sb, const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads)
-    : sb_(sb),
+    : FpdtPass(sb),
       sv_(sv),
       d_o_(d_o),
       params_(params),
       grads_(grads),
-      hq_(sb.m_.heads / sb.u_),
-      hkv_(sb.layout_.kv_heads_eff / sb.u_),
-      d_(sb.m_.head_dim),
-      chunk_(sb.in_.parallel.fpdt_chunk),
-      nc_(sb.n_ / chunk_),
-      lc_(sb.s_ / nc_),
-      offload_(sb.in_.parallel.fpdt_offload),
-      e_(sb.b_),
-      host_(sb.w_,
-            sb.b_.simulated_ranks(),
-            sb.cost_.profile().host_issue,
-            offload_ && sb.layout_.implementation != nullptr &&
-                sb.layout_.implementation->synchronised_fpdt_loop()),
       name_(sb.b_, "fpdt_backward", kBwdNames, kBwdStems) {
   const auto& m = sb.m_;
   const std::int64_t h = m.hidden, d = d_, ab = sb.ab_;

@@ -93,6 +93,7 @@ class StepBuilder {
   void upipe_forward(SavedLayer& sv, TensorSet params);
   InputGrad upipe_backward(const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads);
   void fpdt_forward(SavedLayer& sv, TensorSet params, bool grad);
+  class FpdtPass;     ///< what both FPDT passes share (attention_fpdt.cpp)
   class FpdtForward;  ///< fpdt_forward's chunk loop (attention_fpdt.cpp)
   InputGrad fpdt_backward(const SavedLayer& sv, TensorSet d_o, TensorSet params, TensorSet grads);
   class FpdtBackward;  ///< fpdt_backward's chunk loops (attention_fpdt.cpp)
