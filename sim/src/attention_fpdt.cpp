@@ -289,7 +289,14 @@ class StepBuilder::FpdtPass {
               sb.b_.simulated_ranks(),
               sb.cost_.profile().host_issue,
               offload_ && sb.layout_.implementation != nullptr &&
-                  sb.layout_.implementation->synchronised_fpdt_loop()) {}
+                  sb.layout_.implementation->synchronised_fpdt_loop()) {
+    const std::int64_t ab = sb.ab_;
+    q_local_bytes_ = lc_ * sb.m_.heads * d_ * ab;
+    kv_local_bytes_ = lc_ * 2 * sb.layout_.kv_heads_eff * d_ * ab;
+    q_h_bytes_ = chunk_ * hq_ * d_ * ab;
+    kv_h_bytes_ = chunk_ * 2 * hkv_ * d_ * ab;
+    lse_bytes_ = hq_ * chunk_ * kFp32Bytes;
+  }
 
   TensorSet exchange(std::int32_t n, TensorSet in, std::int64_t bytes, LedgerSite site) {
     return sb_.exchange(Name::interned(n), in, bytes, site);
@@ -300,6 +307,9 @@ class StepBuilder::FpdtPass {
   bool offload_;
   Emitter e_;
   HostMarks host_;
+  // One chunk's local Q and K/V (before the all-to-all), head-sharded Q and K/V, and LSE.
+  std::int64_t q_local_bytes_ = 0, kv_local_bytes_ = 0, q_h_bytes_ = 0, kv_h_bytes_ = 0,
+               lse_bytes_ = 0;
 };
 
 // One layer's FPDT forward: the chunk loop of fpdt_forward with its sizes, costs and the state the
@@ -322,7 +332,7 @@ class StepBuilder::FpdtForward : private StepBuilder::FpdtPass {
   SavedLayer& sv_;
   TensorSet params_;
   bool grad_;
-  std::int64_t q_local_bytes_, kv_local_bytes_, q_h_bytes_, kv_h_bytes_, lse_bytes_, attn_ws_;
+  std::int64_t attn_ws_;
   KernelCost full_block_, diag_block_, proj_, rope_, out_cast_, fill_;
   double offload_kv_s_, fetch_kv_s_, offload_q_s_, offload_out_s_;
   ChunkNames name_;
@@ -342,12 +352,6 @@ StepBuilder::FpdtForward::FpdtForward(StepBuilder& sb, SavedLayer& sv, TensorSet
       name_(sb.b_, "fpdt_forward", kFwdNames, kFwdStems) {
   const auto& m = sb.m_;
   const std::int64_t h = m.hidden, d = d_, ab = sb.ab_;
-  const std::int64_t kv = sb.layout_.kv_heads_eff;
-  q_local_bytes_ = lc_ * m.heads * d * ab;
-  kv_local_bytes_ = lc_ * 2 * kv * d * ab;
-  q_h_bytes_ = chunk_ * hq_ * d * ab;
-  kv_h_bytes_ = chunk_ * 2 * hkv_ * d * ab;
-  lse_bytes_ = hq_ * chunk_ * kFp32Bytes;
   const KernelCost merge = sb.mem(3 * chunk_ * hq_ * d * kFp32Bytes);
   full_block_ = sb.plus(sb.cost_.attention_fwd({chunk_, chunk_, hq_, d, false}), merge);
   diag_block_ = sb.plus(sb.cost_.attention_fwd({chunk_, chunk_, hq_, d, true}), merge);
@@ -585,8 +589,7 @@ class StepBuilder::FpdtBackward : private StepBuilder::FpdtPass {
 
   const SavedLayer& sv_;
   TensorSet d_o_, params_, grads_;
-  std::int64_t q_local_bytes_, kv_local_bytes_, q_h_bytes_, kv_h_bytes_, lse_bytes_, dq_bytes_,
-      dkv_acc_bytes_, ws_, bundle_;
+  std::int64_t dq_bytes_, dkv_acc_bytes_, ws_, bundle_;
   KernelCost full_block_, diag_block_, slice_dout_, dkv_cast_, dq_slice_, dq_cast_, rope_bwd_,
       proj_bwd_;
   double offload_dout_s_, fetch_kv_s_, fetch_bundle_s_, fetch_dq_s_;
@@ -609,12 +612,6 @@ StepBuilder::FpdtBackward::FpdtBackward(
       name_(sb.b_, "fpdt_backward", kBwdNames, kBwdStems) {
   const auto& m = sb.m_;
   const std::int64_t h = m.hidden, d = d_, ab = sb.ab_;
-  const std::int64_t kv = sb.layout_.kv_heads_eff;
-  q_local_bytes_ = lc_ * m.heads * d * ab;
-  kv_local_bytes_ = lc_ * 2 * kv * d * ab;
-  q_h_bytes_ = chunk_ * hq_ * d * ab;
-  kv_h_bytes_ = chunk_ * 2 * hkv_ * d * ab;
-  lse_bytes_ = hq_ * chunk_ * kFp32Bytes;
   dq_bytes_ = chunk_ * hq_ * d * kFp32Bytes;
   dkv_acc_bytes_ = chunk_ * 2 * hkv_ * d * kFp32Bytes;
   const KernelCost add = sb.mem(3 * (dq_bytes_ + dkv_acc_bytes_));
