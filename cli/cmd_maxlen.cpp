@@ -12,6 +12,7 @@
 #include "cpsim/planner/emit.hpp"
 #include "cpsim/planner/maxlen.hpp"
 #include "cpsim/sim/implementation.hpp"
+#include "cpsim/sim/pipeline.hpp"
 
 #include "commands.hpp"
 #include "common.hpp"
@@ -164,9 +165,14 @@ void print_outcome(const MaxLenArgs& a, const Outcome& o) {
                            o.in.parallel.gpus, o.in.hardware.name, o.method, o.in.recipe.name,
                            impl != nullptr ? impl->name() : "none");
   if (o.in.parallel.pp_degree > 1) {
-    std::cout << fmt::format("  PP {} ({}), {} blocks per stage\n", o.in.parallel.pp_degree,
-                             models::to_string(o.in.parallel.pp_schedule),
-                             o.in.model.layers / o.in.parallel.pp_degree);
+    const sim::PipelineShape s = sim::pipeline_shape(o.in);
+    const bool uneven =
+        o.in.parallel.pp_first_stage_layers > 0 || o.in.parallel.pp_last_stage_layers > 0;
+    std::cout << fmt::format(
+        "  PP {} ({}), {}\n", o.in.parallel.pp_degree, models::to_string(o.in.parallel.pp_schedule),
+        uneven ? fmt::format("{}/{}/{} blocks on the first/middle/last stages",
+                             s.first_stage_layers, s.middle_stage_layers, s.last_stage_layers)
+               : fmt::format("{} blocks per stage", s.stage_layers));
   }
   if (o.in.parallel.tp_degree > 1 || o.in.parallel.micro_batches > 1) {
     std::cout << fmt::format("  TP {} (sequence parallel) x CP {}, {} micro-batch(es) per step\n",

@@ -415,6 +415,15 @@ TEST_F(CliTest, PipelineParallel) {
           .get<std::string>()
           .find(first_stages > last_stage ? "the first pipeline stage" : "the last pipeline stage"),
       0U);
+  // maxlen names the blocks of each stage: 32 blocks as 6/10/10/6 over 4 stages.
+  const RunResult uneven =
+      run({"maxlen", "--impl", "megatron-core-cp", "--method", "ulysses", "--tp", "2", "--pp", "4",
+           "--micro-batches", "4", "--pp-first-stage-layers", "6", "--pp-last-stage-layers", "6",
+           "--gpus", "16"});
+  ASSERT_EQ(uneven.exit_code, 0) << uneven.err;
+  EXPECT_NE(uneven.out.find("PP 4 (1f1b), 6/10/6 blocks on the first/middle/last stages"),
+            std::string::npos)
+      << uneven.out;
   // --pp 1 is the run without the flag, byte for byte.
   const RunResult one = run({"simulate", "--method", "ulysses", "--pp", "1", "--seq", "64K"});
   const RunResult none = run({"simulate", "--method", "ulysses", "--seq", "64K"});
