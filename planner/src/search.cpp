@@ -475,25 +475,23 @@ std::int64_t memory_lower_bound(const sim::ScheduleInputs& in, sim::ScheduleInpu
                   bound_with_in_flight(scratch, std::max(1.0, shape.last_stage_activation_factor)));
 }
 
-std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
-                                            const PlanOptions& options) {
+namespace {
+
+// The structures searched: TP × PP (with its stage split) × CP group sizes × each method's own
+// degrees. Tensor parallelism inside a node: T GPUs of a node per TP group, the CP group over the
+// GPUs / T TP positions (the whole of them for the longest context). Pipeline parallelism
+// outermost: P stages of GPUs / P, each laid out as without PP. The longest context uses every GPU
+// in one CP group: activations shrink with C while model states are sharded over all GPUs anyway,
+// so data parallelism never lengthens the context. Throughput at --seq: smaller groups (data
+// parallel) only when the user allows a larger global batch. A fixed Ulysses or ring degree may
+// need a smaller group: every degree is searched then.
+std::vector<models::ParallelConfig> searched_structures(const sim::ScheduleInputs& base,
+                                                        const PlanOptions& options) {
   const int gpus = base.parallel.gpus;
   const bool max_context = !options.seq_len.has_value();
-  // The longest context uses every GPU in one CP group: activations shrink with C while model
-  // states are sharded over all GPUs anyway, so data parallelism never lengthens the context.
-  // Throughput at --seq: smaller groups (data parallel) only when the user allows a larger
-  // global batch. A fixed Ulysses or ring degree may need a smaller group: every degree is
-  // searched then.
   const PlanConstraints& fixed = options.fixed;
   const bool fixed_part = fixed.ulysses_degree > 0 || fixed.ring_degree > 0;
   const bool smaller_groups = fixed_part || (!max_context && options.allow_data_parallel);
-
-  const std::vector<models::TrainingRecipe> recipes =
-      !max_context && options.vary_recipe ? recipe_space(base.recipe, options.fixed)
-                                          : std::vector<models::TrainingRecipe>{base.recipe};
-  // Tensor parallelism inside a node: T GPUs of a node per TP group, the CP group over the
-  // GPUs / T TP positions (the whole of them for the longest context).
-  // Pipeline parallelism outermost: P stages of GPUs / P, each laid out as without PP.
   std::vector<models::ParallelConfig> structures;
   sim::ScheduleInputs at_tp = base;
   for (const int tp : tp_degrees(base, fixed)) {
@@ -515,20 +513,15 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
       }
     }
   }
-  // A searched PP degree only where the implementation runs it (the recipes searched share the
-  // base's name, hence its default implementations); a fixed one stays, for its refusal to name
-  // the reason. With a launcher the implementation is the launcher's: checked after as_run_by.
-  std::vector<std::vector<models::ParallelConfig>> variants_of;
-  std::size_t count = 0;
-  sim::ScheduleInputs probe = base;
-  for (const models::ParallelConfig& st : structures) {
-    probe.parallel = st;
-    const bool dropped =
-        fixed.pp_degree == 0 && st.pp_degree > 1 && !options.launcher && !runs_pipeline(probe);
-    variants_of.push_back(dropped ? std::vector<models::ParallelConfig>{}
-                                  : pipeline_variants(st, base, options));
-    count += variants_of.back().size() * recipes.size();
-  }
+  return structures;
+}
+
+// Every structure × its pipeline variants × every recipe, labelled; the variants of one
+// structure and recipe share a pipeline stage group.
+std::vector<Candidate> expand(const std::vector<models::ParallelConfig>& structures,
+                              const std::vector<std::vector<models::ParallelConfig>>& variants_of,
+                              const std::vector<models::TrainingRecipe>& recipes,
+                              std::size_t count) {
   std::vector<Candidate> out;
   out.reserve(count);
   std::int64_t group = 0;
@@ -555,6 +548,34 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
       group += 1;
     }
   }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
+                                            const PlanOptions& options) {
+  const bool max_context = !options.seq_len.has_value();
+  const PlanConstraints& fixed = options.fixed;
+  const std::vector<models::TrainingRecipe> recipes =
+      !max_context && options.vary_recipe ? recipe_space(base.recipe, options.fixed)
+                                          : std::vector<models::TrainingRecipe>{base.recipe};
+  const std::vector<models::ParallelConfig> structures = searched_structures(base, options);
+  // A searched PP degree only where the implementation runs it (the recipes searched share the
+  // base's name, hence its default implementations); a fixed one stays, for its refusal to name
+  // the reason. With a launcher the implementation is the launcher's: checked after as_run_by.
+  std::vector<std::vector<models::ParallelConfig>> variants_of;
+  std::size_t count = 0;
+  sim::ScheduleInputs probe = base;
+  for (const models::ParallelConfig& st : structures) {
+    probe.parallel = st;
+    const bool dropped =
+        fixed.pp_degree == 0 && st.pp_degree > 1 && !options.launcher && !runs_pipeline(probe);
+    variants_of.push_back(dropped ? std::vector<models::ParallelConfig>{}
+                                  : pipeline_variants(st, base, options));
+    count += variants_of.back().size() * recipes.size();
+  }
+  std::vector<Candidate> out = expand(structures, variants_of, recipes, count);
   if (options.launcher) {
     out = as_run_by(*options.launcher, base, std::move(out));
   }
