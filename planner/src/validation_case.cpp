@@ -62,118 +62,109 @@ std::string text_value(const Json& value, const std::string& field) {
   throw InputError(field, "must be a string");
 }
 
-// Setup keys are the flags of `cpsim simulate` without their dashes.
+// Setup keys are the flags of `cpsim simulate` without their dashes: those that take text, and
+// those that take an integer.
+struct TextKey {
+  const char* key;
+  std::optional<std::string> ValidationSetup::*field;
+};
+constexpr TextKey kTextKeys[] = {
+    {"model", &ValidationSetup::model},
+    {"hardware", &ValidationSetup::hardware},
+    {"seq", &ValidationSetup::seq},
+    {"recipe", &ValidationSetup::recipe},
+    {"ring-layout", &ValidationSetup::ring_layout},
+    {"fpdt-chunk", &ValidationSetup::fpdt_chunk},
+    {"fpdt-offload", &ValidationSetup::fpdt_offload},
+    {"ac", &ValidationSetup::ac},
+    {"ac-offload", &ValidationSetup::ac_offload},
+    {"tiled-mlp", &ValidationSetup::tiled_mlp},
+    {"fused-loss", &ValidationSetup::fused_loss},
+    {"attention-kernel", &ValidationSetup::attention_kernel},
+    {"optimizer-offload", &ValidationSetup::optimizer_offload},
+    {"comm-dtype", &ValidationSetup::comm_dtype},
+    {"param-offload", &ValidationSetup::param_offload},
+    {"norm-kernel", &ValidationSetup::norm_kernel},
+    {"rope-kernel", &ValidationSetup::rope_kernel},
+    {"mlp-kernel", &ValidationSetup::mlp_kernel},
+    {"int32-indexing", &ValidationSetup::int32_indexing},
+    {"fp8", &ValidationSetup::fp8},
+    {"pp-schedule", &ValidationSetup::pp_schedule},
+};
+struct IntKey {
+  const char* key;
+  std::optional<int> ValidationSetup::*field;
+};
+constexpr IntKey kIntKeys[] = {
+    {"gpus", &ValidationSetup::gpus},
+    {"gpus-per-node", &ValidationSetup::gpus_per_node},
+    {"heads-per-stage", &ValidationSetup::heads_per_stage},
+    {"cp-degree", &ValidationSetup::cp_degree},
+    {"ulysses-degree", &ValidationSetup::ulysses_degree},
+    {"ring-degree", &ValidationSetup::ring_degree},
+    {"zero", &ValidationSetup::zero},
+    {"tp", &ValidationSetup::tp},
+    {"micro-batches", &ValidationSetup::micro_batches},
+    {"pp", &ValidationSetup::pp},
+    {"virtual-stages", &ValidationSetup::virtual_stages},
+    {"pp-first-stage-layers", &ValidationSetup::pp_first_stage_layers},
+    {"pp-last-stage-layers", &ValidationSetup::pp_last_stage_layers},
+};
+
+// One setup key into `a`; false when it is no simulate flag.
+bool set_setup_key(const std::string& key,
+                   const Json& value,
+                   const std::string& field,
+                   ValidationSetup& a) {
+  if (key == "method") {
+    a.method = text_value(value, field);
+    return true;
+  }
+  if (key == "impl") {
+    a.impl = text_value(value, field);
+    return true;
+  }
+  for (const TextKey& t : kTextKeys) {
+    if (key == t.key) {
+      a.*(t.field) = text_value(value, field);
+      return true;
+    }
+  }
+  for (const IntKey& k : kIntKeys) {
+    if (key == k.key) {
+      a.*(k.field) = int_value(value, field, "must be an integer");
+      return true;
+    }
+  }
+  return false;
+}
+
 ValidationSetup parse_setup(const Json& s, const std::string& origin) {
   if (!s.is_object()) {
     throw InputError(origin + ":setup", "must be an object of simulate flags");
   }
   ValidationSetup a;
   for (auto it = s.begin(); it != s.end(); ++it) {
-    const std::string& key = it.key();
-    const Json& value = it.value();
-    const std::string field = origin + ":setup." + key;
-    auto text = [&]() { return text_value(value, field); };
-    auto integer = [&]() { return int_value(value, field, "must be an integer"); };
-    if (key == "model")
-      a.model = text();
-    else if (key == "gpus")
-      a.gpus = integer();
-    else if (key == "gpus-per-node")
-      a.gpus_per_node = integer();
-    else if (key == "hardware")
-      a.hardware = text();
-    else if (key == "method")
-      a.method = text();
-    else if (key == "seq")
-      a.seq = text();
-    else if (key == "recipe")
-      a.recipe = text();
-    else if (key == "heads-per-stage")
-      a.heads_per_stage = integer();
-    else if (key == "cp-degree")
-      a.cp_degree = integer();
-    else if (key == "ulysses-degree")
-      a.ulysses_degree = integer();
-    else if (key == "ring-degree")
-      a.ring_degree = integer();
-    else if (key == "ring-layout")
-      a.ring_layout = text();
-    else if (key == "fpdt-chunk")
-      a.fpdt_chunk = text();
-    else if (key == "fpdt-offload")
-      a.fpdt_offload = text();
-    else if (key == "ac")
-      a.ac = text();
-    else if (key == "ac-offload")
-      a.ac_offload = text();
-    else if (key == "tiled-mlp")
-      a.tiled_mlp = text();
-    else if (key == "fused-loss")
-      a.fused_loss = text();
-    else if (key == "attention-kernel")
-      a.attention_kernel = text();
-    else if (key == "zero")
-      a.zero = integer();
-    else if (key == "optimizer-offload")
-      a.optimizer_offload = text();
-    else if (key == "comm-dtype")
-      a.comm_dtype = text();
-    else if (key == "param-offload")
-      a.param_offload = text();
-    else if (key == "norm-kernel")
-      a.norm_kernel = text();
-    else if (key == "rope-kernel")
-      a.rope_kernel = text();
-    else if (key == "mlp-kernel")
-      a.mlp_kernel = text();
-    else if (key == "int32-indexing")
-      a.int32_indexing = text();
-    else if (key == "fp8")
-      a.fp8 = text();
-    else if (key == "tp")
-      a.tp = integer();
-    else if (key == "micro-batches")
-      a.micro_batches = integer();
-    else if (key == "pp")
-      a.pp = integer();
-    else if (key == "pp-schedule")
-      a.pp_schedule = text();
-    else if (key == "virtual-stages")
-      a.virtual_stages = integer();
-    else if (key == "pp-first-stage-layers")
-      a.pp_first_stage_layers = integer();
-    else if (key == "pp-last-stage-layers")
-      a.pp_last_stage_layers = integer();
-    else if (key == "impl")
-      a.impl = text();
-    else
+    const std::string field = origin + ":setup." + it.key();
+    if (!set_setup_key(it.key(), it.value(), field, a)) {
       throw InputError(field, "unknown setup key (use the flags of `cpsim simulate`)");
+    }
   }
   return a;
 }
 
 }  // namespace
 
-ValidationCase parse_validation_case(const std::string& json_text, const std::string& origin) {
-  models::reject_duplicate_json_keys(json_text, origin);
-  Json j;
-  try {
-    j = Json::parse(json_text);
-  } catch (const Json::parse_error& e) {
-    throw InputError(origin, fmt::format("malformed JSON at byte {}", e.byte));
-  } catch (const Json::exception& e) {  // e.g. a number too large for a double
-    throw InputError(origin, fmt::format("malformed JSON: {}", e.what()));
-  }
+namespace {
+
+// The case's fields (all but the setup), typed; a wrong type names the file.
+void read_case_fields(const Json& j, const std::string& origin, ValidationCase& c) {
   auto need = [&](const char* key) -> const Json& {
-    if (!j.is_object() || !j.contains(key)) {
+    if (!j.contains(key)) {
       throw InputError(origin + ":" + key, "missing");
     }
     return j.at(key);
   };
-  if (need("schema") != kValidationSchema) {
-    throw InputError(origin + ":schema", fmt::format("expected \"{}\"", kValidationSchema));
-  }
-  ValidationCase c;
   try {
     c.id = need("id").get<std::string>();
     c.title = need("title").get<std::string>();
@@ -187,18 +178,13 @@ ValidationCase parse_validation_case(const std::string& json_text, const std::st
       if (c.row < 0)
         throw InputError(origin + ":row", "must be a non-negative integer or null");
     }
-    if (j.contains("skip"))
-      c.skip = j.at("skip").get<std::string>();
-    if (j.contains("granularity"))
-      c.granularity = j.at("granularity").get<std::string>();
-    if (j.contains("bound"))
-      c.bound = j.at("bound").get<std::string>();
-    if (j.contains("setup_note"))
-      c.setup_note = j.at("setup_note").get<std::string>();
-    if (j.contains("bound_quote"))
-      c.bound_quote = j.at("bound_quote").get<std::string>();
-    if (j.contains("open_gap"))
-      c.open_gap = j.at("open_gap").get<std::string>();
+    for (const auto& [key, field] :
+         {std::pair{"skip", &c.skip}, std::pair{"granularity", &c.granularity},
+          std::pair{"bound", &c.bound}, std::pair{"setup_note", &c.setup_note},
+          std::pair{"bound_quote", &c.bound_quote}, std::pair{"open_gap", &c.open_gap}}) {
+      if (j.contains(key))
+        *field = j.at(key).get<std::string>();
+    }
     if (j.contains("shared_gaps")) {
       if (!j.at("shared_gaps").is_array()) {
         throw InputError(origin + ":shared_gaps", "must be an array of keys");
@@ -210,6 +196,11 @@ ValidationCase parse_validation_case(const std::string& json_text, const std::st
   } catch (const Json::exception& e) {
     throw InputError(origin, fmt::format("wrong type: {}", e.what()));
   }
+}
+
+// What a case must say: a positive value and tolerance, a known quantity, a bound of its kind
+// (a lower one only with the source's words), shared gaps that name files beside it.
+void check_case(const ValidationCase& c, const std::string& origin) {
   if (!(c.published > 0.0) || !(c.tolerance > 0.0) || c.tolerance > 1.0) {
     throw InputError(origin + ":published", "published value and tolerance must be positive");
   }
@@ -238,7 +229,33 @@ ValidationCase parse_validation_case(const std::string& json_text, const std::st
           fmt::format("'{}' is not a key (lower-case letters, digits and '-')", g.key));
     }
   }
-  c.setup = parse_setup(need("setup"), origin);
+}
+
+}  // namespace
+
+ValidationCase parse_validation_case(const std::string& json_text, const std::string& origin) {
+  models::reject_duplicate_json_keys(json_text, origin);
+  Json j;
+  try {
+    j = Json::parse(json_text);
+  } catch (const Json::parse_error& e) {
+    throw InputError(origin, fmt::format("malformed JSON at byte {}", e.byte));
+  } catch (const Json::exception& e) {  // e.g. a number too large for a double
+    throw InputError(origin, fmt::format("malformed JSON: {}", e.what()));
+  }
+  if (!j.is_object() || !j.contains("schema")) {
+    throw InputError(origin + ":schema", "missing");
+  }
+  if (j.at("schema") != kValidationSchema) {
+    throw InputError(origin + ":schema", fmt::format("expected \"{}\"", kValidationSchema));
+  }
+  ValidationCase c;
+  read_case_fields(j, origin, c);
+  check_case(c, origin);
+  if (!j.contains("setup")) {
+    throw InputError(origin + ":setup", "missing");
+  }
+  c.setup = parse_setup(j.at("setup"), origin);
   if (c.setup.impl.empty()) {
     throw InputError(origin + ":setup.impl",
                      "name the implementation the run used (`cpsim implementations`), or none");
