@@ -1086,27 +1086,28 @@ void methods_table(Out& o, const ReportPage& page) {
 
 }  // namespace
 
-std::string render_report_html(const ReportPage& page) {
-  Out o;
-  o.reserve(1 << 20);
+namespace {
+
+// The page's head, title and the line naming the methods, lengths and version.
+void page_head(Out& o, const ReportPage& page) {
   o += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
   o += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
   put(o, "<title>{}</title>\n<style>{}{}</style>\n</head>\n<body>\n<main>\n", esc(page.title),
       kStyle, bar_css());
   put(o, "<h1>{}</h1>\n", esc(page.title));
-  {
-    std::string names;
-    for (const auto& m : page.methods) {
-      names += (names.empty() ? "" : ", ") + m.method;
-    }
-    put(o, "<p class=\"sub\">Methods: {}. Sequence lengths: {}{}. Simulated by {}.</p>\n",
-        esc(names), format_length(page.lengths.front()),
-        page.lengths.size() > 1 ? " to " + format_length(page.lengths.back()) + " (powers of two)"
-                                : std::string(),
-        esc(page.version));
+  std::string names;
+  for (const auto& m : page.methods) {
+    names += (names.empty() ? "" : ", ") + m.method;
   }
+  put(o, "<p class=\"sub\">Methods: {}. Sequence lengths: {}{}. Simulated by {}.</p>\n", esc(names),
+      format_length(page.lengths.front()),
+      page.lengths.size() > 1 ? " to " + format_length(page.lengths.back()) + " (powers of two)"
+                              : std::string(),
+      esc(page.version));
+}
 
-  // 1 and 2: one step of one configuration.
+// Sections 1 and 2: one step of one configuration.
+void step_sections(Out& o, const ReportPage& page) {
   std::string cap1, cap2;
   Out mem, tl;
   if (page.detail) {
@@ -1120,8 +1121,10 @@ std::string render_report_html(const ReportPage& page) {
   put(o, "<p class=\"cap\">{}</p>\n{}</section>\n", esc(cap1), mem);
   o += "<section id=\"sec-timeline\">\n<h2>2. Step timeline per stream (rank 0)</h2>\n";
   put(o, "<p class=\"cap\">{}</p>\n{}</section>\n", esc(cap2), tl);
+}
 
-  // 3: throughput and peak vs length.
+// Section 3: throughput and peak vs length.
+void length_section(Out& o, const ReportPage& page) {
   const LengthSeries lengths = length_series(page);
   const std::vector<std::string>& notes = lengths.notes;
   o += "<section id=\"sec-throughput\">\n<h2>3. Throughput and peak memory vs sequence "
@@ -1147,8 +1150,10 @@ std::string render_report_html(const ReportPage& page) {
     o += "</ul>\n";
   }
   o += "</section>\n";
+}
 
-  // 4: longest context.
+// Section 4: the longest context per method and what stops each one step longer.
+void maxlen_section(Out& o, const ReportPage& page) {
   o += "<section id=\"sec-maxlen\">\n<h2>4. Longest context per method</h2>\n";
   o += "<p class=\"cap\">The longest sequence whose step fits in GPU and host memory, with the "
        "throughput and peak there; below, what stops each method one step longer.</p>\n";
@@ -1164,7 +1169,17 @@ std::string render_report_html(const ReportPage& page) {
     }
   }
   o += "</ul>\n</section>\n";
+}
 
+}  // namespace
+
+std::string render_report_html(const ReportPage& page) {
+  Out o;
+  o.reserve(1 << 20);
+  page_head(o, page);
+  step_sections(o, page);
+  length_section(o, page);
+  maxlen_section(o, page);
   // 5: configuration.
   o += "<section id=\"sec-config\">\n<h2>5. Configuration and results</h2>\n";
   setup_table(o, page);
