@@ -107,6 +107,63 @@ struct Sweep {
 
 // Runs every (method, length). @throws InputError for shared flags, for a single method that
 // cannot run, or when nothing at all can run.
+// One method's inputs and degrees at the sweep's first length; a refusal that does not depend on
+// the length is the method's error (the command's, with one method or a shared flag).
+MethodSweep method_inputs(const ReportArgs& a,
+                          const std::string& method,
+                          std::int64_t first_length,
+                          bool several) {
+  MethodSweep ms;
+  ms.method = method;
+  SimulateArgs cfg = config_for_method(a.config, method);
+  cfg.seq = std::to_string(first_length);
+  try {
+    ms.inputs = resolve_inputs(cfg);
+    const sim::LayoutCheck checked = sim::check_head_layout(ms.inputs);
+    if (!checked.issue) {
+      ms.degrees = degrees_text(ms.inputs, &checked.layout);
+    } else if (checked.issue->quantity == sim::Quantity::kSeqLen ||
+               checked.issue->quantity == sim::Quantity::kSeqLenMultiple) {
+      ms.degrees = degrees_text(ms.inputs, nullptr);  // only this length is wrong
+    } else {
+      throw flag_error(sim::ConfigError(*checked.issue, ms.inputs.parallel));
+    }
+  } catch (const InputError& e) {
+    if (is_shared_field(e.field()) || !several) {
+      throw;
+    }
+    ms.error = e.what();
+  }
+  return ms;
+}
+
+// One point of the sweep; a refusal is the point's error, and the first one is kept.
+SweepPoint sweep_point(const MethodSweep& ms,
+                       std::int64_t len,
+                       std::optional<InputError>& first_point_error) {
+  SweepPoint pt;
+  pt.seq_len = len;
+  sim::ScheduleInputs in = ms.inputs;
+  in.parallel.seq_len = len;
+  try {
+    planner::EvaluateOptions with_allocator;  // "fits" is decided on the reserved memory
+    with_allocator.model_allocator = true;
+    pt.report = planner::evaluate(in, with_allocator).report;
+  } catch (const sim::ConfigError& e) {
+    const InputError flagged = flag_error(e);
+    pt.error = flagged.what();
+    if (!first_point_error) {
+      first_point_error = flagged;
+    }
+  } catch (const InputError& e) {
+    pt.error = e.what();
+    if (!first_point_error) {
+      first_point_error = e;
+    }
+  }
+  return pt;
+}
+
 Sweep run_points(const ReportArgs& a, Progress& progress) {
   Sweep sw;
   sw.lengths = sweep_lengths(a);
@@ -123,60 +180,19 @@ Sweep run_points(const ReportArgs& a, Progress& progress) {
   const std::size_t total = methods.size() * sw.lengths.size();
   std::size_t done = 0;
   for (const std::string& method : methods) {
-    MethodSweep ms;
-    ms.method = method;
-    SimulateArgs cfg = config_for_method(a.config, method);
-    cfg.seq = std::to_string(sw.lengths.front());
-    try {
-      ms.inputs = resolve_inputs(cfg);
-      const sim::LayoutCheck checked = sim::check_head_layout(ms.inputs);
-      if (!checked.issue) {
-        ms.degrees = degrees_text(ms.inputs, &checked.layout);
-      } else if (checked.issue->quantity == sim::Quantity::kSeqLen ||
-                 checked.issue->quantity == sim::Quantity::kSeqLenMultiple) {
-        ms.degrees = degrees_text(ms.inputs, nullptr);  // only this length is wrong
-      } else {
-        throw flag_error(sim::ConfigError(*checked.issue, ms.inputs.parallel));
-      }
-    } catch (const InputError& e) {
-      if (is_shared_field(e.field())) {
-        throw;
-      }
-      if (methods.size() == 1) {
-        throw;
-      }
-      ms.error = e.what();
-    }
+    MethodSweep ms = method_inputs(a, method, sw.lengths.front(), methods.size() > 1);
     for (std::int64_t len : sw.lengths) {
-      SweepPoint pt;
-      pt.seq_len = len;
       ++done;
       if (!ms.error.empty()) {
+        SweepPoint pt;
+        pt.seq_len = len;
         pt.error = ms.error;
         ms.points.push_back(std::move(pt));
         continue;
       }
       progress.update(fmt::format("{} at {} ({}/{})", method, format_length(len), done, total));
-      sim::ScheduleInputs in = ms.inputs;
-      in.parallel.seq_len = len;
-      try {
-        planner::EvaluateOptions with_allocator;  // "fits" is decided on the reserved memory
-        with_allocator.model_allocator = true;
-        pt.report = planner::evaluate(in, with_allocator).report;
-        any = true;
-      } catch (const sim::ConfigError& e) {
-        const InputError flagged = flag_error(e);
-        pt.error = flagged.what();
-        if (!first_point_error) {
-          first_point_error = flagged;
-        }
-      } catch (const InputError& e) {
-        pt.error = e.what();
-        if (!first_point_error) {
-          first_point_error = e;
-        }
-      }
-      ms.points.push_back(std::move(pt));
+      ms.points.push_back(sweep_point(ms, len, first_point_error));
+      any = any || ms.points.back().error.empty();
     }
     sw.methods.push_back(std::move(ms));
   }
