@@ -379,26 +379,14 @@ struct SizeSample {
   std::int64_t bytes() const { return sampled == 0 ? 0 : sampled_bytes * count / sampled; }
 };
 
-}  // namespace
-
-TraceEstimate estimate_chrome_trace(const Workload& w,
-                                    const SimResult& r,
-                                    const TraceOptions& options) {
-  const TraceSelection& sel = options.selection;
-  EventFormatter f(w);
-  f.begin_event();  // every event after the first carries its separator
-  std::int64_t bytes = 0;
-  std::int64_t events = 0;
-  const bool host_track = !r.host_intervals.empty();
-  for (int rank = 0; rank < w.ranks; ++rank) {
-    if (sel.has_rank(rank)) {
-      f.clear();
-      f.metadata(rank, host_track);
-      bytes += static_cast<std::int64_t>(f.text().size());
-      events += 2 + kStreamCount + (host_track ? 1 : 0);
-    }
-  }
-  SizeSample slices, flows, counters, hosts, issues;
+// The host track's issue slices, and the ops' slices with their flow arrows.
+void estimate_slices(const Workload& w,
+                     const SimResult& r,
+                     const TraceSelection& sel,
+                     EventFormatter& f,
+                     SizeSample& issues,
+                     SizeSample& slices,
+                     SizeSample& flows) {
   for (const OpInterval& i : r.host_intervals) {
     const Op& o = op_of(w, i.op);
     if (!sel.has_rank(o.rank) || !sel.has_layer(o.layer)) {
@@ -436,7 +424,15 @@ TraceEstimate estimate_chrome_trace(const Workload& w,
     }
     flows.add(n);
   }
-  // Device counters (the last sample at each instant of a rank) and the host counter's changes.
+}
+
+// Device counters (the last sample at each instant of a rank) and the host counter's changes.
+void estimate_counters(const Workload& w,
+                       const SimResult& r,
+                       const TraceSelection& sel,
+                       EventFormatter& f,
+                       SizeSample& counters,
+                       SizeSample& hosts) {
   const auto n_ranks = static_cast<std::size_t>(w.ranks);
   std::vector<const MemorySample*> pending(n_ranks, nullptr);
   std::vector<std::int64_t> last_host(n_ranks, -1);
@@ -472,6 +468,30 @@ TraceEstimate estimate_chrome_trace(const Workload& w,
       count(*p);
     }
   }
+}
+
+}  // namespace
+
+TraceEstimate estimate_chrome_trace(const Workload& w,
+                                    const SimResult& r,
+                                    const TraceOptions& options) {
+  const TraceSelection& sel = options.selection;
+  EventFormatter f(w);
+  f.begin_event();  // every event after the first carries its separator
+  std::int64_t bytes = 0;
+  std::int64_t events = 0;
+  const bool host_track = !r.host_intervals.empty();
+  for (int rank = 0; rank < w.ranks; ++rank) {
+    if (sel.has_rank(rank)) {
+      f.clear();
+      f.metadata(rank, host_track);
+      bytes += static_cast<std::int64_t>(f.text().size());
+      events += 2 + kStreamCount + (host_track ? 1 : 0);
+    }
+  }
+  SizeSample slices, flows, counters, hosts, issues;
+  estimate_slices(w, r, sel, f, issues, slices, flows);
+  estimate_counters(w, r, sel, f, counters, hosts);
   events += slices.count + flows.count + counters.count + hosts.count + issues.count;
   bytes += slices.bytes() + flows.bytes() + counters.bytes() + hosts.bytes() + issues.bytes() +
            64;  // + the enclosing object
