@@ -277,6 +277,14 @@ struct Fitter {
                             const TimesBySize& times,
                             const TimesBySize* in_place,
                             bool in_profile);
+  /// A fitted group's model into the profile (the main curve when `in_profile`, which drops the
+  /// base's per-group curves; always its by_ranks entry), with its sources.
+  void store_collective_model(const CollectiveGroupKey& key,
+                              const std::string& path,
+                              const models::CollectiveModel& model,
+                              const CurveFit& row,
+                              const std::string& detail,
+                              bool in_profile);
   void fit_interference();
 };
 
@@ -1078,12 +1086,21 @@ void Fitter::fit_collective_group(const CollectiveGroupKey& key,
                   f.regimes.size(), model.alpha_s * 1e6, model.peak_busbw_bytes_per_s / 1e9,
                   f.outliers.empty() ? "" : fmt::format(", {} outlier(s)", f.outliers.size()),
                   in_profile ? "; the main curve" : "; in the profile's by_ranks");
-  models::CollectiveModel& target = p().collectives[key.span][key.op];
   const std::string detail = fmt::format(
       "NCCL {}, nccl-tests size and busbw conventions; piecewise alpha-beta over {} regime(s) "
       "({}){}",
       what, f.regimes.size(), regimes,
       f.outliers.empty() ? "" : fmt::format("; {} outlier(s) left out", f.outliers.size()));
+  store_collective_model(key, path, model, row, detail, in_profile);
+}
+
+void Fitter::store_collective_model(const CollectiveGroupKey& key,
+                                    const std::string& path,
+                                    const models::CollectiveModel& model,
+                                    const CurveFit& row,
+                                    const std::string& detail,
+                                    bool in_profile) {
+  models::CollectiveModel& target = p().collectives[key.span][key.op];
   const auto set_sources = [&](const std::string& at) {
     set_source(at + ".alpha_s",
                sources.measured(row, detail + "; alpha here excludes compute.collective_launch_s"));
