@@ -476,6 +476,47 @@ OpSet StepBuilder::reduce_grads(Name name,
 // Replicate before wq/wk/wv and w1/w3, llama3/infra/parallelize.py:219-240 @ 73a0e69). Everything
 // else a block keeps is a TP share already (heads/T, f/T) or s/T tokens: Korthikanti et al.'s
 // activations per layer with SP, sbh·(34/t + 5as/(ht)) in their dropout-and-softmax accounting.
+// MLP (SwiGLU): gate/up GEMM [s, h] × [h, 2f], activation, down GEMM [s, f] × [f, h]; what the
+// backward needs goes into `sv`. Returns the MLP's output (before TP's reduce-scatter).
+TensorSet StepBuilder::mlp_forward(SavedLayer& sv, TensorSet h1n, TensorSet params, bool grad) {
+  const std::int64_t h = m_.hidden;
+  const std::int64_t f = m_.ffn_hidden;
+  TensorSet mlp_out = b_.tensor("mlp_out", s_ * h * ab_, MemCategory::kOther);
+  if (r_.tiled_mlp) {
+    // Tiles of `tile_` tokens; only one tile's intermediates (gate, up, act) are live at a time.
+    const KernelCost one =
+        plus(plus(gemm(tile_, 2 * f, h), mem(4 * tile_ * f * ab_)), gemm(tile_, h, f));
+    compute(fmt::format("mlp_tiled[{}]", shards_), OpKind::kGemm,
+            times(one, static_cast<double>(shards_)), {h1n, params}, {mlp_out}, {},
+            3 * tile_ * f * ab_);
+  } else {
+    TensorSet gate_up = b_.tensor("gate_up", s_ * 2 * f * ab_, MemCategory::kActivations);
+    compute("mlp_gate_up", OpKind::kGemm, linear_fwd(s_, 2 * f, h, grad), {h1n, params}, {gate_up});
+    TensorSet act = b_.tensor("mlp_act", s_ * f * ab_, MemCategory::kActivations);
+    std::vector<TensorSet> act_out = {act};
+    if (grad && r_.mlp_kernel == models::MlpKernel::kEager) {
+      // silu(gate), kept by the product for its backward.
+      sv.mlp_silu = b_.tensor("mlp_silu", s_ * f * ab_, MemCategory::kActivations);
+      act_out.push_back(sv.mlp_silu);
+    }
+    compute("mlp_act", OpKind::kElementwise, swiglu_cost(s_ * f, false), {gate_up},
+            std::move(act_out));
+    std::vector<TensorSet> down_out = {mlp_out};
+    TensorSet act_kept = act;
+    if (r_.fp8 && grad) {
+      act_kept = b_.tensor("mlp_act_fp8", s_ * f, MemCategory::kActivations);
+      down_out.push_back(act_kept);
+    }
+    compute("mlp_down", OpKind::kGemm, linear_fwd(s_, h, f, grad), {act, params},
+            std::move(down_out));
+    if (grad) {
+      sv.gate_up = gate_up;
+      sv.act = act_kept;
+    }
+  }
+  return mlp_out;
+}
+
 SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) {
   const std::int64_t h = m_.hidden;
   const std::int64_t act_bytes = sp_ * h * ab_;
@@ -527,41 +568,7 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
   if (!tp_regather_) {
     sv.h1n = h1n;
   }
-  // MLP (SwiGLU): gate/up GEMM [s, h] × [h, 2f], activation, down GEMM [s, f] × [f, h].
-  const std::int64_t f = m_.ffn_hidden;
-  TensorSet mlp_out = b_.tensor("mlp_out", s_ * h * ab_, MemCategory::kOther);
-  if (r_.tiled_mlp) {
-    // Tiles of `tile_` tokens; only one tile's intermediates (gate, up, act) are live at a time.
-    const KernelCost one =
-        plus(plus(gemm(tile_, 2 * f, h), mem(4 * tile_ * f * ab_)), gemm(tile_, h, f));
-    compute(fmt::format("mlp_tiled[{}]", shards_), OpKind::kGemm,
-            times(one, static_cast<double>(shards_)), {h1n, params}, {mlp_out}, {},
-            3 * tile_ * f * ab_);
-  } else {
-    TensorSet gate_up = b_.tensor("gate_up", s_ * 2 * f * ab_, MemCategory::kActivations);
-    compute("mlp_gate_up", OpKind::kGemm, linear_fwd(s_, 2 * f, h, grad), {h1n, params}, {gate_up});
-    TensorSet act = b_.tensor("mlp_act", s_ * f * ab_, MemCategory::kActivations);
-    std::vector<TensorSet> act_out = {act};
-    if (grad && r_.mlp_kernel == models::MlpKernel::kEager) {
-      // silu(gate), kept by the product for its backward.
-      sv.mlp_silu = b_.tensor("mlp_silu", s_ * f * ab_, MemCategory::kActivations);
-      act_out.push_back(sv.mlp_silu);
-    }
-    compute("mlp_act", OpKind::kElementwise, swiglu_cost(s_ * f, false), {gate_up},
-            std::move(act_out));
-    std::vector<TensorSet> down_out = {mlp_out};
-    TensorSet act_kept = act;
-    if (r_.fp8 && grad) {
-      act_kept = b_.tensor("mlp_act_fp8", s_ * f, MemCategory::kActivations);
-      down_out.push_back(act_kept);
-    }
-    compute("mlp_down", OpKind::kGemm, linear_fwd(s_, h, f, grad), {act, params},
-            std::move(down_out));
-    if (grad) {
-      sv.gate_up = gate_up;
-      sv.act = act_kept;
-    }
-  }
+  TensorSet mlp_out = mlp_forward(sv, h1n, params, grad);
   mlp_out = tp_exchange("tp_rs.mlp_out", mlp_out, false);
   sv.out = b_.tensor("block_out", act_bytes, MemCategory::kActivations);
   sv.last_op =
@@ -569,20 +576,12 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
   return sv;
 }
 
-TensorSet StepBuilder::layer_backward(
-    const SavedLayer& sv, TensorSet dy, TensorSet params, TensorSet grads, bool reentrant) {
+// MLP backward from the gradient of its output `dy_full` and its input `h1n`; returns the
+// gradient of its input (before TP's reduce-scatter). With T > 1 under Megatron the gate/up wgrad
+// is an op of its own, overlapping dh1n's reduce-scatter.
+TensorSet StepBuilder::mlp_backward(
+    const SavedLayer& sv, TensorSet dy_full, TensorSet h1n, TensorSet params, TensorSet grads) {
   const std::int64_t h = m_.hidden, f = m_.ffn_hidden;
-  const std::int64_t act_bytes = sp_ * h * ab_;
-  // With T > 1 the backward of the reduce-scatter after down is an all-gather of dy, that of the
-  // all-gather before gate/up a reduce-scatter of dh1n; a regathering implementation issues the
-  // gather of its saved input next (Megatron overlaps it with the dgrad GEMM; cpsim with whatever
-  // runs on the compute stream). Megatron also overlaps the reduce-scatter of the input gradient
-  // with the wgrad GEMM (layers.py:700-707, async_op): the untiled MLP's gate/up wgrad is an op of
-  // its own for that; the Q/K/V backward is the scheme's one op, so its reduce-scatter is exposed
-  // (a limit noted with the results).
-  const TensorSet dy_full = tp_exchange("tp_ag.dy", dy, true);
-  const TensorSet h1n = tp_regather_ ? tp_exchange("tp_ag.h1n(re)", sv.h1n, true) : sv.h1n;
-  // MLP backward.
   TensorSet dh1n = b_.tensor("dh1n", s_ * h * ab_, MemCategory::kOther);
   if (r_.tiled_mlp) {
     // Per tile: recompute gate/up and activation, then dgrad and wgrad of both GEMMs.
@@ -620,6 +619,23 @@ TensorSet StepBuilder::layer_backward(
               grads_f * s_ * f * ab_);
     }
   }
+  return dh1n;
+}
+
+TensorSet StepBuilder::layer_backward(
+    const SavedLayer& sv, TensorSet dy, TensorSet params, TensorSet grads, bool reentrant) {
+  const std::int64_t h = m_.hidden;
+  const std::int64_t act_bytes = sp_ * h * ab_;
+  // With T > 1 the backward of the reduce-scatter after down is an all-gather of dy, that of the
+  // all-gather before gate/up a reduce-scatter of dh1n; a regathering implementation issues the
+  // gather of its saved input next (Megatron overlaps it with the dgrad GEMM; cpsim with whatever
+  // runs on the compute stream). Megatron also overlaps the reduce-scatter of the input gradient
+  // with the wgrad GEMM (layers.py:700-707, async_op): the untiled MLP's gate/up wgrad is an op of
+  // its own for that; the Q/K/V backward is the scheme's one op, so its reduce-scatter is exposed
+  // (a limit noted with the results).
+  const TensorSet dy_full = tp_exchange("tp_ag.dy", dy, true);
+  const TensorSet h1n = tp_regather_ ? tp_exchange("tp_ag.h1n(re)", sv.h1n, true) : sv.h1n;
+  TensorSet dh1n = mlp_backward(sv, dy_full, h1n, params, grads);
   dh1n = tp_exchange("tp_rs.dh1n", dh1n, false);
   // norm2 backward plus the residual: dh1 = dy + norm2_bwd(dh1n).
   TensorSet dh1 = b_.tensor("dh1", act_bytes, MemCategory::kOther);

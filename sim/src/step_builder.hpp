@@ -287,6 +287,10 @@ class StepBuilder {
   /// recomputed output and the incoming gradient `dy` until the block's backward ends.
   TensorSet layer_backward(
       const SavedLayer& sv, TensorSet dy, TensorSet params, TensorSet grads, bool reentrant);
+  /// The block's MLP, forward and backward (tiled or not): step_builder.cpp.
+  TensorSet mlp_forward(SavedLayer& sv, TensorSet h1n, TensorSet params, bool grad);
+  TensorSet mlp_backward(
+      const SavedLayer& sv, TensorSet dy_full, TensorSet h1n, TensorSet params, TensorSet grads);
 
   /// Core attention over the head-sharded sequence of n_r = N / ring tokens: one flash-attention
   /// call when the ring degree is 1, else a ring (send/recv) or an all-gather of K/V over the ring
