@@ -5,7 +5,9 @@
 
 #include <map>
 #include <set>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -297,6 +299,36 @@ TEST(Margin, DecidesOnReservedMemoryExactly) {
   EXPECT_FALSE(evaluate(host).report.fits_host);
 }
 
+// The candidates of a search at its one length (o.seq_len) whose inputs can run (heads divide, the
+// recipe is consistent), with the memory bound and the simulated peak of each.
+struct BoundAgainstPeak {
+  sim::ScheduleInputs inputs;
+  std::string label;
+  std::int64_t bound_bytes;
+  std::int64_t peak_bytes;
+};
+
+std::vector<BoundAgainstPeak> bounds_against_peaks(const sim::ScheduleInputs& base,
+                                                   const PlanOptions& o) {
+  std::vector<BoundAgainstPeak> out;
+  for (const Candidate& c : enumerate_candidates(base, o)) {
+    sim::ScheduleInputs in = c.inputs(base);
+    in.parallel.seq_len = o.seq_len.value();
+    try {
+      (void)sim::derive_head_layout(in);
+      in.recipe.validate();
+    } catch (const sim::ConfigError&) {
+      continue;
+    } catch (const InputError&) {
+      continue;
+    }
+    const std::int64_t bound = memory_lower_bound(in);
+    const std::int64_t peak = evaluate(in).report.peak_memory_bytes;
+    out.push_back({std::move(in), c.label, bound, peak});
+  }
+  return out;
+}
+
 // Every configuration the search enumerates (methods, degrees, AC and offload, tiling, loss, ZeRO)
 // on two base recipes and for each MLP kernel, at two lengths: the bound never exceeds the
 // simulated peak. It prunes, so a bound above the peak would drop a configuration that fits.
@@ -314,24 +346,12 @@ TEST(LowerBound, NeverAboveTheSimulatedPeak) {
         PlanOptions o;
         o.seq_len = seq;
         o.allow_data_parallel = true;
-        for (const Candidate& c : enumerate_candidates(base, o)) {
-          sim::ScheduleInputs in = c.inputs(base);
-          in.parallel.seq_len = seq;
-          try {
-            (void)sim::derive_head_layout(in);
-            in.recipe.validate();
-          } catch (const sim::ConfigError&) {
-            continue;
-          } catch (const InputError&) {
-            continue;
-          }
-          const std::int64_t bound = memory_lower_bound(in);
-          const std::int64_t peak = evaluate(in).report.peak_memory_bytes;
-          EXPECT_LE(bound, peak) << recipe << " " << models::to_string(mlp) << " " << seq << " "
-                                 << c.label;
+        for (const BoundAgainstPeak& b : bounds_against_peaks(base, o)) {
+          EXPECT_LE(b.bound_bytes, b.peak_bytes)
+              << recipe << " " << models::to_string(mlp) << " " << seq << " " << b.label;
           ++compared;
-          pipelined += in.parallel.pp_degree > 1 ? 1 : 0;
-          binding += 10 * bound >= 9 * peak ? 1 : 0;
+          pipelined += b.inputs.parallel.pp_degree > 1 ? 1 : 0;
+          binding += 10 * b.bound_bytes >= 9 * b.peak_bytes ? 1 : 0;
         }
       }
     }
@@ -355,23 +375,12 @@ TEST(LowerBound, NeverAboveTheSimulatedPeakAsMegatronRunsIt) {
     o.allow_data_parallel = true;
     o.launcher = LauncherFormat::kMegatron;
     o.methods = {CpMethod::kRing, CpMethod::kUlysses, CpMethod::kUsp};
-    for (const Candidate& c : enumerate_candidates(base, o)) {
-      sim::ScheduleInputs in = c.inputs(base);
-      in.parallel.seq_len = seq;
-      try {
-        (void)sim::derive_head_layout(in);
-        in.recipe.validate();
-      } catch (const sim::ConfigError&) {
-        continue;
-      } catch (const InputError&) {
-        continue;
-      }
-      const std::int64_t bound = memory_lower_bound(in);
-      const std::int64_t peak = evaluate(in).report.peak_memory_bytes;
-      EXPECT_LE(bound, peak) << seq << " " << c.label;
+    for (const BoundAgainstPeak& b : bounds_against_peaks(base, o)) {
+      EXPECT_LE(b.bound_bytes, b.peak_bytes) << seq << " " << b.label;
       ++compared;
-      pipelined += in.parallel.pp_degree > 1 ? 1 : 0;
-      megatron_loss += !in.recipe.fused_loss && sim::logits_loss_peak_bytes_per_logit(in) == 6;
+      pipelined += b.inputs.parallel.pp_degree > 1 ? 1 : 0;
+      megatron_loss +=
+          !b.inputs.recipe.fused_loss && sim::logits_loss_peak_bytes_per_logit(b.inputs) == 6;
     }
   }
   EXPECT_GT(compared, 50);
