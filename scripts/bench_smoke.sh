@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
 # Debian 12's Google Benchmark 1.7 takes the minimum time as a bare number of seconds.
-python3 scripts/bench_compare.py --build-dir "$build" --no-compare --min-time 0.01 --repetitions 1
+.venv/bin/python scripts/bench_compare.py --build-dir "$build" --no-compare --min-time 0.01 --repetitions 1

@@ -307,7 +307,7 @@ TEST_F(CalibrateCli, MeasurementsOfAnotherGpuThanTheBaseNameTheBase) {
 // A measurement script of calibrate/scripts and a Python 3 to run it (empty when there is none).
 std::pair<fs::path, std::string> script_and_python(const char* name) {
   const fs::path script = fs::path(CPSIM_TEST_DATA_DIR).parent_path() / "calibrate/scripts" / name;
-  for (const char* candidate : {"/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3"}) {
+  for (const char* candidate : {CPSIM_PYTHON, "/usr/bin/python3", "/usr/local/bin/python3"}) {
     if (fs::exists(candidate)) {
       return {script, candidate};
     }

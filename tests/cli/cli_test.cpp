@@ -1036,8 +1036,8 @@ TEST_P(RoundTrip, EmittedFileReadsBackToAStepThatFits) {
   const RoundTripCase& c = GetParam();
   const fs::path root = fs::path(CPSIM_TEST_DATA_DIR).parent_path();
   const fs::path reader = root / "tests/roundtrip/read_launcher_file.py";
-  const std::string python = "/usr/bin/python3";  // scripts/setup.sh installs python3-yaml
-  ASSERT_TRUE(fs::exists(python)) << "python3 is missing: run scripts/setup.sh";
+  const std::string python = CPSIM_PYTHON;  // the project's venv, with PyYAML (requirements.txt)
+  ASSERT_TRUE(fs::exists(python)) << python << " is missing: run scripts/setup.sh";
   const std::string out = path(c.file).string();
   std::vector<std::string> plan = {"plan", "--emit", c.launcher, "--out", out, "--json"};
   plan.insert(plan.end(), c.plan_args.begin(), c.plan_args.end());

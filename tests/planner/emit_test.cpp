@@ -42,7 +42,7 @@ using ::testing::StartsWith;
 
 namespace fs = std::filesystem;
 
-constexpr const char* kPython = "/usr/bin/python3";
+constexpr const char* kPython = CPSIM_PYTHON;  // the project venv's (tests/CMakeLists.txt)
 constexpr std::int64_t kK = 1024;
 constexpr std::int64_t kM = 1024 * 1024;
 

@@ -1,0 +1,199 @@
+"""A stand-in for the `flash_attn` package (FlashAttention-2, 2.8.3's Python interface), whose
+CUDA kernels have no CPU path.
+
+The traced code imports `flash_attn.flash_attn_interface` and calls `_flash_attn_forward`,
+`_flash_attn_backward` (and the varlen ones) by keyword from their parameter names
+(ring-flash-attention builds its keyword arguments from the signature), so the names and defaults
+below are those of flash-attention v2.8.3 `flash_attn/flash_attn_interface.py`.
+
+Per call, what the real interface and kernel allocate, and how the stand-in shows it:
+  - the interface's `maybe_contiguous` copies (a non-unit last stride): done for real, so traced;
+  - the kernel's outputs (`mha_fwd` in csrc/flash_attn/flash_api.cpp: out = empty_like(q),
+    softmax_lse [B, H, S] fp32, rng_state [2] int64; `mha_bwd`: dq/dk/dv when the caller passes
+    none, softmax_d [B, H, round128(S)] fp32): made with the attention computed in fp32 by
+    PyTorch's math while the recorder is paused, then recorded as the stand-in's allocations;
+  - the kernel's internal workspaces, freed before it returns (`mha_bwd`: dq_accum
+    [B, round128(S), H, round32(d)] fp32 (rounded as flash_api.cpp rounds head_size);
+    dk_expanded/dv_expanded [B, Sk, H, d] when H != Hkv): read from source, recorded as allocated
+    and freed inside the call with `source_read` in their stand-in name.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+
+import torch
+
+from .recorder import AllocationRecorder
+
+VERSION = "2.8.3"
+_recorder: AllocationRecorder | None = None
+
+
+def _round_multiple(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def _head_size_rounded(d: int) -> int:
+    # flash_api.cpp: head_size <= 192 ? round_multiple(head_size, 32) : 256
+    return _round_multiple(d, 32) if d <= 192 else 256
+
+
+def maybe_contiguous(x):
+    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
+
+
+def _math_attention(q, k, v, softmax_scale, causal):
+    """out [B, S, H, d] and lse [B, H, S] of softmax attention, in fp32 (GQA by repetition)."""
+    b, s, h, d = q.shape
+    hk = k.shape[2]
+    qf = q.float().transpose(1, 2)
+    kf = k.float().transpose(1, 2).repeat_interleave(h // hk, dim=1)
+    vf = v.float().transpose(1, 2).repeat_interleave(h // hk, dim=1)
+    scores = qf @ kf.transpose(-1, -2) * softmax_scale
+    if causal:
+        sk = k.shape[1]
+        mask = torch.ones(s, sk, dtype=torch.bool).tril(sk - s)
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    lse = torch.nan_to_num(lse, neginf=0.0)
+    p = torch.exp(scores - lse.unsqueeze(-1))
+    return (p @ vf).transpose(1, 2), lse, p
+
+
+def _record(t, name):
+    if _recorder is not None:
+        _recorder.record_stand_in_output(t, name)
+
+
+def _workspace(shape, dtype, name):
+    """A kernel-internal buffer read from source: allocated and freed inside the call."""
+    if _recorder is None:
+        return
+    with _recorder.paused():
+        w = torch.empty(shape, dtype=dtype)
+    _recorder.record_stand_in_output(w, name + " (source_read)")
+    del w
+
+
+def _flash_attn_forward(
+    q, k, v, dropout_p, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
+    softcap=0.0, alibi_slopes=None, return_softmax=False,
+):
+    q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
+    with _paused():
+        o, lse, _ = _math_attention(q, k, v, softmax_scale, causal)
+        out = torch.empty_like(q)
+        out.copy_(o)
+        softmax_lse = lse.contiguous()
+        rng_state = torch.zeros(2, dtype=torch.int64)
+        p = torch.empty(0, dtype=q.dtype)
+    _record(out, "flash_attn.mha_fwd out")
+    _record(softmax_lse, "flash_attn.mha_fwd softmax_lse")
+    _record(rng_state, "flash_attn.mha_fwd rng_state")
+    return out, softmax_lse, p, rng_state
+
+
+def _flash_attn_backward(
+    dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale, causal,
+    window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
+    deterministic=False, rng_state=None,
+):
+    dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
+    b, s, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    made = []
+    with _paused():
+        qf = q.detach().float().requires_grad_()
+        kf = k.detach().float().requires_grad_()
+        vf = v.detach().float().requires_grad_()
+        with torch.enable_grad():
+            o, _, _ = _math_attention(qf, kf, vf, softmax_scale, causal)
+            gq, gk, gv = torch.autograd.grad(o, (qf, kf, vf), dout.float())
+        for name, buf, g, like in (("dq", dq, gq, q), ("dk", dk, gk, k), ("dv", dv, gv, v)):
+            if buf is None:
+                buf = torch.empty_like(like)
+                made.append((buf, name))
+            buf.copy_(g)
+            if name == "dq":
+                dq = buf
+            elif name == "dk":
+                dk = buf
+            else:
+                dv = buf
+        softmax_d = torch.empty(b, h, _round_multiple(s, 128), dtype=torch.float32)
+        softmax_d.zero_()
+    _workspace((b, _round_multiple(s, 128), h, _head_size_rounded(d)), torch.float32,
+               "flash_attn.mha_bwd dq_accum")
+    if hk != h:
+        _workspace((b, sk, h, d), q.dtype, "flash_attn.mha_bwd dk_expanded")
+        _workspace((b, sk, h, d), q.dtype, "flash_attn.mha_bwd dv_expanded")
+    for buf, name in made:
+        _record(buf, f"flash_attn.mha_bwd {name}")
+    _record(softmax_d, "flash_attn.mha_bwd softmax_d")
+    return softmax_d
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, **_):
+    """Forward and backward through the stand-ins (autograd.Function as the interface's)."""
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    return _FlashAttnFunc.apply(q, k, v, scale, causal)
+
+
+class _FlashAttnFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal):
+        out, lse, _, rng = _flash_attn_forward(q, k, v, 0.0, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse, rng)
+        ctx.scale, ctx.causal = scale, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, rng = ctx.saved_tensors
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        _flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, 0.0, ctx.scale, ctx.causal,
+                             rng_state=rng)
+        return dq, dk, dv, None, None
+
+
+class _NullContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _paused():
+    return _recorder.paused() if _recorder is not None else _NullContext()
+
+
+def _not_on_cpu(*_args, **_kwargs):
+    raise NotImplementedError("cpsim tracer: this flash_attn entry point has no stand-in yet")
+
+
+def install(recorder: AllocationRecorder | None) -> None:
+    """Puts the stand-in in sys.modules as `flash_attn` (before the traced package imports it)."""
+    global _recorder
+    _recorder = recorder
+    pkg = types.ModuleType("flash_attn")
+    pkg.__version__ = VERSION
+    pkg.__path__ = []  # a package, so `import flash_attn.flash_attn_interface` works
+    iface = types.ModuleType("flash_attn.flash_attn_interface")
+    for name in ("_flash_attn_forward", "_flash_attn_backward", "flash_attn_func",
+                 "maybe_contiguous"):
+        setattr(iface, name, globals()[name])
+        setattr(pkg, name, globals()[name])
+    for name in ("_flash_attn_varlen_forward", "_flash_attn_varlen_backward",
+                 "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
+                 "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+                 "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache"):
+        setattr(iface, name, _not_on_cpu)
+        setattr(pkg, name, _not_on_cpu)
+    pkg.flash_attn_interface = iface
+    sys.modules["flash_attn"] = pkg
+    sys.modules["flash_attn.flash_attn_interface"] = iface
+    assert math  # noqa: S101 (used by drivers through this module's namespace)
