@@ -1,10 +1,17 @@
 // `cpsim models`, `cpsim hardware` and `cpsim implementations`: what is built in.
+#include <filesystem>
+#include <functional>
 #include <iostream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cpsim/models/error.hpp"
+#include "cpsim/models/json_io.hpp"
 #include "cpsim/models/units.hpp"
 #include "cpsim/sim/implementation.hpp"
 
@@ -160,10 +167,88 @@ std::vector<std::string> defaults_of(const sim::Implementation& impl, const mode
   return out;
 }
 
-nlohmann::json ledger_json(const sim::Implementation& impl) {
+/// What the traces of an implementation's own code say of its ledger rows
+/// (data/traces/<impl>/ledger_check.json, written by calibrate/tracer/check_ledgers.py): each
+/// row's status — traced (its allocations in the traces equal the row at every traced shape),
+/// differs (they do not), source_read (no trace allocates it) — and the traced shapes.
+struct LedgerCheck {
+  std::map<std::string, std::string, std::less<>> row_status;
+  std::vector<std::string> shapes;
+  std::string path;
+};
+
+/// The implementation's ledger check, or nothing when it has no traces.
+/// @throws InputError naming the file when it exists but cannot be read as one.
+std::optional<LedgerCheck> load_ledger_check(const sim::Implementation& impl,
+                                             const models::DataDir& data) {
+  const std::filesystem::path path =
+      data.root / "traces" / std::string(impl.name()) / "ledger_check.json";
+  if (!std::filesystem::exists(path)) {
+    return std::nullopt;
+  }
+  const std::string origin = path.string();
+  const models::Json doc = models::parse_json(models::read_text_file(path, origin), origin);
+  const auto array = [&](const models::Json& object, std::string_view key) -> const models::Json& {
+    const models::Json* member = models::find_member(object, key);
+    if (member == nullptr || !member->is_array()) {
+      throw InputError(models::json_field(origin, std::string(key)), "an array is required");
+    }
+    return *member;
+  };
+  const auto text = [&](const models::Json& object, std::string_view key) {
+    const std::string field = models::json_field(origin, "rows." + std::string(key));
+    const models::Json* member = models::find_member(object, key);
+    if (member == nullptr) {
+      throw InputError(field, "is required");
+    }
+    return models::json_string(*member, field);
+  };
+  LedgerCheck check;
+  check.path = origin;
+  for (const models::Json& shape : array(models::json_object(doc, origin), "shapes")) {
+    check.shapes.push_back(models::json_string(shape, models::json_field(origin, "shapes")));
+  }
+  for (const models::Json& row : array(doc, "rows")) {
+    const std::string status = text(models::json_object(row, origin + ":rows"), "status");
+    if (status != "traced" && status != "differs" && status != "source_read") {
+      throw InputError(models::json_field(origin, "rows.status"),
+                       "'" + status + "' is not traced, differs or source_read");
+    }
+    check.row_status[text(row, "id")] = status;
+  }
+  return check;
+}
+
+/// The status of a ledger row: from the check, "source_read" for a row it does not list.
+std::string row_status(const std::optional<LedgerCheck>& check, std::string_view id) {
+  if (!check) {
+    return "source_read";
+  }
+  const auto it = check->row_status.find(id);
+  return it == check->row_status.end() ? "source_read" : it->second;
+}
+
+/// Rows traced, differing from their traces and only read from source.
+nlohmann::json row_counts(const sim::Implementation& impl,
+                          const std::optional<LedgerCheck>& check) {
+  std::map<std::string, int> counts{{"traced", 0}, {"differs", 0}, {"source_read", 0}};
+  for (const sim::LedgerRow& r : impl.ledger()) {
+    ++counts[row_status(check, r.id)];
+  }
+  return counts;
+}
+
+std::string counts_cell(const nlohmann::json& counts) {
+  return fmt::format("{}/{}/{}", counts.at("traced").get<int>(), counts.at("differs").get<int>(),
+                     counts.at("source_read").get<int>());
+}
+
+nlohmann::json ledger_json(const sim::Implementation& impl,
+                           const std::optional<LedgerCheck>& check) {
   nlohmann::json rows = nlohmann::json::array();
   for (const sim::LedgerRow& r : impl.ledger()) {
     rows.push_back({{"id", r.id},
+                    {"check", row_status(check, r.id)},
                     {"site", sim::to_string(r.site)},
                     {"when", sim::to_string(r.when)},
                     {"bytes_per_shd", r.shd},
@@ -179,6 +264,8 @@ nlohmann::json ledger_json(const sim::Implementation& impl) {
 
 int show_implementation(const sim::Implementation& impl, const CatalogArgs& a) {
   const models::DataDir data = data_dir();
+  const std::optional<LedgerCheck> check = load_ledger_check(impl, data);
+  const std::vector<std::string> shapes = check ? check->shapes : std::vector<std::string>{};
   if (a.json) {
     std::vector<std::string> limits(impl.limits().begin(), impl.limits().end());
     std::cout << nlohmann::json{{"schema_version", 1},
@@ -190,7 +277,9 @@ int show_implementation(const sim::Implementation& impl, const CatalogArgs& a) {
                                 {"default_for", defaults_of(impl, data)},
                                 {"pinned_source", impl.pinned_source()},
                                 {"ledger_document", impl.ledger_document()},
-                                {"ledger", ledger_json(impl)},
+                                {"ledger", ledger_json(impl, check)},
+                                {"ledger_rows", row_counts(impl, check)},
+                                {"traced_shapes", shapes},
                                 {"limits", limits}}
                      .dump(2)
               << "\n";
@@ -202,15 +291,22 @@ int show_implementation(const sim::Implementation& impl, const CatalogArgs& a) {
   std::vector<std::vector<std::string>> rows;
   for (const sim::LedgerRow& r : impl.ledger()) {
     rows.push_back({std::string(r.id), sim::to_string(r.site), sim::to_string(r.when),
-                    sim::row_formula(r), sim::traffic_formula(r), std::string(r.tensor)});
+                    sim::row_formula(r), sim::traffic_formula(r), row_status(check, r.id),
+                    std::string(r.tensor)});
   }
-  std::cout << format_table({"row", "site", "when", "bytes", "traffic", "tensor"}, rows,
-                            {false, false, false, false, false, false});
+  std::cout << format_table({"row", "site", "when", "bytes", "traffic", "check", "tensor"}, rows,
+                            {false, false, false, false, false, false, false});
   std::cout << "\nBytes per layer and rank beyond the method's scheme; s = tokens per rank before "
                "the all-to-all, H and Hkv the query and (replicated) KV heads, d the head "
                "dimension. Traffic: HBM bytes its kernels read and write (copies, casts, merges, "
                "zero fills), timed on the op's compute stream at the memory-bound rate.\n"
-               "  not modelled:\n";
+               "Check: traced = the allocations of its own code, run on the CPU, equal the row at "
+               "every traced shape; differs = they do not; source_read = read from source only "
+               "(docs/TRACING.md).\n";
+  if (check) {
+    std::cout << fmt::format("  traced shapes: {} ({})\n", joined(shapes), check->path);
+  }
+  std::cout << "  not modelled:\n";
   for (const std::string_view l : impl.limits()) {
     std::cout << "    - " << l << "\n";
   }
@@ -243,7 +339,9 @@ int run_implementations(const CatalogArgs& a) {
   std::vector<std::vector<std::string>> rows;
   for (const sim::Implementation* impl : sim::implementations()) {
     const std::vector<std::string> launchers(impl->launchers().begin(), impl->launchers().end());
+    const nlohmann::json counts = row_counts(*impl, load_ledger_check(*impl, data));
     list.push_back({{"name", impl->name()},
+                    {"ledger_rows", counts},
                     {"title", impl->title()},
                     {"methods", method_names(*impl)},
                     {"launchers", launchers},
@@ -251,15 +349,19 @@ int run_implementations(const CatalogArgs& a) {
                     {"pinned_source", impl->pinned_source()},
                     {"ledger_document", impl->ledger_document()}});
     rows.push_back({std::string(impl->name()), joined(method_names(*impl)), joined(launchers),
-                    joined(defaults_of(*impl, data)), std::string(impl->pinned_source())});
+                    joined(defaults_of(*impl, data)), counts_cell(counts),
+                    std::string(impl->pinned_source())});
   }
   if (a.json) {
     std::cout << nlohmann::json{{"schema_version", 1}, {"implementations", list}}.dump(2) << "\n";
   } else {
-    std::cout << format_table({"implementation", "methods", "launchers", "default for", "source"},
-                              rows, {false, false, false, false, false});
+    std::cout << format_table(
+        {"implementation", "methods", "launchers", "default for", "rows t/d/r", "source"}, rows,
+        {false, false, false, false, true, false});
     std::cout << "\n--impl NAME selects one (--impl none: the method's scheme alone, no wrapper "
-                 "allocations); `cpsim implementations NAME` shows its ledger.\n";
+                 "allocations); `cpsim implementations NAME` shows its ledger. Rows t/d/r: ledger "
+                 "rows traced (its own code, run on the CPU, allocates them), differing from the "
+                 "traces, and read from source only.\n";
   }
   return 0;
 }

@@ -53,8 +53,10 @@ fi
 echo "setup: making $venv from requirements.txt with $python"
 rm -rf "$venv"
 "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --no-input --upgrade-strategy only-if-needed \
-  --require-virtualenv -r requirements.txt
+# (The machine's pip configuration names local package folders that may not exist; pip warns of each
+# once per package, which says nothing here.)
+"$venv/bin/python" -m pip install --quiet --no-input --require-virtualenv -r requirements.txt \
+  2> >(grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory." >&2)
 # Refuse a venv that pulled anything not pinned (a CUDA torch, say).
 "$venv/bin/python" - <<'EOF'
 import importlib.metadata as md, re, sys

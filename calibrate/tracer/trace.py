@@ -2,7 +2,7 @@
 """Runs one attention block of a CP implementation's own code as rank 0 of a C-rank group, on the
 CPU, and writes every allocation and free it made (schema cpsim.alloc-trace/1).
 
-    .venv/bin/python calibrate/tracer/trace.py --impl yunchang-usp --shape s64-h8-kv4-u4 --out t.json
+    .venv/bin/python calibrate/tracer/trace.py --impl yunchang-usp --shape NAME --out t.json
     .venv/bin/python calibrate/tracer/trace.py --list
 
 One trace per process: the process group (PyTorch's fake backend: collectives return at once with
@@ -99,6 +99,7 @@ def run_trace(module, shape: dict) -> dict:
         "packages": packages(module.PACKAGES),
         "stand_ins": module.STAND_INS,
         "events": events,
+        "op_counts": recorder.op_counts_json(),
     }
 
 

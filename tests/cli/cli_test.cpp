@@ -297,6 +297,54 @@ TEST_F(CliTest, ImplementationsAreListedAndSelected) {
             std::string::npos);
 }
 
+// Each ledger row's check against the traces of the implementation's own code
+// (data/traces/<impl>/ledger_check.json): the counts are those of the rows, the statuses those of
+// the file, and a damaged file is bad input naming it.
+TEST_F(CliTest, ImplementationsSayWhichLedgerRowsAreTraced) {
+  const Json list = run_json({"implementations", "--json"});
+  for (const Json& i : list.at("implementations")) {
+    const std::string name = i.at("name").get<std::string>();
+    const Json one = run_json({"implementations", name, "--json"});
+    std::map<std::string, int> counted;
+    for (const Json& row : one.at("ledger")) {
+      ++counted[row.at("check").get<std::string>()];
+    }
+    const Json& rows = one.at("ledger_rows");
+    EXPECT_EQ(rows, i.at("ledger_rows")) << name;
+    EXPECT_EQ(rows.at("traced").get<int>() + rows.at("differs").get<int>() +
+                  rows.at("source_read").get<int>(),
+              static_cast<int>(one.at("ledger").size()))
+        << name;
+    for (const auto& [status, n] : counted) {
+      EXPECT_EQ(rows.at(status).get<int>(), n) << name << " " << status;
+    }
+    const fs::path check =
+        fs::path(CPSIM_TEST_DATA_DIR) / "traces" / name / "ledger_check.json";
+    if (!fs::exists(check)) {
+      EXPECT_EQ(rows.at("source_read").get<int>(), static_cast<int>(one.at("ledger").size()));
+      continue;
+    }
+    const Json file = Json::parse(read_file(check));
+    for (const Json& row : one.at("ledger")) {
+      for (const Json& checked : file.at("rows")) {
+        if (checked.at("id") == row.at("id")) {
+          EXPECT_EQ(checked.at("status"), row.at("check")) << name << " " << row.at("id");
+        }
+      }
+    }
+  }
+
+  data_dir_ = path("data").string();
+  fs::create_directories(path("data") / "traces" / "yunchang-usp");
+  fs::create_directory_symlink(fs::path(CPSIM_TEST_DATA_DIR) / "recipes", path("data") / "recipes");
+  write_file(path("data") / "traces" / "yunchang-usp" / "ledger_check.json",
+             R"({"shapes": ["a"], "rows": [{"id": "F1", "status": "maybe"}]})");
+  const RunResult r = run({"implementations", "yunchang-usp"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("ledger_check.json"));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
 TEST_F(CliTest, TensorParallelAndMicroBatches) {
   // TP 2 on 8 GPUs: CP degree 4 by default; M micro-batches multiply the tokens per step.
   const Json tp = run_json({"simulate", "--impl", "megatron-core-cp", "--method", "ulysses", "--tp",

@@ -2,9 +2,10 @@
 """Read a launcher file cpsim emitted back, the way that launcher reads it, into a configuration.
 
 The round trip of `cpsim plan --emit`: the file is parsed with the parser its launcher uses
-(TorchTitan v0.2.x: tomllib; TorchTitan main's config function: Python's ast; Accelerate and ArcticTraining: PyYAML; DeepSpeed: json; shell
-argument files: bash itself, sourcing them and printing the array and the exported environment),
-and every key is mapped to what that launcher does with it. Knobs the launcher has no key for are
+(TorchTitan v0.2.x: tomllib; TorchTitan main's config function: Python's ast; Accelerate and
+ArcticTraining: PyYAML; DeepSpeed: json; shell argument files: bash itself, sourcing them and
+printing the array and the exported environment), and every key is mapped to what that launcher
+does with it. Knobs the launcher has no key for are
 what it does without one (TorchTitan has no checkpoint offload, tiled MLP or fused loss, ...);
 knobs the launcher leaves to the training script keep the base recipe's value. The result is a
 cpsim recipe file and the `cpsim simulate` flags of the configuration, written independently of
@@ -135,7 +136,8 @@ def ds_config_into(recipe, ds, bf16_default=False):
     sequence-parallel communication dtype (fp32 when absent)."""
     zero = ds.get("zero_optimization", {})
     recipe["sharding"]["zero_stage"] = int(zero.get("stage", 0))
-    recipe["sharding"]["optimizer_offload"] = zero.get("offload_optimizer", {}).get("device") == "cpu"
+    offload = zero.get("offload_optimizer", {})
+    recipe["sharding"]["optimizer_offload"] = offload.get("device") == "cpu"
     bf16 = ds.get("bf16", ds.get("bfloat16", {"enabled": bf16_default}))
     if bf16.get("enabled") is not True:
         raise Unreadable("bf16.enabled is not true: cpsim's recipes compute in bf16")
@@ -174,7 +176,8 @@ def read_torchtitan(path, recipe, a):
     with open(path, "rb") as f:
         t = tomllib.load(f)
     model = t["model"]
-    flags = ["--model", model_of_shape(FLAVORS[(model["name"], model["flavor"])], a.data, "[model]")]
+    shape = FLAVORS[(model["name"], model["flavor"])]
+    flags = ["--model", model_of_shape(shape, a.data, "[model]")]
     par, train = t["parallelism"], t["training"]
     rotate = par.get("context_parallel_rotate_method", "allgather")  # TorchTitan's default
     method = {"alltoall": "ring", "allgather": "allgather"}[rotate]
@@ -303,7 +306,8 @@ def read_torchtitan_main(path, recipe, a):
     seq = int(f["training.max_context_length"])
     if int(f["training.num_tokens_per_microbatch_per_dp_rank"]) != seq:
         raise Unreadable("num_tokens_per_microbatch_per_dp_rank: not one sequence per micro-batch")
-    cp, tp = int(f["parallelism.context_parallel_degree"]), int(f["parallelism.tensor_parallel_degree"])
+    cp = int(f["parallelism.context_parallel_degree"])
+    tp = int(f["parallelism.tensor_parallel_degree"])
     pp = int(f["parallelism.pipeline_parallel_degree"])
     dp = a.gpus // (tp * cp * pp)
     # num_pp_microbatches per step and data-parallel rank with PP (trainer.py:409-414); -1: one
@@ -676,8 +680,11 @@ def read_nemo(path, recipe, a):
     # Megatron-Core through TransformerEngine (TE's p2p when cp_comm_type is None); its all_gather
     # CP is cpsim's scheme alone.
     comm = f.get("model.config.cp_comm_type") or "p2p"
-    method = {"p2p": ["--method", "ring", "--ring-layout", "zigzag"], "a2a": ["--method", "ulysses"],
-              "all_gather": ["--method", "allgather"]}.get(comm)
+    method = {
+        "p2p": ["--method", "ring", "--ring-layout", "zigzag"],
+        "a2a": ["--method", "ulysses"],
+        "all_gather": ["--method", "allgather"],
+    }.get(comm)
     if method is None:
         raise Unreadable(f"cp_comm_type {comm}: not read back")
     flags += method + ["--impl", "none" if comm == "all_gather" else "megatron-core-cp"]
@@ -743,9 +750,12 @@ def file_keys(fmt, path):
         with open(path) as f:
             y = yaml.safe_load(f)
         out = {"yaml": key_paths(y)}
-        ds = y.get("deepspeed_config", {}).get("deepspeed_config_file") if fmt == "accelerate" else None
+        ds = None
+        if fmt == "accelerate":
+            ds = y.get("deepspeed_config", {}).get("deepspeed_config_file")
         if ds:
-            ds = ds if os.path.isabs(ds) else os.path.join(os.path.dirname(path), os.path.basename(ds))
+            if not os.path.isabs(ds):
+                ds = os.path.join(os.path.dirname(path), os.path.basename(ds))
             with open(ds) as f:
                 out["ds_config"] = key_paths(json.load(f))
         return out
@@ -808,7 +818,9 @@ def main():
     ap.add_argument("--base-recipe", required=True, help="the recipe the user trains with")
     ap.add_argument("--gpus", type=int, required=True, help="GPUs the launch command starts")
     ap.add_argument("--recipe-out", required=True)
-    ap.add_argument("--known-keys", help="tests/roundtrip/launcher_keys.json: refuse keys not in it")
+    ap.add_argument(
+        "--known-keys", help="tests/roundtrip/launcher_keys.json: refuse keys not in it"
+    )
     ap.add_argument("--list-keys", action="store_true", help="print the file's keys and exit")
     a = ap.parse_args()
     if a.list_keys:

@@ -68,21 +68,35 @@ def _record(t, name):
         _recorder.record_stand_in_output(t, name)
 
 
-def _workspace(shape, dtype, name):
-    """A kernel-internal buffer read from source: allocated and freed inside the call."""
+def _workspaces(buffers):
+    """Kernel-internal buffers read from source, live together inside the call: each is
+    (shape, dtype, name); all are allocated, then all freed, before the call returns."""
     if _recorder is None:
         return
     with _recorder.paused():
-        w = torch.empty(shape, dtype=dtype)
-    _recorder.record_stand_in_output(w, name + " (source_read)")
-    del w
+        made = [(torch.empty(shape, dtype=dtype), name) for shape, dtype, name in buffers]
+    for t, name in made:
+        _recorder.record_stand_in_output(t, name + " (source_read)")
+    del t
+    made.clear()
 
 
 def _flash_attn_forward(
-    q, k, v, dropout_p, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
-    softcap=0.0, alibi_slopes=None, return_softmax=False,
+    q,
+    k,
+    v,
+    dropout_p,
+    softmax_scale,
+    causal,
+    window_size_left=-1,
+    window_size_right=-1,
+    softcap=0.0,
+    alibi_slopes=None,
+    return_softmax=False,
 ):
     q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
+    if _recorder is not None:
+        _recorder.count_stand_in_call()
     with _paused():
         o, lse, _ = _math_attention(q, k, v, softmax_scale, causal)
         out = torch.empty_like(q)
@@ -97,11 +111,28 @@ def _flash_attn_forward(
 
 
 def _flash_attn_backward(
-    dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale, causal,
-    window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
-    deterministic=False, rng_state=None,
+    dout,
+    q,
+    k,
+    v,
+    out,
+    softmax_lse,
+    dq,
+    dk,
+    dv,
+    dropout_p,
+    softmax_scale,
+    causal,
+    window_size_left=-1,
+    window_size_right=-1,
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    rng_state=None,
 ):
     dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
+    if _recorder is not None:
+        _recorder.count_stand_in_call()
     b, s, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     made = []
@@ -125,14 +156,21 @@ def _flash_attn_backward(
                 dv = buf
         softmax_d = torch.empty(b, h, _round_multiple(s, 128), dtype=torch.float32)
         softmax_d.zero_()
-    _workspace((b, _round_multiple(s, 128), h, _head_size_rounded(d)), torch.float32,
-               "flash_attn.mha_bwd dq_accum")
-    if hk != h:
-        _workspace((b, sk, h, d), q.dtype, "flash_attn.mha_bwd dk_expanded")
-        _workspace((b, sk, h, d), q.dtype, "flash_attn.mha_bwd dv_expanded")
+    # mha_bwd allocates its outputs (dq/dk/dv when not given, softmax_d) before its workspaces.
     for buf, name in made:
         _record(buf, f"flash_attn.mha_bwd {name}")
     _record(softmax_d, "flash_attn.mha_bwd softmax_d")
+    buffers = [
+        (
+            (b, _round_multiple(s, 128), h, _head_size_rounded(d)),
+            torch.float32,
+            "flash_attn.mha_bwd dq_accum",
+        )
+    ]
+    if hk != h:
+        buffers.append(((b, sk, h, d), q.dtype, "flash_attn.mha_bwd dk_expanded"))
+        buffers.append(((b, sk, h, d), q.dtype, "flash_attn.mha_bwd dv_expanded"))
+    _workspaces(buffers)
     return softmax_d
 
 
@@ -154,8 +192,9 @@ class _FlashAttnFunc(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, rng = ctx.saved_tensors
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, 0.0, ctx.scale, ctx.causal,
-                             rng_state=rng)
+        _flash_attn_backward(
+            dout, q, k, v, out, lse, dq, dk, dv, 0.0, ctx.scale, ctx.causal, rng_state=rng
+        )
         return dq, dk, dv, None, None
 
 
@@ -183,14 +222,24 @@ def install(recorder: AllocationRecorder | None) -> None:
     pkg.__version__ = VERSION
     pkg.__path__ = []  # a package, so `import flash_attn.flash_attn_interface` works
     iface = types.ModuleType("flash_attn.flash_attn_interface")
-    for name in ("_flash_attn_forward", "_flash_attn_backward", "flash_attn_func",
-                 "maybe_contiguous"):
+    for name in (
+        "_flash_attn_forward",
+        "_flash_attn_backward",
+        "flash_attn_func",
+        "maybe_contiguous",
+    ):
         setattr(iface, name, globals()[name])
         setattr(pkg, name, globals()[name])
-    for name in ("_flash_attn_varlen_forward", "_flash_attn_varlen_backward",
-                 "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
-                 "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
-                 "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache"):
+    for name in (
+        "_flash_attn_varlen_forward",
+        "_flash_attn_varlen_backward",
+        "flash_attn_varlen_func",
+        "flash_attn_qkvpacked_func",
+        "flash_attn_kvpacked_func",
+        "flash_attn_varlen_qkvpacked_func",
+        "flash_attn_varlen_kvpacked_func",
+        "flash_attn_with_kvcache",
+    ):
         setattr(iface, name, _not_on_cpu)
         setattr(pkg, name, _not_on_cpu)
     pkg.flash_attn_interface = iface

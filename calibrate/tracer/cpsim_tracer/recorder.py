@@ -58,6 +58,10 @@ def upstream_frame(stack: list[traceback.FrameSummary]) -> str:
     return f"{os.path.basename(last.filename)}:{last.lineno} ({last.name})" if last else "?"
 
 
+# Aten ops that launch no kernel (besides views).
+_NO_KERNEL = frozenset({"detach", "empty", "empty_like", "empty_strided", "alias", "lift_fresh"})
+
+
 @dataclass
 class Event:
     seq: int
@@ -66,6 +70,7 @@ class Event:
     bytes: int
     site: str
     phase: str
+    site_seq: int = 0  # which entry into a site (each recorder.site() call is a new one)
     dtype: str = ""
     shape: tuple[int, ...] = ()
     op: str = ""
@@ -79,6 +84,7 @@ class Event:
             "id": self.id,
             "bytes": self.bytes,
             "site": self.site,
+            "site_seq": self.site_seq,
             "phase": self.phase,
         }
         if self.kind == "alloc":
@@ -100,10 +106,14 @@ class AllocationRecorder(TorchDispatchMode):
 
     events: list[Event] = field(default_factory=list)
     _live: dict[int, _Live] = field(default_factory=dict)  # StorageImpl address -> allocation
-    _sites: list[str] = field(default_factory=lambda: ["untracked"])
+    _sites: list[tuple[str, int]] = field(default_factory=lambda: [("untracked", 0)])
+    _site_entries: int = 0
     _phase: str = "setup"
     _paused: int = 0
     _next_id: int = 0
+    # Framework calls that launch work, per (phase, site): every aten op dispatched except views,
+    # detach and empty allocations (no kernel), plus one per stand-in kernel call.
+    op_counts: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -112,7 +122,8 @@ class AllocationRecorder(TorchDispatchMode):
     @contextlib.contextmanager
     def site(self, name: str):
         """Events inside carry `name` as their site (nested sites: the innermost)."""
-        self._sites.append(name)
+        self._site_entries += 1
+        self._sites.append((name, self._site_entries))
         try:
             yield
         finally:
@@ -146,8 +157,9 @@ class AllocationRecorder(TorchDispatchMode):
                 kind="alloc",
                 id=live.id,
                 bytes=live.bytes,
-                site=self._sites[-1],
+                site=self._sites[-1][0],
                 phase=self._phase,
+                site_seq=self._sites[-1][1],
                 dtype=str(t.dtype).replace("torch.", ""),
                 shape=tuple(t.shape),
                 op=op,
@@ -168,10 +180,19 @@ class AllocationRecorder(TorchDispatchMode):
                 kind="free",
                 id=alloc_id,
                 bytes=live.bytes,
-                site=self._sites[-1],
+                site=self._sites[-1][0],
                 phase=self._phase,
+                site_seq=self._sites[-1][1],
             )
         )
+
+    def _count_op(self) -> None:
+        key = (self._phase, self._sites[-1][0])
+        self.op_counts[key] = self.op_counts.get(key, 0) + 1
+
+    def count_stand_in_call(self) -> None:
+        """A stand-in kernel's call: one launch, whatever the stand-in computes meanwhile."""
+        self._count_op()
 
     def record_stand_in_output(self, t: torch.Tensor, stand_in: str) -> None:
         """A stand-in kernel's output, made while paused: recorded as the kernel's allocation."""
@@ -181,6 +202,8 @@ class AllocationRecorder(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if self._paused:
             return out
+        if not (func.is_view or func.overloadpacket.__name__ in _NO_KERNEL):
+            self._count_op()
         inputs = {
             a.untyped_storage()._cdata
             for a in tree_flatten((args, kwargs))[0]
@@ -193,6 +216,12 @@ class AllocationRecorder(TorchDispatchMode):
         return out
 
     # -- summaries ---------------------------------------------------------------------------
+    def op_counts_json(self) -> list[dict]:
+        return [
+            {"phase": phase, "site": site, "ops": n}
+            for (phase, site), n in sorted(self.op_counts.items())
+        ]
+
     def live_bytes(self) -> int:
         return sum(live.bytes for live in self._live.values())
 

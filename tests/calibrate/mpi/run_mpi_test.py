@@ -163,7 +163,8 @@ def check_fit(runner, raw_path):
             check(source.startswith("measured"), "%s.%s source: %s" % (span, op, source))
             check(("%d ranks" % ranks) in source, "%s.%s not from %d ranks: %s" %
                   (span, op, ranks, source))
-            # The fake is pure alpha-beta: busbw = bandwidth x busbw factor / the slowest rank's skew.
+            # The fake is pure alpha-beta: busbw = bandwidth x busbw factor / the slowest rank's
+            # skew.
             n = ranks
             factor = {"all_reduce": 2 * (n - 1) / n, "send_recv": 1.0}.get(op, (n - 1) / n)
             peak = curve["peak_busbw_bytes_per_s"]["value"]
