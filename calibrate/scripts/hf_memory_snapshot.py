@@ -272,7 +272,7 @@ def main():
         except torch.cuda.OutOfMemoryError as e:
             doc["steps"].append({"seq": seq, "out_of_memory": str(e).split("\n")[0][:400],
                                  "peak_bytes_before_failure": torch.cuda.max_memory_allocated()})
-        except Exception as e:  # noqa: BLE001 - recorded, the next length still runs
+        except Exception:  # noqa: BLE001 - recorded, the next length still runs
             doc["errors"].append({"seq": seq, "error": traceback.format_exc()[-2000:]})
         torch.cuda.empty_cache()
         write_document(args.out, doc)
