@@ -3,11 +3,14 @@
 traces of its own code (data/traces/<impl>/<shape>.json), row by row.
 
 For every ledger row and traced shape where cpsim applies the row, the allocations the driver
-classified as that row are taken per entry into its site (one occurrence: one all-to-all, one
-ring step, ...): the most of their bytes live at once there is compared with the row's bytes at
-that shape (a row is the workspace its op holds at its peak). A row is
-  traced       when every applicable shape has occurrences and each equals the ledger's bytes,
-  differs      when any occurrence (or a shape without one while others have it) does not,
+classified as that row are followed through the row's phase: at each allocation inside an entry
+into the row's site (one all-to-all, one ring step, ...), the bytes of the row's tensors live at
+that moment. The most of them over the site's entries is compared with the row's bytes at that
+shape: a row is what cpsim's op at that site holds at its peak, and where the code enters the
+site several times (k and v in two all-to-alls, ring steps of different sizes) the op stands for
+the largest entry. Each entry's figure is kept in the result. A row is
+  traced       when every applicable shape has some and its most equals the ledger's bytes,
+  differs      when one does not (or a shape has none while others have some),
   source_read  when no trace has an allocation of it (a kernel's internal workspace, a caller's
                tensors made before the traced code runs, a path the traces do not take).
 The result is data/traces/<impl>/ledger_check.json, which `cpsim implementations` reads.
@@ -104,6 +107,8 @@ def row_applies(row: dict, shape: dict) -> bool:
         return u > 1
     if when == "hkv/u > 1":
         return u > 1 and shape["kv_heads"] // u > 1
+    if when == "hkv/u > 1, any u":
+        return shape["kv_heads"] // u > 1
     raise ValueError(f"ledger 'when' {when!r} not understood")
 
 
@@ -146,15 +151,17 @@ def check_implementation(impl: str, trace_dir: str) -> dict:
             expected = formula_bytes(row["bytes"], shape_units(shape))
             seen = occurrences(t, row)
             per_shape.append(
-                {"shape": shape["name"], "ledger_bytes": expected, "traced_bytes": seen}
+                {
+                    "shape": shape["name"],
+                    "ledger_bytes": expected,
+                    "traced_bytes": max(seen) if seen else None,
+                    "traced_bytes_per_entry": seen,
+                }
             )
-        present = [p for p in per_shape if p["traced_bytes"]]
+        present = [p for p in per_shape if p["traced_bytes"] is not None]
         if not present:
             status = "source_read"
-        elif all(
-            p["traced_bytes"] and all(b == p["ledger_bytes"] for b in p["traced_bytes"])
-            for p in per_shape
-        ):
+        elif all(p["traced_bytes"] == p["ledger_bytes"] for p in per_shape):
             status = "traced"
         else:
             status = "differs"
@@ -274,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             if r["status"] == "differs":
                 detail = "; ".join(
                     f"{p['shape']}: ledger {p['ledger_bytes']} B, "
-                    f"traced {p['traced_bytes'] or 'none'}"
+                    f"traced {p['traced_bytes'] if p['traced_bytes'] is not None else 'none'}"
                     for p in r["shapes"]
                 )
                 print(f"  row {r['id']} ({r['site']}) differs: {detail}")

@@ -53,6 +53,8 @@ const char* to_string(LedgerWhen w) {
       return "u > 1";
     case LedgerWhen::kKvHeadsPerRankAbove1:
       return "hkv/u > 1";
+    case LedgerWhen::kKvHeadsPerRankAbove1AnyDegree:
+      return "hkv/u > 1, any u";
   }
   return "?";
 }
@@ -94,7 +96,8 @@ bool applies(const LedgerRow& row, const LedgerUnits& units) {
   return row.when == LedgerWhen::kAlways ||
          (row.when == LedgerWhen::kUlyssesAbove1 && units.ulysses > 1) ||
          (row.when == LedgerWhen::kKvHeadsPerRankAbove1 && units.ulysses > 1 &&
-          units.kv_heads_per_rank > 1);
+          units.kv_heads_per_rank > 1) ||
+         (row.when == LedgerWhen::kKvHeadsPerRankAbove1AnyDegree && units.kv_heads_per_rank > 1);
 }
 }  // namespace
 

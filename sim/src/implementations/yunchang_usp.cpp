@@ -52,8 +52,8 @@ constexpr std::array kRows = {
               "caller's q, k, v (bf16) held until attention returns"},
     LedgerRow{"F1", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(4, 0, 0),
               "all_to_all_4D input copy of q (bf16)"},
-    LedgerRow{"F3+F5", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0, hbm(0, 8, 0),
-              "all_to_all_4D input copies of k and v (bf16)"},
+    LedgerRow{"F3+F5", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 2, 0, hbm(0, 8, 0),
+              "all_to_all_4D input copy of k, then of v (bf16; each freed before the next)"},
     LedgerRow{"F9+F14", LedgerSite::kCoreForward, LedgerWhen::kAlways, 6, 0, 0, hbm(6, 0, 0),
               "kernel block_out (bf16) and its fp32 copy out, beside the final bf16 cast"},
     LedgerRow{"F27+F28", LedgerSite::kOutExchange, LedgerWhen::kAlways, 4, 0, 0, hbm(4, 0, 0),
@@ -72,8 +72,11 @@ constexpr std::array kRows = {
               "next_dk, next_dv: fp32 receive buffers of the dK/dV send_recv"},
     LedgerRow{"B15+B16 (dq)", LedgerSite::kDqExchange, LedgerWhen::kAlways, 4, 0, 0, hbm(4, 0, 0),
               "dq all_to_all_4D input copy and receive buffer (bf16)"},
-    LedgerRow{"B15+B16 (dk, dv)", LedgerSite::kDkvExchange, LedgerWhen::kAlways, 0, 8, 0,
-              hbm(0, 8, 0), "dk, dv all_to_all_4D input copies and receive buffers (bf16)"},
+    LedgerRow{"B15 (dk, dv)", LedgerSite::kDkvExchange, LedgerWhen::kKvHeadsPerRankAbove1AnyDegree,
+              0, 2, 0, hbm(0, 8, 0),
+              "all_to_all_4D input copy of dv, then of dk (bf16; none with one KV head per rank)"},
+    LedgerRow{"B16 (dk, dv)", LedgerSite::kDkvExchange, LedgerWhen::kAlways, 0, 2, 0, hbm(0, 0, 0),
+              "all_to_all_4D receive buffer of dv, then of dk (bf16; each freed before the next)"},
 };
 
 constexpr std::array<std::string_view, 4> kLimits = {

@@ -211,9 +211,10 @@ _EXCHANGE_ROWS = {
     "dout_exchange": ("B1", "scheme:B2 dout all-to-all output"),
     "out_exchange": ("F27+F28", "scheme:F29 block output"),
     "dq_exchange": ("B15+B16 (dq)", "scheme:B17 d_query"),
-    "dkv_exchange": ("B15+B16 (dk, dv)", "scheme:B17 d_key, d_value"),
+    "dkv_exchange": (("B15 (dk, dv)", "B16 (dk, dv)"), "scheme:B17 d_key, d_value"),
 }
 _A2A_COPIES = {48, 82, 86}
+_A2A_INPUT_COPY = 82  # scatter 1's input copy; :86 is its receive buffer
 _A2A_RESULT = {51, 65, 100}
 
 _STAND_IN_ROWS = {
@@ -255,6 +256,8 @@ def classify(event: dict, shape: dict) -> str | None:
     if path == _A2A and site in _EXCHANGE_ROWS:
         copy_row, result_row = _EXCHANGE_ROWS[site]
         if line in _A2A_COPIES:
+            if isinstance(copy_row, tuple):  # the input copy and the receive buffer apart
+                return copy_row[0] if line == _A2A_INPUT_COPY else copy_row[1]
             return copy_row
         if line in _A2A_RESULT:
             return result_row

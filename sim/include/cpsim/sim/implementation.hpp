@@ -60,6 +60,10 @@ enum class LedgerWhen : std::uint8_t {
   kAlways,
   kUlyssesAbove1,         ///< Ulysses degree u > 1 (a copy the wrapper skips at u = 1)
   kKvHeadsPerRankAbove1,  ///< u > 1 and more than one KV head per rank after the all-to-all
+  /// More than one KV head per rank after the all-to-all, whatever u (at u = 1: Hkv > 1): a
+  /// copy of a transposed view that is already contiguous with one head (yunchang's
+  /// all_to_all_4D).
+  kKvHeadsPerRankAbove1AnyDegree,
 };
 const char* to_string(LedgerWhen w);
 
