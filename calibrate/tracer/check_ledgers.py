@@ -112,6 +112,11 @@ def row_applies(row: dict, shape: dict) -> bool:
     raise ValueError(f"ledger 'when' {when!r} not understood")
 
 
+# Rows held across the block (or the backward), not the workspace of one op: their tensors are
+# followed through the whole phase, as one entry.
+HELD_SITES = {"held_through_block", "held_through_backward", "ring_forward_held"}
+
+
 def occurrences(trace: dict, row: dict) -> list[int]:
     """Per entry into the row's site, in the row's phase: the most bytes of the row's tensors
     live at once at an allocation inside that entry (a ledger row is the workspace its op holds
@@ -125,8 +130,10 @@ def occurrences(trace: dict, row: dict) -> list[int]:
             if e.get("row") == row["id"] and e["phase"] == phase:
                 sizes[e["id"]] = e["bytes"]
                 live += e["bytes"]
-            if e["site"] == row["site"] and e["phase"] == phase and live > 0:
-                peak[e["site_seq"]] = max(peak.get(e["site_seq"], 0), live)
+            at_site = e["site"] == row["site"] or row["site"] in HELD_SITES
+            if at_site and e["phase"] == phase and live > 0:
+                entry = 0 if row["site"] in HELD_SITES else e["site_seq"]
+                peak[entry] = max(peak.get(entry, 0), live)
         elif e["id"] in sizes:
             live -= sizes.pop(e["id"])
     return [peak[k] for k in sorted(peak)]
