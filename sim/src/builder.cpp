@@ -225,6 +225,7 @@ OpSet Builder::emit(const OpSpec& spec, OpKind kind, const double* time_s) {
     o.flops = spec.flops;
     o.workspace_bytes = spec.workspace_bytes;
     o.workspace_category = spec.workspace_category;
+    o.memory_pool = spec.memory_pool;
     o.host_calls = host_calls;
     o.host_sync = spec.host_sync;
     const OpId self = base + r;

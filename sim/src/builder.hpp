@@ -96,6 +96,7 @@ struct OpSpec {
   std::int64_t transfer_bytes = 0;
   std::int64_t workspace_bytes = 0;
   MemCategory workspace_category = MemCategory::kOther;
+  MemoryPool memory_pool = MemoryPool::kByStream;  ///< Op::memory_pool
   /// Framework ops the host issues for it (Op::host_calls; beyond its range, its maximum), and
   /// whether the host waits for it to end (Op::host_sync).
   std::int64_t host_calls = 1;

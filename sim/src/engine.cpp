@@ -1357,7 +1357,7 @@ bool Engine::ff_same_op(const Op& o, const Op& r, const Workload::Instance& d) c
   if (o.rank != r.rank || o.stream != r.stream || o.kind != r.kind || o.phase != r.phase ||
       o.duration_ns != r.duration_ns || o.transfer_bytes != r.transfer_bytes ||
       o.workspace_bytes != r.workspace_bytes || o.workspace_category != r.workspace_category ||
-      o.host_calls != r.host_calls || o.host_sync != r.host_sync ||
+      o.memory_pool != r.memory_pool || o.host_calls != r.host_calls || o.host_sync != r.host_sync ||
       o.deps_begin - r.deps_begin != d.edges ||
       o.deps_end - o.deps_begin != r.deps_end - r.deps_begin ||
       o.inputs_end - o.inputs_begin != r.inputs_end - r.inputs_begin ||

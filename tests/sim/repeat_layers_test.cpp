@@ -48,6 +48,7 @@ void expect_same(const Workload& a, const Workload& b) {
     ASSERT_EQ(x.flops, y.flops);
     ASSERT_EQ(x.workspace_bytes, y.workspace_bytes);
     ASSERT_EQ(x.workspace_category, y.workspace_category);
+    ASSERT_EQ(x.memory_pool, y.memory_pool);
     ASSERT_EQ(x.host_calls, y.host_calls);
     ASSERT_EQ(x.host_sync, y.host_sync);
     ASSERT_EQ(x.collective, y.collective);

@@ -172,3 +172,38 @@ def test_rows_after_the_kernel_apply_at_ring_degree_1_only():
     assert check_ledgers.row_applies(row, {"ulysses": 2, "ring": 1})
     assert not check_ledgers.row_applies(row, {"ulysses": 2, "ring": 2})
     assert check_ledgers.row_applies({"when": "always", "site": "dq_exchange"}, {"ring": 2})
+
+
+def test_held_rows_are_followed_through_their_phase():
+    events = [
+        {
+            "event": "alloc",
+            "id": 1,
+            "row": "F9",
+            "site": "kv_exchange",
+            "phase": "forward",
+            "site_seq": 2,
+            "bytes": 4,
+        },
+        {
+            "event": "alloc",
+            "id": 2,
+            "row": "",
+            "site": "core_forward",
+            "phase": "forward",
+            "site_seq": 3,
+            "bytes": 100,
+        },
+        {
+            "event": "alloc",
+            "id": 3,
+            "row": "F9",
+            "site": "core_forward",
+            "phase": "forward",
+            "site_seq": 3,
+            "bytes": 4,
+        },
+        {"event": "free", "id": 1, "bytes": 4},
+    ]
+    row = {"id": "F9", "site": "held_through_block"}
+    assert check_ledgers.occurrences({"events": events}, row) == [8]

@@ -34,6 +34,13 @@ enum class Stream : std::uint8_t {
 inline constexpr int kStreamCount = 5;
 const char* to_string(Stream s);
 
+/// The caching allocator's pools an op's device memory comes from (PyTorch keeps pools per stream;
+/// AllocationEvent::stream_pool). kByStream: the FSDP stream's pools for kFsdp ops, the default
+/// pools for every other stream. The others name a pool whatever the op's stream in cpsim: kGather
+/// for DeepSpeed ZeRO-3's all-gather stream, kReduce for its reduce stream (a side stream of its
+/// own, besides the all-gather one).
+enum class MemoryPool : std::uint8_t { kByStream, kDefault, kGather, kReduce };
+
 enum class OpKind : std::uint8_t {
   kGemm,
   kAttentionFwd,
@@ -95,6 +102,7 @@ struct Op {
   /// Framework ops (each with its kernel or NCCL call) the host issues for this op, in program
   /// order on its rank: the host issue model charges each the profile's per-call cost.
   std::uint16_t host_calls = 1;
+  MemoryPool memory_pool = MemoryPool::kByStream;  ///< of its outputs and workspace
   CollectiveId collective = kNone;
   // Ranges into Workload::edges. Deps are the ops it waits for besides its stream's earlier ops
   // (those end first anyway: builders leave them out).
