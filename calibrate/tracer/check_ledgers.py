@@ -13,7 +13,10 @@ the largest entry. Each entry's figure is kept in the result. A row is
   differs      when one does not (or a shape has none while others have some),
   source_read  when no trace has an allocation of it (a kernel's internal workspace, a caller's
                tensors made before the traced code runs, a path the traces do not take).
-The result is data/traces/<impl>/ledger_check.json, which `cpsim implementations` reads.
+A driver may trace shapes that are not what cpsim models (another rank, a rotation cpsim does not
+model), to show what else the code does: such a shape says `"ledger_check": false` and why, and is
+listed, not compared. The result is data/traces/<impl>/ledger_check.json, which `cpsim
+implementations` reads.
 
     check_ledgers.py --write             recompute every ledger_check.json from the traces
     check_ledgers.py --check             fail (exit 1) when a committed ledger_check.json is stale
@@ -153,7 +156,7 @@ def check_implementation(impl: str, trace_dir: str) -> dict:
         per_shape = []
         for t in traces:
             shape = t["shape"]
-            if not row_applies(row, shape):
+            if not shape.get("ledger_check", True) or not row_applies(row, shape):
                 continue
             expected = formula_bytes(row["bytes"], shape_units(shape))
             seen = occurrences(t, row)
@@ -194,7 +197,13 @@ def check_implementation(impl: str, trace_dir: str) -> dict:
         "schema": SCHEMA,
         "implementation": impl,
         "packages": traces[0]["packages"] if traces else {},
-        "shapes": [t["shape"]["name"] for t in traces],
+        "shapes": [t["shape"]["name"] for t in traces if t["shape"].get("ledger_check", True)],
+        # Traced to show what else the code does, not what cpsim models: not compared.
+        "shapes_not_checked": [
+            {"shape": t["shape"]["name"], "why": t["shape"]["ledger_check_skipped_because"]}
+            for t in traces
+            if not t["shape"].get("ledger_check", True)
+        ],
         "counts": counts,
         "rows": rows,
         "unclassified_allocations": unclassified,

@@ -80,7 +80,8 @@ def run_trace(module, shape: dict) -> dict:
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     world = module.world_size(shape)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    rank = shape.get("rank", 0)  # the traced rank; 0 unless the shape names another
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         module.run(recorder, shape)
     finally:
@@ -95,7 +96,7 @@ def run_trace(module, shape: dict) -> dict:
         "implementation": module.IMPLEMENTATION,
         "shape": shape,
         "world_size": world,
-        "rank": 0,
+        "rank": rank,
         "packages": packages(module.PACKAGES),
         "stand_ins": module.STAND_INS,
         "events": events,

@@ -198,6 +198,96 @@ class _FlashAttnFunc(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+def flash_attn_func_interface(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """v2.8.3's `flash_attn_func` with its signature (callers probe it: transformers looks for
+    `window_size`) and its FlashAttnFunc's allocations around the kernel stand-ins: the head-dim
+    pad copies when d % 8 != 0 (done for real), `save_for_backward(q, k, v, out_padded,
+    softmax_lse, rng_state)` when grad is enabled and an input requires it, out = a view of
+    out_padded; in backward dq, dk, dv = `torch.empty_like` of the saved q, k, v (recorded as
+    `flash_attn_interface.FlashAttnFunc.backward dq|dk|dv`, made like the interface's, so that
+    each keeps its role), the dout pad copy, the kernel (`_flash_attn_backward`). Traced only
+    with dropout 0, no window, softcap, ALiBi or returned probabilities."""
+    traced = (
+        dropout_p == 0.0
+        and tuple(window_size) == (-1, -1)
+        and softcap == 0.0
+        and alibi_slopes is None
+        and not return_attn_probs
+    )
+    if not traced:
+        raise NotImplementedError("cpsim tracer: flash_attn_func option without a stand-in")
+    return _FlashAttnFuncInterface.apply(
+        q, k, v, softmax_scale, causal, deterministic, torch.is_grad_enabled()
+    )
+
+
+def _pad_head_dim(x, head_size_og):
+    return torch.nn.functional.pad(x, [0, 8 - head_size_og % 8])
+
+
+class _FlashAttnFuncInterface(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, deterministic, is_grad_enabled):
+        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, k, v))
+        if softmax_scale is None:
+            softmax_scale = q.shape[-1] ** (-0.5)
+        head_size_og = q.size(3)
+        if head_size_og % 8 != 0:
+            q, k, v = (_pad_head_dim(x, head_size_og) for x in (q, k, v))
+        out_padded, softmax_lse, _, rng_state = _flash_attn_forward(
+            q, k, v, 0.0, softmax_scale, causal
+        )
+        if is_grad:
+            ctx.save_for_backward(q, k, v, out_padded, softmax_lse, rng_state)
+            ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
+        return out_padded[..., :head_size_og]
+
+    @staticmethod
+    def backward(ctx, dout, *args):
+        q, k, v, out, softmax_lse, rng_state = ctx.saved_tensors
+        grads = []
+        for name, like in (("dq", q), ("dk", k), ("dv", v)):
+            with _paused():
+                buf = torch.empty_like(like)
+            _record(buf, f"flash_attn_interface.FlashAttnFunc.backward {name}")
+            grads.append(buf)
+        dq, dk, dv = grads
+        head_size_og = dout.size(3)
+        dout_padded = dout
+        if head_size_og % 8 != 0:
+            dout_padded = _pad_head_dim(dout, head_size_og)
+        _flash_attn_backward(
+            dout_padded,
+            q,
+            k,
+            v,
+            out,
+            softmax_lse,
+            dq,
+            dk,
+            dv,
+            0.0,
+            ctx.softmax_scale,
+            ctx.causal,
+            deterministic=ctx.deterministic,
+            rng_state=rng_state,
+        )
+        dq, dk, dv = (g[..., : dout.shape[-1]] for g in (dq, dk, dv))
+        return dq, dk, dv, None, None, None, None
+
+
 class _NullContext:
     def __enter__(self):
         return self

@@ -1,9 +1,33 @@
-"""deepspeed-ulysses: DeepSpeed's UlyssesSPAttentionHF (ALST) around transformers' `sdpa`
-attention of one Llama or Qwen3 attention layer, bf16, batch 1, rank 0 of a C-rank group.
+"""deepspeed-ulysses: DeepSpeed's UlyssesSPAttentionHF (ALST) around transformers'
+`flash_attention_2` attention (the path cpsim's ledger was read for; shapes named "-sdpa" run
+transformers' `sdpa` instead) of one Llama or Qwen3 attention layer, bf16, batch 1, rank 0 of a
+C-rank group.
 
 The wrapper is installed as ALST installs it (`UlyssesSPAttentionHF.register_with_transformers`
-replaces ALL_ATTENTION_FUNCTIONS["sdpa"]), and the layer's own `forward` runs: projections, RoPE
-(and Qwen3's q/k norm), the wrapper's all-to-alls around SDPA, o_proj; then its backward.
+replaces ALL_ATTENTION_FUNCTIONS[core]), and the layer's own `forward` runs: projections, RoPE
+(and Qwen3's q/k norm), the wrapper's all-to-alls around the core attention, o_proj; then its
+backward.
+
+FlashAttention-2 on the CPU: transformers 4.51.3 decides at import whether flash-attn 2 is
+installed (`modeling_flash_attention_utils`: `is_flash_attn_2_available()`, which needs
+`importlib.util.find_spec("flash_attn")`, a `flash_attn` distribution >= 2.1.0 in
+`importlib.metadata` and `torch.cuda.is_available()` with `torch.version.cuda`; then it imports
+`flash_attn.bert_padding`, `flash_attn_func`, `flash_attn_varlen_func` and
+`flash_attn.layers.rotary`). None of that holds here, so transformers is imported without
+`flash_attn` and `run()` sets, for the run only (mock patches), what that import would have set
+with flash-attn 2.8.3 on CUDA: `modeling_flash_attention_utils.flash_attn_func` = the stand-in's
+`flash_attn_func_interface` (2.8.3's signature and FlashAttnFunc), `flash_attn_varlen_func` = a
+stand-in that raises (the packed path is not traced), `_flash_supports_window_size` (from the
+signature, as transformers computes it), `flash_241` = True (so `deterministic` is passed, False
+unless FLASH_ATTENTION_DETERMINISTIC=1), and `integrations.flash_attention._use_top_left_mask` =
+False (flash-attn >= 2.1). `bert_padding` and the rotary kernel are only used with an attention
+mask (which the wrapper drops) and are not set.
+
+Which FA2 path runs: the wrapper gathers the position ids (U:294-296); transformers takes the
+packed/varlen path when they are not non-decreasing (`torch.diff(position_ids) >= 0`, HFU:378),
+else the plain `flash_attn_func` (HFU:412). The fake all-gather fills nothing, so the driver
+fills the gathered list as UlyssesSPDataLoaderAdapter's shards of one unpacked sequence make it
+(rank r: positions r*s..(r+1)*s-1): the plain path, as the ledger's upstream table assumes.
 
 Sites: a cursor (one open `recorder.site`) moves at upstream call boundaries: the layer's
 projections and RoPE are `held_through_block` (HF keeps q, k, v as locals until the wrapper
@@ -35,11 +59,23 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 IMPLEMENTATION = "deepspeed-ulysses"
+FA2 = "flash_attention_2"
 PACKAGES = ["deepspeed", "transformers", "torch", "einops"]
 STAND_INS = [
     "deepspeed.comm: TorchBackend over PyTorch's fake process group (collectives return at once, "
     "outputs unfilled); DeepSpeed's CPU shared-memory comm op is not built (build_shm_op -> None)",
-    "core attention: transformers' sdpa_attention_forward runs as is (repeat_kv, .contiguous(), "
+    "position ids: the all-gather's outputs (U:294-295) are filled, recorder paused, with the "
+    "positions of each rank's shard of one unpacked sequence (r*s..(r+1)*s-1)",
+    "flash_attention_2 shapes: transformers' flash_attention_forward and _flash_attention_forward "
+    "run as is; its import-time flash-attn checks are replaced by their outcome with flash-attn "
+    "2.8.3 on CUDA (module globals patched for the run: flash_attn_func, flash_attn_varlen_func, "
+    "_flash_supports_window_size, flash_241; integrations.flash_attention._use_top_left_mask)",
+    "flash_attention_2 shapes: flash_attn_func is the flash_attn stand-in's "
+    "flash_attn_func_interface: v2.8.3's signature and FlashAttnFunc (saves q, k, v, out_padded, "
+    "softmax_lse, rng_state; backward dq/dk/dv = empty_like of the saved q/k/v), around the "
+    "stand-in kernels _flash_attn_forward/_flash_attn_backward (mha_fwd: out = empty_like(q), "
+    "softmax_lse, rng_state; mha_bwd: softmax_d, dq_accum, dk/dv_expanded when GQA)",
+    "sdpa shapes: transformers' sdpa_attention_forward runs as is (repeat_kv, .contiguous(), "
     "the output's transpose(1,2).contiguous()); torch.nn.functional.scaled_dot_product_attention "
     "is a stand-in for SDPA's CUDA FlashAttention-2 backend",
     "SDPA forward: PyTorch's CPU flash kernel (_scaled_dot_product_flash_attention_for_cpu), "
@@ -56,10 +92,14 @@ STAND_INS = [
 ]
 
 
-def _shape(model: str, n: int, h: int, hkv: int, d: int, hidden: int, c: int) -> dict:
+def _shape(
+    model: str, n: int, h: int, hkv: int, d: int, hidden: int, c: int, core: str = FA2
+) -> dict:
+    suffix = "" if core == FA2 else "-" + core
     return {
-        "name": f"{model}-s{n}-h{h}-kv{hkv}-d{d}-c{c}",
+        "name": f"{model}-s{n}-h{h}-kv{hkv}-d{d}-c{c}{suffix}",
         "model": model,
+        "core": core,
         "seq": n,
         "heads": h,
         "kv_heads": hkv,
@@ -69,14 +109,20 @@ def _shape(model: str, n: int, h: int, hkv: int, d: int, hidden: int, c: int) ->
     }
 
 
-# seq = N, heads = H, kv_heads = Hkv, head_dim = d, ulysses = C (the SP degree). hidden differs
-# from H*d and from the rank's token count so that the projections' gradients differ by shape.
+# seq = N, heads = H, kv_heads = Hkv, head_dim = d, ulysses = C (the SP degree), core = the
+# attention implementation under the wrapper. hidden differs from H*d and from the rank's token
+# count so that the projections' gradients differ by shape. The flash_attention_2 shapes are the
+# ledger's path (their traces are data/traces/deepspeed-ulysses/); the "-sdpa" ones show what
+# changes with transformers' sdpa.
 SHAPES = [
     _shape("llama", 128, 8, 4, 16, 96, 4),  # GQA, 2 query heads and 1 KV head per rank
     _shape("qwen3", 128, 8, 4, 32, 192, 2),  # q/k norm, 2 KV heads per rank (B8, F10 copies)
     _shape("llama", 256, 8, 2, 16, 96, 4),  # Hkv < C: KV heads replicated twice
     _shape("qwen3", 192, 6, 1, 32, 128, 2),  # MQA, Hkv < C, 3 query heads per rank
     _shape("llama", 64, 4, 4, 64, 192, 4),  # MHA, 1 query head per rank
+    _shape("qwen3", 256, 16, 8, 16, 96, 2),  # 8 query and 4 KV heads per rank (GQA in the kernel)
+    _shape("llama", 128, 8, 4, 16, 96, 4, "sdpa"),
+    _shape("qwen3", 128, 8, 4, 32, 192, 2, "sdpa"),
 ]
 
 # The backward site of a node made at a forward site.
@@ -134,7 +180,7 @@ def _layer(shape: dict, modeling_llama, modeling_qwen3):
         intermediate_size=64,
         num_hidden_layers=1,
         attention_dropout=0.0,
-        attn_implementation="sdpa",
+        attn_implementation=shape["core"],
         torch_dtype=torch.bfloat16,
     )
     attn = attn_cls(config, layer_idx=0).to(torch.bfloat16).train()
@@ -292,7 +338,9 @@ def _sdpa_stand_in(recorder, tagger: _NodeSites):
 
 
 # -- the run --------------------------------------------------------------------------------------
-def _site_patches(stack: contextlib.ExitStack, cursor: _SiteCursor, ulysses_sp, uattn) -> None:
+def _site_patches(
+    stack: contextlib.ExitStack, cursor: _SiteCursor, tagger: _NodeSites, ulysses_sp, uattn
+) -> None:
     """Moves the cursor at the wrapper's calls (mock patches, undone when `stack` closes)."""
     cls = ulysses_sp.UlyssesSPAttentionHF
     q_received = {}
@@ -325,7 +373,9 @@ def _site_patches(stack: contextlib.ExitStack, cursor: _SiteCursor, ulysses_sp, 
     def core(*args, **kwargs):
         cursor.move("core_forward")
         try:
-            return original_core(*args, **kwargs)
+            out = original_core(*args, **kwargs)
+            tagger.tag(out)  # the kernel's autograd node (an autograd.Function's output)
+            return out
         finally:
             cursor.move("out_exchange")
 
@@ -339,12 +389,48 @@ def _site_patches(stack: contextlib.ExitStack, cursor: _SiteCursor, ulysses_sp, 
     stack.enter_context(mock.patch.object(uattn, "attn", core))
 
 
+def _position_ids_filled(stack: contextlib.ExitStack, recorder, ds_comm, s: int) -> None:
+    """The position-id all-gather (U:295) returns each rank's shard of one unpacked sequence."""
+    original = ds_comm.all_gather
+
+    def all_gather(tensor_list, *args, **kwargs):
+        work = original(tensor_list, *args, **kwargs)
+        with recorder.paused():
+            for r, t in enumerate(tensor_list):
+                t.copy_(torch.arange(r * s, (r + 1) * s, dtype=t.dtype).view_as(t))
+        return work
+
+    stack.enter_context(mock.patch.object(ds_comm, "all_gather", all_gather))
+
+
+def _flash_attention_2(stack: contextlib.ExitStack, recorder) -> None:
+    """What transformers' import sets when flash-attn 2.8.3 is installed on CUDA (see the module
+    docstring), for the run only."""
+    from transformers import modeling_flash_attention_utils as hfu
+    from transformers.integrations import flash_attention as hfa
+
+    from .. import flash_stand_in
+
+    if flash_stand_in._recorder is not recorder:  # trace.py installs it with the recorder
+        flash_stand_in.install(recorder)
+    func = flash_stand_in.flash_attn_func_interface
+    globals_set = {
+        "flash_attn_func": func,
+        "flash_attn_varlen_func": flash_stand_in._not_on_cpu,  # the packed path: not traced
+        "_flash_supports_window_size": "window_size" in inspect.signature(func).parameters,
+        "flash_241": True,
+    }
+    for name, value in globals_set.items():
+        stack.enter_context(mock.patch.object(hfu, name, value, create=True))
+    stack.enter_context(mock.patch.object(hfa, "_use_top_left_mask", False))
+
+
 def run(recorder, shape: dict) -> None:
     ds_comm, parallel_state_sp, ulysses_sp, modeling_utils, modeling_llama, modeling_qwen3 = (
         _import_upstream()
     )
     attn, rotary = _layer(shape, modeling_llama, modeling_qwen3)
-    c = shape["ulysses"]
+    c, core = shape["ulysses"], shape["core"]
     s = shape["seq"] // c
     _init_deepspeed_comm(ds_comm)
     functions = modeling_utils.ALL_ATTENTION_FUNCTIONS
@@ -353,23 +439,27 @@ def run(recorder, shape: dict) -> None:
         stack.callback(parallel_state_sp._release_sequence_parallel_groups)
         ulysses_sp.UlyssesSPAttentionHF.register_with_transformers(
             model_name_or_path=attn,
-            core_attn_implementation="sdpa",
+            core_attn_implementation=core,
             sequence_parallel_size=c,
             micro_batch_size=1,
             seq_length=shape["seq"],
             seq_length_is_variable=True,
         )
-        uattn = inspect.getclosurevars(functions["sdpa"]).nonlocals["uattn"]
+        uattn = inspect.getclosurevars(functions[core]).nonlocals["uattn"]
         cursor = _SiteCursor(recorder)
         tagger = _NodeSites(cursor)
-        _site_patches(stack, cursor, ulysses_sp, uattn)
-        stack.enter_context(
-            mock.patch.object(
-                torch.nn.functional,
-                "scaled_dot_product_attention",
-                _sdpa_stand_in(recorder, tagger),
+        _site_patches(stack, cursor, tagger, ulysses_sp, uattn)
+        _position_ids_filled(stack, recorder, ds_comm, s)
+        if core == FA2:
+            _flash_attention_2(stack, recorder)
+        else:
+            stack.enter_context(
+                mock.patch.object(
+                    torch.nn.functional,
+                    "scaled_dot_product_attention",
+                    _sdpa_stand_in(recorder, tagger),
+                )
             )
-        )
 
         # Rank 0's shard: positions 0..s-1 (UlyssesSPDataLoaderAdapter), the RoPE table for them.
         position_ids = torch.arange(s).unsqueeze(0)
@@ -424,12 +514,20 @@ def classify(event: dict, shape: dict) -> str | None:
     if phase == "setup":  # the layer's input and its output's gradient
         return {"randn": "scheme:xn", "ones": "scheme:dh1"}.get(op)
     if phase == "forward":
+        if event.get("stand_in", "").startswith("flash_attn.mha_fwd "):
+            # mha_fwd's out (F14, empty_like(q): head-major), softmax_lse (F15), rng_state (F16)
+            kind = event["stand_in"].split(" ")[1]
+            return {"out": "scheme:attn_out_h", "softmax_lse": "scheme:lse"}.get(kind, "F16")
         path, func, text = _source(event["frame"])
         return _classify_forward(site, op, path, func, text, event["dtype"])
     return _classify_backward(site, op, event, _dims(shape))
 
 
 def _classify_forward(site, op, path, func, text, dtype) -> str | None:
+    if path.endswith("modeling_flash_attention_utils.py") and "torch.diff" in text:
+        # HFU:378, the packed-sequence test on the gathered position ids (diff, >=, all):
+        # in no row and not in the ledger's upstream table.
+        return "upstream:packed_check"
     if path.endswith("ulysses_sp.py"):
         if "position_ids" in text:
             return "F2" if "torch.cat" in text else "F1"
@@ -485,8 +583,10 @@ def _classify_backward(site, op, event, dims) -> str | None:
         if name == "dq":
             return "scheme:dq_h"
         if name in ("dk", "dv"):
-            # With repeat_kv before the kernel: the repeated K/V's gradient, before the group sum.
-            return "scheme:dkv_h" if dims["n_rep"] == 1 else "scheme:dkv_repeated"
+            # sdpa, with repeat_kv before the kernel: the repeated K/V's gradient, before the
+            # group sum. FlashAttention-2 takes GQA in the kernel: dk/dv have the KV heads (B3).
+            sdpa = event["stand_in"].startswith("sdpa_flash")
+            return "scheme:dkv_repeated" if sdpa and dims["n_rep"] > 1 else "scheme:dkv_h"
         return "scheme:attn_bwd_workspace"
     in_all_to_all = "sequence/layer.py" in frame
     if site == "dout_exchange":

@@ -71,7 +71,17 @@ STAND_INS = [
 
 
 def _shape(
-    seq, heads, kv_heads, head_dim, ring, rotate, *, causal=True, balance=True, kv_repeat=True
+    seq,
+    heads,
+    kv_heads,
+    head_dim,
+    ring,
+    rotate,
+    *,
+    causal=True,
+    balance=True,
+    kv_repeat=True,
+    rank=0,
 ):
     name = f"s{seq}-h{heads}-kv{kv_heads}-d{head_dim}-r{ring}"
     name += "-ag" if rotate == "allgather" else "-a2a"
@@ -81,8 +91,25 @@ def _shape(
         name += "-noncausal"  # CP balances causal attention only
     elif not balance:
         name += "-nolb"
+    if rank:
+        name += f"-rank{rank}"
+    # cpsim's torch-native-cp is the last rank of a causal, load-balanced ring with the ring
+    # (all-to-all) rotation and repeat_kv; the other shapes show what else runs, unchecked.
+    modelled = causal and balance and kv_repeat and rotate == "alltoall" and rank == ring - 1
+    why = []
+    if not (causal and balance):
+        why.append("cpsim models causal attention with load balancing")
+    if not kv_repeat:
+        why.append("cpsim models TorchTitan 0.2's repeat_kv, not enable_gqa")
+    if rotate != "alltoall":
+        why.append("the all-gather rotation is not modelled")
+    if rank != ring - 1:
+        why.append(f"rank {rank}: cpsim's rows are the last rank's (the most work with balancing)")
     return dict(
         name=name,
+        rank=rank,
+        ledger_check=modelled,
+        ledger_check_skipped_because="; ".join(why),
         seq=seq,
         heads=heads,
         kv_heads=kv_heads,
@@ -104,6 +131,9 @@ def _shape(
 # the merges and kernels of a rank whose steps are all full.
 SHAPES = [
     _shape(128, 4, 2, 16, 4, "alltoall"),  # the ledger's case: ring rotation, repeat_kv
+    _shape(128, 4, 2, 16, 4, "alltoall", rank=3),  # the same, the last rank: cpsim's worst
+    _shape(256, 8, 2, 32, 4, "alltoall", rank=3),  # checked: a larger head dimension, GQA 4:1
+    _shape(128, 4, 4, 16, 2, "alltoall", rank=1),  # checked: MHA, two ranks
     _shape(256, 8, 2, 32, 4, "allgather"),  # TorchTitan's default rotate method
     _shape(128, 4, 4, 16, 2, "alltoall", balance=False),  # MHA, no load balancing
     _shape(256, 8, 2, 16, 4, "alltoall", kv_repeat=False),  # TorchTitan 0.3.0: enable_gqa
@@ -555,6 +585,8 @@ _BACKWARD_LINES = {
     (584, 26): "upstream:skipped step's zero dQ (fp32)",
     (585, 24): "upstream:skipped step's zero dK (fp32)",
     (586, 26): "upstream:skipped step's zero dV (fp32)",
+    (605, 27): "B14+B15",  # i <= rank: grad_key = _partial_update(...), a torch.cat (B15)
+    (613, 29): "B14+B15",  # i <= rank: grad_value = _partial_update(...) (B15)
     (625, 23): "B14+B15",  # next_grad_kv = torch.cat([grad_key.flatten(), ...]) (fp32)
     (625, 34): "upstream:B14 grad_key.flatten() copy (a BSHD-strided accumulator)",
     (625, 54): "upstream:B14 grad_value.flatten() copy (a BSHD-strided accumulator)",
