@@ -46,17 +46,18 @@ constexpr std::array kRows = {
               hbm(0, 0, 0), "HF attention's q, k, v (bf16) held until the wrapper returns"},
     LedgerRow{"F4-F6", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(8, 0, 0),
               "q all-to-all input copy, then the head-major copy (one at a time, bf16)"},
-    LedgerRow{"F8-F10", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0, hbm(0, 8, 0),
-              "k, v all-to-all input copies (bf16)"},
+    LedgerRow{"F8-F10", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 2, 0, hbm(0, 8, 0),
+              "all-to-all input copy of k, then of v (bf16; each freed before the next)"},
     LedgerRow{"F18+F20", LedgerSite::kOutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
               hbm(4, 0, 0), "context_layer copy and the output all-to-all's receive buffer (bf16)"},
     LedgerRow{"B1", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(4, 0, 0),
               "dout: empty_like transient or grad.contiguous() copy (bf16)"},
     LedgerRow{"B9", LedgerSite::kDqExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(4, 0, 0),
               "dq: empty_like transient or grad.contiguous() copy (bf16)"},
-    LedgerRow{"B8", LedgerSite::kDkvExchange, LedgerWhen::kKvHeadsPerRankAbove1, 0, 4, 0,
+    LedgerRow{"B8", LedgerSite::kDkvExchange, LedgerWhen::kKvHeadsPerRankAbove1, 0, 2, 0,
               hbm(0, 8, 0),
-              "dk, dv: grad.contiguous() copies (bf16), only with more than one KV head per rank"},
+              "grad.contiguous() copy of dv, then of dk (bf16; each freed before the next), only "
+              "with more than one KV head per rank"},
 };
 
 constexpr std::array<std::string_view, 3> kLimits = {

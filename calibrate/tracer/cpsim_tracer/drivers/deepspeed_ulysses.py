@@ -538,7 +538,9 @@ def _classify_forward(site, op, path, func, text, dtype) -> str | None:
         if "rearrange(query_layer" in text:
             return "F4-F6"
         if "rearrange(key_layer" in text or "rearrange(value_layer" in text:
-            return "F8-F10"
+            # U:311-312, with more than one KV head per rank: FA2 saves these head-major copies
+            # in place of the all-to-all outputs they replace (freed at once): the scheme's K/V.
+            return "scheme:F10 head-major k, v (saved; replace the all-to-all outputs)"
         if func == "_partition_global_sequence":
             return "scheme:a2a_out" if "output" in text else "F18+F20"
         if "context_layer" in text:
