@@ -26,6 +26,8 @@ constexpr std::int64_t kSmallBufferBytes = 2 * kMiB;     // kSmallBuffer
 constexpr std::int64_t kLargeBufferBytes = 20 * kMiB;    // kLargeBuffer
 constexpr std::int64_t kMinLargeAllocBytes = 10 * kMiB;  // kMinLargeAlloc
 constexpr std::int64_t kRoundLargeBytes = 2 * kMiB;      // kRoundLarge
+// A small and a large pool per stream pool (AllocationEvent::stream_pool).
+constexpr std::size_t kPoolCount = 2 * std::size_t{kStreamPoolCount};
 // Virtual size of an expandable segment: larger than any device.
 constexpr std::int64_t kSegmentSpan = std::int64_t{1} << 48;
 
@@ -386,7 +388,7 @@ class LiveAllocations {
 struct RecordedPeriods {
   static constexpr std::size_t kMost = 2;
   struct Boundary {
-    std::array<Pool::State, 4> pools;
+    std::array<Pool::State, kPoolCount> pools;
     std::int64_t allocated_bytes = 0;
     std::int64_t reserved_bytes = 0;
     std::int32_t cache_releases = 0;  // so far
@@ -404,11 +406,15 @@ class Replay {
  public:
   Replay(const AllocatorConfig& config, LiveAllocations live)
       : config_(config),
-        pools_{Pool(config.mode, true), Pool(config.mode, false), Pool(config.mode, true),
-               Pool(config.mode, false)},
+        pools_{Pool(config.mode, true),  Pool(config.mode, false), Pool(config.mode, true),
+               Pool(config.mode, false), Pool(config.mode, true),  Pool(config.mode, false)},
         live_(std::move(live)) {}
 
   Placement allocate(std::int64_t key, std::int64_t bytes, std::uint8_t stream_pool) {
+    if (stream_pool >= kStreamPoolCount) {
+      throw std::logic_error(fmt::format("allocation in stream pool {}, beyond the model's {}",
+                                         stream_pool, kStreamPoolCount));
+    }
     const std::size_t p = 2 * std::size_t{stream_pool} + (bytes <= kSmallRequestBytes ? 0 : 1);
     Pool& pool = pools_[p];
     std::int64_t addr = pool.take_free(bytes);
@@ -505,7 +511,7 @@ class Replay {
                            const RecordedPeriods& rec,
                            std::int32_t rank) {
     const std::size_t periods = rec.boundaries.size();
-    const std::array<Pool::State, 4> now = pool_states();
+    const std::array<Pool::State, kPoolCount> now = pool_states();
     for (std::size_t m = 1; m <= periods; ++m) {
       const RecordedPeriods::Boundary& b = rec.boundaries[periods - m];
       if (b.allocated_bytes != allocated_ || b.reserved_bytes != reserved_ || b.pools != now) {
@@ -545,8 +551,9 @@ class Replay {
     return e.rank == rank && e.bytes > 0;
   }
 
-  std::array<Pool::State, 4> pool_states() const {
-    return {pools_[0].state(), pools_[1].state(), pools_[2].state(), pools_[3].state()};
+  std::array<Pool::State, kPoolCount> pool_states() const {
+    return {pools_[0].state(), pools_[1].state(), pools_[2].state(),
+            pools_[3].state(), pools_[4].state(), pools_[5].state()};
   }
 
   // The recorded periods a group of copies repeats: from offset `base` of the record, `length`
@@ -619,8 +626,9 @@ class Replay {
   }
 
   AllocatorConfig config_;
-  // [stream pool × small/large]: 0 small, 1 large (default streams); 2, 3 (FSDP stream).
-  std::array<Pool, 4> pools_;
+  // [stream pool × small/large]: 0 small, 1 large (default streams); 2, 3 (FSDP or all-gather
+  // stream); 4, 5 (DeepSpeed's reduce stream).
+  std::array<Pool, kPoolCount> pools_;
   LiveAllocations live_;
   std::uint32_t stamp_ = 0;  // marks of the period or copy being read
   std::int64_t allocated_ = 0;

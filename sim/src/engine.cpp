@@ -309,7 +309,7 @@ class Engine {
   [[gnu::cold, gnu::noinline]] void sample_memory(std::int32_t rank);
   [[gnu::noinline]] void note_host_peak(std::int32_t rank, std::int64_t growth);
   [[gnu::cold, gnu::noinline]] void log_allocation(
-      std::int64_t key, std::int64_t bytes, std::int32_t rank, Stream stream, bool allocate);
+      std::int64_t key, std::int64_t bytes, std::int32_t rank, const Op* maker, bool allocate);
   [[gnu::cold, gnu::noinline]] void log_begin(OpId op, const Op& o);
   [[gnu::cold, gnu::noinline]] void log_release(TensorId t);
 
@@ -893,11 +893,30 @@ inline void Engine::release(TensorId t) {
   }
 }
 
-// Keys: a tensor's id, or −(op + 1) for an op's workspace. The FSDP stream allocates from its
-// own pools (PyTorch keeps pools per stream; FSDP2 and ZeRO-3 gather parameters on their stream).
+// Keys: a tensor's id, or −(op + 1) for an op's workspace. `maker` is the op that made the
+// allocation (none: a tensor made before the step, in the default pools). Its pool is the op's
+// memory_pool; by stream, the FSDP stream allocates from its own pools (PyTorch keeps pools per
+// stream; FSDP2 and ZeRO-3 gather parameters on their stream) and every other stream from the
+// default ones.
 void Engine::log_allocation(
-    std::int64_t key, std::int64_t bytes, std::int32_t rank, Stream stream, bool allocate) {
-  const std::uint8_t pool = stream == Stream::kFsdp ? 1 : 0;
+    std::int64_t key, std::int64_t bytes, std::int32_t rank, const Op* maker, bool allocate) {
+  std::uint8_t pool = 0;
+  if (maker != nullptr) {
+    switch (maker->memory_pool) {
+      case MemoryPool::kByStream:
+        pool = maker->stream == Stream::kFsdp ? 1 : 0;
+        break;
+      case MemoryPool::kDefault:
+        pool = 0;
+        break;
+      case MemoryPool::kGather:
+        pool = 1;
+        break;
+      case MemoryPool::kReduce:
+        pool = 2;
+        break;
+    }
+  }
   result_.allocations.push_back({key, bytes, rank, pool, allocate});
 }
 
@@ -906,19 +925,19 @@ void Engine::log_begin(OpId op, const Op& o) {
   for (TensorId t : range(o.outputs_begin, o.outputs_end)) {
     const Tensor& ten = w_.tensors[idx(t)];
     if (!ten.on_host) {
-      log_allocation(t, rounded(ten.bytes), o.rank, o.stream, true);
+      log_allocation(t, rounded(ten.bytes), o.rank, &o, true);
     }
   }
   if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
-    log_allocation(-std::int64_t{op} - 1, workspace, o.rank, o.stream, true);
+    log_allocation(-std::int64_t{op} - 1, workspace, o.rank, &o, true);
   }
 }
 
 // The free of a device tensor, in the pool of the stream that made it.
 void Engine::log_release(TensorId t) {
   const Tensor& ten = w_.tensors[idx(t)];
-  const Stream stream = ten.producer == kNone ? Stream::kCompute : w_.ops[idx(ten.producer)].stream;
-  log_allocation(t, rounded(ten.bytes), ten.rank, stream, false);
+  const Op* maker = ten.producer == kNone ? nullptr : &w_.ops[idx(ten.producer)];
+  log_allocation(t, rounded(ten.bytes), ten.rank, maker, false);
 }
 
 // One read of tensor t ended: whether it was its last (a sole reader keeps no count).
@@ -980,7 +999,7 @@ void Engine::finish_op(OpId op) {
     rs.live[static_cast<std::size_t>(o.workspace_category)] -= workspace;
     rs.device_total -= workspace;
     if (log_allocations_) [[unlikely]] {
-      log_allocation(-std::int64_t{op} - 1, workspace, o.rank, o.stream, false);
+      log_allocation(-std::int64_t{op} - 1, workspace, o.rank, &o, false);
     }
   }
   free_at_end(
@@ -1357,8 +1376,8 @@ bool Engine::ff_same_op(const Op& o, const Op& r, const Workload::Instance& d) c
   if (o.rank != r.rank || o.stream != r.stream || o.kind != r.kind || o.phase != r.phase ||
       o.duration_ns != r.duration_ns || o.transfer_bytes != r.transfer_bytes ||
       o.workspace_bytes != r.workspace_bytes || o.workspace_category != r.workspace_category ||
-      o.memory_pool != r.memory_pool || o.host_calls != r.host_calls || o.host_sync != r.host_sync ||
-      o.deps_begin - r.deps_begin != d.edges ||
+      o.memory_pool != r.memory_pool || o.host_calls != r.host_calls ||
+      o.host_sync != r.host_sync || o.deps_begin - r.deps_begin != d.edges ||
       o.deps_end - o.deps_begin != r.deps_end - r.deps_begin ||
       o.inputs_end - o.inputs_begin != r.inputs_end - r.inputs_begin ||
       o.outputs_end - o.outputs_begin != r.outputs_end - r.outputs_begin ||
@@ -1838,7 +1857,7 @@ void Engine::ff_log_skipped(const FfMove& m) {
       const OpId x = ~entry + shift;
       const Op& o = w_.ops[idx(x)];
       if (const std::int64_t workspace = rounded(o.workspace_bytes); workspace != 0) {
-        log_allocation(-std::int64_t{x} - 1, workspace, o.rank, o.stream, false);
+        log_allocation(-std::int64_t{x} - 1, workspace, o.rank, &o, false);
       }
       free_at_end(
           o, [this](TensorId t) { return ff_last_read(t); },

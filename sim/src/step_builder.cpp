@@ -83,6 +83,7 @@ OpSpec& StepBuilder::next_spec(Name name, Stream stream, OpKind kind) {
   s.transfer_bytes = 0;
   s.workspace_bytes = 0;
   s.workspace_category = MemCategory::kOther;
+  s.memory_pool = MemoryPool::kByStream;
   s.host_calls = 1;
   s.host_sync = false;
   s.inputs.clear();
@@ -212,10 +213,12 @@ OpSet StepBuilder::host_copy(Name name,
                              std::int64_t bytes,
                              TensorSet in,
                              TensorSet out,
-                             ListRef<OpSet> deps) {
+                             ListRef<OpSet> deps,
+                             MemoryPool pool) {
   OpSpec& s = next_spec(name, to_device ? Stream::kH2D : Stream::kD2H,
                         to_device ? OpKind::kCopyH2D : OpKind::kCopyD2H);
   s.transfer_bytes = bytes;
+  s.memory_pool = pool;
   s.time_s = cost_.host_copy_s(bytes, to_device);
   s.inputs.push_back(in);
   s.outputs.push_back(out);
@@ -424,15 +427,24 @@ OpSet StepBuilder::gather_params(Name name,
   OpSet copied;
   if (r_.param_offload) {
     // ZeRO-3 offload_param: the rank's shard comes from host memory first, then the all-gather
-    // (on one GPU the copy fills the whole buffer).
+    // (on one GPU the copy fills the whole buffer). DeepSpeed issues both under its all-gather
+    // stream (zero/partitioned_param_coordinator.py:606 `with stream(self.__allgather_stream)`
+    // around all_gather_coalesced, whose shard `.to(device)` is
+    // zero/partition_parameters.py:61-106; the stream itself zero/parameter_offload.py:195-196,
+    // deepspeed 0.19.8; read in calibrate/tracer/findings-zero3.md), so the copies allocate from
+    // that stream's pool, as the all-gather does: cpsim's H2D stream times them, the all-gather
+    // pool holds their memory.
     const std::int64_t shard_bytes = ceil_div(params, b_.group_size(Group::kAll)) * r_.param_bytes;
     if (b_.group_size(Group::kAll) == 1) {
-      return host_copy(name.text(w_) + "(from host)", true, shard_bytes, TensorSet{}, out, deps);
+      return host_copy(name.text(w_) + "(from host)", true, shard_bytes, TensorSet{}, out, deps,
+                       MemoryPool::kGather);
     }
     staged = b_.tensor(name.text(w_) + ".shard", shard_bytes, MemCategory::kParamGather);
-    copied = host_copy(name.text(w_) + "(from host)", true, shard_bytes, TensorSet{}, staged, deps);
+    copied = host_copy(name.text(w_) + "(from host)", true, shard_bytes, TensorSet{}, staged, deps,
+                       MemoryPool::kGather);
   }
   OpSpec& s = next_spec(name, Stream::kFsdp, OpKind::kElementwise);
+  s.memory_pool = MemoryPool::kGather;
   s.outputs.push_back(out);
   if (copied.valid()) {
     s.inputs.push_back(staged);
@@ -444,27 +456,85 @@ OpSet StepBuilder::gather_params(Name name,
                        params * r_.param_bytes);
 }
 
-OpSet StepBuilder::reduce_grads(Name name,
-                                std::int64_t params,
-                                TensorSet grads,
-                                ListRef<OpSet> deps) {
+bool StepBuilder::zero3_host_grad_partitions() const {
+  return r_.zero_stage == 3 && r_.optimizer_offload && r_.host_grad_partition_buffer;
+}
+
+std::int64_t StepBuilder::largest_layer_param() const {
+  // q_proj/o_proj [h, H·d], k_proj/v_proj [h, Hkv·d], the MLP's matrices [h, f] (one TP rank's
+  // share: m_ is the rank's view).
+  return m_.hidden * std::max({m_.q_width(), m_.kv_width(), m_.ffn_hidden});
+}
+
+// DeepSpeed ZeRO-3 with the optimizer offloaded (the gradient partitions in a host buffer) makes,
+// per reduction, on its reduce stream (`with stream(self.reduce_and_partition_stream)`,
+// zero/stage3.py:1669; deepspeed 0.19.8, read and checked byte for byte against a run in
+// calibrate/tracer/findings-zero3.md; the same formulas in v0.17.2):
+//   cat:  reduce_scatter_coalesced's torch.cat of the bucket's gradients when the reduction holds
+//         more than one tensor, bucket elements × the reduce dtype (comm/coalesced_collectives.py:
+//         102-122 via stage3.py:1678, 1911-1946). A parameter above reduce_bucket_size is reduced
+//         alone, without it (stage3.py:1626: Llama-8B's LM head and embedding). cpsim reduces per
+//         block, so a block's cat is its own gradients (the real bucket spans ~2 blocks of
+//         Llama-8B, up to reduce_bucket_size; v0.17.2, which the recipes ran, makes none at all);
+//   then for each parameter in turn, with n_p its partition's elements (⌈n/G⌉), live together:
+//         the partition copied back from the host buffer, n_p × the gradient dtype
+//         (stage3.py:2023-2028, `grad_buffer.to(grad_partition.device)`), an fp64 norm chunk,
+//         8·min(n_p, 2.5e8) (stage3.py:1446, 1960-1967, _constant_buffered_norm2's
+//         `.to(get_norm_dtype())` per 2.5e8-element split; fp64: zero/utils.py:59-63), and the fp32
+//         cast for the copy to the host fp32 gradients, 4·n_p (stage3.py:1456-1457), which
+//         reuses the freed norm chunk: max(8·min(n_p, 2.5e8), 4·n_p) beside the copy.
+// Bytes = cat + max over the parameters of [g·n_p + max(8·min(n_p, 2.5e8), 4·n_p)], the largest
+// parameter's. Not modelled: the 8-byte norm kept per parameter to the step (stage3.py:1446; 2 KiB
+// for Llama-8B) and, with G > 1, the reduce-scatter's output partitions.
+std::int64_t StepBuilder::zero3_offload_reduce_bytes(std::int64_t params,
+                                                     std::int64_t largest) const {
+  constexpr std::int64_t kNormChunkElements = 250'000'000;  // _constant_buffered_norm2 buffer_size
+  constexpr std::int64_t kFp64Bytes = 8;
+  const std::int64_t bucket = r_.reduce_bucket_elements;
+  std::int64_t cat = 0;
+  if (bucket <= 0) {
+    cat = params * r_.grad_reduce_bytes;
+  } else if (largest <= bucket) {
+    cat = std::min(params, bucket) * r_.grad_reduce_bytes;
+  }
+  const std::int64_t partition = ceil_div(largest, b_.group_size(Group::kAll));
+  return cat + partition * r_.grad_bytes +
+         std::max(kFp64Bytes * std::min(partition, kNormChunkElements), kFp32Bytes * partition);
+}
+
+OpSet StepBuilder::reduce_grads(
+    Name name, std::int64_t params, std::int64_t largest, TensorSet grads, ListRef<OpSet> deps) {
   // The gradients are cast to the reduce dtype into the collective's buffer. ZeRO ≥ 2 reduce-
   // scatters them; ZeRO 0/1 all-reduce into the persistent unsharded gradients. `deps` must hold
   // the op that finishes the gradients: under ZeRO 0/1 `grads` is none (the persistent gradients
   // are model states), and a ZeRO ≥ 2 buffer's producer is its first writer, not its last.
-  const std::int64_t workspace = params * r_.grad_reduce_bytes;
+  // DeepSpeed ZeRO-3 with optimizer offload: its reduce-stream transients instead, in that
+  // stream's own pool (zero3_offload_reduce_bytes).
+  const bool host_partitions = zero3_host_grad_partitions();
+  const std::int64_t workspace =
+      host_partitions ? zero3_offload_reduce_bytes(params, largest) : params * r_.grad_reduce_bytes;
+  const MemoryPool pool = host_partitions ? MemoryPool::kReduce : MemoryPool::kByStream;
   const auto kind =
       r_.zero_stage >= 2 ? models::Collective::kReduceScatter : models::Collective::kAllReduce;
   if (b_.group_size(Group::kAll) == 1) {
-    return compute(name.text(w_) + "(local)", OpKind::kElementwise,
-                   mem(params * r_.grad_reduce_bytes), {grads}, {}, deps, workspace,
-                   MemCategory::kGradBuffers);
+    const KernelCost k = mem(params * r_.grad_reduce_bytes);
+    OpSpec& s = next_spec(name.text(w_) + "(local)", Stream::kCompute, OpKind::kElementwise);
+    s.time_s = k.time_s;
+    s.flops = k.flops;
+    s.host_calls = k.host_calls;
+    s.inputs.push_back(grads);
+    s.deps.assign(deps.begin(), deps.end());
+    s.workspace_bytes = workspace;
+    s.workspace_category = MemCategory::kGradBuffers;
+    s.memory_pool = pool;
+    return b_.op(s);
   }
   OpSpec& s = next_spec(name, Stream::kFsdp, OpKind::kElementwise);
   s.inputs.push_back(grads);
   s.deps.assign(deps.begin(), deps.end());
   s.workspace_bytes = workspace;
   s.workspace_category = MemCategory::kGradBuffers;
+  s.memory_pool = pool;
   return b_.collective(s, Group::kAll, kind, cost_, params * r_.grad_reduce_bytes);
 }
 
@@ -878,7 +948,8 @@ StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x, bool reduce
   // the forward); from here on everything is backward.
   b_.set_phase(Phase::kBackward);
   if (reduce) {
-    reduce_grads("reduce.head", p_head, head_grads, {b_.producer(dxf)});
+    reduce_grads("reduce.head", p_head, std::max(p_head - params_.final_norm, params_.final_norm),
+                 head_grads, {b_.producer(dxf)});
   }
   dxf = tp_exchange("tp_rs.dx_final", dxf, false);
   TensorSet dy = b_.tensor("dy", act, MemCategory::kOther);
@@ -1023,7 +1094,8 @@ TensorSet StepBuilder::backward_layers(TensorSet dy, OpSet after_loss, bool redu
     if (!reduce) {
       continue;
     }
-    reduce_grads(block_name("reduce.layer", l), params_.per_layer, grads, {b_.producer(dy)});
+    reduce_grads(block_name("reduce.layer", l), params_.per_layer, largest_layer_param(), grads,
+                 {b_.producer(dy)});
   }
   return dy;
 }
@@ -1036,7 +1108,8 @@ OpSet StepBuilder::embedding_backward(TensorSet dy, bool reduce) {
   if (!reduce) {
     return grads_done;
   }
-  return reduce_grads("reduce.embedding", params_.embedding, emb_grads, {grads_done});
+  return reduce_grads("reduce.embedding", params_.embedding, params_.embedding, emb_grads,
+                      {grads_done});
 }
 
 void StepBuilder::optimizer(OpSet last_reduce, TensorSet host_optimizer, TensorSet reduce_bucket) {

@@ -158,7 +158,8 @@ class StepBuilder {
                   std::int64_t bytes,
                   TensorSet in,
                   TensorSet out,
-                  ListRef<OpSet> deps = {});
+                  ListRef<OpSet> deps = {},
+                  MemoryPool pool = MemoryPool::kByStream);
   KernelCost gemm(std::int64_t m, std::int64_t n, std::int64_t k) const;
   /// A Linear layer's GEMMs, Y[m,n] = X[m,k]·W[k,n] (Q/K/V, output projection, gate/up, down): in
   /// bf16 each is `gemm(m, n, k)`; with `recipe.fp8` each is an FP8 GEMM plus the casts
@@ -203,7 +204,17 @@ class StepBuilder {
                                    std::int64_t hq,
                                    std::int64_t hkv) const;
   OpSet gather_params(Name name, std::int64_t params, TensorSet out, ListRef<OpSet> deps);
-  OpSet reduce_grads(Name name, std::int64_t params, TensorSet grads, ListRef<OpSet> deps);
+  /// Reduces the gradients of `params` elements, of which the largest parameter has `largest`.
+  OpSet reduce_grads(
+      Name name, std::int64_t params, std::int64_t largest, TensorSet grads, ListRef<OpSet> deps);
+  /// Whether DeepSpeed ZeRO-3 copies each reduced gradient partition back from its host buffer to
+  /// the GPU (stage 3, optimizer offload, recipe host_grad_partition_buffer).
+  bool zero3_host_grad_partitions() const;
+  /// The reduce-stream bytes live at once while DeepSpeed ZeRO-3 with optimizer offload reduces
+  /// `params` elements whose largest parameter has `largest` (see step_builder.cpp).
+  std::int64_t zero3_offload_reduce_bytes(std::int64_t params, std::int64_t largest) const;
+  /// Elements of a block's largest parameter (one TP rank's share).
+  std::int64_t largest_layer_param() const;
 
   // ---- the step (step_builder.cpp): embedding, blocks forward, loss, blocks backward, optimizer
   void set_static_memory();

@@ -5,9 +5,10 @@
 ///
 /// Model (c10/cuda/CUDACachingAllocator.cpp, read): requests are rounded to 512 B; requests of at
 /// most 1 MiB come from a small pool, larger ones from a large pool, and each pool is kept per
-/// CUDA stream (here: one pair of pools for the FSDP stream, which allocates gathered parameters,
-/// and one for every other stream). A free cached block is reused best-fit (the smallest one that
-/// is large enough, lowest address among equals) and split.
+/// CUDA stream (here: one pair of pools for the FSDP or ZeRO-3 all-gather stream, which allocates
+/// gathered parameters, one for DeepSpeed ZeRO-3's reduce stream, and one for every other stream).
+/// A free cached block is reused best-fit (the smallest one that is large enough, lowest address
+/// among equals) and split.
 ///   - Expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): a pool is one
 ///     virtual range; when no free block fits, pages are mapped at the lowest unmapped range that,
 ///     with the free block before it, is large enough (pages of 2 MiB in the small pool and 20 MiB
@@ -27,13 +28,17 @@
 
 namespace cpsim::sim {
 
+/// Stream pools the model keeps apart: 0 default, 1 FSDP / all-gather stream, 2 reduce stream.
+inline constexpr std::uint8_t kStreamPoolCount = 3;
+
 /// One allocation or free of a rank's device memory, in the order the engine made them.
 struct AllocationEvent {
   std::int64_t key = 0;    ///< identifies the allocation (tensor id, or an op's workspace)
   std::int64_t bytes = 0;  ///< as requested (already rounded to 512 B by the engine)
   std::int32_t rank = 0;
-  std::uint8_t stream_pool = 0;  ///< 0: default pools, 1: the FSDP stream's pools
-  bool allocate = true;          ///< false: the allocation with `key` is freed
+  /// 0: default pools, 1: the FSDP (ZeRO-3 all-gather) stream's, 2: ZeRO-3's reduce stream's
+  std::uint8_t stream_pool = 0;
+  bool allocate = true;  ///< false: the allocation with `key` is freed
 };
 
 /// Entries [begin, begin + copies × period) of a log are `copies` copies of the `period` entries
