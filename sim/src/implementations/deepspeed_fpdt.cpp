@@ -41,23 +41,22 @@ namespace {
 using models::CpMethod;
 
 constexpr std::array kRows = {
-    LedgerRow{"f4", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0, hbm(4, 0, 0),
-              "q all-to-all: input_t copy and receive buffer (bf16)"},
-    LedgerRow{"f5", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0, hbm(0, 8, 0),
-              "k or v all-to-all: input_t copy and receive buffer (one at a time, bf16)"},
+    LedgerRow{"f4", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(4, 0, 0),
+              "q all-to-all: input_t copy (bf16; at batch 1 the receive buffer is the result)"},
+    LedgerRow{"f5", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 2, 0, hbm(0, 8, 0),
+              "k or v all-to-all: input_t copy (one at a time, bf16)"},
     LedgerRow{"f10", LedgerSite::kCoreForward, LedgerWhen::kAlways, 16, 0, 0, hbm(22, 0, 0),
               "_update_out_and_lse: fp32 block output, two exp-scaled fp32 products, their sum"},
-    LedgerRow{"f13", LedgerSite::kOutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0, hbm(4, 0, 0),
-              "output all-to-all: input_t copy and receive buffer (bf16)"},
-    LedgerRow{"b5", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0, hbm(4, 0, 0),
-              "dout all-to-all: input_t copy and receive buffer (bf16)"},
+    LedgerRow{"f13", LedgerSite::kOutExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(4, 0, 0),
+              "output all-to-all: receive buffer (bf16; at batch 1 the input is a view)"},
+    LedgerRow{"b5", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(4, 0, 0),
+              "dout all-to-all: input_t copy (bf16; at batch 1 the receive buffer is the result)"},
     LedgerRow{"b8", LedgerSite::kCoreBackward, LedgerWhen::kAlways, 4, 4, 0, hbm(2, 4, 0),
               "new zeroed dq, dk, dv of the block beside the previous block's (bf16)"},
-    LedgerRow{"b13 (dq)", LedgerSite::kDqExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0,
-              hbm(4, 0, 0), "dq all-to-all: input_t copy and receive buffer (bf16)"},
-    LedgerRow{"b13 (dk, dv)", LedgerSite::kDkvExchange, LedgerWhen::kUlyssesAbove1, 0, 4, 0,
-              hbm(0, 8, 0),
-              "dk or dv all-to-all: input_t copy and receive buffer (one at a time, bf16)"},
+    LedgerRow{"b13 (dq)", LedgerSite::kDqExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0,
+              hbm(4, 0, 0), "dq all-to-all: receive buffer (bf16; at batch 1 the input is a view)"},
+    LedgerRow{"b13 (dk, dv)", LedgerSite::kDkvExchange, LedgerWhen::kUlyssesAbove1, 0, 2, 0,
+              hbm(0, 8, 0), "dk or dv all-to-all: receive buffer (one at a time, bf16)"},
 };
 
 constexpr std::array<std::string_view, 4> kLimits = {

@@ -96,6 +96,14 @@ def _shape(name, seq, heads, kv_heads, head_dim, ulysses, chunk, offload=True):
         "ulysses": ulysses,
         "chunk": chunk,  # global tokens (--ds-sequence-parallel-fpdt-chunk-size)
         "offload": offload,  # --ds-sequence-parallel-fpdt-offloading
+        # cpsim's FPDT rows count one chunk's elements on one rank (sim::ledger_units: s =
+        # N / C / (N / chunk) = chunk / C tokens).
+        "ledger_units": {
+            "s": chunk // ulysses,
+            "heads": heads,
+            "kv_heads": max(kv_heads, ulysses),
+            "head_dim": head_dim,
+        },
     }
 
 
