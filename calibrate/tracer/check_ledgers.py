@@ -112,6 +112,8 @@ def row_applies(row: dict, shape: dict) -> bool:
         return u > 1 and shape["kv_heads"] // u > 1
     if when == "hkv/u > 1, any u":
         return shape["kv_heads"] // u > 1
+    if when == "h/u > 1":
+        return u > 1 and shape["heads"] // u > 1
     raise ValueError(f"ledger 'when' {when!r} not understood")
 
 

@@ -98,6 +98,27 @@ TEST(Ledger, RowBytesByHand) {
   EXPECT_EQ(traffic_formula(cast), "6·sHd + 4·sH");
 }
 
+// Conditions read off the traces (docs/TRACING.md): deepspeed-ulysses's context and dQ copies (F18,
+// B9) only with more than one query head per rank; yunchang's dK/dV input copy (B15) with more than
+// one KV head per rank, at any Ulysses degree.
+TEST(Ledger, HeadsPerRankDecideTheCopies) {
+  const Implementation& ds = *find_implementation("deepspeed-ulysses");
+  LedgerUnits u{
+      .shd = 100, .shkd = 10, .sh = 1, .ulysses = 4, .kv_heads_per_rank = 2, .heads_per_rank = 8};
+  EXPECT_EQ(ds.site_bytes(LedgerSite::kOutExchange, u), 2 * 100 + 2 * 100);  // F18 + F20
+  EXPECT_EQ(ds.site_bytes(LedgerSite::kDqExchange, u), 2 * 100);             // B9
+  u.heads_per_rank = 1;
+  EXPECT_EQ(ds.site_bytes(LedgerSite::kOutExchange, u), 2 * 100);  // F20 alone
+  EXPECT_EQ(ds.site_bytes(LedgerSite::kDqExchange, u), 0);
+
+  const Implementation& yc = *find_implementation("yunchang-usp");
+  LedgerUnits r{
+      .shd = 100, .shkd = 10, .sh = 1, .ulysses = 1, .kv_heads_per_rank = 2, .heads_per_rank = 4};
+  EXPECT_EQ(yc.site_bytes(LedgerSite::kDkvExchange, r), 2 * 10 + 2 * 10);  // B15 + B16 at u = 1
+  r.kv_heads_per_rank = 1;
+  EXPECT_EQ(yc.site_bytes(LedgerSite::kDkvExchange, r), 2 * 10);  // B16 alone
+}
+
 /// Workspace of rank 0's first op named `name` (or `name[...]`: UPipe's stages, FPDT's chunks)
 /// in `phase` of block 5.
 std::int64_t workspace_of(const Workload& w, const std::string& name, Phase phase) {

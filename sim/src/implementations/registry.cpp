@@ -55,6 +55,8 @@ const char* to_string(LedgerWhen w) {
       return "hkv/u > 1";
     case LedgerWhen::kKvHeadsPerRankAbove1AnyDegree:
       return "hkv/u > 1, any u";
+    case LedgerWhen::kHeadsPerRankAbove1:
+      return "h/u > 1";
   }
   return "?";
 }
@@ -71,6 +73,7 @@ LedgerUnits ledger_units(const ScheduleInputs& in, const HeadLayout& layout) {
   u.sh = s * layout.heads_per_stage;
   u.ulysses = layout.ulysses;
   u.kv_heads_per_rank = layout.kv_heads_per_fetch / layout.ulysses;
+  u.heads_per_rank = layout.heads_per_stage / layout.ulysses;
   return u;
 }
 
@@ -97,7 +100,9 @@ bool applies(const LedgerRow& row, const LedgerUnits& units) {
          (row.when == LedgerWhen::kUlyssesAbove1 && units.ulysses > 1) ||
          (row.when == LedgerWhen::kKvHeadsPerRankAbove1 && units.ulysses > 1 &&
           units.kv_heads_per_rank > 1) ||
-         (row.when == LedgerWhen::kKvHeadsPerRankAbove1AnyDegree && units.kv_heads_per_rank > 1);
+         (row.when == LedgerWhen::kKvHeadsPerRankAbove1AnyDegree && units.kv_heads_per_rank > 1) ||
+         (row.when == LedgerWhen::kHeadsPerRankAbove1 && units.ulysses > 1 &&
+          units.heads_per_rank > 1);
 }
 }  // namespace
 

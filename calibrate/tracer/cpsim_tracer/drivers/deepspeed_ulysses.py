@@ -542,21 +542,21 @@ def _classify_forward(site, op, path, func, text, dtype) -> str | None:
             # in place of the all-to-all outputs they replace (freed at once): the scheme's K/V.
             return "scheme:F10 head-major k, v (saved; replace the all-to-all outputs)"
         if func == "_partition_global_sequence":
-            return "scheme:a2a_out" if "output" in text else "F18+F20"
+            return "scheme:a2a_out" if "output" in text else "F18"
         if "context_layer" in text:
-            return "F18+F20"
+            return "F18"
         return None
     if path.endswith("sequence/layer.py") and op == "dim_zero_all_to_all":
         return {
             "q_exchange": "scheme:a2a_q",
             "kv_exchange": "scheme:a2a_kv",
-            "out_exchange": "F18+F20",
+            "out_exchange": "F20",
         }.get(site)
     if path.endswith("sdpa_attention.py"):
         if op.startswith("_scaled_dot_product"):
             return "scheme:attn_out_h" if dtype == "bfloat16" else "scheme:lse"
         if "attn_output" in text:  # the output's transpose(1, 2).contiguous(): the context copy
-            return "F18+F20"
+            return "F18"
         if func == "repeat_kv" or "key" in text or "value" in text:
             return "scheme:kv_repeated"
         return None

@@ -64,6 +64,9 @@ enum class LedgerWhen : std::uint8_t {
   /// copy of a transposed view that is already contiguous with one head (yunchang's
   /// all_to_all_4D).
   kKvHeadsPerRankAbove1AnyDegree,
+  /// u > 1 and more than one query head per rank after the all-to-all (with one, a head-major
+  /// tensor's transpose is already contiguous and `.contiguous()` copies nothing).
+  kHeadsPerRankAbove1,
 };
 const char* to_string(LedgerWhen w);
 
@@ -107,6 +110,7 @@ struct LedgerUnits {
   std::int64_t sh = 0;
   std::int64_t ulysses = 1;
   std::int64_t kv_heads_per_rank = 1;
+  std::int64_t heads_per_rank = 1;
 };
 LedgerUnits ledger_units(const ScheduleInputs& in, const HeadLayout& layout);
 std::int64_t row_bytes(const LedgerRow& row, const LedgerUnits& units);
