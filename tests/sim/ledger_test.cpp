@@ -362,9 +362,9 @@ TEST(Ledger, WorkedExamplesOfTheDocuments) {
 }
 
 // torch-native-cp (docs/implementations/torch-native-cp.md): the ring rotation with repeat_kv,
-// llama3-8b, 8 GPUs, 256K, recipe torch-native. The ledger's backward peak is 31X with X = s·H·d
-// bf16 = 256 MiB, plus the LSE terms it leaves out: the saved LSE (4 MiB), softmax_d (4 MiB) and
-// the LSE half (2 MiB).
+// llama3-8b, 8 GPUs, 256K, recipe torch-native. The ledger's backward peak is 33X with X = s·H·d
+// bf16 = 256 MiB (31X as read, and the second send buffer its traces show, B6), plus the LSE
+// terms it leaves out: the saved LSE (4 MiB), softmax_d (4 MiB) and the LSE half (2 MiB).
 TEST(Ledger, TorchNativeRingWorkedExample) {
   ScheduleInputs in = inputs(CpMethod::kRing, "llama3-8b", 8, 256 * 1024);
   in.recipe = models::load_recipe("torch-native", testing::data());
@@ -375,7 +375,7 @@ TEST(Ledger, TorchNativeRingWorkedExample) {
   constexpr std::int64_t kMiB = 1 << 20;
   EXPECT_EQ(e.report.layout.implementation, find_implementation("torch-native-cp"));
   EXPECT_EQ(e.report.category_peak[static_cast<std::size_t>(MemCategory::kAttention)],
-            31 * 256 * kMiB + 10 * kMiB);
+            33 * 256 * kMiB + 10 * kMiB);
 }
 
 // megatron-core-cp (docs/implementations/megatron-core-cp.md, section 3): p2p forward peak of the

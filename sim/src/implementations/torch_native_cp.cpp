@@ -52,8 +52,9 @@ constexpr std::array kRows = {
               hbm(26, 0, 56), "merger: block output upcast to fp32 and two fp32 temporaries"},
     LedgerRow{"F9", LedgerSite::kRingForwardStep, LedgerWhen::kAlways, 0, 0, 4, hbm(0, 0, 0),
               "the previous step's LSE (fp32)"},
-    LedgerRow{"B6", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 0, 4, 0, hbm(0, 0, 0),
-              "third K/V pair of the rotation (bf16)"},
+    LedgerRow{"B6", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 0, 8, 0, hbm(0, 8, 0),
+              "send buffers cat(k, v) of this step and the previous one (bf16; next_kv keeps the "
+              "previous until the new cat returns)"},
     LedgerRow{"B8", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 2, 4, 0, hbm(0, 0, 0),
               "the previous step's dQ, dK, dV (bf16), held while the next kernel runs"},
     LedgerRow{"B14+B15", LedgerSite::kRingBackwardStep, LedgerWhen::kAlways, 0, 16, 0,

@@ -622,6 +622,13 @@ def _cp_position(frame: str) -> tuple[int, int] | None:
 
 def classify(event: dict, shape: dict) -> str | None:
     if event.get("stand_in"):
+        if event["stand_in"] == _FlashKernels.FWD + " softmax_lse" and event["site_seq"] == 1:
+            # The first step's LSE is the merger's LSE accumulator itself: step() upcasts it with
+            # a no-op lse.to(float32) (A:215, already fp32) and _merge_one keeps it as
+            # self._lse = block_lse (A:164, an unsqueeze view) until the next merge rebinds it:
+            # the LSE part of cpsim's ring_out_acc (attention_core.cpp ring_forward: acc, nr·hq·d
+            # fp32 + hq·nr fp32), as the first step's out.to(float32) (A:214) is its output part.
+            return "scheme:ring_out_acc"
         return _STAND_IN_ROWS.get(event["stand_in"])
     pos = _cp_position(event["frame"])
     if pos is None:
