@@ -262,6 +262,16 @@ nlohmann::json ledger_json(const sim::Implementation& impl,
   return rows;
 }
 
+/// Its framework calls per site traced from its code (sim::SiteCalls; empty: none traced).
+nlohmann::json traced_calls_json(const sim::Implementation& impl) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const sim::SiteCalls& c : impl.traced_calls()) {
+    rows.push_back(
+        {{"site", sim::to_string(c.site)}, {"when", sim::to_string(c.when)}, {"calls", c.calls}});
+  }
+  return rows;
+}
+
 int show_implementation(const sim::Implementation& impl, const CatalogArgs& a) {
   const models::DataDir data = data_dir();
   const std::optional<LedgerCheck> check = load_ledger_check(impl, data);
@@ -279,6 +289,7 @@ int show_implementation(const sim::Implementation& impl, const CatalogArgs& a) {
                                 {"ledger_document", impl.ledger_document()},
                                 {"ledger", ledger_json(impl, check)},
                                 {"ledger_rows", row_counts(impl, check)},
+                                {"traced_calls", traced_calls_json(impl)},
                                 {"traced_shapes", shapes},
                                 {"limits", limits}}
                      .dump(2)

@@ -94,7 +94,9 @@ CoreForward StepBuilder::core_forward(
   // The implementation's merge around the kernel (an fp32 copy of the output, ...) is workspace,
   // and its kernels' traffic time on the same op.
   compute("attn_fwd" + tag, OpKind::kAttentionFwd,
-          with_traffic(cost_.attention_fwd({nr_, nr_, hq, d, true}), LedgerSite::kCoreForward),
+          with_calls(
+              with_traffic(cost_.attention_fwd({nr_, nr_, hq, d, true}), LedgerSite::kCoreForward),
+              LedgerSite::kCoreForward),
           {q_h, kv_h}, {out.o_h, out.lse}, {}, ledger_bytes(LedgerSite::kCoreForward),
           MemCategory::kAttention);
   return out;
@@ -122,7 +124,9 @@ CoreBackward StepBuilder::core_backward(const std::string& tag,
   }
   ws += ledger_bytes(LedgerSite::kCoreBackward);
   compute("attn_bwd" + tag, OpKind::kAttentionBwd,
-          with_traffic(cost_.attention_bwd({nr_, nr_, hq, d, true}), LedgerSite::kCoreBackward),
+          with_calls(
+              with_traffic(cost_.attention_bwd({nr_, nr_, hq, d, true}), LedgerSite::kCoreBackward),
+              LedgerSite::kCoreBackward),
           {do_h, q_h, kv_h, o_h, lse}, {out.dq_h, out.dkv_h}, {}, ws, MemCategory::kAttention);
   if (const std::int64_t finish = ledger_bytes(LedgerSite::kGradFinish); finish > 0) {
     // The implementation's own gradient copies and casts after the kernel, while it still holds
@@ -135,7 +139,8 @@ CoreBackward StepBuilder::core_backward(const std::string& tag,
     cast.dq_h = b_.tensor("dq_cast" + tag, dq_bytes, MemCategory::kAttention);
     cast.dkv_h = b_.tensor("dkv_cast" + tag, dkv_bytes, MemCategory::kAttention);
     compute("grad_finish" + tag, OpKind::kElementwise,
-            with_traffic(mem(3 * (dq_bytes + dkv_bytes)), LedgerSite::kGradFinish),
+            with_calls(with_traffic(mem(3 * (dq_bytes + dkv_bytes)), LedgerSite::kGradFinish),
+                       LedgerSite::kGradFinish),
             {out.dq_h, out.dkv_h, do_h, q_h, kv_h, o_h, lse}, {cast.dq_h, cast.dkv_h}, {}, finish,
             MemCategory::kAttention);
     return cast;

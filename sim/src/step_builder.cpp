@@ -67,6 +67,8 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
           layout_.implementation->site_bytes(static_cast<LedgerSite>(site), units);
       ledger_traffic_[static_cast<std::size_t>(site)] =
           layout_.implementation->site_traffic_bytes(static_cast<LedgerSite>(site), units);
+      traced_calls_[static_cast<std::size_t>(site)] =
+          layout_.implementation->site_calls(static_cast<LedgerSite>(site), units);
     }
   }
   tile_ = ceil_div(s_, shards_);
@@ -160,13 +162,24 @@ TensorSet StepBuilder::exchange(Name name,
   // The wrapper's copies around the all-to-all (send-buffer copies, casts, reorders) are kernels
   // on the compute stream: one op "copy.<name>" with their traffic, which the all-to-all waits
   // for (copies after the receive are put before it too: the chain's length is the same). Their
-  // memory stays the all-to-all's workspace.
+  // memory stays the all-to-all's workspace. Host calls: where the implementation's calls at the
+  // site are traced, the all-to-all is one of them (its NCCL call) and the copy op issues the rest
+  // (the wrapper's copies and reshapes, before and after the receive alike; without a copy op the
+  // all-to-all issues them all); else one each.
+  const std::optional<std::int64_t> traced = traced_calls(site);
   OpSet copied;
   if (traffic > 0) {
     const std::string copy_name = "copy." + w_.names[static_cast<std::size_t>(id)];
-    copied = compute(copy_name, OpKind::kElementwise, with_traffic(mem(0), site), {in}, {}, deps);
+    KernelCost copy = with_traffic(mem(0), site);
+    if (traced) {
+      copy.host_calls = std::max<std::int64_t>(*traced - 1, 0);
+    }
+    copied = compute(copy_name, OpKind::kElementwise, copy, {in}, {}, deps);
   }
   OpSpec& s = next_spec(Name::interned(id), Stream::kComm, OpKind::kElementwise);
+  if (traced) {
+    s.host_calls = copied.valid() ? std::min<std::int64_t>(*traced, 1) : *traced;
+  }
   s.inputs.assign(held.begin(), held.end());
   s.inputs.push_back(in);
   s.outputs.push_back(out);

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,16 @@ class StepBuilder {
   /// `k` with the time of `blocks` × the traffic at `site` added (same launch).
   KernelCost with_traffic(KernelCost k, LedgerSite site, double blocks = 1.0) const {
     k.time_s += blocks * cost_.memory_traffic_s(ledger_traffic(site));
+    return k;
+  }
+  /// Framework calls traced from the implementation's code at `site` (Implementation::site_calls);
+  /// nullopt: none traced, the builders' own count per op stands.
+  std::optional<std::int64_t> traced_calls(LedgerSite site) const {
+    return traced_calls_[static_cast<std::size_t>(site)];
+  }
+  /// `k` issued as the calls traced at `site`, when there are (else as it is).
+  KernelCost with_calls(KernelCost k, LedgerSite site) const {
+    k.host_calls = traced_calls(site).value_or(k.host_calls);
     return k;
   }
   /// Adds `steps` × the traffic time at `site` to every rank's time of a ring segment (the
@@ -353,8 +364,9 @@ class StepBuilder {
   const models::TrainingRecipe& r_;
   HeadLayout layout_;
   const CpImplementation& method_;
-  std::array<std::int64_t, kLedgerSiteCount> ledger_bytes_{};    ///< by LedgerSite
-  std::array<std::int64_t, kLedgerSiteCount> ledger_traffic_{};  ///< by LedgerSite
+  std::array<std::int64_t, kLedgerSiteCount> ledger_bytes_{};                 ///< by LedgerSite
+  std::array<std::int64_t, kLedgerSiteCount> ledger_traffic_{};               ///< by LedgerSite
+  std::array<std::optional<std::int64_t>, kLedgerSiteCount> traced_calls_{};  ///< by LedgerSite
   std::int64_t acc_bytes_ = 4;  ///< ring output and gradient accumulators (implementation's dtype)
   models::RopeKernel rope_kernel_ =
       models::RopeKernel::kFused;                      ///< the implementation's, or the recipe's

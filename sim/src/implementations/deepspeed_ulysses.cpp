@@ -55,13 +55,37 @@ constexpr std::array kRows = {
               "the output all-to-all's receive buffer (bf16)"},
     LedgerRow{"B1", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(4, 0, 0),
               "dout: empty_like transient or grad.contiguous() copy (bf16)"},
-    LedgerRow{"B9", LedgerSite::kDqExchange, LedgerWhen::kHeadsPerRankAbove1, 2, 0, 0,
-              hbm(4, 0, 0),
+    LedgerRow{"B9", LedgerSite::kDqExchange, LedgerWhen::kHeadsPerRankAbove1, 2, 0, 0, hbm(4, 0, 0),
               "dq: grad.contiguous() copy (bf16; none with one query head per rank)"},
     LedgerRow{"B8", LedgerSite::kDkvExchange, LedgerWhen::kKvHeadsPerRankAbove1, 0, 2, 0,
               hbm(0, 8, 0),
               "grad.contiguous() copy of dv, then of dk (bf16; each freed before the next), only "
               "with more than one KV head per rank"},
+};
+
+// Framework calls per attention block at each site (Op::host_calls), traced: the "op_counts" of
+// the six shapes in data/traces/deepspeed-ulysses/ (transformers' flash_attention_2 path);
+// tests/tracer/test_host_calls.py keeps them equal. Each all-to-all is _DimZeroAllToAll on a
+// `.contiguous()` copy, then `rearrange(...).contiguous()`; a copy of a tensor already contiguous
+// (one head per rank) launches nothing. The projections, RoPE and q/k norms (sites untracked,
+// held_through_block) are cpsim's own ops elsewhere.
+constexpr std::array kCalls = {
+    SiteCalls{LedgerSite::kQExchange, CallsWhen::kAlways, 2},              // copy, all-to-all
+    SiteCalls{LedgerSite::kQExchange, CallsWhen::kHeadsPerRankAbove1, 1},  // head-major copy (F6)
+    SiteCalls{LedgerSite::kKvExchange, CallsWhen::kAlways, 4},             // the same for k, v
+    SiteCalls{LedgerSite::kKvExchange, CallsWhen::kKvHeadsPerRankAbove1, 2},  // F10
+    SiteCalls{LedgerSite::kKvExchange, CallsWhen::kKvReplicated, 2},  // repeat_interleave k, v
+    // position_ids checks (sub, ge, all), the flash forward and its output's reshape
+    SiteCalls{LedgerSite::kCoreForward, CallsWhen::kAlways, 5},
+    SiteCalls{LedgerSite::kOutExchange, CallsWhen::kAlways, 3},  // all-to-all, copies around it
+    SiteCalls{LedgerSite::kOutExchange, CallsWhen::kHeadsPerRankAbove1, 2},  // context_layer (F18)
+    SiteCalls{LedgerSite::kDoutExchange, CallsWhen::kAlways, 2},  // grad.contiguous(), all-to-all
+    SiteCalls{LedgerSite::kCoreBackward, CallsWhen::kAlways, 1},  // the flash backward
+    SiteCalls{LedgerSite::kDqExchange, CallsWhen::kAlways, 1},    // all-to-all
+    SiteCalls{LedgerSite::kDqExchange, CallsWhen::kHeadsPerRankAbove1, 3},     // copies (B9)
+    SiteCalls{LedgerSite::kDkvExchange, CallsWhen::kAlways, 2},                // dk, dv all-to-alls
+    SiteCalls{LedgerSite::kDkvExchange, CallsWhen::kKvHeadsPerRankAbove1, 6},  // copies (B8)
+    SiteCalls{LedgerSite::kDkvExchange, CallsWhen::kKvReplicated, 2},          // the replicas' sums
 };
 
 constexpr std::array<std::string_view, 3> kLimits = {
@@ -94,10 +118,16 @@ constexpr ImplementationTable kTable{
     "DeepSpeed's ALST parallel state has sequence- and data-parallel groups only, no pipeline "
     "group (deepspeed/runtime/sequence_parallel/parallel_state_sp.py:13-58)"};
 
+class DeepspeedUlysses final : public Implementation {
+ public:
+  DeepspeedUlysses() : Implementation(kTable) {}
+  std::span<const SiteCalls> traced_calls() const override { return kCalls; }
+};
+
 }  // namespace
 
 const Implementation& deepspeed_ulysses() {
-  static const Implementation kImplementation(kTable);
+  static const DeepspeedUlysses kImplementation;
   return kImplementation;
 }
 

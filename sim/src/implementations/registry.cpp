@@ -74,6 +74,7 @@ LedgerUnits ledger_units(const ScheduleInputs& in, const HeadLayout& layout) {
   u.ulysses = layout.ulysses;
   u.kv_heads_per_rank = layout.kv_heads_per_fetch / layout.ulysses;
   u.heads_per_rank = layout.heads_per_stage / layout.ulysses;
+  u.kv_replication = layout.kv_replication;
   return u;
 }
 
@@ -144,6 +145,37 @@ std::int64_t Implementation::site_sum(LedgerSite site,
     if (row.site == site && applies(row, units)) {
       sum += per_row(row, units);
     }
+  }
+  return sum;
+}
+
+const char* to_string(CallsWhen w) {
+  switch (w) {
+    case CallsWhen::kAlways:
+      return "always";
+    case CallsWhen::kHeadsPerRankAbove1:
+      return "h/u > 1";
+    case CallsWhen::kKvHeadsPerRankAbove1:
+      return "hkv/u > 1";
+    case CallsWhen::kKvReplicated:
+      return "kv replicated";
+  }
+  return "?";
+}
+
+std::optional<std::int64_t> Implementation::site_calls(LedgerSite site,
+                                                       const LedgerUnits& units) const {
+  std::optional<std::int64_t> sum;
+  for (const SiteCalls& row : traced_calls()) {
+    if (row.site != site) {
+      continue;
+    }
+    const bool applies =
+        row.when == CallsWhen::kAlways ||
+        (row.when == CallsWhen::kHeadsPerRankAbove1 && units.heads_per_rank > 1) ||
+        (row.when == CallsWhen::kKvHeadsPerRankAbove1 && units.kv_heads_per_rank > 1) ||
+        (row.when == CallsWhen::kKvReplicated && units.kv_replication > 1);
+    sum = sum.value_or(0) + (applies ? row.calls : 0);
   }
   return sum;
 }

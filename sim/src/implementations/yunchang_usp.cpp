@@ -79,6 +79,26 @@ constexpr std::array kRows = {
               "all_to_all_4D receive buffer of dv, then of dk (bf16; each freed before the next)"},
 };
 
+// Framework calls per attention block at each site (Op::host_calls), traced: the "op_counts" of
+// data/traces/yunchang-usp/ s64-h8-kv4-u4, s128-h16-kv8-d32-u4, s128-h4-kv2-u2 (Ulysses, ring
+// degree 1) and, for the exchanges, s128-h8-kv4-u2-r2; tests/tracer/test_host_calls.py keeps them
+// equal. An all_to_all_4D is its input's .contiguous() (u > 1), all_to_all_single and the
+// transposing copy after it, less the copies of tensors already contiguous.
+constexpr std::array kCalls = {
+    SiteCalls{LedgerSite::kQExchange, CallsWhen::kAlways, 2},     // input copy, all-to-all
+    SiteCalls{LedgerSite::kKvExchange, CallsWhen::kAlways, 4},    // the same for k, then v
+    SiteCalls{LedgerSite::kCoreForward, CallsWhen::kAlways, 3},   // flash forward, fp32 out, cast
+    SiteCalls{LedgerSite::kOutExchange, CallsWhen::kAlways, 3},   // copy, all-to-all, copy
+    SiteCalls{LedgerSite::kDoutExchange, CallsWhen::kAlways, 2},  // input copy, all-to-all
+    SiteCalls{LedgerSite::kCoreBackward, CallsWhen::kAlways, 2},  // softmax_lse1, flash backward
+    // fp32 copies of dq/dk/dv, the dK/dV send_recv to itself, the casts back to bf16
+    SiteCalls{LedgerSite::kGradFinish, CallsWhen::kAlways, 10},
+    SiteCalls{LedgerSite::kDqExchange, CallsWhen::kAlways, 3},   // copy, all-to-all, copy
+    SiteCalls{LedgerSite::kDkvExchange, CallsWhen::kAlways, 4},  // all-to-all, copy: dv, then dk
+    // their input copies (B15): none with one KV head per rank, already contiguous
+    SiteCalls{LedgerSite::kDkvExchange, CallsWhen::kKvHeadsPerRankAbove1, 2},
+};
+
 constexpr std::array<std::string_view, 4> kLimits = {
     "yunchang-usp: at ring degree > 1 the ring runs cpsim's ring scheme (fp32 accumulators), "
     "without yunchang's merge temporaries and bf16 gradient buffers (ledger F16-F23, B4-B6)",
@@ -114,6 +134,7 @@ constexpr ImplementationTable kTable{
 class YunchangUsp final : public Implementation {
  public:
   YunchangUsp() : Implementation(kTable) {}
+  std::span<const SiteCalls> traced_calls() const override { return kCalls; }
   // all_to_all_4D splits heads with reshape(bs, s, P, hc // P, hs): no KV-head replication.
   std::optional<ConfigIssue> check(const ScheduleInputs& in,
                                    const HeadLayout& layout) const override {

@@ -111,6 +111,7 @@ struct LedgerUnits {
   std::int64_t ulysses = 1;
   std::int64_t kv_heads_per_rank = 1;
   std::int64_t heads_per_rank = 1;
+  std::int64_t kv_replication = 1;  ///< HeadLayout::kv_replication (1: KV heads not replicated)
 };
 LedgerUnits ledger_units(const ScheduleInputs& in, const HeadLayout& layout);
 std::int64_t row_bytes(const LedgerRow& row, const LedgerUnits& units);
@@ -120,6 +121,26 @@ std::string row_formula(const LedgerRow& row);
 std::int64_t row_traffic_bytes(const LedgerRow& row, const LedgerUnits& units);
 /// The row's traffic as the ledger documents write it ("4·sHd", "0" when none).
 std::string traffic_formula(const LedgerRow& row);
+
+/// When a traced framework-call count (SiteCalls) applies: what differs between traced shapes.
+enum class CallsWhen : std::uint8_t {
+  kAlways,
+  kHeadsPerRankAbove1,    ///< more than one query head per rank after the all-to-all
+  kKvHeadsPerRankAbove1,  ///< more than one KV head per rank after the all-to-all
+  kKvReplicated,          ///< KV heads replicated up to the Ulysses degree
+};
+const char* to_string(CallsWhen w);
+
+/// Framework calls the host issues at one ledger site of one attention block (Op::host_calls),
+/// counted from the implementation's code by the allocation tracer (the traces' "op_counts":
+/// aten calls that launch work; views, detach and empty excluded; the attention kernel counts
+/// 1). A site's count is the sum of its rows that apply; the exchange sites' counts hold at
+/// Ulysses degree > 1, the kernel's and grad_finish at ring degree 1.
+struct SiteCalls {
+  LedgerSite site = LedgerSite::kCoreForward;
+  CallsWhen when = CallsWhen::kAlways;
+  std::int64_t calls = 0;
+};
 
 /// Cross-entropy over materialised logits (the recipe's fused loss off), as the framework around
 /// an implementation computes it; sim/src/step_builder.cpp has each one's derivation.
@@ -190,6 +211,9 @@ class Implementation {
   std::int64_t site_bytes(LedgerSite site, const LedgerUnits& units) const;
   /// Sum of the traffic of the rows that apply at `site`.
   std::int64_t site_traffic_bytes(LedgerSite site, const LedgerUnits& units) const;
+  /// Framework calls at `site` traced from its code (the SiteCalls rows that apply); nullopt:
+  /// none traced there, the builders' own count per op stands.
+  std::optional<std::int64_t> site_calls(LedgerSite site, const LedgerUnits& units) const;
 
   /// What its code changes in the head layout before anything is sized (e.g. K/V repeated to the
   /// query heads before attention); the default changes nothing.
@@ -214,6 +238,8 @@ class Implementation {
   /// framework calls of its chunks and blocks and its host synchronisations after each block
   /// (sim/src/attention_fpdt.cpp, docs/MODEL.md "Host issue"); the default: no.
   virtual bool synchronised_fpdt_loop() const { return false; }
+  /// Its framework calls per site, traced (SiteCalls); the default: none traced.
+  virtual std::span<const SiteCalls> traced_calls() const { return {}; }
   /// Constraints of its code beyond the method's (head divisibility, ...); the default has none.
   virtual std::optional<ConfigIssue> check(const ScheduleInputs& /*in*/,
                                            const HeadLayout& /*layout*/) const {
