@@ -318,8 +318,7 @@ TEST_F(CliTest, ImplementationsSayWhichLedgerRowsAreTraced) {
     for (const auto& [status, n] : counted) {
       EXPECT_EQ(rows.at(status).get<int>(), n) << name << " " << status;
     }
-    const fs::path check =
-        fs::path(CPSIM_TEST_DATA_DIR) / "traces" / name / "ledger_check.json";
+    const fs::path check = fs::path(CPSIM_TEST_DATA_DIR) / "traces" / name / "ledger_check.json";
     if (!fs::exists(check)) {
       EXPECT_EQ(rows.at("source_read").get<int>(), static_cast<int>(one.at("ledger").size()));
       continue;
