@@ -510,9 +510,18 @@ def _match(rules, text: str, op: str) -> str | None:
 
 
 def classify(event: dict, shape: dict) -> str | None:
-    m = _FRAME.match(event.get("frame", ""))
+    frame = event.get("frame", "")
+    if frame.startswith("_compile.py:") and event["site"] == "fpdt_attention":
+        # The dense (output projection) weight's gradient, made by autograd under torch's
+        # dynamo-disable wrapper (no upstream frame): one of the model's gradients.
+        if event["phase"] == "backward" and event["shape"] == [shape["hidden"], shape["hidden"]]:
+            return "scheme:dense weight gradient (the model's gradients)"
+    m = _FRAME.match(frame)
     if not m:
         return None
+    if m.group(1) == "deepspeed/comm/torch.py" and m.group(3) == "barrier":
+        # c10d's barrier makes a one-element tensor (fpdt_layer.py's barriers after each block).
+        return "upstream:barrier tensor (c10d, 1 element)"
     rel, lineno, func = m.group(1), int(m.group(2)), m.group(3)
     site, op, phase = event["site"], event["op"], event["phase"]
     if event.get("stand_in"):
