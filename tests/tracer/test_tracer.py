@@ -207,3 +207,20 @@ def test_held_rows_are_followed_through_their_phase():
     ]
     row = {"id": "F9", "site": "held_through_block"}
     assert check_ledgers.occurrences({"events": events}, row) == [8]
+
+
+def test_a_site_switch_opens_the_next_entry_inside_a_call():
+    from cpsim_tracer.recorder import SiteSwitch
+
+    rec = AllocationRecorder()
+    sites = SiteSwitch(rec)
+    with rec:
+        with sites.span("core_backward"):
+            a = torch.zeros(4)
+            sites.switch("grad_finish")
+            b = torch.zeros(4)
+        c = torch.zeros(4)
+    got = [(e.site, e.site_seq) for e in allocs(rec)]
+    assert [s for s, _ in got] == ["core_backward", "grad_finish", "untracked"]
+    assert got[0][1] != got[1][1]
+    del a, b, c

@@ -226,6 +226,31 @@ class AllocationRecorder(TorchDispatchMode):
         return sum(live.bytes for live in self._live.values())
 
 
+class SiteSwitch:
+    """A site that hooks inside an upstream call end and replace by the next one (a ring step's
+    end opens the next step; a kernel's return opens the code after it)."""
+
+    def __init__(self, recorder: AllocationRecorder):
+        self.recorder = recorder
+        self._open: contextlib.ExitStack | None = None
+
+    @contextlib.contextmanager
+    def span(self, name: str):
+        """Marks `name` until switch() names the next site, or the block ends."""
+        self.switch(name)
+        try:
+            yield
+        finally:
+            self._open.close()
+            self._open = None
+
+    def switch(self, name: str) -> None:
+        if self._open is not None:
+            self._open.close()
+        self._open = contextlib.ExitStack()
+        self._open.enter_context(self.recorder.site(name))
+
+
 def packages(names: list[str]) -> dict[str, str]:
     """Installed versions of the named distributions (absent ones omitted)."""
     import importlib.metadata as md

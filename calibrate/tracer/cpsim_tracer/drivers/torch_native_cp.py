@@ -47,6 +47,8 @@ from unittest import mock
 
 import torch
 
+from cpsim_tracer.recorder import SiteSwitch
+
 IMPLEMENTATION = "torch-native-cp"
 PACKAGES = ["torch", "torchtitan"]
 STAND_INS = [
@@ -371,27 +373,7 @@ def _import_torchtitan():
 
 
 # -- recording ------------------------------------------------------------------------------------
-class _Sites:
-    """A site entry that hooks close and reopen inside an upstream call."""
-
-    def __init__(self, recorder):
-        self.recorder = recorder
-        self._open: contextlib.ExitStack | None = None
-
-    @contextlib.contextmanager
-    def entries(self, name: str):
-        self.next(name)
-        try:
-            yield
-        finally:
-            self._open.close()
-            self._open = None
-
-    def next(self, name: str) -> None:
-        if self._open is not None:
-            self._open.close()
-        self._open = contextlib.ExitStack()
-        self._open.enter_context(self.recorder.site(name))
+_Sites = SiteSwitch  # span(): a site entry; switch(): the next entry inside it
 
 
 def _local_only_mode(recorder):
@@ -482,12 +464,12 @@ def run(recorder, shape: dict) -> None:
 
     def ring(*args, **kwargs):
         step_site["name"] = "ring_forward_step"
-        with sites.entries("ring_forward_step"):
+        with sites.span("ring_forward_step"):
             return real_ring(*args, **kwargs)
 
     def ring_backward(*args, **kwargs):
         step_site["name"] = "ring_backward_step"
-        with sites.entries("ring_backward_step"):
+        with sites.span("ring_backward_step"):
             return real_ring_bwd(*args, **kwargs)
 
     def create_rotater(pg, seq_dim, method=None):
@@ -500,7 +482,7 @@ def run(recorder, shape: dict) -> None:
     def rotater_next_buffer(real):
         def next_buffer(self):
             if self.cpsim_kv_rotater:
-                sites.next(step_site["name"])
+                sites.switch(step_site["name"])
             return real(self)
 
         return next_buffer

@@ -22,6 +22,8 @@ from unittest import mock
 
 import torch
 
+from cpsim_tracer.recorder import SiteSwitch
+
 IMPLEMENTATION = "yunchang-usp"
 PACKAGES = ["yunchang", "ring-flash-attn", "torch"]
 STAND_INS = [
@@ -68,27 +70,13 @@ class _Sites:
     def __init__(self, recorder):
         self.recorder = recorder
         self.phase = "setup"
-        self._switched: contextlib.ExitStack | None = None
+        self._switch = SiteSwitch(recorder)
+        self.switchable = self._switch.span
+        self.switch = self._switch.switch
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
         self.recorder.set_phase(phase)
-
-    @contextlib.contextmanager
-    def switchable(self, name: str):
-        """Marks `name` until switch() names the next site, or the block ends."""
-        self.switch(name)
-        try:
-            yield
-        finally:
-            self._switched.close()
-            self._switched = None
-
-    def switch(self, name: str) -> None:
-        if self._switched is not None:
-            self._switched.close()
-        self._switched = contextlib.ExitStack()
-        self._switched.enter_context(self.recorder.site(name))
 
 
 def run(recorder, shape: dict) -> None:
