@@ -218,7 +218,7 @@ int run_maxlen(const MaxLenArgs& a) {
   planner::MaxLenOptions opts;
   opts.granularity = parse_length(a.granularity, "--granularity");
   opts.refusal_text = refusal_text;
-  const std::vector<std::string> methods = split_methods(a.config.method);
+  const std::vector<std::string> methods = split_methods(a.config.method, "--method");
   std::optional<planner::LauncherFormat> launcher;
   if (!a.launcher.empty()) {
     launcher = planner::parse_launcher_format(a.launcher, "--launcher");

@@ -1,5 +1,6 @@
 // `cpsim plan`: search methods, degrees and knobs; print the best, the Pareto front and why; emit
 // the winner's settings for a training launcher.
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <optional>
@@ -10,6 +11,7 @@
 #include "cpsim/models/error.hpp"
 #include "cpsim/models/units.hpp"
 #include "cpsim/planner/emit.hpp"
+#include "cpsim/planner/evaluate.hpp"
 #include "cpsim/planner/search.hpp"
 #include "cpsim/sim/implementation.hpp"
 
@@ -109,14 +111,20 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
               "each step then trains GPUs/C sequences (tokens/step in the tables), a larger "
               "global batch than one sequence");
   c->add_option("--threads", a.threads, "parallel evaluations")->capture_default_str();
-  c->add_option(
-      "--launcher", a.launcher,
-      "search only what this launcher runs from the file cpsim emits for it (as --emit "
-      "does), without writing the file: torchtitan, torchtitan-main, untied-ulysses, deepspeed, "
-      "accelerate, megatron, arctic, nemo");
+  std::string names;
+  for (const planner::LauncherFormat f : planner::launcher_formats()) {
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", planner::to_string(f));
+  }
+  c->add_option("--launcher", a.launcher,
+                "search only what this launcher runs from the file cpsim emits for it (as --emit "
+                "does), without writing the file: " +
+                    names);
   c->add_option("--emit", a.emit,
-                "write the best configuration's settings for a launcher: torchtitan, "
-                "torchtitan-main, untied-ulysses, deepspeed, accelerate, megatron, arctic, nemo");
+                "write the best configuration's settings for a launcher: " + names +
+                    " (the file names the release it is written for)");
+  c->add_option("--launcher-version", a.launcher_version,
+                "the release of the --emit/--launcher launcher: torchtitan 0.3.0 (default, a "
+                "Python config function), 0.2.2 or 0.2.1 (TOML); the others write one release");
   c->add_option("--dataset", a.dataset,
                 "training data for launchers whose file names it (arctic: data.sources): a "
                 "Hugging Face dataset id, name:split, or a local path");
@@ -184,11 +192,12 @@ std::string join(const std::vector<std::string>& parts, const std::string& separ
   return out;
 }
 
-// What launcher `f` changes in the configuration `c` (recipe knobs, the implementation); empty:
-// it runs `c` exactly as simulated. @throws InputError when it cannot run the method.
-std::vector<std::string> changes_by(planner::LauncherFormat f,
-                                    const sim::ScheduleInputs& base,
-                                    const planner::Candidate& c) {
+// What launcher `f` runs of the configuration `c`, with what it changes (recipe knobs, the
+// implementation); no changes: it runs `c` exactly as simulated. @throws InputError when it cannot
+// run the method.
+planner::ConfigAsRun run_by(planner::LauncherFormat f,
+                            const sim::ScheduleInputs& base,
+                            const planner::Candidate& c) {
   const sim::ScheduleInputs in = c.inputs(base);
   const sim::Implementation* impl = sim::requested_implementation(in);
   const std::string simulated = impl != nullptr ? std::string(impl->name()) : "none";
@@ -196,7 +205,31 @@ std::vector<std::string> changes_by(planner::LauncherFormat f,
   if (run.inputs.parallel.implementation != simulated) {
     run.changes.insert(run.changes.begin(), "implementation " + run.inputs.parallel.implementation);
   }
-  return run.changes;
+  return run;
+}
+
+std::vector<std::string> changes_by(planner::LauncherFormat f,
+                                    const sim::ScheduleInputs& base,
+                                    const planner::Candidate& c) {
+  return run_by(f, base, c).changes;
+}
+
+// Empty when the configuration as the launcher runs it fits (reserved memory and the margin, as
+// `simulate` decides); else why not.
+std::string why_changed_run_misses(const planner::ConfigAsRun& run) {
+  try {
+    planner::EvaluateOptions options;
+    options.model_allocator = true;
+    const sim::StepReport r = planner::evaluate(run.inputs, options).report;
+    if (r.fits()) {
+      return "";
+    }
+    return r.binding.empty() ? "does not fit" : "does not fit: " + r.binding;
+  } catch (const sim::ConfigError& e) {
+    return e.what();
+  } catch (const InputError& e) {
+    return e.what();
+  }
 }
 
 bool runs_exactly(planner::LauncherFormat f,
@@ -212,14 +245,17 @@ bool runs_exactly(planner::LauncherFormat f,
 // The launchers that run the configuration `c` exactly as simulated (their file sets every knob
 // and runs the same implementation), then those that would change it, with what changes.
 std::string launchers_as_simulated(const sim::ScheduleInputs& base, const planner::Candidate& c) {
-  std::vector<std::string> exact, changed;
+  std::vector<std::string> exact, changed, misses;
   for (const planner::LauncherFormat f : planner::launcher_formats()) {
     try {
-      const std::vector<std::string> changes = changes_by(f, base, c);
-      if (changes.empty()) {
+      const planner::ConfigAsRun run = run_by(f, base, c);
+      const std::string changes = join(run.changes, "; ");
+      if (run.changes.empty()) {
         exact.emplace_back(planner::to_string(f));
+      } else if (const std::string why = why_changed_run_misses(run); why.empty()) {
+        changed.push_back(fmt::format("{} ({})", planner::to_string(f), changes));
       } else {
-        changed.push_back(fmt::format("{} ({})", planner::to_string(f), join(changes, "; ")));
+        misses.push_back(fmt::format("{} ({}: {})", planner::to_string(f), changes, why));
       }
     } catch (const InputError&) {
       // cannot run the method
@@ -229,6 +265,9 @@ std::string launchers_as_simulated(const sim::ScheduleInputs& base, const planne
       exact.empty() ? "none exactly as simulated" : join(exact, ", ") + " exactly as simulated";
   if (!changed.empty()) {
     out += "; with changes: " + join(changed, ", ");
+  }
+  if (!misses.empty()) {
+    out += "; not with the changes its file makes: " + join(misses, ", ");
   }
   return out;
 }
@@ -268,6 +307,10 @@ void check_plan_flags(const PlanArgs& a) {
     throw InputError("--launcher",
                      fmt::format("'{}' is not the launcher of --emit '{}'", a.launcher, a.emit));
   }
+  // Only ArcticTraining's file names its data (data.sources); elsewhere the flag would be dropped.
+  if (!a.dataset.empty() && a.emit != "arctic") {
+    throw InputError("--dataset", "only --emit arctic writes the training data (data.sources)");
+  }
 }
 
 // What the search runs on: the base inputs, the options and the launcher it searches for.
@@ -284,9 +327,13 @@ std::vector<models::CpMethod> searched_methods(const PlanArgs& a) {
   const sim::Implementation* impl = sim::find_implementation(a.config.impl);
   const std::string methods = methods_to_search(a);
   const char* methods_flag = a.methods.empty() && a.config.method_given ? "--method" : "--methods";
-  std::vector<models::CpMethod> out;
-  for (const std::string& m : split_methods(methods)) {
+  std::vector<models::CpMethod> out, named;
+  for (const std::string& m : split_methods(methods, methods_flag)) {
     const models::CpMethod id = models::parse_cp_method(m, methods_flag);
+    if (std::find(named.begin(), named.end(), id) != named.end()) {
+      throw InputError(methods_flag, fmt::format("{} names a method listed before it", m));
+    }
+    named.push_back(id);
     if (impl == nullptr || impl->runs(id)) {  // --impl searches the methods it runs
       out.push_back(id);
     }
@@ -322,8 +369,17 @@ PlanSetup plan_setup(const PlanArgs& a) {
   // --emit X searches as --launcher X does, then writes X's file.
   s.launcher = a.emit.empty() ? a.launcher : a.emit;
   s.launcher_flag = a.emit.empty() ? "--launcher" : "--emit";
+  if (!a.launcher_version.empty() && s.launcher.empty()) {
+    throw InputError("--launcher-version", "needs --emit or --launcher");
+  }
   if (!s.launcher.empty()) {
-    s.format = planner::parse_launcher_format(s.launcher, s.launcher_flag);
+    s.format = planner::parse_launcher_format(s.launcher, s.launcher_flag, a.launcher_version);
+    s.launcher = planner::to_string(*s.format);  // the release's name in the launcher tables
+    const sim::Implementation* impl = sim::find_implementation(a.config.impl);
+    if (impl != nullptr && !impl->runs_on(s.launcher)) {
+      throw InputError("--impl", fmt::format("{} does not run {} (see `cpsim implementations`)",
+                                             s.launcher, impl->name()));
+    }
   }
   planner::PlanOptions& opts = s.opts;
   opts.methods = searched_methods(a);
@@ -365,6 +421,14 @@ PlanSetup plan_setup(const PlanArgs& a) {
 [[noreturn]] void throw_nothing_fits(const PlanArgs& a,
                                      const PlanSetup& s,
                                      const planner::PlanResult& res) {
+  if (const std::string& refusal = res.every_candidate_refused; !refusal.empty()) {
+    // "--flag: why": every configuration searched breaks the same rule of the inputs.
+    const std::size_t colon = refusal.find(": ");
+    const bool named = refusal.starts_with("--") && colon != std::string::npos;
+    throw InputError(named ? refusal.substr(0, colon) : std::string(s.launcher_flag),
+                     fmt::format("every configuration searched is refused: {}",
+                                 named ? refusal.substr(colon + 2) : refusal));
+  }
   std::string closest = res.closest_miss.empty() ? "" : "; " + res.closest_miss;
   const planner::PlanOptions& opts = s.opts;
   if (s.format && planner::launcher_writes_pipeline(*s.format) && opts.seq_len &&
@@ -586,10 +650,42 @@ void print_settings_of(const PlanArgs& a, const PlanSetup& s, const planner::Can
       continue;  // this launcher cannot express the configuration: try the next
     }
   }
+  const sim::LauncherSupport launchers = sim::cp_implementation(best.parallel.method).launchers();
+  if (launchers.runs.empty()) {
+    std::cout << fmt::format("\n{}: {}\n", models::to_string(best.parallel.method),
+                             launchers.sentence());
+    return;
+  }
   std::cout << fmt::format(
       "\nno launcher runs this configuration exactly as simulated: `cpsim plan --launcher X` "
       "(or --emit X --out FILE) searches only what X runs from its file ({})\n",
       launchers_for(best.parallel.method));
+}
+
+// When no launcher runs the recommendation exactly as simulated: the best configuration one does.
+void print_best_run_exactly(const PlanSetup& s, const planner::PlanResult& res) {
+  const auto runs_best = [&](const planner::Candidate& c) {
+    std::vector<std::string> names;
+    for (const planner::LauncherFormat f : planner::launcher_formats()) {
+      if (sim::cp_implementation(c.parallel.method).launchers().runs_on(planner::to_string(f)) &&
+          runs_exactly(f, s.base, c)) {
+        names.emplace_back(planner::to_string(f));
+      }
+    }
+    return names;
+  };
+  if (!runs_best(res.ranked.front()).empty()) {
+    return;
+  }
+  for (const planner::Candidate& c : res.ranked) {
+    if (const std::vector<std::string> names = runs_best(c); !names.empty()) {
+      std::cout << fmt::format(
+          "  the best a launcher runs exactly as simulated: {} ({}){}\n", c.label,
+          join(names, ", "),
+          res.max_context ? fmt::format(", longest context {}", format_length(c.max_seq_len)) : "");
+      return;
+    }
+  }
 }
 
 // The recommendation, why, which launchers run it, and its settings (or the emitted file).
@@ -612,6 +708,7 @@ void print_recommendation(const PlanArgs& a,
                              changes.empty() ? "" : ": ", join(changes, "; "));
   } else {
     std::cout << fmt::format("  launchers that run it: {}\n", launchers_as_simulated(s.base, best));
+    print_best_run_exactly(s, res);
   }
   if (emitted.candidate) {
     print_emitted(a, s, best, emitted);

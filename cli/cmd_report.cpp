@@ -70,7 +70,7 @@ std::vector<std::int64_t> sweep_lengths(const ReportArgs& a) {
 // Canonical method names, in the order given, without repeats.
 std::vector<std::string> sweep_methods(const ReportArgs& a) {
   std::vector<std::string> out;
-  for (const std::string& m : split_methods(a.methods)) {
+  for (const std::string& m : split_methods(a.methods, "--methods")) {
     const std::string name = models::to_string(models::parse_cp_method(m, "--methods"));
     if (std::find(out.begin(), out.end(), name) == out.end()) {
       out.push_back(name);

@@ -1185,7 +1185,7 @@ SimulateArgs config_for_method(const SimulateArgs& a, const std::string& method)
   return m;
 }
 
-std::vector<std::string> split_methods(const std::string& text) {
+std::vector<std::string> split_methods(const std::string& text, const char* field) {
   if (text == "all") {
     std::vector<std::string> all;
     for (const sim::CpImplementation* m : sim::cp_implementations()) {
@@ -1200,7 +1200,10 @@ std::vector<std::string> split_methods(const std::string& text) {
     const std::string item =
         text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (item.empty()) {
-      throw InputError("--method", "empty name in the list");
+      throw InputError(field, "empty name in the list");
+    }
+    if (std::find(out.begin(), out.end(), item) != out.end()) {
+      throw InputError(field, fmt::format("{} is listed twice", item));
     }
     out.push_back(item);
     if (comma == std::string::npos) {
@@ -1216,7 +1219,7 @@ int run_simulate(const SimulateArgs& a) {
     if (!a.trace.empty()) {
       throw InputError("--trace", "write a trace for one method at a time");
     }
-    return run_comparison(a, split_methods(a.method));
+    return run_comparison(a, split_methods(a.method, "--method"));
   }
   const sim::ScheduleInputs in = resolve_inputs(a);
   const sim::TraceSelection trace = trace_selection(a, in);

@@ -93,7 +93,7 @@ std::string recipe_for(const SimulateArgs& args);
 /// The arguments for one method of a comparison: knobs of other methods are dropped.
 SimulateArgs config_for_method(const SimulateArgs& args, const std::string& method);
 /// A method name, a comma-separated list or `all`.
-std::vector<std::string> split_methods(const std::string& text);
+std::vector<std::string> split_methods(const std::string& text, const char* field);
 
 struct MaxLenArgs {
   SimulateArgs config;
@@ -117,6 +117,7 @@ struct PlanArgs {
   int threads = 2;
   std::string launcher;  ///< --launcher: search only what it runs, without writing its file
   std::string emit;
+  std::string launcher_version;  ///< --launcher-version: the release of --emit/--launcher
   std::string out;
   bool json = false;
 };

@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <array>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -70,12 +72,34 @@ class HfReader {
   const std::string& origin_;
 };
 
-ActivationKind parse_activation(const std::string& act, const std::string& field) {
+// Whether a model's MLP is gated comes from its code, not from `hidden_act`: transformers'
+// GemmaMLP applies gelu_pytorch_tanh to a gated MLP (gate_proj, up_proj, down_proj), GPT-2,
+// GPT-NeoX or Starcoder2 apply GELU between two matrices (c_fc, c_proj). transformers 4.51.3,
+// models/<type>/modeling_<type>.py.
+constexpr std::array<std::string_view, 11> kPlainMlpModelTypes = {
+    "gpt2", "gpt_neo", "gpt_neox", "gptj",  "gpt_bigcode", "starcoder2",
+    "phi",  "falcon",  "opt",      "bloom", "mpt"};
+constexpr std::array<std::string_view, 1> kGeGluModelTypes = {"gemma"};
+
+bool is_one_of(std::string_view value, std::span<const std::string_view> names) {
+  return std::find(names.begin(), names.end(), value) != names.end();
+}
+
+// `model_type` empty: a config without one (the built-in Llama-style files and tests).
+ActivationKind parse_activation(const std::string& act,
+                                const std::string& model_type,
+                                const std::string& field) {
   if (act == "silu" || act == "swiglu" || act == "swish") {
     return ActivationKind::kSwiGlu;
   }
   if (act.rfind("gelu", 0) == 0) {
-    return ActivationKind::kGelu;
+    if (is_one_of(model_type, kGeGluModelTypes)) {
+      return ActivationKind::kGeGlu;
+    }
+    throw InputError(
+        field, fmt::format("'{}' with model_type '{}': a gated GELU MLP is known only for "
+                           "model_type gemma; a plain GELU MLP (two matrices) is not modelled",
+                           act, model_type));
   }
   throw InputError(field,
                    fmt::format("unsupported activation '{}'; known: silu, swiglu, gelu*", act));
@@ -124,13 +148,19 @@ void read_architecture(const HfReader& hf, TransformerSpec& spec) {
   if (const Json* bias = hf.optional("attention_bias")) {
     spec.attention_bias = json_bool(*bias, hf.field("attention_bias"));
   }
-  if (const Json* act = hf.optional("hidden_act")) {
-    spec.activation =
-        parse_activation(json_string(*act, hf.field("hidden_act")), hf.field("hidden_act"));
-  }
   if (const Json* model_type = hf.optional("model_type")) {
     spec.model_type = json_string(*model_type, hf.field("model_type"));
     spec.qk_norm = spec.model_type == "qwen3";
+    if (is_one_of(spec.model_type, kPlainMlpModelTypes)) {
+      throw InputError(hf.field("model_type"),
+                       fmt::format("{} models have a plain two-matrix MLP; only gated MLPs "
+                                   "(SwiGLU, GeGLU) are modelled",
+                                   spec.model_type));
+    }
+  }
+  if (const Json* act = hf.optional("hidden_act")) {
+    spec.activation = parse_activation(json_string(*act, hf.field("hidden_act")), spec.model_type,
+                                       hf.field("hidden_act"));
   }
 }
 

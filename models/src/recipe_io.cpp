@@ -173,6 +173,12 @@ void read_kernels_and_loss(const RecipeReader& r, TrainingRecipe& recipe) {
   if (const Json* fused_loss = r.member("fused_loss")) {
     recipe.fused_loss = json_bool(*fused_loss, r.field("fused_loss"));
   }
+  const Json* rope_cache = r.section("rope_cache", {"bytes_per_head_dim", "per_layer"});
+  r.read_int(rope_cache, "rope_cache", "bytes_per_head_dim", recipe.rope_cache_bytes_per_head_dim);
+  r.read_bool(rope_cache, "rope_cache", "per_layer", recipe.rope_cache_per_layer);
+  if (recipe.rope_cache_bytes_per_head_dim < 0) {
+    throw InputError(r.field("rope_cache.bytes_per_head_dim"), "must be 0 or more");
+  }
   const Json* allocator = r.section("allocator", {"expandable_segments"});
   r.read_bool(allocator, "allocator", "expandable_segments", recipe.expandable_segments);
   if (const Json* kernel = r.member("attention_kernel")) {
@@ -189,12 +195,12 @@ TrainingRecipe parse_recipe(const std::string& json_text, const std::string& ori
                      fmt::format("a recipe must be a JSON object, got {}", describe_json(root)));
   }
   check_schema(root, kRecipeSchema, origin);
-  reject_unknown_keys(
-      root,
-      {"schema", "name", "description", "precision", "optimizer", "sharding",
-       "activation_checkpointing", "tiled_mlp", "tiled_norm", "norm_kernel", "rope_kernel",
-       "mlp_kernel", "fused_loss", "allocator", "attention_kernel", "int32_kernel_indexing"},
-      origin, "");
+  reject_unknown_keys(root,
+                      {"schema", "name", "description", "precision", "optimizer", "sharding",
+                       "activation_checkpointing", "tiled_mlp", "tiled_norm", "norm_kernel",
+                       "rope_kernel", "mlp_kernel", "fused_loss", "rope_cache", "allocator",
+                       "attention_kernel", "int32_kernel_indexing"},
+                      origin, "");
 
   // Every key but `schema` is optional; absent keys keep the defaults of TrainingRecipe (alst).
   TrainingRecipe recipe;

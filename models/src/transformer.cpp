@@ -38,8 +38,7 @@ std::int64_t attention_matmul_weights(const TransformerSpec& spec) {
 }
 
 std::int64_t mlp_matmul_weights(const TransformerSpec& spec) {
-  const std::int64_t matrices = spec.activation == ActivationKind::kSwiGlu ? 3 : 2;
-  return matrices * spec.hidden * spec.ffn_hidden;
+  return 3 * spec.hidden * spec.ffn_hidden;  // gate, up, down (ActivationKind: always gated)
 }
 
 std::int64_t norm_weights(const TransformerSpec& spec) {

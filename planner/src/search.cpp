@@ -1397,6 +1397,9 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
   rank_checking_reserved(base, options, cands, std::move(fitting), res, miss);
   if (res.ranked.empty()) {
     res.closest_miss = miss.text();
+    if (res.generated > 0 && res.refused == res.generated) {
+      res.every_candidate_refused = cands.front().error;
+    }
   }
   res.why_best = why_best(res);
   return res;

@@ -445,6 +445,10 @@ ModelStates model_states(const ScheduleInputs& inputs) {
   if (r.fp8) {
     s.gpu_bytes += fp8_state_bytes(in.model);
   }
+  // The framework's RoPE table for every position of the training length (TrainingRecipe::
+  // rope_cache_bytes_per_head_dim): whole on every rank, neither sharded nor offloaded.
+  s.gpu_bytes += r.rope_cache_bytes_per_head_dim * in.model.head_dim * in.parallel.seq_len *
+                 (r.rope_cache_per_layer ? in.model.layers : 1);
   s.host_bytes =
       r.optimizer_offload ? (r.zero_stage == 0 ? total : shard) * (m + o + kFp32Bytes) : 0;
   if (r.param_offload && r.zero_stage == 3) {

@@ -151,8 +151,20 @@ TEST(HfConfig, Qwen3HasQkNormAndTiedEmbeddings) {
 
 TEST(HfConfig, Activations) {
   json config = llama_config();
+  // Gemma's MLP is gated (GemmaMLP: gate_proj, up_proj, down_proj): 3·h·f like SwiGLU.
+  config["model_type"] = "gemma";
   config["hidden_act"] = "gelu_pytorch_tanh";
-  EXPECT_EQ(parse(config).activation, ActivationKind::kGelu);
+  EXPECT_EQ(parse(config).activation, ActivationKind::kGeGlu);
+  EXPECT_EQ(count_parameters(parse(config)).mlp_per_layer,
+            3 * config["hidden_size"].get<std::int64_t>() *
+                config["intermediate_size"].get<std::int64_t>());
+  // GELU elsewhere is not known to be gated: refused, never taken for another MLP.
+  config["model_type"] = "llama";
+  EXPECT_EQ(error_field(config), "llama.json:hidden_act");
+  // Model types with a plain two-matrix MLP are refused whatever the activation.
+  config["model_type"] = "starcoder2";
+  EXPECT_EQ(error_field(config), "llama.json:model_type");
+  config["model_type"] = "llama";
   config["hidden_act"] = "swiglu";
   EXPECT_EQ(parse(config).activation, ActivationKind::kSwiGlu);
   config.erase("hidden_act");

@@ -98,16 +98,16 @@ TEST(ParameterCount, TinyModelByHand) {
   EXPECT_EQ(p.per_layer, 592);
   EXPECT_EQ(p.total, 2 * 592 + 80 + 80 + 8);
 
-  spec.attention_bias = true;               // + 8 + 2·4
-  spec.activation = ActivationKind::kGelu;  // 2·8·16
-  spec.norm = NormKind::kLayerNorm;         // 4·8 per layer, 2·8 final
+  spec.attention_bias = true;                // + 8 + 2·4
+  spec.activation = ActivationKind::kGeGlu;  // gated as SwiGLU: 3·8·16
+  spec.norm = NormKind::kLayerNorm;          // 4·8 per layer, 2·8 final
   spec.tied_embeddings = true;
   p = count_parameters(spec);
   EXPECT_EQ(p.attention_per_layer, 208);
-  EXPECT_EQ(p.mlp_per_layer, 256);
-  EXPECT_EQ(p.per_layer, 208 + 256 + 32);
+  EXPECT_EQ(p.mlp_per_layer, 384);
+  EXPECT_EQ(p.per_layer, 208 + 384 + 32);
   EXPECT_EQ(p.final_norm, 16);
-  EXPECT_EQ(p.total, 2 * 496 + 80 + 16);
+  EXPECT_EQ(p.total, 2 * 624 + 80 + 16);
 }
 
 TEST(ModelStepFlops, TinyModelByHand) {

@@ -863,7 +863,7 @@ TEST(PlanAsLauncherRuns, TorchTitanSearchesOnlyWhatItsTomlRuns) {
   const sim::ScheduleInputs base = small(CpMethod::kUlysses, 8);
   PlanOptions o;
   o.seq_len = 64 * 1024;
-  o.launcher = LauncherFormat::kTorchTitan;
+  o.launcher = LauncherFormat::kTorchTitan021;
   const std::vector<Candidate> cands = enumerate_candidates(base, o);
   ASSERT_FALSE(cands.empty());
   std::set<std::string> labels;
@@ -883,9 +883,9 @@ TEST(PlanAsLauncherRuns, TorchTitanSearchesOnlyWhatItsTomlRuns) {
 
 TEST(PlanAsLauncherRuns, EveryLauncherRunsItsOwnRecipeUnchanged) {
   for (const LauncherFormat f :
-       {LauncherFormat::kTorchTitan, LauncherFormat::kTorchTitanMain,
-        LauncherFormat::kUntiedUlysses, LauncherFormat::kDeepSpeed, LauncherFormat::kAccelerate,
-        LauncherFormat::kMegatron, LauncherFormat::kArctic}) {
+       {LauncherFormat::kTorchTitan, LauncherFormat::kTorchTitan022, LauncherFormat::kTorchTitan021,
+        LauncherFormat::kTorchTitanMain, LauncherFormat::kUntiedUlysses, LauncherFormat::kDeepSpeed,
+        LauncherFormat::kAccelerate, LauncherFormat::kMegatron, LauncherFormat::kArctic}) {
     for (const CpMethod m : {CpMethod::kUlysses, CpMethod::kRing, CpMethod::kFpdt}) {
       sim::ScheduleInputs in = small(m, 8);
       in.recipe.attention_kernel = "cudnn";
@@ -917,7 +917,7 @@ TEST(PlanAsLauncherRuns, ImplementationOfTheLauncher) {
   EXPECT_EQ(implementation_run_by(LauncherFormat::kMegatron, ulysses), "megatron-core-cp");
   EXPECT_EQ(implementation_run_by(LauncherFormat::kDeepSpeed, ulysses), "none");
   const sim::ScheduleInputs ring = small(CpMethod::kRing, 8);
-  EXPECT_EQ(implementation_run_by(LauncherFormat::kTorchTitan, ring), "torch-native-cp");
+  EXPECT_EQ(implementation_run_by(LauncherFormat::kTorchTitan021, ring), "torch-native-cp");
   ulysses.parallel.implementation = "none";
   EXPECT_EQ(implementation_run_by(LauncherFormat::kArctic, ulysses), "none");
 }

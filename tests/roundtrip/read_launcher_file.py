@@ -165,6 +165,15 @@ def torchtitan_rope(recipe, model_name):
     recipe["rope_kernel"] = {"llama3": "complex", "qwen3": "eager"}[model_name]
 
 
+def torchtitan_rope_table(recipe, model_name, per_layer):
+    """TorchTitan's RoPE table of every position up to the training length: complex64 [S, d/2]
+    for llama3, cos and sin of [S, d] in fp32 for qwen3; one buffer on the model in v0.2.x
+    (precompute_freqs_cis / precompute_rope_cache), one per block in 0.3.0 and main
+    (models/common/rope.py, RoPE.__init__)."""
+    recipe["rope_cache"] = {"bytes_per_head_dim": {"llama3": 4, "qwen3": 8}[model_name],
+                            "per_layer": per_layer}
+
+
 def compute_dtype_comm(recipe):
     recipe["precision"]["cp_comm_bytes"] = recipe["precision"]["activation_bytes"]
 
@@ -180,6 +189,12 @@ def read_torchtitan(path, recipe, a):
     flags = ["--model", model_of_shape(shape, a.data, "[model]")]
     par, train = t["parallelism"], t["training"]
     rotate = par.get("context_parallel_rotate_method", "allgather")  # TorchTitan's default
+    if a.format == "torchtitan-0.2.2":
+        # v0.2.2's training does not read the rotate method (validate.py alone does): PyTorch's
+        # default rotation, the all-gather, runs.
+        rotate = "allgather"
+    elif "context_parallel_load_balancer" in par:
+        raise Unreadable("[parallelism] context_parallel_load_balancer: new in v0.2.2")
     method = {"alltoall": "ring", "allgather": "allgather"}[rotate]
     flags += ["--method", method, "--seq", str(train["seq_len"]),
               "--cp-degree", str(par["context_parallel_degree"])]
@@ -223,13 +238,14 @@ def read_torchtitan(path, recipe, a):
     recipe["activation_checkpointing"]["mode"] = mode
     no_key(recipe, fused_loss=False, kernel="sdpa")
     torchtitan_rope(recipe, model["name"])
+    torchtitan_rope_table(recipe, model["name"], per_layer=False)
     compute_dtype_comm(recipe)
     recipe["allocator"]["expandable_segments"] = expandable(comment_environment(path))
     return flags
 
 
-# TorchTitan main's baseline config functions (torchtitan/models/{llama3,qwen3}/config_registry.py
-# @ b5bcd76): the flavor each one builds with model_registry.
+# TorchTitan 0.3.0's and main's baseline config functions (torchtitan/models/{llama3,qwen3}/
+# config_registry.py, 0.3.0 and @ b5bcd76): the flavor each one builds with model_registry.
 MAIN_BASELINES = {
     "llama3_8b": ("llama3", "8B"), "llama3_70b": ("llama3", "70B"),
     "llama3_405b": ("llama3", "405B"), "qwen3_0_6b": ("qwen3", "0.6B"),
@@ -250,12 +266,48 @@ MAIN_DEFAULTS = {
     "training.num_tokens_per_train_step": -1, "training.mixed_precision_param": "bfloat16",
     "training.mixed_precision_reduce": "float32", "training.enable_cpu_offload": False,
 }
+# 0.3.0's (torchtitan/config/configs.py of the 0.3.0 wheel): sequences, not tokens, per batch.
+RELEASE_DEFAULTS = {
+    "parallelism.data_parallel_replicate_degree": 1, "parallelism.pipeline_parallel_degree": 1,
+    "parallelism.tensor_parallel_degree": 1, "parallelism.context_parallel_degree": 1,
+    "parallelism.fsdp_reshard_after_forward": "default",
+    "parallelism.context_parallel_load_balancer": "headtail",
+    "parallelism.pipeline_parallel_schedule": "1F1B",
+    "parallelism.pipeline_parallel_microbatch_size": 1,
+    "parallelism.pipeline_parallel_first_stage_less_layers": 1,
+    "parallelism.pipeline_parallel_last_stage_less_layers": 1,
+    "parallelism.pipeline_parallel_layers_per_stage": None,
+    "training.global_batch_size": -1, "training.mixed_precision_param": "bfloat16",
+    "training.mixed_precision_reduce": "float32", "training.enable_cpu_offload": False,
+    "training.disable_cuda_graphs": False,
+}
+# The RoPE maximum of the baselines' model_registry (models/llama3/__init__.py,
+# models/qwen3/__init__.py): update_from_config refuses a longer training length.
+REGISTRY_ROPE_MAXIMUM = {"llama3": 131072, "qwen3": 40960}
+
+
+def rope_loop(st):
+    """`for layer in config.model_spec.model.layers: layer.attention.rope =
+    dataclasses.replace(layer.attention.rope, FIELD=N)` as ("rope.FIELD", N); else None."""
+    import ast
+    if not (isinstance(st, ast.For) and ast.unparse(st.iter) == "config.model_spec.model.layers"
+            and len(st.body) == 1 and isinstance(st.body[0], ast.Assign)):
+        return None
+    var = ast.unparse(st.target)
+    assign = st.body[0]
+    call = assign.value
+    if (len(assign.targets) != 1 or ast.unparse(assign.targets[0]) != f"{var}.attention.rope"
+            or not isinstance(call, ast.Call) or ast.unparse(call.func) != "dataclasses.replace"
+            or [ast.unparse(x) for x in call.args] != [f"{var}.attention.rope"]
+            or len(call.keywords) != 1):
+        return None
+    return f"rope.{call.keywords[0].arg}", call.keywords[0].value
 
 
 def function_assignments(path, name):
     """The statements of function `name` of a Python module, read with Python's ast (the module
     is not imported) up to its return: (line, target as text, value node), each a single
-    assignment."""
+    assignment or the loop raising every block's RoPE maximum (rope_loop)."""
     import ast
     with open(path) as f:
         tree = ast.parse(f.read(), filename=path)
@@ -266,15 +318,19 @@ def function_assignments(path, name):
     for st in fn.body:
         if isinstance(st, ast.Return):
             break
+        if rope_loop(st) is not None:
+            out.append((st.lineno, *rope_loop(st)))
+            continue
         if not isinstance(st, ast.Assign) or len(st.targets) != 1:
             raise Unreadable(f"line {st.lineno}: not a single assignment")
         out.append((st.lineno, ast.unparse(st.targets[0]), st.value))
     return out
 
 
-def main_config_function(path):
-    """The `cpsim_config` function of a TorchTitan main config module, read with Python's ast (no
-    torchtitan import): (baseline function, {"section.field": value}, activation checkpoint)."""
+def main_config_function(path, defaults):
+    """The `cpsim_config` function of a TorchTitan 0.3.0 or main config module, read with
+    Python's ast (no torchtitan import): (baseline function, {"section.field": value},
+    activation checkpoint)."""
     import ast
     baseline, fields, ac = None, {}, "unset"
     for line, target, value in function_assignments(path, "cpsim_config"):
@@ -289,34 +345,66 @@ def main_config_function(path):
                 raise Unreadable(f"line {line}: activation_checkpoint {ast.unparse(value)}")
         elif target.startswith("config."):
             fields[target[len("config."):]] = ast.literal_eval(value)
+        elif target.startswith("rope."):
+            fields[target] = ast.literal_eval(value)
         else:
             raise Unreadable(f"line {line}: assignment to {target}")
     if baseline not in MAIN_BASELINES:
         raise Unreadable(f"baseline {baseline}: not a known config_registry function")
-    return baseline, {**MAIN_DEFAULTS, **fields}, ac
+    return baseline, {**defaults, **fields}, ac
 
 
-def read_torchtitan_main(path, recipe, a):
-    baseline, f, ac = main_config_function(path)
-    if ac == "unset":
-        raise Unreadable("activation_checkpoint: the baseline's policy is not read")
-    flags = ["--model", model_of_shape(FLAVORS[MAIN_BASELINES[baseline]], a.data, baseline)]
-    if f["parallelism.data_parallel_replicate_degree"] != 1:
-        raise Unreadable("parallelism.data_parallel_replicate_degree: HSDP is not modelled")
-    seq = int(f["training.max_context_length"])
+def release_batch(f, seq, dp, pp):
+    """0.3.0: local_batch_size sequences per data-parallel rank; with PP split into
+    local_batch_size / pipeline_parallel_microbatch_size micro-batches (trainer.py:124-135), else
+    global_batch_size / (local x dp) steps of gradient accumulation."""
+    local = int(f["training.local_batch_size"])
+    if pp > 1:
+        if int(f["parallelism.pipeline_parallel_microbatch_size"]) != 1:
+            raise Unreadable("pipeline micro-batches of several sequences: not modelled")
+        if not f["training.disable_cuda_graphs"]:
+            raise Unreadable("training.disable_cuda_graphs: 0.3.0's CUDA graphs refuse PP")
+        return local
+    if local != 1:
+        raise Unreadable("training.local_batch_size: not one sequence per micro-batch")
+    global_batch = int(f["training.global_batch_size"])
+    return 1 if global_batch < 0 else global_batch // dp
+
+
+def main_batch(f, seq, dp, pp):
+    """main: token budgets; num_pp_microbatches per step and data-parallel rank with PP
+    (trainer.py:409-414); -1: one micro-batch per data-parallel rank; else gradient accumulation
+    fills the step."""
     if int(f["training.num_tokens_per_microbatch_per_dp_rank"]) != seq:
         raise Unreadable("num_tokens_per_microbatch_per_dp_rank: not one sequence per micro-batch")
-    cp = int(f["parallelism.context_parallel_degree"])
-    tp = int(f["parallelism.tensor_parallel_degree"])
-    pp = int(f["parallelism.pipeline_parallel_degree"])
-    dp = a.gpus // (tp * cp * pp)
-    # num_pp_microbatches per step and data-parallel rank with PP (trainer.py:409-414); -1: one
-    # micro-batch per data-parallel rank; else gradient accumulation fills the step.
     pp_micro = int(f["parallelism.num_pp_microbatches"]) if pp > 1 else 1
     step_tokens = int(f["training.num_tokens_per_train_step"])
     micro = pp_micro if step_tokens < 0 else step_tokens // (seq * dp)
     if pp > 1 and micro != pp_micro:
         raise Unreadable("gradient accumulation over pipelined steps: not modelled")
+    return micro
+
+
+def read_torchtitan_main(path, recipe, a):
+    release = a.format == "torchtitan"  # 0.3.0; else main @ b5bcd76
+    baseline, f, ac = main_config_function(path, RELEASE_DEFAULTS if release else MAIN_DEFAULTS)
+    if ac == "unset":
+        raise Unreadable("activation_checkpoint: the baseline's policy is not read")
+    flags = ["--model", model_of_shape(FLAVORS[MAIN_BASELINES[baseline]], a.data, baseline)]
+    if f["parallelism.data_parallel_replicate_degree"] != 1:
+        raise Unreadable("parallelism.data_parallel_replicate_degree: HSDP is not modelled")
+    length_field = "training.seq_len" if release else "training.max_context_length"
+    seq = int(f[length_field])
+    name = MAIN_BASELINES[baseline][0]
+    rope = f.get("rope.max_seq_len" if release else "rope.max_context_length",
+                 REGISTRY_ROPE_MAXIMUM[name])
+    if seq > rope:
+        raise Unreadable(f"{length_field} {seq} exceeds the RoPE maximum {rope}")
+    cp = int(f["parallelism.context_parallel_degree"])
+    tp = int(f["parallelism.tensor_parallel_degree"])
+    pp = int(f["parallelism.pipeline_parallel_degree"])
+    dp = a.gpus // (tp * cp * pp)
+    micro = (release_batch if release else main_batch)(f, seq, dp, pp)
     pipeline = torchtitan_pipeline_flags(
         FLAVORS[MAIN_BASELINES[baseline]][0], pp, f["parallelism.pipeline_parallel_schedule"],
         int(f["parallelism.pipeline_parallel_first_stage_less_layers"]),
@@ -336,7 +424,8 @@ def read_torchtitan_main(path, recipe, a):
     # ChunkedLossWrapper (the baselines' loss) never holds the full logits: the fused loss. The
     # flex kernel has no curves: the base recipe's kernel stays.
     no_key(recipe, fused_loss=True)
-    torchtitan_rope(recipe, MAIN_BASELINES[baseline][0])
+    torchtitan_rope(recipe, name)
+    torchtitan_rope_table(recipe, name, per_layer=True)
     compute_dtype_comm(recipe)
     recipe["allocator"]["expandable_segments"] = expandable(comment_environment(path))
     return flags
@@ -741,7 +830,7 @@ def flags_of(words):
 
 def file_keys(fmt, path):
     """{part: [keys]}: every key or flag the emitted file (and the files it names) sets."""
-    if fmt == "torchtitan":
+    if fmt in ("torchtitan-0.2.2", "torchtitan-0.2.1"):
         import tomllib
         with open(path, "rb") as f:
             return {"toml": key_paths(tomllib.load(f))}
@@ -766,7 +855,7 @@ def file_keys(fmt, path):
         if os.path.exists(sh):
             out["args"] = flags_of(source_bash(sh, "CPSIM_MEGATRON_DEEPSPEED_FLAGS")[0])
         return out
-    if fmt == "torchtitan-main":
+    if fmt in ("torchtitan", "torchtitan-main"):
         import ast
         with open(path) as f:
             tree = ast.parse(f.read(), path)
@@ -799,7 +888,9 @@ def check_known_keys(fmt, path, known_path):
 
 
 READERS = {
-    "torchtitan": read_torchtitan,
+    "torchtitan": read_torchtitan_main,
+    "torchtitan-0.2.2": read_torchtitan,
+    "torchtitan-0.2.1": read_torchtitan,
     "torchtitan-main": read_torchtitan_main,
     "untied-ulysses": read_untied_ulysses,
     "deepspeed": read_deepspeed,

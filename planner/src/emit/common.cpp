@@ -20,7 +20,11 @@ namespace {
 const char* launcher_title(LauncherFormat f) {
   switch (f) {
     case LauncherFormat::kTorchTitan:
-      return "TorchTitan";
+      return "TorchTitan 0.3.0";
+    case LauncherFormat::kTorchTitan022:
+      return "TorchTitan 0.2.2";
+    case LauncherFormat::kTorchTitan021:
+      return "TorchTitan 0.2.1";
     case LauncherFormat::kTorchTitanMain:
       return "TorchTitan main";
     case LauncherFormat::kUntiedUlysses:
@@ -42,8 +46,14 @@ const char* launcher_title(LauncherFormat f) {
 const char* launcher_scope(LauncherFormat f) {
   switch (f) {
     case LauncherFormat::kTorchTitan:
-      return "upstream TorchTitan only has ring-style CP (ring, allgather); no Ulysses, UPipe or "
-             "FPDT";
+      return "TorchTitan 0.3.0 runs CP only through FlexAttention, whose K/V are all-gathered "
+             "(allgather); no ring rotation, Ulysses, UPipe or FPDT";
+    case LauncherFormat::kTorchTitan022:
+      return "TorchTitan 0.2.2's training ignores context_parallel_rotate_method (only its "
+             "validation reads it), so CP runs PyTorch's default all-gather; no ring (0.2.1 runs "
+             "it: --launcher-version 0.2.1), Ulysses, UPipe or FPDT";
+    case LauncherFormat::kTorchTitan021:
+      return "TorchTitan 0.2.1 has ring-style CP (ring, allgather); no Ulysses, UPipe or FPDT";
     case LauncherFormat::kTorchTitanMain:
       return "TorchTitan main runs CP only through FlexAttention, whose K/V are all-gathered "
              "(allgather); no ring rotation, Ulysses, UPipe or FPDT";
@@ -68,8 +78,10 @@ const char* launcher_scope(LauncherFormat f) {
 }  // namespace
 
 void refuse_method(LauncherFormat f, CpMethod m) {
-  refuse(fmt::format("{} cannot run {} ({}); use {}", launcher_title(f), models::to_string(m),
-                     launcher_scope(f), launchers_for(m)));
+  const sim::LauncherSupport others = sim::cp_implementation(m).launchers();
+  refuse(fmt::format("{} cannot run {} ({}); {}", launcher_title(f), models::to_string(m),
+                     launcher_scope(f),
+                     others.runs.empty() ? others.sentence() : "use " + launchers_for(m)));
 }
 
 // TorchTitan splits L blocks over S = P·V stages as if the embedding and the output were
@@ -255,6 +267,20 @@ void torchtitan_rope(RecipeAsRun& r, const models::TransformerSpec& m, const cha
   }
 }
 
+void torchtitan_rope_cache(RecipeAsRun& r,
+                           const models::TransformerSpec& m,
+                           bool per_layer,
+                           const char* launcher) {
+  // Qwen3: cos‖sin of [S, d] in fp32, [S, 2d] (CosSinRoPE; v0.2.2 precompute_rope_cache); Llama:
+  // complex64 [S, d/2] (ComplexRoPE; v0.2.2 precompute_freqs_cis).
+  const std::int64_t bytes = qwen3_flavor(m).name != nullptr ? 8 : 4;
+  run_as(r, r.recipe.rope_cache_bytes_per_head_dim, bytes,
+         fmt::format("RoPE table of every position on the GPU ({}: {} bytes per position and "
+                     "head dim, {})",
+                     launcher, bytes, per_layer ? "one per block" : "one per model"));
+  r.recipe.rope_cache_per_layer = per_layer;  // named in the change above
+}
+
 void no_offload_or_tiling(RecipeAsRun& r,
                           const std::string& offload_why,
                           const std::string& tiling_why) {
@@ -293,7 +319,8 @@ EmittedConfig finish(Plan& p, LauncherText text) {
   EmittedConfig out;
   out.suggested_filename = text.filename;
   out.companions = std::move(p.companions);
-  std::vector<std::string> header = {p.provenance()};
+  std::vector<std::string> header = {p.provenance(),
+                                     fmt::format("written for {}", launcher_target(p.format))};
   header.insert(header.end(), std::make_move_iterator(text.usage.begin()),
                 std::make_move_iterator(text.usage.end()));
   if (text.comment_header) {

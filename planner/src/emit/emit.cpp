@@ -20,7 +20,8 @@
 namespace cpsim::planner {
 namespace {
 
-constexpr std::array kFormats = {LauncherFormat::kTorchTitan,    LauncherFormat::kTorchTitanMain,
+constexpr std::array kFormats = {LauncherFormat::kTorchTitan,    LauncherFormat::kTorchTitan022,
+                                 LauncherFormat::kTorchTitan021, LauncherFormat::kTorchTitanMain,
                                  LauncherFormat::kUntiedUlysses, LauncherFormat::kDeepSpeed,
                                  LauncherFormat::kAccelerate,    LauncherFormat::kMegatron,
                                  LauncherFormat::kArctic,        LauncherFormat::kNeMo};
@@ -43,6 +44,10 @@ const char* to_string(LauncherFormat f) {
   switch (f) {
     case LauncherFormat::kTorchTitan:
       return "torchtitan";
+    case LauncherFormat::kTorchTitan022:
+      return "torchtitan-0.2.2";
+    case LauncherFormat::kTorchTitan021:
+      return "torchtitan-0.2.1";
     case LauncherFormat::kTorchTitanMain:
       return "torchtitan-main";
     case LauncherFormat::kUntiedUlysses:
@@ -61,13 +66,64 @@ const char* to_string(LauncherFormat f) {
   return "unknown";
 }
 
-LauncherFormat parse_launcher_format(const std::string& text, const std::string& field) {
+const char* launcher_target(LauncherFormat f) {
+  // The releases CI loads the files with (requirements.txt), else the commits the emitters were
+  // written from (docs/REFERENCES.md, "Launchers").
+  switch (f) {
+    case LauncherFormat::kTorchTitan:
+      return "TorchTitan 0.3.0";
+    case LauncherFormat::kTorchTitan022:
+      return "TorchTitan 0.2.2";
+    case LauncherFormat::kTorchTitan021:
+      return "TorchTitan 0.2.1";
+    case LauncherFormat::kTorchTitanMain:
+      return "TorchTitan main @ b5bcd76";
+    case LauncherFormat::kUntiedUlysses:
+      return "Untied-Ulysses (the UPipe fork of TorchTitan)";
+    case LauncherFormat::kDeepSpeed:
+      return "DeepSpeed 0.19.8 (and Megatron-DeepSpeed @ 4efb479 for FPDT)";
+    case LauncherFormat::kAccelerate:
+      return "Accelerate 1.15.0";
+    case LauncherFormat::kMegatron:
+      return "Megatron-LM core_r0.15 (checked with Megatron-Core 0.16.1)";
+    case LauncherFormat::kArctic:
+      return "ArcticTraining @ b28638e";
+    case LauncherFormat::kNeMo:
+      return "NeMo 2.4.0";
+  }
+  return "unknown";
+}
+
+LauncherFormat parse_launcher_format(const std::string& text,
+                                     const std::string& field,
+                                     const std::string& version) {
   std::string known;
   for (const LauncherFormat f : kFormats) {
+    known += known.empty() ? to_string(f) : fmt::format(", {}", to_string(f));
+  }
+  if (text == "torchtitan" && !version.empty() && version != "0.3.0") {
+    // Older TorchTitan releases by their TOML formats.
+    for (const LauncherFormat f :
+         {LauncherFormat::kTorchTitan022, LauncherFormat::kTorchTitan021}) {
+      if (text + "-" + version == to_string(f)) {
+        return f;
+      }
+    }
+    throw InputError("--launcher-version",
+                     fmt::format("torchtitan files are written for 0.3.0 (the default), 0.2.2 or "
+                                 "0.2.1, not '{}'",
+                                 version));
+  }
+  for (const LauncherFormat f : kFormats) {
     if (text == to_string(f)) {
+      if (!version.empty() && text != "torchtitan") {
+        throw InputError("--launcher-version",
+                         fmt::format("{} files are written for one release, {}; only torchtitan "
+                                     "takes a version",
+                                     text, launcher_target(f)));
+      }
       return f;
     }
-    known += known.empty() ? to_string(f) : fmt::format(", {}", to_string(f));
   }
   throw InputError(field, fmt::format("unknown launcher format '{}'; known: {}", text, known));
 }
@@ -80,9 +136,13 @@ struct LauncherFunctions {
   EmittedConfig (*emit)(emit_detail::Plan&);
   RecipeAsRun (*recipe_as_run)(const sim::ScheduleInputs&);
 };
-constexpr std::array<LauncherFunctions, 8> kLaunchers = {{
-    {LauncherFormat::kTorchTitan, emit_detail::emit_torchtitan,
-     emit_detail::torchtitan_recipe_as_run},
+constexpr std::array<LauncherFunctions, 10> kLaunchers = {{
+    {LauncherFormat::kTorchTitan, emit_detail::emit_torchtitan_030,
+     emit_detail::torchtitan_030_recipe_as_run},
+    {LauncherFormat::kTorchTitan022, emit_detail::emit_torchtitan_toml,
+     emit_detail::torchtitan_toml_recipe_as_run},
+    {LauncherFormat::kTorchTitan021, emit_detail::emit_torchtitan_toml,
+     emit_detail::torchtitan_toml_recipe_as_run},
     {LauncherFormat::kTorchTitanMain, emit_detail::emit_torchtitan_main,
      emit_detail::torchtitan_main_recipe_as_run},
     {LauncherFormat::kUntiedUlysses, emit_detail::emit_untied_ulysses,
@@ -125,9 +185,29 @@ std::string implementation_run_by(LauncherFormat format, const sim::ScheduleInpu
   return "none";
 }
 
+namespace {
+
+// An implementation asked for (--impl) that the launcher does not run is bad input: its file
+// would run other code than the one simulated. "none" (the method's scheme alone) runs anywhere
+// the method does.
+void require_implementation_runs_on(LauncherFormat format, const sim::ScheduleInputs& config) {
+  const sim::Implementation* impl = sim::find_implementation(config.parallel.implementation);
+  if (impl != nullptr && !impl->runs_on(to_string(format))) {
+    std::string launchers;
+    for (const std::string_view l : impl->launchers()) {
+      launchers += fmt::format("{}{}", launchers.empty() ? "" : ", ", l);
+    }
+    throw InputError("--impl", fmt::format("{} does not run {}; {} runs on: {}", to_string(format),
+                                           impl->name(), impl->name(), launchers));
+  }
+}
+
+}  // namespace
+
 ConfigAsRun config_as_run(LauncherFormat format,
                           const sim::ScheduleInputs& config,
                           const std::string& field) {
+  require_implementation_runs_on(format, config);
   const sim::CpImplementation& method = sim::cp_implementation(config.parallel.method);
   if (!method.launcher_selection(to_string(format), config.parallel,
                                  config.recipe.attention_kernel)) {
@@ -154,9 +234,17 @@ std::string companion_path(const std::string& main_path,
   return (has_extension ? main.substr(0, dot) : main) + suffix;
 }
 
+namespace {
+
+bool is_torchtitan(LauncherFormat f) {
+  return f == LauncherFormat::kTorchTitan || f == LauncherFormat::kTorchTitan022 ||
+         f == LauncherFormat::kTorchTitan021 || f == LauncherFormat::kTorchTitanMain;
+}
+
+}  // namespace
+
 bool launcher_writes_pipeline(LauncherFormat f) {
-  return f == LauncherFormat::kMegatron || f == LauncherFormat::kNeMo ||
-         f == LauncherFormat::kTorchTitan || f == LauncherFormat::kTorchTitanMain;
+  return f == LauncherFormat::kMegatron || f == LauncherFormat::kNeMo || is_torchtitan(f);
 }
 
 EmittedConfig emit_launcher_config(LauncherFormat format,
@@ -169,11 +257,10 @@ EmittedConfig emit_launcher_config(LauncherFormat format,
   if (!selection) {
     emit_detail::refuse_method(format, m);
   }
+  require_implementation_runs_on(format, config);
   // What each file can say about tensor parallelism and gradient accumulation.
   const bool writes_tp = format == LauncherFormat::kMegatron || format == LauncherFormat::kNeMo ||
-                         format == LauncherFormat::kTorchTitan ||
-                         format == LauncherFormat::kTorchTitanMain ||
-                         format == LauncherFormat::kAccelerate;
+                         is_torchtitan(format) || format == LauncherFormat::kAccelerate;
   if (config.parallel.tp_degree > 1 && !writes_tp) {
     emit_detail::refuse(
         fmt::format("{} files set no tensor parallelism (--tp {}); launchers that "
@@ -221,6 +308,7 @@ EmittedConfig emit_launcher_config(LauncherFormat format,
                     emit_detail::launchers_for(m)));
   }
   Plan& plan = *checked;
+  plan.format = format;
   plan.main_path = options.main_path;
   plan.dataset = options.dataset;
   return functions_of(format).emit(plan);

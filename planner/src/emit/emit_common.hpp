@@ -61,8 +61,9 @@ struct Plan {
   int nodes = 1;
   std::vector<std::string> notes;
   std::vector<CompanionFile> companions;
-  std::string main_path;  ///< EmitOptions::main_path
-  std::string dataset;    ///< EmitOptions::dataset
+  LauncherFormat format = LauncherFormat::kTorchTitan;  ///< the file's launcher and release
+  std::string main_path;                                ///< EmitOptions::main_path
+  std::string dataset;                                  ///< EmitOptions::dataset
 
   /// How the launcher selects the method for this configuration (the method's launcher table).
   sim::LauncherSelection selection;
@@ -228,9 +229,16 @@ void no_transformer_engine_fp8(RecipeAsRun& r, const char* launcher);
 /// product for Llama (torchtitan/models/llama3/model/model.py:141-169 @ v0.2.2; ComplexRoPE on
 /// main), rotate_half for Qwen3 (torchtitan/models/qwen3/model/model.py:55-130; CosSinRoPE).
 void torchtitan_rope(RecipeAsRun& r, const models::TransformerSpec& m, const char* launcher);
+/// TorchTitan's RoPE table sized to training.seq_len (TrainingRecipe::rope_cache_*): one buffer
+/// on the model in v0.2.x, one per block in 0.3.0 and main.
+void torchtitan_rope_cache(RecipeAsRun& r,
+                           const models::TransformerSpec& m,
+                           bool per_layer,
+                           const char* launcher);
 void comm_dtype_fixed(RecipeAsRun& r, const char* launcher);
 
-RecipeAsRun torchtitan_recipe_as_run(const sim::ScheduleInputs& in);
+RecipeAsRun torchtitan_toml_recipe_as_run(const sim::ScheduleInputs& in);
+RecipeAsRun torchtitan_030_recipe_as_run(const sim::ScheduleInputs& in);
 RecipeAsRun torchtitan_main_recipe_as_run(const sim::ScheduleInputs& in);
 RecipeAsRun untied_ulysses_recipe_as_run(const sim::ScheduleInputs& in);
 RecipeAsRun deepspeed_recipe_as_run(const sim::ScheduleInputs& in);
@@ -258,7 +266,8 @@ void require_te_a2a_heads(const Plan& p, int a2a, const char* launcher, const ch
 /// comma on the last.
 std::vector<std::string> ds_config_common_lines(Plan& p);
 
-EmittedConfig emit_torchtitan(Plan& p);
+EmittedConfig emit_torchtitan_toml(Plan& p);  ///< v0.2.2 and v0.2.1 (p.format)
+EmittedConfig emit_torchtitan_030(Plan& p);
 EmittedConfig emit_torchtitan_main(Plan& p);
 EmittedConfig emit_untied_ulysses(Plan& p);
 EmittedConfig emit_deepspeed(Plan& p);

@@ -6,7 +6,8 @@ namespace cpsim::planner::emit_detail {
 
 /// Launchers that can run a method, as `--emit` values (the method's table).
 std::string launchers_for(CpMethod m) {
-  return "--emit " + sim::cp_implementation(m).launchers().sentence();
+  const sim::LauncherSupport l = sim::cp_implementation(m).launchers();
+  return l.runs.empty() ? l.sentence() : "--emit " + l.sentence();
 }
 
 }  // namespace cpsim::planner::emit_detail

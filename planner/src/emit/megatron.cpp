@@ -74,9 +74,12 @@ void model_args(const Plan& p, std::int64_t max_pos, Args& a) {
   a.push_back({"--rotary-base", number(p.model.rope_theta)});
   a.push_back(
       {"--normalization", p.model.norm == models::NormKind::kRmsNorm ? "RMSNorm" : "LayerNorm"});
-  if (p.model.activation == models::ActivationKind::kSwiGlu) {
-    a.push_back({"--swiglu"});
+  if (p.model.activation != models::ActivationKind::kSwiGlu) {
+    throw InputError("--model", fmt::format("Megatron-LM's arguments name no gated GELU MLP "
+                                            "(only --swiglu); {} has one",
+                                            p.model.name));
   }
+  a.push_back({"--swiglu"});
   a.push_back({"--disable-bias-linear"});
   if (p.model.attention_bias) {
     a.push_back({"--add-qkv-bias"});

@@ -9,17 +9,23 @@
 
 namespace cpsim::planner::emit_detail {
 
-// ---- TorchTitan v0.2.x TOML (REFERENCES.md [TorchTitan]) ----------------------------------------
+// ---- TorchTitan v0.2.2 and v0.2.1 TOML (REFERENCES.md [TorchTitan]) ---------------------------
+// Older releases (--launcher-version): TorchTitan 0.3.0, the current release, reads no TOML
+// (torchtitan_main.cpp writes its config function). v0.2.2's training ignores
+// context_parallel_rotate_method (only validate.py reads it), so its CP is PyTorch's default
+// all-gather and the ring runs from v0.2.1's TOML alone (the methods' launcher tables).
 
-// What the TOML cannot set (the notes of emit_torchtitan): no checkpoint offload, tiled MLP/norm
-// or fused loss key; CP attention runs SDPA (TorchTitan's ScaledDotProductAttention: cuDNN, flash,
-// efficient in that priority, torchtitan/models/attention.py in v0.2.0); gradients reduce in
-// float32; CP tensors move in the compute dtype.
-RecipeAsRun torchtitan_recipe_as_run(const sim::ScheduleInputs& in) {
+// What the TOML cannot set (the notes of emit_torchtitan_toml): no checkpoint offload, tiled
+// MLP/norm or fused loss key; CP attention runs SDPA (TorchTitan's ScaledDotProductAttention:
+// cuDNN, flash, efficient in that priority, torchtitan/models/attention.py in v0.2.0); gradients
+// reduce in float32; CP tensors move in the compute dtype; the model's RoPE buffer (freqs_cis or
+// rope_cache, persistent, max_seq_len = training.seq_len) holds every position.
+RecipeAsRun torchtitan_toml_recipe_as_run(const sim::ScheduleInputs& in) {
   RecipeAsRun r{in.recipe, {}};
   models::TrainingRecipe& x = r.recipe;
   no_transformer_engine_fp8(r, "TorchTitan (its float8 is torchao)");
   torchtitan_rope(r, in.model, "TorchTitan");
+  torchtitan_rope_cache(r, in.model, false, "TorchTitan v0.2.x");
   no_offload_or_tiling(r, "no TorchTitan TOML key", "no TorchTitan TOML key");
   run_as(r, x.fused_loss, false, "logits materialised (no fused-loss TOML key)");
   if (x.attention_kernel != "sdpa" && x.attention_kernel != "cudnn") {
@@ -32,19 +38,16 @@ RecipeAsRun torchtitan_recipe_as_run(const sim::ScheduleInputs& in) {
 
 namespace {
 
-// [model]: the registered model and flavor of this shape, or a note to pick one.
-std::string model_section(Plan& p) {
+// [model]: the registered model and flavor of this shape. Without one the file would train
+// TorchTitan's default model (its debug model), so a shape no flavor matches is refused.
+std::string model_section(const Plan& p) {
   const Flavor fl = torchtitan_flavor(p.model);
-  if (fl.name != nullptr) {
-    return fmt::format("[model]\nname = {}\nflavor = {}\n\n", quoted(fl.name), quoted(fl.flavor));
+  if (fl.name == nullptr) {
+    throw InputError("--model", fmt::format("no TorchTitan llama3 or qwen3 flavor matches {} "
+                                            "({}); the TOML would train TorchTitan's default model",
+                                            p.model.name, shape_summary(p.model)));
   }
-  p.note(
-      fmt::format("no TorchTitan llama3 or qwen3 flavor matches {} exactly; set [model] name "
-                  "and flavor yourself",
-                  p.model.name));
-  return fmt::format(
-      "# [model] name / flavor: pick the TorchTitan model registered for {} ({})\n\n", p.model.name,
-      shape_summary(p.model));
+  return fmt::format("[model]\nname = {}\nflavor = {}\n\n", quoted(fl.name), quoted(fl.flavor));
 }
 
 // [training]: the batch (pipeline micro-batches or gradient accumulation), length, precision.
@@ -108,31 +111,29 @@ std::string pipeline_keys(Plan& p) {
 
 // The context-parallel keys of [parallelism]: degree, rotation, load balancer.
 std::string context_parallel_keys(Plan& p, bool allgather) {
+  const bool v022 = p.format == LauncherFormat::kTorchTitan022;
   std::string body = fmt::format("context_parallel_degree = {}\n", p.cp);
   if (allgather) {
-    body +=
-        "context_parallel_rotate_method = \"allgather\"  # all-gather K/V after the first "
-        "sub-SDPA (all-gather CP); v0.1.0 to v0.2.2, removed on main\n";
+    body += v022 ? "context_parallel_rotate_method = \"allgather\"  # read by validation only; "
+                   "training runs PyTorch's default, the all-gather\n"
+                 : "context_parallel_rotate_method = \"allgather\"  # all-gather K/V after the "
+                   "first sub-SDPA (all-gather CP)\n";
   } else {
     body +=
         "context_parallel_rotate_method = \"alltoall\"  # ring: K/V shards rotate peer to peer "
-        "(TorchTitan's name for ring passing); v0.1.0 to v0.2.2, removed on main\n";
+        "(TorchTitan's name for ring passing)\n";
   }
-  p.note(
-      "context_parallel_rotate_method drives training in v0.2.0 and v0.2.1; in v0.2.2 only the "
-      "validation path reads it (training uses PyTorch's default rotation)");
-  if (p.zigzag()) {
-    body +=
-        "context_parallel_load_balancer = \"headtail\"  # zigzag layout (SDPA); key new in "
-        "v0.2.2: delete this line for v0.2.0 / v0.2.1\n";
-  } else {
-    body +=
-        "# context_parallel_load_balancer: the contiguous layout needs None, which TOML cannot "
-        "write (an empty string is rejected); the default \"headtail\" balances the sequence "
-        "instead\n";
+  // The balancer key is new in v0.2.2; v0.2.1 balances head and tail (PyTorch's default
+  // _cp_options.enable_load_balance).
+  if (p.zigzag() && v022) {
+    body += "context_parallel_load_balancer = \"headtail\"  # zigzag layout (SDPA)\n";
+  } else if (!p.zigzag()) {
+    body += v022 ? "# context_parallel_load_balancer: the contiguous layout needs None, which TOML "
+                   "cannot write (an empty string is rejected)\n"
+                 : "# v0.2.1 has no load-balancer key: PyTorch's head-tail balancing runs\n";
     p.note(
-        "contiguous layout is not expressible in the TOML (load balancer None); TorchTitan's "
-        "default headtail (zigzag) balancing will run, which evens out causal work");
+        "contiguous layout is not expressible in the TOML; TorchTitan's default head-tail "
+        "(zigzag) balancing will run, which evens out causal work");
   }
   return body;
 }
@@ -216,7 +217,7 @@ void notes_on_what_the_toml_cannot_say(Plan& p) {
 
 }  // namespace
 
-EmittedConfig emit_torchtitan(Plan& p) {
+EmittedConfig emit_torchtitan_toml(Plan& p) {
   require_seq_multiple_of_2cp(p, "TorchTitan",
                               "training.seq_len must be divisible by tp x 2 x cp for CP load "
                               "balancing");
@@ -229,12 +230,16 @@ EmittedConfig emit_torchtitan(Plan& p) {
 
   LauncherText text;
   text.usage = {
-      "TorchTitan v0.2.x TOML job config: CONFIG_FILE=cpsim_torchtitan.toml ./run_train.sh",
-      "(TorchTitan main after 2026-02-23 takes a Python config function instead: no rotate key, "
-      "training.max_context_length; --emit torchtitan-main)"};
+      fmt::format(
+          "{} TOML job config: CONFIG_FILE={} ./run_train.sh", launcher_target(p.format),
+          p.main_file(p.format == LauncherFormat::kTorchTitan022 ? "cpsim_torchtitan-0.2.2.toml"
+                                                                 : "cpsim_torchtitan-0.2.1.toml")),
+      "(TorchTitan 0.3.0 and main take a Python config function instead: --emit torchtitan, "
+      "--emit torchtitan-main)"};
   add_environment_line(p, text.usage);
   text.body = "\n" + body;
-  text.filename = "cpsim_torchtitan.toml";
+  text.filename = p.format == LauncherFormat::kTorchTitan022 ? "cpsim_torchtitan-0.2.2.toml"
+                                                             : "cpsim_torchtitan-0.2.1.toml";
   return finish(p, std::move(text));
 }
 

@@ -66,7 +66,7 @@ std::string attn_impl(Plan& p, const std::string& selects) {
   return impl;
 }
 
-// --model.name and --model.flavor of this shape, or a note to add one.
+// --model.name and --model.flavor of this shape; a shape without one is refused.
 void model_args(Plan& p, std::vector<std::string>& args) {
   const Flavor fl = llama3_flavor(p.model);
   // The fork's llama3 "32B" flavor is the Qwen3-32B shape run as a Llama block.
@@ -81,10 +81,11 @@ void model_args(Plan& p, std::vector<std::string>& args) {
         "the fork's llama3 32B flavor has Qwen3-32B's shape as a Llama block (no q/k RMSNorm, "
         "the tokenizer of the TOML decides the vocabulary)");
   } else {
-    p.note(
-        fmt::format("no llama3 flavor of the fork matches {} ({}); pass --model.flavor for a "
-                    "flavor you add to torchtitan/models/llama3/__init__.py",
-                    p.model.name, shape_summary(p.model)));
+    // Without --model.flavor the run trains the base TOML's flavor, another model.
+    throw InputError("--model",
+                     fmt::format("no llama3 flavor of the UPipe fork matches {} ({}); add one to "
+                                 "torchtitan/models/llama3/__init__.py and a model file for it",
+                                 p.model.name, shape_summary(p.model)));
   }
 }
 

@@ -78,7 +78,7 @@ constexpr std::array<std::string_view, 4> kLimits = {
 };
 
 constexpr std::array kMethods = {CpMethod::kRing};
-constexpr std::array<std::string_view, 3> kLaunchers = {"torchtitan", "accelerate",
+constexpr std::array<std::string_view, 3> kLaunchers = {"torchtitan-0.2.1", "accelerate",
                                                         "untied-ulysses"};
 
 constexpr ImplementationTable kTable{

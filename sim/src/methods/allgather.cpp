@@ -32,10 +32,14 @@ class AllGather final : public WholeRingImplementation {
   std::string_view report_color() const override { return "#9467bd"; }
   LauncherSupport launchers() const override {
     // Transformer Engine accepts only "all_gather" (Megatron-LM's argparse help says allgather).
-    // TorchTitan main has no rotate key: its CP is FlexAttention with K/V all-gathered at the
-    // attention's local_map boundary (torchtitan/models/common/decoder_sharding.py:275-284
-    // @b5bcd76), the only CP attention it accepts (models/common/decoder.py:173-183 @b5bcd76).
-    return {{{"torchtitan", "allgather"},
+    // TorchTitan 0.3.0 and main have no rotate key: their CP is FlexAttention with K/V
+    // all-gathered at the attention's local_map boundary (torchtitan/models/common/
+    // decoder_sharding.py:275-284 @b5bcd76), the only CP attention they accept
+    // (models/common/decoder.py:173-183 @b5bcd76; update_from_config in 0.3.0). v0.2.2's training
+    // runs PyTorch's default rotation, the all-gather, whatever its TOML's rotate method.
+    return {{{"torchtitan", "flex"},
+             {"torchtitan-0.2.2", "allgather"},
+             {"torchtitan-0.2.1", "allgather"},
              {"torchtitan-main", "flex"},
              {"megatron", "all_gather"},
              {"nemo", "all_gather"},

@@ -149,7 +149,12 @@ class Fpdt final : public CpImplementation {
   }
   std::string_view report_color() const override { return "#8c564b"; }
   LauncherSupport launchers() const override {
-    return {{{"deepspeed", "fpdt"}}, "Megatron-DeepSpeed flags"};
+    // Megatron-DeepSpeed's FPDT layers train biases and a plain GELU MLP (deepspeed 0.19.8
+    // deepspeed/sequence/fpdt_layer.py:208, :645, :1196-1197; run on the CPU by
+    // tests/launchers/deepspeed_launcher.py), never the gated, bias-free blocks cpsim simulates.
+    return {{},
+            "no launcher: Megatron-DeepSpeed's FPDT layers add biases and a plain GELU MLP, so "
+            "they cannot train the gated bias-free blocks simulated"};
   }
 };
 

@@ -87,6 +87,9 @@ std::string LauncherSupport::list() const {
 }
 
 std::string LauncherSupport::sentence() const {
+  if (runs.empty()) {
+    return std::string(note);
+  }
   std::string s;
   for (std::size_t i = 0; i < runs.size(); ++i) {
     if (i > 0) {

@@ -33,7 +33,9 @@ class Ring final : public WholeRingImplementation {
  public:
   std::string_view report_color() const override { return "#ff7f0e"; }
   LauncherSupport launchers() const override {
-    return {{{"torchtitan", "alltoall"},  // TorchTitan's name for passing K/V around the ring
+    // TorchTitan's name for passing K/V around the ring; only v0.2.1's training reads it (v0.2.2
+    // reads it in validation alone, 0.3.0 and main have no ring).
+    return {{{"torchtitan-0.2.1", "alltoall"},
              {"megatron", "p2p"},
              {"nemo", "p2p"},
              {"accelerate", "alltoall"},

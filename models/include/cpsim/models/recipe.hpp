@@ -113,6 +113,15 @@ struct TrainingRecipe {
   /// for Llama, rotate_half for Qwen3): {model_type, kernel}. Read through rope_kernel_for.
   std::vector<std::pair<std::string, RopeKernel>> rope_kernel_by_model_type;
   bool fused_loss = true;  ///< fused linear cross-entropy: logits never materialised
+  /// A RoPE table the framework keeps on the GPU for every position up to the training length:
+  /// bytes = bytes_per_head_dim · d · seq_len, once per model or once per block. TorchTitan
+  /// builds it at the model's construction, resized to training.seq_len by update_from_config:
+  /// complex64 [S, d/2] for Llama (4 bytes per d), cos‖sin fp32 [S, 2d] for Qwen3 (8). v0.2.2
+  /// registers one buffer on the model; 0.3.0 and main one per block (models/common/rope.py,
+  /// RoPE.__init__). 0: none (Hugging Face, DeepSpeed and Megatron size theirs to the sequence
+  /// of each step, inside the activations).
+  std::int64_t rope_cache_bytes_per_head_dim = 0;
+  bool rope_cache_per_layer = false;
   // Allocator
   bool expandable_segments = true;
   // Attention kernel name in the hardware profile

@@ -9,7 +9,9 @@
 namespace cpsim::models {
 
 enum class NormKind { kRmsNorm, kLayerNorm };
-enum class ActivationKind { kSwiGlu, kGelu };
+/// The MLP's activation. Both are gated MLPs (gate, up, down: act(x·Wg) ⊙ (x·Wu) · Wd): SwiGLU
+/// (Llama, Qwen) and GeGLU (Gemma's gelu_pytorch_tanh). A plain two-matrix MLP is not modelled.
+enum class ActivationKind { kSwiGlu, kGeGlu };
 
 /// Shape of a dense transformer. Dimensions are element counts.
 struct TransformerSpec {
@@ -53,7 +55,7 @@ struct TransformerSpec {
 /// Parameter counts. Derivation (SwiGLU, RMSNorm, no biases unless `attention_bias`):
 ///   attention  = h·(H·d) [Wq] + 2·h·(H_kv·d) [Wk, Wv] + (H·d)·h [Wo] (+ biases H·d + 2·H_kv·d)
 ///              (+ 2·d for q/k RMSNorm weights when qk_norm)
-///   mlp        = 3·h·f (gate, up, down) for SwiGLU, 2·h·f for GeLU
+///   mlp        = 3·h·f (gate, up, down), SwiGLU and GeGLU alike
 ///   norms      = 2·h per layer (RMSNorm weight; LayerNorm adds a bias: 4·h)
 ///   embeddings = V·h, plus V·h for the LM head unless tied, plus h for the final norm (neither
 ///                the LM head nor the final norm without the output layer: has_output_layer).

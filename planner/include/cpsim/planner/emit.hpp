@@ -13,8 +13,10 @@
 namespace cpsim::planner {
 
 enum class LauncherFormat {
-  kTorchTitan,      ///< TorchTitan v0.2.x TOML job config
-  kTorchTitanMain,  ///< TorchTitan main: a Python module with one config function
+  kTorchTitan,      ///< TorchTitan 0.3.0, the current release: a Python module, one config function
+  kTorchTitan022,   ///< TorchTitan v0.2.2: TOML job config (its training ignores the rotate method)
+  kTorchTitan021,   ///< TorchTitan v0.2.1: TOML job config (the rotate method drives training)
+  kTorchTitanMain,  ///< TorchTitan main @ b5bcd76 (unreleased): a Python config function
   kUntiedUlysses,   ///< command-line arguments of the UPipe reference code (TorchTitan fork)
   kDeepSpeed,       ///< ds_config JSON, plus Megatron-DeepSpeed flags for FPDT
   kAccelerate,      ///< accelerate config YAML with ParallelismConfig keys
@@ -22,13 +24,23 @@ enum class LauncherFormat {
   kArctic,          ///< ArcticTraining recipe YAML
   kNeMo,            ///< NeMo 2.0: a Python module with one pretrain-recipe function
 };
+/// The name `--emit` takes and the methods' launcher tables use: torchtitan, torchtitan-0.2.2,
+/// torchtitan-0.2.1, torchtitan-main, untied-ulysses, deepspeed, accelerate, megatron, arctic,
+/// nemo.
 const char* to_string(LauncherFormat f);
+/// The launcher release (or commit) the file is written for, named in its header: "TorchTitan
+/// 0.3.0", "DeepSpeed 0.19.8 and Megatron-DeepSpeed @ 4efb479", ...
+const char* launcher_target(LauncherFormat f);
 /// Every launcher, in the order lists and messages name them.
 std::span<const LauncherFormat> launcher_formats();
-/// Names: torchtitan, torchtitan-main, untied-ulysses, deepspeed, accelerate, megatron, arctic,
-/// nemo.
-/// @throws InputError(field) listing the known names.
-LauncherFormat parse_launcher_format(const std::string& text, const std::string& field);
+/// A launcher by name, and by release where it writes several (`--launcher-version`: torchtitan
+/// 0.3.0, the default, 0.2.2 or 0.2.1; "torchtitan-0.2.2" names one directly). An empty `version`
+/// is the launcher's default.
+/// @throws InputError(field) listing the known names; InputError("--launcher-version") listing the
+/// releases the launcher writes.
+LauncherFormat parse_launcher_format(const std::string& text,
+                                     const std::string& field,
+                                     const std::string& version = "");
 
 /// Whether the launcher's file sets pipeline parallelism (megatron, nemo, torchtitan,
 /// torchtitan-main);

@@ -110,6 +110,9 @@ struct PlanResult {
   /// When nothing fits: the candidate closest to fitting (smallest memory need against what is
   /// usable) and by how much it misses, or the first refusal when every candidate was refused.
   std::string closest_miss;
+  /// Nothing was evaluated because every candidate was refused: the first refusal (the refusal
+  /// text of PlanOptions, "--flag: why"); empty otherwise. Such a plan is bad input, not a miss.
+  std::string every_candidate_refused;
   bool max_context = false;
 };
 

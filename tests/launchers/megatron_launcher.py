@@ -1,0 +1,151 @@
+"""Check a cpsim Megatron-LM argument array against megatron-core's own code, on CPU.
+
+Megatron-LM's parser (megatron.training.arguments) is not part of the megatron-core wheel, so the
+flags are mapped onto the fields Megatron-LM's core_transformer_config_from_args fills (mapping as
+of Megatron-LM tag core_v0.16.1), and megatron-core validates them: TransformerConfig.__post_init__
+(heads / query groups vs TP, recompute, fusions, sequence parallel), the DDP and optimizer configs,
+parallel_state.initialize_model_parallel on a "fake" torch.distributed group of the emitted world
+size (world % tp*pp*cp, rank layout), the microbatch calculator (global batch vs micro * dp) and
+get_batch_on_this_cp_rank on a token batch of the real sequence length (seq % 2*cp).
+Flags with no mapping are listed in the notes. usage: megatron_launcher.py args.sh --gpus N
+"""
+import contextlib
+import functools
+import importlib.metadata as md
+
+import launcher_check
+from launcher_check import bash_array_flags, main, new_report
+
+# the launcher's innermost frame names where it raised
+stage = functools.partial(launcher_check.stage, frames="/megatron/")
+
+INT = {"--num-layers": "num_layers", "--hidden-size": "hidden_size",
+       "--ffn-hidden-size": "ffn_hidden_size", "--num-attention-heads": "num_attention_heads",
+       "--num-query-groups": "num_query_groups", "--kv-channels": "kv_channels",
+       "--tensor-model-parallel-size": "tensor_model_parallel_size",
+       "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
+       "--context-parallel-size": "context_parallel_size",
+       "--recompute-num-layers": "recompute_num_layers"}
+STR = {"--normalization": "normalization", "--recompute-granularity": "recompute_granularity",
+       "--recompute-method": "recompute_method"}
+FLOAT = {"--attention-dropout": "attention_dropout", "--hidden-dropout": "hidden_dropout",
+         "--norm-epsilon": "layernorm_epsilon"}
+TRUE = {"--qk-layernorm": "qk_layernorm", "--sequence-parallel": "sequence_parallel",
+        "--bf16": "bf16", "--fp16": "fp16"}
+FALSE = {"--disable-bias-linear": "add_bias_linear", "--no-rope-fusion": "apply_rope_fusion",
+         "--no-bias-swiglu-fusion": "bias_activation_fusion",
+         "--no-bias-gelu-fusion": "bias_activation_fusion",
+         "--no-masked-softmax-fusion": "masked_softmax_fusion",
+         "--no-bias-dropout-fusion": "bias_dropout_fusion"}
+SPECIAL = {"--swiglu", "--group-query-attention", "--cp-comm-type",
+           "--attention-backend", "--use-distributed-optimizer", "--micro-batch-size",
+           "--global-batch-size", "--seq-length"}
+# flags Megatron-LM hands to GPTModel / the data path, not to a megatron-core config object
+MODEL_LEVEL = {"--max-position-embeddings", "--position-embedding-type", "--rotary-base",
+               "--rotary-percent", "--untie-embeddings-and-output-weights"}
+
+
+def to_kwargs(fl):
+    """TransformerConfig kwargs as Megatron-LM's parser and core_transformer_config_from_args
+    build them (core_v0.16.1), with Megatron-LM's defaults for flags that are not given."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.enums import AttnBackend
+    kw = {"bias_activation_fusion": True}  # --no-bias-swiglu-fusion / --no-bias-gelu-fusion unset
+    for table, conv in ((INT, int), (STR, str), (FLOAT, float)):
+        kw.update({table[k]: conv(v) for k, v in fl.items() if k in table})
+    kw.update({TRUE[k]: True for k in fl if k in TRUE})
+    kw.update({FALSE[k]: False for k in fl if k in FALSE})
+    if "--group-query-attention" not in fl:
+        kw["num_query_groups"] = None
+    if "--swiglu" in fl:
+        kw.update(gated_linear_unit=True, activation_func=F.silu)
+    if "--attention-backend" in fl:  # argparse type: AttnBackend[name]
+        kw["attention_backend"] = AttnBackend[fl["--attention-backend"]]
+    cp_comm = fl.get("--cp-comm-type", "p2p")
+    kw["cp_comm_type"] = cp_comm if isinstance(cp_comm, str) else (
+        cp_comm[0] if len(cp_comm) == 1 else list(cp_comm))
+    dtype = torch.bfloat16 if kw.get("bf16") else torch.float16 if kw.get("fp16") else None
+    if dtype is not None:
+        kw.update(params_dtype=dtype, pipeline_dtype=dtype)
+    return kw
+
+
+def check(path: str, gpus: int) -> dict:
+    rep = new_report()
+    for pkg in ("megatron-core", "torch", "transformer-engine"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            rep["versions"][pkg] = None
+            rep["versions"][pkg] = md.version(pkg)
+    import torch
+    import torch.distributed as tdist
+    try:
+        import megatron.training.arguments  # noqa: F401
+        rep["notes"].append("megatron.training.arguments is importable (not used: see docstring)")
+    except ImportError as e:
+        rep["notes"].append(f"megatron.training.arguments not in the megatron-core wheel ({e}); "
+                            "flags mapped onto megatron-core configs instead")
+    from megatron.core import num_microbatches_calculator as nmc
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.utils import get_batch_on_this_cp_rank
+    fl = stage(rep, "parse bash array", lambda: bash_array_flags(path))
+    if fl is None:
+        return rep
+    kw = stage(rep, "map flags onto TransformerConfig fields", lambda: to_kwargs(fl))
+    if kw is None:
+        return rep
+    dtype, tp = kw.get("params_dtype"), kw.get("tensor_model_parallel_size", 1)
+    if tp == 1 and kw.get("sequence_parallel"):  # Megatron-LM's validate_args does this
+        kw["sequence_parallel"] = False
+        rep["notes"].append("--sequence-parallel with TP 1: Megatron-LM turns it off (warning)")
+    known = set(INT) | set(STR) | set(FLOAT) | set(TRUE) | set(FALSE) | SPECIAL | MODEL_LEVEL
+    unmapped = [k for k in fl if k not in known]
+    if unmapped:
+        rep["notes"].append(f"flags without a mapping (not checked): {unmapped}")
+    rep["notes"].append("model-level flags (GPTModel / data path; not checked by megatron-core "
+                        f"configs): {[k for k in fl if k in MODEL_LEVEL]}")
+    rep["notes"].append("Megatron-LM default apply_rope_fusion / masked_softmax_fusion / "
+                        "persist_layer_norm / bias_dropout_fusion left at TransformerConfig "
+                        "defaults: their checks need Transformer Engine / Apex (GPU)")
+    tc = stage(rep, "TransformerConfig(**flags).__post_init__", lambda: TransformerConfig(**kw))
+    dist_opt = "--use-distributed-optimizer" in fl
+    stage(rep, "DistributedDataParallelConfig", lambda: DistributedDataParallelConfig(
+        use_distributed_optimizer=dist_opt))
+    stage(rep, "OptimizerConfig", lambda: OptimizerConfig(
+        bf16=bool(kw.get("bf16")), fp16=bool(kw.get("fp16")), params_dtype=dtype or torch.float32,
+        use_distributed_optimizer=dist_opt))
+    pp, cp = kw.get("pipeline_model_parallel_size", 1), kw.get("context_parallel_size", 1)
+    tdist.init_process_group("fake", rank=0, world_size=gpus)
+    try:
+        done = stage(rep, f"parallel_state.initialize_model_parallel on {gpus} ranks", lambda: (
+            ps.initialize_model_parallel(tensor_model_parallel_size=tp,
+                                         pipeline_model_parallel_size=pp,
+                                         context_parallel_size=cp,
+                                         create_gloo_process_groups=False), True)[1])
+        if done:
+            dp = ps.get_data_parallel_world_size()
+            rep["notes"].append(f"megatron-core layout: tp {tp} x pp {pp} x cp {cp} x dp {dp}"
+                                f" (expert tp {tc.expert_tensor_parallel_size if tc else '?'})")
+            mbs = int(fl.get("--micro-batch-size", 1))
+            gbs = int(fl.get("--global-batch-size", mbs * dp))
+            nmc.destroy_num_microbatches_calculator()
+            stage(rep, "num_microbatches_calculator", lambda: nmc.init_num_microbatches_calculator(
+                0, None, gbs, mbs, dp))
+            nmc.destroy_num_microbatches_calculator()
+            if "--seq-length" in fl:
+                toks = torch.zeros(mbs, int(fl["--seq-length"]), dtype=torch.int32)
+                stage(rep, f"get_batch_on_this_cp_rank(tokens{list(toks.shape)})",
+                       lambda: get_batch_on_this_cp_rank({"tokens": toks}))
+    finally:
+        with contextlib.suppress(Exception):
+            ps.destroy_model_parallel()
+        if tdist.is_initialized():
+            tdist.destroy_process_group()
+    return rep
+
+
+if __name__ == "__main__":
+    main(check)
