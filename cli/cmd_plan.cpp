@@ -686,6 +686,8 @@ void print_best_run_exactly(const PlanSetup& s, const planner::PlanResult& res) 
       return;
     }
   }
+  std::cout << "  no configuration found runs in a launcher exactly as simulated: `cpsim plan "
+               "--launcher X` searches what X runs from its file\n";
 }
 
 // The recommendation, why, which launchers run it, and its settings (or the emitted file).

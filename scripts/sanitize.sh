@@ -8,4 +8,4 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCPSIM_ENAB
   -DCPSIM_SANITIZE=address,undefined -DCPSIM_BUILD_BENCHMARKS=OFF -DCPSIM_WERROR=OFF >/dev/null
 cmake --build build-asan -j"$(nproc)"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -j"$(nproc)" -LE "gpu|tracer"
+  ctest --test-dir build-asan --output-on-failure -j"$(nproc)" -LE "gpu|tracer|launchers"

@@ -1246,14 +1246,14 @@ TEST_F(CliTest, LauncherConstrainsPlanAndMaxlen) {
   EXPECT_THAT(unknown.err, HasSubstr("--launcher"));
 
   // Without a launcher, settings are printed only for a launcher that runs the recommendation
-  // exactly as simulated; no launcher runs the default plan's FPDT: the plan says why, and names
-  // the best configuration a launcher runs.
+  // exactly as simulated; no launcher runs the default plan's FPDT: the plan says why, and how to
+  // find what a launcher runs.
   const RunResult best = run({"plan"});
   ASSERT_EQ(best.exit_code, 0) << best.err;
   EXPECT_THAT(best.out, HasSubstr("launchers that run it: none exactly as simulated"));
   EXPECT_THAT(best.out, Not(HasSubstr("settings for the recommended configuration")));
   EXPECT_THAT(best.out, HasSubstr("fpdt: no launcher: Megatron-DeepSpeed's FPDT layers"));
-  EXPECT_THAT(best.out, HasSubstr("the best a launcher runs exactly as simulated: upipe"));
+  EXPECT_THAT(best.out, HasSubstr("`cpsim plan --launcher X` searches what X runs"));
 }
 
 TEST_F(CliTest, PlanEmitsAParsableFile) {

@@ -460,6 +460,7 @@ def read_untied_ulysses(path, recipe, a):
     recipe["tiled_norm"] = tiled
     recipe["fused_loss"] = True  # Liger's fused linear cross-entropy, always on in the fork
     torchtitan_rope(recipe, o["--model.name"])  # the UPipe op rotates with its own kernel
+    torchtitan_rope_table(recipe, "llama3", per_layer=False)  # the fork's freqs_cis buffer
     reshard = o.get("--parallelism.fsdp_reshard_after_forward", "default")
     recipe["sharding"]["zero_stage"] = 2 if reshard == "never" else 3
     recipe["sharding"]["optimizer_offload"] = "--training.enable_cpu_offload" in o

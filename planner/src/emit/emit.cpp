@@ -79,7 +79,7 @@ const char* launcher_target(LauncherFormat f) {
     case LauncherFormat::kTorchTitanMain:
       return "TorchTitan main @ b5bcd76";
     case LauncherFormat::kUntiedUlysses:
-      return "Untied-Ulysses (the UPipe fork of TorchTitan)";
+      return "Untied-Ulysses @ e465aa8 (the UPipe fork of TorchTitan)";
     case LauncherFormat::kDeepSpeed:
       return "DeepSpeed 0.19.8 (and Megatron-DeepSpeed @ 4efb479 for FPDT)";
     case LauncherFormat::kAccelerate:

@@ -19,6 +19,9 @@ RecipeAsRun untied_ulysses_recipe_as_run(const sim::ScheduleInputs& in) {
   models::TrainingRecipe& x = r.recipe;
   no_transformer_engine_fp8(r, "the UPipe fork");
   torchtitan_rope(r, in.model, "the fork's TorchTitan");  // the UPipe op runs its own kernel
+  // The fork's Transformer keeps freqs_cis, complex64 [training.seq_len, d/2], as a buffer
+  // (torchtitan/torchtitan/models/llama3/model.py:730-731, :806-814 @ e465aa8).
+  torchtitan_rope_cache(r, in.model, false, "the fork's freqs_cis");
   const bool torch_ring =
       launcher_word(LauncherFormat::kUntiedUlysses, in) == "torch_ring_alltoall";
   if (!torch_ring && x.attention_kernel != "fa2" && x.attention_kernel != "fa3") {
@@ -124,6 +127,9 @@ std::vector<std::string> fork_args(Plan& p, const std::string& selects) {
   }
   args.insert(args.end(),
               {"--training.seq_len", fmt::format("{}", p.seq), "--training.batch_size", "1"});
+  // The base TOML writes to /data and logs to wandb (llama3_8b_test_2d.toml @ e465aa8): the
+  // run's own folder and no wandb instead (command-line values override the TOML's).
+  args.insert(args.end(), {"--job.dump_folder", "./outputs", "--metrics.no_enable_wandb"});
   if (p.recipe.optimizer_offload) {
     args.emplace_back("--training.enable_cpu_offload");
     p.note(
@@ -133,23 +139,26 @@ std::vector<std::string> fork_args(Plan& p, const std::string& selects) {
   return args;
 }
 
-// The launch line: run_train.sh on one node, torch.distributed.run on several.
+// The launch line: torch.distributed.run with the user's Python (the fork's run_train.sh runs
+// /root/workspace/Untied-Ulysses/torchtitan/.venv/bin/python, the authors' machine).
 std::vector<std::string> usage_lines(const Plan& p) {
   std::vector<std::string> usage = {
       "Arguments for the UPipe reference code (github.com/togethercomputer/Untied-Ulysses, "
-      "TorchTitan fork); from its torchtitan/ folder:"};
+      "TorchTitan fork); from its torchtitan/ folder, with the fork installed in your Python:"};
   const char* toml = "./torchtitan/models/llama3/train_configs/llama3_8b_test_2d.toml";
+  const std::string source = fmt::format("source {}", p.main_file("cpsim_untied-ulysses.sh"));
   if (p.nodes == 1) {
-    usage.push_back(
-        fmt::format("  source cpsim_untied-ulysses.sh && NGPU={} CONFIG_FILE={} "
-                    "./run_train.sh \"${{UNTIED_ULYSSES_ARGS[@]}}\"",
-                    p.par.gpus, toml));
+    usage.push_back(fmt::format(
+        "  {} && python -m torch.distributed.run --nproc_per_node {} --rdzv_backend c10d "
+        "--rdzv_endpoint localhost:0 -m torchtitan.train --job.config_file {} "
+        "\"${{UNTIED_ULYSSES_ARGS[@]}}\"",
+        source, p.par.gpus, toml));
   } else {
     usage.push_back(fmt::format(
-        "  source cpsim_untied-ulysses.sh && python -m torch.distributed.run --nnodes {} "
-        "--nproc_per_node {} --node_rank <rank> --rdzv_endpoint <host:port> -m torchtitan.train "
-        "--job.config_file {} \"${{UNTIED_ULYSSES_ARGS[@]}}\"",
-        p.nodes, p.par.gpus_per_node, toml));
+        "  {} && python -m torch.distributed.run --nnodes {} --nproc_per_node {} --node_rank "
+        "<rank> --rdzv_endpoint <host:port> -m torchtitan.train --job.config_file {} "
+        "\"${{UNTIED_ULYSSES_ARGS[@]}}\"",
+        source, p.nodes, p.par.gpus_per_node, toml));
   }
   return usage;
 }
