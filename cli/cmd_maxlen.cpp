@@ -161,9 +161,13 @@ void print_outcome(const MaxLenArgs& a, const Outcome& o) {
   }
   const auto& r = o.res;
   const sim::Implementation* impl = sim::requested_implementation(o.in);
+  // The degrees searched with (usp's default is Ulysses over every GPU, ring 1: plan lists that
+  // split as ulysses and searches usp's mixed ones).
+  const sim::CpImplementation& method = sim::cp_implementation(o.in.parallel.method);
   std::cout << fmt::format("{} on {} x {}, {}, recipe {}, implementation {}\n", o.in.model.name,
-                           o.in.parallel.gpus, o.in.hardware.name, o.method, o.in.recipe.name,
-                           impl != nullptr ? impl->name() : "none");
+                           o.in.parallel.gpus, o.in.hardware.name,
+                           method.label(sim::LabelStyle::kSearch, o.in.parallel, nullptr),
+                           o.in.recipe.name, impl != nullptr ? impl->name() : "none");
   if (o.in.parallel.pp_degree > 1) {
     const sim::PipelineShape s = sim::pipeline_shape(o.in);
     const bool uneven =

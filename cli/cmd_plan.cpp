@@ -501,6 +501,14 @@ Emitted emit_best(const PlanArgs& a, const PlanSetup& s, const planner::PlanResu
   return out;
 }
 
+nlohmann::json methods_without_fit_json(const planner::PlanResult& res) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const planner::PlanResult::MethodWithoutFit& m : res.methods_without_fit) {
+    out.push_back({{"method", models::to_string(m.method)}, {"why", m.why}});
+  }
+  return out;
+}
+
 void print_plan_json(const PlanArgs& a,
                      const PlanSetup& s,
                      const planner::PlanResult& res,
@@ -535,6 +543,7 @@ void print_plan_json(const PlanArgs& a,
       {"top", top},
       {"pareto", pareto},
       {"best_per_method", per_method},
+      {"methods_without_fit", methods_without_fit_json(res)},
   };
   if (s.opts.seq_len)
     j["seq_len"] = *s.opts.seq_len;
@@ -594,6 +603,17 @@ void print_plan_tables(const PlanArgs& a,
     std::cout << title << "\n" << format_table(header, rows, numeric) << "\n";
   };
   print("best per method:", res.best_per_method, 100);
+  std::string notes;
+  for (const planner::PlanResult::MethodWithoutFit& m : res.methods_without_fit) {
+    notes += fmt::format("  no {} row: {}\n", models::to_string(m.method), m.why);
+  }
+  if (std::find(s.opts.methods.begin(), s.opts.methods.end(), models::CpMethod::kUsp) !=
+      s.opts.methods.end()) {
+    notes += "  usp is searched with 1 < ring < C: its two ends are the ulysses and ring rows\n";
+  }
+  if (!notes.empty()) {
+    std::cout << notes << "\n";
+  }
   print(fmt::format("top {}:", std::min<int>(a.top, static_cast<int>(res.ranked.size()))),
         res.ranked, a.top);
   print(mc ? "Pareto front (max context vs throughput):"

@@ -1338,6 +1338,37 @@ void count_and_offer_misses(std::vector<Candidate>& cands,
   }
 }
 
+// The methods searched without a row in best_per_method, and why.
+std::vector<PlanResult::MethodWithoutFit> methods_without_fit(
+    const std::vector<models::CpMethod>& methods,
+    const std::vector<Candidate>& cands,
+    const std::vector<Candidate>& best_per_method) {
+  std::vector<PlanResult::MethodWithoutFit> out;
+  for (const models::CpMethod m : methods) {
+    const bool shown = std::any_of(best_per_method.begin(), best_per_method.end(),
+                                   [m](const Candidate& c) { return c.parallel.method == m; });
+    if (shown) {
+      continue;
+    }
+    std::string first_refusal;
+    std::int64_t tried = 0;
+    for (const Candidate& c : cands) {
+      if (c.parallel.method != m) {
+        continue;
+      }
+      if (c.error.empty()) {
+        ++tried;
+      } else if (first_refusal.empty()) {
+        first_refusal = c.error;
+      }
+    }
+    out.push_back({m, tried > 0 ? fmt::format("none of its {} configurations fits", tried)
+                      : first_refusal.empty() ? "no configuration to search"
+                                              : first_refusal});
+  }
+  return out;
+}
+
 // Why the best beats the runner-up: the best configuration of another method when there is one
 // ("why this method" is the question; variants of the winner differ by little).
 std::string why_best(const PlanResult& res) {
@@ -1402,6 +1433,7 @@ PlanResult plan(const sim::ScheduleInputs& base, const PlanOptions& options) {
     }
   }
   res.why_best = why_best(res);
+  res.methods_without_fit = methods_without_fit(options.methods, cands, res.best_per_method);
   return res;
 }
 

@@ -1824,7 +1824,7 @@ TEST_F(CliTest, ImplAlonePicksItsMethodAndRecipe) {
   const RunResult r = run({"maxlen", "--impl", "deepspeed-ulysses"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out,
-              HasSubstr(", ulysses, recipe alst-deepspeed, implementation deepspeed-ulysses"));
+              HasSubstr(", ulysses C8, recipe alst-deepspeed, implementation deepspeed-ulysses"));
   const RunResult j = run({"maxlen", "--impl", "deepspeed-ulysses", "--json"});
   ASSERT_EQ(j.exit_code, 0) << j.err;
   EXPECT_EQ(Json::parse(j.out).at("method"), "ulysses");

@@ -288,6 +288,31 @@ class _FlashAttnFuncInterface(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
+def flash_attn_varlen_func_interface(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+):
+    """The interface's `flash_attn_varlen_func` signature, without a stand-in (the packed path is
+    not traced). Its signature matters: transformers 4.57's `lazy_import_flash_attention` passes
+    the unpacked kernel too only the options (dropout_p, window_size, softcap, deterministic,
+    s_aux) that this function's parameters name."""
+    raise NotImplementedError("cpsim tracer: flash_attn_varlen_func has no stand-in yet")
+
+
 class _NullContext:
     def __enter__(self):
         return self
@@ -304,14 +329,27 @@ def _not_on_cpu(*_args, **_kwargs):
     raise NotImplementedError("cpsim tracer: this flash_attn entry point has no stand-in yet")
 
 
+def _module(name: str, is_package: bool = False) -> types.ModuleType:
+    """A module with a spec, as an imported one has: `importlib.util.find_spec(name)` raises
+    ValueError for a module in sys.modules whose `__spec__` is None (transformers 4.57 calls it
+    for "flash_attn" when its flash-attention path first runs). No distribution metadata comes
+    with it, so `importlib.metadata.version("flash_attn")` still finds none."""
+    import importlib.machinery  # here: a line above would move the recorded stand-in frames
+
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=is_package)
+    if is_package:
+        module.__path__ = []  # a package, so `import flash_attn.flash_attn_interface` works
+    return module
+
+
 def install(recorder: AllocationRecorder | None) -> None:
     """Puts the stand-in in sys.modules as `flash_attn` (before the traced package imports it)."""
     global _recorder
     _recorder = recorder
-    pkg = types.ModuleType("flash_attn")
+    pkg = _module("flash_attn", is_package=True)
     pkg.__version__ = VERSION
-    pkg.__path__ = []  # a package, so `import flash_attn.flash_attn_interface` works
-    iface = types.ModuleType("flash_attn.flash_attn_interface")
+    iface = _module("flash_attn.flash_attn_interface")
     for name in (
         "_flash_attn_forward",
         "_flash_attn_backward",
@@ -333,6 +371,12 @@ def install(recorder: AllocationRecorder | None) -> None:
         setattr(iface, name, _not_on_cpu)
         setattr(pkg, name, _not_on_cpu)
     pkg.flash_attn_interface = iface
+    # bert_padding: (un)padding around the varlen kernel, used with an attention mask only.
+    bert_padding = _module("flash_attn.bert_padding")
+    for name in ("pad_input", "unpad_input", "index_first_axis"):
+        setattr(bert_padding, name, _not_on_cpu)
+    pkg.bert_padding = bert_padding
     sys.modules["flash_attn"] = pkg
     sys.modules["flash_attn.flash_attn_interface"] = iface
+    sys.modules["flash_attn.bert_padding"] = bert_padding
     assert math  # noqa: S101 (used by drivers through this module's namespace)

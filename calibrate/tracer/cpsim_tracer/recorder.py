@@ -28,11 +28,31 @@ _TRACER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
+def _target_dirs() -> tuple[str, ...]:
+    """PYTHONPATH directories that hold installed distributions (`pip install --target DIR`, a
+    *.dist-info inside): their packages count as installed, like site-packages' own."""
+    found = []
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        try:
+            names = os.listdir(entry) if entry else []
+        except OSError:
+            continue
+        if any(name.endswith(".dist-info") for name in names):
+            found.append(os.path.abspath(entry))
+    return tuple(found)
+
+
+_TARGET_DIRS = _target_dirs()
+
+
 def _site_packages_relative(filename: str) -> str | None:
     """'deepspeed/sequence/layer.py' for a file of an installed package, None for other files."""
     marker = os.sep + "site-packages" + os.sep
     i = filename.rfind(marker)
     if i < 0:
+        for root in _TARGET_DIRS:
+            if filename.startswith(root + os.sep):
+                return filename[len(root) + 1 :]
         return None
     return filename[i + len(marker) :]
 

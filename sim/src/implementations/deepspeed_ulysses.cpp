@@ -75,8 +75,9 @@ constexpr std::array kCalls = {
     SiteCalls{LedgerSite::kKvExchange, CallsWhen::kAlways, 4},             // the same for k, v
     SiteCalls{LedgerSite::kKvExchange, CallsWhen::kKvHeadsPerRankAbove1, 2},  // F10
     SiteCalls{LedgerSite::kKvExchange, CallsWhen::kKvReplicated, 2},  // repeat_interleave k, v
-    // position_ids checks (sub, ge, all), the flash forward and its output's reshape
-    SiteCalls{LedgerSite::kCoreForward, CallsWhen::kAlways, 5},
+    // transformers 4.57.6's packed-sequence check of position_ids (_is_packed_sequence: arange,
+    // min, add, sub, abs, sum, the bool copy, the host read) and the flash forward
+    SiteCalls{LedgerSite::kCoreForward, CallsWhen::kAlways, 9},
     SiteCalls{LedgerSite::kOutExchange, CallsWhen::kAlways, 3},  // all-to-all, copies around it
     SiteCalls{LedgerSite::kOutExchange, CallsWhen::kHeadsPerRankAbove1, 2},  // context_layer (F18)
     SiteCalls{LedgerSite::kDoutExchange, CallsWhen::kAlways, 2},  // grad.contiguous(), all-to-all

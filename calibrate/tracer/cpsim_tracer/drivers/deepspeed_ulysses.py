@@ -29,6 +29,9 @@ else the plain `flash_attn_func` (HFU:412). The fake all-gather fills nothing, s
 fills the gathered list as UlyssesSPDataLoaderAdapter's shards of one unpacked sequence make it
 (rank r: positions r*s..(r+1)*s-1): the plain path, as the ledger's upstream table assumes.
 
+transformers 4.57 imports flash-attn at the first call instead (`lazy_import_flash_attention`,
+see `_flash_attention_2_lazy`) and tests for packed sequences with `_is_packed_sequence`.
+
 Sites: a cursor (one open `recorder.site`) moves at upstream call boundaries: the layer's
 projections and RoPE are `held_through_block` (HF keeps q, k, v as locals until the wrapper
 returns), the position-id all-gather and o_proj are `untracked`, `_combine_local_sequences` is
@@ -61,15 +64,27 @@ from torch.utils._pytree import tree_flatten
 IMPLEMENTATION = "deepspeed-ulysses"
 FA2 = "flash_attention_2"
 PACKAGES = ["deepspeed", "transformers", "torch", "einops"]
+_FA2_AT_IMPORT = (
+    "flash_attention_2 shapes: transformers' flash_attention_forward and _flash_attention_forward "
+    "run as is; its import-time flash-attn checks are replaced by their outcome with flash-attn "
+    "2.8.3 on CUDA (module globals patched for the run: flash_attn_func, flash_attn_varlen_func, "
+    "_flash_supports_window_size, flash_241; integrations.flash_attention._use_top_left_mask)"
+)
+# In its place when transformers imports flash-attn at the first call (4.57).
+_FA2_LAZY = (
+    "flash_attention_2 shapes: transformers' flash_attention_forward and _flash_attention_forward "
+    "run as is, its lazy flash-attn import (lazy_import_flash_attention) included; its "
+    "is_flash_attn_2_available() is replaced by its outcome with flash-attn 2.8.3 on CUDA (True), "
+    "the import takes the flash_attn stand-in's flash_attn_func and flash_attn_varlen_func (the "
+    "interface's signature, no stand-in) (patched for the run, with "
+    "integrations.flash_attention._use_top_left_mask = False)"
+)
 STAND_INS = [
     "deepspeed.comm: TorchBackend over PyTorch's fake process group (collectives return at once, "
     "outputs unfilled); DeepSpeed's CPU shared-memory comm op is not built (build_shm_op -> None)",
     "position ids: the all-gather's outputs (U:294-295) are filled, recorder paused, with the "
     "positions of each rank's shard of one unpacked sequence (r*s..(r+1)*s-1)",
-    "flash_attention_2 shapes: transformers' flash_attention_forward and _flash_attention_forward "
-    "run as is; its import-time flash-attn checks are replaced by their outcome with flash-attn "
-    "2.8.3 on CUDA (module globals patched for the run: flash_attn_func, flash_attn_varlen_func, "
-    "_flash_supports_window_size, flash_241; integrations.flash_attention._use_top_left_mask)",
+    _FA2_AT_IMPORT,
     "flash_attention_2 shapes: flash_attn_func is the flash_attn stand-in's "
     "flash_attn_func_interface: v2.8.3's signature and FlashAttnFunc (saves q, k, v, out_padded, "
     "softmax_lse, rng_state; backward dq/dk/dv = empty_like of the saved q/k/v), around the "
@@ -144,8 +159,8 @@ def world_size(shape: dict) -> int:
 # -- the layer and its inputs ---------------------------------------------------------------------
 @contextlib.contextmanager
 def _flash_attn_hidden():
-    """Imports see no `flash_attn` (the runner's stand-in has no __spec__, which transformers'
-    import-time probe rejects; on the CPU transformers would not use it anyway)."""
+    """Imports see no `flash_attn` (transformers' import-time probe would find no flash_attn
+    distribution behind the runner's stand-in anyway, and on the CPU would not use it)."""
     names = [n for n in sys.modules if n == "flash_attn" or n.startswith("flash_attn.")]
     saved = {n: sys.modules.pop(n) for n in names}
     try:
@@ -414,15 +429,43 @@ def _flash_attention_2(stack: contextlib.ExitStack, recorder) -> None:
     if flash_stand_in._recorder is not recorder:  # trace.py installs it with the recorder
         flash_stand_in.install(recorder)
     func = flash_stand_in.flash_attn_func_interface
-    globals_set = {
-        "flash_attn_func": func,
-        "flash_attn_varlen_func": flash_stand_in._not_on_cpu,  # the packed path: not traced
-        "_flash_supports_window_size": "window_size" in inspect.signature(func).parameters,
-        "flash_241": True,
-    }
-    for name, value in globals_set.items():
-        stack.enter_context(mock.patch.object(hfu, name, value, create=True))
+    if hasattr(hfu, "lazy_import_flash_attention"):
+        _flash_attention_2_lazy(stack, hfu, flash_stand_in)
+    else:
+        globals_set = {
+            "flash_attn_func": func,
+            "flash_attn_varlen_func": flash_stand_in._not_on_cpu,  # the packed path: not traced
+            "_flash_supports_window_size": "window_size" in inspect.signature(func).parameters,
+            "flash_241": True,
+        }
+        for name, value in globals_set.items():
+            stack.enter_context(mock.patch.object(hfu, name, value, create=True))
     stack.enter_context(mock.patch.object(hfa, "_use_top_left_mask", False))
+
+
+def _flash_attention_2_lazy(stack: contextlib.ExitStack, hfu, flash_stand_in) -> None:
+    """transformers 4.57: `_flash_attention_forward` imports flash-attn at its first call
+    (`lazy_import_flash_attention` -> `_lazy_imports`, `from flash_attn import flash_attn_func,
+    flash_attn_varlen_func` and `flash_attn.bert_padding`'s pad/unpad when
+    `is_flash_attn_2_available()`) and passes the kernel the options `flash_attn_varlen_func`'s
+    signature names. For the run: that check's outcome with flash-attn 2.8.3 on CUDA (True), the
+    stand-in package's `flash_attn_func` = `flash_attn_func_interface` and
+    `flash_attn_varlen_func` = one with the interface's signature that raises, and the module's
+    cached imports cleared, so that its own lazy import runs and takes them."""
+    fa = sys.modules["flash_attn"]
+    stack.enter_context(
+        mock.patch.object(fa, "flash_attn_func", flash_stand_in.flash_attn_func_interface)
+    )
+    stack.enter_context(
+        mock.patch.object(
+            fa, "flash_attn_varlen_func", flash_stand_in.flash_attn_varlen_func_interface
+        )
+    )
+    stack.enter_context(mock.patch.object(hfu, "is_flash_attn_2_available", lambda: True))
+    cached = ("_flash_fn", "_flash_varlen_fn", "_pad_fn", "_unpad_fn", "_process_flash_kwargs_fn")
+    for name in cached:
+        stack.enter_context(mock.patch.object(hfu, name, None))
+    STAND_INS[:] = [_FA2_LAZY if line == _FA2_AT_IMPORT else line for line in STAND_INS]
 
 
 def run(recorder, shape: dict) -> None:
@@ -490,13 +533,23 @@ def _site_packages() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
 
 
+def _installed_root(path: str) -> str:
+    """The directory 'pkg/file.py' is installed under: where the imported `pkg` is (a package
+    on PYTHONPATH comes before site-packages' own), else torch's site-packages."""
+    module = sys.modules.get(path.split("/", 1)[0])
+    file = getattr(module, "__file__", None)
+    if file and os.path.basename(file) == "__init__.py":
+        return os.path.dirname(os.path.dirname(os.path.abspath(file)))
+    return _site_packages()
+
+
 def _source(frame: str) -> tuple[str, str, str]:
     """('pkg/file.py', 'function', 'source line') of a recorded frame 'pkg/file.py:N (function)'."""
     where, _, func = frame.partition(" (")
     path, _, line = where.rpartition(":")
     if not line.isdigit():
         return path, func.rstrip(")"), ""
-    text = linecache.getline(os.path.join(_site_packages(), path), int(line)).strip()
+    text = linecache.getline(os.path.join(_installed_root(path), path), int(line)).strip()
     return path, func.rstrip(")"), text
 
 
@@ -524,8 +577,11 @@ def classify(event: dict, shape: dict) -> str | None:
 
 
 def _classify_forward(site, op, path, func, text, dtype) -> str | None:
-    if path.endswith("modeling_flash_attention_utils.py") and "torch.diff" in text:
-        # HFU:378, the packed-sequence test on the gathered position ids (diff, >=, all):
+    if path.endswith("modeling_flash_attention_utils.py") and (
+        "torch.diff" in text or func == "_is_packed_sequence"
+    ):
+        # HFU:378, the packed-sequence test on the gathered position ids (diff, >=, all; in
+        # transformers 4.57 `_is_packed_sequence`: arange + min, -, abs, sum, bool):
         # in no row and not in the ledger's upstream table.
         return "upstream:packed_check"
     if path.endswith("ulysses_sp.py"):

@@ -113,6 +113,14 @@ struct PlanResult {
   /// Nothing was evaluated because every candidate was refused: the first refusal (the refusal
   /// text of PlanOptions, "--flag: why"); empty otherwise. Such a plan is bad input, not a miss.
   std::string every_candidate_refused;
+  /// The methods searched that have no fitting configuration (not in best_per_method), in the
+  /// order searched, each with why: its first refusal when every configuration of it was
+  /// refused, else that none fits.
+  struct MethodWithoutFit {
+    models::CpMethod method;
+    std::string why;
+  };
+  std::vector<MethodWithoutFit> methods_without_fit;
   bool max_context = false;
 };
 
