@@ -1270,8 +1270,9 @@ TEST_F(CliTest, PlanEmitsAParsableFile) {
   EXPECT_THAT(read_file(out), HasSubstr("context_parallel_degree"));
 }
 
-// A launcher that needs two files gets both: Accelerate's YAML names the DeepSpeed JSON written
-// beside it (the companion lands first), and JSON output lists it.
+// A launcher that needs several files gets them all: Accelerate's YAML names the DeepSpeed JSON
+// written beside it (the companions land first), the trainer's arguments beside it too, and JSON
+// output lists them.
 TEST_F(CliTest, PlanEmitsTheFilesARunNeeds) {
   const std::string out = path("acc.yaml").string();
   const RunResult r = run({"plan", "--seq", "256K", "--methods", "ulysses", "--recipe",
@@ -1279,8 +1280,14 @@ TEST_F(CliTest, PlanEmitsTheFilesARunNeeds) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string companion = path("acc.ds_config.json").string();
   const Json emitted = Json::parse(r.out).at("emitted");
-  ASSERT_EQ(emitted.at("companions").size(), 1U);
+  ASSERT_EQ(emitted.at("companions").size(), 2U);
   EXPECT_EQ(emitted.at("companions")[0].at("file"), companion);
+  // The trainer's arguments (checkpointing, Liger), which no accelerate key holds.
+  const std::string trainer = path("acc.training_args.json").string();
+  EXPECT_EQ(emitted.at("companions")[1].at("file"), trainer);
+  const Json args = Json::parse(read_file(trainer));
+  EXPECT_EQ(args.at("gradient_checkpointing"), true);
+  EXPECT_EQ(args.at("use_liger_kernel"), true);
   EXPECT_THAT(read_file(out), HasSubstr("deepspeed_config_file: \"" + companion + "\""));
   const Json ds = Json::parse(read_file(companion));
   EXPECT_EQ(ds.at("seq_parallel_communication_data_type"), "bf16");

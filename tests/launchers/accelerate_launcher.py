@@ -13,6 +13,7 @@ UlyssesSPAttentionHF.register_with_transformers and DeepSpeedConfig on the fille
 usage: accelerate_launcher.py accelerate.yaml --gpus N
 """
 import contextlib
+import json
 import importlib.metadata as md
 import os
 from types import SimpleNamespace
@@ -51,8 +52,33 @@ def _ulysses(rep, pc):
             getattr(fns, k).update(v)
 
 
+def training_args(rep, path):
+    """The trainer's arguments beside the YAML, as train.py reads them: transformers'
+    HfArgumentParser(TrainingArguments) (parse_json_file's parse_dict: unknown keys refused)."""
+    from transformers import HfArgumentParser, TrainingArguments
+
+    args_path = os.path.splitext(path)[0] + ".training_args.json"
+    if not os.path.exists(args_path):
+        rep["notes"].append(f"no trainer's arguments beside the YAML ({args_path})")
+        return
+    with open(args_path) as f:
+        values = json.load(f)
+    if values.get("bf16"):
+        # TrainingArguments refuses bf16 without a GPU that has it (training_args.py:1747)
+        values["bf16"] = False
+        rep["notes"].append("bf16 parsed as False: this CPU has no bf16 GPU")
+    parsed = stage(rep, "HfArgumentParser(TrainingArguments).parse_dict",
+                   lambda: HfArgumentParser(TrainingArguments).parse_dict(values))
+    if parsed:
+        a = parsed[0]
+        rep["notes"].append(f"TrainingArguments: gradient_checkpointing {a.gradient_checkpointing}"
+                            f" {a.gradient_checkpointing_kwargs}, use_liger_kernel "
+                            f"{a.use_liger_kernel}, bf16 {a.bf16}")
+
+
 def check(path: str, gpus: int) -> dict:
     rep = new_report()
+    training_args(rep, path)
     for pkg in ("accelerate", "deepspeed", "transformers", "torch"):
         with contextlib.suppress(md.PackageNotFoundError):
             rep["versions"][pkg] = None

@@ -760,8 +760,15 @@ TEST_F(EmitTest, AccelerateUlysses) {
   EXPECT_EQ(y["distributed_type"], "DEEPSPEED");
   // The DeepSpeed keys are in the JSON that deepspeed_config_file names, as Accelerate's ALST
   // example has them; Accelerate refuses zero_stage, offload and mixed_precision beside it.
-  ASSERT_EQ(e.companions.size(), 1U);
+  ASSERT_EQ(e.companions.size(), 2U);
   EXPECT_EQ(e.companions[0].path, "cpsim_accelerate.ds_config.json");
+  // Hugging Face checkpointing and Liger's fused loss in the trainer's arguments, which the
+  // recipe as run keeps (they are not accelerate keys).
+  EXPECT_EQ(e.companions[1].path, "cpsim_accelerate.training_args.json");
+  const json trainer = json::parse(e.companions[1].text);
+  EXPECT_EQ(trainer["gradient_checkpointing"], true);
+  EXPECT_EQ(trainer["use_liger_kernel"], true);
+  EXPECT_EQ(trainer["per_device_train_batch_size"], 1);
   EXPECT_EQ(y["deepspeed_config"]["deepspeed_config_file"], "cpsim_accelerate.ds_config.json");
   for (const char* key :
        {"zero_stage", "offload_optimizer_device", "seq_parallel_communication_data_type"}) {
@@ -794,8 +801,9 @@ TEST_F(EmitTest, AccelerateUlysses) {
                                                      {.main_path = "run/acc.yaml", .dataset = ""});
   const json z = parse_yaml(offload.text);
   EXPECT_EQ(z["deepspeed_config"]["deepspeed_config_file"], "run/acc.ds_config.json");
-  ASSERT_EQ(offload.companions.size(), 1U);
+  ASSERT_EQ(offload.companions.size(), 2U);
   EXPECT_EQ(offload.companions[0].path, "run/acc.ds_config.json");
+  EXPECT_EQ(offload.companions[1].path, "run/acc.training_args.json");
   EXPECT_EQ(
       json::parse(offload.companions[0].text)["zero_optimization"]["offload_optimizer"]["device"],
       "cpu");

@@ -545,9 +545,21 @@ def read_accelerate(path, recipe, a):
         ac["mode"] = "full" if fsdp.get("fsdp_activation_checkpointing", False) else "none"
         if y.get("mixed_precision") != "bf16":
             raise Unreadable("mixed_precision is not bf16: cpsim's recipes compute in bf16")
-    # Accelerate and Transformers have no checkpoint offload or tiled MLP; checkpointing and
-    # Liger's fused loss are trainer arguments (the base recipe's).
+    # Accelerate and Transformers have no checkpoint offload or tiled MLP; Hugging Face
+    # checkpointing (per block) and Liger's fused loss are the trainer's arguments, in the JSON
+    # beside the YAML (TrainingArguments: gradient_checkpointing, use_liger_kernel).
     no_key(recipe)
+    with open(os.path.splitext(path)[0] + ".training_args.json") as f:
+        trainer = json.load(f)
+    if trainer.get("gradient_checkpointing"):
+        ac = recipe["activation_checkpointing"]
+        if ac["mode"] != "selective":  # HF's per-block checkpointing; selective is model code
+            ac["mode"] = "full"
+        ac["reentrant"] = trainer.get("gradient_checkpointing_kwargs", {}).get("use_reentrant",
+                                                                                True)
+    elif p.get("parallelism_config_sp_backend") == "deepspeed":
+        recipe["activation_checkpointing"]["mode"] = "none"
+    recipe["fused_loss"] = bool(trainer.get("use_liger_kernel", False))
     recipe["allocator"]["expandable_segments"] = expandable(comment_environment(path))
     return flags
 

@@ -44,10 +44,36 @@ CompanionFile accelerate_ds_config(Plan& p) {
   return file;
 }
 
+// The trainer's arguments of the run, which the accelerate YAML cannot hold: transformers'
+// TrainingArguments as JSON (HfArgumentParser(TrainingArguments).parse_json_file reads it; TRL's
+// SFTConfig extends it): one sequence per micro-batch, the accumulation steps, bf16, Hugging Face
+// gradient checkpointing per block on the Ulysses path (FSDP's fsdp_activation_checkpointing on
+// the torch CP path) and Liger's fused linear cross-entropy for the fused loss
+// (training_args.py: gradient_checkpointing, gradient_checkpointing_kwargs, use_liger_kernel).
+CompanionFile accelerate_training_args(Plan& p, bool sp) {
+  CompanionFile file;
+  file.path = companion_path(p.main_path, "cpsim_accelerate.yaml", ".training_args.json");
+  file.what =
+      "the trainer's arguments (HfArgumentParser(TrainingArguments or SFTConfig)"
+      ".parse_json_file): checkpointing, Liger's fused loss, the batch";
+  const bool hf_checkpointing = sp && p.recipe.checkpointing != CheckpointMode::kNone;
+  file.text = fmt::format(
+      "{{\n  \"output_dir\": \"outputs\",\n  \"per_device_train_batch_size\": 1,\n  "
+      "\"gradient_accumulation_steps\": {},\n  \"bf16\": {},\n  \"gradient_checkpointing\": {},\n",
+      p.par.micro_batches, boolean(p.recipe.param_bytes == 2), boolean(hf_checkpointing));
+  if (hf_checkpointing) {
+    file.text += fmt::format("  \"gradient_checkpointing_kwargs\": {{\"use_reentrant\": {}}},\n",
+                             boolean(p.recipe.checkpoint_reentrant));
+  }
+  file.text += fmt::format("  \"use_liger_kernel\": {}\n}}\n", boolean(p.recipe.fused_loss));
+  return file;
+}
+
 // What the accelerate config runs (the notes of emit_accelerate): no checkpoint offload or tiled
 // MLP in Accelerate / Transformers; the DeepSpeed path's attention is flash_attention_2/3 or
 // sdpa; torch CP runs SDPA with full per-block checkpointing and CP tensors in the compute dtype.
-// Gradient checkpointing and Liger are trainer arguments the notes name: kept.
+// Gradient checkpointing and Liger are trainer arguments: kept, and written in the trainer's
+// arguments file beside the YAML (accelerate_training_args).
 RecipeAsRun accelerate_recipe_as_run(const sim::ScheduleInputs& in) {
   RecipeAsRun r{in.recipe, {}};
   models::TrainingRecipe& x = r.recipe;
@@ -160,10 +186,10 @@ std::string parallelism_block(Plan& p, bool sp) {
 
 // What neither backend's configuration can say.
 void common_notes(Plan& p, bool sp) {
-  if (sp && p.recipe.checkpointing != CheckpointMode::kNone) {
+  if (sp && p.recipe.checkpointing == CheckpointMode::kSelective) {
     p.note(
-        "activation checkpointing is a trainer argument (TrainingArguments / SFTConfig "
-        "gradient_checkpointing=True), not an accelerate config key");
+        "Hugging Face gradient checkpointing is per block (full); selective checkpointing is "
+        "chosen in the model code");
   }
   if (p.nodes > 1) {
     p.note(
@@ -179,9 +205,7 @@ void common_notes(Plan& p, bool sp) {
     p.note("tiled MLP is not available in Accelerate / Transformers");
   }
   if (p.recipe.fused_loss) {
-    p.note(
-        "a fused linear cross-entropy needs Liger (TRL use_liger_kernel=True); not an "
-        "accelerate key");
+    p.note("use_liger_kernel needs liger-kernel installed where the trainer runs");
   }
 }
 
@@ -207,8 +231,12 @@ EmittedConfig emit_accelerate(Plan& p) {
   y += "same_network: true\n";
   y += "use_cpu: false\n";
   common_notes(p, sp);
+  p.companions.push_back(accelerate_training_args(p, sp));
   std::vector<std::string> usage = {
-      "HF Accelerate config: accelerate launch --config_file cpsim_accelerate.yaml train.py ..."};
+      fmt::format("HF Accelerate config: accelerate launch --config_file {} train.py {}",
+                  p.main_file("cpsim_accelerate.yaml"), p.companions.back().path),
+      "(train.py reads its TrainingArguments / SFTConfig from that JSON: "
+      "HfArgumentParser(...).parse_json_file)"};
   add_environment_line(p, usage);
   return finish(p, {std::move(usage), std::move(y), "cpsim_accelerate.yaml", true});
 }
