@@ -117,6 +117,13 @@ MethodSweep method_inputs(const ReportArgs& a,
   ms.method = method;
   SimulateArgs cfg = config_for_method(a.config, method);
   cfg.seq = std::to_string(first_length);
+  // usp's default split is Ulysses over the whole group with ring 1: the ulysses line itself.
+  // Beside ulysses the report draws a mixed split (ring 2) unless the degrees are given.
+  const bool mixed_usp =
+      several && method == "usp" && a.config.ring_degree == 0 && a.config.ulysses_degree == 0;
+  if (mixed_usp) {
+    cfg.ring_degree = 2;
+  }
   try {
     ms.inputs = resolve_inputs(cfg);
     const sim::LayoutCheck checked = sim::check_head_layout(ms.inputs);

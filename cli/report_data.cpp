@@ -254,16 +254,21 @@ LengthSeries length_series(const ReportPage& page) {
         continue;
       }
       const auto& rep = pt.report;
-      out.capacity_gib =
-          std::max(out.capacity_gib, static_cast<double>(rep.gpu_capacity_bytes) / kGiBd);
+      // Fit is judged on the reserved memory (the allocated peak where the allocator is not
+      // replayed) against the capacity less the margin: the chart draws both.
+      out.usable_gib =
+          std::max(out.usable_gib,
+                   static_cast<double>(rep.gpu_capacity_bytes - rep.gpu_margin_bytes) / kGiBd);
+      const std::int64_t judged =
+          rep.reserved_checked ? rep.reserved_peak_bytes : rep.peak_memory_bytes;
       const std::string tip = fmt::format(
-          "{} at {}: {:.1f} tokens/s/GPU, step {}, peak {}, {}", m.method,
+          "{} at {}: {:.1f} tokens/s/GPU, step {}, peak {}, {} {}, {}", m.method,
           format_length(pt.seq_len), rep.tokens_per_s_per_gpu, format_seconds(rep.step_time_s),
           gib(static_cast<double>(rep.peak_memory_bytes)),
+          rep.reserved_checked ? "reserved" : "allocated", gib(static_cast<double>(judged)),
           rep.fits() ? "fits" : "does not fit (" + rep.binding + ")");
       a.points.push_back({pt.seq_len, rep.tokens_per_s_per_gpu, rep.fits(), tip});
-      b.points.push_back(
-          {pt.seq_len, static_cast<double>(rep.peak_memory_bytes) / kGiBd, rep.fits(), tip});
+      b.points.push_back({pt.seq_len, static_cast<double>(judged) / kGiBd, rep.fits(), tip});
     }
     out.throughput.push_back(std::move(a));
     out.peak.push_back(std::move(b));

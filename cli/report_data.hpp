@@ -137,7 +137,7 @@ struct LengthSeries {
   std::vector<Series> relative_throughput;
   std::vector<Series> peak;        ///< peak GPU memory in GiB
   std::vector<std::string> notes;  ///< methods and points that cannot run
-  double capacity_gib = 0;         ///< the largest GPU capacity of any point
+  double usable_gib = 0;           ///< the largest GPU capacity less the margin of any point
 };
 LengthSeries length_series(const ReportPage& page);
 

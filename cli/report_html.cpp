@@ -872,8 +872,8 @@ void length_chart(Out& o,
     const double ly = y(limit_gib);
     put(o, "<line class=\"limit\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\"/>\n",
         px(p.left), px(ly), px(p.right), px(ly), kLimitColor);
-    text(o, p.left + 4, ly - 5, fmt::format("GPU memory {:.1f} GiB", limit_gib), "start",
-         "limit-label");
+    text(o, p.left + 4, ly - 5, fmt::format("usable: capacity − margin, {:.1f} GiB", limit_gib),
+         "start", "limit-label");
   }
   length_series(o, series, x, y);
   length_legend(o, series, p, W);
@@ -1131,7 +1131,9 @@ void length_section(Out& o, const ReportPage& page) {
        "length</h2>\n";
   o +=
       "<p class=\"cap\">One line per method; a red × marks a length that does not fit (GPU or host "
-      "memory); the line is dashed where it does not fit. Throughput is simulated even where the "
+      "memory); the line is dashed where it does not fit. The memory chart plots what the fit is "
+      "judged on, the caching allocator's reserved memory with the fixed overheads, against the "
+      "capacity less the margin. Throughput is simulated even where the "
       "step would run out of memory, and drawn relative to the fastest method that fits at each "
       "length (100 %; where none fits, the fastest simulated), so methods a few per cent apart "
       "stay apart; the absolute tokens/s per GPU is in each point's tooltip and in the tables "
@@ -1139,8 +1141,8 @@ void length_section(Out& o, const ReportPage& page) {
   length_chart(o, "svg-throughput", "Training throughput relative to the fastest",
                "tokens/s per GPU, % of the fastest that fits", page.lengths,
                lengths.relative_throughput, false, 0.0, true);
-  length_chart(o, "svg-peak", "Peak GPU memory (highest rank)", "peak GPU memory (GiB)",
-               page.lengths, lengths.peak, false, lengths.capacity_gib);
+  length_chart(o, "svg-peak", "GPU memory the fit is judged on (highest rank)",
+               "reserved GPU memory (GiB)", page.lengths, lengths.peak, false, lengths.usable_gib);
   o += "</div>\n";
   if (!notes.empty()) {
     o += "<ul class=\"notes\">\n";

@@ -292,6 +292,29 @@ TEST_F(ReportTest, MarksLengthsThatDoNotFit) {
   EXPECT_THAT(html, HasSubstr("OOM (GPU)"));
 }
 
+// The memory chart draws what the fit is judged on (reserved memory) against the capacity less
+// the margin, so a point marked out of memory is above the line; usp beside ulysses is a mixed
+// split, not ulysses' own line under another name.
+TEST_F(ReportTest, MemoryChartAndUspSplitSayWhatTheyAre) {
+  const RunResult r = cpsim({"sweep", "--model", "llama3-8b", "--gpus", "8", "--methods",
+                             "ulysses,usp", "--sweep", "1M..4M", "--format", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  std::string ulysses, usp;
+  for (const auto& m : j.at("config").at("methods")) {
+    (m.at("method") == "usp" ? usp : ulysses) = m.at("degrees").get<std::string>();
+  }
+  EXPECT_NE(usp, ulysses);
+  EXPECT_THAT(usp, HasSubstr("ring 2"));
+  const RunResult html =
+      cpsim({"report", "--model", "llama3-8b", "--gpus", "8", "--methods", "ulysses,usp", "--sweep",
+             "1M..4M", "--html", path("mem.html").string()});
+  ASSERT_EQ(html.exit_code, 0) << html.err;
+  const std::string page = read_file(path("mem.html"));
+  EXPECT_THAT(svg_body(page, "svg-peak"), HasSubstr("usable: capacity − margin, 75.7 GiB"));
+  EXPECT_THAT(svg_body(page, "svg-peak"), HasSubstr("reserved"));
+}
+
 TEST_F(ReportTest, SingleLengthAndMethodsThatCannotRun) {
   // U = 12 does not divide llama3-8b's 32 heads: upipe cannot run, ulysses can.
   const RunResult r =
