@@ -214,9 +214,15 @@ std::vector<std::string> changes_by(planner::LauncherFormat f,
   return run_by(f, base, c).changes;
 }
 
-// Empty when the configuration as the launcher runs it fits (reserved memory and the margin, as
-// `simulate` decides); else why not.
-std::string why_changed_run_misses(const planner::ConfigAsRun& run) {
+// Empty when the launcher's file can be written for the configuration as it runs it and that
+// fits (reserved memory and the margin, as `simulate` decides); else why not.
+std::string why_changed_run_misses(planner::LauncherFormat f, const planner::ConfigAsRun& run) {
+  try {
+    // A file that names its data gets a stand-in: only whether the file can be written matters.
+    (void)planner::emit_launcher_config(f, run.inputs, {"", "DATASET"});
+  } catch (const InputError& e) {
+    return e.what();
+  }
   try {
     planner::EvaluateOptions options;
     options.model_allocator = true;
@@ -252,7 +258,7 @@ std::string launchers_as_simulated(const sim::ScheduleInputs& base, const planne
       const std::string changes = join(run.changes, "; ");
       if (run.changes.empty()) {
         exact.emplace_back(planner::to_string(f));
-      } else if (const std::string why = why_changed_run_misses(run); why.empty()) {
+      } else if (const std::string why = why_changed_run_misses(f, run); why.empty()) {
         changed.push_back(fmt::format("{} ({})", planner::to_string(f), changes));
       } else {
         misses.push_back(fmt::format("{} ({}: {})", planner::to_string(f), changes, why));

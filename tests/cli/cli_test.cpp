@@ -1256,6 +1256,29 @@ TEST_F(CliTest, LauncherConstrainsPlanAndMaxlen) {
   EXPECT_THAT(best.out, HasSubstr("`cpsim plan --launcher X` searches what X runs"));
 }
 
+// "With changes" names only launchers whose file can be written for the configuration and whose
+// run fits: a model TorchTitan has no config function for is listed with why not.
+TEST_F(CliTest, PlanListsLaunchersWithChangesOnlyWhereTheFileRuns) {
+  const Json q28 = {
+      {"hidden_size", 3584},       {"intermediate_size", 18944}, {"num_hidden_layers", 28},
+      {"num_attention_heads", 28}, {"num_key_value_heads", 4},   {"vocab_size", 152064},
+      {"model_type", "qwen2"},     {"hidden_act", "silu"},       {"tie_word_embeddings", false}};
+  write_file(path("q28.json"), q28.dump());
+  const RunResult r =
+      run({"plan", "--model", path("q28.json").string(), "--gpus", "4", "--seq", "128K"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::size_t line = r.out.find("launchers that run it:");
+  ASSERT_NE(line, std::string::npos) << r.out;
+  const std::string launchers = r.out.substr(line, r.out.find('\n', line) - line);
+  const std::size_t with = launchers.find("; with changes:");
+  const std::size_t without = launchers.find("not with the changes its file makes:");
+  ASSERT_NE(without, std::string::npos) << launchers;
+  EXPECT_THAT(launchers.substr(without), HasSubstr("has no baseline config function for"));
+  if (with != std::string::npos) {
+    EXPECT_THAT(launchers.substr(with, without - with), Not(HasSubstr("torchtitan (")));
+  }
+}
+
 TEST_F(CliTest, PlanEmitsAParsableFile) {
   const std::string out = path("plan.toml").string();
   const RunResult r = run({"plan", "--model", "llama3-8b", "--gpus", "8", "--seq", "128K",
