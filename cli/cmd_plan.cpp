@@ -49,6 +49,8 @@ nlohmann::json candidate_json(const planner::Candidate& c, bool max_context) {
       {"tiled_mlp", r.tiled_mlp},
       {"fused_loss", r.fused_loss},
       {"zero_stage", r.zero_stage},
+      {"rope_cache_bytes_per_head_dim", r.rope_cache_bytes_per_head_dim},
+      {"rope_cache_per_layer", r.rope_cache_per_layer},
       {"seq_len", p.seq_len},
       {"tokens_per_step", c.report.tokens_per_step},
       {"step_time_s", c.report.step_time_s},

@@ -54,12 +54,16 @@ RECORDED_KEYS_ONLY = {
 
 
 def emit(launcher, args, out):
-    cmd = [CPSIM, "plan", "--emit", launcher, "--out", str(out), *args]
+    """Writes the launcher's file; returns the configuration the plan emitted (its JSON row)."""
+    cmd = [CPSIM, "plan", "--emit", launcher, "--out", str(out), "--json", *args]
     if launcher == "arctic":
         cmd += ["--dataset", DATASET]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}: exit {r.returncode}\n{r.stderr}{r.stdout[-800:]}"
-    return r.stdout
+    plan = json.loads(r.stdout)
+    label = plan["emitted"]["label"]
+    rows = plan["top"] + plan["best_per_method"] + plan["pareto"]
+    return next(row for row in rows if row["label"] == label)
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=[p[0] for p in PLANS])
@@ -68,7 +72,7 @@ def test_the_launcher_runs_the_file(launcher, plan, tmp_path):
     name, args, gpus = plan
     checker, filename = CHECKED[launcher]
     out = tmp_path / filename
-    emit(launcher, args, out)
+    planned = emit(launcher, args, out)
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=os.path.join(ROOT, "build", "torch_extensions"))
     extra = []
     if launcher == "arctic":  # the model's config.json, which ArcticTraining reads from the hub
@@ -84,6 +88,16 @@ def test_the_launcher_runs_the_file(launcher, plan, tmp_path):
     assert r.returncode == 0 and report["ok"], (
         f"{launcher} refused the file of plan {name}:\n{report.get('error')}\n"
         f"stages: {report.get('stages_run')}\n--- file ---\n{out.read_text()}")
+    if launcher == "torchtitan":
+        # TorchTitan's own model, built on the meta device, holds exactly the RoPE tables cpsim
+        # counts for the recipe as run (its only buffers).
+        model = args[args.index("--model") + 1] if "--model" in args else "llama3-8b"
+        with open(os.path.join(ROOT, "data", "models", f"{model}.json")) as f:
+            shape = json.load(f)
+        blocks = shape["num_hidden_layers"] if planned["rope_cache_per_layer"] else 1
+        expected = (planned["rope_cache_bytes_per_head_dim"] * shape["head_dim"] *
+                    planned["seq_len"] * blocks)
+        assert report["buffer_bytes"] == expected, (report["buffer_bytes"], expected)
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=[p[0] for p in PLANS])

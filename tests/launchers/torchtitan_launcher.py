@@ -216,6 +216,7 @@ def check(path: str, gpus: int) -> dict:
         model.verify_module_protocol()
         report["params"] = int(model_config.get_nparams_and_flops(model, seq)[0])
         buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+        report["buffer_bytes"] = int(buffers)
         notes.append(f"non-parameter buffers (RoPE caches) per rank: {buffers / 2**30:.2f} GiB")
         if config.parallelism.spmd_backend in ("full_dtensor", "spmd_types"):
             full_dtensor.validate_config(dims, model)  # parallelize_fn's first step
