@@ -131,7 +131,14 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
                 "training data for launchers whose file names it (arctic: data.sources): a "
                 "Hugging Face dataset id, name:split, or a local path");
   c->add_option("--out", a.out, "file for --emit (default: print it)")->check(output_path_check());
-  c->add_flag("--json", a.json, "print JSON instead of text");
+  c->add_flag("--json", a.json, "print JSON instead of text (as --format json)");
+  c->add_option("--format", a.format,
+                "output: table | json | csv (csv: one row per fitting configuration, best first)")
+      ->capture_default_str();
+  c->add_flag(
+      "--all", a.all,
+      "with --format csv or json: every configuration generated, in search order, with "
+      "what became of it (fits, does not fit, pruned by the memory bound, refused) and why");
   return c;
 }
 
@@ -294,7 +301,17 @@ void print_companions(const std::vector<planner::CompanionFile>& companions) {
 namespace {
 
 // Flag combinations refused before anything is read.
-void check_plan_flags(const PlanArgs& a) {
+void check_plan_flags(PlanArgs& a) {
+  if (a.format != "table" && a.format != "json" && a.format != "csv") {
+    throw InputError("--format", fmt::format("expected table, json or csv, got '{}'", a.format));
+  }
+  if (a.json && a.format == "csv") {
+    throw InputError("--json", "give --json or --format csv, not both");
+  }
+  a.json = a.json || a.format == "json";
+  if (a.all && !a.json && a.format != "csv") {
+    throw InputError("--all", "only with --format csv or json: the tables show the best");
+  }
   if (!a.seq.empty() && a.max_context) {
     throw InputError("--max-context", "give either --seq or --max-context");
   }
@@ -419,6 +436,7 @@ PlanSetup plan_setup(const PlanArgs& a) {
     keep_methods_the_launcher_runs(s, opts.methods);
   }
   opts.refusal_text = refusal_text;
+  opts.keep_all = a.all;
   opts.threads = a.threads;
   opts.top = a.top;
   return s;
@@ -509,6 +527,54 @@ Emitted emit_best(const PlanArgs& a, const PlanSetup& s, const planner::PlanResu
   return out;
 }
 
+// What became of a configuration of the search, and why.
+std::pair<std::string, std::string> status_of(const planner::Candidate& c, bool max_context) {
+  if (!c.error.empty()) {
+    return {"refused", c.error};
+  }
+  if (c.pruned) {
+    return {"pruned", c.prune_reason};
+  }
+  if (!c.evaluated) {
+    return {"not evaluated", ""};
+  }
+  if (c.fits) {
+    return {"fits", max_context ? c.binding.text : ""};
+  }
+  return {"does not fit", max_context ? c.binding.text : c.report.binding};
+}
+
+// One CSV row per configuration: its degrees and knobs, the step, what became of it.
+void print_plan_csv(const planner::PlanResult& res, const std::vector<planner::Candidate>& rows) {
+  std::cout << "label,method,cp_degree,ulysses_degree,ring_degree,tp_degree,pp_degree,"
+               "micro_batches,data_parallel,fpdt_chunk,ac,ac_offload,tiled_mlp,fused_loss,"
+               "zero_stage,seq_len,max_seq_len,tokens_per_step,step_time_s,tokens_per_s_per_gpu,"
+               "peak_memory_bytes,reserved_peak_bytes,host_memory_bytes,status,why\n";
+  for (const planner::Candidate& c : rows) {
+    const models::ParallelConfig& p = c.parallel;
+    const models::TrainingRecipe& r = c.recipe;
+    const auto [status, why] = status_of(c, res.max_context);
+    const bool ran = c.evaluated && c.error.empty();
+    const sim::StepReport& rep = c.report;
+    std::cout << fmt::format(
+        "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},", csv_field(c.label),
+        models::to_string(p.method), p.cp_degree, p.ulysses_degree(), p.ring_degree, p.tp_degree,
+        p.pp_degree, p.micro_batches, p.data_parallel(),
+        sim::cp_implementation(p.method).uses_fpdt_chunk() ? p.fpdt_chunk : 0,
+        models::to_string(r.checkpointing), r.checkpoint_offload, r.tiled_mlp, r.fused_loss,
+        r.zero_stage, p.seq_len, res.max_context && c.fits ? c.max_seq_len : 0);
+    if (ran) {
+      std::cout << fmt::format("{},{},{},{},{},{},", rep.tokens_per_step, rep.step_time_s,
+                               rep.tokens_per_s_per_gpu, rep.peak_memory_bytes,
+                               rep.reserved_checked ? rep.reserved_peak_bytes : 0,
+                               rep.host_memory_bytes);
+    } else {
+      std::cout << ",,,,,,";
+    }
+    std::cout << fmt::format("{},{}\n", status, csv_field(why));
+  }
+}
+
 nlohmann::json methods_without_fit_json(const planner::PlanResult& res) {
   nlohmann::json out = nlohmann::json::array();
   for (const planner::PlanResult::MethodWithoutFit& m : res.methods_without_fit) {
@@ -568,6 +634,17 @@ void print_plan_json(const PlanArgs& a,
                     {"text", a.out.empty() ? emitted.text : ""},
                     {"companions", files},
                     {"searched_as_run", launcher_changes(*s.format, base, res.ranked.front())}};
+  }
+  if (a.all) {
+    nlohmann::json all = nlohmann::json::array();
+    for (const planner::Candidate& c : res.all) {
+      nlohmann::json row = candidate_json(c, res.max_context);
+      const auto [status, why] = status_of(c, res.max_context);
+      row["status"] = status;
+      row["why"] = why;
+      all.push_back(std::move(row));
+    }
+    j["all"] = std::move(all);
   }
   std::cout << j.dump(2) << "\n";
 }
@@ -749,7 +826,8 @@ void print_recommendation(const PlanArgs& a,
 
 }  // namespace
 
-int run_plan(const PlanArgs& a) {
+int run_plan(const PlanArgs& args) {
+  PlanArgs a = args;
   check_plan_flags(a);
   PlanSetup s = plan_setup(a);
   const auto t0 = std::chrono::steady_clock::now();
@@ -769,6 +847,10 @@ int run_plan(const PlanArgs& a) {
   const Emitted emitted = s.format ? emit_best(a, s, res) : Emitted{};
   if (a.json) {
     print_plan_json(a, s, res, emitted);
+    return 0;
+  }
+  if (a.format == "csv") {
+    print_plan_csv(res, a.all ? res.all : res.ranked);
     return 0;
   }
   print_plan_tables(a, s, res, wall_s);

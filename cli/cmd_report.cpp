@@ -216,20 +216,6 @@ Sweep run_points(const ReportArgs& a, Progress& progress) {
   return sw;
 }
 
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) {
-    return s;
-  }
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"') {
-      o += '"';
-    }
-    o += c;
-  }
-  return o + "\"";
-}
-
 void print_table(const Sweep& sw) {
   const MethodSweep* ref = nullptr;
   for (const auto& m : sw.methods) {

@@ -120,6 +120,8 @@ struct PlanArgs {
   std::string launcher_version;  ///< --launcher-version: the release of --emit/--launcher
   std::string out;
   bool json = false;
+  std::string format = "table";  ///< --format: table, json (as --json) or csv
+  bool all = false;              ///< --all: every configuration generated (csv, json)
 };
 CLI::App* register_plan(CLI::App& app, PlanArgs& args);
 int run_plan(const PlanArgs& args);

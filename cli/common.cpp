@@ -117,4 +117,18 @@ std::string format_table(const std::vector<std::string>& header,
   return out;
 }
 
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) {
+    return s;
+  }
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"') {
+      o += '"';
+    }
+    o += c;
+  }
+  return o + "\"";
+}
+
 }  // namespace cpsim::cli

@@ -36,4 +36,8 @@ std::string format_table(const std::vector<std::string>& header,
                          const std::vector<std::vector<std::string>>& rows,
                          const std::vector<bool>& numeric);
 
+/// One CSV field (RFC 4180): quoted, with quotes doubled, when it holds a comma, a quote or a
+/// newline.
+std::string csv_field(const std::string& s);
+
 }  // namespace cpsim::cli

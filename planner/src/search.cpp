@@ -946,6 +946,9 @@ void rank_checking_reserved(const sim::ScheduleInputs& base,
   for (const std::size_t i : per_method) {
     res.best_per_method.push_back(cands[i]);
   }
+  if (options.keep_all) {
+    res.all = cands;
+  }
   res.ranked.reserve(order.size());
   for (const std::size_t i : order) {
     res.ranked.push_back(std::move(cands[i]));

@@ -30,10 +30,24 @@ namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
+using ::testing::EndsWith;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::testing::StartsWith;
 
 constexpr int kTimeoutSeconds = 60;
+
+// A CSV field as cpsim writes it: quoted when it holds a comma, a quote or a newline.
+std::string csv_quoted(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) {
+    return s;
+  }
+  std::string out = "\"";
+  for (const char c : s) {
+    out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  }
+  return out + "\"";
+}
 constexpr std::int64_t kLlama3_8bParameters = 8030261248;
 
 struct RunResult {
@@ -1277,6 +1291,42 @@ TEST_F(CliTest, PlanListsLaunchersWithChangesOnlyWhereTheFileRuns) {
   if (with != std::string::npos) {
     EXPECT_THAT(launchers.substr(with, without - with), Not(HasSubstr("torchtitan (")));
   }
+}
+
+// plan --format csv: one row per fitting configuration, best first; --all: every configuration
+// generated, each with what became of it, as many rows of each kind as the counts say.
+TEST_F(CliTest, PlanCsvListsEveryConfigurationOnRequest) {
+  const Json j = run_json({"plan", "--seq", "256K", "--json"});
+  const RunResult best = run({"plan", "--seq", "256K", "--format", "csv"});
+  ASSERT_EQ(best.exit_code, 0) << best.err;
+  std::istringstream lines(best.out);
+  std::string header, first;
+  std::getline(lines, header);
+  std::getline(lines, first);
+  EXPECT_THAT(header, StartsWith("label,method,cp_degree,"));
+  EXPECT_THAT(first, StartsWith(csv_quoted(j.at("best").at("label").get<std::string>()) + ","));
+  EXPECT_THAT(first, EndsWith(",fits,"));
+  const RunResult all = run({"plan", "--seq", "256K", "--format", "csv", "--all"});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  std::map<std::string, std::int64_t> status;
+  std::istringstream rows(all.out);
+  std::string row;
+  std::getline(rows, row);
+  std::int64_t n = 0;
+  for (; std::getline(rows, row); ++n) {
+    for (const char* s : {",fits,", ",does not fit,", ",pruned,", ",refused,"}) {
+      status[s] += row.find(s) != std::string::npos ? 1 : 0;
+    }
+  }
+  const Json& counts = j.at("counts");
+  EXPECT_EQ(n, counts.at("generated").get<std::int64_t>());
+  EXPECT_EQ(status[",refused,"], counts.at("refused").get<std::int64_t>());
+  EXPECT_EQ(status[",pruned,"], counts.at("pruned").get<std::int64_t>());
+  EXPECT_GT(status[",fits,"], 0);
+  const Json every = run_json({"plan", "--seq", "256K", "--json", "--all"});
+  EXPECT_EQ(every.at("all").size(), static_cast<std::size_t>(n));
+  EXPECT_EQ(run({"plan", "--seq", "256K", "--all"}).exit_code, 2);
+  EXPECT_EQ(run({"plan", "--seq", "256K", "--format", "xml"}).exit_code, 2);
 }
 
 TEST_F(CliTest, PlanEmitsAParsableFile) {

@@ -65,6 +65,8 @@ struct PlanOptions {
   int threads = 2;
   int top = 5;
   RefusalText refusal_text;  ///< candidates' errors (see MaxLenOptions)
+  /// Keep every configuration generated, with what became of it (PlanResult::all).
+  bool keep_all = false;
   /// Called as the candidates' evaluations end, from the plan's threads one call at a time: the
   /// candidates evaluated so far and how many are to be (those neither refused nor pruned).
   std::function<void(std::int64_t done, std::int64_t total)> on_progress;
@@ -105,6 +107,9 @@ struct PlanResult {
   std::vector<Candidate> ranked;
   std::vector<Candidate> pareto;  ///< non-dominated (throughput vs peak, or vs max context)
   std::vector<Candidate> best_per_method;
+  /// With PlanOptions::keep_all: every configuration generated, in generation order, as the plan
+  /// left it (refused: `error`; pruned by the memory bound; evaluated, fitting or not).
+  std::vector<Candidate> all;
   std::int64_t generated = 0, pruned = 0, evaluated = 0, refused = 0, simulations = 0;
   std::string why_best;  ///< why the best beats the runner-up
   /// When nothing fits: the candidate closest to fitting (smallest memory need against what is
