@@ -135,6 +135,10 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
   c->add_option("--format", a.format,
                 "output: table | json | csv (csv: one row per fitting configuration, best first)")
       ->capture_default_str();
+  c->add_option("--progress", a.progress,
+                "progress on stderr: auto (in place on a terminal, a log line every 10 s "
+                "otherwise, once past 2 s), always (from the start), never; default: "
+                "$CPSIM_PROGRESS, else auto");
   c->add_flag(
       "--all", a.all,
       "with --format csv or json: every configuration generated, in search order, with "
@@ -829,9 +833,10 @@ void print_recommendation(const PlanArgs& a,
 int run_plan(const PlanArgs& args) {
   PlanArgs a = args;
   check_plan_flags(a);
+  const ProgressMode progress_mode = parse_progress_mode(a.progress);
   PlanSetup s = plan_setup(a);
   const auto t0 = std::chrono::steady_clock::now();
-  Progress progress("plan");
+  Progress progress("plan", progress_mode);
   s.opts.on_progress = [&progress](std::int64_t done, std::int64_t total) {
     progress.update(fmt::format(
         "{} of {} configurations evaluated ({:.0f} %)", done, total,

@@ -350,6 +350,10 @@ CLI::App* register_sweep(CLI::App& app, ReportArgs& a) {
       "sweep", "Step time, throughput, peak memory and fit of each method over sequence lengths");
   add_sweep_options(c, a);
   c->add_option("--format", a.format, "output: table | csv | json")->capture_default_str();
+  c->add_option("--progress", a.progress,
+                "progress on stderr: auto (in place on a terminal, a log line every 10 s "
+                "otherwise, once past 2 s), always (from the start), never; default: "
+                "$CPSIM_PROGRESS, else auto");
   return c;
 }
 
@@ -357,7 +361,7 @@ int run_sweep(const ReportArgs& a) {
   if (a.format != "table" && a.format != "csv" && a.format != "json") {
     throw InputError("--format", fmt::format("expected table, csv or json, got '{}'", a.format));
   }
-  Progress progress("sweep");
+  Progress progress("sweep", parse_progress_mode(a.progress));
   const Sweep sw = run_points(a, progress);
   progress.clear();
   if (a.format == "csv") {
@@ -376,6 +380,10 @@ CLI::App* register_report(CLI::App& app, ReportArgs& a) {
       "Write one self-contained HTML page: memory and timeline of one step, throughput and peak "
       "memory vs length, longest context per method, and the configuration");
   add_sweep_options(c, a);
+  c->add_option("--progress", a.progress,
+                "progress on stderr: auto (in place on a terminal, a log line every 10 s "
+                "otherwise, once past 2 s), always (from the start), never; default: "
+                "$CPSIM_PROGRESS, else auto");
   c->add_option("--html", a.html, "the HTML file to write (- = standard output)")
       ->required()
       ->check(output_path_check());
@@ -496,7 +504,7 @@ int run_report(const ReportArgs& a) {
     detail_seq = parse_length(a.detail_seq, "--detail-seq");
   }
   const std::string detail_method = detail_method_of(a);
-  Progress progress("report");
+  Progress progress("report", parse_progress_mode(a.progress));
   Sweep sw = run_points(a, progress);
 
   ReportPage page;

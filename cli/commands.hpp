@@ -122,6 +122,7 @@ struct PlanArgs {
   bool json = false;
   std::string format = "table";  ///< --format: table, json (as --json) or csv
   bool all = false;              ///< --all: every configuration generated (csv, json)
+  std::string progress;  ///< --progress: auto | always | never (empty: $CPSIM_PROGRESS, auto)
 };
 CLI::App* register_plan(CLI::App& app, PlanArgs& args);
 int run_plan(const PlanArgs& args);
@@ -143,6 +144,7 @@ struct ReportArgs {
   std::string html;              // report: the file to write
   std::string detail_method;     // report: method of the memory and timeline charts
   std::string detail_seq;        // report: length of those charts
+  std::string progress;          // --progress (empty: $CPSIM_PROGRESS, else auto)
 };
 CLI::App* register_sweep(CLI::App& app, ReportArgs& args);
 int run_sweep(const ReportArgs& args);

@@ -1,21 +1,48 @@
 #pragma once
-// A progress line on stderr while a long command runs: only on a terminal, only once it has run
-// for two seconds, redrawn at most every 100 ms, erased when the command prints its answer.
+// Progress of a long command on stderr (--progress): on a terminal one line redrawn in place at
+// most every 100 ms and erased when the command prints its answer; elsewhere (a log, a pipe) a
+// log line every 10 s. Both start once the command has run for two seconds (`always`: at once);
+// `never` prints nothing. Without --progress, the environment's CPSIM_PROGRESS decides.
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
+#include "cpsim/models/error.hpp"
+
 namespace cpsim::cli {
+
+enum class ProgressMode { kAuto, kAlways, kNever };
+
+/// `--progress` auto | always | never; not given: the environment's CPSIM_PROGRESS, else auto.
+/// @throws InputError("--progress" or "CPSIM_PROGRESS").
+inline ProgressMode parse_progress_mode(const std::string& flag) {
+  const char* env = std::getenv("CPSIM_PROGRESS");
+  const bool from_env = flag.empty() && env != nullptr;
+  const std::string text = !flag.empty() ? flag : from_env ? std::string(env) : "auto";
+  if (text == "auto") {
+    return ProgressMode::kAuto;
+  }
+  if (text == "always") {
+    return ProgressMode::kAlways;
+  }
+  if (text == "never") {
+    return ProgressMode::kNever;
+  }
+  throw InputError(from_env ? "CPSIM_PROGRESS" : "--progress",
+                   fmt::format("expected auto, always or never, got '{}'", text));
+}
 
 class Progress {
  public:
-  explicit Progress(const char* command)
+  explicit Progress(const char* command, ProgressMode mode = ProgressMode::kAuto)
       : command_(command),
+        mode_(mode),
         tty_(isatty(STDERR_FILENO) != 0),
         start_(std::chrono::steady_clock::now()) {}
   Progress(const Progress&) = delete;
@@ -23,11 +50,20 @@ class Progress {
   ~Progress() { clear(); }
 
   void update(const std::string& what) {
-    if (!tty_) {
+    if (mode_ == ProgressMode::kNever) {
       return;
     }
     const auto now = std::chrono::steady_clock::now();
-    if (!shown_ && now - start_ < std::chrono::seconds(2)) {
+    if (mode_ == ProgressMode::kAuto && now - start_ < std::chrono::seconds(2)) {
+      return;
+    }
+    if (!tty_) {  // a log line every 10 s (the first at once)
+      if (logged_ && now - drawn_ < std::chrono::seconds(10)) {
+        return;
+      }
+      std::cerr << fmt::format("cpsim {}: {}\n", command_, what) << std::flush;
+      logged_ = true;
+      drawn_ = now;
       return;
     }
     if (shown_ && now - drawn_ < std::chrono::milliseconds(100)) {
@@ -54,7 +90,9 @@ class Progress {
 
  private:
   const char* command_;
+  ProgressMode mode_;
   bool tty_;
+  bool logged_ = false;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point drawn_;
   bool shown_ = false;

@@ -1329,6 +1329,29 @@ TEST_F(CliTest, PlanCsvListsEveryConfigurationOnRequest) {
   EXPECT_EQ(run({"plan", "--seq", "256K", "--format", "xml"}).exit_code, 2);
 }
 
+// Progress where stderr is a log (not a terminal): a line at once with `always`, none with
+// `never`, and with the default only once the command has run for two seconds.
+TEST_F(CliTest, ProgressIsLoggedWhenStderrIsNoTerminal) {
+  const RunResult always = run({"plan", "--seq", "256K", "--progress", "always"});
+  ASSERT_EQ(always.exit_code, 0) << always.err;
+  EXPECT_THAT(always.err, StartsWith("cpsim plan: "));
+  EXPECT_THAT(always.err, HasSubstr("configurations evaluated"));
+  EXPECT_EQ(always.err.back(), '\n');
+  const RunResult never = run({"plan", "--seq", "256K", "--progress", "never"});
+  ASSERT_EQ(never.exit_code, 0) << never.err;
+  EXPECT_EQ(never.err, "");
+  const RunResult sweep =
+      run({"sweep", "--methods", "ulysses", "--sweep", "128K..256K", "--progress", "always"});
+  ASSERT_EQ(sweep.exit_code, 0) << sweep.err;
+  EXPECT_THAT(sweep.err, StartsWith("cpsim sweep: "));
+  EXPECT_EQ(run({"plan", "--progress", "sometimes"}).exit_code, 2);
+  ::setenv("CPSIM_PROGRESS", "sometimes", 1);
+  const RunResult env = run({"plan", "--seq", "256K"});
+  ::setenv("CPSIM_PROGRESS", "never", 1);  // as CTest runs the tests
+  EXPECT_EQ(env.exit_code, 2);
+  EXPECT_THAT(env.err, HasSubstr("CPSIM_PROGRESS"));
+}
+
 TEST_F(CliTest, PlanEmitsAParsableFile) {
   const std::string out = path("plan.toml").string();
   const RunResult r = run({"plan", "--model", "llama3-8b", "--gpus", "8", "--seq", "128K",
