@@ -17,32 +17,6 @@
 namespace cpsim::planner::emit_detail {
 namespace {
 
-const char* launcher_title(LauncherFormat f) {
-  switch (f) {
-    case LauncherFormat::kTorchTitan:
-      return "TorchTitan 0.3.0";
-    case LauncherFormat::kTorchTitan022:
-      return "TorchTitan 0.2.2";
-    case LauncherFormat::kTorchTitan021:
-      return "TorchTitan 0.2.1";
-    case LauncherFormat::kTorchTitanMain:
-      return "TorchTitan main";
-    case LauncherFormat::kUntiedUlysses:
-      return "the UPipe reference code (Untied-Ulysses TorchTitan fork)";
-    case LauncherFormat::kDeepSpeed:
-      return "DeepSpeed / Megatron-DeepSpeed";
-    case LauncherFormat::kAccelerate:
-      return "HF Accelerate";
-    case LauncherFormat::kMegatron:
-      return "Megatron-LM";
-    case LauncherFormat::kArctic:
-      return "ArcticTraining";
-    case LauncherFormat::kNeMo:
-      return "NeMo";
-  }
-  return "this launcher";
-}
-
 const char* launcher_scope(LauncherFormat f) {
   switch (f) {
     case LauncherFormat::kTorchTitan:
@@ -79,7 +53,7 @@ const char* launcher_scope(LauncherFormat f) {
 
 void refuse_method(LauncherFormat f, CpMethod m) {
   const sim::LauncherSupport others = sim::cp_implementation(m).launchers();
-  refuse(fmt::format("{} cannot run {} ({}); {}", launcher_title(f), models::to_string(m),
+  refuse(fmt::format("{} cannot run {} ({}); {}", launcher_target(f), models::to_string(m),
                      launcher_scope(f),
                      others.runs.empty() ? others.sentence() : "use " + launchers_for(m)));
 }

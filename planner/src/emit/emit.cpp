@@ -81,7 +81,7 @@ const char* launcher_target(LauncherFormat f) {
     case LauncherFormat::kUntiedUlysses:
       return "Untied-Ulysses @ e465aa8 (the UPipe fork of TorchTitan)";
     case LauncherFormat::kDeepSpeed:
-      return "DeepSpeed 0.19.8 (and Megatron-DeepSpeed @ 4efb479 for FPDT)";
+      return "DeepSpeed 0.19.8";
     case LauncherFormat::kAccelerate:
       return "Accelerate 1.15.0";
     case LauncherFormat::kMegatron:
