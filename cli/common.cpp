@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdlib>
+#include <dlfcn.h>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -23,6 +24,17 @@ models::DataDir data_dir() {
                                    env));
     }
     return {std::filesystem::path(env)};
+  }
+  // An installed copy (the Python package) carries its data beside the code: data/ next to the
+  // file this function was loaded from. The binary in a build tree has none there.
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&data_dir), &info) != 0 && info.dli_fname != nullptr) {
+    std::error_code ec;
+    const std::filesystem::path beside =
+        std::filesystem::path(info.dli_fname).parent_path() / "data";
+    if (std::filesystem::is_directory(beside / "models", ec)) {
+      return {beside};
+    }
   }
   return {std::filesystem::path(CPSIM_DATA_DIR_DEFAULT)};
 }

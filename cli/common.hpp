@@ -10,7 +10,8 @@
 
 namespace cpsim::cli {
 
-/// CPSIM_DATA_DIR from the environment, else the source tree's data/ compiled in.
+/// CPSIM_DATA_DIR from the environment, else data/ beside the loaded code (an installed Python
+/// package), else the source tree's data/ compiled in.
 /// @throws InputError naming CPSIM_DATA_DIR when it is set but is not a directory.
 models::DataDir data_dir();
 
