@@ -17,6 +17,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "config_flags.hpp"
+#include "cost.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -46,7 +47,15 @@ struct Outcome {
   std::vector<std::string> launcher_changes;  ///< --launcher: what it changed in the recipe
 };
 
-nlohmann::json outcome_json(const Outcome& o) {
+// What the step at the answer costs (nothing when no length fits).
+StepCost outcome_cost(const Outcome& o, const CostRate& rate) {
+  const sim::StepReport& at = o.res.at_max;
+  return o.res.max_seq_len > 0
+             ? step_cost(rate, at.step_time_s, at.tokens_per_step, o.in.parallel.gpus)
+             : StepCost{};
+}
+
+nlohmann::json answer_json(const Outcome& o) {
   if (!o.error.empty()) {
     return {{"method", o.method}, {"error", o.error}};
   }
@@ -96,6 +105,10 @@ CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& a) {
                 "(its recipe knobs and implementation): torchtitan, torchtitan-main, "
                 "untied-ulysses, deepspeed, "
                 "accelerate, megatron, arctic, nemo");
+  c->add_option("--max-step-time", a.max_step_time,
+                "the longest length whose step takes at most this long (90s, 30min, 2h, 1.5d; a "
+                "plain number is seconds); the step-time cap binds where memory allows longer");
+  add_cost_options(c, a.config.gpu_hour_cost, a.config.train_tokens);
   c->add_flag("--json", a.json, "print JSON instead of text");
   return c;
 }
@@ -135,7 +148,19 @@ Outcome search_method(const MaxLenArgs& a,
   return o;
 }
 
-void print_maxlen_json(const std::vector<Outcome>& outcomes) {
+void print_maxlen_json(const std::vector<Outcome>& outcomes,
+                       const planner::MaxLenOptions& opts,
+                       const std::optional<CostRate>& rate) {
+  auto outcome_json = [&](const Outcome& o) {
+    nlohmann::json j = answer_json(o);
+    if (opts.max_step_time_s > 0) {
+      j["max_step_time_s"] = opts.max_step_time_s;
+    }
+    if (rate && o.error.empty()) {
+      j["cost"] = cost_json(*rate, outcome_cost(o, *rate));
+    }
+    return j;
+  };
   if (outcomes.size() == 1) {
     nlohmann::json j = outcome_json(outcomes[0]);
     j["schema_version"] = kMaxLenSchemaVersion;
@@ -154,7 +179,7 @@ void print_maxlen_json(const std::vector<Outcome>& outcomes) {
 }
 
 // One method's answer: the longest context, what binds, the step there and the search.
-void print_outcome(const MaxLenArgs& a, const Outcome& o) {
+void print_outcome(const MaxLenArgs& a, const Outcome& o, const std::optional<CostRate>& rate) {
   if (!o.error.empty()) {
     std::cout << fmt::format("{}: cannot run: {}\n\n", o.method, o.error);
     return;
@@ -208,6 +233,9 @@ void print_outcome(const MaxLenArgs& a, const Outcome& o) {
       format_bytes(static_cast<double>(r.at_max.gpu_margin_bytes)),
       format_seconds(r.at_max.step_time_s), r.at_max.tokens_per_s_per_gpu,
       format_bytes(static_cast<double>(r.at_max.host_memory_bytes)));
+  if (rate) {
+    std::cout << cost_lines(*rate, outcome_cost(o, *rate), "  ");
+  }
   std::cout << fmt::format("  searched             {} simulations{}\n", r.evaluations,
                            r.monotone ? ", memory monotone around the limit" : "");
   for (const auto& w : r.warnings) {
@@ -221,6 +249,11 @@ void print_outcome(const MaxLenArgs& a, const Outcome& o) {
 int run_maxlen(const MaxLenArgs& a) {
   planner::MaxLenOptions opts;
   opts.granularity = parse_length(a.granularity, "--granularity");
+  if (!a.max_step_time.empty()) {
+    opts.max_step_time_s = parse_duration_s(a.max_step_time, "--max-step-time");
+  }
+  const std::optional<CostRate> rate =
+      parse_cost_rate(a.config.gpu_hour_cost, a.config.train_tokens);
   opts.refusal_text = refusal_text;
   const std::vector<std::string> methods = split_methods(a.config.method, "--method");
   std::optional<planner::LauncherFormat> launcher;
@@ -232,10 +265,10 @@ int run_maxlen(const MaxLenArgs& a) {
     outcomes.push_back(search_method(a, m, methods.size() > 1, launcher, opts));
   }
   if (a.json) {
-    print_maxlen_json(outcomes);
+    print_maxlen_json(outcomes, opts, rate);
   } else {
     for (const Outcome& o : outcomes) {
-      print_outcome(a, o);
+      print_outcome(a, o, rate);
     }
   }
   return maxlen_status(outcomes);

@@ -18,6 +18,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "config_flags.hpp"
+#include "cost.hpp"
 #include "output.hpp"
 #include "progress.hpp"
 
@@ -103,6 +104,10 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
   c->add_option("--top", a.top, "configurations to list")->capture_default_str();
   c->add_option("--granularity", a.granularity, "max-context mode: length step")
       ->capture_default_str();
+  c->add_option("--max-step-time", a.max_step_time,
+                "max-context mode: each configuration's longest length whose step takes at most "
+                "this long (90s, 30min, 2h, 1.5d; a plain number is seconds)");
+  add_cost_options(c, a.config.gpu_hour_cost, a.config.train_tokens);
   c->add_flag(
       "--fixed-recipe", a.fixed_recipe,
       "--seq mode: keep the recipe's AC, offload, tiling, loss and ZeRO settings instead of "
@@ -328,6 +333,10 @@ void check_plan_flags(PlanArgs& a) {
   if (!a.out.empty() && a.emit.empty()) {
     throw InputError("--out", "needs --emit FORMAT");
   }
+  if (!a.max_step_time.empty() && !a.seq.empty()) {
+    throw InputError("--max-step-time",
+                     "caps a longest-context answer; with --seq the plan ranks by step time");
+  }
   if (a.fixed_recipe && a.seq.empty()) {
     throw InputError("--fixed-recipe",
                      "only with --seq: the longest-context search always keeps the recipe");
@@ -349,6 +358,7 @@ struct PlanSetup {
   std::string launcher;  ///< --emit, else --launcher; empty: none
   const char* launcher_flag = "--launcher";
   std::optional<planner::LauncherFormat> format;
+  std::optional<CostRate> cost;  ///< --gpu-hour-cost
 };
 
 // The methods searched: those asked for that --impl runs.
@@ -428,6 +438,10 @@ PlanSetup plan_setup(const PlanArgs& a) {
     opts.seq_len = parse_length(a.seq, "--seq");
   }
   opts.granularity = parse_length(a.granularity, "--granularity");
+  if (!a.max_step_time.empty()) {
+    opts.max_step_time_s = parse_duration_s(a.max_step_time, "--max-step-time");
+  }
+  s.cost = parse_cost_rate(a.config.gpu_hour_cost, a.config.train_tokens);
   opts.vary_recipe = !a.fixed_recipe;
   opts.fixed = fixed_by_flags(a);
   if (a.allow_data_parallel && a.seq.empty()) {
@@ -591,15 +605,27 @@ void print_plan_json(const PlanArgs& a,
                      const PlanSetup& s,
                      const planner::PlanResult& res,
                      const Emitted& emitted) {
+  // A candidate's JSON, with what its step costs under --gpu-hour-cost.
+  auto priced = [&](const planner::Candidate& c, bool max_context) {
+    nlohmann::json row = candidate_json(c, max_context);
+    if (s.cost) {
+      const bool ran = c.evaluated && c.error.empty() && c.fits;
+      row["cost"] =
+          cost_json(*s.cost, ran ? step_cost(*s.cost, c.report.step_time_s,
+                                             c.report.tokens_per_step, s.base.parallel.gpus)
+                                 : StepCost{});
+    }
+    return row;
+  };
   nlohmann::json top = nlohmann::json::array(), pareto = nlohmann::json::array(),
                  per_method = nlohmann::json::array();
   for (std::size_t i = 0; i < res.ranked.size() && static_cast<int>(i) < a.top; ++i) {
-    top.push_back(candidate_json(res.ranked[i], res.max_context));
+    top.push_back(priced(res.ranked[i], res.max_context));
   }
   for (const auto& c : res.pareto)
-    pareto.push_back(candidate_json(c, res.max_context));
+    pareto.push_back(priced(c, res.max_context));
   for (const auto& c : res.best_per_method)
-    per_method.push_back(candidate_json(c, res.max_context));
+    per_method.push_back(priced(c, res.max_context));
   const sim::ScheduleInputs& base = s.base;
   nlohmann::json j = {
       {"schema_version", kPlanSchemaVersion},
@@ -616,7 +642,7 @@ void print_plan_json(const PlanArgs& a,
         {"pruned", res.pruned},
         {"evaluated", res.evaluated},
         {"simulations", res.simulations}}},
-      {"best", candidate_json(res.ranked.front(), res.max_context)},
+      {"best", priced(res.ranked.front(), res.max_context)},
       {"why_best", res.why_best},
       {"top", top},
       {"pareto", pareto},
@@ -625,6 +651,8 @@ void print_plan_json(const PlanArgs& a,
   };
   if (s.opts.seq_len)
     j["seq_len"] = *s.opts.seq_len;
+  if (s.opts.max_step_time_s > 0)
+    j["max_step_time_s"] = s.opts.max_step_time_s;
   if (emitted.candidate) {
     nlohmann::json files = nlohmann::json::array();
     for (const planner::CompanionFile& f : emitted.companions) {
@@ -642,7 +670,7 @@ void print_plan_json(const PlanArgs& a,
   if (a.all) {
     nlohmann::json all = nlohmann::json::array();
     for (const planner::Candidate& c : res.all) {
-      nlohmann::json row = candidate_json(c, res.max_context);
+      nlohmann::json row = priced(c, res.max_context);
       const auto [status, why] = status_of(c, res.max_context);
       row["status"] = status;
       row["why"] = why;
@@ -809,6 +837,12 @@ void print_recommendation(const PlanArgs& a,
   if (res.max_context) {
     std::cout << fmt::format("  longest context {}; limited by {}\n",
                              format_length(best.max_seq_len), best.binding.text);
+  }
+  if (s.cost) {
+    std::cout << cost_lines(*s.cost,
+                            step_cost(*s.cost, best.report.step_time_s, best.report.tokens_per_step,
+                                      s.base.parallel.gpus),
+                            "  ");
   }
   if (!res.why_best.empty()) {
     std::cout << "  why: " << res.why_best << "\n";

@@ -16,6 +16,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "config_flags.hpp"
+#include "cost.hpp"
 #include "output.hpp"
 #include "trace_output.hpp"
 
@@ -812,6 +813,7 @@ CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
       "32-bit limit; with several methods: when none fits), after printing the answer; 2 for bad "
       "input.");
   add_config_options(c, a, /*with_seq=*/true);
+  add_cost_options(c, a.gpu_hour_cost, a.train_tokens);
   c->add_option("--trace", a.trace,
                 "write a Chrome/Perfetto trace (JSON) of the step to FILE (- = standard output, "
                 "the summary then goes to standard error)")
@@ -1063,11 +1065,16 @@ ComparisonRow simulate_row(const SimulateArgs& a, const std::string& method) {
   return row;
 }
 
-void print_comparison_json(const std::vector<ComparisonRow>& rows) {
+void print_comparison_json(const std::vector<ComparisonRow>& rows,
+                           const std::optional<CostRate>& rate) {
   nlohmann::json list = nlohmann::json::array();
   for (const ComparisonRow& r : rows) {
     if (r.error.empty()) {
       list.push_back(to_json(r.in, r.rep));
+      if (rate) {
+        list.back()["cost"] = cost_json(
+            *rate, step_cost(*rate, r.rep.step_time_s, r.rep.tokens_per_step, r.in.parallel.gpus));
+      }
     } else {
       list.push_back({{"config", {{"method", r.method}}}, {"error", r.error}});
     }
@@ -1128,7 +1135,9 @@ void print_comparison_why(const std::vector<ComparisonRow>& rows) {
 }
 
 // Side-by-side table of several methods, with what sets each one's peak and time.
-int run_comparison(const SimulateArgs& a, const std::vector<std::string>& methods) {
+int run_comparison(const SimulateArgs& a,
+                   const std::vector<std::string>& methods,
+                   const std::optional<CostRate>& rate) {
   std::vector<ComparisonRow> rows;
   for (const std::string& method : methods) {
     rows.push_back(simulate_row(a, method));
@@ -1139,7 +1148,7 @@ int run_comparison(const SimulateArgs& a, const std::vector<std::string>& method
     throw InputError("--method", "no method can run this configuration: " + rows.front().error);
   }
   if (a.json) {
-    print_comparison_json(rows);
+    print_comparison_json(rows, rate);
     return comparison_status(rows);
   }
   const ComparisonRow& first = *std::find_if(
@@ -1150,6 +1159,18 @@ int run_comparison(const SimulateArgs& a, const std::vector<std::string>& method
                            first.in.recipe.name);
   print_comparison_table(rows);
   print_comparison_why(rows);
+  if (rate) {
+    std::cout << "\ncost:\n";
+    for (const ComparisonRow& r : rows) {
+      if (r.error.empty()) {
+        std::cout << fmt::format("  {:<10}\n", r.method)
+                  << cost_lines(*rate,
+                                step_cost(*rate, r.rep.step_time_s, r.rep.tokens_per_step,
+                                          r.in.parallel.gpus),
+                                "    ");
+      }
+    }
+  }
   return comparison_status(rows);
 }
 
@@ -1215,11 +1236,12 @@ std::vector<std::string> split_methods(const std::string& text, const char* fiel
 }
 
 int run_simulate(const SimulateArgs& a) {
+  const std::optional<CostRate> rate = parse_cost_rate(a.gpu_hour_cost, a.train_tokens);
   if (a.method.find(',') != std::string::npos || a.method == "all") {
     if (!a.trace.empty()) {
       throw InputError("--trace", "write a trace for one method at a time");
     }
-    return run_comparison(a, split_methods(a.method, "--method"));
+    return run_comparison(a, split_methods(a.method, "--method"), rate);
   }
   const sim::ScheduleInputs in = resolve_inputs(a);
   const sim::TraceSelection trace = trace_selection(a, in);
@@ -1242,10 +1264,20 @@ int run_simulate(const SimulateArgs& a) {
   }
   // With `--trace -` the trace is standard output; the summary goes to standard error.
   std::ostream& summary = a.trace == "-" ? std::cerr : std::cout;
+  const StepCost cost =
+      rate ? step_cost(*rate, e.report.step_time_s, e.report.tokens_per_step, in.parallel.gpus)
+           : StepCost{};
   if (a.json) {
-    summary << to_json(in, e.report, &e.peak).dump(2) << "\n";
+    nlohmann::json j = to_json(in, e.report, &e.peak);
+    if (rate) {
+      j["cost"] = cost_json(*rate, cost);
+    }
+    summary << j.dump(2) << "\n";
   } else {
     summary << human(in, e.report, &e.peak);
+    if (rate) {
+      summary << "\n" << cost_lines(*rate, cost, "  ");
+    }
     if (!a.trace.empty() && a.trace != "-") {
       summary << "\n  trace written to " << a.trace
               << " (open in ui.perfetto.dev or chrome://tracing)\n";

@@ -78,6 +78,8 @@ struct SimulateArgs {
   std::string trace_layers;     // empty: all
   std::string trace_max_bytes;  // empty: 1 GiB
   bool trace_force = false;
+  std::string gpu_hour_cost;  ///< --gpu-hour-cost (simulate, maxlen, plan; cost.hpp)
+  std::string train_tokens;   ///< --train-tokens
   bool json = false;
 };
 CLI::App* register_simulate(CLI::App& app, SimulateArgs& args);
@@ -98,7 +100,8 @@ std::vector<std::string> split_methods(const std::string& text, const char* fiel
 struct MaxLenArgs {
   SimulateArgs config;
   std::string granularity = "64K";
-  std::string launcher;  ///< --launcher: the configuration as that launcher runs it
+  std::string launcher;       ///< --launcher: the configuration as that launcher runs it
+  std::string max_step_time;  ///< --max-step-time: a duration; empty: no cap
   bool json = false;
 };
 CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& args);
@@ -122,6 +125,7 @@ struct PlanArgs {
   bool json = false;
   std::string format = "table";  ///< --format: table, json (as --json) or csv
   bool all = false;              ///< --all: every configuration generated (csv, json)
+  std::string max_step_time;     ///< --max-step-time: longest-context mode's cap; empty: none
   std::string progress;  ///< --progress: auto | always | never (empty: $CPSIM_PROGRESS, auto)
 };
 CLI::App* register_plan(CLI::App& app, PlanArgs& args);

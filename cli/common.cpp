@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <dlfcn.h>
 #include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -37,6 +39,29 @@ models::DataDir data_dir() {
     }
   }
   return {std::filesystem::path(CPSIM_DATA_DIR_DEFAULT)};
+}
+
+double parse_duration_s(const std::string& text, const std::string& field) {
+  static constexpr std::pair<std::string_view, double> kUnits[] = {
+      {"min", 60.0}, {"s", 1.0}, {"h", 3600.0}, {"d", 86400.0}};
+  std::string_view number = text;
+  double unit_s = 1.0;
+  for (const auto& [suffix, seconds] : kUnits) {
+    if (number.size() > suffix.size() && number.ends_with(suffix)) {
+      number.remove_suffix(suffix.size());
+      unit_s = seconds;
+      break;
+    }
+  }
+  double value = 0;
+  const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
+  if (ec != std::errc() || end != number.data() + number.size() || !std::isfinite(value) ||
+      value <= 0) {
+    throw InputError(field, fmt::format("'{}' is not a positive duration (a number with s, min, "
+                                        "h or d; a plain number is seconds)",
+                                        text));
+  }
+  return value * unit_s;
 }
 
 std::int64_t memory_margin_bytes(const std::string& text,

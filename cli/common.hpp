@@ -29,6 +29,10 @@ std::int64_t memory_margin_bytes(const std::string& text,
                                  const std::string& field,
                                  const std::string& what);
 
+/// A duration in seconds: a number with a unit, s, min, h or d ("90s", "30min", "2h", "1.5d"); a
+/// plain number is seconds. Positive and finite. @throws InputError(field).
+double parse_duration_s(const std::string& text, const std::string& field);
+
 /// Parses on/off style switches. @throws InputError(field).
 bool parse_switch(const std::string& text, const std::string& field);
 

@@ -35,6 +35,8 @@ const char* to_string(BindingConstraint::Kind k) {
       return "divisibility";
     case BindingConstraint::Kind::kKernelLimit:
       return "kernel_limit";
+    case BindingConstraint::Kind::kStepTime:
+      return "step_time";
   }
   return "?";
 }
@@ -768,6 +770,44 @@ void check_reserved_memory(const sim::ScheduleInputs& base,
   });
 }
 
+namespace {
+
+// The longest length at most `result.max_seq_len` whose step takes at most `cap_s`, when the
+// memory answer is slower than that: a bisection over the multiples of the step below it. The step
+// time grows with the length (attention's work is quadratic in it, the rest linear, each GPU's
+// share of both fixed by the degrees), so the first length over the cap bounds the answer. Every
+// length below the memory answer fits (memory is taken to be monotone there, as in
+// check_reserved).
+void cap_step_time(MaxLenResult& result,
+                   double cap_s,
+                   const std::function<sim::StepReport(std::int64_t)>& step_at) {
+  std::int64_t lo = 0, hi = result.max_seq_len / result.step;  // hi: over the cap
+  sim::StepReport at_lo, at_hi = result.at_max;
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    sim::StepReport r = step_at(mid);
+    ++result.evaluations;
+    if (r.step_time_s <= cap_s) {
+      lo = mid;
+      at_lo = std::move(r);
+    } else {
+      hi = mid;
+      at_hi = std::move(r);
+    }
+  }
+  BindingConstraint b;
+  b.kind = BindingConstraint::Kind::kStepTime;
+  b.seq_len = hi * result.step;
+  b.text = fmt::format("step time at {}: {}, over the cap of {} (--max-step-time)",
+                       format_length(b.seq_len), format_seconds(at_hi.step_time_s),
+                       format_seconds(cap_s));
+  result.binding = std::move(b);
+  result.max_seq_len = lo * result.step;
+  result.at_max = lo > 0 ? std::move(at_lo) : sim::StepReport{};
+}
+
+}  // namespace
+
 MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& options) {
   if (options.granularity <= 0) {
     throw InputError("--granularity", "must be positive");
@@ -807,7 +847,15 @@ MaxLenResult max_seq_len(const sim::ScheduleInputs& base, const MaxLenOptions& o
       return p.report ? *p.report : sim::StepReport{};
     });
   }
-  res.headroom_bytes = lo > 0 ? res.at_max.gpu_headroom_bytes : 0;
+  if (options.max_step_time_s > 0 && res.max_seq_len > 0 &&
+      res.at_max.step_time_s > options.max_step_time_s) {
+    const Need need = options.check_reserved ? Need::kReserved : Need::kReport;
+    cap_step_time(res, options.max_step_time_s, [&](std::int64_t k) {
+      const Probe& p = cache.get(k, need);
+      return p.report ? *p.report : sim::StepReport{};
+    });
+  }
+  res.headroom_bytes = res.max_seq_len > 0 ? res.at_max.gpu_headroom_bytes : 0;
   return res;
 }
 

@@ -1255,6 +1255,7 @@ std::int64_t evaluate_candidate(Candidate& c,
     } else {
       MaxLenOptions mo;
       mo.granularity = options.granularity;
+      mo.max_step_time_s = options.max_step_time_s;
       mo.check_reserved = false;  // the candidates shown are checked below
       mo.threads = 1;             // the candidates already share the threads
       mo.scratch = &scratch;

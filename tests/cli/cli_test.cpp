@@ -1999,3 +1999,89 @@ TEST_F(CliTest, PlanEmitsOnlyWhatTheLauncherRuns) {
 }
 
 }  // namespace
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Cost and the step-time cap (cli/cost.hpp, planner MaxLenOptions::max_step_time_s)
+
+TEST_F(CliTest, GpuHourCostIsGpusTimesStepTimeTimesPrice) {
+  const Json j = run_json({"simulate", "--method", "ulysses", "--seq", "512K", "--gpu-hour-cost",
+                           "2.5", "--train-tokens", "1B", "--json"});
+  const double step_s = j.at("step_time_s").get<double>();
+  const auto tokens = j.at("tokens_per_step").get<std::int64_t>();
+  ASSERT_GT(step_s, 0);
+  ASSERT_EQ(tokens, 512 * 1024);  // one sequence per step: CP over all 8 GPUs
+  const Json& cost = j.at("cost");
+  // 8 GPUs for step_s seconds at 2.5 per GPU-hour.
+  EXPECT_DOUBLE_EQ(cost.at("gpu_hours_per_step").get<double>(), 8 * step_s / 3600);
+  EXPECT_DOUBLE_EQ(cost.at("per_step").get<double>(), 8 * step_s / 3600 * 2.5);
+  EXPECT_DOUBLE_EQ(cost.at("per_billion_tokens").get<double>(),
+                   8 * step_s / 3600 * 2.5 * 1e9 / static_cast<double>(tokens));
+  // 10^9 / 524288 = 1907.35 -> 1908 steps.
+  EXPECT_EQ(cost.at("training").at("steps").get<std::int64_t>(), 1908);
+  EXPECT_DOUBLE_EQ(cost.at("training").at("wall_s").get<double>(), 1908 * step_s);
+  EXPECT_DOUBLE_EQ(cost.at("training").at("cost").get<double>(), 1908 * (8 * step_s / 3600 * 2.5));
+  // Without the flag there is no cost.
+  EXPECT_FALSE(
+      run_json({"simulate", "--method", "ulysses", "--seq", "512K", "--json"}).contains("cost"));
+  const RunResult text = run({"simulate", "--method", "ulysses", "--seq", "512K", "--gpu-hour-cost",
+                              "2.5", "--train-tokens", "1B"});
+  EXPECT_THAT(text.out, HasSubstr("per billion tokens"));
+  EXPECT_THAT(text.out, HasSubstr("1B tokens: 1908 steps"));
+}
+
+TEST_F(CliTest, MaxStepTimeCapsTheLongestContext) {
+  const Json free = run_json({"maxlen", "--method", "ring", "--json"});
+  const Json capped =
+      run_json({"maxlen", "--method", "ring", "--max-step-time", "20min", "--json"});
+  const auto free_len = free.at("max_seq_len").get<std::int64_t>();
+  const auto capped_len = capped.at("max_seq_len").get<std::int64_t>();
+  ASSERT_GT(free.at("step_time_s").get<double>(), 1200) << "the cap must bind for this test";
+  EXPECT_LT(capped_len, free_len);
+  EXPECT_LE(capped.at("step_time_s").get<double>(), 1200);
+  EXPECT_EQ(capped.at("max_step_time_s").get<double>(), 1200);
+  const Json& binding = capped.at("binding_constraint");
+  EXPECT_EQ(binding.at("kind"), "step_time");
+  const auto next = binding.at("seq_len").get<std::int64_t>();
+  EXPECT_EQ(next, capped_len + capped.at("step_tokens").get<std::int64_t>());
+  // One step longer is over the cap, as simulate says.
+  const Json over =
+      run_json({"simulate", "--method", "ring", "--seq", std::to_string(next), "--json"});
+  EXPECT_GT(over.at("step_time_s").get<double>(), 1200);
+  // A cap the memory answer is within changes nothing.
+  const Json loose = run_json({"maxlen", "--method", "ring", "--max-step-time", "30d", "--json"});
+  EXPECT_EQ(loose.at("max_seq_len"), free.at("max_seq_len"));
+  EXPECT_EQ(loose.at("binding_constraint"), free.at("binding_constraint"));
+  // plan: every configuration's answer within the cap.
+  const Json plan = run_json({"plan", "--max-step-time", "20min", "--json"});
+  for (const Json& c : plan.at("top")) {
+    EXPECT_LE(c.at("step_time_s").get<double>(), 1200) << c.at("label");
+  }
+}
+
+TEST_F(BadInputTest, CostAndStepTimeFlags) {
+  const std::vector<BadInput> cases = {
+      {"price not a number",
+       {"simulate", "--gpu-hour-cost", "cheap", "--json"},
+       {"--gpu-hour-cost"}},
+      {"negative price", {"maxlen", "--gpu-hour-cost=-1", "--json"}, {"--gpu-hour-cost"}},
+      {"tokens without price", {"plan", "--train-tokens", "1B", "--json"}, {"--train-tokens"}},
+      {"tokens not a count",
+       {"simulate", "--gpu-hour-cost", "2", "--train-tokens", "lots", "--json"},
+       {"--train-tokens"}},
+      {"duration without number",
+       {"maxlen", "--max-step-time", "h", "--json"},
+       {"--max-step-time"}},
+      {"zero duration", {"maxlen", "--max-step-time", "0", "--json"}, {"--max-step-time"}},
+      {"unknown unit", {"plan", "--max-step-time", "5w", "--json"}, {"--max-step-time"}},
+      {"cap with --seq",
+       {"plan", "--seq", "1M", "--max-step-time", "1h", "--json"},
+       {"--max-step-time"}},
+  };
+  for (const BadInput& c : cases) {
+    expect_usage_error(c);
+  }
+}
+
+}  // namespace

@@ -15,7 +15,15 @@ namespace cpsim::planner {
 
 /// What stops a configuration from going one step longer.
 struct BindingConstraint {
-  enum class Kind { kNone, kGpuMemory, kHostMemory, kLengthLimit, kDivisibility, kKernelLimit };
+  enum class Kind {
+    kNone,
+    kGpuMemory,
+    kHostMemory,
+    kLengthLimit,
+    kDivisibility,
+    kKernelLimit,
+    kStepTime,  ///< MaxLenOptions::max_step_time_s: the step one step longer is slower than that
+  };
   Kind kind = Kind::kNone;
   std::string text;              ///< one line for humans
   std::int64_t seq_len = 0;      ///< the length that failed
@@ -45,6 +53,9 @@ struct MaxLenOptions {
   /// every field of the result is the same for any value and any timing.
   int threads = 2;
   RefusalText refusal_text;
+  /// Above 0: the answer is also the longest length whose step takes at most this many seconds
+  /// (the cap binds where it is shorter than what memory allows; kStepTime).
+  double max_step_time_s = 0;
   /// The calling thread's buffers to build and simulate in (nullptr: the search's own), so that
   /// a caller running many searches (plan's workers) reuses memory already faulted in.
   EvaluationScratch* scratch = nullptr;

@@ -53,7 +53,8 @@ struct PlanOptions {
   PlanConstraints fixed;                  ///< values the search keeps
   std::optional<std::int64_t> seq_len;    ///< rank by throughput at this length; else max context
   std::int64_t granularity = 64 * 1024;   ///< max-context mode
-  bool vary_recipe = true;  ///< --seq mode: also search AC/offload, tiled MLP, fused loss, ZeRO
+  double max_step_time_s = 0;  ///< max-context mode: above 0, MaxLenOptions::max_step_time_s
+  bool vary_recipe = true;     ///< --seq mode: also search AC/offload, tiled MLP, fused loss, ZeRO
   /// --seq mode: also search CP groups smaller than the GPU count, the rest data parallel. That
   /// multiplies the tokens of a step (the global batch), so only when the user allows it; a fixed
   /// CP, Ulysses or ring degree below the GPU count is the user's own choice of it.
