@@ -18,6 +18,7 @@
 #include "common.hpp"
 #include "config_flags.hpp"
 #include "cost.hpp"
+#include "side_by_side.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -148,9 +149,9 @@ Outcome search_method(const MaxLenArgs& a,
   return o;
 }
 
-void print_maxlen_json(const std::vector<Outcome>& outcomes,
-                       const planner::MaxLenOptions& opts,
-                       const std::optional<CostRate>& rate) {
+nlohmann::json maxlen_json(const std::vector<Outcome>& outcomes,
+                           const planner::MaxLenOptions& opts,
+                           const std::optional<CostRate>& rate) {
   auto outcome_json = [&](const Outcome& o) {
     nlohmann::json j = answer_json(o);
     if (opts.max_step_time_s > 0) {
@@ -165,17 +166,13 @@ void print_maxlen_json(const std::vector<Outcome>& outcomes,
     nlohmann::json j = outcome_json(outcomes[0]);
     j["schema_version"] = kMaxLenSchemaVersion;
     j["command"] = "maxlen";
-    std::cout << j.dump(2) << "\n";
-    return;
+    return j;
   }
   nlohmann::json list = nlohmann::json::array();
   for (const Outcome& o : outcomes)
     list.push_back(outcome_json(o));
-  std::cout << nlohmann::json{{"schema_version", kMaxLenSchemaVersion},
-                              {"command", "maxlen"},
-                              {"methods", list}}
-                   .dump(2)
-            << "\n";
+  return nlohmann::json{
+      {"schema_version", kMaxLenSchemaVersion}, {"command", "maxlen"}, {"methods", list}};
 }
 
 // One method's answer: the longest context, what binds, the step there and the search.
@@ -260,12 +257,31 @@ int run_maxlen(const MaxLenArgs& a) {
   if (!a.launcher.empty()) {
     launcher = planner::parse_launcher_format(a.launcher, "--launcher");
   }
-  std::vector<Outcome> outcomes;
-  for (const std::string& m : methods) {
-    outcomes.push_back(search_method(a, m, methods.size() > 1, launcher, opts));
+  auto search_every_method = [&](const MaxLenArgs& on) {
+    std::vector<Outcome> out;
+    for (const std::string& m : methods) {
+      out.push_back(search_method(on, m, methods.size() > 1, launcher, opts));
+    }
+    return out;
+  };
+  if (const std::vector<std::string> profiles = hardware_profiles(a.config.hardware);
+      profiles.size() > 1) {
+    std::vector<HardwareAnswer> answers;
+    int status = kExitDoesNotFit;
+    for (const std::string& hardware : profiles) {
+      MaxLenArgs on = a;
+      on.config.hardware = hardware;
+      const std::vector<Outcome> outcomes = search_every_method(on);
+      answers.push_back({hardware, maxlen_json(outcomes, opts, rate)});
+      status = std::min(status, maxlen_status(outcomes));
+    }
+    std::cout << (a.json ? side_by_side_json("maxlen", answers).dump(2) + "\n"
+                         : side_by_side_table("maxlen", answers));
+    return status;
   }
+  const std::vector<Outcome> outcomes = search_every_method(a);
   if (a.json) {
-    print_maxlen_json(outcomes, opts, rate);
+    std::cout << maxlen_json(outcomes, opts, rate).dump(2) << "\n";
   } else {
     for (const Outcome& o : outcomes) {
       print_outcome(a, o, rate);

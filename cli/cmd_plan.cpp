@@ -21,6 +21,7 @@
 #include "cost.hpp"
 #include "output.hpp"
 #include "progress.hpp"
+#include "side_by_side.hpp"
 
 namespace cpsim::cli {
 namespace {
@@ -601,10 +602,10 @@ nlohmann::json methods_without_fit_json(const planner::PlanResult& res) {
   return out;
 }
 
-void print_plan_json(const PlanArgs& a,
-                     const PlanSetup& s,
-                     const planner::PlanResult& res,
-                     const Emitted& emitted) {
+nlohmann::json plan_json(const PlanArgs& a,
+                         const PlanSetup& s,
+                         const planner::PlanResult& res,
+                         const Emitted& emitted) {
   // A candidate's JSON, with what its step costs under --gpu-hour-cost.
   auto priced = [&](const planner::Candidate& c, bool max_context) {
     nlohmann::json row = candidate_json(c, max_context);
@@ -678,7 +679,7 @@ void print_plan_json(const PlanArgs& a,
     }
     j["all"] = std::move(all);
   }
-  std::cout << j.dump(2) << "\n";
+  return j;
 }
 
 // The header, then the tables: best per method, top N, Pareto front.
@@ -862,30 +863,85 @@ void print_recommendation(const PlanArgs& a,
   }
 }
 
-}  // namespace
-
-int run_plan(const PlanArgs& args) {
-  PlanArgs a = args;
-  check_plan_flags(a);
-  const ProgressMode progress_mode = parse_progress_mode(a.progress);
-  PlanSetup s = plan_setup(a);
-  const auto t0 = std::chrono::steady_clock::now();
-  Progress progress("plan", progress_mode);
+// The plan's search, with progress on stderr.
+planner::PlanResult search_with_progress(PlanSetup& s, ProgressMode mode, const std::string& what) {
+  Progress progress(what, mode);
   s.opts.on_progress = [&progress](std::int64_t done, std::int64_t total) {
     progress.update(fmt::format(
         "{} of {} configurations evaluated ({:.0f} %)", done, total,
         100.0 * static_cast<double>(done) / static_cast<double>(std::max<std::int64_t>(1, total))));
   };
-  const planner::PlanResult res = planner::plan(s.base, s.opts);
+  planner::PlanResult res = planner::plan(s.base, s.opts);
+  progress.clear();
+  s.opts.on_progress = nullptr;
+  return res;
+}
+
+// The same plan on each profile of `--hardware a,b,...`, side by side (the best of each). A
+// profile nothing fits on is an answer there; nothing fitting on any is the command's.
+int run_side_by_side(const PlanArgs& args,
+                     const std::vector<std::string>& profiles,
+                     ProgressMode progress_mode) {
+  if (!args.emit.empty()) {
+    throw InputError("--hardware", "--emit writes one launcher file: give one hardware profile");
+  }
+  if (args.format == "csv") {
+    throw InputError("--format",
+                     "csv lists one profile's configurations: give one --hardware "
+                     "(--json compares several)");
+  }
+  std::vector<HardwareAnswer> answers;
+  std::string nothing_fits;
+  for (const std::string& hardware : profiles) {
+    PlanArgs a = args;
+    a.config.hardware = hardware;
+    check_plan_flags(a);
+    PlanSetup s = plan_setup(a);
+    const planner::PlanResult res = search_with_progress(s, progress_mode, "plan " + hardware);
+    try {
+      if (res.ranked.empty()) {
+        throw_nothing_fits(a, s, res);
+      }
+      answers.push_back({hardware, plan_json(a, s, res, Emitted{})});
+    } catch (const DoesNotFit& e) {
+      answers.push_back(
+          {hardware,
+           {{"error", {{"kind", "does_not_fit"}, {"field", e.field()}, {"message", e.what()}}}}});
+      nothing_fits += fmt::format("{}{}: {}", nothing_fits.empty() ? "" : "; ", hardware, e.what());
+    }
+  }
+  if (nothing_fits.size() > 0 && std::all_of(answers.begin(), answers.end(), [](const auto& h) {
+        return h.answer.contains("error");
+      })) {
+    throw DoesNotFit("--hardware", "on no profile: " + nothing_fits);
+  }
+  std::cout << (args.json ? side_by_side_json("plan", answers).dump(2) + "\n"
+                          : side_by_side_table("plan", answers));
+  return 0;
+}
+
+}  // namespace
+
+int run_plan(const PlanArgs& args) {
+  PlanArgs a = args;
+  const ProgressMode progress_mode = parse_progress_mode(a.progress);
+  if (const std::vector<std::string> profiles = hardware_profiles(a.config.hardware);
+      profiles.size() > 1) {
+    a.json = a.json || a.format == "json";
+    return run_side_by_side(a, profiles, progress_mode);
+  }
+  check_plan_flags(a);
+  PlanSetup s = plan_setup(a);
+  const auto t0 = std::chrono::steady_clock::now();
+  const planner::PlanResult res = search_with_progress(s, progress_mode, "plan");
   const double wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  progress.clear();
   if (res.ranked.empty()) {
     throw_nothing_fits(a, s, res);
   }
   const Emitted emitted = s.format ? emit_best(a, s, res) : Emitted{};
   if (a.json) {
-    print_plan_json(a, s, res, emitted);
+    std::cout << plan_json(a, s, res, emitted).dump(2) << "\n";
     return 0;
   }
   if (a.format == "csv") {

@@ -18,6 +18,7 @@
 #include "config_flags.hpp"
 #include "cost.hpp"
 #include "output.hpp"
+#include "side_by_side.hpp"
 #include "trace_output.hpp"
 
 namespace cpsim::cli {
@@ -1065,8 +1066,8 @@ ComparisonRow simulate_row(const SimulateArgs& a, const std::string& method) {
   return row;
 }
 
-void print_comparison_json(const std::vector<ComparisonRow>& rows,
-                           const std::optional<CostRate>& rate) {
+nlohmann::json comparison_json(const std::vector<ComparisonRow>& rows,
+                               const std::optional<CostRate>& rate) {
   nlohmann::json list = nlohmann::json::array();
   for (const ComparisonRow& r : rows) {
     if (r.error.empty()) {
@@ -1079,11 +1080,8 @@ void print_comparison_json(const std::vector<ComparisonRow>& rows,
       list.push_back({{"config", {{"method", r.method}}}, {"error", r.error}});
     }
   }
-  std::cout << nlohmann::json{{"schema_version", kSimulateSchemaVersion},
-                              {"command", "simulate"},
-                              {"comparison", list}}
-                   .dump(2)
-            << "\n";
+  return nlohmann::json{
+      {"schema_version", kSimulateSchemaVersion}, {"command", "simulate"}, {"comparison", list}};
 }
 
 void print_comparison_table(const std::vector<ComparisonRow>& rows) {
@@ -1135,9 +1133,9 @@ void print_comparison_why(const std::vector<ComparisonRow>& rows) {
 }
 
 // Side-by-side table of several methods, with what sets each one's peak and time.
-int run_comparison(const SimulateArgs& a,
-                   const std::vector<std::string>& methods,
-                   const std::optional<CostRate>& rate) {
+// Every method's row; the methods' error when none can run.
+std::vector<ComparisonRow> comparison_rows(const SimulateArgs& a,
+                                           const std::vector<std::string>& methods) {
   std::vector<ComparisonRow> rows;
   for (const std::string& method : methods) {
     rows.push_back(simulate_row(a, method));
@@ -1147,8 +1145,15 @@ int run_comparison(const SimulateArgs& a,
   if (!any) {
     throw InputError("--method", "no method can run this configuration: " + rows.front().error);
   }
+  return rows;
+}
+
+int run_comparison(const SimulateArgs& a,
+                   const std::vector<std::string>& methods,
+                   const std::optional<CostRate>& rate) {
+  const std::vector<ComparisonRow> rows = comparison_rows(a, methods);
   if (a.json) {
-    print_comparison_json(rows, rate);
+    std::cout << comparison_json(rows, rate).dump(2) << "\n";
     return comparison_status(rows);
   }
   const ComparisonRow& first = *std::find_if(
@@ -1172,6 +1177,65 @@ int run_comparison(const SimulateArgs& a,
     }
   }
   return comparison_status(rows);
+}
+
+// The step of one configuration as `simulate` reports it: with the peak explained, the caching
+// allocator replayed, and the trace kept for the ranks of `trace` (nullptr: none).
+planner::Evaluation evaluate_one(const SimulateArgs& a,
+                                 const sim::ScheduleInputs& in,
+                                 const sim::TraceSelection* trace) {
+  planner::EvaluateOptions opts;
+  opts.keep_trace = trace != nullptr && !a.trace.empty();
+  if (trace != nullptr) {
+    opts.trace_ranks = trace->ranks;
+  }
+  opts.explain_peak = true;
+  opts.model_allocator = true;
+  planner::Evaluation e = planner::evaluate(in, opts);
+  const sim::CpImplementation& method = sim::cp_implementation(in.parallel.method);
+  if (in.recipe.checkpointing == models::CheckpointMode::kSelective &&
+      !method.recomputes_selectively(in.parallel)) {
+    e.report.notes.push_back(fmt::format(
+        "--ac selective: {} keeps what it keeps without checkpointing (its attention saves its "
+        "own tensors for backward), so this is the step of --ac none",
+        method.label(sim::LabelStyle::kDescription, in.parallel, &e.report.layout)));
+  }
+  return e;
+}
+
+// The same question on each profile of `--hardware a,b,...`, side by side.
+int run_side_by_side(const SimulateArgs& a,
+                     const std::vector<std::string>& profiles,
+                     const std::optional<CostRate>& rate) {
+  if (!a.trace.empty()) {
+    throw InputError("--trace", "write a trace for one hardware profile at a time");
+  }
+  const bool several_methods = a.method.find(',') != std::string::npos || a.method == "all";
+  std::vector<HardwareAnswer> answers;
+  int status = kExitDoesNotFit;
+  for (const std::string& hardware : profiles) {
+    SimulateArgs on = a;
+    on.hardware = hardware;
+    if (several_methods) {
+      const std::vector<ComparisonRow> rows =
+          comparison_rows(on, split_methods(on.method, "--method"));
+      answers.push_back({hardware, comparison_json(rows, rate)});
+      status = std::min(status, comparison_status(rows));
+      continue;
+    }
+    const sim::ScheduleInputs in = resolve_inputs(on);
+    const planner::Evaluation e = evaluate_one(on, in, nullptr);
+    nlohmann::json j = to_json(in, e.report, &e.peak);
+    if (rate) {
+      j["cost"] = cost_json(*rate, step_cost(*rate, e.report.step_time_s, e.report.tokens_per_step,
+                                             in.parallel.gpus));
+    }
+    answers.push_back({hardware, std::move(j)});
+    status = std::min(status, e.report.fits() ? 0 : kExitDoesNotFit);
+  }
+  std::cout << (a.json ? side_by_side_json("simulate", answers).dump(2) + "\n"
+                       : side_by_side_table("simulate", answers));
+  return status;
 }
 
 }  // namespace
@@ -1237,6 +1301,10 @@ std::vector<std::string> split_methods(const std::string& text, const char* fiel
 
 int run_simulate(const SimulateArgs& a) {
   const std::optional<CostRate> rate = parse_cost_rate(a.gpu_hour_cost, a.train_tokens);
+  if (const std::vector<std::string> profiles = hardware_profiles(a.hardware);
+      profiles.size() > 1) {
+    return run_side_by_side(a, profiles, rate);
+  }
   if (a.method.find(',') != std::string::npos || a.method == "all") {
     if (!a.trace.empty()) {
       throw InputError("--trace", "write a trace for one method at a time");
@@ -1245,20 +1313,7 @@ int run_simulate(const SimulateArgs& a) {
   }
   const sim::ScheduleInputs in = resolve_inputs(a);
   const sim::TraceSelection trace = trace_selection(a, in);
-  planner::EvaluateOptions opts;
-  opts.keep_trace = !a.trace.empty();
-  opts.trace_ranks = trace.ranks;
-  opts.explain_peak = true;
-  opts.model_allocator = true;
-  planner::Evaluation e = planner::evaluate(in, opts);
-  const sim::CpImplementation& method = sim::cp_implementation(in.parallel.method);
-  if (in.recipe.checkpointing == models::CheckpointMode::kSelective &&
-      !method.recomputes_selectively(in.parallel)) {
-    e.report.notes.push_back(fmt::format(
-        "--ac selective: {} keeps what it keeps without checkpointing (its attention saves its "
-        "own tensors for backward), so this is the step of --ac none",
-        method.label(sim::LabelStyle::kDescription, in.parallel, &e.report.layout)));
-  }
+  const planner::Evaluation e = evaluate_one(a, in, &trace);
   if (!a.trace.empty()) {
     write_trace(a, in, e, trace);
   }

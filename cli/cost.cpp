@@ -146,8 +146,7 @@ std::string cost_lines(const CostRate& rate, const StepCost& cost, const std::st
       money(cost.per_billion_tokens));
   if (rate.train_tokens > 0) {
     o += fmt::format("{}training run         {} tokens: {} steps, {}, {} wall\n", indent,
-                     token_count(rate.train_tokens),
-                     cost.training_steps, money(cost.training),
+                     token_count(rate.train_tokens), cost.training_steps, money(cost.training),
                      format_seconds(cost.training_wall_s));
   }
   return o;

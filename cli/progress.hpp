@@ -10,6 +10,7 @@
 #include <iostream>
 #include <string>
 #include <unistd.h>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -40,8 +41,8 @@ inline ProgressMode parse_progress_mode(const std::string& flag) {
 
 class Progress {
  public:
-  explicit Progress(const char* command, ProgressMode mode = ProgressMode::kAuto)
-      : command_(command),
+  explicit Progress(std::string command, ProgressMode mode = ProgressMode::kAuto)
+      : command_(std::move(command)),
         mode_(mode),
         tty_(isatty(STDERR_FILENO) != 0),
         start_(std::chrono::steady_clock::now()) {}
@@ -89,7 +90,7 @@ class Progress {
   }
 
  private:
-  const char* command_;
+  std::string command_;
   ProgressMode mode_;
   bool tty_;
   bool logged_ = false;

@@ -28,6 +28,7 @@ from ._cpsim import __version__
 from ._errors import CpsimError, DoesNotFit, InputError, InternalError, OutputError
 from ._results import (
     Catalog,
+    HardwareComparison,
     MaxLen,
     MaxLenComparison,
     Plan,
@@ -42,6 +43,7 @@ __all__ = [
     "Catalog",
     "CpsimError",
     "DoesNotFit",
+    "HardwareComparison",
     "InputError",
     "InternalError",
     "MaxLen",

@@ -16,6 +16,7 @@ from . import _cpsim
 from ._errors import InputError, error_from_failure
 from ._results import (
     Catalog,
+    HardwareComparison,
     MaxLen,
     MaxLenComparison,
     Plan,
@@ -80,6 +81,13 @@ def _answer(args: list[str]) -> tuple[dict, str, int]:
     return json.loads(text), text, status
 
 
+def _typed(data: dict, text: str, status: int, cls: type[Result]) -> Result:
+    """The answer as `cls`, or, for several hardware profiles, as a HardwareComparison."""
+    if "hardware_compared" in data:
+        return HardwareComparison(data, text, status)
+    return cls(data, text, status)
+
+
 class _ModelFile:
     """``model`` as the command line takes it: a built-in name or a config.json path stay as they
     are; a dict (a Hugging Face config) is written to a temporary config.json for the call."""
@@ -103,33 +111,32 @@ class _ModelFile:
             self._dir.cleanup()
 
 
-def simulate(**flags: Any) -> Simulation | SimulationComparison:
+def simulate(**flags: Any) -> Simulation | SimulationComparison | HardwareComparison:
     """One training step of a configuration (``cpsim simulate``): step time, throughput, peak GPU
     and host memory and why. Several methods (``method="ulysses,ring"`` or a list) give a
-    SimulationComparison. A configuration that does not fit is an answer (``fits`` False,
-    ``exit_status`` 3), not an exception."""
+    SimulationComparison, several hardware profiles a HardwareComparison. A configuration that
+    does not fit is an answer (``fits`` False, ``exit_status`` 3), not an exception."""
     with _ModelFile(flags) as f:
         data, text, status = _answer(command_line(["simulate"], f) + ["--json"])
-    cls = SimulationComparison if "comparison" in data else Simulation
-    return cls(data, text, status)
+    return _typed(data, text, status, SimulationComparison if "comparison" in data else Simulation)
 
 
-def maxlen(**flags: Any) -> MaxLen | MaxLenComparison:
+def maxlen(**flags: Any) -> MaxLen | MaxLenComparison | HardwareComparison:
     """The longest sequence that fits (``cpsim maxlen``) for ``method`` (several: a
-    MaxLenComparison), the binding constraint one step above, step time and headroom there."""
+    MaxLenComparison; several hardware profiles: a HardwareComparison), the binding constraint one
+    step above, step time and headroom there; ``max_step_time="1h"`` caps the step time."""
     with _ModelFile(flags) as f:
         data, text, status = _answer(command_line(["maxlen"], f) + ["--json"])
-    cls = MaxLenComparison if "methods" in data else MaxLen
-    return cls(data, text, status)
+    return _typed(data, text, status, MaxLenComparison if "methods" in data else MaxLen)
 
 
-def plan(**flags: Any) -> Plan:
+def plan(**flags: Any) -> Plan | HardwareComparison:
     """The best configurations (``cpsim plan``): the longest context, or with ``seq`` the fastest at
     that length; ``all=True`` keeps every configuration generated (``.configurations``). No
     configuration fitting raises DoesNotFit naming the flag."""
     with _ModelFile(flags) as f:
         data, text, status = _answer(command_line(["plan"], f) + ["--json"])
-    return Plan(data, text, status)
+    return _typed(data, text, status, Plan)
 
 
 def emit(launcher: str, out: str | os.PathLike | None = None, **flags: Any) -> Plan:
@@ -166,4 +173,3 @@ def hardware(name: str | None = None) -> Catalog:
 def implementations(name: str | None = None) -> Catalog:
     """The CP implementations and their ledgers (``cpsim implementations``); one by name."""
     return _catalog("implementations", name)
-

@@ -150,5 +150,31 @@ class Sweep(Result):
         return _frame(self._data["rows"])
 
 
+class HardwareComparison(Result):
+    """The same question on several hardware profiles (``hardware=["h100-sxm-80g", "h200-141g"]``):
+    ``answers`` maps each profile to its answer, the command's answer for that profile alone."""
+
+    @property
+    def answers(self) -> dict[str, Record]:
+        """Each profile's answer (a Record; for a plan nothing fits on: its ``error``)."""
+        return {h["hardware"]: Record(h["answer"]) for h in self._data["hardware_compared"]}
+
+    @property
+    def table(self) -> Any:
+        """One row per profile (and method; for a plan, its best configuration), pandas DataFrame
+        with a ``hardware`` column."""
+        rows = []
+        for h in self._data["hardware_compared"]:
+            answer = h["answer"]
+            if "comparison" in answer or "methods" in answer:
+                items = answer.get("comparison", answer.get("methods"))
+            elif "best" in answer:
+                items = [answer["best"]]
+            else:
+                items = [answer]
+            rows += [{"hardware": h["hardware"], **item} for item in items]
+        return _frame(rows)
+
+
 class Catalog(Result):
     """``models``, ``hardware`` or ``implementations``: the built-in entries."""

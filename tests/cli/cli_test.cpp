@@ -2085,3 +2085,64 @@ TEST_F(BadInputTest, CostAndStepTimeFlags) {
 }
 
 }  // namespace
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// --hardware a,b: each profile's answer is the answer for that profile alone (cli/side_by_side)
+
+TEST_F(CliTest, HardwareSideBySideIsEachProfileAlone) {
+  const std::vector<std::vector<std::string>> questions = {
+      {"simulate", "--method", "ulysses", "--seq", "1M", "--gpu-hour-cost", "2"},
+      {"simulate", "--method", "ulysses,ring", "--seq", "1M"},
+      {"maxlen", "--method", "ring"},
+      {"maxlen", "--method", "ulysses,ring", "--max-step-time", "1h"},
+      {"plan", "--seq", "512K"},
+  };
+  const std::vector<std::string> profiles = {"h100-sxm-80g", "h200-141g"};
+  for (const std::vector<std::string>& question : questions) {
+    SCOPED_TRACE(join(question));
+    std::vector<std::string> both = question;
+    both.insert(both.end(), {"--hardware", "h100-sxm-80g,h200-141g", "--json"});
+    const Json j = run_json(both);
+    EXPECT_EQ(j.at("command"), question.front());
+    const Json& compared = j.at("hardware_compared");
+    ASSERT_EQ(compared.size(), 2U);
+    for (std::size_t i = 0; i < profiles.size(); ++i) {
+      std::vector<std::string> alone = question;
+      alone.insert(alone.end(), {"--hardware", profiles[i], "--json"});
+      EXPECT_EQ(compared[i].at("hardware"), profiles[i]);
+      EXPECT_EQ(compared[i].at("answer"), run_json(alone)) << profiles[i];
+    }
+    std::vector<std::string> text = question;
+    text.insert(text.end(), {"--hardware", "h100-sxm-80g,h200-141g"});
+    const RunResult table = run(text);
+    EXPECT_EQ(table.exit_code, 0) << table.err;
+    EXPECT_THAT(table.out, HasSubstr("h100-sxm-80g"));
+    EXPECT_THAT(table.out, HasSubstr("h200-141g"));
+  }
+}
+
+TEST_F(BadInputTest, HardwareLists) {
+  const std::vector<BadInput> cases = {
+      {"repeated profile",
+       {"maxlen", "--hardware", "h200-141g,h200-141g", "--json"},
+       {"--hardware"}},
+      {"empty name", {"simulate", "--hardware", "h200-141g,", "--json"}, {"--hardware"}},
+      {"unknown in a list", {"plan", "--hardware", "h200-141g,h300", "--json"}, {"--hardware"}},
+      {"emit with several",
+       {"plan", "--hardware", "h100-sxm-80g,h200-141g", "--emit", "deepspeed", "--json"},
+       {"--hardware"}},
+      {"csv with several",
+       {"plan", "--hardware", "h100-sxm-80g,h200-141g", "--format", "csv"},
+       {"--format"}},
+      {"trace with several",
+       {"simulate", "--hardware", "h100-sxm-80g,h200-141g", "--trace", "t.json", "--json"},
+       {"--trace"}},
+  };
+  for (const BadInput& c : cases) {
+    expect_usage_error(c);
+  }
+}
+
+}  // namespace

@@ -223,3 +223,39 @@ def test_catalogs():
     assert cpsim.hardware("h200-141g").name == "h200-141g"
     assert any(i.name == "yunchang-usp" for i in cpsim.implementations().implementations)
     assert cpsim.__version__
+
+
+def test_hardware_side_by_side(tmp_path, monkeypatch):
+    """Several profiles: the CLI's JSON, each answer that of the profile alone, and a table."""
+    r = same_answer(
+        [
+            "maxlen",
+            "--method",
+            "ring,upipe",
+            "--hardware",
+            "h100-sxm-80g,h200-141g",
+            "--gpu-hour-cost",
+            "2.5",
+        ],
+        tmp_path,
+        monkeypatch,
+    )
+    assert isinstance(r, cpsim.HardwareComparison)
+    assert list(r.answers) == ["h100-sxm-80g", "h200-141g"]
+    alone = cpsim.maxlen(method="ring,upipe", hardware="h200-141g", gpu_hour_cost=2.5)
+    assert r.answers["h200-141g"].to_dict() == alone.to_dict()
+    table = r.table
+    assert list(table["hardware"]) == ["h100-sxm-80g"] * 2 + ["h200-141g"] * 2
+    assert list(table["method"]) == ["ring", "upipe"] * 2
+    assert (table["cost.per_billion_tokens"] > 0).all()
+    p = cpsim.plan(seq="512K", hardware=["h100-sxm-80g", "h200-141g"])
+    assert list(p.table["hardware"]) == ["h100-sxm-80g", "h200-141g"]
+
+
+def test_step_time_cap_and_cost():
+    free = cpsim.maxlen(method="ring")
+    capped = cpsim.maxlen(method="ring", max_step_time="20min")
+    assert capped.max_seq_len < free.max_seq_len and capped.step_time_s <= 1200
+    assert capped.binding_constraint.kind == "step_time"
+    priced = cpsim.simulate(method="ulysses", seq="512K", gpu_hour_cost=2, train_tokens="1B")
+    assert priced.cost.per_step == pytest.approx(8 * priced.step_time_s / 3600 * 2)
