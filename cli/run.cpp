@@ -113,7 +113,8 @@ void describe_app(CLI::App& app) {
   app.require_subcommand(1);
   app.footer(
       "Lengths accept 131072, 128K, 3M (K = 1024, M = 1024^2).\n"
-      "Built-in data is read from $CPSIM_DATA_DIR or the source tree's data/.\n"
+      "Built-in data is read from $CPSIM_DATA_DIR, else the source tree's data/ (the Python "
+      "package: its installed copy).\n"
       "Output files: `-` is standard output; a file is replaced only once it is completely "
       "written.\n"
       "Exit status: 0 done; 1 an output could not be written or an internal error; 2 bad input "

@@ -259,3 +259,12 @@ def test_step_time_cap_and_cost():
     assert capped.binding_constraint.kind == "step_time"
     priced = cpsim.simulate(method="ulysses", seq="512K", gpu_hour_cost=2, train_tokens="1B")
     assert priced.cost.per_step == pytest.approx(8 * priced.step_time_s / 3600 * 2)
+
+
+def test_readme_python_examples_run(tmp_path, monkeypatch):
+    """The README's Python block runs as written."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        code = re.search(r"## From Python\n.*?```python\n(.*?)```", f.read(), re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    assert (tmp_path / "plan_512k.csv").stat().st_size > 0
