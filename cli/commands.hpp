@@ -10,6 +10,8 @@
 
 #include "cpsim/sim/schedule.hpp"
 
+#include "config_options.hpp"
+
 namespace cpsim::cli {
 
 /// Exit status of `simulate` and `maxlen` when the answer is "does not fit": the configuration
@@ -29,73 +31,8 @@ class DoesNotFit : public std::runtime_error {
   std::string field_;
 };
 
-struct SimulateArgs {
-  std::string model = "llama3-8b";
-  int gpus = 8;
-  int gpus_per_node = 0;  // 0 = from the hardware profile
-  std::string hardware = "h100-sxm-80g";
-  std::string method = "upipe";
-  bool method_given = false;  ///< --method was on the command line (else --impl may choose)
-  std::string impl;           ///< --impl: empty = the recipe's default for the method
-  std::string seq = "1M";
-  std::string recipe = "alst";
-  bool recipe_given = false;  ///< --recipe was on the command line (else --impl's recipe applies)
-  long long heads_per_stage = 0;
-  int cp_degree = 0;                 // 0 = all GPUs (or ulysses × ring when both are given)
-  int ulysses_degree = 0;            // 0 = derived
-  int ring_degree = 0;               // 0 = derived
-  int tp = 1;                        // tensor-parallel degree
-  bool tp_given = false;             ///< --tp was on the command line (plan: else searched)
-  int micro_batches = 1;             // gradient-accumulation micro-batches per step
-  int pp = 1;                        // pipeline-parallel degree
-  bool pp_given = false;             ///< --pp was on the command line (plan: else searched)
-  std::string pp_schedule;           // empty = 1f1b
-  int virtual_stages = 0;            // 0 = 1 (interleaved: required)
-  int pp_first_stage_layers = 0;     // 0 = even split
-  int pp_last_stage_layers = 0;      // 0 = even split
-  bool micro_batches_given = false;  ///< --micro-batches was given (plan: else searched with PP)
-  std::string ring_layout;
-  std::string fpdt_chunk;
-  std::string fpdt_offload;
-  int zero = -1;  // -1 = recipe
-  std::string optimizer_offload;
-  std::string param_offload;
-  std::string comm_dtype;
-  std::string ac;  // empty = recipe
-  std::string ac_offload;
-  std::string tiled_mlp;
-  std::string fused_loss;
-  std::string norm_kernel;
-  std::string rope_kernel;
-  std::string mlp_kernel;
-  std::string int32_indexing;
-  std::string fp8;  ///< --fp8 on|off; empty = recipe
-  std::string attention_kernel;
-  std::string memory_margin;       ///< --memory-margin (set to the default by the flag)
-  std::string host_memory_margin;  ///< --host-memory-margin
-  std::string trace;
-  std::string trace_ranks;      // empty: the representative rank (0)
-  std::string trace_layers;     // empty: all
-  std::string trace_max_bytes;  // empty: 1 GiB
-  bool trace_force = false;
-  std::string gpu_hour_cost;  ///< --gpu-hour-cost (simulate, maxlen, plan; cost.hpp)
-  std::string train_tokens;   ///< --train-tokens
-  bool json = false;
-};
 CLI::App* register_simulate(CLI::App& app, SimulateArgs& args);
 int run_simulate(const SimulateArgs& args);
-/// The flags that describe one configuration (model, hardware, method, degrees, recipe knobs),
-/// shared by simulate, maxlen and plan.
-void add_config_options(CLI::App* command, SimulateArgs& args, bool with_seq);
-/// Loads the model, profile and recipe and applies the flags. @throws InputError naming the flag.
-sim::ScheduleInputs resolve_inputs(const SimulateArgs& args);
-/// The recipe a configuration runs: --recipe, else the one --impl's implementation is the
-/// default of, else alst.
-std::string recipe_for(const SimulateArgs& args);
-/// The arguments for one method of a comparison: knobs of other methods are dropped.
-SimulateArgs config_for_method(const SimulateArgs& args, const std::string& method);
-/// A method name, a comma-separated list or `all`.
-std::vector<std::string> split_methods(const std::string& text, const char* field);
 
 struct MaxLenArgs {
   SimulateArgs config;

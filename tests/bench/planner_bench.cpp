@@ -132,12 +132,17 @@ void run_max_len_impl(benchmark::State& state, int threads) {
 void BM_MaxLenImpl(benchmark::State& state) {
   run_max_len_impl(state, 0);
 }
-BENCHMARK(BM_MaxLenImpl)->DenseRange(0, 5)->Unit(benchmark::kMillisecond);
+// One run per registered implementation.
+const int kLastImplementation = static_cast<int>(sim::implementations().size()) - 1;
+
+BENCHMARK(BM_MaxLenImpl)->DenseRange(0, kLastImplementation)->Unit(benchmark::kMillisecond);
 
 void BM_MaxLenImplOneThread(benchmark::State& state) {
   run_max_len_impl(state, 1);
 }
-BENCHMARK(BM_MaxLenImplOneThread)->DenseRange(0, 5)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MaxLenImplOneThread)
+    ->DenseRange(0, kLastImplementation)
+    ->Unit(benchmark::kMillisecond);
 
 void BM_PlanSeq1M(benchmark::State& state) {
   const sim::ScheduleInputs in = base(models::CpMethod::kUlysses);

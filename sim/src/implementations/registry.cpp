@@ -181,9 +181,15 @@ std::optional<std::int64_t> Implementation::site_calls(LedgerSite site,
 }
 
 std::span<const Implementation* const> implementations() {
-  static const std::array<const Implementation*, 6> kAll = {
-      &impls::yunchang_usp(),    &impls::deepspeed_ulysses(), &impls::untied_ulysses_upipe(),
-      &impls::torch_native_cp(), &impls::megatron_core_cp(),  &impls::deepspeed_fpdt()};
+  // One line per implementation; the count follows the list.
+  static const auto kAll = std::to_array<const Implementation*>({
+      &impls::yunchang_usp(),
+      &impls::deepspeed_ulysses(),
+      &impls::untied_ulysses_upipe(),
+      &impls::torch_native_cp(),
+      &impls::megatron_core_cp(),
+      &impls::deepspeed_fpdt(),
+  });
   return kAll;
 }
 

@@ -47,10 +47,15 @@ const char* to_string(Quantity q) {
 }
 
 std::span<const CpImplementation* const> cp_implementations() {
-  static const std::array<const CpImplementation*, 6> kAll = {
-      &methods::ulysses(),   &methods::upipe(), &methods::ring(),
-      &methods::allgather(), &methods::fpdt(),  &methods::usp(),
-  };
+  // One line per method; the count follows the list.
+  static const auto kAll = std::to_array<const CpImplementation*>({
+      &methods::ulysses(),
+      &methods::upipe(),
+      &methods::ring(),
+      &methods::allgather(),
+      &methods::fpdt(),
+      &methods::usp(),
+  });
   return kAll;
 }
 
