@@ -1,27 +1,10 @@
+// plan(): the search, part by part (search_parts.hpp).
 #include "cpsim/planner/search.hpp"
 
 #include <algorithm>
-#include <atomic>
-#include <exception>
-#include <functional>
-#include <iterator>
-#include <limits>
-#include <map>
-#include <mutex>
-#include <numeric>
-#include <set>
-#include <thread>
-#include <unordered_map>
 #include <utility>
+#include <vector>
 
-#include <fmt/format.h>
-
-#include "cpsim/models/error.hpp"
-#include "cpsim/models/units.hpp"
-#include "cpsim/sim/implementation.hpp"
-#include "cpsim/sim/pipeline.hpp"
-
-#include "evaluate_pipeline.hpp"
 #include "search_parts.hpp"
 
 namespace cpsim::planner {
