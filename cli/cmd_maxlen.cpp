@@ -101,11 +101,14 @@ CLI::App* register_maxlen(CLI::App& app, MaxLenArgs& a) {
   c->add_option("--granularity", a.granularity,
                 "lengths searched are multiples of this (and of what the method requires)")
       ->capture_default_str();
+  std::string launchers;
+  for (const planner::LauncherFormat f : planner::launcher_formats()) {
+    launchers += fmt::format("{}{}", launchers.empty() ? "" : ", ", planner::to_string(f));
+  }
   c->add_option("--launcher", a.launcher,
                 "answer for the configuration as this launcher runs it from the file cpsim emits "
-                "(its recipe knobs and implementation): torchtitan, torchtitan-main, "
-                "untied-ulysses, deepspeed, "
-                "accelerate, megatron, arctic, nemo");
+                "(its recipe knobs and implementation): " +
+                    launchers);
   c->add_option("--max-step-time", a.max_step_time,
                 "the longest length whose step takes at most this long (90s, 30min, 2h, 1.5d; a "
                 "plain number is seconds); the step-time cap binds where memory allows longer");
