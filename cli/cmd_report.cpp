@@ -172,6 +172,11 @@ SweepPoint sweep_point(const MethodSweep& ms,
 }
 
 Sweep run_points(const ReportArgs& a, Progress& progress) {
+  if (a.config.hardware.find(',') != std::string::npos) {
+    throw InputError("--hardware",
+                     "sweep and report take one profile (simulate, maxlen and plan "
+                     "compare several side by side)");
+  }
   Sweep sw;
   sw.lengths = sweep_lengths(a);
   const std::vector<std::string> methods = sweep_methods(a);

@@ -2139,6 +2139,10 @@ TEST_F(BadInputTest, HardwareLists) {
       {"trace with several",
        {"simulate", "--hardware", "h100-sxm-80g,h200-141g", "--trace", "t.json", "--json"},
        {"--trace"}},
+      {"sweep with several", {"sweep", "--hardware", "h100-sxm-80g,h200-141g"}, {"--hardware"}},
+      {"report with several",
+       {"report", "--hardware", "h100-sxm-80g,h200-141g", "--html", "r.html"},
+       {"--hardware"}},
   };
   for (const BadInput& c : cases) {
     expect_usage_error(c);
