@@ -7,7 +7,7 @@
 // byte-identical to the output of an uninterrupted run — never half-written.
 //
 // SIGKILL runs no handler, so a kill between the creation of `FILE.tmp` and the rename leaves
-// `FILE.tmp` behind. That is expected and documented (docs/ARCHITECTURE.md): the only file other
+// `FILE.tmp` behind. That is expected and documented (cli/output.hpp): the only file other
 // than FILE a killed run may leave is `FILE.tmp`, it holds a prefix of the output, and the next run
 // overwrites it and renames it away.
 #include <algorithm>
