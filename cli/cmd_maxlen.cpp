@@ -188,7 +188,7 @@ void print_outcome(const MaxLenArgs& a, const Outcome& o, const std::optional<Co
   const sim::Implementation* impl = sim::requested_implementation(o.in);
   // The degrees searched with (usp's default is Ulysses over every GPU, ring 1: plan lists that
   // split as ulysses and searches usp's mixed ones).
-  const sim::CpImplementation& method = sim::cp_implementation(o.in.parallel.method);
+  const sim::CpScheme& method = sim::cp_scheme(o.in.parallel.method);
   std::cout << fmt::format("{} on {} x {}, {}, recipe {}, implementation {}\n", o.in.model.name,
                            o.in.parallel.gpus, o.in.hardware.name,
                            method.label(sim::LabelStyle::kSearch, o.in.parallel, nullptr),

@@ -30,13 +30,13 @@ constexpr int kPlanSchemaVersion = 1;
 
 // Launchers that run each method, best first (the method's table).
 std::string launchers_for(models::CpMethod m) {
-  return sim::cp_implementation(m).launchers().list();
+  return sim::cp_scheme(m).launchers().list();
 }
 
 nlohmann::json candidate_json(const planner::Candidate& c, bool max_context) {
   const auto& p = c.parallel;
   const auto& r = c.recipe;
-  const sim::CpImplementation& method = sim::cp_implementation(p.method);
+  const sim::CpScheme& method = sim::cp_scheme(p.method);
   nlohmann::json j = {
       {"label", c.label},
       {"method", models::to_string(p.method)},
@@ -391,7 +391,7 @@ void keep_methods_the_launcher_runs(const PlanSetup& s, std::vector<models::CpMe
   std::vector<models::CpMethod> runs;
   std::string others;
   for (const models::CpMethod m : methods) {
-    if (sim::cp_implementation(m).launchers().runs_on(s.launcher)) {
+    if (sim::cp_scheme(m).launchers().runs_on(s.launcher)) {
       runs.push_back(m);
     } else {
       others += fmt::format("{}{} (launchers: {})", others.empty() ? "" : "; ",
@@ -579,7 +579,7 @@ void print_plan_csv(const planner::PlanResult& res, const std::vector<planner::C
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},", csv_field(c.label),
         models::to_string(p.method), p.cp_degree, p.ulysses_degree(), p.ring_degree, p.tp_degree,
         p.pp_degree, p.micro_batches, p.data_parallel(),
-        sim::cp_implementation(p.method).uses_fpdt_chunk() ? p.fpdt_chunk : 0,
+        sim::cp_scheme(p.method).uses_fpdt_chunk() ? p.fpdt_chunk : 0,
         models::to_string(r.checkpointing), r.checkpoint_offload, r.tiled_mlp, r.fused_loss,
         r.zero_stage, p.seq_len, res.max_context && c.fits ? c.max_seq_len : 0);
     if (ran) {
@@ -768,7 +768,7 @@ void print_emitted(const PlanArgs& a,
 // Settings of the recommended configuration for the first launcher that runs it exactly as
 // simulated; none does: how to plan for one.
 void print_settings_of(const PlanArgs& a, const PlanSetup& s, const planner::Candidate& best) {
-  const sim::CpImplementation& method = sim::cp_implementation(best.parallel.method);
+  const sim::CpScheme& method = sim::cp_scheme(best.parallel.method);
   for (const planner::LauncherFormat f : planner::launcher_formats()) {
     if (!method.launchers().runs_on(planner::to_string(f)) || !runs_exactly(f, s.base, best)) {
       continue;
@@ -788,7 +788,7 @@ void print_settings_of(const PlanArgs& a, const PlanSetup& s, const planner::Can
       continue;  // this launcher cannot express the configuration: try the next
     }
   }
-  const sim::LauncherSupport launchers = sim::cp_implementation(best.parallel.method).launchers();
+  const sim::LauncherSupport launchers = sim::cp_scheme(best.parallel.method).launchers();
   if (launchers.runs.empty()) {
     std::cout << fmt::format("\n{}: {}\n", models::to_string(best.parallel.method),
                              launchers.sentence());
@@ -805,7 +805,7 @@ void print_best_run_exactly(const PlanSetup& s, const planner::PlanResult& res) 
   const auto runs_best = [&](const planner::Candidate& c) {
     std::vector<std::string> names;
     for (const planner::LauncherFormat f : planner::launcher_formats()) {
-      if (sim::cp_implementation(c.parallel.method).launchers().runs_on(planner::to_string(f)) &&
+      if (sim::cp_scheme(c.parallel.method).launchers().runs_on(planner::to_string(f)) &&
           runs_exactly(f, s.base, c)) {
         names.emplace_back(planner::to_string(f));
       }

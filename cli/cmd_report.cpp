@@ -93,7 +93,7 @@ bool is_shared_field(const std::string& f) {
 
 std::string degrees_text(const sim::ScheduleInputs& in, const sim::HeadLayout* layout) {
   const auto& p = in.parallel;
-  std::string s = sim::cp_implementation(p.method).label(sim::LabelStyle::kDegrees, p, layout);
+  std::string s = sim::cp_scheme(p.method).label(sim::LabelStyle::kDegrees, p, layout);
   if (p.data_parallel() > 1) {
     s += fmt::format(", {} data-parallel replicas", p.data_parallel());
   }

@@ -31,8 +31,7 @@ constexpr int kSimulateSchemaVersion = 1;
 namespace {
 
 std::string method_label(const sim::ScheduleInputs& in, const sim::HeadLayout& L) {
-  return sim::cp_implementation(in.parallel.method)
-      .label(sim::LabelStyle::kDescription, in.parallel, &L);
+  return sim::cp_scheme(in.parallel.method).label(sim::LabelStyle::kDescription, in.parallel, &L);
 }
 
 std::string recipe_label(const models::TrainingRecipe& r,
@@ -660,7 +659,7 @@ planner::Evaluation evaluate_one(const SimulateArgs& a,
   opts.explain_peak = true;
   opts.model_allocator = true;
   planner::Evaluation e = planner::evaluate(in, opts);
-  const sim::CpImplementation& method = sim::cp_implementation(in.parallel.method);
+  const sim::CpScheme& method = sim::cp_scheme(in.parallel.method);
   if (in.recipe.checkpointing == models::CheckpointMode::kSelective &&
       !method.recomputes_selectively(in.parallel)) {
     e.report.notes.push_back(fmt::format(

@@ -218,7 +218,7 @@ void apply_sharding_and_precision_flags(const SimulateArgs& a,
 
 // CP degree: explicit, else ulysses × ring when both are given, else the one given for a method
 // that has only that part, else the GPUs that TP and PP leave (0 when they do not divide).
-int cp_degree_from_flags(const SimulateArgs& a, const sim::CpImplementation& method) {
+int cp_degree_from_flags(const SimulateArgs& a, const sim::CpScheme& method) {
   for (const auto& [value, flag] :
        {std::pair{a.cp_degree, "--cp-degree"}, std::pair{a.ulysses_degree, "--ulysses-degree"},
         std::pair{a.ring_degree, "--ring-degree"}}) {
@@ -264,7 +264,7 @@ void apply_pipeline_flags(const SimulateArgs& a, models::ParallelConfig& p) {
 // the Ulysses degree given, else Ulysses inside a node and the ring across nodes (yunchang's
 // "ulysses low" placement).
 void apply_ring_degree(const SimulateArgs& a,
-                       const sim::CpImplementation& method,
+                       const sim::CpScheme& method,
                        models::ParallelConfig& p) {
   if (!method.has_ulysses_part()) {
     p.ring_degree = a.ring_degree > 0 ? a.ring_degree : p.cp_degree;
@@ -294,7 +294,7 @@ void apply_ring_degree(const SimulateArgs& a,
 
 // The method's own knobs: ring layout, FPDT chunk and offload, UPipe's heads per stage.
 void apply_method_knobs(const SimulateArgs& a,
-                        const sim::CpImplementation& method,
+                        const sim::CpScheme& method,
                         models::ParallelConfig& p) {
   if (!a.ring_layout.empty()) {
     p.ring_layout = models::parse_ring_layout(a.ring_layout, "--ring-layout");
@@ -332,7 +332,7 @@ void apply_parallel_flags(const SimulateArgs& a, sim::ScheduleInputs& in) {
     throw InputError("--gpus-per-node", "must be positive");
   }
   p.gpus_per_node = a.gpus_per_node > 0 ? a.gpus_per_node : in.hardware.gpus_per_node;
-  const sim::CpImplementation& method = sim::cp_implementation(p.method);
+  const sim::CpScheme& method = sim::cp_scheme(p.method);
   p.cp_degree = cp_degree_from_flags(a, method);
   check_cp_degree_divides_gpus(a, p.cp_degree);
   p.tp_degree = a.tp;
@@ -561,7 +561,7 @@ SimulateArgs config_for_method(const SimulateArgs& a, const std::string& method)
   m.recipe = recipe_for(a);  // one recipe for every method compared
   m.recipe_given = true;
   const models::CpMethod id = models::parse_cp_method(method, "--method");
-  const sim::CpImplementation& cp = sim::cp_implementation(id);
+  const sim::CpScheme& cp = sim::cp_scheme(id);
   if (const sim::Implementation* impl = sim::find_implementation(a.impl);
       impl != nullptr && !impl->runs(id)) {
     m.impl.clear();  // another method's implementation: this one runs its recipe default
@@ -586,7 +586,7 @@ SimulateArgs config_for_method(const SimulateArgs& a, const std::string& method)
 std::vector<std::string> split_methods(const std::string& text, const char* field) {
   if (text == "all") {
     std::vector<std::string> all;
-    for (const sim::CpImplementation* m : sim::cp_implementations()) {
+    for (const sim::CpScheme* m : sim::cp_schemes()) {
       all.emplace_back(m->name());
     }
     return all;

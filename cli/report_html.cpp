@@ -162,7 +162,7 @@ TimeUnit time_unit(double seconds) {
 // Colours
 
 std::string method_color(const std::string& method, std::size_t index) {
-  for (const sim::CpImplementation* m : sim::cp_implementations()) {
+  for (const sim::CpScheme* m : sim::cp_schemes()) {
     if (method == m->name()) {
       return std::string(m->report_color());
     }

@@ -43,7 +43,7 @@ const char* to_string(BindingConstraint::Kind k) {
 
 // Sequence parallelism splits each CP rank's tokens over the TP group (check_head_layout).
 std::int64_t required_multiple(const sim::ScheduleInputs& in) {
-  return sim::cp_implementation(in.parallel.method).seq_multiple(in.parallel) *
+  return sim::cp_scheme(in.parallel.method).seq_multiple(in.parallel) *
          std::max(1, in.parallel.tp_degree);
 }
 

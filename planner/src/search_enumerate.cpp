@@ -40,7 +40,7 @@ std::vector<int> divisors(int n) {
 }
 
 std::string structure_label(const models::ParallelConfig& p) {
-  std::string s = sim::cp_implementation(p.method).label(sim::LabelStyle::kSearch, p, nullptr);
+  std::string s = sim::cp_scheme(p.method).label(sim::LabelStyle::kSearch, p, nullptr);
   if (p.tp_degree > 1) {
     s += fmt::format(" tp{}", p.tp_degree);
   }
@@ -251,7 +251,7 @@ bool runs_pipeline(const sim::ScheduleInputs& in) {
 
 // Whether `p` (a structure the method proposed) has every value the user fixed that the method
 // reads.
-bool keeps_fixed(const sim::CpImplementation& method,
+bool keeps_fixed(const sim::CpScheme& method,
                  const models::ParallelConfig& p,
                  const PlanConstraints& fixed) {
   return (fixed.ulysses_degree == 0 || !method.has_ulysses_part() ||
@@ -266,7 +266,7 @@ bool keeps_fixed(const sim::CpImplementation& method,
 // The method's structures at each CP degree, keeping the values the user fixed. When none of
 // the method's proposals has them, the configuration as given is searched alone (at the largest
 // CP degree), so that its refusal or result names the value rather than the method vanishing.
-void append_structures(const sim::CpImplementation& method,
+void append_structures(const sim::CpScheme& method,
                        const sim::ScheduleInputs& base,
                        const PlanOptions& options,
                        const std::vector<int>& cps,
@@ -327,7 +327,7 @@ std::vector<Candidate> as_run_by(LauncherFormat launcher,
   std::vector<Candidate> out;
   for (Candidate& c : candidates) {
     c.apply_to(probe);
-    if (!sim::cp_implementation(c.parallel.method)
+    if (!sim::cp_scheme(c.parallel.method)
              .launcher_selection(to_string(launcher), c.parallel, c.recipe.attention_kernel)) {
       continue;
     }
@@ -375,7 +375,7 @@ std::vector<models::ParallelConfig> searched_structures(const sim::ScheduleInput
       const std::vector<int> cps = fixed.cp_degree > 0 ? std::vector<int>{fixed.cp_degree}
                                    : smaller_groups    ? divisors(positions)
                                                        : std::vector<int>{positions};
-      for (const sim::CpImplementation* method : methods_of(options)) {
+      for (const sim::CpScheme* method : methods_of(options)) {
         append_structures(*method, at_tp, options, cps, structures);
       }
     }
@@ -474,9 +474,9 @@ void Candidate::apply_to(sim::ScheduleInputs& into) const {
 namespace search_parts {
 
 // Every registered implementation, or the ones asked for, in registry order.
-std::vector<const sim::CpImplementation*> methods_of(const PlanOptions& options) {
-  std::vector<const sim::CpImplementation*> out;
-  for (const sim::CpImplementation* m : sim::cp_implementations()) {
+std::vector<const sim::CpScheme*> methods_of(const PlanOptions& options) {
+  std::vector<const sim::CpScheme*> out;
+  for (const sim::CpScheme* m : sim::cp_schemes()) {
     if (options.methods.empty() || std::find(options.methods.begin(), options.methods.end(),
                                              m->id()) != options.methods.end()) {
       out.push_back(m);
@@ -488,8 +488,7 @@ std::vector<const sim::CpImplementation*> methods_of(const PlanOptions& options)
 /// A rough count of the ops one evaluation simulates per block (order of magnitude only: it sorts
 /// the work of the threads, longest first, so that none is left with a long one at the end).
 std::int64_t cost_estimate(const sim::ScheduleInputs& in) {
-  const std::int64_t per_block =
-      sim::cp_implementation(in.parallel.method).ops_per_block_estimate(in);
+  const std::int64_t per_block = sim::cp_scheme(in.parallel.method).ops_per_block_estimate(in);
   const bool full_ac = in.recipe.checkpointing == CheckpointMode::kFull;
   const std::int64_t blocks =
       in.parallel.pp_degree > 1 ? 2 * sim::pipeline_shape(in).stage_layers : in.model.layers;

@@ -38,7 +38,7 @@ std::int64_t saved_of_stage(const sim::ScheduleInputs& in, sim::PipelineStage ki
 
 // At --seq, the candidate whose simulation each pending candidate's is (itself for most): one
 // under selective checkpointing of a method whose blocks keep under it what they keep without
-// checkpointing (CpImplementation::recomputes_selectively) runs, op for op, the step of the same
+// checkpointing (CpScheme::recomputes_selectively) runs, op for op, the step of the same
 // candidate without checkpointing, and takes that one's evaluation when it is pending too.
 std::vector<std::size_t> simulation_twins(const std::vector<Candidate>& cands,
                                           const std::vector<std::size_t>& pending) {
@@ -53,7 +53,7 @@ std::vector<std::size_t> simulation_twins(const std::vector<Candidate>& cands,
   for (const std::size_t i : pending) {
     const Candidate& c = cands[i];
     if (c.recipe.checkpointing != CheckpointMode::kSelective ||
-        sim::cp_implementation(c.parallel.method).recomputes_selectively(c.parallel)) {
+        sim::cp_scheme(c.parallel.method).recomputes_selectively(c.parallel)) {
       continue;
     }
     models::TrainingRecipe none = c.recipe;

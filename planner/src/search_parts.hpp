@@ -74,7 +74,7 @@ struct WorkPlan {
 };
 
 // Every registered implementation, or the ones asked for, in registry order.
-std::vector<const sim::CpImplementation*> methods_of(const PlanOptions& options);
+std::vector<const sim::CpScheme*> methods_of(const PlanOptions& options);
 
 /// A rough count of the ops one evaluation simulates per block (order of magnitude only: it sorts
 /// the work of the threads, longest first, so that none is left with a long one at the end).

@@ -108,10 +108,9 @@ std::vector<std::size_t> front_of(const std::vector<Candidate>& cands,
 
 // Each method's first candidate of `order`, in the methods' order (methods without one left
 // out), as indices into `cands`.
-std::vector<std::size_t> best_per_method_of(
-    const std::vector<Candidate>& cands,
-    const std::vector<std::size_t>& order,
-    const std::vector<const sim::CpImplementation*>& methods) {
+std::vector<std::size_t> best_per_method_of(const std::vector<Candidate>& cands,
+                                            const std::vector<std::size_t>& order,
+                                            const std::vector<const sim::CpScheme*>& methods) {
   std::vector<std::size_t> first(methods.size(), cands.size());
   std::size_t found = 0;
   for (std::size_t k = 0; k < order.size() && found < methods.size(); ++k) {
@@ -259,7 +258,7 @@ void rank_checking_reserved(const sim::ScheduleInputs& base,
   auto better = [&cands, mc](std::size_t a, std::size_t b) {
     return ranks_before(cands[a], cands[b], mc);
   };
-  const std::vector<const sim::CpImplementation*> methods = methods_of(options);
+  const std::vector<const sim::CpScheme*> methods = methods_of(options);
   std::vector<char> shown(cands.size(), 0);
   std::vector<std::size_t> front, per_method;  // indices into cands
   for (;;) {

@@ -43,7 +43,7 @@ ConfigIssue issue(Quantity q, std::string message) {
 
 // The checks every method shares, in the order the user reads them: GPUs and degrees, the
 // method's ring rule, the range of the sequence length, the heads, then the sequence multiples.
-std::optional<ConfigIssue> check_degrees(const ScheduleInputs& in, const CpImplementation& method) {
+std::optional<ConfigIssue> check_degrees(const ScheduleInputs& in, const CpScheme& method) {
   const auto& p = in.parallel;
   if (p.gpus < 1 || p.gpus > 65536) {
     return issue(Quantity::kGpus, fmt::format("must be between 1 and 65536, got {}", p.gpus));
@@ -89,7 +89,7 @@ std::optional<ConfigIssue> check_sequence_range(const ScheduleInputs& in) {
 // Lengths after the heads: a degree that cannot work is the error to report, not the default
 // sequence length.
 std::optional<ConfigIssue> check_sequence_multiple(const ScheduleInputs& in,
-                                                   const CpImplementation& method) {
+                                                   const CpScheme& method) {
   const auto& p = in.parallel;
   const bool zigzag = p.ring_layout == models::RingLayout::kZigzag && p.ring_degree > 1;
   // Sequence parallelism splits each CP rank's s tokens T ways (Megatron: s/T rows per rank;
@@ -276,7 +276,7 @@ const ScheduleInputs& rank_view(const ScheduleInputs& in, std::optional<Schedule
 }
 
 LayoutCheck check_rank_layout(const ScheduleInputs& in) {
-  const CpImplementation& method = cp_implementation(in.parallel.method);
+  const CpScheme& method = cp_scheme(in.parallel.method);
   LayoutCheck out;
   out.issue = check_degrees(in, method);
   if (!out.issue) {
@@ -307,7 +307,7 @@ LayoutCheck check_head_layout(const ScheduleInputs& in) {
   }
   LayoutCheck out;
   // The GPU count and the CP degree first, as without TP, then TP's own rules.
-  out.issue = check_degrees(in, cp_implementation(in.parallel.method));
+  out.issue = check_degrees(in, cp_scheme(in.parallel.method));
   if (!out.issue) {
     out.issue = check_tensor_parallel(in);
   }
@@ -326,7 +326,7 @@ HeadLayout derive_head_layout(const ScheduleInputs& in) {
 AttentionBuffers attention_buffers(const ScheduleInputs& inputs, const HeadLayout& L) {
   std::optional<ScheduleInputs> storage;
   const ScheduleInputs& in = rank_view(inputs, storage);
-  return cp_implementation(in.parallel.method).buffers(in, L);
+  return cp_scheme(in.parallel.method).buffers(in, L);
 }
 
 // 32-bit element offsets (recipe.int32_kernel_indexing). A kernel that computes row × stride in

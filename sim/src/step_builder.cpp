@@ -30,7 +30,7 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
       m_(in.model),
       r_(in.recipe),
       layout_(layout),
-      method_(cp_implementation(in.parallel.method)),
+      method_(cp_scheme(in.parallel.method)),
       cost_(in.hardware,
             layout.implementation != nullptr ? layout.implementation->attention_kernel(in)
                                              : in.recipe.attention_kernel),

@@ -363,7 +363,7 @@ class StepBuilder {
   const models::TransformerSpec& m_;
   const models::TrainingRecipe& r_;
   HeadLayout layout_;
-  const CpImplementation& method_;
+  const CpScheme& method_;
   std::array<std::int64_t, kLedgerSiteCount> ledger_bytes_{};                 ///< by LedgerSite
   std::array<std::int64_t, kLedgerSiteCount> ledger_traffic_{};               ///< by LedgerSite
   std::array<std::optional<std::int64_t>, kLedgerSiteCount> traced_calls_{};  ///< by LedgerSite

@@ -97,7 +97,7 @@ sim::ScheduleInputs implementation_inputs(const sim::Implementation& impl) {
   sim::ScheduleInputs in = base(method);
   in.recipe = models::load_recipe(recipe, kData);
   in.parallel.implementation = std::string(impl.name());
-  in.parallel.ring_degree = sim::cp_implementation(method).has_ulysses_part() ? 1 : 8;
+  in.parallel.ring_degree = sim::cp_scheme(method).has_ulysses_part() ? 1 : 8;
   return in;
 }
 

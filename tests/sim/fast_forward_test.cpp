@@ -115,7 +115,7 @@ std::vector<Case> cases() {
           ScheduleInputs in = inputs(m, "llama3-8b", 8, seq);
           in.recipe = models::load_recipe(recipe, testing::data());
           in.parallel.implementation = std::string(impl->name());
-          in.parallel.ring_degree = cp_implementation(m).has_ulysses_part() ? 1 : 8;
+          in.parallel.ring_degree = cp_scheme(m).has_ulysses_part() ? 1 : 8;
           if (m == CpMethod::kUsp) {
             in.parallel.ring_degree = 2;
           }

@@ -23,9 +23,9 @@ constexpr std::int64_t kM = 1 << 20;
 TEST(Registry, OneImplementationPerMethodInListOrder) {
   std::set<CpMethod> seen;
   std::vector<std::string> names;
-  for (const CpImplementation* m : cp_implementations()) {
+  for (const CpScheme* m : cp_schemes()) {
     EXPECT_TRUE(seen.insert(m->id()).second) << m->name();
-    EXPECT_EQ(&cp_implementation(m->id()), m);
+    EXPECT_EQ(&cp_scheme(m->id()), m);
     EXPECT_EQ(models::parse_cp_method(m->name(), "--method"), m->id());
     names.emplace_back(m->name());
   }
@@ -34,7 +34,7 @@ TEST(Registry, OneImplementationPerMethodInListOrder) {
 }
 
 TEST(Registry, EveryImplementationBuildsAndSearches) {
-  for (const CpImplementation* m : cp_implementations()) {
+  for (const CpScheme* m : cp_schemes()) {
     SCOPED_TRACE(m->name());
     EXPECT_TRUE(m->has_ulysses_part() || m->has_ring_part());
     // A method no launcher runs says why (FPDT: Megatron-DeepSpeed's layers train another block).
@@ -66,34 +66,34 @@ TEST(Registry, EveryImplementationBuildsAndSearches) {
 TEST(Registry, SequenceMultiples) {
   models::ParallelConfig p = inputs(CpMethod::kRing, "llama3-8b", 8, kM).parallel;
   p.ring_degree = 8;
-  EXPECT_EQ(cp_implementation(CpMethod::kRing).seq_multiple(p), 16);  // zigzag: 2C
+  EXPECT_EQ(cp_scheme(CpMethod::kRing).seq_multiple(p), 16);  // zigzag: 2C
   p.ring_layout = models::RingLayout::kContiguous;
-  EXPECT_EQ(cp_implementation(CpMethod::kRing).seq_multiple(p), 8);
+  EXPECT_EQ(cp_scheme(CpMethod::kRing).seq_multiple(p), 8);
   models::ParallelConfig f = inputs(CpMethod::kFpdt, "llama3-8b", 8, kM).parallel;
   f.fpdt_chunk = 96 * 1024;
-  EXPECT_EQ(cp_implementation(CpMethod::kFpdt).seq_multiple(f), 96 * 1024);
+  EXPECT_EQ(cp_scheme(CpMethod::kFpdt).seq_multiple(f), 96 * 1024);
 }
 
 TEST(Registry, LauncherSentences) {
-  const LauncherSupport ulysses = cp_implementation(CpMethod::kUlysses).launchers();
+  const LauncherSupport ulysses = cp_scheme(CpMethod::kUlysses).launchers();
   EXPECT_TRUE(ulysses.runs_on("untied-ulysses"));
   EXPECT_FALSE(ulysses.runs_on("torchtitan"));
   EXPECT_EQ(ulysses.list(), "arctic, deepspeed, accelerate, megatron, nemo, untied-ulysses");
-  EXPECT_THAT(cp_implementation(CpMethod::kFpdt).launchers().sentence(),
+  EXPECT_THAT(cp_scheme(CpMethod::kFpdt).launchers().sentence(),
               ::testing::StartsWith("no launcher: Megatron-DeepSpeed's FPDT layers"));
-  EXPECT_EQ(cp_implementation(CpMethod::kAllGather).launchers().sentence(),
+  EXPECT_EQ(cp_scheme(CpMethod::kAllGather).launchers().sentence(),
             "torchtitan, torchtitan-0.2.2, torchtitan-0.2.1, torchtitan-main, megatron, nemo or "
             "accelerate");
-  EXPECT_FALSE(cp_implementation(CpMethod::kRing).launchers().runs_on("torchtitan"));
-  EXPECT_FALSE(cp_implementation(CpMethod::kRing).launchers().runs_on("torchtitan-0.2.2"));
-  EXPECT_TRUE(cp_implementation(CpMethod::kRing).launchers().runs_on("torchtitan-0.2.1"));
-  EXPECT_FALSE(cp_implementation(CpMethod::kRing).launchers().runs_on("torchtitan-main"));
+  EXPECT_FALSE(cp_scheme(CpMethod::kRing).launchers().runs_on("torchtitan"));
+  EXPECT_FALSE(cp_scheme(CpMethod::kRing).launchers().runs_on("torchtitan-0.2.2"));
+  EXPECT_TRUE(cp_scheme(CpMethod::kRing).launchers().runs_on("torchtitan-0.2.1"));
+  EXPECT_FALSE(cp_scheme(CpMethod::kRing).launchers().runs_on("torchtitan-main"));
 }
 
 // Every launcher of a method's table selects it; no other launcher does.
 TEST(Registry, LauncherSelectionFollowsTheTable) {
   const ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, kM);
-  for (const CpImplementation* m : cp_implementations()) {
+  for (const CpScheme* m : cp_schemes()) {
     for (const char* launcher : {"torchtitan", "torchtitan-main", "untied-ulysses", "deepspeed",
                                  "accelerate", "megatron", "arctic", "nemo"}) {
       const std::optional<LauncherSelection> s =
@@ -108,7 +108,7 @@ TEST(Registry, LauncherSelectionFollowsTheTable) {
 
 TEST(Registry, LauncherSelectionDependsOnTheConfiguration) {
   models::ParallelConfig p = inputs(CpMethod::kUsp, "llama3-8b", 8, kM).parallel;
-  const CpImplementation& usp = cp_implementation(CpMethod::kUsp);
+  const CpScheme& usp = cp_scheme(CpMethod::kUsp);
   p.ring_degree = 2;
   EXPECT_EQ(usp.launcher_selection("megatron", p, "fa3")->selects, "a2a+p2p");
   p.ring_degree = 1;
@@ -119,7 +119,7 @@ TEST(Registry, LauncherSelectionDependsOnTheConfiguration) {
   p.ring_degree = 8;
   EXPECT_EQ(usp.launcher_selection("megatron", p, "fa3")->selects, "p2p");
 
-  const CpImplementation& ring = cp_implementation(CpMethod::kRing);
+  const CpScheme& ring = cp_scheme(CpMethod::kRing);
   EXPECT_EQ(ring.launcher_selection("untied-ulysses", p, "fa2")->selects, "usp");
   EXPECT_EQ(ring.launcher_selection("untied-ulysses", p, "sdpa")->selects, "torch_ring_alltoall");
   EXPECT_EQ(ring.launcher_selection("megatron", p, "sdpa")->selects, "p2p");

@@ -103,7 +103,7 @@ constexpr Case kCases[] = {
     {CpMethod::kUPipe, "llama3-8b", 16, 2, 256 * kK},
 };
 
-// CpImplementation::recomputes_selectively: where a method says selective checkpointing changes
+// CpScheme::recomputes_selectively: where a method says selective checkpointing changes
 // nothing, the step under it is the step without checkpointing, op for op (a plan simulates one
 // for both); where it says it does, the steps differ. Each method's scheme and the implementation
 // the recipe runs for it; FPDT with several chunks (kCases) and with one (plain Ulysses).
@@ -124,7 +124,7 @@ TEST(SelectiveCheckpointing, SameStepWhereTheMethodRecomputesNothing) {
       const Workload selective = build_step(in);
       in.recipe.checkpointing = CheckpointMode::kNone;
       const Workload none = build_step(in);
-      if (!cp_implementation(c.method).recomputes_selectively(in.parallel)) {
+      if (!cp_scheme(c.method).recomputes_selectively(in.parallel)) {
         expect_same(selective, none);
         same += 1;
       } else {

@@ -52,7 +52,7 @@ const char* launcher_scope(LauncherFormat f) {
 }  // namespace
 
 void refuse_method(LauncherFormat f, CpMethod m) {
-  const sim::LauncherSupport others = sim::cp_implementation(m).launchers();
+  const sim::LauncherSupport others = sim::cp_scheme(m).launchers();
   refuse(fmt::format("{} cannot run {} ({}); {}", launcher_target(f), models::to_string(m),
                      launcher_scope(f),
                      others.runs.empty() ? others.sentence() : "use " + launchers_for(m)));
@@ -221,7 +221,7 @@ void add_environment_line(const Plan& p, std::vector<std::string>& usage) {
 
 std::string launcher_word(LauncherFormat f, const sim::ScheduleInputs& in) {
   const std::optional<sim::LauncherSelection> s =
-      sim::cp_implementation(in.parallel.method)
+      sim::cp_scheme(in.parallel.method)
           .launcher_selection(to_string(f), in.parallel, in.recipe.attention_kernel);
   return s ? s->selects : std::string();
 }

@@ -208,7 +208,7 @@ ConfigAsRun config_as_run(LauncherFormat format,
                           const sim::ScheduleInputs& config,
                           const std::string& field) {
   require_implementation_runs_on(format, config);
-  const sim::CpImplementation& method = sim::cp_implementation(config.parallel.method);
+  const sim::CpScheme& method = sim::cp_scheme(config.parallel.method);
   if (!method.launcher_selection(to_string(format), config.parallel,
                                  config.recipe.attention_kernel)) {
     throw InputError(field, fmt::format("{} cannot run {} (launchers: {})", to_string(format),
@@ -252,7 +252,7 @@ EmittedConfig emit_launcher_config(LauncherFormat format,
                                    const EmitOptions& options) {
   const CpMethod m = config.parallel.method;
   // The method's launcher table (sim/src/methods) says which launchers run it, and how.
-  std::optional<sim::LauncherSelection> selection = sim::cp_implementation(m).launcher_selection(
+  std::optional<sim::LauncherSelection> selection = sim::cp_scheme(m).launcher_selection(
       to_string(format), config.parallel, config.recipe.attention_kernel);
   if (!selection) {
     emit_detail::refuse_method(format, m);

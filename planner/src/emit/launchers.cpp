@@ -6,7 +6,7 @@ namespace cpsim::planner::emit_detail {
 
 /// Launchers that can run a method, as `--emit` values (the method's table).
 std::string launchers_for(CpMethod m) {
-  const sim::LauncherSupport l = sim::cp_implementation(m).launchers();
+  const sim::LauncherSupport l = sim::cp_scheme(m).launchers();
   return l.runs.empty() ? l.sentence() : "--emit " + l.sentence();
 }
 

@@ -50,7 +50,7 @@ class AllGather final : public WholeRingImplementation {
 
 }  // namespace
 
-const CpImplementation& allgather() {
+const CpScheme& allgather() {
   static const AllGather kImplementation;
   return kImplementation;
 }

@@ -14,7 +14,7 @@ namespace cpsim::sim::methods {
 /// Base of the implementations whose layer attention is the Ulysses scheme of the step builder
 /// (all-to-all over the Ulysses group, then one call, a ring or an all-gather over the ring group:
 /// attention_ulysses.cpp and attention_core.cpp): ulysses, usp, ring and all-gather.
-class UlyssesSchemeImplementation : public CpImplementation {
+class UlyssesScheme : public CpScheme {
  public:
   void attention_forward(detail::StepBuilder& b,
                          detail::SavedLayer& sv,
@@ -29,7 +29,7 @@ class UlyssesSchemeImplementation : public CpImplementation {
 
 /// Base of ring and all-gather: no Ulysses part, the ring is the whole CP group (one search
 /// candidate per CP degree), labels from the method's words.
-class WholeRingImplementation : public UlyssesSchemeImplementation {
+class WholeRingImplementation : public UlyssesScheme {
  public:
   bool has_ulysses_part() const override { return false; }
   bool has_ring_part() const override { return true; }
@@ -53,12 +53,12 @@ class WholeRingImplementation : public UlyssesSchemeImplementation {
 };
 
 /// One factory per implementation file; the registry (registry.cpp) lists them.
-const CpImplementation& ulysses();
-const CpImplementation& upipe();
-const CpImplementation& ring();
-const CpImplementation& allgather();
-const CpImplementation& fpdt();
-const CpImplementation& usp();
+const CpScheme& ulysses();
+const CpScheme& upipe();
+const CpScheme& ring();
+const CpScheme& allgather();
+const CpScheme& fpdt();
+const CpScheme& usp();
 
 /// Divisors of n, ascending.
 std::vector<int> divisors(int n);

@@ -27,7 +27,7 @@
 namespace cpsim::sim::methods {
 namespace {
 
-class Fpdt final : public CpImplementation {
+class Fpdt final : public CpScheme {
  public:
   models::CpMethod id() const override { return models::CpMethod::kFpdt; }
   bool has_ulysses_part() const override { return true; }
@@ -56,7 +56,7 @@ class Fpdt final : public CpImplementation {
   }
 
   std::optional<ConfigIssue> stage_heads(const ScheduleInputs& in, HeadLayout& L) const override {
-    if (auto issue = CpImplementation::stage_heads(in, L)) {
+    if (auto issue = CpScheme::stage_heads(in, L)) {
       return issue;
     }
     L.fpdt_chunks = in.parallel.seq_len / in.parallel.fpdt_chunk;
@@ -65,7 +65,7 @@ class Fpdt final : public CpImplementation {
 
   // Per chunk of K global tokens instead of the whole sequence.
   AttentionBuffers buffers(const ScheduleInputs& in, const HeadLayout& L) const override {
-    AttentionBuffers a = CpImplementation::buffers(in, L);
+    AttentionBuffers a = CpScheme::buffers(in, L);
     const std::int64_t k = in.parallel.fpdt_chunk;
     const std::int64_t d = in.model.head_dim;
     const std::int64_t b = in.recipe.activation_bytes;
@@ -124,7 +124,7 @@ class Fpdt final : public CpImplementation {
   std::int64_t ops_per_block_estimate(const ScheduleInputs& in) const override {
     const auto& p = in.parallel;
     if (p.fpdt_chunk <= 0) {
-      return CpImplementation::ops_per_block_estimate(in);
+      return CpScheme::ops_per_block_estimate(in);
     }
     return 40 + 30 * std::max<std::int64_t>(1, p.seq_len / p.fpdt_chunk);
   }
@@ -160,7 +160,7 @@ class Fpdt final : public CpImplementation {
 
 }  // namespace
 
-const CpImplementation& fpdt() {
+const CpScheme& fpdt() {
   static const Fpdt kImplementation;
   return kImplementation;
 }

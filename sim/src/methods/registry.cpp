@@ -46,9 +46,9 @@ const char* to_string(Quantity q) {
   return "?";
 }
 
-std::span<const CpImplementation* const> cp_implementations() {
+std::span<const CpScheme* const> cp_schemes() {
   // One line per method; the count follows the list.
-  static const auto kAll = std::to_array<const CpImplementation*>({
+  static const auto kAll = std::to_array<const CpScheme*>({
       &methods::ulysses(),
       &methods::upipe(),
       &methods::ring(),
@@ -59,14 +59,14 @@ std::span<const CpImplementation* const> cp_implementations() {
   return kAll;
 }
 
-const CpImplementation& cp_implementation(models::CpMethod method) {
-  for (const CpImplementation* m : cp_implementations()) {
+const CpScheme& cp_scheme(models::CpMethod method) {
+  for (const CpScheme* m : cp_schemes()) {
     if (m->id() == method) {
       return *m;
     }
   }
   throw std::logic_error(
-      fmt::format("no CP implementation registered for method {}", static_cast<int>(method)));
+      fmt::format("no CP scheme registered for method {}", static_cast<int>(method)));
 }
 
 bool LauncherSupport::runs_on(std::string_view launcher) const {
@@ -108,7 +108,7 @@ std::string LauncherSupport::sentence() const {
   return s;
 }
 
-std::optional<LauncherSelection> CpImplementation::launcher_selection(
+std::optional<LauncherSelection> CpScheme::launcher_selection(
     std::string_view launcher,
     const models::ParallelConfig& /*p*/,
     std::string_view /*attention_kernel*/) const {
@@ -121,8 +121,7 @@ std::optional<LauncherSelection> CpImplementation::launcher_selection(
 
 // Every method but UPipe runs all heads in one stage; K/V of all (replicated) KV heads are
 // fetched once per layer.
-std::optional<ConfigIssue> CpImplementation::stage_heads(const ScheduleInputs& in,
-                                                         HeadLayout& L) const {
+std::optional<ConfigIssue> CpScheme::stage_heads(const ScheduleInputs& in, HeadLayout& L) const {
   if (in.parallel.heads_per_stage != 0) {
     return ConfigIssue{Quantity::kHeadsPerStage, "applies to --method upipe only"};
   }
@@ -143,7 +142,7 @@ std::optional<ConfigIssue> CpImplementation::stage_heads(const ScheduleInputs& i
 //     ring block         n_r·2(F/u)·d·2 sent per ring step; all-gather: N·2(F/u)·d·2 gathered
 // All-to-all bytes sent per rank in one forward layer (u > 1): s·(H + 2H_kv')·d·2 + s·H·d·2
 // (REFERENCES.md [Ulysses]: 4Nh/P for MHA). UPipe and FPDT add to this in their files.
-AttentionBuffers CpImplementation::buffers(const ScheduleInputs& in, const HeadLayout& L) const {
+AttentionBuffers CpScheme::buffers(const ScheduleInputs& in, const HeadLayout& L) const {
   const std::int64_t n = in.parallel.seq_len;
   const std::int64_t s = n / L.cp;
   const std::int64_t nr = n / L.ring;
@@ -169,28 +168,28 @@ AttentionBuffers CpImplementation::buffers(const ScheduleInputs& in, const HeadL
   return a;
 }
 
-std::int64_t CpImplementation::seq_multiple(const models::ParallelConfig& p) const {
+std::int64_t CpScheme::seq_multiple(const models::ParallelConfig& p) const {
   return methods::layout_seq_multiple(p);
 }
 
-std::int64_t CpImplementation::ops_per_block_estimate(const ScheduleInputs& in) const {
+std::int64_t CpScheme::ops_per_block_estimate(const ScheduleInputs& in) const {
   return 40 + 10 * std::max(1, in.parallel.ring_degree);
 }
 
 namespace methods {
 
-void UlyssesSchemeImplementation::attention_forward(detail::StepBuilder& b,
-                                                    detail::SavedLayer& sv,
-                                                    detail::TensorSet params,
-                                                    bool grad) const {
+void UlyssesScheme::attention_forward(detail::StepBuilder& b,
+                                      detail::SavedLayer& sv,
+                                      detail::TensorSet params,
+                                      bool grad) const {
   b.ulysses_forward(sv, params, grad);
 }
 
-detail::InputGrad UlyssesSchemeImplementation::attention_backward(detail::StepBuilder& b,
-                                                                  const detail::SavedLayer& sv,
-                                                                  detail::TensorSet d_o,
-                                                                  detail::TensorSet params,
-                                                                  detail::TensorSet grads) const {
+detail::InputGrad UlyssesScheme::attention_backward(detail::StepBuilder& b,
+                                                    const detail::SavedLayer& sv,
+                                                    detail::TensorSet d_o,
+                                                    detail::TensorSet params,
+                                                    detail::TensorSet grads) const {
   return b.ulysses_backward(sv, d_o, params, grads);
 }
 

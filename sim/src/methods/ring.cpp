@@ -47,7 +47,7 @@ class Ring final : public WholeRingImplementation {
   std::optional<LauncherSelection> launcher_selection(std::string_view launcher,
                                                       const models::ParallelConfig& p,
                                                       std::string_view kernel) const override {
-    std::optional<LauncherSelection> s = CpImplementation::launcher_selection(launcher, p, kernel);
+    std::optional<LauncherSelection> s = CpScheme::launcher_selection(launcher, p, kernel);
     if (s && launcher == "untied-ulysses") {
       if (kernel != "fa2" && kernel != "fa3") {
         s->selects = "torch_ring_alltoall";
@@ -62,7 +62,7 @@ class Ring final : public WholeRingImplementation {
 
 }  // namespace
 
-const CpImplementation& ring() {
+const CpScheme& ring() {
   static const Ring kImplementation;
   return kImplementation;
 }

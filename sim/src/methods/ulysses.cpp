@@ -23,7 +23,7 @@
 namespace cpsim::sim::methods {
 namespace {
 
-class Ulysses final : public UlyssesSchemeImplementation {
+class Ulysses final : public UlyssesScheme {
  public:
   models::CpMethod id() const override { return models::CpMethod::kUlysses; }
   bool has_ulysses_part() const override { return true; }
@@ -67,7 +67,7 @@ class Ulysses final : public UlyssesSchemeImplementation {
   std::optional<LauncherSelection> launcher_selection(std::string_view launcher,
                                                       const models::ParallelConfig& p,
                                                       std::string_view kernel) const override {
-    std::optional<LauncherSelection> s = CpImplementation::launcher_selection(launcher, p, kernel);
+    std::optional<LauncherSelection> s = CpScheme::launcher_selection(launcher, p, kernel);
     if (s && launcher == "untied-ulysses") {
       s->notes.emplace_back(
           "the fork runs Ulysses as usp (yunchang LongContextAttention) with ring degree 1");
@@ -78,7 +78,7 @@ class Ulysses final : public UlyssesSchemeImplementation {
 
 }  // namespace
 
-const CpImplementation& ulysses() {
+const CpScheme& ulysses() {
   static const Ulysses kImplementation;
   return kImplementation;
 }

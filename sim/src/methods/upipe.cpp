@@ -23,7 +23,7 @@
 namespace cpsim::sim::methods {
 namespace {
 
-class UPipe final : public CpImplementation {
+class UPipe final : public CpScheme {
  public:
   models::CpMethod id() const override { return models::CpMethod::kUPipe; }
   bool has_ulysses_part() const override { return true; }
@@ -71,7 +71,7 @@ class UPipe final : public CpImplementation {
   }
 
   AttentionBuffers buffers(const ScheduleInputs& in, const HeadLayout& L) const override {
-    AttentionBuffers a = CpImplementation::buffers(in, L);
+    AttentionBuffers a = CpScheme::buffers(in, L);
     a.final_out_bytes =
         in.parallel.seq_len / L.cp * L.heads * in.model.head_dim * in.recipe.activation_bytes;
     return a;
@@ -158,7 +158,7 @@ class UPipe final : public CpImplementation {
 
 }  // namespace
 
-const CpImplementation& upipe() {
+const CpScheme& upipe() {
   static const UPipe kImplementation;
   return kImplementation;
 }

@@ -21,7 +21,7 @@
 namespace cpsim::sim::methods {
 namespace {
 
-class Usp final : public UlyssesSchemeImplementation {
+class Usp final : public UlyssesScheme {
  public:
   models::CpMethod id() const override { return models::CpMethod::kUsp; }
   bool has_ulysses_part() const override { return true; }
@@ -67,7 +67,7 @@ class Usp final : public UlyssesSchemeImplementation {
   std::optional<LauncherSelection> launcher_selection(std::string_view launcher,
                                                       const models::ParallelConfig& p,
                                                       std::string_view kernel) const override {
-    std::optional<LauncherSelection> s = CpImplementation::launcher_selection(launcher, p, kernel);
+    std::optional<LauncherSelection> s = CpScheme::launcher_selection(launcher, p, kernel);
     if (s && launcher == "megatron") {
       if (p.ring_degree == 1) {
         s->selects = "a2a";
@@ -83,7 +83,7 @@ class Usp final : public UlyssesSchemeImplementation {
 
 }  // namespace
 
-const CpImplementation& usp() {
+const CpScheme& usp() {
   static const Usp kImplementation;
   return kImplementation;
 }

@@ -1,5 +1,5 @@
 #pragma once
-/// @file The context-parallel implementations: one type per CP method (sim/src/methods/<name>.cpp)
+/// @file The context-parallel schemes: one type per CP method (sim/src/methods/<name>.cpp)
 /// that owns everything specific to it (validation, head layout and buffers, the attention ops of
 /// one layer, the sequence-length multiple, search candidates, labels, launchers), and the
 /// registry the simulator, planner and CLI iterate over. docs/ADDING_AN_IMPLEMENTATION.md says how
@@ -110,11 +110,13 @@ struct SearchSpace {
   std::optional<std::int64_t> seq_len;
 };
 
-/// One context-parallel method. Implementations are stateless and registered once
-/// (cp_implementations); everything method-specific lives behind this interface.
-class CpImplementation {
+/// The scheme of one context-parallel *method* (ulysses, upipe, ring, allgather, fpdt, usp): what
+/// the method does whatever code runs it. The upstream code that runs a method is an
+/// *implementation* (implementation.hpp). Schemes are stateless and registered once
+/// (cp_schemes); everything method-specific lives behind this interface.
+class CpScheme {
  public:
-  virtual ~CpImplementation() = default;
+  virtual ~CpScheme() = default;
   virtual models::CpMethod id() const = 0;
   const char* name() const { return models::to_string(id()); }
 
@@ -190,8 +192,8 @@ class CpImplementation {
 };
 
 /// Every implementation, in the order searches and `--method all` list them.
-std::span<const CpImplementation* const> cp_implementations();
+std::span<const CpScheme* const> cp_schemes();
 /// The implementation of `method` (every CpMethod has one).
-const CpImplementation& cp_implementation(models::CpMethod method);
+const CpScheme& cp_scheme(models::CpMethod method);
 
 }  // namespace cpsim::sim
