@@ -1,6 +1,7 @@
 #include "side_by_side.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -68,6 +69,21 @@ std::string error_text(const json& j) {
   return e.is_object() ? e.value("message", "") : e.get<std::string>();
 }
 
+// The table, its last column (the cost) dropped when no answer was priced.
+std::string table_without_cost_unless(bool with_cost,
+                                      std::vector<std::string> header,
+                                      std::vector<std::vector<std::string>> rows,
+                                      std::vector<bool> numeric) {
+  if (!with_cost) {
+    header.pop_back();
+    numeric.pop_back();
+    for (auto& r : rows) {
+      r.pop_back();
+    }
+  }
+  return format_table(header, rows, numeric);
+}
+
 std::string simulate_table(const std::vector<HardwareAnswer>& answers, bool with_cost) {
   std::vector<std::vector<std::string>> rows;
   for (const HardwareAnswer& a : answers) {
@@ -86,13 +102,7 @@ std::string simulate_table(const std::vector<HardwareAnswer>& answers, bool with
   std::vector<std::string> header = {"hardware", "method",   "step", "tok/s/GPU",  "MFU %",
                                      "peak GPU", "reserved", "fits", "cost/1B tok"};
   std::vector<bool> numeric = {false, false, true, true, true, true, true, false, true};
-  if (!with_cost) {
-    header.pop_back();
-    numeric.pop_back();
-    for (auto& r : rows)
-      r.pop_back();
-  }
-  return format_table(header, rows, numeric);
+  return table_without_cost_unless(with_cost, std::move(header), std::move(rows), numeric);
 }
 
 std::string maxlen_table(const std::vector<HardwareAnswer>& answers, bool with_cost) {
@@ -115,13 +125,7 @@ std::string maxlen_table(const std::vector<HardwareAnswer>& answers, bool with_c
   std::vector<std::string> header = {"hardware",  "method",   "max context", "step",
                                      "tok/s/GPU", "reserved", "bound by",    "cost/1B tok"};
   std::vector<bool> numeric = {false, false, true, true, true, true, false, true};
-  if (!with_cost) {
-    header.pop_back();
-    numeric.pop_back();
-    for (auto& r : rows)
-      r.pop_back();
-  }
-  return format_table(header, rows, numeric);
+  return table_without_cost_unless(with_cost, std::move(header), std::move(rows), numeric);
 }
 
 std::string plan_table(const std::vector<HardwareAnswer>& answers, bool with_cost) {
@@ -142,13 +146,7 @@ std::string plan_table(const std::vector<HardwareAnswer>& answers, bool with_cos
   std::vector<std::string> header = {"hardware",  "best configuration", "context",    "step",
                                      "tok/s/GPU", "peak GPU",           "cost/1B tok"};
   std::vector<bool> numeric = {false, false, true, true, true, true, true};
-  if (!with_cost) {
-    header.pop_back();
-    numeric.pop_back();
-    for (auto& r : rows)
-      r.pop_back();
-  }
-  return format_table(header, rows, numeric);
+  return table_without_cost_unless(with_cost, std::move(header), std::move(rows), numeric);
 }
 
 }  // namespace
