@@ -133,6 +133,28 @@ BindingConstraint binding_of(const Probe& p, std::int64_t seq) {
   return b;
 }
 
+// Bisection between `good` (passes; 0: none) and `bad` (fails), adjacent at the end: the last k
+// that passes and the first that fails, each with its report (`passes` must be monotone between).
+template <class At, class Passes>
+void bisect(std::int64_t& good,
+            sim::StepReport& good_report,
+            std::int64_t& bad,
+            sim::StepReport& bad_report,
+            const At& at,
+            const Passes& passes) {
+  while (bad - good > 1) {
+    const std::int64_t mid = good + (bad - good) / 2;
+    sim::StepReport r = at(mid);
+    if (passes(r)) {
+      good = mid;
+      good_report = std::move(r);
+    } else {
+      bad = mid;
+      bad_report = std::move(r);
+    }
+  }
+}
+
 /// The probes of one search: evaluated on demand (get), or ahead of demand by a helper thread
 /// (hint: the length the search will likely ask for next; enqueue: one it will certainly ask for;
 /// speculate: one it will ask for if its current guess at the answer holds). A hint for a length
@@ -492,17 +514,7 @@ void check_reserved(MaxLenResult& result,
     bad_report = std::move(r);
     stride *= 2;
   }
-  while (bad - good > 1) {
-    const std::int64_t mid = good + (bad - good) / 2;
-    sim::StepReport r = at(mid);
-    if (r.fits()) {
-      good = mid;
-      good_report = std::move(r);
-    } else {
-      bad = mid;
-      bad_report = std::move(r);
-    }
-  }
+  bisect(good, good_report, bad, bad_report, at, [](const sim::StepReport& r) { return r.fits(); });
   Probe failed;
   failed.report = std::move(bad_report);
   result.binding = binding_of(failed, bad * result.step);
@@ -783,18 +795,12 @@ void cap_step_time(MaxLenResult& result,
                    const std::function<sim::StepReport(std::int64_t)>& step_at) {
   std::int64_t lo = 0, hi = result.max_seq_len / result.step;  // hi: over the cap
   sim::StepReport at_lo, at_hi = result.at_max;
-  while (hi - lo > 1) {
-    const std::int64_t mid = lo + (hi - lo) / 2;
-    sim::StepReport r = step_at(mid);
+  auto probe = [&](std::int64_t k) {
     ++result.evaluations;
-    if (r.step_time_s <= cap_s) {
-      lo = mid;
-      at_lo = std::move(r);
-    } else {
-      hi = mid;
-      at_hi = std::move(r);
-    }
-  }
+    return step_at(k);
+  };
+  bisect(lo, at_lo, hi, at_hi, probe,
+         [cap_s](const sim::StepReport& r) { return r.step_time_s <= cap_s; });
   BindingConstraint b;
   b.kind = BindingConstraint::Kind::kStepTime;
   b.seq_len = hi * result.step;
