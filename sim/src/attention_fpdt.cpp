@@ -161,68 +161,6 @@ constexpr std::int64_t kRopeCalls = 2 * 5;
 // accumulators) with the next chunk's K/V and layernorm loads (F:1021-1026, 6).
 constexpr std::int64_t kProjBwdCalls = 3 * 2 + 3 * 3 + 3 * 2 + 2 + 6;
 
-/// Emits ops through one reused OpSpec, whose vectors keep their capacity from op to op.
-class Emitter {
- public:
-  explicit Emitter(Builder& b) : b_(b) {}
-  /// The spec of the next op, reset to `name` on `stream` with nothing attached.
-  OpSpec& next(std::int32_t name, Stream stream, OpKind kind, double time_s, double flops) {
-    s_.name_id = name;
-    s_.stream = stream;
-    s_.kind = kind;
-    s_.time_s = time_s;
-    s_.flops = flops;
-    s_.transfer_bytes = 0;
-    s_.workspace_bytes = 0;
-    s_.workspace_category = MemCategory::kOther;
-    s_.host_calls = 1;
-    s_.host_sync = false;
-    s_.inputs.clear();
-    s_.outputs.clear();
-    s_.deps.clear();
-    return s_;
-  }
-  OpSet emit() { return b_.op(s_); }
-  /// As StepBuilder::compute.
-  OpSet compute(std::int32_t name,
-                OpKind kind,
-                const KernelCost& k,
-                std::initializer_list<TensorSet> inputs,
-                std::initializer_list<TensorSet> outputs,
-                std::initializer_list<OpSet> deps = {},
-                std::int64_t workspace = 0,
-                MemCategory ws_cat = MemCategory::kOther) {
-    OpSpec& s = next(name, Stream::kCompute, kind, k.time_s, k.flops);
-    s.host_calls = k.host_calls;
-    s.inputs = inputs;
-    s.outputs = outputs;
-    s.deps = deps;
-    s.workspace_bytes = workspace;
-    s.workspace_category = ws_cat;
-    return emit();
-  }
-  /// As StepBuilder::host_copy, with its duration (CostModel::host_copy_s) given.
-  OpSet copy(std::int32_t name,
-             bool to_device,
-             std::int64_t bytes,
-             double time_s,
-             std::initializer_list<TensorSet> inputs,
-             std::initializer_list<TensorSet> outputs,
-             std::initializer_list<OpSet> deps = {}) {
-    OpSpec& s = next(name, to_device ? Stream::kH2D : Stream::kD2H,
-                     to_device ? OpKind::kCopyH2D : OpKind::kCopyD2H, time_s, 0.0);
-    s.transfer_bytes = bytes;
-    s.inputs = inputs;
-    s.outputs = outputs;
-    s.deps = deps;
-    return emit();
-  }
-
- private:
-  Builder& b_;
-  OpSpec s_;
-};
-
 /// Sets the host issue fields of the op just emitted on every simulated rank (ops appended last).
 class HostMarks {
  public:
@@ -284,7 +222,6 @@ class StepBuilder::FpdtPass {
         nc_(sb.n_ / chunk_),
         lc_(sb.s_ / nc_),
         offload_(sb.in_.parallel.fpdt_offload),
-        e_(sb.b_),
         host_(sb.w_,
               sb.b_.simulated_ranks(),
               sb.cost_.profile().host_issue,
@@ -298,14 +235,40 @@ class StepBuilder::FpdtPass {
     lse_bytes_ = hq_ * chunk_ * kFp32Bytes;
   }
 
+  // The step builder's op emitter, with the ids ChunkNames gives as names.
   TensorSet exchange(std::int32_t n, TensorSet in, std::int64_t bytes, LedgerSite site) {
     return sb_.exchange(Name::interned(n), in, bytes, site);
   }
+  OpSet compute(std::int32_t n,
+                OpKind kind,
+                const KernelCost& k,
+                ListRef<TensorSet> inputs,
+                ListRef<TensorSet> outputs,
+                ListRef<OpSet> deps = {},
+                std::int64_t workspace = 0,
+                MemCategory ws_cat = MemCategory::kOther) {
+    return sb_.compute(Name::interned(n), kind, k, inputs, outputs, deps, workspace, ws_cat);
+  }
+  OpSet copy(std::int32_t n,
+             bool to_device,
+             std::int64_t bytes,
+             ListRef<TensorSet> inputs,
+             ListRef<TensorSet> outputs,
+             ListRef<OpSet> deps = {}) {
+    return sb_.host_copy(Name::interned(n), to_device, bytes, inputs, outputs, deps);
+  }
+  /// The spec of the next op (StepBuilder::next_spec) with its cost; emit() emits it.
+  OpSpec& next(std::int32_t n, Stream stream, OpKind kind, double time_s, double flops) {
+    OpSpec& s = sb_.next_spec(Name::interned(n), stream, kind);
+    s.time_s = time_s;
+    s.flops = flops;
+    return s;
+  }
+  OpSet emit() { return sb_.b_.op(sb_.spec_); }
 
   StepBuilder& sb_;
   std::int64_t hq_, hkv_, d_, chunk_, nc_, lc_;
   bool offload_;
-  Emitter e_;
   HostMarks host_;
   // One chunk's local Q and K/V (before the all-to-all), head-sharded Q and K/V, and LSE.
   std::int64_t q_local_bytes_ = 0, kv_local_bytes_ = 0, q_h_bytes_ = 0, kv_h_bytes_ = 0,
@@ -334,7 +297,6 @@ class StepBuilder::FpdtForward : private StepBuilder::FpdtPass {
   bool grad_;
   std::int64_t attn_ws_;
   KernelCost full_block_, diag_block_, proj_, rope_, out_cast_, fill_;
-  double offload_kv_s_, fetch_kv_s_, offload_q_s_, offload_out_s_;
   ChunkNames name_;
   OpSet alloc_;
   std::vector<OpSet> fills_;
@@ -364,10 +326,6 @@ StepBuilder::FpdtForward::FpdtForward(StepBuilder& sb, SavedLayer& sv, TensorSet
                        RopeBackward::kNone);
   out_cast_ = sb.mem(chunk_ * hq_ * d * (kFp32Bytes + ab));
   fill_ = sb.mem(2 * q_local_bytes_);
-  offload_kv_s_ = sb.cost_.host_copy_s(kv_h_bytes_, false);
-  fetch_kv_s_ = sb.cost_.host_copy_s(kv_h_bytes_, true);
-  offload_q_s_ = sb.cost_.host_copy_s(q_h_bytes_, false);
-  offload_out_s_ = sb.cost_.host_copy_s(q_h_bytes_ + lse_bytes_, false);
   // The block's output and LSE before the merge, and the implementation's merge temporaries.
   attn_ws_ = chunk_ * hq_ * d * ab + lse_bytes_ + sb.ledger_bytes(LedgerSite::kCoreForward);
 }
@@ -388,16 +346,16 @@ void StepBuilder::FpdtForward::run() {
       if (offload_ && i + 1 < nc_) {
         fetch_first_of(i + 1);
       }
-      e_.compute(name_(kAttnDiag, 'c', i), OpKind::kAttentionFwd,
-                 sb_.with_traffic(diag_block_, LedgerSite::kCoreForward), {c.q_h, c.kv_h, acc}, {},
-                 {join}, attn_ws_, MemCategory::kAttention);
+      compute(name_(kAttnDiag, 'c', i), OpKind::kAttentionFwd,
+              sb_.with_traffic(diag_block_, LedgerSite::kCoreForward), {c.q_h, c.kv_h, acc}, {},
+              {join}, attn_ws_, MemCategory::kAttention);
       host_.mark(kFwdBlockCalls, true);
     } else {
       if (offload_ && i + 1 < nc_) {
         fetch_first_of(i + 1);
       }
-      e_.compute(name_(kAttnDiag, 'c', i), OpKind::kAttentionFwd, diag_block_, {c.q_h, c.kv_h},
-                 {acc}, {}, attn_ws_, MemCategory::kAttention);
+      compute(name_(kAttnDiag, 'c', i), OpKind::kAttentionFwd, diag_block_, {c.q_h, c.kv_h}, {acc},
+              {}, attn_ws_, MemCategory::kAttention);
       host_.mark(kFwdFirstBlockCalls, true);
     }
     finish_chunk(i, c.q_h, acc, offloaded);
@@ -420,11 +378,11 @@ StepBuilder::FpdtForward::ChunkQkv StepBuilder::FpdtForward::project(std::int64_
   const auto attention = MemCategory::kAttention;
   TensorSet q = sb_.b_.tensor(name_(kQ, 'c', i), q_local_bytes_, attention, false);
   TensorSet kvp = sb_.b_.tensor(name_(kKv, 'c', i), kv_local_bytes_, attention, false);
-  e_.compute(name_(kQkvProj, 'c', i), OpKind::kGemm, proj_, {sv_.xn, params_}, {q, kvp});
+  compute(name_(kQkvProj, 'c', i), OpKind::kGemm, proj_, {sv_.xn, params_}, {q, kvp});
   host_.mark(kProjCalls);
   TensorSet q_r = sb_.b_.tensor(name_(kQRope, 'c', i), q_local_bytes_, attention, false);
   TensorSet kv_r = sb_.b_.tensor(name_(kKvRope, 'c', i), kv_local_bytes_, attention, false);
-  e_.compute(name_(kRope, 'c', i), OpKind::kElementwise, rope_, {q, kvp}, {q_r, kv_r});
+  compute(name_(kRope, 'c', i), OpKind::kElementwise, rope_, {q, kvp}, {q_r, kv_r});
   host_.mark(kRopeCalls);
   ChunkQkv c;
   c.q_h = exchange(name_(kA2aQ, 'c', i), q_r, q_local_bytes_, LedgerSite::kQExchange);
@@ -444,13 +402,12 @@ OpSet StepBuilder::FpdtForward::offload(std::int64_t i, TensorSet q_h, TensorSet
   }
   const auto attention = MemCategory::kAttention;
   TensorSet kv_host = sb_.b_.tensor(name_(kKvHost, 'c', i), kv_h_bytes_, attention, true);
-  OpSet offloaded =
-      e_.copy(name_(kOffloadKv, 'c', i), false, kv_h_bytes_, offload_kv_s_, {kv_h}, {kv_host});
+  OpSet offloaded = copy(name_(kOffloadKv, 'c', i), false, kv_h_bytes_, {kv_h}, {kv_host});
   host_.mark(4);
   kv_store_.push_back(kv_host);
   if (grad_) {  // Q is kept for the backward (the copies run in order: the last one is enough)
     TensorSet q_host = sb_.b_.tensor(name_(kQHost, 'c', i), q_h_bytes_, attention, true);
-    offloaded = e_.copy(name_(kOffloadQ, 'c', i), false, q_h_bytes_, offload_q_s_, {q_h}, {q_host});
+    offloaded = copy(name_(kOffloadQ, 'c', i), false, q_h_bytes_, {q_h}, {q_host});
     host_.mark(2);
     sv_.chunk_q.push_back(q_host);
   }
@@ -463,8 +420,8 @@ OpSet StepBuilder::FpdtForward::offload(std::int64_t i, TensorSet q_h, TensorSet
 void StepBuilder::FpdtForward::fetch_first_of(std::int64_t chunk_index) {
   next_first_ = sb_.b_.tensor(name_(kKvBuffer0, 'c', chunk_index), kv_h_bytes_,
                               MemCategory::kAttention, false);
-  next_fetch_first_ = e_.copy(name_(kFetchKv0, 'c', chunk_index), true, kv_h_bytes_, fetch_kv_s_,
-                              {kv_store_[0]}, {next_first_});
+  next_fetch_first_ =
+      copy(name_(kFetchKv0, 'c', chunk_index), true, kv_h_bytes_, {kv_store_[0]}, {next_first_});
   host_.mark(0);  // load_to_gpu: counted with the blocks
 }
 
@@ -497,31 +454,31 @@ OpSet StepBuilder::FpdtForward::attend_earlier(std::int64_t i,
     if (i > 1) {
       rest = sb_.b_.tensor(name_(kKvBuffer1, 'c', i), kv_h_bytes_, attention, false);
       const std::int64_t bytes = (i - 1) * kv_h_bytes_;
-      OpSpec& s = e_.next(
-          name_(kFetchKvRest, i, [&] { return fmt::format("fetch_kv1..{}[c{}]", i - 1, i); }),
-          Stream::kH2D, OpKind::kCopyH2D, sb_.cost_.host_copy_s(bytes, true), 0.0);
+      OpSpec& s =
+          next(name_(kFetchKvRest, i, [&] { return fmt::format("fetch_kv1..{}[c{}]", i - 1, i); }),
+               Stream::kH2D, OpKind::kCopyH2D, sb_.cost_.host_copy_s(bytes, true), 0.0);
       s.transfer_bytes = bytes;
       s.inputs.assign(std::max(visible_begin, kv_store_.begin() + 1), visible_end);
       s.outputs = {rest};
       s.deps = {fetch_first};
-      fetch_rest = e_.emit();
+      fetch_rest = emit();
       host_.mark(0);
     }
-    prev = e_.compute(prev_name, OpKind::kAttentionFwd, prev_cost, {q_h, first}, {acc}, {},
-                      attn_ws_, attention);
+    prev = compute(prev_name, OpKind::kAttentionFwd, prev_cost, {q_h, first}, {acc}, {}, attn_ws_,
+                   attention);
     host_.mark(kFwdFirstBlockCalls, true);  // F:731-732 after every block
   } else {
-    OpSpec& s = e_.next(prev_name, Stream::kCompute, OpKind::kAttentionFwd, prev_cost.time_s,
-                        prev_cost.flops);
+    OpSpec& s =
+        next(prev_name, Stream::kCompute, OpKind::kAttentionFwd, prev_cost.time_s, prev_cost.flops);
     s.inputs = {q_h};
     s.inputs.insert(s.inputs.end(), visible_begin, visible_end);
     s.outputs = {acc};
     s.workspace_bytes = attn_ws_;
     s.workspace_category = attention;
-    prev = e_.emit();
+    prev = emit();
   }
-  const OpSet join = e_.compute(name_(kFetchJoin, 'c', i), OpKind::kElementwise, {0.0, 0.0}, {rest},
-                                {}, {prev, fetch_rest, offloaded});
+  const OpSet join = compute(name_(kFetchJoin, 'c', i), OpKind::kElementwise, {0.0, 0.0}, {rest},
+                             {}, {prev, fetch_rest, offloaded});
   host_.mark(0);
   return join;
 }
@@ -535,13 +492,12 @@ void StepBuilder::FpdtForward::finish_chunk(std::int64_t i,
   const auto attention = MemCategory::kAttention;
   TensorSet o_h = sb_.b_.tensor(name_(kOutH, 'c', i), q_h_bytes_, attention, false);
   TensorSet lse = sb_.b_.tensor(name_(kLse, 'c', i), lse_bytes_, attention, false);
-  e_.compute(name_(kOutCast, 'c', i), OpKind::kElementwise, out_cast_, {acc}, {o_h, lse},
-             {offloaded});
+  compute(name_(kOutCast, 'c', i), OpKind::kElementwise, out_cast_, {acc}, {o_h, lse}, {offloaded});
   host_.mark(3);
   TensorSet o_local =
       exchange(name_(kA2aOut, 'c', i), o_h, q_local_bytes_, LedgerSite::kOutExchange);
   fills_.push_back(
-      e_.compute(name_(kFillOut, 'c', i), OpKind::kElementwise, fill_, {o_local}, {}, {alloc_}));
+      compute(name_(kFillOut, 'c', i), OpKind::kElementwise, fill_, {o_local}, {}, {alloc_}));
   if (!grad_) {
     return;
   }
@@ -549,8 +505,8 @@ void StepBuilder::FpdtForward::finish_chunk(std::int64_t i,
   if (offload_) {
     TensorSet o_host =
         sb_.b_.tensor(name_(kOutHost, 'c', i), q_h_bytes_ + lse_bytes_, attention, true);
-    out_offloaded_ = e_.copy(name_(kOffloadOut, 'c', i), false, q_h_bytes_ + lse_bytes_,
-                             offload_out_s_, {o_h, lse}, {o_host});
+    out_offloaded_ =
+        copy(name_(kOffloadOut, 'c', i), false, q_h_bytes_ + lse_bytes_, {o_h, lse}, {o_host});
     host_.mark(4);
     sv_.chunk_o.push_back(o_host);
     sv_.chunk_lse.push_back(o_host);
@@ -592,7 +548,6 @@ class StepBuilder::FpdtBackward : private StepBuilder::FpdtPass {
   std::int64_t dq_bytes_, dkv_acc_bytes_, ws_, bundle_;
   KernelCost full_block_, diag_block_, slice_dout_, dkv_cast_, dq_slice_, dq_cast_, rope_bwd_,
       proj_bwd_;
-  double offload_dout_s_, fetch_kv_s_, fetch_bundle_s_, fetch_dq_s_;
   ChunkNames name_;
   TensorSet dxn_, dq_all_;
   std::vector<OpSet> dx_writes_;
@@ -633,10 +588,6 @@ StepBuilder::FpdtBackward::FpdtBackward(
   rope_bwd_ = sb.rope_cost(q_local_bytes_ / ab, rope_k, 2 * kv_local_bytes_ - 2 * ab * rope_k,
                            RopeBackward::kOwn);
   proj_bwd_ = sb.linear_bwd(lc_, (m.heads + 2 * m.kv_heads) * d, h);
-  offload_dout_s_ = sb.cost_.host_copy_s(q_h_bytes_, false);
-  fetch_kv_s_ = sb.cost_.host_copy_s(kv_h_bytes_, true);
-  fetch_bundle_s_ = sb.cost_.host_copy_s(bundle_, true);
-  fetch_dq_s_ = sb.cost_.host_copy_s(dq_bytes_, true);
 }
 
 InputGrad StepBuilder::FpdtBackward::run() {
@@ -661,14 +612,14 @@ void StepBuilder::FpdtBackward::send_douts() {
   dout_.assign(static_cast<std::size_t>(nc_), TensorSet{});
   for (std::int64_t i = 0; i < nc_; ++i) {
     TensorSet slice = sb_.b_.tensor(name_(kDoutSlice, 'c', i), q_local_bytes_, attention, false);
-    e_.compute(name_(kSliceDout, 'c', i), OpKind::kElementwise, slice_dout_, {d_o_}, {slice});
+    compute(name_(kSliceDout, 'c', i), OpKind::kElementwise, slice_dout_, {d_o_}, {slice});
     TensorSet do_h =
         exchange(name_(kA2aDout, 'c', i), slice, q_local_bytes_, LedgerSite::kDoutExchange);
     host_
         .sync_last();  // synchronize after the first (F:826), dist.barrier after the others (F:935)
     if (offload_) {
       TensorSet dout_host = sb_.b_.tensor(name_(kDoutHost, 'c', i), q_h_bytes_, attention, true);
-      e_.copy(name_(kOffloadDout, 'c', i), false, q_h_bytes_, offload_dout_s_, {do_h}, {dout_host});
+      copy(name_(kOffloadDout, 'c', i), false, q_h_bytes_, {do_h}, {dout_host});
       host_.mark(2);
       dout_[static_cast<std::size_t>(i)] = dout_host;
     } else {
@@ -685,8 +636,8 @@ void StepBuilder::FpdtBackward::send_douts() {
 void StepBuilder::FpdtBackward::fetch_kv(std::int64_t chunk_index) {
   next_kv_ = sb_.b_.tensor(name_(kKvFetched, 'k', chunk_index), kv_h_bytes_,
                            MemCategory::kAttention, false);
-  e_.copy(name_(kFetchKvBwd, 'k', chunk_index), true, kv_h_bytes_, fetch_kv_s_,
-          {at(sv_.chunk_kv, chunk_index)}, {next_kv_});
+  copy(name_(kFetchKvBwd, 'k', chunk_index), true, kv_h_bytes_, {at(sv_.chunk_kv, chunk_index)},
+       {next_kv_});
   host_.mark(0);  // load_to_gpu: counted with the projection backward
 }
 
@@ -710,20 +661,20 @@ StepBuilder::FpdtBackward::InnerLoop StepBuilder::FpdtBackward::inner_loop(std::
   TensorSet rest;
   if (offload_) {
     TensorSet first = sb_.b_.tensor(name_(kQBuffer0, 'k', j), bundle_, attention, false);
-    load_first = e_.copy(name_(kFetchQ0, 'k', j), true, bundle_, fetch_bundle_s_,
-                         {at(sv_.chunk_q, j), at(sv_.chunk_o, j), at(dout_, j), dq_all_}, {first});
+    load_first = copy(name_(kFetchQ0, 'k', j), true, bundle_,
+                      {at(sv_.chunk_q, j), at(sv_.chunk_o, j), at(dout_, j), dq_all_}, {first});
     host_.mark(0);
     ins_.push_back(first);
     if (pairs > 1) {
       rest = sb_.b_.tensor(name_(kQBuffer1, 'k', j), bundle_, attention, false);
       const std::int64_t bytes = (pairs - 1) * bundle_;
-      OpSpec& r = e_.next(name_(kFetchQRest, 'k', j), Stream::kH2D, OpKind::kCopyH2D,
-                          sb_.cost_.host_copy_s(bytes, true), 0.0);
+      OpSpec& r = next(name_(kFetchQRest, 'k', j), Stream::kH2D, OpKind::kCopyH2D,
+                       sb_.cost_.host_copy_s(bytes, true), 0.0);
       r.transfer_bytes = bytes;
       r.inputs = {last_dout_};  // query chunks j+1..: each one's own fetch frees it
       r.outputs = {rest};
       r.deps = {load_first};
-      load_rest = e_.emit();
+      load_rest = emit();
       host_.mark(0);
     }
   } else {
@@ -738,14 +689,14 @@ StepBuilder::FpdtBackward::InnerLoop StepBuilder::FpdtBackward::inner_loop(std::
       sb_.plus(diag_block_, sb_.times(full_block_, static_cast<double>(pairs - 1))),
       LedgerSite::kCoreBackward, static_cast<double>(pairs));
   k.time_s += host_.sync_gaps_s(pairs, kBwdBlockCalls);
-  OpSpec& b = e_.next(
-      name_(kAttnBwd, j, [&] { return fmt::format("attn_bwd[q{}..{}][k{}]", j, nc_ - 1, j); }),
-      Stream::kCompute, OpKind::kAttentionBwd, k.time_s, k.flops);
+  OpSpec& b =
+      next(name_(kAttnBwd, j, [&] { return fmt::format("attn_bwd[q{}..{}][k{}]", j, nc_ - 1, j); }),
+           Stream::kCompute, OpKind::kAttentionBwd, k.time_s, k.flops);
   b.inputs.assign(ins_.begin(), ins_.end());
   b.outputs = {loop.dkv_acc, loop.dq_block};
   b.workspace_bytes = ws_;
   b.workspace_category = attention;
-  const OpSet bwd = e_.emit();
+  const OpSet bwd = emit();
   // F:940-941 after every block: the gaps between the blocks are in its time; the last block's
   // synchronisation is the inner loop's below (F:962-963), after dQ's copies to the host are
   // issued (overwrite_to_cpu after each block, F:951).
@@ -753,15 +704,15 @@ StepBuilder::FpdtBackward::InnerLoop StepBuilder::FpdtBackward::inner_loop(std::
   if (offload_) {
     // dQ of each inner step goes back to its pinned buffer while the next step computes.
     const std::int64_t bytes = pairs * dq_bytes_;
-    OpSpec& back = e_.next(name_(kOffloadDq, 'k', j), Stream::kD2H, OpKind::kCopyD2H,
-                           sb_.cost_.host_copy_s(bytes, false), 0.0);
+    OpSpec& back = next(name_(kOffloadDq, 'k', j), Stream::kD2H, OpKind::kCopyD2H,
+                        sb_.cost_.host_copy_s(bytes, false), 0.0);
     back.transfer_bytes = bytes;
     back.deps = {load_first};
-    dq_back = e_.emit();
+    dq_back = emit();
     host_.mark(0);
   }
-  loop.join = e_.compute(name_(kInnerJoin, 'k', j), OpKind::kElementwise, {0.0, 0.0},
-                         {rest, loop.dq_block}, {}, {bwd, load_rest, dq_back});
+  loop.join = compute(name_(kInnerJoin, 'k', j), OpKind::kElementwise, {0.0, 0.0},
+                      {rest, loop.dq_block}, {}, {bwd, load_rest, dq_back});
   host_.mark(0, true);  // F:962-963
   return loop;
 }
@@ -772,34 +723,34 @@ void StepBuilder::FpdtBackward::gradients_of(std::int64_t j, const InnerLoop& lo
   const auto attention = MemCategory::kAttention;
   // dK/dV of chunk j are complete: back to sequence sharding and into the K/V projection.
   TensorSet dkv_h = sb_.b_.tensor(name_(kDkvH, 'k', j), kv_h_bytes_, attention, false);
-  e_.compute(name_(kDkvCast, 'k', j), OpKind::kElementwise, dkv_cast_, {loop.dkv_acc}, {dkv_h},
-             {loop.join});
+  compute(name_(kDkvCast, 'k', j), OpKind::kElementwise, dkv_cast_, {loop.dkv_acc}, {dkv_h},
+          {loop.join});
   host_.mark(2);
   TensorSet dkv =
       exchange(name_(kA2aDkv, 'k', j), dkv_h, kv_local_bytes_, LedgerSite::kDkvExchange);
   // dQ of chunk j received its last contribution in this outer iteration.
   TensorSet dq_j = sb_.b_.tensor(name_(kDqFinal, 'k', j), dq_bytes_, attention, false);
   if (offload_) {
-    e_.copy(name_(kFetchDq, 'k', j), true, dq_bytes_, fetch_dq_s_, {dq_all_}, {dq_j}, {loop.join});
+    copy(name_(kFetchDq, 'k', j), true, dq_bytes_, {dq_all_}, {dq_j}, {loop.join});
     host_.mark(0);
   } else {
-    e_.compute(name_(kDqSlice, 'k', j), OpKind::kElementwise, dq_slice_, {dq_all_}, {dq_j},
-               {loop.join});
+    compute(name_(kDqSlice, 'k', j), OpKind::kElementwise, dq_slice_, {dq_all_}, {dq_j},
+            {loop.join});
   }
   TensorSet dq_h = sb_.b_.tensor(name_(kDqH, 'k', j), q_h_bytes_, attention, false);
-  e_.compute(name_(kDqCast, 'k', j), OpKind::kElementwise, dq_cast_, {dq_j}, {dq_h});
+  compute(name_(kDqCast, 'k', j), OpKind::kElementwise, dq_cast_, {dq_j}, {dq_h});
   TensorSet dqs = exchange(name_(kA2aDq, 'k', j), dq_h, q_local_bytes_, LedgerSite::kDqExchange);
   host_.sync_last();  // general_offload_stream.synchronize() and dist.barrier() (F:983-985)
   TensorSet dq_r = sb_.b_.tensor(name_(kDqRope, 'k', j), q_local_bytes_, attention, false);
   TensorSet dkv_r = sb_.b_.tensor(name_(kDkvRope, 'k', j), kv_local_bytes_, attention, false);
-  e_.compute(name_(kRopeBwd, 'k', j), OpKind::kElementwise, rope_bwd_, {dqs, dkv}, {dq_r, dkv_r});
+  compute(name_(kRopeBwd, 'k', j), OpKind::kElementwise, rope_bwd_, {dqs, dkv}, {dq_r, dkv_r});
   host_.mark(kRopeCalls);
   if (offload_ && j + 1 < nc_) {
     fetch_kv(j + 1);
   }
   const OpSet previous = dx_writes_.back();
-  dx_writes_.push_back(e_.compute(name_(kQkvProjBwd, 'k', j), OpKind::kGemm, proj_bwd_,
-                                  {dq_r, dkv_r, sv_.xn, params_, grads_}, {}, {previous}));
+  dx_writes_.push_back(compute(name_(kQkvProjBwd, 'k', j), OpKind::kGemm, proj_bwd_,
+                               {dq_r, dkv_r, sv_.xn, params_, grads_}, {}, {previous}));
   host_.mark(kProjBwdCalls, true);  // F:1028-1029
 }
 

@@ -228,13 +228,24 @@ OpSet StepBuilder::host_copy(Name name,
                              TensorSet out,
                              ListRef<OpSet> deps,
                              MemoryPool pool) {
+  return host_copy(name, to_device, bytes, ListRef<TensorSet>{in}, ListRef<TensorSet>{out}, deps,
+                   pool);
+}
+
+OpSet StepBuilder::host_copy(Name name,
+                             bool to_device,
+                             std::int64_t bytes,
+                             ListRef<TensorSet> inputs,
+                             ListRef<TensorSet> outputs,
+                             ListRef<OpSet> deps,
+                             MemoryPool pool) {
   OpSpec& s = next_spec(name, to_device ? Stream::kH2D : Stream::kD2H,
                         to_device ? OpKind::kCopyH2D : OpKind::kCopyD2H);
   s.transfer_bytes = bytes;
   s.memory_pool = pool;
   s.time_s = cost_.host_copy_s(bytes, to_device);
-  s.inputs.push_back(in);
-  s.outputs.push_back(out);
+  s.inputs.assign(inputs.begin(), inputs.end());
+  s.outputs.assign(outputs.begin(), outputs.end());
   s.deps.assign(deps.begin(), deps.end());
   return b_.op(s);
 }

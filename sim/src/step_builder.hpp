@@ -164,11 +164,21 @@ class StepBuilder {
                         bool gather,
                         MemCategory cat = MemCategory::kOther,
                         ListRef<OpSet> deps = {});
+  /// A copy of `bytes` between host and device (H2D when `to_device`) on the copy stream of its
+  /// direction, timed by CostModel::host_copy_s; `out` is allocated when it starts.
   OpSet host_copy(Name name,
                   bool to_device,
                   std::int64_t bytes,
                   TensorSet in,
                   TensorSet out,
+                  ListRef<OpSet> deps = {},
+                  MemoryPool pool = MemoryPool::kByStream);
+  /// The same, reading and writing several tensors.
+  OpSet host_copy(Name name,
+                  bool to_device,
+                  std::int64_t bytes,
+                  ListRef<TensorSet> inputs,
+                  ListRef<TensorSet> outputs,
                   ListRef<OpSet> deps = {},
                   MemoryPool pool = MemoryPool::kByStream);
   KernelCost gemm(std::int64_t m, std::int64_t n, std::int64_t k) const;
