@@ -56,9 +56,10 @@ struct SimOptions {
   /// state (queues, running activities, pending events, relative to the block) is the previous
   /// block's shifted, and whose ops, tensors and collectives up to the last block but one are the
   /// previous ones shifted, the blocks in between are not simulated but added (times, busy
-  /// totals, memory deltas). Every reported number is the one the full run gives (engine.cpp,
-  /// "Fast-forward"), the allocation log included (the skipped blocks' entries are the block
-  /// before's, moved). Off with record_trace, which needs every op's interval.
+  /// totals, memory deltas). Every reported number is the one the full run gives
+  /// (engine_fast_forward.inc, "Fast-forward"), the allocation log included (the skipped blocks'
+  /// entries are the block before's, moved). Off with record_trace, which needs every op's
+  /// interval.
   bool fast_forward = true;
 };
 

@@ -149,8 +149,8 @@ struct Workload {
   /// (BuildOptions::repeat_layers).
   int repeated_blocks = 0;
   /// Where each instance of a block template begins, in program order, and which template it is
-  /// an instance of. Candidates for the engine's fast-forward over periodic blocks (engine.cpp
-  /// verifies the periodicity itself before relying on it).
+  /// an instance of. Candidates for the engine's fast-forward over periodic blocks
+  /// (engine_fast_forward.inc verifies the periodicity itself before relying on it).
   struct Instance {
     std::int32_t ops = 0, tensors = 0, edges = 0, collectives = 0;
     std::int32_t template_id = 0;  ///< kForwardBlock, kRecomputeBlock or kBackwardBlock
