@@ -60,7 +60,7 @@ std::int64_t StepBuilder::flash_bwd_workspace(std::int64_t nq,
   std::int64_t ws = nq * hq * d * kFp32Bytes + nq * hq * kFp32Bytes;
   if (hkv < hq) {
     if (r_.attention_kernel == "fa2") {
-      ws += 2 * nkv * hq * d * ab_;
+      ws += 2 * nkv * hq * d * shape_.activation_bytes;
     } else if (r_.attention_kernel == "fa3") {
       ws += 2 * nkv * hkv * d * kFp32Bytes;
     }
@@ -70,7 +70,7 @@ std::int64_t StepBuilder::flash_bwd_workspace(std::int64_t nq,
 
 CoreForward StepBuilder::core_forward(
     const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv) {
-  if (rg_ > 1) {
+  if (shape_.ring > 1) {
     return method_.gathers_kv() ? allgather_forward(tag, q_h, kv_h, hq, hkv)
                                 : ring_forward(tag, q_h, kv_h, hq, hkv);
   }
@@ -79,8 +79,10 @@ CoreForward StepBuilder::core_forward(
     // repeat_kv before SDPA: K/V expanded to the query heads, kept for backward in place of the
     // unexpanded ones (the expansion's backward sums the groups).
     TensorSet expanded =
-        b_.tensor("kv_repeated" + tag, nr_ * 2 * hq * d * ab_, MemCategory::kAttention);
-    compute("repeat_kv" + tag, OpKind::kElementwise, mem(nr_ * 2 * (hq + hkv) * d * ab_), {kv_h},
+        b_.tensor("kv_repeated" + tag, shape_.ring_tokens * 2 * hq * d * shape_.activation_bytes,
+                  MemCategory::kAttention);
+    compute("repeat_kv" + tag, OpKind::kElementwise,
+            mem(shape_.ring_tokens * 2 * (hq + hkv) * d * shape_.activation_bytes), {kv_h},
             {expanded});
     kv_h = expanded;
     hkv = hq;
@@ -89,14 +91,16 @@ CoreForward StepBuilder::core_forward(
   if (hkv == hq) {
     out.kv_used = kv_h;
   }
-  out.o_h = b_.tensor("attn_out_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
-  out.lse = b_.tensor("lse" + tag, hq * nr_ * kFp32Bytes, MemCategory::kAttention);
+  out.o_h = b_.tensor("attn_out_h" + tag, shape_.ring_tokens * hq * d * shape_.activation_bytes,
+                      MemCategory::kAttention);
+  out.lse = b_.tensor("lse" + tag, hq * shape_.ring_tokens * kFp32Bytes, MemCategory::kAttention);
   // The implementation's merge around the kernel (an fp32 copy of the output, ...) is workspace,
   // and its kernels' traffic time on the same op.
   compute("attn_fwd" + tag, OpKind::kAttentionFwd,
-          with_calls(
-              with_traffic(cost_.attention_fwd({nr_, nr_, hq, d, true}), LedgerSite::kCoreForward),
-              LedgerSite::kCoreForward),
+          with_calls(with_traffic(
+                         cost_.attention_fwd({shape_.ring_tokens, shape_.ring_tokens, hq, d, true}),
+                         LedgerSite::kCoreForward),
+                     LedgerSite::kCoreForward),
           {q_h, kv_h}, {out.o_h, out.lse}, {}, ledger_bytes(LedgerSite::kCoreForward),
           MemCategory::kAttention);
   return out;
@@ -110,31 +114,35 @@ CoreBackward StepBuilder::core_backward(const std::string& tag,
                                         TensorSet do_h,
                                         std::int64_t hq,
                                         std::int64_t hkv) {
-  if (rg_ > 1) {
+  if (shape_.ring > 1) {
     return method_.gathers_kv() ? allgather_backward(tag, q_h, kv_h, o_h, lse, do_h, hq, hkv)
                                 : ring_backward(tag, q_h, kv_h, o_h, lse, do_h, hq, hkv);
   }
   const std::int64_t d = m_.head_dim;
   CoreBackward out;
-  out.dq_h = b_.tensor("dq_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
-  out.dkv_h = b_.tensor("dkv_h" + tag, nr_ * 2 * hkv * d * ab_, MemCategory::kAttention);
-  std::int64_t ws = flash_bwd_workspace(nr_, nr_, hq, hkv);
+  out.dq_h = b_.tensor("dq_h" + tag, shape_.ring_tokens * hq * d * shape_.activation_bytes,
+                       MemCategory::kAttention);
+  out.dkv_h = b_.tensor("dkv_h" + tag, shape_.ring_tokens * 2 * hkv * d * shape_.activation_bytes,
+                        MemCategory::kAttention);
+  std::int64_t ws = flash_bwd_workspace(shape_.ring_tokens, shape_.ring_tokens, hq, hkv);
   if (r_.attention_kernel == "sdpa" && hkv < hq) {
-    ws += nr_ * 2 * hq * d * ab_;  // gradient of the repeated K/V before the group sum
+    ws += shape_.ring_tokens * 2 * hq * d *
+          shape_.activation_bytes;  // gradient of the repeated K/V before the group sum
   }
   ws += ledger_bytes(LedgerSite::kCoreBackward);
   compute("attn_bwd" + tag, OpKind::kAttentionBwd,
-          with_calls(
-              with_traffic(cost_.attention_bwd({nr_, nr_, hq, d, true}), LedgerSite::kCoreBackward),
-              LedgerSite::kCoreBackward),
+          with_calls(with_traffic(
+                         cost_.attention_bwd({shape_.ring_tokens, shape_.ring_tokens, hq, d, true}),
+                         LedgerSite::kCoreBackward),
+                     LedgerSite::kCoreBackward),
           {do_h, q_h, kv_h, o_h, lse}, {out.dq_h, out.dkv_h}, {}, ws, MemCategory::kAttention);
   if (const std::int64_t finish = ledger_bytes(LedgerSite::kGradFinish); finish > 0) {
     // The implementation's own gradient copies and casts after the kernel, while it still holds
     // what it saved (and the kernel's dQ/dK/dV, its inputs): new dQ and dK/dV come out. Time: the
     // traffic of its rows' kernels, then the casts back to the activation dtype that write the
     // outputs (fp32 read: twice the outputs' bytes, the outputs written: 3× their bytes).
-    const std::int64_t dq_bytes = nr_ * hq * d * ab_;
-    const std::int64_t dkv_bytes = nr_ * 2 * hkv * d * ab_;
+    const std::int64_t dq_bytes = shape_.ring_tokens * hq * d * shape_.activation_bytes;
+    const std::int64_t dkv_bytes = shape_.ring_tokens * 2 * hkv * d * shape_.activation_bytes;
     CoreBackward cast;
     cast.dq_h = b_.tensor("dq_cast" + tag, dq_bytes, MemCategory::kAttention);
     cast.dkv_h = b_.tensor("dkv_cast" + tag, dkv_bytes, MemCategory::kAttention);
@@ -158,20 +166,22 @@ std::vector<double> StepBuilder::ring_step_times(const RingSegment& seg,
   const bool zigzag = in_.parallel.ring_layout == models::RingLayout::kZigzag;
   // Online-softmax merge of the block into the fp32 accumulator (forward), or the addition of the
   // block's dQ/dK/dV into theirs (backward): read and write fp32 accumulators.
-  const double merge_s = cost_.memory_bound(3 * nr_ * hq * d * kFp32Bytes).time_s;
+  const double merge_s = cost_.memory_bound(3 * shape_.ring_tokens * hq * d * kFp32Bytes).time_s;
   auto cost = [&](const AttentionShape& shape) {
     return backward ? cost_.attention_bwd(shape) : cost_.attention_fwd(shape);
   };
   // The three shapes a step can have: causal (step 0), "source before me", "source after me".
-  const KernelCost diagonal = cost({nr_, nr_, hq, d, true});
-  const KernelCost before =
-      zigzag ? cost({nr_, nr_ / 2, hq, d, false}) : cost({nr_, nr_, hq, d, false});
-  const KernelCost after = zigzag ? cost({nr_ / 2, nr_, hq, d, false}) : KernelCost{};
+  const KernelCost diagonal = cost({shape_.ring_tokens, shape_.ring_tokens, hq, d, true});
+  const KernelCost before = zigzag
+                                ? cost({shape_.ring_tokens, shape_.ring_tokens / 2, hq, d, false})
+                                : cost({shape_.ring_tokens, shape_.ring_tokens, hq, d, false});
+  const KernelCost after =
+      zigzag ? cost({shape_.ring_tokens / 2, shape_.ring_tokens, hq, d, false}) : KernelCost{};
   auto of_position = [&](int i) -> KernelCost {
     if (step == 0)
       return diagonal;
-    const int j =
-        ((i - step) % static_cast<int>(rg_) + static_cast<int>(rg_)) % static_cast<int>(rg_);
+    const int j = ((i - step) % static_cast<int>(shape_.ring) + static_cast<int>(shape_.ring)) %
+                  static_cast<int>(shape_.ring);
     return j < i ? before : after;
   };
   auto seconds = [&](const KernelCost& k) { return k.flops > 0 ? k.time_s + merge_s : 0.0; };
@@ -197,7 +207,7 @@ std::vector<double> StepBuilder::ring_step_times(const RingSegment& seg,
 }
 
 std::vector<RingSegment> StepBuilder::ring_segments() const {
-  const auto steps = static_cast<int>(rg_);
+  const auto steps = static_cast<int>(shape_.ring);
   std::vector<RingSegment> out;
   if (merge_ring_ && steps >= 4) {
     return {{0, 1}, {1, steps - 2}, {steps - 1, 1}};
@@ -221,11 +231,13 @@ std::string step_label(const RingSegment& seg) {
 CoreForward StepBuilder::ring_forward(
     const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv) {
   const std::int64_t d = m_.head_dim;
-  const std::int64_t kv_bytes = nr_ * 2 * hkv * d * ab_;
-  TensorSet acc = b_.tensor("ring_out_acc" + tag, nr_ * hq * d * acc_bytes_ + hq * nr_ * kFp32Bytes,
-                            MemCategory::kAttention);
+  const std::int64_t kv_bytes = shape_.ring_tokens * 2 * hkv * d * shape_.activation_bytes;
+  TensorSet acc =
+      b_.tensor("ring_out_acc" + tag,
+                shape_.ring_tokens * hq * d * acc_bytes_ + hq * shape_.ring_tokens * kFp32Bytes,
+                MemCategory::kAttention);
   TensorSet cur = kv_h;
-  const auto steps = static_cast<int>(rg_);
+  const auto steps = static_cast<int>(shape_.ring);
   // Per-segment names, interned once per build (every layer asks for the same ones).
   const std::int32_t series = b_.name_series("ring_forward" + tag);
   auto ring_name = [&](int step, int slot, const auto& make) {
@@ -252,7 +264,7 @@ CoreForward StepBuilder::ring_forward(
         send.deps.push_back(previous);
       }
       b_.collective(send, Group::kRing, models::Collective::kSendRecv, cost_,
-                    kv_bytes / ab_ * r_.cp_comm_bytes, seg.steps);
+                    kv_bytes / shape_.activation_bytes * r_.cp_comm_bytes, seg.steps);
     }
     OpSpec& step = next_spec(
         Name::interned(ring_name(
@@ -272,7 +284,8 @@ CoreForward StepBuilder::ring_forward(
     // and send add.
     // Kept per earlier step: at step k the scheme itself holds blocks k and k + 1 and one merged
     // output, so code that keeps every step's block and output holds k − 1 more of each.
-    step.workspace_bytes = nr_ * hq * d * ab_ + hq * nr_ * kFp32Bytes +
+    step.workspace_bytes = shape_.ring_tokens * hq * d * shape_.activation_bytes +
+                           hq * shape_.ring_tokens * kFp32Bytes +
                            ledger_bytes(LedgerSite::kRingForwardStep) +
                            std::max(last - 1, 0) * ledger_bytes(LedgerSite::kRingForwardHeld);
     step.workspace_category = MemCategory::kAttention;
@@ -280,10 +293,12 @@ CoreForward StepBuilder::ring_forward(
     cur = next;
   }
   CoreForward out;
-  out.o_h = b_.tensor("attn_out_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
-  out.lse = b_.tensor("lse" + tag, hq * nr_ * kFp32Bytes, MemCategory::kAttention);
-  compute("ring_out_cast" + tag, OpKind::kElementwise, mem(nr_ * hq * d * (acc_bytes_ + ab_)),
-          {acc}, {out.o_h, out.lse}, {}, (steps - 1) * ledger_bytes(LedgerSite::kRingForwardHeld),
+  out.o_h = b_.tensor("attn_out_h" + tag, shape_.ring_tokens * hq * d * shape_.activation_bytes,
+                      MemCategory::kAttention);
+  out.lse = b_.tensor("lse" + tag, hq * shape_.ring_tokens * kFp32Bytes, MemCategory::kAttention);
+  compute("ring_out_cast" + tag, OpKind::kElementwise,
+          mem(shape_.ring_tokens * hq * d * (acc_bytes_ + shape_.activation_bytes)), {acc},
+          {out.o_h, out.lse}, {}, (steps - 1) * ledger_bytes(LedgerSite::kRingForwardHeld),
           MemCategory::kAttention);
   return out;
 }
@@ -297,13 +312,13 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
                                         std::int64_t hq,
                                         std::int64_t hkv) {
   const std::int64_t d = m_.head_dim;
-  const std::int64_t kv_bytes = nr_ * 2 * hkv * d * ab_;
-  const std::int64_t dkv_acc_bytes = nr_ * 2 * hkv * d * acc_bytes_;
-  TensorSet dq_acc =
-      b_.tensor("ring_dq_acc" + tag, nr_ * hq * d * acc_bytes_, MemCategory::kAttention);
+  const std::int64_t kv_bytes = shape_.ring_tokens * 2 * hkv * d * shape_.activation_bytes;
+  const std::int64_t dkv_acc_bytes = shape_.ring_tokens * 2 * hkv * d * acc_bytes_;
+  TensorSet dq_acc = b_.tensor("ring_dq_acc" + tag, shape_.ring_tokens * hq * d * acc_bytes_,
+                               MemCategory::kAttention);
   TensorSet dkv = b_.tensor("ring_dkv_acc0" + tag, dkv_acc_bytes, MemCategory::kAttention);
   TensorSet cur = kv_h;
-  const auto steps = static_cast<int>(rg_);
+  const auto steps = static_cast<int>(shape_.ring);
   // Per-segment names, interned once per build (every layer asks for the same ones).
   const std::int32_t series = b_.name_series("ring_backward" + tag);
   auto ring_name = [&](int step, int slot, const auto& make) {
@@ -327,7 +342,7 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
       send.inputs.push_back(cur);
       send.outputs.push_back(next);
       b_.collective(send, Group::kRing, models::Collective::kSendRecv, cost_,
-                    kv_bytes / ab_ * r_.cp_comm_bytes, seg.steps);
+                    kv_bytes / shape_.activation_bytes * r_.cp_comm_bytes, seg.steps);
     }
     OpSpec& step = next_spec(
         Name::interned(ring_name(
@@ -344,7 +359,8 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
       step.inputs.push_back(dkv);
     }
     // FlashAttention's fp32 dQ accumulator and row sums, and the block's dQ, dK, dV.
-    step.workspace_bytes = flash_bwd_workspace(nr_, nr_, hq, hkv) + nr_ * (hq + 2 * hkv) * d * ab_ +
+    step.workspace_bytes = flash_bwd_workspace(shape_.ring_tokens, shape_.ring_tokens, hq, hkv) +
+                           shape_.ring_tokens * (hq + 2 * hkv) * d * shape_.activation_bytes +
                            ledger_bytes(LedgerSite::kRingBackwardStep);
     step.workspace_category = MemCategory::kAttention;
     const OpSet computed = b_.op(step);
@@ -365,16 +381,18 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
     cur = next;
   }
   CoreBackward out;
-  if (acc_bytes_ == ab_) {
+  if (acc_bytes_ == shape_.activation_bytes) {
     // Accumulated in the activations' dtype: the accumulators are the gradients (no cast).
     out.dq_h = dq_acc;
     out.dkv_h = dkv;
     return out;
   }
-  out.dq_h = b_.tensor("dq_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
+  out.dq_h = b_.tensor("dq_h" + tag, shape_.ring_tokens * hq * d * shape_.activation_bytes,
+                       MemCategory::kAttention);
   out.dkv_h = b_.tensor("dkv_h" + tag, kv_bytes, MemCategory::kAttention);
   compute("ring_grad_cast" + tag, OpKind::kElementwise,
-          mem(nr_ * (hq + 2 * hkv) * d * (acc_bytes_ + ab_)), {dq_acc, dkv}, {out.dq_h, out.dkv_h});
+          mem(shape_.ring_tokens * (hq + 2 * hkv) * d * (acc_bytes_ + shape_.activation_bytes)),
+          {dq_acc, dkv}, {out.dq_h, out.dkv_h});
   return out;
 }
 
@@ -404,7 +422,8 @@ std::vector<double> StepBuilder::allgather_times(std::int64_t hq,
   const std::int64_t d = m_.head_dim;
   auto seconds = [&](int position, double* f) {
     double t = 0.0;
-    for (const AttentionShape& s : allgather_calls(in_.parallel, position, n_, rg_, hq, d)) {
+    for (const AttentionShape& s :
+         allgather_calls(in_.parallel, position, shape_.seq_tokens, shape_.ring, hq, d)) {
       const KernelCost k = backward ? cost_.attention_bwd(s) : cost_.attention_fwd(s);
       t += k.time_s;
       if (f != nullptr)
@@ -416,7 +435,7 @@ std::vector<double> StepBuilder::allgather_times(std::int64_t hq,
   (void)seconds(b_.position(Group::kRing, 0), flops);
   if (b_.simulated_ranks() < b_.ranks()) {
     double slowest = 0.0;  // representative rank: the slowest position (see ring_step_times)
-    for (int i = 0; i < static_cast<int>(rg_); ++i)
+    for (int i = 0; i < static_cast<int>(shape_.ring); ++i)
       slowest = std::max(slowest, seconds(i, nullptr));
     return {slowest};
   }
@@ -430,16 +449,17 @@ std::vector<double> StepBuilder::allgather_times(std::int64_t hq,
 CoreForward StepBuilder::allgather_forward(
     const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv) {
   const std::int64_t d = m_.head_dim;
-  const std::int64_t full_bytes = n_ * 2 * hkv * d * ab_;
+  const std::int64_t full_bytes = shape_.seq_tokens * 2 * hkv * d * shape_.activation_bytes;
   TensorSet kv_full = b_.tensor("kv_gathered" + tag, full_bytes, MemCategory::kAttention);
   OpSpec& ag = next_spec("allgather_kv" + tag, Stream::kComm, OpKind::kElementwise);
   ag.inputs.push_back(kv_h);
   ag.outputs.push_back(kv_full);
   b_.collective(ag, Group::kRing, models::Collective::kAllGather, cost_,
-                full_bytes / ab_ * r_.cp_comm_bytes);
+                full_bytes / shape_.activation_bytes * r_.cp_comm_bytes);
   CoreForward out;
-  out.o_h = b_.tensor("attn_out_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
-  out.lse = b_.tensor("lse" + tag, hq * nr_ * kFp32Bytes, MemCategory::kAttention);
+  out.o_h = b_.tensor("attn_out_h" + tag, shape_.ring_tokens * hq * d * shape_.activation_bytes,
+                      MemCategory::kAttention);
+  out.lse = b_.tensor("lse" + tag, hq * shape_.ring_tokens * kFp32Bytes, MemCategory::kAttention);
   OpSpec& fa = next_spec("attn_fwd" + tag, Stream::kCompute, OpKind::kAttentionFwd);
   fa.time_s_per_rank = allgather_times(hq, false, &fa.flops);
   fa.inputs.assign({q_h, kv_full});
@@ -457,29 +477,31 @@ CoreBackward StepBuilder::allgather_backward(const std::string& tag,
                                              std::int64_t hq,
                                              std::int64_t hkv) {
   const std::int64_t d = m_.head_dim;
-  const std::int64_t full_bytes = n_ * 2 * hkv * d * ab_;
+  const std::int64_t full_bytes = shape_.seq_tokens * 2 * hkv * d * shape_.activation_bytes;
   TensorSet kv_full = b_.tensor("kv_gathered(bwd)" + tag, full_bytes, MemCategory::kAttention);
   OpSpec& ag = next_spec("allgather_kv(bwd)" + tag, Stream::kComm, OpKind::kElementwise);
   ag.inputs.push_back(kv_h);
   ag.outputs.push_back(kv_full);
   b_.collective(ag, Group::kRing, models::Collective::kAllGather, cost_,
-                full_bytes / ab_ * r_.cp_comm_bytes);
+                full_bytes / shape_.activation_bytes * r_.cp_comm_bytes);
   CoreBackward out;
-  out.dq_h = b_.tensor("dq_h" + tag, nr_ * hq * d * ab_, MemCategory::kAttention);
+  out.dq_h = b_.tensor("dq_h" + tag, shape_.ring_tokens * hq * d * shape_.activation_bytes,
+                       MemCategory::kAttention);
   TensorSet dkv_full = b_.tensor("dkv_full" + tag, full_bytes, MemCategory::kAttention);
   OpSpec& fa = next_spec("attn_bwd" + tag, Stream::kCompute, OpKind::kAttentionBwd);
   fa.time_s_per_rank = allgather_times(hq, true, &fa.flops);
   fa.inputs.assign({do_h, q_h, kv_full, o_h, lse});
   fa.outputs.assign({out.dq_h, dkv_full});
-  fa.workspace_bytes = flash_bwd_workspace(nr_, n_, hq, hkv);
+  fa.workspace_bytes = flash_bwd_workspace(shape_.ring_tokens, shape_.seq_tokens, hq, hkv);
   fa.workspace_category = MemCategory::kAttention;
   b_.op(fa);
-  out.dkv_h = b_.tensor("dkv_h" + tag, nr_ * 2 * hkv * d * ab_, MemCategory::kAttention);
+  out.dkv_h = b_.tensor("dkv_h" + tag, shape_.ring_tokens * 2 * hkv * d * shape_.activation_bytes,
+                        MemCategory::kAttention);
   OpSpec& rs = next_spec("reducescatter_dkv" + tag, Stream::kComm, OpKind::kElementwise);
   rs.inputs.push_back(dkv_full);
   rs.outputs.push_back(out.dkv_h);
   b_.collective(rs, Group::kRing, models::Collective::kReduceScatter, cost_,
-                full_bytes / ab_ * r_.cp_comm_bytes);
+                full_bytes / shape_.activation_bytes * r_.cp_comm_bytes);
   return out;
 }
 

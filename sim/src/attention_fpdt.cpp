@@ -215,19 +215,19 @@ class StepBuilder::FpdtPass {
  protected:
   explicit FpdtPass(StepBuilder& sb)
       : sb_(sb),
-        hq_(sb.m_.heads / sb.u_),
-        hkv_(sb.layout_.kv_heads_eff / sb.u_),
+        hq_(sb.m_.heads / sb.shape_.ulysses),
+        hkv_(sb.layout_.kv_heads_eff / sb.shape_.ulysses),
         d_(sb.m_.head_dim),
         chunk_(sb.in_.parallel.fpdt_chunk),
-        nc_(sb.n_ / chunk_),
-        lc_(sb.s_ / nc_),
+        nc_(sb.shape_.seq_tokens / chunk_),
+        lc_(sb.shape_.local_tokens / nc_),
         offload_(sb.in_.parallel.fpdt_offload),
         host_(sb.w_,
               sb.b_.simulated_ranks(),
               sb.cost_.profile().host_issue,
               offload_ && sb.layout_.implementation != nullptr &&
                   sb.layout_.implementation->synchronised_fpdt_loop()) {
-    const std::int64_t ab = sb.ab_;
+    const std::int64_t ab = sb.shape_.activation_bytes;
     q_local_bytes_ = lc_ * sb.m_.heads * d_ * ab;
     kv_local_bytes_ = lc_ * 2 * sb.layout_.kv_heads_eff * d_ * ab;
     q_h_bytes_ = chunk_ * hq_ * d_ * ab;
@@ -313,7 +313,7 @@ StepBuilder::FpdtForward::FpdtForward(StepBuilder& sb, SavedLayer& sv, TensorSet
       grad_(grad),
       name_(sb.b_, "fpdt_forward", kFwdNames, kFwdStems) {
   const auto& m = sb.m_;
-  const std::int64_t h = m.hidden, d = d_, ab = sb.ab_;
+  const std::int64_t h = m.hidden, d = d_, ab = sb.shape_.activation_bytes;
   const KernelCost merge = sb.mem(3 * chunk_ * hq_ * d * kFp32Bytes);
   full_block_ = sb.plus(sb.cost_.attention_fwd({chunk_, chunk_, hq_, d, false}), merge);
   diag_block_ = sb.plus(sb.cost_.attention_fwd({chunk_, chunk_, hq_, d, true}), merge);
@@ -331,7 +331,9 @@ StepBuilder::FpdtForward::FpdtForward(StepBuilder& sb, SavedLayer& sv, TensorSet
 }
 
 void StepBuilder::FpdtForward::run() {
-  sv_.o = sb_.b_.tensor("fpdt_out", sb_.s_ * sb_.m_.heads * d_ * sb_.ab_, MemCategory::kAttention);
+  sv_.o = sb_.b_.tensor("fpdt_out",
+                        sb_.shape_.local_tokens * sb_.m_.heads * d_ * sb_.shape_.activation_bytes,
+                        MemCategory::kAttention);
   alloc_ = sb_.compute("fpdt_alloc_out", OpKind::kElementwise, {0.0, 0.0}, {}, {sv_.o});
   fills_.reserve(static_cast<std::size_t>(nc_));
   kv_store_.reserve(static_cast<std::size_t>(nc_));
@@ -566,7 +568,7 @@ StepBuilder::FpdtBackward::FpdtBackward(
       grads_(grads),
       name_(sb.b_, "fpdt_backward", kBwdNames, kBwdStems) {
   const auto& m = sb.m_;
-  const std::int64_t h = m.hidden, d = d_, ab = sb.ab_;
+  const std::int64_t h = m.hidden, d = d_, ab = sb.shape_.activation_bytes;
   dq_bytes_ = chunk_ * hq_ * d * kFp32Bytes;
   dkv_acc_bytes_ = chunk_ * 2 * hkv_ * d * kFp32Bytes;
   const KernelCost add = sb.mem(3 * (dq_bytes_ + dkv_acc_bytes_));
@@ -592,9 +594,11 @@ StepBuilder::FpdtBackward::FpdtBackward(
 
 InputGrad StepBuilder::FpdtBackward::run() {
   const std::int64_t h = sb_.m_.hidden;
-  dxn_ = sb_.b_.tensor("dxn", sb_.s_ * h * sb_.ab_, MemCategory::kOther);
-  dx_writes_ = {sb_.compute("fpdt_alloc_dx", OpKind::kElementwise, sb_.mem(sb_.s_ * h * sb_.ab_),
-                            {}, {dxn_})};
+  dxn_ = sb_.b_.tensor("dxn", sb_.shape_.local_tokens * h * sb_.shape_.activation_bytes,
+                       MemCategory::kOther);
+  dx_writes_ = {sb_.compute("fpdt_alloc_dx", OpKind::kElementwise,
+                            sb_.mem(sb_.shape_.local_tokens * h * sb_.shape_.activation_bytes), {},
+                            {dxn_})};
   dx_writes_.reserve(static_cast<std::size_t>(nc_) + 1);
   // dQ of every chunk accumulates in fp32: pinned host buffers when offloading, else on the GPU.
   dq_all_ = sb_.b_.tensor("dq_fp32_all", nc_ * dq_bytes_, MemCategory::kAttention, offload_);

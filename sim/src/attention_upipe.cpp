@@ -35,12 +35,14 @@ void StepBuilder::upipe_forward(SavedLayer& sv, TensorSet params) {
   const std::int64_t h = m_.hidden, d = m_.head_dim;
   const std::int64_t u = layout_.heads_per_stage;
   const std::int64_t f = layout_.kv_heads_per_fetch;
-  const std::int64_t q_local = u / u_;
-  const std::int64_t kv_local = f / u_;
-  const std::int64_t kv_bytes = s_ * 2 * f * d * ab_;
-  const std::int64_t q_bytes = s_ * u * d * ab_;
+  const std::int64_t q_local = u / shape_.ulysses;
+  const std::int64_t kv_local = f / shape_.ulysses;
+  const std::int64_t kv_bytes = shape_.local_tokens * 2 * f * d * shape_.activation_bytes;
+  const std::int64_t q_bytes = shape_.local_tokens * u * d * shape_.activation_bytes;
   // The full output is preallocated by the custom op and filled stage by stage.
-  sv.final_out = b_.tensor("final_out", s_ * m_.heads * d * ab_, MemCategory::kActivations);
+  sv.final_out =
+      b_.tensor("final_out", shape_.local_tokens * m_.heads * d * shape_.activation_bytes,
+                MemCategory::kActivations);
   OpSet alloc = compute("upipe_alloc_out", OpKind::kElementwise, {0.0, 0.0}, {}, {sv.final_out});
   TensorSet kv_h;
   std::vector<OpSet> fills;
@@ -51,18 +53,20 @@ void StepBuilder::upipe_forward(SavedLayer& sv, TensorSet params) {
     auto stage_name = [&](int slot) { return Name::interned(names(slot, 's', st)); };
     if (st % layout_.stages_per_kv_fetch == 0) {
       TensorSet kvp = b_.tensor(names(0, 's', st), kv_bytes, MemCategory::kAttention);
-      compute(stage_name(1), OpKind::kGemm, linear_fwd(s_, 2 * f / layout_.kv_replication * d, h),
+      compute(stage_name(1), OpKind::kGemm,
+              linear_fwd(shape_.local_tokens, 2 * f / layout_.kv_replication * d, h),
               {sv.xn, params}, {kvp});
       TensorSet kvr = b_.tensor(names(2, 's', st), kv_bytes, MemCategory::kAttention);
-      compute(stage_name(3), OpKind::kElementwise, rope_cost(0, s_ * f * d, 0, RopeBackward::kNone),
-              {kvp}, {kvr});
+      compute(stage_name(3), OpKind::kElementwise,
+              rope_cost(0, shape_.local_tokens * f * d, 0, RopeBackward::kNone), {kvp}, {kvr});
       kv_h = exchange(stage_name(4), kvr, kv_bytes, LedgerSite::kKvExchange);
     }
     TensorSet q = b_.tensor(names(5, 's', st), q_bytes, MemCategory::kAttention);
-    compute(stage_name(6), OpKind::kGemm, linear_fwd(s_, u * d, h), {sv.xn, params}, {q});
+    compute(stage_name(6), OpKind::kGemm, linear_fwd(shape_.local_tokens, u * d, h),
+            {sv.xn, params}, {q});
     TensorSet qr = b_.tensor(names(7, 's', st), q_bytes, MemCategory::kAttention);
-    compute(stage_name(8), OpKind::kElementwise, rope_cost(s_ * u * d, 0, 0, RopeBackward::kNone),
-            {q}, {qr});
+    compute(stage_name(8), OpKind::kElementwise,
+            rope_cost(shape_.local_tokens * u * d, 0, 0, RopeBackward::kNone), {q}, {qr});
     TensorSet q_h = exchange(stage_name(9), qr, q_bytes, LedgerSite::kQExchange);
     const CoreForward core = core_forward(tag, q_h, kv_h, q_local, kv_local);
     TensorSet o_s = exchange(stage_name(10), core.o_h, q_bytes, LedgerSite::kOutExchange);
@@ -71,8 +75,10 @@ void StepBuilder::upipe_forward(SavedLayer& sv, TensorSet params) {
     sv.lses.push_back(core.lse);
   }
   // Heads back to their natural order before the output projection (an indexed copy).
-  sv.o = b_.tensor("out_permuted", s_ * m_.heads * d * ab_, MemCategory::kActivations);
-  compute("permute_out", OpKind::kElementwise, mem(2 * s_ * m_.heads * d * ab_), {sv.final_out},
+  sv.o = b_.tensor("out_permuted", shape_.local_tokens * m_.heads * d * shape_.activation_bytes,
+                   MemCategory::kActivations);
+  compute("permute_out", OpKind::kElementwise,
+          mem(2 * shape_.local_tokens * m_.heads * d * shape_.activation_bytes), {sv.final_out},
           {sv.o}, fills);
 }
 
@@ -83,13 +89,15 @@ InputGrad StepBuilder::upipe_backward(const SavedLayer& sv,
   const std::int64_t h = m_.hidden, d = m_.head_dim;
   const std::int64_t u = layout_.heads_per_stage;
   const std::int64_t f = layout_.kv_heads_per_fetch;
-  const std::int64_t q_local = u / u_;
-  const std::int64_t kv_local = f / u_;
-  const std::int64_t kv_bytes = s_ * 2 * f * d * ab_;
-  const std::int64_t q_bytes = s_ * u * d * ab_;
+  const std::int64_t q_local = u / shape_.ulysses;
+  const std::int64_t kv_local = f / shape_.ulysses;
+  const std::int64_t kv_bytes = shape_.local_tokens * 2 * f * d * shape_.activation_bytes;
+  const std::int64_t q_bytes = shape_.local_tokens * u * d * shape_.activation_bytes;
   // dX accumulates the contributions of every stage's Q (and each fetch's K/V) projection.
-  TensorSet dxn = b_.tensor("dxn", s_ * h * ab_, MemCategory::kOther);
-  OpSet alloc = compute("upipe_alloc_dx", OpKind::kElementwise, mem(s_ * h * ab_), {}, {dxn});
+  TensorSet dxn =
+      b_.tensor("dxn", shape_.local_tokens * h * shape_.activation_bytes, MemCategory::kOther);
+  OpSet alloc = compute("upipe_alloc_dx", OpKind::kElementwise,
+                        mem(shape_.local_tokens * h * shape_.activation_bytes), {}, {dxn});
   std::vector<OpSet> dx_writes{alloc};
   TensorSet kv_h, dkv_acc;
   OpSet dkv_ready;
@@ -102,18 +110,20 @@ InputGrad StepBuilder::upipe_backward(const SavedLayer& sv,
     const bool fetch_end = (st + 1) % layout_.stages_per_kv_fetch == 0;
     if (fetch_start) {
       TensorSet kvp = b_.tensor(names(0, 's', st), kv_bytes, MemCategory::kAttention);
-      compute(stage_name(1), OpKind::kGemm, linear_fwd(s_, 2 * f / layout_.kv_replication * d, h),
+      compute(stage_name(1), OpKind::kGemm,
+              linear_fwd(shape_.local_tokens, 2 * f / layout_.kv_replication * d, h),
               {sv.xn, params}, {kvp});
       TensorSet kvr = b_.tensor(names(2, 's', st), kv_bytes, MemCategory::kAttention);
-      compute(stage_name(3), OpKind::kElementwise, rope_cost(0, s_ * f * d, 0, RopeBackward::kNone),
-              {kvp}, {kvr});
+      compute(stage_name(3), OpKind::kElementwise,
+              rope_cost(0, shape_.local_tokens * f * d, 0, RopeBackward::kNone), {kvp}, {kvr});
       kv_h = exchange(stage_name(4), kvr, kv_bytes, LedgerSite::kKvExchange);
     }
     TensorSet q = b_.tensor(names(5, 's', st), q_bytes, MemCategory::kAttention);
-    compute(stage_name(6), OpKind::kGemm, linear_fwd(s_, u * d, h), {sv.xn, params}, {q});
+    compute(stage_name(6), OpKind::kGemm, linear_fwd(shape_.local_tokens, u * d, h),
+            {sv.xn, params}, {q});
     TensorSet qr = b_.tensor(names(7, 's', st), q_bytes, MemCategory::kAttention);
-    compute(stage_name(8), OpKind::kElementwise, rope_cost(s_ * u * d, 0, 0, RopeBackward::kNone),
-            {q}, {qr});
+    compute(stage_name(8), OpKind::kElementwise,
+            rope_cost(shape_.local_tokens * u * d, 0, 0, RopeBackward::kNone), {q}, {qr});
     TensorSet q_h = exchange(stage_name(9), qr, q_bytes, LedgerSite::kQExchange);
     // The stage's slice of final_out and of dOut, to head-sharded layout.
     TensorSet o_slice = b_.tensor(names(10, 's', st), q_bytes, MemCategory::kAttention);
@@ -131,25 +141,27 @@ InputGrad StepBuilder::upipe_backward(const SavedLayer& sv,
       dkv_acc = g.dkv_h;
       dkv_ready = {};
     } else {
-      dkv_ready =
-          compute(stage_name(16), OpKind::kElementwise, mem(3 * nr_ * 2 * kv_local * d * ab_),
-                  {g.dkv_h, dkv_acc}, {}, {dkv_ready});
+      dkv_ready = compute(stage_name(16), OpKind::kElementwise,
+                          mem(3 * shape_.ring_tokens * 2 * kv_local * d * shape_.activation_bytes),
+                          {g.dkv_h, dkv_acc}, {}, {dkv_ready});
     }
     TensorSet dq = exchange(stage_name(17), dq_h, q_bytes, LedgerSite::kDqExchange);
     TensorSet dqr = b_.tensor(names(18, 's', st), q_bytes, MemCategory::kAttention);
     compute(stage_name(19), OpKind::kElementwise,
-            rope_cost(s_ * u * d, 0, 0, RopeBackward::kAutograd), {dq}, {dqr});
-    dx_writes.push_back(compute(stage_name(20), OpKind::kGemm, linear_bwd(s_, u * d, h),
+            rope_cost(shape_.local_tokens * u * d, 0, 0, RopeBackward::kAutograd), {dq}, {dqr});
+    dx_writes.push_back(compute(stage_name(20), OpKind::kGemm,
+                                linear_bwd(shape_.local_tokens, u * d, h),
                                 {dqr, sv.xn, params, grads}, {}, {dx_writes.back()}));
     if (fetch_end) {
       TensorSet dkv =
           exchange(stage_name(21), dkv_acc, kv_bytes, LedgerSite::kDkvExchange, {}, {dkv_ready});
       TensorSet dkvr = b_.tensor(names(22, 's', st), kv_bytes, MemCategory::kAttention);
       compute(stage_name(23), OpKind::kElementwise,
-              rope_cost(0, s_ * f * d, 0, RopeBackward::kAutograd), {dkv}, {dkvr});
-      dx_writes.push_back(compute(stage_name(24), OpKind::kGemm,
-                                  linear_bwd(s_, 2 * f / layout_.kv_replication * d, h),
-                                  {dkvr, sv.xn, params, grads}, {}, {dx_writes.back()}));
+              rope_cost(0, shape_.local_tokens * f * d, 0, RopeBackward::kAutograd), {dkv}, {dkvr});
+      dx_writes.push_back(
+          compute(stage_name(24), OpKind::kGemm,
+                  linear_bwd(shape_.local_tokens, 2 * f / layout_.kv_replication * d, h),
+                  {dkvr, sv.xn, params, grads}, {}, {dx_writes.back()}));
     }
   }
   // dxn is complete when the last projection backward has written it.

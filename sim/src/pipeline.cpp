@@ -216,7 +216,7 @@ PipelineShape pipeline_shape(const ScheduleInputs& in) {
                                    static_cast<double>(s.stage_layers);
   s.bubble_fraction = static_cast<double>(pp - 1) / (static_cast<double>(m) * v);
   s.step_slots = m + static_cast<double>(pp - 1) / v;
-  const std::int64_t sp_tokens = p.seq_len / (static_cast<std::int64_t>(p.cp_degree) * p.tp_degree);
+  const std::int64_t sp_tokens = p.local_seq() / p.tp_degree;
   s.p2p_bytes = sp_tokens * in.model.hidden * in.recipe.activation_bytes;  // b = 1 sequence
   s.p2p_span = p.gpus > p.gpus_per_node ? models::Span::kInterNode : models::Span::kIntraNode;
   return s;

@@ -343,7 +343,7 @@ std::string int32_index_violation(const ScheduleInputs& inputs, const HeadLayout
   const ScheduleInputs& in = rank_view(inputs, storage);
   constexpr std::int64_t kLimit = std::int64_t{1} << 31;
   const auto& m = in.model;
-  const std::int64_t s = in.parallel.seq_len / L.cp;
+  const std::int64_t s = in.parallel.local_seq();
   struct Indexed {
     const char* what;
     std::int64_t rows, cols;

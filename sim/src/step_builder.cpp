@@ -41,21 +41,14 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
          in.parallel.ring_degree,
          in.parallel.gpus_per_node,
          in.parallel.tp_degree),
-      w_(w) {
+      w_(w),
+      shape_(StepShape::of(in)) {
   params_ = models::count_parameters(m_);
-  n_ = in.parallel.seq_len;
-  c_ = in.parallel.cp_degree;
-  rg_ = in.parallel.ring_degree;
   merge_ring_ = merge_ring_steps && simulated_ranks < in.parallel.gpus;
   repeat_layers_ = repeat_layers;
-  u_ = c_ / rg_;
-  s_ = n_ / c_;
-  tp_ = in.parallel.tp_degree;
-  sp_ = s_ / tp_;
   tp_regather_ = layout_.implementation == nullptr || layout_.implementation->tp_regathers_inputs();
-  nr_ = n_ / rg_;
-  ab_ = r_.activation_bytes;
-  shards_ = r_.tiled_mlp_shards > 0 ? r_.tiled_mlp_shards : ceil_div(s_, m_.hidden);
+  shards_ =
+      r_.tiled_mlp_shards > 0 ? r_.tiled_mlp_shards : ceil_div(shape_.local_tokens, m_.hidden);
   rope_kernel_ = r_.rope_kernel;
   if (layout_.implementation != nullptr) {
     acc_bytes_ = layout_.implementation->ring_accumulator_bytes(in);
@@ -71,7 +64,7 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
           layout_.implementation->site_calls(static_cast<LedgerSite>(site), units);
     }
   }
-  tile_ = ceil_div(s_, shards_);
+  tile_ = ceil_div(shape_.local_tokens, shards_);
 }
 
 OpSpec& StepBuilder::next_spec(Name name, Stream stream, OpKind kind) {
@@ -116,7 +109,7 @@ OpSet StepBuilder::compute(Name name,
 
 TensorSet StepBuilder::exchange(
     Name name, TensorSet in, std::int64_t bytes, MemCategory cat, ListRef<OpSet> deps) {
-  if (u_ == 1) {
+  if (shape_.ulysses == 1) {
     return in;
   }
   const std::int32_t id = name.id(w_);
@@ -127,8 +120,8 @@ TensorSet StepBuilder::exchange(
   s.deps.assign(deps.begin(), deps.end());
   // Communication in a wider dtype than the activations (DeepSpeed's fp32 default) sends a cast
   // copy and receives into one: both live while the collective runs.
-  const std::int64_t wire_bytes = bytes / ab_ * r_.cp_comm_bytes;
-  if (r_.cp_comm_bytes != ab_) {
+  const std::int64_t wire_bytes = bytes / shape_.activation_bytes * r_.cp_comm_bytes;
+  if (r_.cp_comm_bytes != shape_.activation_bytes) {
     s.workspace_bytes = 2 * wire_bytes;
     s.workspace_category = cat;
   }
@@ -144,12 +137,12 @@ TensorSet StepBuilder::exchange(Name name,
                                 ListRef<OpSet> deps) {
   const std::int64_t extra = ledger_bytes(site);
   const std::int64_t traffic = ledger_traffic(site);
-  if (u_ == 1 && extra == 0 && held.size() == 0) {
+  if (shape_.ulysses == 1 && extra == 0 && held.size() == 0) {
     return in;
   }
   const std::int32_t id = name.id(w_);
   TensorSet out = b_.tensor(id, bytes, MemCategory::kAttention, false);
-  if (u_ == 1) {
+  if (shape_.ulysses == 1) {
     // The wrapper copies even without peers: a local copy with its transients and the traffic of
     // the wrapper's copies (or, with nothing to copy, an empty op that keeps `held` alive).
     std::vector<TensorSet> inputs(held.begin(), held.end());
@@ -187,9 +180,9 @@ TensorSet StepBuilder::exchange(Name name,
   if (copied.valid()) {
     s.deps.push_back(copied);
   }
-  const std::int64_t wire_bytes = bytes / ab_ * r_.cp_comm_bytes;
+  const std::int64_t wire_bytes = bytes / shape_.activation_bytes * r_.cp_comm_bytes;
   s.workspace_bytes = extra;
-  if (r_.cp_comm_bytes != ab_) {
+  if (r_.cp_comm_bytes != shape_.activation_bytes) {
     s.workspace_bytes += 2 * wire_bytes;  // the cast copy and the wider receive buffer (above)
   }
   s.workspace_category = MemCategory::kAttention;
@@ -206,11 +199,12 @@ TensorSet StepBuilder::exchange(Name name,
 // TorchTitan without async TP (off by default) run them.
 TensorSet StepBuilder::tp_exchange(
     const char* name, TensorSet in, bool gather, MemCategory cat, ListRef<OpSet> deps) {
-  if (tp_ == 1) {
+  if (shape_.tp == 1) {
     return in;
   }
-  const std::int64_t full_bytes = s_ * m_.hidden * ab_;
-  TensorSet out = b_.tensor(name, gather ? full_bytes : sp_ * m_.hidden * ab_, cat);
+  const std::int64_t full_bytes = shape_.local_tokens * m_.hidden * shape_.activation_bytes;
+  TensorSet out = b_.tensor(
+      name, gather ? full_bytes : shape_.sp_tokens * m_.hidden * shape_.activation_bytes, cat);
   OpSpec& s = next_spec(name, Stream::kComm, OpKind::kElementwise);
   s.inputs.push_back(in);
   s.outputs.push_back(out);
@@ -327,7 +321,7 @@ KernelCost StepBuilder::norm_cost(std::int64_t elements,
   if (r_.norm_kernel != models::NormKernel::kEager) {
     return norm_calls(mem(single_pass_bytes), backward);
   }
-  const std::int64_t a = ab_;
+  const std::int64_t a = shape_.activation_bytes;
   const std::int64_t fp32 = kFp32Bytes;
   const std::vector<std::int64_t> forward = {a + fp32, 2 * fp32, fp32, 2 * fp32, fp32 + a, 2 * a};
   const std::vector<std::int64_t> backward_kernels = {
@@ -349,12 +343,15 @@ KernelCost StepBuilder::norm_cost(std::int64_t elements,
 // = 470 MB), silu_backward 32 at 180 us (704 MB). Otherwise one kernel of 3a (forward) and 6a.
 KernelCost StepBuilder::swiglu_cost(std::int64_t elements, bool backward) const {
   if (r_.mlp_kernel != models::MlpKernel::kEager) {
-    return mem((backward ? 6 : 3) * elements * ab_);
+    return mem((backward ? 6 : 3) * elements * shape_.activation_bytes);
   }
   if (!backward) {
-    return plus(mem(2 * ab_ * elements), mem(3 * ab_ * elements));
+    return plus(mem(2 * shape_.activation_bytes * elements),
+                mem(3 * shape_.activation_bytes * elements));
   }
-  return plus(plus(mem(3 * ab_ * elements), mem(3 * ab_ * elements)), mem(3 * ab_ * elements));
+  return plus(plus(mem(3 * shape_.activation_bytes * elements),
+                   mem(3 * shape_.activation_bytes * elements)),
+              mem(3 * shape_.activation_bytes * elements));
 }
 // RoPE (models/recipe.hpp, RopeKernel; the implementation's when it runs its own, e.g. the UPipe
 // op's Triton kernel). Sources: REFERENCES.md [HF-transformers], [DeepSpeed], [PyTorch-autograd],
@@ -388,7 +385,7 @@ KernelCost StepBuilder::rope_cost(std::int64_t q_elements,
                                   std::int64_t k_elements,
                                   std::int64_t pass_bytes,
                                   RopeBackward backward) const {
-  const std::int64_t a = ab_;
+  const std::int64_t a = shape_.activation_bytes;
   const std::int64_t fp32 = kFp32Bytes;
   if (rope_kernel_ == models::RopeKernel::kFused) {
     return mem(2 * a * (q_elements + k_elements) + pass_bytes);
@@ -429,7 +426,7 @@ std::int64_t StepBuilder::norm_workspace() const {
   if (r_.norm_kernel == models::NormKernel::kFused) {
     return 0;
   }
-  const std::int64_t rows = r_.tiled_norm ? std::min(tile_, sp_) : sp_;
+  const std::int64_t rows = r_.tiled_norm ? std::min(tile_, shape_.sp_tokens) : shape_.sp_tokens;
   return rows * m_.hidden * 2 * kFp32Bytes;
 }
 
@@ -440,7 +437,7 @@ std::int64_t StepBuilder::norm_saved_bytes(std::int64_t rows, std::int64_t width
   if (r_.norm_kernel != models::NormKernel::kEager || r_.tiled_norm) {
     return 0;
   }
-  return rows * width * (kFp32Bytes + ab_);
+  return rows * width * (kFp32Bytes + shape_.activation_bytes);
 }
 
 OpSet StepBuilder::gather_params(Name name,
@@ -575,33 +572,39 @@ OpSet StepBuilder::reduce_grads(
 TensorSet StepBuilder::mlp_forward(SavedLayer& sv, TensorSet h1n, TensorSet params, bool grad) {
   const std::int64_t h = m_.hidden;
   const std::int64_t f = m_.ffn_hidden;
-  TensorSet mlp_out = b_.tensor("mlp_out", s_ * h * ab_, MemCategory::kOther);
+  TensorSet mlp_out =
+      b_.tensor("mlp_out", shape_.local_tokens * h * shape_.activation_bytes, MemCategory::kOther);
   if (r_.tiled_mlp) {
     // Tiles of `tile_` tokens; only one tile's intermediates (gate, up, act) are live at a time.
     const KernelCost one =
-        plus(plus(gemm(tile_, 2 * f, h), mem(4 * tile_ * f * ab_)), gemm(tile_, h, f));
+        plus(plus(gemm(tile_, 2 * f, h), mem(4 * tile_ * f * shape_.activation_bytes)),
+             gemm(tile_, h, f));
     compute(fmt::format("mlp_tiled[{}]", shards_), OpKind::kGemm,
             times(one, static_cast<double>(shards_)), {h1n, params}, {mlp_out}, {},
-            3 * tile_ * f * ab_);
+            3 * tile_ * f * shape_.activation_bytes);
   } else {
-    TensorSet gate_up = b_.tensor("gate_up", s_ * 2 * f * ab_, MemCategory::kActivations);
-    compute("mlp_gate_up", OpKind::kGemm, linear_fwd(s_, 2 * f, h, grad), {h1n, params}, {gate_up});
-    TensorSet act = b_.tensor("mlp_act", s_ * f * ab_, MemCategory::kActivations);
+    TensorSet gate_up = b_.tensor("gate_up", shape_.local_tokens * 2 * f * shape_.activation_bytes,
+                                  MemCategory::kActivations);
+    compute("mlp_gate_up", OpKind::kGemm, linear_fwd(shape_.local_tokens, 2 * f, h, grad),
+            {h1n, params}, {gate_up});
+    TensorSet act = b_.tensor("mlp_act", shape_.local_tokens * f * shape_.activation_bytes,
+                              MemCategory::kActivations);
     std::vector<TensorSet> act_out = {act};
     if (grad && r_.mlp_kernel == models::MlpKernel::kEager) {
       // silu(gate), kept by the product for its backward.
-      sv.mlp_silu = b_.tensor("mlp_silu", s_ * f * ab_, MemCategory::kActivations);
+      sv.mlp_silu = b_.tensor("mlp_silu", shape_.local_tokens * f * shape_.activation_bytes,
+                              MemCategory::kActivations);
       act_out.push_back(sv.mlp_silu);
     }
-    compute("mlp_act", OpKind::kElementwise, swiglu_cost(s_ * f, false), {gate_up},
+    compute("mlp_act", OpKind::kElementwise, swiglu_cost(shape_.local_tokens * f, false), {gate_up},
             std::move(act_out));
     std::vector<TensorSet> down_out = {mlp_out};
     TensorSet act_kept = act;
     if (r_.fp8 && grad) {
-      act_kept = b_.tensor("mlp_act_fp8", s_ * f, MemCategory::kActivations);
+      act_kept = b_.tensor("mlp_act_fp8", shape_.local_tokens * f, MemCategory::kActivations);
       down_out.push_back(act_kept);
     }
-    compute("mlp_down", OpKind::kGemm, linear_fwd(s_, h, f, grad), {act, params},
+    compute("mlp_down", OpKind::kGemm, linear_fwd(shape_.local_tokens, h, f, grad), {act, params},
             std::move(down_out));
     if (grad) {
       sv.gate_up = gate_up;
@@ -613,19 +616,20 @@ TensorSet StepBuilder::mlp_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
 
 SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) {
   const std::int64_t h = m_.hidden;
-  const std::int64_t act_bytes = sp_ * h * ab_;
+  const std::int64_t act_bytes = shape_.sp_tokens * h * shape_.activation_bytes;
   const MemCategory gathered_cat =
       grad && !tp_regather_ ? MemCategory::kActivations : MemCategory::kOther;
   SavedLayer sv;
   sv.x = x;
   sv.xn = b_.tensor("xn", act_bytes, MemCategory::kActivations);
   std::vector<TensorSet> norm1_out = {sv.xn};
-  if (const std::int64_t saved = norm_saved_bytes(sp_, h); saved > 0 && grad) {
+  if (const std::int64_t saved = norm_saved_bytes(shape_.sp_tokens, h); saved > 0 && grad) {
     sv.norm1_saved = b_.tensor("norm1_saved", saved, MemCategory::kActivations);
     norm1_out.push_back(sv.norm1_saved);
   }
-  sv.first_op = compute("norm1", OpKind::kElementwise, norm_cost(sp_ * h, 2 * act_bytes, false),
-                        {x}, norm1_out, {}, norm_workspace());
+  sv.first_op =
+      compute("norm1", OpKind::kElementwise, norm_cost(shape_.sp_tokens * h, 2 * act_bytes, false),
+              {x}, norm1_out, {}, norm_workspace());
   const TensorSet xn_sp = sv.xn;
   sv.xn = tp_exchange("tp_ag.xn", xn_sp, true, gathered_cat);
   method_.attention_forward(*this, sv, params, grad);
@@ -633,7 +637,8 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
     sv.xn = xn_sp;  // the backward gathers it again
   }
   // Output projection and residual.
-  TensorSet attn_out = b_.tensor("attn_out", s_ * h * ab_, MemCategory::kOther);
+  TensorSet attn_out =
+      b_.tensor("attn_out", shape_.local_tokens * h * shape_.activation_bytes, MemCategory::kOther);
   // FP8 (TransformerEngine Linear, linear.py:595-616 @ d0067d0): each Linear saves the column-wise
   // FP8 copy of its input for wgrad, 1 byte per element, and not its bf16 input. The output
   // projection's input is also the attention's saved output (kept in bf16 as before): its FP8
@@ -642,22 +647,22 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
   // which TransformerEngine's LayerNormLinear keeps in FP8 only) stay in bf16 here.
   std::vector<TensorSet> o_proj_out = {attn_out};
   if (r_.fp8 && grad) {
-    sv.o_fp8 = b_.tensor("o_fp8", s_ * m_.q_width(), MemCategory::kActivations);
+    sv.o_fp8 = b_.tensor("o_fp8", shape_.local_tokens * m_.q_width(), MemCategory::kActivations);
     o_proj_out.push_back(sv.o_fp8);
   }
-  compute("o_proj", OpKind::kGemm, linear_fwd(s_, h, m_.q_width(), grad), {sv.o, params},
-          std::move(o_proj_out), {sv.attn_ready});
+  compute("o_proj", OpKind::kGemm, linear_fwd(shape_.local_tokens, h, m_.q_width(), grad),
+          {sv.o, params}, std::move(o_proj_out), {sv.attn_ready});
   attn_out = tp_exchange("tp_rs.attn_out", attn_out, false);
   sv.h1 = b_.tensor("h1", act_bytes, MemCategory::kActivations);
   compute("residual1", OpKind::kElementwise, mem(3 * act_bytes), {x, attn_out}, {sv.h1});
   sv.h1n = b_.tensor("h1n", act_bytes, MemCategory::kActivations);
   std::vector<TensorSet> norm2_out = {sv.h1n};
-  if (const std::int64_t saved = norm_saved_bytes(sp_, h); saved > 0 && grad) {
+  if (const std::int64_t saved = norm_saved_bytes(shape_.sp_tokens, h); saved > 0 && grad) {
     sv.norm2_saved = b_.tensor("norm2_saved", saved, MemCategory::kActivations);
     norm2_out.push_back(sv.norm2_saved);
   }
-  compute("norm2", OpKind::kElementwise, norm_cost(sp_ * h, 2 * act_bytes, false), {sv.h1},
-          norm2_out, {}, norm_workspace());
+  compute("norm2", OpKind::kElementwise, norm_cost(shape_.sp_tokens * h, 2 * act_bytes, false),
+          {sv.h1}, norm2_out, {}, norm_workspace());
   const TensorSet h1n = tp_exchange("tp_ag.h1n", sv.h1n, true, gathered_cat);
   if (!tp_regather_) {
     sv.h1n = h1n;
@@ -676,19 +681,22 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
 TensorSet StepBuilder::mlp_backward(
     const SavedLayer& sv, TensorSet dy_full, TensorSet h1n, TensorSet params, TensorSet grads) {
   const std::int64_t h = m_.hidden, f = m_.ffn_hidden;
-  TensorSet dh1n = b_.tensor("dh1n", s_ * h * ab_, MemCategory::kOther);
+  TensorSet dh1n =
+      b_.tensor("dh1n", shape_.local_tokens * h * shape_.activation_bytes, MemCategory::kOther);
   if (r_.tiled_mlp) {
     // Per tile: recompute gate/up and activation, then dgrad and wgrad of both GEMMs.
     const KernelCost fwd =
-        plus(plus(gemm(tile_, 2 * f, h), mem(4 * tile_ * f * ab_)), gemm(tile_, h, f));
-    const KernelCost bwd =
-        plus(times(plus(gemm(tile_, 2 * f, h), gemm(tile_, h, f)), 2.0), mem(6 * tile_ * f * ab_));
+        plus(plus(gemm(tile_, 2 * f, h), mem(4 * tile_ * f * shape_.activation_bytes)),
+             gemm(tile_, h, f));
+    const KernelCost bwd = plus(times(plus(gemm(tile_, 2 * f, h), gemm(tile_, h, f)), 2.0),
+                                mem(6 * tile_ * f * shape_.activation_bytes));
     compute(fmt::format("mlp_tiled_bwd[{}]", shards_), OpKind::kGemm,
             times(plus(fwd, bwd), static_cast<double>(shards_)), {dy_full, h1n, params},
-            {dh1n, grads}, {}, 6 * tile_ * f * ab_);
+            {dh1n, grads}, {}, 6 * tile_ * f * shape_.activation_bytes);
   } else {
     const KernelCost bwd =
-        plus(plus(linear_bwd(s_, 2 * f, h), linear_bwd(s_, h, f)), swiglu_cost(s_ * f, true));
+        plus(plus(linear_bwd(shape_.local_tokens, 2 * f, h), linear_bwd(shape_.local_tokens, h, f)),
+             swiglu_cost(shape_.local_tokens * f, true));
     std::vector<TensorSet> kept = {dy_full, h1n, sv.gate_up, sv.act, params};
     if (sv.mlp_silu.valid()) {
       kept.push_back(sv.mlp_silu);
@@ -696,21 +704,24 @@ TensorSet StepBuilder::mlp_backward(
     // Gradients held at once: the product's, then dgate and dup (3f); Liger writes the latter two
     // over gate and up, leaving only the product's (f).
     const std::int64_t grads_f = r_.mlp_kernel == models::MlpKernel::kFused ? 1 : 3;
-    if (tp_ > 1 && tp_regather_) {
+    if (shape_.tp > 1 && tp_regather_) {
       // Megatron: down's dgrad and wgrad, the activation's backward and gate/up's dgrad; then
       // gate/up's wgrad (reading the gathered h1n) while dh1n is reduce-scattered. dgate/dup
       // (2f, none extra for Liger's in-place kernel) live until that wgrad.
       kept.erase(std::find(kept.begin(), kept.end(), h1n));
       const TensorSet dgate_up =
-          b_.tensor("dgate_up", (grads_f - 1) * s_ * f * ab_, MemCategory::kOther);
-      const KernelCost dgrad =
-          plus(plus(linear_bwd(s_, h, f), linear_dgrad(s_, 2 * f, h)), swiglu_cost(s_ * f, true));
+          b_.tensor("dgate_up", (grads_f - 1) * shape_.local_tokens * f * shape_.activation_bytes,
+                    MemCategory::kOther);
+      const KernelCost dgrad = plus(
+          plus(linear_bwd(shape_.local_tokens, h, f), linear_dgrad(shape_.local_tokens, 2 * f, h)),
+          swiglu_cost(shape_.local_tokens * f, true));
       compute("mlp_bwd", OpKind::kGemm, dgrad, std::move(kept), {dh1n, dgate_up, grads}, {},
-              s_ * f * ab_);
-      compute("mlp_wgrad", OpKind::kGemm, linear_wgrad(s_, 2 * f, h), {dgate_up, h1n, params}, {});
+              shape_.local_tokens * f * shape_.activation_bytes);
+      compute("mlp_wgrad", OpKind::kGemm, linear_wgrad(shape_.local_tokens, 2 * f, h),
+              {dgate_up, h1n, params}, {});
     } else {
       compute("mlp_bwd", OpKind::kGemm, bwd, std::move(kept), {dh1n, grads}, {},
-              grads_f * s_ * f * ab_);
+              grads_f * shape_.local_tokens * f * shape_.activation_bytes);
     }
   }
   return dh1n;
@@ -719,7 +730,7 @@ TensorSet StepBuilder::mlp_backward(
 TensorSet StepBuilder::layer_backward(
     const SavedLayer& sv, TensorSet dy, TensorSet params, TensorSet grads, bool reentrant) {
   const std::int64_t h = m_.hidden;
-  const std::int64_t act_bytes = sp_ * h * ab_;
+  const std::int64_t act_bytes = shape_.sp_tokens * h * shape_.activation_bytes;
   // With T > 1 the backward of the reduce-scatter after down is an all-gather of dy, that of the
   // all-gather before gate/up a reduce-scatter of dh1n; a regathering implementation issues the
   // gather of its saved input next (Megatron overlaps it with the dgrad GEMM; cpsim with whatever
@@ -737,23 +748,24 @@ TensorSet StepBuilder::layer_backward(
   if (sv.norm2_saved.valid()) {
     norm2_in.push_back(sv.norm2_saved);
   }
-  compute("norm2_bwd", OpKind::kElementwise, norm_cost(sp_ * h, 4 * act_bytes, true),
+  compute("norm2_bwd", OpKind::kElementwise, norm_cost(shape_.sp_tokens * h, 4 * act_bytes, true),
           std::move(norm2_in), {dh1}, {}, norm_workspace());
   // Output projection backward: dO = dh1 · Woᵀ, and its weight gradient.
   const TensorSet dh1_full = tp_exchange("tp_ag.dh1", dh1, true);
   SavedLayer regathered;
-  if (tp_ > 1 && tp_regather_) {
+  if (shape_.tp > 1 && tp_regather_) {
     regathered = sv;
     regathered.xn = tp_exchange("tp_ag.xn(re)", sv.xn, true);
   }
-  const SavedLayer& saved = tp_ > 1 && tp_regather_ ? regathered : sv;
-  TensorSet d_o = b_.tensor("dout", s_ * m_.q_width() * ab_, MemCategory::kAttention);
+  const SavedLayer& saved = shape_.tp > 1 && tp_regather_ ? regathered : sv;
+  TensorSet d_o = b_.tensor("dout", shape_.local_tokens * m_.q_width() * shape_.activation_bytes,
+                            MemCategory::kAttention);
   std::vector<TensorSet> o_proj_in = {dh1_full, sv.o, params, grads};
   if (sv.o_fp8.valid()) {
     o_proj_in.push_back(sv.o_fp8);
   }
-  compute("o_proj_bwd", OpKind::kGemm, linear_bwd(s_, h, m_.q_width()), std::move(o_proj_in),
-          {d_o});
+  compute("o_proj_bwd", OpKind::kGemm, linear_bwd(shape_.local_tokens, h, m_.q_width()),
+          std::move(o_proj_in), {d_o});
   const InputGrad g = method_.attention_backward(*this, saved, d_o, params, grads);
   const TensorSet dxn = tp_exchange("tp_rs.dxn", g.dxn, false, MemCategory::kOther, {g.ready});
   TensorSet dx = b_.tensor("dx", act_bytes, MemCategory::kOther);
@@ -768,7 +780,7 @@ TensorSet StepBuilder::layer_backward(
     norm1_in.push_back(sv.out);
     norm1_in.push_back(dy);
   }
-  compute("norm1_bwd", OpKind::kElementwise, norm_cost(sp_ * h, 4 * act_bytes, true),
+  compute("norm1_bwd", OpKind::kElementwise, norm_cost(shape_.sp_tokens * h, 4 * act_bytes, true),
           std::move(norm1_in), {dx}, {g.ready}, norm_workspace());
   return dx;
 }
@@ -854,7 +866,7 @@ TensorSet StepBuilder::allocate_reduce_bucket() {
 }
 
 std::int64_t StepBuilder::act_bytes() const {
-  return sp_ * m_.hidden * ab_;
+  return shape_.sp_tokens * m_.hidden * shape_.activation_bytes;
 }
 
 TensorSet StepBuilder::param_buffer(Name name, std::int64_t params) {
@@ -899,8 +911,10 @@ TensorSet StepBuilder::embedding_forward() {
   // Vocabulary-parallel embedding (T > 1): each rank looks up the rows it holds into a partial
   // [s, h] sum, reduce-scattered to the rank's s/T tokens (Megatron reduce_scatter_embeddings,
   // layers.py:367-378; TorchTitan RowwiseParallel to Shard(1), parallelize.py:177-180).
-  TensorSet x = b_.tensor("x0", s_ * m_.hidden * ab_, MemCategory::kActivations);
-  compute("embedding", OpKind::kElementwise, mem(2 * s_ * m_.hidden * ab_), {emb_w}, {x});
+  TensorSet x = b_.tensor("x0", shape_.local_tokens * m_.hidden * shape_.activation_bytes,
+                          MemCategory::kActivations);
+  compute("embedding", OpKind::kElementwise,
+          mem(2 * shape_.local_tokens * m_.hidden * shape_.activation_bytes), {emb_w}, {x});
   x = tp_exchange("tp_rs.embedding", x, false, MemCategory::kActivations);
   gather_layer(0, {ag_emb});
   return x;
@@ -945,23 +959,26 @@ StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x, bool reduce
   TensorSet xf = b_.tensor("x_final", act, MemCategory::kActivations);
   std::vector<TensorSet> final_norm_out = {xf};
   TensorSet final_norm_saved;
-  if (const std::int64_t kept = norm_saved_bytes(sp_, h); kept > 0) {
+  if (const std::int64_t kept = norm_saved_bytes(shape_.sp_tokens, h); kept > 0) {
     final_norm_saved = b_.tensor("final_norm_saved", kept, MemCategory::kActivations);
     final_norm_out.push_back(final_norm_saved);
   }
-  compute("final_norm", OpKind::kElementwise, norm_cost(act / ab_, 2 * act, false), {x},
-          final_norm_out, {}, norm_workspace());
+  compute("final_norm", OpKind::kElementwise,
+          norm_cost(act / shape_.activation_bytes, 2 * act, false), {x}, final_norm_out, {},
+          norm_workspace());
   // T > 1: the vocabulary-parallel LM head reads all s tokens (all-gather) and its input gradient
   // is a partial sum (reduce-scatter); the loss over V/T logits per rank all-reduces the logits'
   // max, the sum of exponentials and the target logit over the TP group: three all-reduces of s
   // fp32 values (Megatron tensor_parallel/cross_entropy.py; TorchTitan loss_parallel).
   const TensorSet xf_full = tp_exchange("tp_ag.x_final", xf, true, MemCategory::kActivations);
-  if (tp_ > 1) {
+  if (shape_.tp > 1) {
     OpSpec& s = next_spec("tp_allreduce.cross_entropy", Stream::kComm, OpKind::kElementwise);
     s.inputs.push_back(xf_full);
-    b_.collective(s, Group::kTp, models::Collective::kAllReduce, cost_, s_ * kFp32Bytes, 3);
+    b_.collective(s, Group::kTp, models::Collective::kAllReduce, cost_,
+                  shape_.local_tokens * kFp32Bytes, 3);
   }
-  TensorSet dxf = b_.tensor("dx_final", s_ * h * ab_, MemCategory::kOther);
+  TensorSet dxf =
+      b_.tensor("dx_final", shape_.local_tokens * h * shape_.activation_bytes, MemCategory::kOther);
   TensorSet head_grads = grad_buffer("head.grads", p_head);
   if (r_.fused_loss) {
     fused_loss(xf_full, head_w, dxf, head_grads);
@@ -981,9 +998,9 @@ StepBuilder::LossEnd StepBuilder::loss_forward_backward(TensorSet x, bool reduce
   if (final_norm_saved.valid()) {
     final_norm_in.push_back(final_norm_saved);
   }
-  OpSet fn_bwd =
-      compute("final_norm_bwd", OpKind::kElementwise, norm_cost(act / ab_, 3 * act, true),
-              std::move(final_norm_in), {dy}, {}, norm_workspace());
+  OpSet fn_bwd = compute("final_norm_bwd", OpKind::kElementwise,
+                         norm_cost(act / shape_.activation_bytes, 3 * act, true),
+                         std::move(final_norm_in), {dy}, {}, norm_workspace());
   return {dy, fn_bwd};
 }
 
@@ -1012,13 +1029,14 @@ void StepBuilder::fused_loss(TensorSet xf, TensorSet head_w, TensorSet dxf, Tens
   // computed in the forward: 3 GEMMs of s×V×h in total.
   const std::int64_t h = m_.hidden, v = m_.vocab;
   std::int64_t chunk = 1;
-  while (chunk < ceil_div(s_, ceil_div(v, h))) {
+  while (chunk < ceil_div(shape_.local_tokens, ceil_div(v, h))) {
     chunk *= 2;
   }
-  chunk = std::min(chunk, s_);
-  const KernelCost k = plus(times(gemm(s_, v, h), 3.0), mem(2 * s_ * v * ab_));
+  chunk = std::min(chunk, shape_.local_tokens);
+  const KernelCost k = plus(times(gemm(shape_.local_tokens, v, h), 3.0),
+                            mem(2 * shape_.local_tokens * v * shape_.activation_bytes));
   compute("fused_linear_ce", OpKind::kLoss, k, {xf, head_w}, {dxf, head_grads}, {},
-          chunk * v * ab_);
+          chunk * v * shape_.activation_bytes);
 }
 
 void StepBuilder::materialised_loss(TensorSet xf,
@@ -1028,13 +1046,14 @@ void StepBuilder::materialised_loss(TensorSet xf,
   // The LM head writes n = s·V logits in the activations' dtype; the framework's cross-entropy
   // turns them into their gradient, which the head's two GEMMs read.
   const std::int64_t h = m_.hidden, v = m_.vocab;
-  TensorSet logits = b_.tensor("logits", s_ * v * ab_, MemCategory::kActivations);
-  compute("lm_head", OpKind::kGemm, gemm(s_, v, h), {xf, head_w}, {logits});
+  TensorSet logits = b_.tensor("logits", shape_.local_tokens * v * shape_.activation_bytes,
+                               MemCategory::kActivations);
+  compute("lm_head", OpKind::kGemm, gemm(shape_.local_tokens, v, h), {xf, head_w}, {logits});
   const TensorSet dlogits = logits_loss_ == LogitsLoss::kMegatronVocabParallel
                                 ? vocab_parallel_cross_entropy(logits)
                                 : hugging_face_cross_entropy(logits);
-  compute("lm_head_bwd", OpKind::kGemm, times(gemm(s_, v, h), 2.0), {dlogits, xf, head_w},
-          {dxf, head_grads});
+  compute("lm_head_bwd", OpKind::kGemm, times(gemm(shape_.local_tokens, v, h), 2.0),
+          {dlogits, xf, head_w}, {dxf, head_grads});
 }
 
 TensorSet StepBuilder::hugging_face_cross_entropy(TensorSet logits) {
@@ -1051,19 +1070,19 @@ TensorSet StepBuilder::hugging_face_cross_entropy(TensorSet logits) {
   //             gradient (2n) that the head's two GEMMs read.
   // Memory traffic per logit: forward 2+4 (upcast) and 4+4+4 (log_softmax: max/sum pass and
   // write); backward 4 (zero fill), 4+4+4 (log_softmax_backward), 4+2 (downcast).
-  const std::int64_t n = s_ * m_.vocab;
+  const std::int64_t n = shape_.local_tokens * m_.vocab;
   TensorSet log_probs = b_.tensor("log_softmax_out", n * kFp32Bytes, MemCategory::kActivations);
-  compute("cross_entropy", OpKind::kLoss, mem(n * (ab_ + 3 * kFp32Bytes)), {logits}, {log_probs},
-          {}, n * kFp32Bytes);
+  compute("cross_entropy", OpKind::kLoss, mem(n * (shape_.activation_bytes + 3 * kFp32Bytes)),
+          {logits}, {log_probs}, {}, n * kFp32Bytes);
   b_.set_phase(Phase::kBackward);
   TensorSet dlog_probs = b_.tensor("dlog_softmax_out", n * kFp32Bytes, MemCategory::kOther);
   compute("nll_loss_bwd", OpKind::kLoss, mem(n * kFp32Bytes), {}, {dlog_probs});
   TensorSet dlogits_fp32 = b_.tensor("dlogits_fp32", n * kFp32Bytes, MemCategory::kOther);
   compute("log_softmax_bwd", OpKind::kLoss, mem(3 * n * kFp32Bytes), {dlog_probs, log_probs},
           {dlogits_fp32});
-  TensorSet dlogits = b_.tensor("dlogits", n * ab_, MemCategory::kOther);
-  compute("upcast_bwd", OpKind::kElementwise, mem(n * (kFp32Bytes + ab_)), {dlogits_fp32},
-          {dlogits});
+  TensorSet dlogits = b_.tensor("dlogits", n * shape_.activation_bytes, MemCategory::kOther);
+  compute("upcast_bwd", OpKind::kElementwise, mem(n * (kFp32Bytes + shape_.activation_bytes)),
+          {dlogits_fp32}, {dlogits});
   return dlogits;
 }
 
@@ -1085,13 +1104,14 @@ TensorSet StepBuilder::vocab_parallel_cross_entropy(TensorSet logits) {
   // The loss's [s]-sized tensors (max, sum, target mask and index) are left out (≤ 25·s bytes).
   // Memory traffic per logit: forward ab+4 (.float()), 4 (max), 4+4 (-=), 4+4 (exp), 4 (sum),
   // 4+4 (div_); backward 4+4 (mul_), 4+ab (cast). The fused copy may merge passes: at most this.
-  const std::int64_t n = s_ * m_.vocab;
+  const std::int64_t n = shape_.local_tokens * m_.vocab;
   TensorSet softmax = b_.tensor("softmax_fp32", n * kFp32Bytes, MemCategory::kActivations);
-  compute("vocab_parallel_ce", OpKind::kLoss, mem(n * (ab_ + 9 * kFp32Bytes)), {logits}, {softmax});
+  compute("vocab_parallel_ce", OpKind::kLoss, mem(n * (shape_.activation_bytes + 9 * kFp32Bytes)),
+          {logits}, {softmax});
   b_.set_phase(Phase::kBackward);
-  TensorSet dlogits = b_.tensor("dlogits", n * ab_, MemCategory::kOther);
-  compute("vocab_parallel_ce_bwd", OpKind::kLoss, mem(n * (3 * kFp32Bytes + ab_)), {softmax},
-          {dlogits});
+  TensorSet dlogits = b_.tensor("dlogits", n * shape_.activation_bytes, MemCategory::kOther);
+  compute("vocab_parallel_ce_bwd", OpKind::kLoss,
+          mem(n * (3 * kFp32Bytes + shape_.activation_bytes)), {softmax}, {dlogits});
   return dlogits;
 }
 
@@ -1127,8 +1147,9 @@ TensorSet StepBuilder::backward_layers(TensorSet dy, OpSet after_loss, bool redu
 OpSet StepBuilder::embedding_backward(TensorSet dy, bool reduce) {
   TensorSet emb_grads = grad_buffer("embedding.grads", params_.embedding);
   dy = tp_exchange("tp_ag.dembedding", dy, true);
-  const OpSet grads_done = compute("embedding_bwd", OpKind::kElementwise,
-                                   mem(2 * s_ * m_.hidden * ab_), {dy}, {emb_grads});
+  const OpSet grads_done = compute(
+      "embedding_bwd", OpKind::kElementwise,
+      mem(2 * shape_.local_tokens * m_.hidden * shape_.activation_bytes), {dy}, {emb_grads});
   if (!reduce) {
     return grads_done;
   }
@@ -1178,7 +1199,7 @@ void StepBuilder::add_notes() {
       b_.span_of(Group::kCp) == models::Span::kInterNode) {
     w_.notes.push_back("inter-node collectives use one NIC per GPU at the NIC's busbw (crude)");
   }
-  if (tp_ > 1) {
+  if (shape_.tp > 1) {
     w_.notes.push_back(
         "TP collectives run exposed (Megatron's --tp-comm-overlap and TorchTitan's async TP are "
         "off "

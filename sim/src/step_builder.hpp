@@ -18,6 +18,35 @@
 
 namespace cpsim::sim::detail {
 
+/// The sizes of a step that every part of the builder reads, computed once from the inputs: the
+/// sequence, the degrees, and the tokens a rank holds at each point of a block.
+struct StepShape {
+  std::int64_t seq_tokens = 0;        ///< N, the global sequence
+  std::int64_t cp = 1;                ///< C = ulysses · ring
+  std::int64_t ulysses = 1;           ///< u, the all-to-all part of C
+  std::int64_t ring = 1;              ///< r, the ring part of C
+  std::int64_t tp = 1;                ///< T, tensor parallel (with sequence parallelism)
+  std::int64_t local_tokens = 0;      ///< s = N / C: a rank's tokens outside attention
+  std::int64_t sp_tokens = 0;         ///< s / T: norms, residuals and block I/O under TP
+  std::int64_t ring_tokens = 0;       ///< N / r: a rank's tokens after the Ulysses all-to-all
+  std::int64_t activation_bytes = 2;  ///< bytes of one activation element
+
+  static StepShape of(const ScheduleInputs& in) {
+    const models::ParallelConfig& p = in.parallel;
+    StepShape s;
+    s.seq_tokens = p.seq_len;
+    s.cp = p.cp_degree;
+    s.ring = p.ring_degree;
+    s.ulysses = s.cp / s.ring;
+    s.tp = p.tp_degree;
+    s.local_tokens = s.seq_tokens / s.cp;
+    s.sp_tokens = s.local_tokens / s.tp;
+    s.ring_tokens = s.seq_tokens / s.ring;
+    s.activation_bytes = in.recipe.activation_bytes;
+    return s;
+  }
+};
+
 /// Tensors saved by the grad-enabled forward of a block and read by its backward.
 struct SavedLayer {
   TensorSet x;   // block input (checkpoint)
@@ -385,18 +414,10 @@ class StepBuilder {
   Builder b_;
   Workload& w_;
   models::ParameterCount params_;
-  std::int64_t n_ = 0;         // N
-  std::int64_t c_ = 0;         // CP degree
-  std::int64_t u_ = 1;         // Ulysses degree
-  std::int64_t rg_ = 1;        // ring degree
+  const StepShape shape_;
   bool merge_ring_ = false;    // BuildOptions::merge_ring_steps
   bool repeat_layers_ = true;  // BuildOptions::repeat_layers
-  std::int64_t s_ = 0;         // local tokens N / C
-  std::int64_t tp_ = 1;        // tensor-parallel degree T
-  std::int64_t sp_ = 0;        // sequence-parallel tokens s / T (norms, residuals, block I/O)
   bool tp_regather_ = true;    // TP linears save [s/T, h] inputs and gather them again
-  std::int64_t nr_ = 0;        // tokens after the Ulysses all-to-all: N / ring
-  std::int64_t ab_ = 2;        // activation bytes
   std::int64_t shards_ = 1, tile_ = 0;
   OpSpec spec_;
   // Per block, filled by build().

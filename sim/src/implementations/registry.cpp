@@ -64,8 +64,7 @@ const char* to_string(LedgerWhen w) {
 LedgerUnits ledger_units(const ScheduleInputs& in, const HeadLayout& layout) {
   // One stage's heads: all of them outside UPipe (heads_per_stage = H, kv_heads_per_fetch =
   // the KV heads after replication); one chunk's tokens in FPDT.
-  const std::int64_t s =
-      in.parallel.seq_len / layout.cp / std::max<std::int64_t>(layout.fpdt_chunks, 1);
+  const std::int64_t s = in.parallel.local_seq() / std::max<std::int64_t>(layout.fpdt_chunks, 1);
   const std::int64_t d = in.model.head_dim;
   LedgerUnits u;
   u.shd = s * layout.heads_per_stage * d;

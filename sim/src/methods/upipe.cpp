@@ -73,7 +73,7 @@ class UPipe final : public CpScheme {
   AttentionBuffers buffers(const ScheduleInputs& in, const HeadLayout& L) const override {
     AttentionBuffers a = CpScheme::buffers(in, L);
     a.final_out_bytes =
-        in.parallel.seq_len / L.cp * L.heads * in.model.head_dim * in.recipe.activation_bytes;
+        in.parallel.local_seq() * L.heads * in.model.head_dim * in.recipe.activation_bytes;
     return a;
   }
 
