@@ -264,7 +264,7 @@ class StepBuilder::FpdtPass {
     s.flops = flops;
     return s;
   }
-  OpSet emit() { return sb_.b_.op(sb_.spec_); }
+  OpSet emit() { return sb_.emit(); }
 
   StepBuilder& sb_;
   std::int64_t hq_, hkv_, d_, chunk_, nc_, lc_;

@@ -15,37 +15,9 @@
 
 #include "builder.hpp"
 #include "layer_template.hpp"
+#include "op_emitter.hpp"
 
 namespace cpsim::sim::detail {
-
-/// The sizes of a step that every part of the builder reads, computed once from the inputs: the
-/// sequence, the degrees, and the tokens a rank holds at each point of a block.
-struct StepShape {
-  std::int64_t seq_tokens = 0;        ///< N, the global sequence
-  std::int64_t cp = 1;                ///< C = ulysses · ring
-  std::int64_t ulysses = 1;           ///< u, the all-to-all part of C
-  std::int64_t ring = 1;              ///< r, the ring part of C
-  std::int64_t tp = 1;                ///< T, tensor parallel (with sequence parallelism)
-  std::int64_t local_tokens = 0;      ///< s = N / C: a rank's tokens outside attention
-  std::int64_t sp_tokens = 0;         ///< s / T: norms, residuals and block I/O under TP
-  std::int64_t ring_tokens = 0;       ///< N / r: a rank's tokens after the Ulysses all-to-all
-  std::int64_t activation_bytes = 2;  ///< bytes of one activation element
-
-  static StepShape of(const ScheduleInputs& in) {
-    const models::ParallelConfig& p = in.parallel;
-    StepShape s;
-    s.seq_tokens = p.seq_len;
-    s.cp = p.cp_degree;
-    s.ring = p.ring_degree;
-    s.ulysses = s.cp / s.ring;
-    s.tp = p.tp_degree;
-    s.local_tokens = s.seq_tokens / s.cp;
-    s.sp_tokens = s.local_tokens / s.tp;
-    s.ring_tokens = s.seq_tokens / s.ring;
-    s.activation_bytes = in.recipe.activation_bytes;
-    return s;
-  }
-};
 
 /// Tensors saved by the grad-enabled forward of a block and read by its backward.
 struct SavedLayer {
@@ -99,7 +71,9 @@ struct RingSegment {
   int steps = 1;
 };
 
-class StepBuilder {
+/// One training step's op graph: embedding, blocks (built, or instances of a recorded template),
+/// loss, optimizer, with ZeRO/FSDP, checkpointing and offload; ops go out through its OpEmitter.
+class StepBuilder : private OpEmitter {
  public:
   /// `merge_ring_steps`: see BuildOptions (representative rank only: its middle steps are equal).
   /// `layout`: derive_head_layout(in), derived once by build_step.
@@ -129,87 +103,6 @@ class StepBuilder {
   class FpdtBackward;  ///< fpdt_backward's chunk loops (attention_fpdt.cpp)
 
  private:
-  // ---- op helpers ----
-  // Ops are emitted through one reused OpSpec (spec_), whose vectors keep their capacity.
-  /// spec_ reset for the next op: `name` on `stream`, nothing attached.
-  OpSpec& next_spec(Name name, Stream stream, OpKind kind);
-  OpSet compute(Name name,
-                OpKind kind,
-                const KernelCost& k,
-                ListRef<TensorSet> inputs,
-                ListRef<TensorSet> outputs,
-                ListRef<OpSet> deps = {},
-                std::int64_t workspace = 0,
-                MemCategory ws_cat = MemCategory::kOther);
-  /// All-to-all of `in` (per-rank send buffer `bytes` in activation dtype) over the Ulysses group;
-  /// returns `in` itself when the group has one rank. The output tensor has the op's name.
-  TensorSet exchange(
-      Name name, TensorSet in, std::int64_t bytes, MemCategory cat, ListRef<OpSet> deps = {});
-  /// The same at one of the implementation's ledger sites: its bytes there are the op's
-  /// workspace (the wrapper's copies); at Ulysses degree 1 a wrapper that still copies makes it a
-  /// local copy op. `held` are read by the op too (kept alive until it ends).
-  TensorSet exchange(Name name,
-                     TensorSet in,
-                     std::int64_t bytes,
-                     LedgerSite site,
-                     ListRef<TensorSet> held = {},
-                     ListRef<OpSet> deps = {});
-  /// Bytes of the implementation's ledger rows at `site` (0 without an implementation).
-  std::int64_t ledger_bytes(LedgerSite site) const {
-    return ledger_bytes_[static_cast<std::size_t>(site)];
-  }
-  /// HBM bytes the implementation's ledger rows at `site` read and write (0 without one).
-  std::int64_t ledger_traffic(LedgerSite site) const {
-    return ledger_traffic_[static_cast<std::size_t>(site)];
-  }
-  /// `k` with the time of `blocks` × the traffic at `site` added (same launch).
-  KernelCost with_traffic(KernelCost k, LedgerSite site, double blocks = 1.0) const {
-    k.time_s += blocks * cost_.memory_traffic_s(ledger_traffic(site));
-    return k;
-  }
-  /// Framework calls traced from the implementation's code at `site` (Implementation::site_calls);
-  /// nullopt: none traced, the builders' own count per op stands.
-  std::optional<std::int64_t> traced_calls(LedgerSite site) const {
-    return traced_calls_[static_cast<std::size_t>(site)];
-  }
-  /// `k` issued as the calls traced at `site`, when there are (else as it is).
-  KernelCost with_calls(KernelCost k, LedgerSite site) const {
-    k.host_calls = traced_calls(site).value_or(k.host_calls);
-    return k;
-  }
-  /// Adds `steps` × the traffic time at `site` to every rank's time of a ring segment (the
-  /// implementation's per-step merge, casts and send-buffer copies; skipped steps included).
-  void add_step_traffic(std::vector<double>& times, LedgerSite site, int steps) const {
-    const double s = steps * cost_.memory_traffic_s(ledger_traffic(site));
-    for (double& t : times) {
-      t += s;
-    }
-  }
-  /// Sequence parallelism (T > 1): all-gather of a sequence-sharded [s/T, h] activation to
-  /// [s, h] (`gather`), or reduce-scatter of a partial [s, h] sum to [s/T, h], over the TP group on
-  /// the communication stream; a new tensor of category `cat`. Returns `in` when T = 1.
-  TensorSet tp_exchange(const char* name,
-                        TensorSet in,
-                        bool gather,
-                        MemCategory cat = MemCategory::kOther,
-                        ListRef<OpSet> deps = {});
-  /// A copy of `bytes` between host and device (H2D when `to_device`) on the copy stream of its
-  /// direction, timed by CostModel::host_copy_s; `out` is allocated when it starts.
-  OpSet host_copy(Name name,
-                  bool to_device,
-                  std::int64_t bytes,
-                  TensorSet in,
-                  TensorSet out,
-                  ListRef<OpSet> deps = {},
-                  MemoryPool pool = MemoryPool::kByStream);
-  /// The same, reading and writing several tensors.
-  OpSet host_copy(Name name,
-                  bool to_device,
-                  std::int64_t bytes,
-                  ListRef<TensorSet> inputs,
-                  ListRef<TensorSet> outputs,
-                  ListRef<OpSet> deps = {},
-                  MemoryPool pool = MemoryPool::kByStream);
   KernelCost gemm(std::int64_t m, std::int64_t n, std::int64_t k) const;
   /// A Linear layer's GEMMs, Y[m,n] = X[m,k]·W[k,n] (Q/K/V, output projection, gate/up, down): in
   /// bf16 each is `gemm(m, n, k)`; with `recipe.fp8` each is an FP8 GEMM plus the casts
@@ -220,7 +113,6 @@ class StepBuilder {
   KernelCost linear_wgrad(std::int64_t m, std::int64_t n, std::int64_t k) const;
   /// dgrad + wgrad.
   KernelCost linear_bwd(std::int64_t m, std::int64_t n, std::int64_t k) const;
-  KernelCost mem(std::int64_t bytes) const;
   /// `k` with the host calls of one RMSNorm of the recipe's kind (forward or backward).
   KernelCost norm_calls(KernelCost k, bool backward) const;
   /// One RMSNorm over `elements` activations, forward or backward, host calls included. Fused and
@@ -398,28 +290,17 @@ class StepBuilder {
                                       bool backward,
                                       double* flops) const;
 
-  const ScheduleInputs& in_;
-  const models::TransformerSpec& m_;
-  const models::TrainingRecipe& r_;
   HeadLayout layout_;
   const CpScheme& method_;
-  std::array<std::int64_t, kLedgerSiteCount> ledger_bytes_{};                 ///< by LedgerSite
-  std::array<std::int64_t, kLedgerSiteCount> ledger_traffic_{};               ///< by LedgerSite
-  std::array<std::optional<std::int64_t>, kLedgerSiteCount> traced_calls_{};  ///< by LedgerSite
   std::int64_t acc_bytes_ = 4;  ///< ring output and gradient accumulators (implementation's dtype)
   models::RopeKernel rope_kernel_ =
       models::RopeKernel::kFused;                      ///< the implementation's, or the recipe's
   LogitsLoss logits_loss_ = LogitsLoss::kHuggingFace;  ///< the implementation's framework's
-  CostModel cost_;
-  Builder b_;
-  Workload& w_;
   models::ParameterCount params_;
-  const StepShape shape_;
   bool merge_ring_ = false;    // BuildOptions::merge_ring_steps
   bool repeat_layers_ = true;  // BuildOptions::repeat_layers
   bool tp_regather_ = true;    // TP linears save [s/T, h] inputs and gather them again
   std::int64_t shards_ = 1, tile_ = 0;
-  OpSpec spec_;
   // Per block, filled by build().
   std::vector<TensorSet> layer_params_;  ///< gathered parameters (ZeRO-3)
   std::vector<TensorSet> checkpoints_;   ///< input of the forward or recomputation, on the GPU
