@@ -146,32 +146,16 @@ std::optional<ConfigIssue> split_heads(const ScheduleInputs& in, HeadLayout& L) 
 // The implementation asked for (--impl), else the recipe's default for the method, else none;
 // then its own constraints.
 std::optional<ConfigIssue> choose_implementation(const ScheduleInputs& in, HeadLayout& L) {
-  const std::string& asked = in.parallel.implementation;
-  const models::CpMethod m = in.parallel.method;
-  const Implementation* chosen = nullptr;
-  if (asked.empty()) {
-    chosen = default_implementation(in.recipe.name, m);
-  } else if (asked != "none") {
-    chosen = find_implementation(asked);
-    if (chosen == nullptr) {
-      return issue(Quantity::kImplementation,
-                   fmt::format("unknown implementation '{}'; known: {}, or none (the method's "
-                               "scheme alone)",
-                               asked, implementation_names()));
-    }
-    if (!chosen->runs(m)) {
-      std::string runs;
-      for (const models::CpMethod x : chosen->methods()) {
-        runs += fmt::format("{}{}", runs.empty() ? "" : ", ", models::to_string(x));
-      }
-      return issue(Quantity::kImplementation,
-                   fmt::format("{} does not run --method {} (it runs {})", asked,
-                               models::to_string(m), runs));
-    }
+  const ResolvedImplementation resolved = resolve_implementation(in);
+  if (resolved.issue) {
+    return resolved.issue;
   }
+  const Implementation* chosen = resolved.implementation;
   if (chosen == nullptr) {
     return std::nullopt;
   }
+  const bool asked = !in.parallel.implementation.empty();
+  const models::CpMethod m = in.parallel.method;
   if (in.parallel.tp_degree > 1 && !chosen->tp_refusal().empty()) {
     return issue(Quantity::kTpDegree,
                  fmt::format("{} does not run tensor parallelism (TP {}): {}", chosen->name(),
@@ -184,7 +168,7 @@ std::optional<ConfigIssue> choose_implementation(const ScheduleInputs& in, HeadL
   }
   chosen->shape(in, L);
   if (std::optional<ConfigIssue> refused = chosen->check(in, L)) {
-    if (asked.empty()) {
+    if (!asked) {
       refused->message += fmt::format(
           " ({} is the default implementation of {} in recipe {}; --impl none simulates the "
           "method's scheme alone)",

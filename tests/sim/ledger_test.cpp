@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "cpsim/sim/implementation.hpp"
@@ -446,6 +447,33 @@ TEST(Implementation, Refusals) {
   }
   in.parallel.implementation = "none";
   EXPECT_EQ(derive_head_layout(in).kv_heads_eff, 16);  // the scheme replicates
+}
+
+// The implementation is resolved by name once: --impl's, the recipe's default, none, or an issue
+// naming --impl.
+TEST(Implementations, ResolvedOnceByName) {
+  ScheduleInputs in = testing::inputs(models::CpMethod::kUlysses, "llama3-8b", 8, 64 * 1024);
+  EXPECT_EQ(resolve_implementation(in).implementation, nullptr);  // "none"
+  EXPECT_FALSE(resolve_implementation(in).issue);
+  in.parallel.implementation.clear();  // the recipe's default: alst runs Ulysses through yunchang
+  EXPECT_EQ(resolve_implementation(in).implementation, find_implementation("yunchang-usp"));
+  EXPECT_EQ(requested_implementation(in), find_implementation("yunchang-usp"));
+  in.parallel.implementation = "deepspeed-ulysses";
+  EXPECT_EQ(resolve_implementation(in).implementation, find_implementation("deepspeed-ulysses"));
+  in.parallel.implementation = "no-such-code";
+  ResolvedImplementation unknown = resolve_implementation(in);
+  EXPECT_EQ(unknown.implementation, nullptr);
+  ASSERT_TRUE(unknown.issue);
+  EXPECT_EQ(unknown.issue->quantity, Quantity::kImplementation);
+  EXPECT_THAT(unknown.issue->message,
+              ::testing::HasSubstr("unknown implementation 'no-such-code'"));
+  in.parallel.implementation = "deepspeed-fpdt";  // runs FPDT only
+  ResolvedImplementation wrong = resolve_implementation(in);
+  EXPECT_EQ(wrong.implementation, nullptr);
+  ASSERT_TRUE(wrong.issue);
+  EXPECT_THAT(wrong.issue->message, ::testing::HasSubstr("does not run --method ulysses"));
+  // check_head_layout reports the same issue.
+  EXPECT_EQ(check_head_layout(in).issue->message, wrong.issue->message);
 }
 
 }  // namespace

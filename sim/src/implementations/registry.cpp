@@ -214,12 +214,39 @@ const Implementation* default_implementation(std::string_view recipe, models::Cp
   return nullptr;
 }
 
-const Implementation* requested_implementation(const ScheduleInputs& in) {
+ResolvedImplementation resolve_implementation(const ScheduleInputs& in) {
   const std::string& asked = in.parallel.implementation;
+  const models::CpMethod m = in.parallel.method;
+  ResolvedImplementation out;
   if (asked.empty()) {
-    return default_implementation(in.recipe.name, in.parallel.method);
+    out.implementation = default_implementation(in.recipe.name, m);
+    return out;
   }
-  return asked == "none" ? nullptr : find_implementation(asked);
+  if (asked == "none") {
+    return out;
+  }
+  const Implementation* found = find_implementation(asked);
+  if (found == nullptr) {
+    out.issue = ConfigIssue{
+        Quantity::kImplementation,
+        fmt::format("unknown implementation '{}'; known: {}, or none (the method's scheme alone)",
+                    asked, implementation_names())};
+  } else if (!found->runs(m)) {
+    std::string runs;
+    for (const models::CpMethod x : found->methods()) {
+      runs += fmt::format("{}{}", runs.empty() ? "" : ", ", models::to_string(x));
+    }
+    out.issue = ConfigIssue{
+        Quantity::kImplementation,
+        fmt::format("{} does not run --method {} (it runs {})", asked, models::to_string(m), runs)};
+  } else {
+    out.implementation = found;
+  }
+  return out;
+}
+
+const Implementation* requested_implementation(const ScheduleInputs& in) {
+  return resolve_implementation(in).implementation;
 }
 
 std::int64_t logits_loss_peak_bytes_per_logit(const ScheduleInputs& in) {

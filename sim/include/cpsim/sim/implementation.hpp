@@ -259,9 +259,16 @@ class Implementation {
 std::span<const Implementation* const> implementations();
 /// The default implementation of method `m` in recipe `recipe`; nullptr: the scheme alone.
 const Implementation* default_implementation(std::string_view recipe, models::CpMethod m);
-/// The implementation a configuration asks for (`ParallelConfig::implementation`, by name), else
-/// the recipe's default for its method; nullptr for "none", an unknown name or no default. Not
-/// validated (check_head_layout does that).
+/// The implementation a configuration asks for, resolved by name once: `ParallelConfig::
+/// implementation`, else the recipe's default for its method; nullptr for "none" or no default.
+/// `issue`: the name is unknown, or the implementation does not run the method (then no
+/// implementation). Its own constraints are check_head_layout's.
+struct ResolvedImplementation {
+  const Implementation* implementation = nullptr;
+  std::optional<ConfigIssue> issue;
+};
+ResolvedImplementation resolve_implementation(const ScheduleInputs& in);
+/// resolve_implementation(in).implementation: nullptr for an unknown name too.
 const Implementation* requested_implementation(const ScheduleInputs& in);
 /// Bytes per logit held at the peak of the loss on materialised logits, beyond the loss's input
 /// and the LM head (the implementation's LogitsLoss; Hugging Face's without one): 12 for Hugging
