@@ -119,8 +119,8 @@ TensorSet OpEmitter::exchange(Name name,
     std::vector<TensorSet> inputs(held.begin(), held.end());
     inputs.push_back(in);
     compute(Name::interned(id), OpKind::kElementwise,
-            with_traffic(mem(extra > 0 ? 2 * bytes : 0), site), inputs, {out}, deps, extra,
-            MemCategory::kAttention);
+            with_traffic(cost_.memory_bound(extra > 0 ? 2 * bytes : 0), site), inputs, {out}, deps,
+            extra, MemCategory::kAttention);
     return out;
   }
   // The wrapper's copies around the all-to-all (send-buffer copies, casts, reorders) are kernels
@@ -134,7 +134,7 @@ TensorSet OpEmitter::exchange(Name name,
   OpSet copied;
   if (traffic > 0) {
     const std::string copy_name = "copy." + w_.names[static_cast<std::size_t>(id)];
-    KernelCost copy = with_traffic(mem(0), site);
+    KernelCost copy = with_traffic(cost_.memory_bound(0), site);
     if (traced) {
       copy.host_calls = std::max<std::int64_t>(*traced - 1, 0);
     }
@@ -213,10 +213,6 @@ OpSet OpEmitter::host_copy(Name name,
   s.outputs.assign(outputs.begin(), outputs.end());
   s.deps.assign(deps.begin(), deps.end());
   return b_.op(s);
-}
-
-KernelCost OpEmitter::mem(std::int64_t bytes) const {
-  return cost_.memory_bound(bytes);
 }
 
 }  // namespace cpsim::sim::detail

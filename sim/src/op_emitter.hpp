@@ -133,8 +133,6 @@ class OpEmitter {
                   ListRef<TensorSet> outputs,
                   ListRef<OpSet> deps = {},
                   MemoryPool pool = MemoryPool::kByStream);
-  /// A memory-bound kernel moving `bytes` (CostModel::memory_bound).
-  KernelCost mem(std::int64_t bytes) const;
 
  protected:
   const ScheduleInputs& in_;

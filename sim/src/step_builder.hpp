@@ -14,6 +14,7 @@
 #include "cpsim/sim/schedule.hpp"
 
 #include "builder.hpp"
+#include "kernel_costs.hpp"
 #include "layer_template.hpp"
 #include "op_emitter.hpp"
 
@@ -72,8 +73,9 @@ struct RingSegment {
 };
 
 /// One training step's op graph: embedding, blocks (built, or instances of a recorded template),
-/// loss, optimizer, with ZeRO/FSDP, checkpointing and offload; ops go out through its OpEmitter.
-class StepBuilder : private OpEmitter {
+/// loss, optimizer, with ZeRO/FSDP, checkpointing and offload; ops go out through its OpEmitter,
+/// timed by its KernelCosts.
+class StepBuilder : private OpEmitter, private KernelCosts {
  public:
   /// `merge_ring_steps`: see BuildOptions (representative rank only: its middle steps are equal).
   /// `layout`: derive_head_layout(in), derived once by build_step.
@@ -103,39 +105,6 @@ class StepBuilder : private OpEmitter {
   class FpdtBackward;  ///< fpdt_backward's chunk loops (attention_fpdt.cpp)
 
  private:
-  KernelCost gemm(std::int64_t m, std::int64_t n, std::int64_t k) const;
-  /// A Linear layer's GEMMs, Y[m,n] = X[m,k]·W[k,n] (Q/K/V, output projection, gate/up, down): in
-  /// bf16 each is `gemm(m, n, k)`; with `recipe.fp8` each is an FP8 GEMM plus the casts
-  /// TransformerEngine runs before it (see step_builder.cpp). `grad`: the forward's input is kept
-  /// for a backward (its transposed FP8 copy is written too).
-  KernelCost linear_fwd(std::int64_t m, std::int64_t n, std::int64_t k, bool grad = true) const;
-  KernelCost linear_dgrad(std::int64_t m, std::int64_t n, std::int64_t k) const;
-  KernelCost linear_wgrad(std::int64_t m, std::int64_t n, std::int64_t k) const;
-  /// dgrad + wgrad.
-  KernelCost linear_bwd(std::int64_t m, std::int64_t n, std::int64_t k) const;
-  /// `k` with the host calls of one RMSNorm of the recipe's kind (forward or backward).
-  KernelCost norm_calls(KernelCost k, bool backward) const;
-  /// One RMSNorm over `elements` activations, forward or backward, host calls included. Fused and
-  /// upcast kernels: one pass moving `single_pass_bytes`. Eager (Hugging Face LlamaRMSNorm):
-  /// every op of its composite chain is a kernel of its own (see step_builder.cpp).
-  KernelCost norm_cost(std::int64_t elements, std::int64_t single_pass_bytes, bool backward) const;
-  /// The SwiGLU activation over `elements` of [s, f], forward or backward, without its GEMMs:
-  /// one kernel (3 and 6 activation-sized passes) unless the recipe's MLP is Hugging Face's eager
-  /// one, whose ops run as kernels of their own (see step_builder.cpp).
-  KernelCost swiglu_cost(std::int64_t elements, bool backward) const;
-  /// Which backward a RoPE runs: autograd's over the forward's ops, or an implementation's own
-  /// (DeepSpeed FPDT's apply_rotary_pos_emb_backward).
-  enum class RopeBackward { kNone, kAutograd, kOwn };
-  /// RoPE over the query's and the key's elements as the recipe's kernel runs it (forward when
-  /// `backward` is kNone), plus `pass_bytes` of layout copy moved beside it (the value's part of
-  /// the scheme's RoPE op): one kernel when fused, otherwise a chain per tensor (see
-  /// step_builder.cpp).
-  KernelCost rope_cost(std::int64_t q_elements,
-                       std::int64_t k_elements,
-                       std::int64_t pass_bytes,
-                       RopeBackward backward) const;
-  static KernelCost times(KernelCost k, double factor);
-  static KernelCost plus(KernelCost a, KernelCost b);
   std::int64_t norm_workspace() const;
   /// Bytes a norm over `rows` × `width` elements keeps for backward beyond its input and output.
   std::int64_t norm_saved_bytes(std::int64_t rows, std::int64_t width) const;
@@ -293,8 +262,6 @@ class StepBuilder : private OpEmitter {
   HeadLayout layout_;
   const CpScheme& method_;
   std::int64_t acc_bytes_ = 4;  ///< ring output and gradient accumulators (implementation's dtype)
-  models::RopeKernel rope_kernel_ =
-      models::RopeKernel::kFused;                      ///< the implementation's, or the recipe's
   LogitsLoss logits_loss_ = LogitsLoss::kHuggingFace;  ///< the implementation's framework's
   models::ParameterCount params_;
   bool merge_ring_ = false;    // BuildOptions::merge_ring_steps
