@@ -7,7 +7,6 @@
 #include <limits>
 #include <map>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -41,6 +40,35 @@ struct Block {
   std::int64_t size = 0;
   std::int32_t segment = 0;
   BlockState state = BlockState::kFree;
+};
+
+// The free mapped blocks of a pool by (size, address), for best fit: a sorted vector, with a set's
+// semantics (a pool holds tens to hundreds of free blocks, where a search and a move of a few
+// kilobytes beat a tree's node allocations).
+class FreeBlocks {
+ public:
+  using Entry = std::pair<std::int64_t, std::int64_t>;  // (size, address)
+  void insert(Entry b) {
+    const auto it = std::lower_bound(blocks_.begin(), blocks_.end(), b);
+    if (it == blocks_.end() || *it != b) {
+      blocks_.insert(it, b);
+    }
+  }
+  void erase(Entry b) {
+    const auto it = std::lower_bound(blocks_.begin(), blocks_.end(), b);
+    if (it != blocks_.end() && *it == b) {
+      blocks_.erase(it);
+    }
+  }
+  /// The address of the smallest free block of at least `size` bytes (the lowest address among
+  /// equal sizes); -1 when none.
+  std::int64_t best_fit(std::int64_t size) const {
+    const auto it = std::lower_bound(blocks_.begin(), blocks_.end(), Entry{size, -1});
+    return it == blocks_.end() ? -1 : it->second;
+  }
+
+ private:
+  std::vector<Entry> blocks_;
 };
 
 // One pool (stream × small/large) of one rank. Blocks are kept by address; free mapped blocks are
@@ -79,11 +107,10 @@ class Pool {
 
   /// The address of the best-fitting free block for `size`, taken and split; -1 on a miss.
   std::int64_t take_free(std::int64_t size) {
-    const auto it = free_.lower_bound({size, std::int64_t{-1}});
-    if (it == free_.end()) {
+    const std::int64_t addr = free_.best_fit(size);
+    if (addr < 0) {
       return -1;
     }
-    const std::int64_t addr = it->second;
     take(addr, size);
     return addr;
   }
@@ -308,7 +335,7 @@ class Pool {
   AllocatorMode mode_;
   bool small_;
   std::map<std::int64_t, Block> blocks_;
-  std::set<std::pair<std::int64_t, std::int64_t>> free_;  // (size, address) of free mapped blocks
+  FreeBlocks free_;
   std::int64_t next_segment_addr_ = 0;
   std::int32_t next_segment_ = 0;
 };
