@@ -31,9 +31,8 @@
 #include <array>
 
 #include "cpsim/sim/cp_method.hpp"
+#include "cpsim/sim/implementation.hpp"
 #include "cpsim/sim/schedule.hpp"
-
-#include "implementations.hpp"
 
 namespace cpsim::sim::impls {
 namespace {

@@ -7,8 +7,6 @@
 #include "cpsim/sim/implementation.hpp"
 #include "cpsim/sim/schedule.hpp"
 
-#include "implementations.hpp"
-
 namespace cpsim::sim {
 
 const char* to_string(LedgerSite s) {
@@ -178,6 +176,18 @@ std::optional<std::int64_t> Implementation::site_calls(LedgerSite site,
   }
   return sum;
 }
+
+// The implementations, each defined in its own file of this folder by its factory: one
+// declaration here and one line in the list below (sim/CMakeLists.txt compiles every file of the
+// folder).
+namespace impls {
+const Implementation& yunchang_usp();
+const Implementation& deepspeed_ulysses();
+const Implementation& untied_ulysses_upipe();
+const Implementation& torch_native_cp();
+const Implementation& megatron_core_cp();
+const Implementation& deepspeed_fpdt();
+}  // namespace impls
 
 std::span<const Implementation* const> implementations() {
   // One line per implementation; the count follows the list.
