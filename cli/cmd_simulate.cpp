@@ -72,40 +72,41 @@ std::string recipe_label(const models::TrainingRecipe& r,
 }
 
 // The configuration as simulated.
-nlohmann::json config_json(const sim::ScheduleInputs& in, const sim::HeadLayout& L) {
+nlohmann::json config_json(const sim::ScheduleInputs& in,
+                           const sim::HeadLayout& L,
+                           const sim::Implementation* implementation) {
   using nlohmann::json;
   const auto& r = in.recipe;
-  json c = {
-      {"model", in.model.name},
-      {"hardware", in.hardware.name},
-      {"gpus", in.parallel.gpus},
-      {"gpus_per_node", in.parallel.gpus_per_node},
-      {"method", models::to_string(in.parallel.method)},
-      {"implementation", L.implementation != nullptr ? json(L.implementation->name()) : json()},
-      {"seq_len", in.parallel.seq_len},
-      {"cp_degree", in.parallel.cp_degree},
-      {"ulysses_degree", L.ulysses},
-      {"ring_degree", L.ring},
-      {"ring_layout", models::to_string(in.parallel.ring_layout)},
-      {"fpdt_chunk", in.parallel.fpdt_chunk},
-      {"fpdt_offload", in.parallel.fpdt_offload},
-      {"optimizer_offload", r.optimizer_offload},
-      {"param_offload", r.param_offload},
-      {"comm_dtype", r.cp_comm_bytes == 4 ? "fp32" : "bf16"},
-      {"data_parallel", in.parallel.data_parallel()},
-      {"heads_per_stage", L.heads_per_stage},
-      {"stages", L.stages},
-      {"recipe", r.name},
-      {"zero_stage", r.zero_stage},
-      {"ac", models::to_string(r.checkpointing)},
-      {"ac_offload", r.checkpoint_offload},
-      {"tiled_mlp", r.tiled_mlp},
-      {"fused_loss", r.fused_loss},
-      {"norm_kernel", models::to_string(r.norm_kernel)},
-      {"rope_kernel", models::to_string(r.rope_kernel)},
-      {"mlp_kernel", models::to_string(r.mlp_kernel)},
-      {"int32_kernel_indexing", r.int32_kernel_indexing},
-      {"attention_kernel", r.attention_kernel}};
+  json c = {{"model", in.model.name},
+            {"hardware", in.hardware.name},
+            {"gpus", in.parallel.gpus},
+            {"gpus_per_node", in.parallel.gpus_per_node},
+            {"method", models::to_string(in.parallel.method)},
+            {"implementation", implementation != nullptr ? json(implementation->name()) : json()},
+            {"seq_len", in.parallel.seq_len},
+            {"cp_degree", in.parallel.cp_degree},
+            {"ulysses_degree", L.ulysses},
+            {"ring_degree", L.ring},
+            {"ring_layout", models::to_string(in.parallel.ring_layout)},
+            {"fpdt_chunk", in.parallel.fpdt_chunk},
+            {"fpdt_offload", in.parallel.fpdt_offload},
+            {"optimizer_offload", r.optimizer_offload},
+            {"param_offload", r.param_offload},
+            {"comm_dtype", r.cp_comm_bytes == 4 ? "fp32" : "bf16"},
+            {"data_parallel", in.parallel.data_parallel()},
+            {"heads_per_stage", L.heads_per_stage},
+            {"stages", L.stages},
+            {"recipe", r.name},
+            {"zero_stage", r.zero_stage},
+            {"ac", models::to_string(r.checkpointing)},
+            {"ac_offload", r.checkpoint_offload},
+            {"tiled_mlp", r.tiled_mlp},
+            {"fused_loss", r.fused_loss},
+            {"norm_kernel", models::to_string(r.norm_kernel)},
+            {"rope_kernel", models::to_string(r.rope_kernel)},
+            {"mlp_kernel", models::to_string(r.mlp_kernel)},
+            {"int32_kernel_indexing", r.int32_kernel_indexing},
+            {"attention_kernel", r.attention_kernel}};
   // Written only when set, so that a run without them reads as before.
   if (in.parallel.tp_degree > 1 || in.parallel.micro_batches > 1) {
     c["tp_degree"] = in.parallel.tp_degree;
@@ -194,7 +195,7 @@ nlohmann::json to_json(const sim::ScheduleInputs& in,
   json j = {
       {"schema_version", kSimulateSchemaVersion},
       {"command", "simulate"},
-      {"config", config_json(in, rep.layout)},
+      {"config", config_json(in, rep.layout, rep.implementation)},
       {"step_time_s", rep.step_time_s},
       {"tokens_per_step", rep.tokens_per_step},
       {"tokens_per_s_per_gpu", rep.tokens_per_s_per_gpu},
@@ -267,9 +268,9 @@ std::string setup_lines(const sim::ScheduleInputs& in, const sim::StepReport& re
                    format_length(in.parallel.seq_len), in.parallel.seq_len, in.recipe.name);
   o +=
       fmt::format("  {}\n", recipe_label(in.recipe, rep, in.parallel.local_seq(), in.model.hidden));
-  if (L.implementation != nullptr) {
-    o += fmt::format("  implementation {} ({}; ledger {})\n", L.implementation->name(),
-                     L.implementation->pinned_source(), L.implementation->ledger_document());
+  if (const sim::Implementation* impl = rep.implementation; impl != nullptr) {
+    o += fmt::format("  implementation {} ({}; ledger {})\n", impl->name(), impl->pinned_source(),
+                     impl->ledger_document());
   } else {
     o += "  implementation none: the method's scheme alone (no wrapper allocations)\n";
   }

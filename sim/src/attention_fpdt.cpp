@@ -225,8 +225,8 @@ class StepBuilder::FpdtPass {
         host_(sb.w_,
               sb.b_.simulated_ranks(),
               sb.cost_.profile().host_issue,
-              offload_ && sb.layout_.implementation != nullptr &&
-                  sb.layout_.implementation->synchronised_fpdt_loop()) {
+              offload_ && sb.implementation_ != nullptr &&
+                  sb.implementation_->synchronised_fpdt_loop()) {
     const std::int64_t ab = sb.shape_.activation_bytes;
     q_local_bytes_ = lc_ * sb.m_.heads * d_ * ab;
     kv_local_bytes_ = lc_ * 2 * sb.layout_.kv_heads_eff * d_ * ab;

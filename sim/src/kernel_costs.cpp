@@ -8,9 +8,11 @@
 
 namespace cpsim::sim::detail {
 
-KernelCosts::KernelCosts(const CostModel& cost, const ScheduleInputs& in, const HeadLayout& layout)
-    : rope_kernel_(layout.implementation != nullptr ? layout.implementation->rope_kernel(in)
-                                                    : in.recipe.rope_kernel),
+KernelCosts::KernelCosts(const CostModel& cost,
+                         const ScheduleInputs& in,
+                         const Implementation* implementation)
+    : rope_kernel_(implementation != nullptr ? implementation->rope_kernel(in)
+                                             : in.recipe.rope_kernel),
       cost_model_(cost),
       recipe_(in.recipe),
       activation_bytes_(in.recipe.activation_bytes) {}

@@ -14,8 +14,10 @@ namespace cpsim::sim::detail {
 
 class KernelCosts {
  public:
-  /// `cost` outlives this; `layout`: its implementation's RoPE kernel, if it runs its own.
-  KernelCosts(const CostModel& cost, const ScheduleInputs& in, const HeadLayout& layout);
+  /// `cost` outlives this; `implementation` (nullptr: none): its RoPE kernel, if it runs its own.
+  KernelCosts(const CostModel& cost,
+              const ScheduleInputs& in,
+              const Implementation* implementation);
 
   KernelCost gemm(std::int64_t m, std::int64_t n, std::int64_t k) const;
   /// A Linear layer's GEMMs, Y[m,n] = X[m,k]·W[k,n] (Q/K/V, output projection, gate/up, down): in

@@ -8,6 +8,7 @@ namespace cpsim::sim::detail {
 
 OpEmitter::OpEmitter(const ScheduleInputs& in,
                      const HeadLayout& layout,
+                     const Implementation* implementation,
                      Workload& w,
                      int simulated_ranks)
     : in_(in),
@@ -15,8 +16,8 @@ OpEmitter::OpEmitter(const ScheduleInputs& in,
       r_(in.recipe),
       shape_(StepShape::of(in)),
       cost_(in.hardware,
-            layout.implementation != nullptr ? layout.implementation->attention_kernel(in)
-                                             : in.recipe.attention_kernel),
+            implementation != nullptr ? implementation->attention_kernel(in)
+                                      : in.recipe.attention_kernel),
       b_(w,
          in.parallel.gpus,
          simulated_ranks,
@@ -25,16 +26,15 @@ OpEmitter::OpEmitter(const ScheduleInputs& in,
          in.parallel.gpus_per_node,
          in.parallel.tp_degree),
       w_(w) {
-  if (layout.implementation == nullptr) {
+  if (implementation == nullptr) {
     return;
   }
   const LedgerUnits units = ledger_units(in, layout);
   for (int site = 0; site < kLedgerSiteCount; ++site) {
     const auto s = static_cast<LedgerSite>(site);
-    ledger_bytes_[static_cast<std::size_t>(site)] = layout.implementation->site_bytes(s, units);
-    ledger_traffic_[static_cast<std::size_t>(site)] =
-        layout.implementation->site_traffic_bytes(s, units);
-    traced_calls_[static_cast<std::size_t>(site)] = layout.implementation->site_calls(s, units);
+    ledger_bytes_[static_cast<std::size_t>(site)] = implementation->site_bytes(s, units);
+    ledger_traffic_[static_cast<std::size_t>(site)] = implementation->site_traffic_bytes(s, units);
+    traced_calls_[static_cast<std::size_t>(site)] = implementation->site_calls(s, units);
   }
 }
 

@@ -50,8 +50,12 @@ struct StepShape {
 /// The step builder emits through it, and its attention schemes (attention_*.cpp) do too.
 class OpEmitter {
  public:
-  /// `layout`: the configuration's (its implementation's ledger rows and attention kernel).
-  OpEmitter(const ScheduleInputs& in, const HeadLayout& layout, Workload& w, int simulated_ranks);
+  /// `implementation` (nullptr: none): its ledger rows at `layout` and its attention kernel.
+  OpEmitter(const ScheduleInputs& in,
+            const HeadLayout& layout,
+            const Implementation* implementation,
+            Workload& w,
+            int simulated_ranks);
 
   /// spec_ reset for the next op: `name` on `stream`, nothing attached; emit() emits it.
   OpSpec& next_spec(Name name, Stream stream, OpKind kind);

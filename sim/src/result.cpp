@@ -243,6 +243,7 @@ StepReport summarize(const ScheduleInputs& in,
   summarize_gpu_memory(in, w, r, log_use, rep);
   summarize_host_memory(in, w, r, rep);
   rep.layout = w.layout;
+  rep.implementation = w.implementation;
   rep.kernel_limit = int32_index_violation(in, rep.layout);
   rep.fits_kernels = rep.kernel_limit.empty();
   rep.binding = binding_constraint(rep);

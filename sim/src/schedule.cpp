@@ -145,7 +145,9 @@ std::optional<ConfigIssue> split_heads(const ScheduleInputs& in, HeadLayout& L) 
 
 // The implementation asked for (--impl), else the recipe's default for the method, else none;
 // then its own constraints.
-std::optional<ConfigIssue> choose_implementation(const ScheduleInputs& in, HeadLayout& L) {
+std::optional<ConfigIssue> choose_implementation(const ScheduleInputs& in,
+                                                 HeadLayout& L,
+                                                 const Implementation*& implementation) {
   const ResolvedImplementation resolved = resolve_implementation(in);
   if (resolved.issue) {
     return resolved.issue;
@@ -176,7 +178,7 @@ std::optional<ConfigIssue> choose_implementation(const ScheduleInputs& in, HeadL
     }
     return refused;
   }
-  L.implementation = chosen;
+  implementation = chosen;
   return std::nullopt;
 }
 
@@ -276,7 +278,7 @@ LayoutCheck check_rank_layout(const ScheduleInputs& in) {
     out.issue = method.stage_heads(in, out.layout);
   }
   if (!out.issue) {
-    out.issue = choose_implementation(in, out.layout);
+    out.issue = choose_implementation(in, out.layout, out.implementation);
   }
   return out;
 }
@@ -299,12 +301,16 @@ LayoutCheck check_head_layout(const ScheduleInputs& in) {
   return out.issue ? out : check_rank_layout(rank_view(in, storage));
 }
 
-HeadLayout derive_head_layout(const ScheduleInputs& in) {
+LayoutCheck checked_layout(const ScheduleInputs& in) {
   LayoutCheck checked = check_head_layout(in);
   if (checked.issue) {
     throw ConfigError(std::move(*checked.issue), in.parallel);
   }
-  return checked.layout;
+  return checked;
+}
+
+HeadLayout derive_head_layout(const ScheduleInputs& in) {
+  return checked_layout(in).layout;
 }
 
 AttentionBuffers attention_buffers(const ScheduleInputs& inputs, const HeadLayout& L) {
@@ -459,7 +465,7 @@ Workload build_step(const ScheduleInputs& inputs, const BuildOptions& options) {
 void build_step(const ScheduleInputs& inputs, Workload& into, const BuildOptions& options) {
   inputs.model.validate();
   inputs.recipe.validate();
-  const HeadLayout layout = derive_head_layout(inputs);
+  const LayoutCheck checked = checked_layout(inputs);
   // The step of one TP rank: its share of the model (tensor_parallel_rank).
   std::optional<ScheduleInputs> storage;
   const ScheduleInputs& rank = rank_view(inputs, storage);
@@ -467,9 +473,11 @@ void build_step(const ScheduleInputs& inputs, Workload& into, const BuildOptions
   // takes its slowest position's time (see attention_core.cpp).
   const bool fast = !options.all_ranks;
   into.clear();
-  into.layout = layout;
-  detail::StepBuilder builder(rank, layout, into, fast ? 1 : inputs.parallel.gpus,
-                              fast && options.merge_ring_steps, options.repeat_layers);
+  into.layout = checked.layout;
+  into.implementation = checked.implementation;
+  detail::StepBuilder builder(rank, checked.layout, checked.implementation, into,
+                              fast ? 1 : inputs.parallel.gpus, fast && options.merge_ring_steps,
+                              options.repeat_layers);
   builder.build();
 }
 

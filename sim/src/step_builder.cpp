@@ -22,23 +22,25 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
 
 StepBuilder::StepBuilder(const ScheduleInputs& in,
                          const HeadLayout& layout,
+                         const Implementation* implementation,
                          Workload& w,
                          int simulated_ranks,
                          bool merge_ring_steps,
                          bool repeat_layers)
-    : OpEmitter(in, layout, w, simulated_ranks),
-      KernelCosts(cost_, in, layout),
+    : OpEmitter(in, layout, implementation, w, simulated_ranks),
+      KernelCosts(cost_, in, implementation),
       layout_(layout),
+      implementation_(implementation),
       method_(cp_scheme(in.parallel.method)) {
   params_ = models::count_parameters(m_);
   merge_ring_ = merge_ring_steps && simulated_ranks < in.parallel.gpus;
   repeat_layers_ = repeat_layers;
-  tp_regather_ = layout_.implementation == nullptr || layout_.implementation->tp_regathers_inputs();
+  tp_regather_ = implementation_ == nullptr || implementation_->tp_regathers_inputs();
   shards_ =
       r_.tiled_mlp_shards > 0 ? r_.tiled_mlp_shards : ceil_div(shape_.local_tokens, m_.hidden);
-  if (layout_.implementation != nullptr) {
-    acc_bytes_ = layout_.implementation->ring_accumulator_bytes(in);
-    logits_loss_ = layout_.implementation->logits_loss();
+  if (implementation_ != nullptr) {
+    acc_bytes_ = implementation_->ring_accumulator_bytes(in);
+    logits_loss_ = implementation_->logits_loss();
   }
   tile_ = ceil_div(shape_.local_tokens, shards_);
 }
@@ -851,8 +853,8 @@ void StepBuilder::add_notes() {
         "and its intermediates are not held in memory",
         models::to_string(rope_kernel_)));
   }
-  if (layout_.implementation != nullptr) {
-    for (const std::string_view limit : layout_.implementation->limits()) {
+  if (implementation_ != nullptr) {
+    for (const std::string_view limit : implementation_->limits()) {
       w_.notes.emplace_back(limit);
     }
   }

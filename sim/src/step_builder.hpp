@@ -80,8 +80,10 @@ class StepBuilder : private OpEmitter, private KernelCosts {
   /// `merge_ring_steps`: see BuildOptions (representative rank only: its middle steps are equal).
   /// `layout`: derive_head_layout(in), derived once by build_step.
   /// `repeat_layers`: blocks are instances of templates (step_layers.cpp), else built one by one.
+  /// `implementation`: the one that runs it (LayoutCheck::implementation; nullptr: the scheme).
   StepBuilder(const ScheduleInputs& in,
               const HeadLayout& layout,
+              const Implementation* implementation,
               Workload& w,
               int simulated_ranks,
               bool merge_ring_steps,
@@ -260,6 +262,7 @@ class StepBuilder : private OpEmitter, private KernelCosts {
                                       double* flops) const;
 
   HeadLayout layout_;
+  const Implementation* implementation_;  ///< nullptr: the method's scheme alone
   const CpScheme& method_;
   std::int64_t acc_bytes_ = 4;  ///< ring output and gradient accumulators (implementation's dtype)
   LogitsLoss logits_loss_ = LogitsLoss::kHuggingFace;  ///< the implementation's framework's

@@ -183,8 +183,9 @@ TEST(Ledger, OpsCarryTheRowsAtTheirSites) {
     }
     ScheduleInputs with = none;
     with.parallel.implementation = std::string(impl->name());
-    const HeadLayout layout = derive_head_layout(with);
-    ASSERT_EQ(layout.implementation, impl);
+    const LayoutCheck checked = checked_layout(with);
+    ASSERT_EQ(checked.implementation, impl);
+    const HeadLayout& layout = checked.layout;
     if (layout.kv_heads_eff != derive_head_layout(none).kv_heads_eff) {
       // The implementation reshapes K/V (repeat_kv): compare with the scheme at that shape.
       none.model.kv_heads = layout.kv_heads_eff;
@@ -374,7 +375,7 @@ TEST(Ledger, TorchNativeRingWorkedExample) {
   in.parallel.implementation.clear();  // the recipe's default
   const test::Evaluation e = test::evaluate(in);
   constexpr std::int64_t kMiB = 1 << 20;
-  EXPECT_EQ(e.report.layout.implementation, find_implementation("torch-native-cp"));
+  EXPECT_EQ(e.report.implementation, find_implementation("torch-native-cp"));
   EXPECT_EQ(e.report.category_peak[static_cast<std::size_t>(MemCategory::kAttention)],
             33 * 256 * kMiB + 10 * kMiB);
 }
@@ -403,17 +404,17 @@ TEST(Ledger, MegatronWorkedExamples) {
 TEST(Implementation, RecipeDefaults) {
   ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 64 * 1024);
   in.parallel.implementation.clear();
-  EXPECT_EQ(derive_head_layout(in).implementation, find_implementation("yunchang-usp"));
+  EXPECT_EQ(checked_layout(in).implementation, find_implementation("yunchang-usp"));
   in.recipe = models::load_recipe("alst-deepspeed", testing::data());
-  EXPECT_EQ(derive_head_layout(in).implementation, find_implementation("deepspeed-ulysses"));
+  EXPECT_EQ(checked_layout(in).implementation, find_implementation("deepspeed-ulysses"));
   in.parallel.method = CpMethod::kFpdt;
   in.recipe = models::load_recipe("deepspeed-fpdt", testing::data());
-  EXPECT_EQ(derive_head_layout(in).implementation, find_implementation("deepspeed-fpdt"));
+  EXPECT_EQ(checked_layout(in).implementation, find_implementation("deepspeed-fpdt"));
   in.recipe = models::load_recipe("alst", testing::data());
-  EXPECT_EQ(derive_head_layout(in).implementation, nullptr);  // no default for fpdt in alst
+  EXPECT_EQ(checked_layout(in).implementation, nullptr);  // no default for fpdt in alst
   in = inputs(CpMethod::kUlysses, "llama3-8b", 8, 64 * 1024);
   in.parallel.implementation = "none";
-  EXPECT_EQ(derive_head_layout(in).implementation, nullptr);
+  EXPECT_EQ(checked_layout(in).implementation, nullptr);
 }
 
 TEST(Implementation, Refusals) {

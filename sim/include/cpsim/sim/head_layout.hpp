@@ -6,8 +6,6 @@
 
 namespace cpsim::sim {
 
-class Implementation;
-
 /// Head layout of one Ulysses/UPipe rank after the all-to-all (derived, validated).
 ///   kv_heads_eff = H_kv if H_kv % C == 0, else C when C % H_kv == 0 (KV heads replicated).
 ///   UPipe: U query heads per stage (all ranks), stages = H / U, U/C query heads per rank per
@@ -26,8 +24,6 @@ struct HeadLayout {
   std::int64_t kv_heads_per_fetch = 0;   ///< KV heads projected and sent per fetch (all ranks)
   std::int64_t stages_per_kv_fetch = 0;  ///< stages that reuse one KV fetch
   std::int64_t kv_replication = 1;       ///< kv_heads_eff / H_kv
-  /// The implementation that runs (implementation.hpp); nullptr: the method's scheme alone.
-  const Implementation* implementation = nullptr;
 };
 
 /// Per-rank bytes of the attention buffers of one layer (hand-checkable; used by tests and

@@ -68,6 +68,8 @@ struct StepReport {
   std::string binding;  ///< what limits it: GPU memory, host memory, a kernel limit, or empty
 
   HeadLayout layout;
+  /// The implementation that ran (Workload::implementation); nullptr: the method's scheme alone.
+  const Implementation* implementation = nullptr;
   AttentionBuffers attention;
   std::int64_t ops = 0;
   int simulated_ranks = 0;  ///< 1 on the representative-rank fast path

@@ -15,10 +15,12 @@
 
 namespace cpsim::sim {
 
-/// A configuration checked: its head layout, or what is wrong with it (a result value: refused
-/// configurations are an expected outcome of a search).
+/// A configuration checked: its head layout and the implementation that runs it, or what is wrong
+/// with it (a result value: refused configurations are an expected outcome of a search).
 struct LayoutCheck {
   HeadLayout layout;
+  /// Resolved once (resolve_implementation) and checked; nullptr: the method's scheme alone.
+  const Implementation* implementation = nullptr;
   std::optional<ConfigIssue> issue;  ///< set when the configuration is refused
 };
 /// Validates the combination (the checks every method shares, then its implementation's) and
@@ -28,7 +30,9 @@ struct LayoutCheck {
 /// the model's heads (not divisible by the Ulysses degree, KV heads neither dividing nor divisible
 /// by it), and the method's own knobs (heads per stage, FPDT chunk).
 LayoutCheck check_head_layout(const ScheduleInputs& inputs);
-/// check_head_layout for callers that cannot go on without a layout. @throws ConfigError.
+/// check_head_layout for callers that cannot go on without it. @throws ConfigError.
+LayoutCheck checked_layout(const ScheduleInputs& inputs);
+/// checked_layout(inputs).layout. @throws ConfigError.
 HeadLayout derive_head_layout(const ScheduleInputs& inputs);
 
 /// One tensor-parallel rank's view of `inputs` (parallel.tp_degree = T): the model's heads, KV

@@ -18,6 +18,8 @@
 
 namespace cpsim::sim {
 
+class Implementation;
+
 using OpId = std::int32_t;
 using TensorId = std::int32_t;
 using CollectiveId = std::int32_t;
@@ -169,6 +171,8 @@ struct Workload {
   };
   std::array<TemplateShape, 3> template_shapes;
   HeadLayout layout;  ///< of the configuration the step was built for (build_step)
+  /// The implementation that runs it (LayoutCheck::implementation); nullptr: the scheme alone.
+  const Implementation* implementation = nullptr;
   /// The first op of the first micro-batch's loss: the ops before it are the embedding and the
   /// blocks' forward. kNone when the step has no loss.
   OpId loss_begin = kNone;
