@@ -109,6 +109,7 @@ CLI::App* register_plan(CLI::App& app, PlanArgs& a) {
                 "max-context mode: each configuration's longest length whose step takes at most "
                 "this long (90s, 30min, 2h, 1.5d; a plain number is seconds)");
   add_cost_options(c, a.config.gpu_hour_cost, a.config.train_tokens);
+  add_plan_batch_options(c, a.config);
   c->add_flag(
       "--fixed-recipe", a.fixed_recipe,
       "--seq mode: keep the recipe's AC, offload, tiling, loss and ZeRO settings instead of "
@@ -337,6 +338,11 @@ void check_plan_flags(PlanArgs& a) {
   if (!a.max_step_time.empty() && !a.seq.empty()) {
     throw InputError("--max-step-time",
                      "caps a longest-context answer; with --seq the plan ranks by step time");
+  }
+  if (!a.config.lengths.empty() && a.seq.empty()) {
+    throw InputError("--lengths",
+                     "needs --seq (the packed sequence's length): packed batches "
+                     "rank the configurations at that length");
   }
   if (a.fixed_recipe && a.seq.empty()) {
     throw InputError("--fixed-recipe",
@@ -927,21 +933,36 @@ int run_plan(const PlanArgs& args) {
   const ProgressMode progress_mode = parse_progress_mode(a.progress);
   if (const std::vector<std::string> profiles = hardware_profiles(a.config.hardware);
       profiles.size() > 1) {
+    if (!a.config.lengths.empty()) {
+      throw InputError("--hardware", "one hardware profile at a time with --lengths");
+    }
     a.json = a.json || a.format == "json";
     return run_side_by_side(a, profiles, progress_mode);
   }
   check_plan_flags(a);
   PlanSetup s = plan_setup(a);
   const auto t0 = std::chrono::steady_clock::now();
-  const planner::PlanResult res = search_with_progress(s, progress_mode, "plan");
-  const double wall_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  planner::PlanResult res = search_with_progress(s, progress_mode, "plan");
   if (res.ranked.empty()) {
     throw_nothing_fits(a, s, res);
   }
+  std::optional<PlanBatches> batches;
+  if (!a.config.lengths.empty()) {
+    Progress progress("plan", progress_mode);
+    batches = rank_plan_by_batches(
+        a.config, s.base, a.top, res.ranked, res.why_best, [&progress](int done, int total) {
+          progress.update(fmt::format("packed batches: {} of {} configurations", done, total));
+        });
+  }
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const Emitted emitted = s.format ? emit_best(a, s, res) : Emitted{};
   if (a.json) {
-    std::cout << plan_json(a, s, res, emitted).dump(2) << "\n";
+    nlohmann::json j = plan_json(a, s, res, emitted);
+    if (batches) {
+      j["packed_batches"] = plan_batches_json(*batches);
+    }
+    std::cout << j.dump(2) << "\n";
     return 0;
   }
   if (a.format == "csv") {
@@ -949,6 +970,9 @@ int run_plan(const PlanArgs& args) {
     return 0;
   }
   print_plan_tables(a, s, res, wall_s);
+  if (batches) {
+    std::cout << "\n" << plan_batches_table(*batches) << "\n";
+  }
   print_recommendation(a, s, res, emitted);
   return 0;
 }

@@ -389,6 +389,7 @@ CLI::App* register_report(CLI::App& app, ReportArgs& a) {
                 "progress on stderr: auto (in place on a terminal, a log line every 10 s "
                 "otherwise, once past 2 s), always (from the start), never; default: "
                 "$CPSIM_PROGRESS, else auto");
+  add_plan_batch_options(c, a.config);
   c->add_option("--html", a.html, "the HTML file to write (- = standard output)")
       ->required()
       ->check(output_path_check());
@@ -477,6 +478,23 @@ std::int64_t detail_length(const MethodSweep& pick, const std::optional<std::int
 
 // One step of `pick` at `len`, with its trace and the allocator model; a refusal at a
 // --detail-seq the user gave names that flag.
+// The detail configuration over packed batches (--lengths).
+BatchDetail batch_detail(const ReportArgs& a,
+                         const MethodSweep& pick,
+                         std::int64_t len,
+                         Progress& progress) {
+  BatchDetail b;
+  b.method = pick.method;
+  b.seq_len = len;
+  b.options = batch_options(a.config);
+  sim::ScheduleInputs in = pick.inputs;
+  in.parallel.seq_len = len;
+  b.study = planner::study_batches(in, b.options, [&](int done, int total) {
+    progress.update(fmt::format("packed batches: {} of {}", done, total));
+  });
+  return b;
+}
+
 StepDetail detail_step(const MethodSweep& pick,
                        std::int64_t len,
                        const std::optional<std::int64_t>& detail_seq) {
@@ -523,6 +541,9 @@ int run_report(const ReportArgs& a) {
     if (const std::int64_t len = detail_length(*pick, detail_seq); len > 0) {
       progress.update(fmt::format("one step of {} at {}", pick->method, format_length(len)));
       page.detail = detail_step(*pick, len, detail_seq);
+      if (!a.config.lengths.empty()) {
+        page.batches = batch_detail(a, *pick, len, progress);
+      }
     }
   }
 

@@ -355,15 +355,6 @@ std::string peak_lines(const sim::ScheduleInputs& in, const sim::StepReport& rep
 }
 
 // `table`, each line indented by four spaces.
-std::string indented(const std::string& table) {
-  std::string o;
-  std::istringstream lines(table);
-  for (std::string line; std::getline(lines, line);) {
-    o += "    " + line + "\n";
-  }
-  return o;
-}
-
 // The categories at the peak and on their own, the largest allocations, the host memory.
 std::string memory_tables(const sim::StepReport& rep, const sim::PeakContents* peak) {
   std::vector<std::vector<std::string>> rows;
@@ -375,8 +366,8 @@ std::string memory_tables(const sim::StepReport& rep, const sim::PeakContents* p
   }
   rows.push_back({"fixed overheads", format_bytes(static_cast<double>(rep.fixed_overhead_bytes)),
                   format_bytes(static_cast<double>(rep.fixed_overhead_bytes))});
-  std::string o =
-      indented(format_table({"category", "at peak", "own peak"}, rows, {false, true, true}));
+  std::string o = indent_lines(
+      format_table({"category", "at peak", "own peak"}, rows, {false, true, true}), "    ");
   if (peak != nullptr && !peak->largest.empty()) {
     o += "  largest allocations at the peak (model states and fixed overheads not listed):\n";
     std::vector<std::vector<std::string>> big;
@@ -388,8 +379,9 @@ std::string memory_tables(const sim::StepReport& rep, const sim::PeakContents* p
       big.push_back({fmt::format("{} others", peak->other_count),
                      format_bytes(static_cast<double>(peak->other_bytes)), "", ""});
     }
-    o += indented(format_table({"tensor", "bytes", "category", "allocated by"}, big,
-                               {false, true, false, false}));
+    o += indent_lines(format_table({"tensor", "bytes", "category", "allocated by"}, big,
+                                   {false, true, false, false}),
+                      "    ");
   }
   o += fmt::format("  host memory (pinned) {} per node of {}: {}{}\n",
                    format_bytes(static_cast<double>(rep.host_memory_bytes)),
@@ -477,6 +469,7 @@ CLI::App* register_simulate(CLI::App& app, SimulateArgs& a) {
                 "refuse a trace estimated above this size (default: 1G)");
   c->add_flag("--trace-force", a.trace_force, "write the trace whatever its estimated size");
   c->add_flag("--json", a.json, "print one JSON object instead of the table");
+  add_batch_options(c, a);
   return c;
 }
 
@@ -709,6 +702,9 @@ int run_side_by_side(const SimulateArgs& a,
 }  // namespace
 
 int run_simulate(const SimulateArgs& a) {
+  if (!a.lengths.empty() || !a.pack.empty()) {
+    return run_simulate_batches(a);
+  }
   const std::optional<CostRate> rate = parse_cost_rate(a.gpu_hour_cost, a.train_tokens);
   if (const std::vector<std::string> profiles = hardware_profiles(a.hardware);
       profiles.size() > 1) {

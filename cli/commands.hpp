@@ -1,13 +1,17 @@
 #pragma once
 // Subcommands: each registers its flags on a CLI11 subcommand and runs after parsing.
 
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
+#include "cpsim/planner/batches.hpp"
+#include "cpsim/planner/search.hpp"
 #include "cpsim/sim/schedule.hpp"
 
 #include "config_options.hpp"
@@ -33,6 +37,30 @@ class DoesNotFit : public std::runtime_error {
 
 CLI::App* register_simulate(CLI::App& app, SimulateArgs& args);
 int run_simulate(const SimulateArgs& args);
+/// `simulate --lengths`: the step over sampled packed batches (packed_batches.cpp).
+void add_batch_options(CLI::App* simulate, SimulateArgs& args);
+/// The flags `plan --lengths` shares with it (the plan's --seq is the packed sequence).
+void add_plan_batch_options(CLI::App* plan, SimulateArgs& args);
+/// The batch options the flags give (--lengths set). @throws InputError naming the flag.
+planner::BatchOptions batch_options(const SimulateArgs& args);
+/// `plan --lengths`: the plan's first max(top, 5) configurations ranked again under packed
+/// batches, the ranking's answer for the table and JSON.
+struct PlanBatches {
+  planner::BatchOptions options;
+  std::vector<planner::Candidate> candidates;  ///< the configurations studied, in plan order
+  std::vector<planner::BatchRanking> ranking;  ///< best first
+};
+/// Reorders `ranked` (best first): the studied candidates in the ranking's order ahead of the
+/// rest; `why_best` then says what the packed batches found.
+PlanBatches rank_plan_by_batches(const SimulateArgs& args,
+                                 const sim::ScheduleInputs& base,
+                                 int top,
+                                 std::vector<planner::Candidate>& ranked,
+                                 std::string& why_best,
+                                 const std::function<void(int, int)>& progress);
+std::string plan_batches_table(const PlanBatches& b);
+nlohmann::json plan_batches_json(const PlanBatches& b);
+int run_simulate_batches(const SimulateArgs& args);
 
 struct MaxLenArgs {
   SimulateArgs config;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <dlfcn.h>
+#include <sstream>
 #include <string_view>
 #include <utility>
 
@@ -166,6 +167,15 @@ std::string csv_field(const std::string& s) {
     o += c;
   }
   return o + "\"";
+}
+
+std::string indent_lines(const std::string& text, const std::string& prefix) {
+  std::string o;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    o += prefix + line + "\n";
+  }
+  return o;
 }
 
 }  // namespace cpsim::cli

@@ -41,6 +41,9 @@ std::string format_table(const std::vector<std::string>& header,
                          const std::vector<std::vector<std::string>>& rows,
                          const std::vector<bool>& numeric);
 
+/// Every line of `text` prefixed with `prefix`, each ending in a newline.
+std::string indent_lines(const std::string& text, const std::string& prefix);
+
 /// One CSV field (RFC 4180): quoted, with quotes doubled, when it holds a comma, a quote or a
 /// newline.
 std::string csv_field(const std::string& s);

@@ -29,6 +29,8 @@ std::string flag_for(sim::Quantity q, const models::ParallelConfig& p) {
       return "--micro-batches";
     case sim::Quantity::kPpDegree:
       return "--pp";
+    case sim::Quantity::kDocuments:
+      return "--lengths";
   }
   return sim::to_string(q);
 }

@@ -421,7 +421,8 @@ void add_model_and_method_options(CLI::App* c, SimulateArgs& a, bool with_seq) {
                             sim::implementation_names()));
   if (with_seq) {
     c->add_option("--seq", a.seq, "global sequence length in tokens (131072, 128K, 3M)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->each([&a](const std::string&) { a.seq_given = true; });
   }
   c->add_option("--recipe", a.recipe,
                 "built-in recipe name or recipe file (default: alst, or the recipe --impl's "

@@ -60,8 +60,18 @@ struct SimulateArgs {
   std::string trace_layers;     // empty: all
   std::string trace_max_bytes;  // empty: 1 GiB
   bool trace_force = false;
-  std::string gpu_hour_cost;  ///< --gpu-hour-cost (simulate, maxlen, plan; cost.hpp)
-  std::string train_tokens;   ///< --train-tokens
+  bool seq_given = false;  ///< --seq was on the command line
+  // Packed batches (simulate --lengths; cmd_simulate_batches.cpp).
+  std::string lengths;             ///< --lengths: a file of lengths, a histogram or lognormal:...
+  std::string pack;                ///< --pack S: the packed sequence's tokens (the --seq of it)
+  std::string packing = "concat";  ///< --packing
+  int batches = 100;               ///< --batches
+  std::uint64_t seed = 0;          ///< --seed
+  std::string balancer = "all";    ///< --balancer
+  std::string objective = "p50";   ///< --objective: p50 | p95
+  std::string progress;            ///< --progress (empty: $CPSIM_PROGRESS, else auto)
+  std::string gpu_hour_cost;       ///< --gpu-hour-cost (simulate, maxlen, plan; cost.hpp)
+  std::string train_tokens;        ///< --train-tokens
   bool json = false;
 };
 /// The flags that describe one configuration (model, hardware, method, degrees, recipe knobs),

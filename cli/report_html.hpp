@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpsim/planner/batches.hpp"
 #include "cpsim/planner/evaluate.hpp"
 #include "cpsim/planner/maxlen.hpp"
 
@@ -40,13 +41,22 @@ struct StepDetail {
   planner::Evaluation evaluation;  ///< with the trace (workload, intervals, memory samples)
 };
 
+/// `report --lengths`: the step over packed batches of the detail configuration.
+struct BatchDetail {
+  std::string method;
+  std::int64_t seq_len = 0;
+  planner::BatchOptions options;
+  planner::BatchStudy study;
+};
+
 struct ReportPage {
   std::string title;
   std::string version;                ///< "cpsim 0.1.0"
   std::vector<std::int64_t> lengths;  ///< swept lengths, increasing
   std::vector<MethodSweep> methods;
-  std::int64_t max_granularity = 0;  ///< length step of the max-context search
-  std::optional<StepDetail> detail;  ///< absent when no method runs at any length
+  std::int64_t max_granularity = 0;    ///< length step of the max-context search
+  std::optional<StepDetail> detail;    ///< absent when no method runs at any length
+  std::optional<BatchDetail> batches;  ///< with --lengths
 };
 
 /// The whole page.

@@ -19,6 +19,7 @@ from ._results import (
     HardwareComparison,
     MaxLen,
     MaxLenComparison,
+    PackedBatches,
     Plan,
     Result,
     Simulation,
@@ -111,13 +112,19 @@ class _ModelFile:
             self._dir.cleanup()
 
 
-def simulate(**flags: Any) -> Simulation | SimulationComparison | HardwareComparison:
+def simulate(
+    **flags: Any,
+) -> Simulation | SimulationComparison | HardwareComparison | PackedBatches:
     """One training step of a configuration (``cpsim simulate``): step time, throughput, peak GPU
     and host memory and why. Several methods (``method="ulysses,ring"`` or a list) give a
     SimulationComparison, several hardware profiles a HardwareComparison. A configuration that
-    does not fit is an answer (``fits`` False, ``exit_status`` 3), not an exception."""
+    does not fit is an answer (``fits`` False, ``exit_status`` 3), not an exception. With
+    ``lengths`` and ``pack`` (packed documents): a PackedBatches, the step-time distribution per
+    load balancer."""
     with _ModelFile(flags) as f:
         data, text, status = _answer(command_line(["simulate"], f) + ["--json"])
+    if "balancers" in data:
+        return PackedBatches(data, text, status)
     return _typed(data, text, status, SimulationComparison if "comparison" in data else Simulation)
 
 

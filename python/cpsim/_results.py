@@ -86,6 +86,21 @@ class Simulation(Result):
     ``category_peak_bytes``, ``config``, ... (the keys of ``cpsim simulate --json``)."""
 
 
+class PackedBatches(Result):
+    """``simulate`` with ``lengths`` and ``pack``: the step over sampled packed batches per load
+    balancer (``balancers``), the step with one document a sequence (``one_document``) and the
+    ``recommended`` balancer (the keys of ``cpsim simulate --lengths ... --json``)."""
+
+    @property
+    def table(self) -> Any:
+        """One row per load balancer (pandas DataFrame), without the per-batch lists."""
+        rows = [
+            {k: v for k, v in b.items() if not k.endswith("_per_batch")}
+            for b in self._data["balancers"]
+        ]
+        return _frame(rows)
+
+
 class SimulationComparison(Result):
     """``simulate`` of several methods: ``comparison`` holds one Simulation-like record each."""
 

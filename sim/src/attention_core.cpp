@@ -38,6 +38,13 @@
 //                  call repeat_kv first), so the kernel itself sees hkv = hq; the repeated K/V
 //                  are tensors of the forward (core_forward), not workspace.
 //
+// Packed documents (ScheduleInputs::documents, document_work.hpp): every kernel keeps its shape
+// and is scaled by the visible area under the document mask over the area of one causal
+// document: one call by the whole share, a ring step by its pair of positions (the representative
+// rank waits for the slowest position of each step), an all-gather call by its position's share.
+// Crude where documents are short: a varlen kernel's tiles at document edges and its launch are
+// scaled with the rest.
+//
 // All-gather (Llama 3, Megatron `all_gather`, PyTorch native rotate "allgather"). K/V of the whole
 // sequence are gathered before attention (exposed), each rank attends its local queries to the
 // visible prefix, and the backward gathers again and reduce-scatters dK/dV. Only the local K/V are
@@ -66,6 +73,14 @@ std::int64_t StepBuilder::flash_bwd_workspace(std::int64_t nq,
     }
   }
   return ws;
+}
+
+KernelCost StepBuilder::masked(KernelCost k, double factor) {
+  if (factor != 1.0) {
+    k.time_s *= factor;
+    k.flops *= factor;
+  }
+  return k;
 }
 
 CoreForward StepBuilder::core_forward(
@@ -97,9 +112,10 @@ CoreForward StepBuilder::core_forward(
   // The implementation's merge around the kernel (an fp32 copy of the output, ...) is workspace,
   // and its kernels' traffic time on the same op.
   compute("attn_fwd" + tag, OpKind::kAttentionFwd,
-          with_calls(with_traffic(
-                         cost_.attention_fwd({shape_.ring_tokens, shape_.ring_tokens, hq, d, true}),
-                         LedgerSite::kCoreForward),
+          with_calls(with_traffic(masked(cost_.attention_fwd(
+                                             {shape_.ring_tokens, shape_.ring_tokens, hq, d, true}),
+                                         whole_share()),
+                                  LedgerSite::kCoreForward),
                      LedgerSite::kCoreForward),
           {q_h, kv_h}, {out.o_h, out.lse}, {}, ledger_bytes(LedgerSite::kCoreForward),
           MemCategory::kAttention);
@@ -131,9 +147,10 @@ CoreBackward StepBuilder::core_backward(const std::string& tag,
   }
   ws += ledger_bytes(LedgerSite::kCoreBackward);
   compute("attn_bwd" + tag, OpKind::kAttentionBwd,
-          with_calls(with_traffic(
-                         cost_.attention_bwd({shape_.ring_tokens, shape_.ring_tokens, hq, d, true}),
-                         LedgerSite::kCoreBackward),
+          with_calls(with_traffic(masked(cost_.attention_bwd(
+                                             {shape_.ring_tokens, shape_.ring_tokens, hq, d, true}),
+                                         whole_share()),
+                                  LedgerSite::kCoreBackward),
                      LedgerSite::kCoreBackward),
           {do_h, q_h, kv_h, o_h, lse}, {out.dq_h, out.dkv_h}, {}, ws, MemCategory::kAttention);
   if (const std::int64_t finish = ledger_bytes(LedgerSite::kGradFinish); finish > 0) {
@@ -185,6 +202,30 @@ std::vector<double> StepBuilder::ring_step_times(const RingSegment& seg,
     return j < i ? before : after;
   };
   auto seconds = [&](const KernelCost& k) { return k.flops > 0 ? k.time_s + merge_s : 0.0; };
+  const DocumentWork& docs = in_.documents;
+  if (!docs.empty()) {
+    // Packed documents: position i's kernel scaled by its pair's share (a step is not merged).
+    auto position_seconds = [&](int i) {
+      const KernelCost k = of_position(i);
+      return k.flops > 0 ? k.time_s * docs.step_factor(i, step) + merge_s : 0.0;
+    };
+    if (flops != nullptr) {
+      const int i = b_.position(Group::kRing, 0);
+      *flops = of_position(i).flops * docs.step_factor(i, step);
+    }
+    std::vector<double> t;
+    if (b_.simulated_ranks() < b_.ranks()) {
+      double slowest = 0.0;
+      for (int i = 0; i < static_cast<int>(shape_.ring); ++i) {
+        slowest = std::max(slowest, position_seconds(i));
+      }
+      return {slowest};
+    }
+    for (int rank = 0; rank < b_.simulated_ranks(); ++rank) {
+      t.push_back(position_seconds(b_.position(Group::kRing, rank)));
+    }
+    return t;
+  }
   if (flops != nullptr) {
     *flops = steps * of_position(b_.position(Group::kRing, 0)).flops;
   }
@@ -422,9 +463,11 @@ std::vector<double> StepBuilder::allgather_times(std::int64_t hq,
   const std::int64_t d = m_.head_dim;
   auto seconds = [&](int position, double* f) {
     double t = 0.0;
+    const double share = in_.documents.empty() ? 1.0 : in_.documents.position_factor(position);
     for (const AttentionShape& s :
          allgather_calls(in_.parallel, position, shape_.seq_tokens, shape_.ring, hq, d)) {
-      const KernelCost k = backward ? cost_.attention_bwd(s) : cost_.attention_fwd(s);
+      const KernelCost k =
+          masked(backward ? cost_.attention_bwd(s) : cost_.attention_fwd(s), share);
       t += k.time_s;
       if (f != nullptr)
         *f += k.flops;

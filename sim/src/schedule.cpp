@@ -261,6 +261,28 @@ const ScheduleInputs& rank_view(const ScheduleInputs& in, std::optional<Schedule
   return *storage;
 }
 
+// Packed documents: the method models the mask, over the ring the documents were split for.
+std::optional<ConfigIssue> check_documents(const ScheduleInputs& in,
+                                           const CpScheme& method,
+                                           const HeadLayout& layout) {
+  if (in.documents.empty()) {
+    return std::nullopt;
+  }
+  if (!method.models_document_masks()) {
+    return ConfigIssue{Quantity::kDocuments,
+                       fmt::format("packed documents are not modelled for {} yet (its chunked "
+                                   "attention is timed as one causal document)",
+                                   method.name())};
+  }
+  if (in.documents.ring != layout.ring) {
+    return ConfigIssue{Quantity::kDocuments,
+                       fmt::format("the documents were split over {} ring positions, the "
+                                   "configuration has {}",
+                                   in.documents.ring, layout.ring)};
+  }
+  return std::nullopt;
+}
+
 LayoutCheck check_rank_layout(const ScheduleInputs& in) {
   const CpScheme& method = cp_scheme(in.parallel.method);
   LayoutCheck out;
@@ -276,6 +298,9 @@ LayoutCheck check_rank_layout(const ScheduleInputs& in) {
   }
   if (!out.issue) {
     out.issue = method.stage_heads(in, out.layout);
+  }
+  if (!out.issue) {
+    out.issue = check_documents(in, method, out.layout);
   }
   if (!out.issue) {
     out.issue = choose_implementation(in, out.layout, out.implementation);

@@ -33,7 +33,8 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
       implementation_(implementation),
       method_(cp_scheme(in.parallel.method)) {
   params_ = models::count_parameters(m_);
-  merge_ring_ = merge_ring_steps && simulated_ranks < in.parallel.gpus;
+  // Packed documents make ring steps unlike one another: each is its own op.
+  merge_ring_ = merge_ring_steps && simulated_ranks < in.parallel.gpus && in.documents.empty();
   repeat_layers_ = repeat_layers;
   tp_regather_ = implementation_ == nullptr || implementation_->tp_regathers_inputs();
   shards_ =

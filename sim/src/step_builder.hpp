@@ -253,6 +253,12 @@ class StepBuilder : private OpEmitter, private KernelCosts {
                                   std::int64_t hq,
                                   std::int64_t hkv);
   /// All-gather attention: time of forward or backward per rank, and FLOPs of rank 0.
+  /// `k` with its time and FLOPs scaled by the document mask's share of the causal work
+  /// (ScheduleInputs::documents); `k` itself for one document.
+  static KernelCost masked(KernelCost k, double factor);
+  /// The document mask's share of one causal document for a rank holding the whole sequence of
+  /// its heads (no ring part); 1 without documents.
+  double whole_share() const { return in_.documents.empty() ? 1.0 : in_.documents.total_factor(); }
   std::vector<double> allgather_times(std::int64_t hq, bool backward, double* flops) const;
   /// The steps of `seg` on each rank of the ring (attention shapes of the zigzag or contiguous
   /// layout): time of forward or backward per rank, and FLOPs of rank 0.

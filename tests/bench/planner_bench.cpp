@@ -2,14 +2,17 @@
 // runs it and on one thread, and per implementation with its default recipe (target ≤ 50 ms each),
 // `plan --seq 1M` over every method on 8 GPUs, and the same plan on 8, 16, 32 and 64 GPUs: 213,920
 // configurations with the pipeline search (target: ≥ 10k configurations per second on 2 cores),
-// and Llama-3-70B on 1024 GPUs over TP × PP × CP × DP (BM_Plan1024Gpus).
+// and Llama-3-70B on 1024 GPUs over TP × PP × CP × DP (BM_Plan1024Gpus); 1,000 packed batches
+// per load balancer (BM_PackedBatches, target ≤ 1 s).
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include <benchmark/benchmark.h>
 
+#include "cpsim/models/documents.hpp"
 #include "cpsim/models/io.hpp"
+#include "cpsim/planner/batches.hpp"
 #include "cpsim/planner/maxlen.hpp"
 #include "cpsim/planner/search.hpp"
 #include "cpsim/sim/implementation.hpp"
@@ -238,6 +241,24 @@ void BM_PlanMaxContext(benchmark::State& state) {
   run_plan(state, base(models::CpMethod::kUlysses), o);
 }
 BENCHMARK(BM_PlanMaxContext)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// 1,000 packed batches on 8 GPUs (issue target: ≤ 1 s), one load balancer each (the argument:
+// head-tail, contiguous, per-document), ring attention at 128K, lognormal documents of median 8K.
+void BM_PackedBatches(benchmark::State& state) {
+  sim::ScheduleInputs in = base(models::CpMethod::kRing);
+  in.parallel.seq_len = 128 * 1024;
+  planner::BatchOptions o;
+  o.lengths = models::parse_length_distribution("lognormal:median=8K,sigma=1.2", "lengths");
+  o.batches = 1000;
+  const std::vector<planner::LoadBalancer> all = planner::load_balancers(in);
+  o.balancers = {all[static_cast<std::size_t>(state.range(0))]};
+  for (auto _ : state) {
+    const planner::BatchStudy s = planner::study_batches(in, o);
+    benchmark::DoNotOptimize(s.balancers.front().p50_s);
+  }
+  state.SetLabel(std::string(o.balancers.front().name));
+}
+BENCHMARK(BM_PackedBatches)->DenseRange(0, 2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

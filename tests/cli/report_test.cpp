@@ -329,6 +329,26 @@ TEST_F(ReportTest, SingleLengthAndMethodsThatCannotRun) {
   EXPECT_THAT(svg_body(html, "svg-memory"), HasSubstr("<path class=\"area\""));
 }
 
+TEST_F(ReportTest, PackedBatchesChartOnlyWithLengths) {
+  const std::vector<std::string> base = {"report",    "--model", "llama3-8b", "--gpus", "8",
+                                         "--methods", "ring",    "--seq",     "128K"};
+  std::vector<std::string> with = base;
+  with.insert(with.end(), {"--lengths", "lognormal:median=8K,sigma=1", "--batches", "20", "--html",
+                           path("batches.html").string()});
+  const RunResult r = cpsim(with);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string html = read_file(path("batches.html"));
+  const std::string chart = svg_body(html, "svg-batches");
+  // One step line per load balancer, its legend, and the one-document line.
+  EXPECT_EQ(count(chart, "<path class=\"series\""), 3u);
+  EXPECT_THAT(chart, HasSubstr("per-document: p50"));
+  EXPECT_THAT(chart, HasSubstr("one document a sequence"));
+  std::vector<std::string> without = base;
+  without.insert(without.end(), {"--html", path("plain.html").string()});
+  ASSERT_EQ(cpsim(without).exit_code, 0);
+  EXPECT_THAT(read_file(path("plain.html")), Not(HasSubstr("sec-batches")));
+}
+
 TEST_F(ReportTest, BadInputExitsTwoNamingTheFlag) {
   struct Case {
     std::vector<std::string> args;

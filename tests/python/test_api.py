@@ -154,6 +154,19 @@ def test_typed_results():
     assert sim.config.method == "ulysses"
 
 
+def test_packed_batches_same_as_cli(tmp_path):
+    args = ["simulate", "--method", "ring", "--lengths", "lognormal:median=8K,sigma=1"]
+    args += ["--pack", "128K", "--batches", "8", "--seed", "2", "--json"]
+    r = cpsim.simulate(
+        method="ring", lengths="lognormal:median=8K,sigma=1", pack="128K", batches=8, seed=2
+    )
+    assert isinstance(r, cpsim.PackedBatches)
+    assert r.to_json() == cli(args, tmp_path).stdout
+    assert r.recommended in {b.balancer for b in r.balancers}
+    assert len(r.balancers[0].step_time_s_per_batch) == 8
+    assert r.balancers[0].step_time_s.p50 <= r.balancers[0].step_time_s.max
+
+
 def test_same_bytes_twice():
     assert cpsim.plan(seq="256K").to_json() == cpsim.plan(seq="256K").to_json()
 

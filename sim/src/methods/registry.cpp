@@ -42,6 +42,8 @@ const char* to_string(Quantity q) {
       return "pp_degree";
     case Quantity::kImplementation:
       return "implementation";
+    case Quantity::kDocuments:
+      return "documents";
   }
   return "?";
 }

@@ -7,6 +7,7 @@
 #include "cpsim/models/parallel.hpp"
 #include "cpsim/models/recipe.hpp"
 #include "cpsim/models/transformer.hpp"
+#include "cpsim/sim/document_work.hpp"
 
 namespace cpsim::sim {
 
@@ -27,6 +28,9 @@ struct ScheduleInputs {
   /// Set by tensor_parallel_rank(): `model` is already one tensor-parallel rank's share (heads,
   /// KV heads, FFN width and vocabulary divided by parallel.tp_degree).
   bool tp_rank_model = false;
+  /// A packed sequence's attention work per ring position (empty: one document fills the
+  /// sequence). Its ring is the configuration's ring degree (1 without a ring part).
+  DocumentWork documents;
 };
 
 }  // namespace cpsim::sim

@@ -1,0 +1,98 @@
+// Step time over packed batches (planner/batches.hpp): one document a sequence is the plain
+// step exactly, the same seed gives the same batches, documents shorten a step, and methods
+// whose attention under a mask is not modelled are refused.
+#include "cpsim/planner/batches.hpp"
+
+#include <gtest/gtest.h>
+
+#include "cpsim/models/error.hpp"
+#include "cpsim/models/io.hpp"
+#include "cpsim/planner/evaluate.hpp"
+#include "cpsim/sim/cp_method.hpp"
+
+namespace cpsim::planner {
+namespace {
+
+sim::ScheduleInputs config(models::CpMethod method, int ring) {
+  const models::DataDir data{CPSIM_TEST_DATA_DIR};
+  sim::ScheduleInputs in;
+  in.model = models::load_model("llama3-8b", data);
+  in.hardware = models::load_hardware("h100-sxm-80g", data);
+  in.recipe = models::load_recipe("alst", data);
+  in.parallel.method = method;
+  in.parallel.gpus = 8;
+  in.parallel.cp_degree = 8;
+  in.parallel.ring_degree = ring;
+  in.parallel.seq_len = 128 * 1024;
+  in.parallel.implementation = "none";
+  return in;
+}
+
+models::LengthDistribution constant(std::int64_t tokens) {
+  models::LengthDistribution d;
+  d.lengths = {tokens};
+  d.weights = {1.0};
+  d.origin = "test";
+  return d;
+}
+
+TEST(Batches, OneDocumentASequenceIsThePlainStep) {
+  const sim::ScheduleInputs in = config(models::CpMethod::kRing, 8);
+  BatchOptions o;
+  o.lengths = constant(in.parallel.seq_len);
+  o.batches = 3;
+  o.balancers = {load_balancer(in, "head-tail", "b"), load_balancer(in, "per-document", "b")};
+  const BatchStudy s = study_batches(in, o);
+  EXPECT_EQ(s.one_document_step_s, evaluate(in).report.step_time_s);
+  for (const BalancerStudy& b : s.balancers) {
+    for (const double t : b.step_s) {
+      EXPECT_EQ(t, s.one_document_step_s) << b.balancer.name;
+    }
+    EXPECT_EQ(b.imbalance_max, 1.0);
+    EXPECT_EQ(b.padding_share, 0.0);
+  }
+}
+
+TEST(Batches, SameSeedSameBatchesAndShortDocumentsAreFaster) {
+  const sim::ScheduleInputs in = config(models::CpMethod::kRing, 8);
+  BatchOptions o;
+  o.lengths = models::parse_length_distribution("lognormal:median=4K,sigma=1", "lengths");
+  o.batches = 20;
+  o.seed = 5;
+  const BatchStudy a = study_batches(in, o), b = study_batches(in, o);
+  ASSERT_EQ(a.balancers.size(), 3U);
+  for (std::size_t i = 0; i < a.balancers.size(); ++i) {
+    EXPECT_EQ(a.balancers[i].step_s, b.balancers[i].step_s);
+    EXPECT_LT(a.balancers[i].p50_s, a.one_document_step_s);
+    EXPECT_LE(a.balancers[i].p50_s, a.balancers[i].p95_s);
+    EXPECT_LE(a.balancers[i].p95_s, a.balancers[i].max_s);
+  }
+  // Per-document splitting balances every rank's work up to each document's padding to 2R (its
+  // last chunk is short: under 2R of ~4K tokens); head-tail over the packed sequence does not.
+  EXPECT_EQ(a.balancers[2].balancer.name, "per-document");
+  EXPECT_GE(a.balancers[2].imbalance_max, 1.0);
+  EXPECT_LT(a.balancers[2].imbalance_max, 1.01);
+  EXPECT_GT(a.balancers[0].imbalance_p50, 1.05);
+  o.seed = 6;
+  EXPECT_NE(study_batches(in, o).balancers[0].step_s, a.balancers[0].step_s);
+}
+
+TEST(Batches, UlyssesHasOneBalancerAndFpdtIsRefused) {
+  const sim::ScheduleInputs ulysses = config(models::CpMethod::kUlysses, 1);
+  ASSERT_EQ(load_balancers(ulysses).size(), 1U);
+  EXPECT_EQ(load_balancers(ulysses)[0].name, "heads");
+  EXPECT_THROW((void)load_balancer(ulysses, "per-document", "--balancer"), InputError);
+  BatchOptions o;
+  o.lengths = constant(1024);
+  o.batches = 1;
+  EXPECT_THROW((void)study_batches(config(models::CpMethod::kFpdt, 1), o), sim::ConfigError);
+}
+
+TEST(Batches, QuantilesInterpolate) {
+  EXPECT_EQ(quantile({4.0, 1.0, 3.0, 2.0}, 0.5), 2.5);
+  EXPECT_DOUBLE_EQ(quantile({1.0, 2.0, 3.0, 4.0, 5.0}, 0.95), 4.8);
+  EXPECT_EQ(quantile({7.0}, 0.95), 7.0);
+}
+
+}  // namespace
+}  // namespace cpsim::planner
