@@ -339,6 +339,11 @@ void check_plan_flags(PlanArgs& a) {
     throw InputError("--max-step-time",
                      "caps a longest-context answer; with --seq the plan ranks by step time");
   }
+  if (!a.config.lengths.empty() && (!a.emit.empty() || !a.launcher.empty())) {
+    throw InputError("--lengths", fmt::format("not with {} yet: the launcher files do not set the "
+                                              "packing and the load balancer cpsim would rank by",
+                                              a.emit.empty() ? "--launcher" : "--emit"));
+  }
   if (!a.config.lengths.empty() && a.seq.empty()) {
     throw InputError("--lengths",
                      "needs --seq (the packed sequence's length): packed batches "

@@ -233,6 +233,10 @@ class StepBuilder::FpdtPass {
     q_h_bytes_ = chunk_ * hq_ * d_ * ab;
     kv_h_bytes_ = chunk_ * 2 * hkv_ * d_ * ab;
     lse_bytes_ = hq_ * chunk_ * kFp32Bytes;
+    if (const DocumentWork& docs = sb.in_.documents; !docs.empty()) {
+      chunk_work_ = document_work(docs.sequence, docs.sequence_tokens, static_cast<int>(nc_),
+                                  models::RingLayout::kContiguous, DocumentSplit::kSequence);
+    }
   }
 
   // The step builder's op emitter, with the ids ChunkNames gives as names.
@@ -266,10 +270,66 @@ class StepBuilder::FpdtPass {
   }
   OpSet emit() { return sb_.emit(); }
 
+  // A block's attention kernel over a full and a diagonal (causal) pair of chunks, and what each
+  // block adds beside it (the merge into the accumulators).
+  void set_blocks(const KernelCost& full_kernel,
+                  const KernelCost& diag_kernel,
+                  const KernelCost& per_block) {
+    full_kernel_ = full_kernel;
+    diag_kernel_ = diag_kernel;
+    per_block_ = per_block;
+    full_block_ = sb_.plus(full_kernel, per_block);
+    diag_block_ = sb_.plus(diag_kernel, per_block);
+  }
+  // Query chunk i against key chunk i.
+  KernelCost diagonal(std::int64_t i) const {
+    if (chunk_work_.empty()) {
+      return diag_block_;
+    }
+    return sb_.plus(masked(diag_kernel_, share(i, i + 1, i)), per_block_);
+  }
+  // Query chunk i against key chunks 0..i−1 (forward).
+  KernelCost earlier(std::int64_t i) const {
+    if (chunk_work_.empty()) {
+      return sb_.times(full_block_, static_cast<double>(i));
+    }
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < i; ++j) {
+      sum += share(i, i + 1, j);
+    }
+    return sb_.plus(masked(full_kernel_, sum), sb_.times(per_block_, static_cast<double>(i)));
+  }
+  // Query chunks j..nc−1 against key chunk j (backward).
+  KernelCost later(std::int64_t j) const {
+    const std::int64_t pairs = nc_ - j;
+    if (chunk_work_.empty()) {
+      return sb_.plus(diag_block_, sb_.times(full_block_, static_cast<double>(pairs - 1)));
+    }
+    return sb_.plus(sb_.plus(masked(diag_kernel_, share(j, j + 1, j)),
+                             masked(full_kernel_, share(j + 1, nc_, j))),
+                    sb_.times(per_block_, static_cast<double>(pairs)));
+  }
+
   StepBuilder& sb_;
   std::int64_t hq_, hkv_, d_, chunk_, nc_, lc_;
   bool offload_;
   HostMarks host_;
+  // Packed documents: the visible share of every (query chunk, key chunk) block against one
+  // document (contiguous chunks of the sequence, document_work.hpp); empty without documents.
+  DocumentWork chunk_work_;
+  KernelCost full_kernel_, diag_kernel_, per_block_, full_block_, diag_block_;
+
+ private:
+  // Σ over query chunks [i0, i1) of the share of their block against key chunk j.
+  double share(std::int64_t i0, std::int64_t i1, std::int64_t j) const {
+    double sum = 0.0;
+    for (std::int64_t i = i0; i < i1; ++i) {
+      sum += chunk_work_.pair_factor(static_cast<int>(i), static_cast<int>(j));
+    }
+    return sum;
+  }
+
+ protected:
   // One chunk's local Q and K/V (before the all-to-all), head-sharded Q and K/V, and LSE.
   std::int64_t q_local_bytes_ = 0, kv_local_bytes_ = 0, q_h_bytes_ = 0, kv_h_bytes_ = 0,
                lse_bytes_ = 0;
@@ -296,7 +356,7 @@ class StepBuilder::FpdtForward : private StepBuilder::FpdtPass {
   TensorSet params_;
   bool grad_;
   std::int64_t attn_ws_;
-  KernelCost full_block_, diag_block_, proj_, rope_, out_cast_, fill_;
+  KernelCost proj_, rope_, out_cast_, fill_;
   ChunkNames name_;
   OpSet alloc_;
   std::vector<OpSet> fills_;
@@ -314,9 +374,9 @@ StepBuilder::FpdtForward::FpdtForward(StepBuilder& sb, SavedLayer& sv, TensorSet
       name_(sb.b_, "fpdt_forward", kFwdNames, kFwdStems) {
   const auto& m = sb.m_;
   const std::int64_t h = m.hidden, d = d_, ab = sb.shape_.activation_bytes;
-  const KernelCost merge = sb.mem(3 * chunk_ * hq_ * d * kFp32Bytes);
-  full_block_ = sb.plus(sb.cost_.attention_fwd({chunk_, chunk_, hq_, d, false}), merge);
-  diag_block_ = sb.plus(sb.cost_.attention_fwd({chunk_, chunk_, hq_, d, true}), merge);
+  set_blocks(sb.cost_.attention_fwd({chunk_, chunk_, hq_, d, false}),
+             sb.cost_.attention_fwd({chunk_, chunk_, hq_, d, true}),
+             sb.mem(3 * chunk_ * hq_ * d * kFp32Bytes));
   // Every chunk has the same shapes.
   proj_ = sb.linear_fwd(lc_, (m.heads + 2 * m.kv_heads) * d, h);
   // RoPE on the chunk's Q and its model K heads (DeepSpeed's apply_rotary_pos_emb); V and any
@@ -349,14 +409,14 @@ void StepBuilder::FpdtForward::run() {
         fetch_first_of(i + 1);
       }
       compute(name_(kAttnDiag, 'c', i), OpKind::kAttentionFwd,
-              sb_.with_traffic(diag_block_, LedgerSite::kCoreForward), {c.q_h, c.kv_h, acc}, {},
+              sb_.with_traffic(diagonal(i), LedgerSite::kCoreForward), {c.q_h, c.kv_h, acc}, {},
               {join}, attn_ws_, MemCategory::kAttention);
       host_.mark(kFwdBlockCalls, true);
     } else {
       if (offload_ && i + 1 < nc_) {
         fetch_first_of(i + 1);
       }
-      compute(name_(kAttnDiag, 'c', i), OpKind::kAttentionFwd, diag_block_, {c.q_h, c.kv_h}, {acc},
+      compute(name_(kAttnDiag, 'c', i), OpKind::kAttentionFwd, diagonal(i), {c.q_h, c.kv_h}, {acc},
               {}, attn_ws_, MemCategory::kAttention);
       host_.mark(kFwdFirstBlockCalls, true);
     }
@@ -438,8 +498,8 @@ OpSet StepBuilder::FpdtForward::attend_earlier(std::int64_t i,
   const auto visible_end = kv_store_.begin() + i;
   // The implementation's merge (_update_out_and_lse) runs for every block but each query
   // chunk's first: i − 1 times here, once in the diagonal block below.
-  KernelCost prev_cost = sb_.with_traffic(sb_.times(full_block_, static_cast<double>(i)),
-                                          LedgerSite::kCoreForward, static_cast<double>(i - 1));
+  KernelCost prev_cost =
+      sb_.with_traffic(earlier(i), LedgerSite::kCoreForward, static_cast<double>(i - 1));
   prev_cost.time_s += host_.sync_gaps_s(i, kFwdBlockCalls);
   const std::int32_t prev_name =
       name_(kAttnPrev, i, [&] { return fmt::format("attn_fwd[k0..{}][c{}]", i - 1, i); });
@@ -548,8 +608,7 @@ class StepBuilder::FpdtBackward : private StepBuilder::FpdtPass {
   const SavedLayer& sv_;
   TensorSet d_o_, params_, grads_;
   std::int64_t dq_bytes_, dkv_acc_bytes_, ws_, bundle_;
-  KernelCost full_block_, diag_block_, slice_dout_, dkv_cast_, dq_slice_, dq_cast_, rope_bwd_,
-      proj_bwd_;
+  KernelCost slice_dout_, dkv_cast_, dq_slice_, dq_cast_, rope_bwd_, proj_bwd_;
   ChunkNames name_;
   TensorSet dxn_, dq_all_;
   std::vector<OpSet> dx_writes_;
@@ -571,9 +630,9 @@ StepBuilder::FpdtBackward::FpdtBackward(
   const std::int64_t h = m.hidden, d = d_, ab = sb.shape_.activation_bytes;
   dq_bytes_ = chunk_ * hq_ * d * kFp32Bytes;
   dkv_acc_bytes_ = chunk_ * 2 * hkv_ * d * kFp32Bytes;
-  const KernelCost add = sb.mem(3 * (dq_bytes_ + dkv_acc_bytes_));
-  full_block_ = sb.plus(sb.cost_.attention_bwd({chunk_, chunk_, hq_, d, false}), add);
-  diag_block_ = sb.plus(sb.cost_.attention_bwd({chunk_, chunk_, hq_, d, true}), add);
+  set_blocks(sb.cost_.attention_bwd({chunk_, chunk_, hq_, d, false}),
+             sb.cost_.attention_bwd({chunk_, chunk_, hq_, d, true}),
+             sb.mem(3 * (dq_bytes_ + dkv_acc_bytes_)));
   // FlashAttention workspace (fp32 dQ accumulator, row sums; GQA: dK/dV expanded or fp32
   // accumulators), the block's dK/dV and the implementation's per-block buffers.
   ws_ = sb.flash_bwd_workspace(chunk_, chunk_, hq_, hkv_) + kv_h_bytes_ +
@@ -689,9 +748,7 @@ StepBuilder::FpdtBackward::InnerLoop StepBuilder::FpdtBackward::inner_loop(std::
     }
   }
   // The implementation's per-block buffers (new zeroed dq, dk, dv) for each of the pairs blocks.
-  KernelCost k = sb_.with_traffic(
-      sb_.plus(diag_block_, sb_.times(full_block_, static_cast<double>(pairs - 1))),
-      LedgerSite::kCoreBackward, static_cast<double>(pairs));
+  KernelCost k = sb_.with_traffic(later(j), LedgerSite::kCoreBackward, static_cast<double>(pairs));
   k.time_s += host_.sync_gaps_s(pairs, kBwdBlockCalls);
   OpSpec& b =
       next(name_(kAttnBwd, j, [&] { return fmt::format("attn_bwd[q{}..{}][k{}]", j, nc_ - 1, j); }),

@@ -170,6 +170,8 @@ DocumentWork document_work(const models::PackedSequence& sequence,
   DocumentWork w;
   w.ring = ring;
   w.visible = visible_work(sequence, sequence_tokens, ring, layout, split);
+  w.sequence = sequence;
+  w.sequence_tokens = sequence_tokens;
   w.reference = visible_work(models::PackedSequence{{sequence_tokens}, 1}, sequence_tokens, ring,
                              layout, DocumentSplit::kSequence);
   return w;

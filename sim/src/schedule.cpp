@@ -261,18 +261,10 @@ const ScheduleInputs& rank_view(const ScheduleInputs& in, std::optional<Schedule
   return *storage;
 }
 
-// Packed documents: the method models the mask, over the ring the documents were split for.
-std::optional<ConfigIssue> check_documents(const ScheduleInputs& in,
-                                           const CpScheme& method,
-                                           const HeadLayout& layout) {
+// Packed documents: split over the configuration's ring.
+std::optional<ConfigIssue> check_documents(const ScheduleInputs& in, const HeadLayout& layout) {
   if (in.documents.empty()) {
     return std::nullopt;
-  }
-  if (!method.models_document_masks()) {
-    return ConfigIssue{Quantity::kDocuments,
-                       fmt::format("packed documents are not modelled for {} yet (its chunked "
-                                   "attention is timed as one causal document)",
-                                   method.name())};
   }
   if (in.documents.ring != layout.ring) {
     return ConfigIssue{Quantity::kDocuments,
@@ -300,7 +292,7 @@ LayoutCheck check_rank_layout(const ScheduleInputs& in) {
     out.issue = method.stage_heads(in, out.layout);
   }
   if (!out.issue) {
-    out.issue = check_documents(in, method, out.layout);
+    out.issue = check_documents(in, out.layout);
   }
   if (!out.issue) {
     out.issue = choose_implementation(in, out.layout, out.implementation);

@@ -2212,17 +2212,10 @@ TEST_F(PackedBatchesCli, PlanRanksItsBestAgainUnderPackedBatches) {
   const Json& b = j["packed_batches"];
   EXPECT_EQ(b["objective"], "p95");
   ASSERT_GE(b["ranking"].size(), 2U);
-  // Best first by document tokens/s at the p95 step; configurations whose attention under a
-  // document mask is not modelled (FPDT) last, with why.
+  // Best first by document tokens/s at the p95 step.
   double previous = 1e300;
-  bool refused_seen = false;
   for (const Json& r : b["ranking"]) {
-    if (r.contains("refused")) {
-      refused_seen = true;
-      EXPECT_THAT(r["refused"].get<std::string>(), HasSubstr("fpdt"));
-      continue;
-    }
-    EXPECT_FALSE(refused_seen) << "an answered configuration after a refused one";
+    ASSERT_FALSE(r.contains("refused")) << r.dump();
     double best = 0;
     for (const Json& x : r["balancers"]) {
       if (x["balancer"] == r["recommended_balancer"]) {
@@ -2233,9 +2226,14 @@ TEST_F(PackedBatchesCli, PlanRanksItsBestAgainUnderPackedBatches) {
     previous = best;
   }
   EXPECT_EQ(j["best"]["label"], b["ranking"][0]["configuration"]);
-  const RunResult no_seq = run({"plan", "--lengths", "lognormal:median=8K,sigma=1"});
-  EXPECT_EQ(no_seq.exit_code, 2);
-  EXPECT_THAT(no_seq.err, HasSubstr("--lengths"));
+  for (const std::vector<std::string>& refused :
+       {std::vector<std::string>{"plan", "--lengths", "lognormal:median=8K,sigma=1"},
+        std::vector<std::string>{"plan", "--seq", "128K", "--lengths",
+                                 "lognormal:median=8K,sigma=1", "--launcher", "torchtitan"}}) {
+    const RunResult r = run(refused);
+    EXPECT_EQ(r.exit_code, 2) << join(refused);
+    EXPECT_THAT(r.err, HasSubstr("--lengths")) << join(refused);
+  }
 }
 
 TEST_F(PackedBatchesCli, BadInputNamesTheFlag) {
@@ -2252,8 +2250,6 @@ TEST_F(PackedBatchesCli, BadInputNamesTheFlag) {
        "--batches"},
       {{"--lengths", "lognormal:median=8K,sigma=1", "--pack", "128K", "--balancer", "ptrr"},
        "--balancer"},
-      {{"--lengths", "lognormal:median=8K,sigma=1", "--pack", "128K", "--method", "fpdt"},
-       "--lengths"},
       {{"--lengths", "lognormal:median=8K,sigma=1", "--pack", "128K", "--method", "all"},
        "--method"},
   };

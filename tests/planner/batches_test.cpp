@@ -1,6 +1,5 @@
 // Step time over packed batches (planner/batches.hpp): one document a sequence is the plain
-// step exactly, the same seed gives the same batches, documents shorten a step, and methods
-// whose attention under a mask is not modelled are refused.
+// step exactly, the same seed gives the same batches, documents shorten a step.
 #include "cpsim/planner/batches.hpp"
 
 #include <gtest/gtest.h>
@@ -77,15 +76,21 @@ TEST(Batches, SameSeedSameBatchesAndShortDocumentsAreFaster) {
   EXPECT_NE(study_batches(in, o).balancers[0].step_s, a.balancers[0].step_s);
 }
 
-TEST(Batches, UlyssesHasOneBalancerAndFpdtIsRefused) {
-  const sim::ScheduleInputs ulysses = config(models::CpMethod::kUlysses, 1);
-  ASSERT_EQ(load_balancers(ulysses).size(), 1U);
-  EXPECT_EQ(load_balancers(ulysses)[0].name, "heads");
-  EXPECT_THROW((void)load_balancer(ulysses, "per-document", "--balancer"), InputError);
-  BatchOptions o;
-  o.lengths = constant(1024);
-  o.batches = 1;
-  EXPECT_THROW((void)study_batches(config(models::CpMethod::kFpdt, 1), o), sim::ConfigError);
+TEST(Batches, UlyssesAndFpdtHaveOneBalancer) {
+  for (const models::CpMethod m : {models::CpMethod::kUlysses, models::CpMethod::kFpdt}) {
+    sim::ScheduleInputs in = config(m, 1);
+    in.parallel.fpdt_chunk = 32 * 1024;
+    ASSERT_EQ(load_balancers(in).size(), 1U);
+    EXPECT_EQ(load_balancers(in)[0].name, "heads");
+    EXPECT_THROW((void)load_balancer(in, "per-document", "--balancer"), InputError);
+    BatchOptions o;
+    o.batches = 2;
+    o.lengths = constant(in.parallel.seq_len);
+    const BatchStudy one = study_batches(in, o);
+    EXPECT_EQ(one.balancers[0].max_s, one.one_document_step_s);
+    o.lengths = constant(8 * 1024);
+    EXPECT_LT(study_batches(in, o).balancers[0].max_s, one.one_document_step_s);
+  }
 }
 
 TEST(Batches, QuantilesInterpolate) {

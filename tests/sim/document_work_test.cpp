@@ -109,9 +109,11 @@ std::vector<SimTime> attention_durations(const Workload& w) {
 
 TEST(DocumentWork, StepOfOneDocumentIsTheStepWithoutDocuments) {
   for (const models::CpMethod method :
-       {models::CpMethod::kUlysses, models::CpMethod::kRing, models::CpMethod::kAllGather}) {
+       {models::CpMethod::kUlysses, models::CpMethod::kRing, models::CpMethod::kAllGather,
+        models::CpMethod::kFpdt, models::CpMethod::kUPipe}) {
     ScheduleInputs in = testing::inputs(method, "llama3-8b", 8, 128 * 1024);
-    if (method != models::CpMethod::kUlysses) {
+    in.parallel.fpdt_chunk = 32 * 1024;
+    if (method == models::CpMethod::kRing || method == models::CpMethod::kAllGather) {
       in.parallel.ring_degree = 8;
     }
     const int ring = static_cast<int>(derive_head_layout(in).ring);
@@ -139,18 +141,43 @@ TEST(DocumentWork, UlyssesAttentionScalesByTheVisibleShare) {
   }
 }
 
-TEST(DocumentWork, FpdtAndAMismatchedRingAreRefused) {
+// The durations of the ops whose name starts with `prefix`, in program order.
+std::vector<SimTime> durations_of(const Workload& w, const std::string& prefix) {
+  std::vector<SimTime> out;
+  for (const Op& op : w.ops) {
+    if (w.names[static_cast<std::size_t>(op.name)].starts_with(prefix)) {
+      out.push_back(op.duration_ns);
+    }
+  }
+  return out;
+}
+
+TEST(DocumentWork, FpdtBlocksOfTwoDocumentsInTwoChunks) {
+  // Two documents of S/2 and chunks of S/2: each chunk is one document, so the diagonal blocks
+  // are as for one document and chunk 1's block against chunk 0 sees nothing (its merge stays).
   ScheduleInputs in = testing::inputs(models::CpMethod::kFpdt, "llama3-8b", 8, 128 * 1024);
-  in.documents = document_work(PackedSequence{{in.parallel.seq_len}, 1}, in.parallel.seq_len, 1,
+  const std::int64_t half = in.parallel.seq_len / 2;
+  in.parallel.fpdt_chunk = half;
+  const Workload plain = build_step(in);
+  in.documents = document_work(PackedSequence{{half, half}, 1}, in.parallel.seq_len, 1,
                                in.parallel.ring_layout, DocumentSplit::kSequence);
-  LayoutCheck c = check_head_layout(in);
-  ASSERT_TRUE(c.issue.has_value());
-  EXPECT_EQ(c.issue->quantity, Quantity::kDocuments);
-  in = testing::inputs(models::CpMethod::kRing, "llama3-8b", 8, 128 * 1024);
+  const Workload two = build_step(in);
+  EXPECT_EQ(durations_of(two, "attn_fwd[diag]"), durations_of(plain, "attn_fwd[diag]"));
+  const std::vector<SimTime> earlier_plain = durations_of(plain, "attn_fwd[k0");
+  const std::vector<SimTime> earlier_two = durations_of(two, "attn_fwd[k0");
+  ASSERT_EQ(earlier_plain.size(), earlier_two.size());
+  ASSERT_FALSE(earlier_two.empty());
+  for (std::size_t i = 0; i < earlier_two.size(); ++i) {
+    EXPECT_LT(earlier_two[i], earlier_plain[i] / 3) << i;  // the merge alone
+  }
+}
+
+TEST(DocumentWork, AMismatchedRingIsRefused) {
+  ScheduleInputs in = testing::inputs(models::CpMethod::kRing, "llama3-8b", 8, 128 * 1024);
   in.parallel.ring_degree = 8;
   in.documents = document_work(PackedSequence{{in.parallel.seq_len}, 1}, in.parallel.seq_len, 4,
                                in.parallel.ring_layout, DocumentSplit::kSequence);
-  c = check_head_layout(in);
+  const LayoutCheck c = check_head_layout(in);
   ASSERT_TRUE(c.issue.has_value());
   EXPECT_EQ(c.issue->quantity, Quantity::kDocuments);
 }

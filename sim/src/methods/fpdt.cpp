@@ -33,8 +33,6 @@ class Fpdt final : public CpScheme {
   bool has_ulysses_part() const override { return true; }
   bool has_ring_part() const override { return false; }
   bool uses_fpdt_chunk() const override { return true; }
-  // Its chunk pairs are timed as full and diagonal blocks of one causal document.
-  bool models_document_masks() const override { return false; }
   /// The chunked layer keeps its own chunks (on the host or the GPU) whatever the checkpointing;
   /// one chunk runs plain Ulysses, which recomputes selectively.
   bool recomputes_selectively(const models::ParallelConfig& p) const override {

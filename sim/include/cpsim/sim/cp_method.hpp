@@ -43,7 +43,7 @@ enum class Quantity {
   kTpDegree,        ///< tensor-parallel degree T (placement, heads, the implementation's support)
   kMicroBatches,    ///< micro-batches per optimizer step
   kPpDegree,        ///< pipeline-parallel degree P, its schedule and virtual stages
-  kDocuments,       ///< the packed documents (ScheduleInputs::documents) against the method
+  kDocuments,       ///< the packed documents (ScheduleInputs::documents) against the ring
 };
 const char* to_string(Quantity q);
 
@@ -138,9 +138,6 @@ class CpScheme {
   /// keeps without checkpointing, so a step under selective checkpointing is, op for op, the step
   /// without any (a search simulates it once for both).
   virtual bool recomputes_selectively(const models::ParallelConfig& /*p*/) const { return true; }
-
-  /// Its attention is modelled under a document mask (ScheduleInputs::documents).
-  virtual bool models_document_masks() const { return true; }
 
   // ---- validation and layout (called by check_head_layout in this order) ----
   /// The ring degree against the CP degree.

@@ -33,6 +33,9 @@ struct DocumentWork {
   std::vector<double> visible;
   /// The same for one document filling the sequence, under the configuration's ring layout.
   std::vector<double> reference;
+  /// What it was computed from (a finer split, such as FPDT's chunks, starts from it again).
+  models::PackedSequence sequence;
+  std::int64_t sequence_tokens = 0;
 
   bool empty() const { return ring == 0; }
   /// visible / reference of position i's queries against position j's keys (0 where the
