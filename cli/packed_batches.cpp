@@ -12,6 +12,7 @@
 #include "cpsim/models/units.hpp"
 #include "cpsim/planner/batches.hpp"
 #include "cpsim/sim/cp_method.hpp"
+#include "cpsim/sim/implementation.hpp"
 
 #include "commands.hpp"
 #include "common.hpp"
@@ -155,6 +156,8 @@ int run_simulate_batches(const SimulateArgs& a) {
     j["gpus"] = in.parallel.gpus;
     j["hardware"] = in.hardware.name;
     j["method"] = method;
+    const sim::Implementation* impl = sim::checked_layout(in).implementation;
+    j["implementation"] = impl == nullptr ? std::string("none") : std::string(impl->name());
     j["sequence_tokens"] = in.parallel.seq_len;
     j["lengths"] = {{"source", options.lengths.origin},
                     {"mean_tokens", options.lengths.mean_tokens()}};
@@ -183,6 +186,10 @@ int run_simulate_batches(const SimulateArgs& a) {
       options.lengths.origin, options.lengths.mean_tokens(), models::to_string(options.packing),
       options.batches, options.seed, study.sequences_per_batch,
       study.sequences_per_batch > 1 ? "s" : "");
+  const sim::Implementation* impl = sim::checked_layout(in).implementation;
+  o += fmt::format("  implementation {}\n",
+                   impl == nullptr ? std::string("none: the method's scheme with a document mask")
+                                   : std::string(impl->name()));
   o += fmt::format("  one document per sequence: step {}, {:.0f} tokens/s\n\n",
                    format_seconds(study.one_document_step_s), study.one_document_tokens_per_s);
   std::vector<std::vector<std::string>> rows;
@@ -199,6 +206,10 @@ int run_simulate_batches(const SimulateArgs& a) {
   o += "\n";
   for (const planner::BalancerStudy& b : study.balancers) {
     o += fmt::format("  {}: {}\n", b.balancer.name, b.balancer.runs);
+    if (!b.balancer.masked) {
+      o += "    every step is the one-document step (no document mask); --impl none gives the "
+           "method's scheme with one\n";
+    }
   }
   o += fmt::format(
       "\n  recommended: {} (most document tokens/s at the {} step time: {:.0f}; "

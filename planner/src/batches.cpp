@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -9,24 +11,33 @@
 #include "cpsim/planner/evaluate.hpp"
 #include "cpsim/planner/search.hpp"
 #include "cpsim/sim/cp_method.hpp"
+#include "cpsim/sim/implementation.hpp"
 #include "cpsim/sim/schedule.hpp"
 
 namespace cpsim::planner {
 
 namespace {
 
-constexpr LoadBalancer kHeads{"heads", models::RingLayout::kZigzag, sim::DocumentSplit::kSequence,
-                              "Ulysses: every rank attends the whole sequence for its heads"};
-constexpr LoadBalancer kRingBalancers[] = {
-    {"head-tail", models::RingLayout::kZigzag, sim::DocumentSplit::kSequence,
-     "2R chunks of the packed sequence, r and 2R-1-r on rank r (TorchTitan's headtail balancer "
-     "with its block-causal mask)"},
-    {"contiguous", models::RingLayout::kContiguous, sim::DocumentSplit::kSequence,
-     "R contiguous slices of the packed sequence (ring-flash-attn's llama3 varlen, its HF "
-     "adapter)"},
-    {"per-document", models::RingLayout::kZigzag, sim::DocumentSplit::kPerDocument,
-     "every document padded to 2R and split head-tail (TransformerEngine THD under Megatron-LM "
-     "with cu_seqlens, ring-flash-attn's zigzag varlen)"},
+struct NamedBalancer {
+  sim::Balancer id;
+  LoadBalancer balancer;
+};
+constexpr NamedBalancer kHeads{sim::Balancer::kHeads,
+                               {"heads", models::RingLayout::kZigzag, sim::DocumentSplit::kSequence,
+                                "Ulysses: every rank attends the whole sequence for its heads"}};
+constexpr NamedBalancer kRingBalancers[] = {
+    {sim::Balancer::kHeadTail,
+     {"head-tail", models::RingLayout::kZigzag, sim::DocumentSplit::kSequence,
+      "2R chunks of the packed sequence, r and 2R-1-r on rank r (TorchTitan's headtail balancer "
+      "with its block-causal mask)"}},
+    {sim::Balancer::kContiguous,
+     {"contiguous", models::RingLayout::kContiguous, sim::DocumentSplit::kSequence,
+      "R contiguous slices of the packed sequence (ring-flash-attn's llama3 varlen, its HF "
+      "adapter)"}},
+    {sim::Balancer::kPerDocument,
+     {"per-document", models::RingLayout::kZigzag, sim::DocumentSplit::kPerDocument,
+      "every document padded to 2R and split head-tail (TransformerEngine THD under Megatron-LM "
+      "with cu_seqlens, ring-flash-attn's zigzag varlen)"}},
 };
 
 // Busiest ring position's visible area: what the slowest rank of a sequence computes.
@@ -62,6 +73,17 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
   out.balancer = balancer;
   EvaluationScratch scratch;
   std::int64_t real_total = 0, documents = 0;
+  // Code without a document mask attends over the whole packed sequence: every step is the
+  // one-document step.
+  std::optional<Evaluation> unmasked;
+  double unmasked_imbalance = 1.0;
+  if (!balancer.masked) {
+    unmasked = evaluate(in, EvaluateOptions{}, scratch);
+    unmasked_imbalance =
+        sim::document_work(models::PackedSequence{{sequence_tokens}, 1}, sequence_tokens, ring,
+                           balancer.layout, sim::DocumentSplit::kSequence)
+            .imbalance();
+  }
   for (int b = 0; b < options.batches; ++b) {
     std::int64_t real_tokens = 0;
     sim::DocumentWork slowest;
@@ -79,11 +101,17 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
       }
     }
     real_total += real_tokens;
-    out.imbalance.push_back(slowest.imbalance());
-    in.documents = std::move(slowest);
-    const Evaluation e = evaluate(in, EvaluateOptions{}, scratch);
-    out.step_s.push_back(e.report.step_time_s);
-    out.tokens_per_s.push_back(static_cast<double>(real_tokens) / e.report.step_time_s);
+    double step_s = 0.0;
+    if (unmasked) {
+      out.imbalance.push_back(unmasked_imbalance);
+      step_s = unmasked->report.step_time_s;
+    } else {
+      out.imbalance.push_back(slowest.imbalance());
+      in.documents = std::move(slowest);
+      step_s = evaluate(in, EvaluateOptions{}, scratch).report.step_time_s;
+    }
+    out.step_s.push_back(step_s);
+    out.tokens_per_s.push_back(static_cast<double>(real_tokens) / step_s);
     if (step_done) {
       step_done();
     }
@@ -110,10 +138,46 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
 
 std::vector<LoadBalancer> load_balancers(const sim::ScheduleInputs& in) {
   const sim::LayoutCheck checked = sim::checked_layout(in);
-  if (checked.layout.ring == 1) {
-    return {kHeads};
+  const std::span<const NamedBalancer> method =
+      checked.layout.ring == 1 ? std::span<const NamedBalancer>(&kHeads, 1)
+                               : std::span<const NamedBalancer>(kRingBalancers);
+  std::vector<LoadBalancer> out;
+  if (checked.implementation == nullptr) {
+    for (const NamedBalancer& b : method) {
+      out.push_back(b.balancer);
+    }
+    return out;
   }
-  return {std::begin(kRingBalancers), std::end(kRingBalancers)};
+  const sim::Implementation& impl = *checked.implementation;
+  const sim::DocumentMasking masking = impl.document_masking(in.parallel.method);
+  switch (masking.kind) {
+    case sim::DocumentMasking::Kind::kNotRead:
+      throw sim::ConfigError(
+          {sim::Quantity::kDocuments,
+           fmt::format("packed documents under {}: {}; --impl none gives the {} scheme with a "
+                       "document mask",
+                       impl.name(), masking.source, models::to_string(in.parallel.method))},
+          in.parallel);
+    case sim::DocumentMasking::Kind::kAcrossDocuments:
+      return {LoadBalancer{"unmasked", in.parallel.ring_layout, sim::DocumentSplit::kSequence,
+                           masking.source, false}};
+    case sim::DocumentMasking::Kind::kMasked:
+      break;
+  }
+  for (const NamedBalancer& b : method) {
+    if (std::find(masking.balancers.begin(), masking.balancers.end(), b.id) !=
+        masking.balancers.end()) {
+      out.push_back(b.balancer);
+    }
+  }
+  if (out.empty()) {
+    throw sim::ConfigError(
+        {sim::Quantity::kDocuments,
+         fmt::format("{} masks documents with no load balancer of {} ({})", impl.name(),
+                     models::to_string(in.parallel.method), masking.source)},
+        in.parallel);
+  }
+  return out;
 }
 
 LoadBalancer load_balancer(const sim::ScheduleInputs& in,
@@ -149,14 +213,10 @@ BatchStudy study_batches(const sim::ScheduleInputs& in,
   }
   const sim::LayoutCheck checked = sim::checked_layout(in);
   const auto ring = static_cast<int>(checked.layout.ring);
-  const std::vector<LoadBalancer> balancers =
-      options.balancers.empty() ? load_balancers(in) : options.balancers;
-  // The documents are checked against the method before anything is sampled.
-  sim::ScheduleInputs probe = in;
-  probe.documents =
-      sim::document_work(models::PackedSequence{{in.parallel.seq_len}, 1}, in.parallel.seq_len,
-                         ring, in.parallel.ring_layout, sim::DocumentSplit::kSequence);
-  (void)sim::checked_layout(probe);
+  // What the configuration's code runs, checked before anything is sampled.
+  const std::vector<LoadBalancer> applicable = load_balancers(in);
+  const std::vector<LoadBalancer>& balancers =
+      options.balancers.empty() ? applicable : options.balancers;
 
   BatchStudy study;
   study.sequences_per_batch = in.parallel.data_parallel() * in.parallel.micro_batches;

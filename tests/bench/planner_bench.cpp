@@ -247,11 +247,12 @@ BENCHMARK(BM_PlanMaxContext)->Unit(benchmark::kMillisecond)->UseRealTime();
 void BM_PackedBatches(benchmark::State& state) {
   sim::ScheduleInputs in = base(models::CpMethod::kRing);
   in.parallel.seq_len = 128 * 1024;
+  in.parallel.implementation = "none";  // the ring's scheme: every load balancer
   planner::BatchOptions o;
   o.lengths = models::parse_length_distribution("lognormal:median=8K,sigma=1.2", "lengths");
   o.batches = 1000;
   const std::vector<planner::LoadBalancer> all = planner::load_balancers(in);
-  o.balancers = {all[static_cast<std::size_t>(state.range(0))]};
+  o.balancers = {all.at(static_cast<std::size_t>(state.range(0)))};
   for (auto _ : state) {
     const planner::BatchStudy s = planner::study_batches(in, o);
     benchmark::DoNotOptimize(s.balancers.front().p50_s);

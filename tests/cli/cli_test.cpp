@@ -2160,9 +2160,11 @@ class PackedBatchesCli : public CliTest {};
 
 TEST_F(PackedBatchesCli, JsonPerLoadBalancerAndOneDocumentIsThePlainStep) {
   write_file(path("one.txt"), "128K\n");
-  const Json one = run_json({"simulate", "--method", "ring", "--lengths", path("one.txt").string(),
-                             "--pack", "128K", "--batches", "2", "--json"});
-  const Json plain = run_json({"simulate", "--method", "ring", "--seq", "128K", "--json"});
+  const Json one =
+      run_json({"simulate", "--method", "ring", "--impl", "none", "--lengths",
+                path("one.txt").string(), "--pack", "128K", "--batches", "2", "--json"});
+  const Json plain =
+      run_json({"simulate", "--method", "ring", "--impl", "none", "--seq", "128K", "--json"});
   ASSERT_TRUE(one.contains("balancers")) << one.dump();
   ASSERT_EQ(one["balancers"].size(), 3U);
   EXPECT_EQ(one["one_document"]["step_time_s"], plain["step_time_s"]);
@@ -2173,19 +2175,11 @@ TEST_F(PackedBatchesCli, JsonPerLoadBalancerAndOneDocumentIsThePlainStep) {
     EXPECT_EQ(b["step_time_s_per_batch"].size(), 2U);
   }
   // Short documents: a distribution, the same for the same seed.
-  const std::vector<std::string> args = {"simulate",
-                                         "--method",
-                                         "usp",
-                                         "--ring-degree",
-                                         "2",
-                                         "--lengths",
-                                         "lognormal:median=4K,sigma=1",
-                                         "--pack",
-                                         "128K",
-                                         "--batches",
-                                         "10",
-                                         "--seed",
-                                         "3",
+  const std::vector<std::string> args = {"simulate", "--method",  "usp",
+                                         "--impl",   "none",      "--ring-degree",
+                                         "2",        "--lengths", "lognormal:median=4K,sigma=1",
+                                         "--pack",   "128K",      "--batches",
+                                         "10",       "--seed",    "3",
                                          "--json"};
   const RunResult a = run(args), b = run(args);
   EXPECT_EQ(a.exit_code, 0) << a.err;
@@ -2196,12 +2190,42 @@ TEST_F(PackedBatchesCli, JsonPerLoadBalancerAndOneDocumentIsThePlainStep) {
 }
 
 TEST_F(PackedBatchesCli, TableNamesTheRecommendation) {
-  const RunResult r = run({"simulate", "--method", "ring", "--lengths",
+  const RunResult r = run({"simulate", "--method", "ring", "--impl", "none", "--lengths",
                            "lognormal:median=8K,sigma=1.2", "--pack", "128K", "--batches", "5"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("load balancer"));
   EXPECT_THAT(r.out, HasSubstr("per-document"));
   EXPECT_THAT(r.out, HasSubstr("recommended: "));
+}
+
+TEST_F(PackedBatchesCli, EachImplementationAsItsCodeMasksDocuments) {
+  const std::vector<std::string> batches = {
+      "--lengths", "lognormal:median=8K,sigma=1", "--pack", "128K", "--batches", "4", "--json"};
+  auto study = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "simulate");
+    args.insert(args.end(), batches.begin(), batches.end());
+    return run_json(args);
+  };
+  // yunchang's LongContextAttention takes no cu_seqlens: every step is the one-document step.
+  const Json yunchang = study({"--method", "ring", "--impl", "yunchang-usp"});
+  ASSERT_EQ(yunchang["balancers"].size(), 1U) << yunchang.dump();
+  EXPECT_EQ(yunchang["balancers"][0]["balancer"], "unmasked");
+  EXPECT_EQ(yunchang["balancers"][0]["step_time_s"]["max"],
+            yunchang["one_document"]["step_time_s"]);
+  EXPECT_EQ(yunchang["balancers"][0]["step_time_s"]["p50"],
+            yunchang["one_document"]["step_time_s"]);
+  // Megatron-Core's ring over THD: per document only.
+  const Json megatron = study({"--method", "ring", "--impl", "megatron-core-cp"});
+  ASSERT_EQ(megatron["balancers"].size(), 1U);
+  EXPECT_EQ(megatron["balancers"][0]["balancer"], "per-document");
+  EXPECT_LT(megatron["balancers"][0]["step_time_s"]["p50"].get<double>(),
+            megatron["one_document"]["step_time_s"].get<double>());
+  // Not read: refused, naming the flag.
+  const RunResult upipe = run({"simulate", "--method", "upipe", "--impl", "untied-ulysses-upipe",
+                               "--lengths", "lognormal:median=8K,sigma=1", "--pack", "128K"});
+  EXPECT_EQ(upipe.exit_code, 2);
+  EXPECT_THAT(upipe.err, HasSubstr("--lengths"));
+  EXPECT_THAT(upipe.err, HasSubstr("--impl none"));
 }
 
 TEST_F(PackedBatchesCli, PlanRanksItsBestAgainUnderPackedBatches) {

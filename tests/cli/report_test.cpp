@@ -330,8 +330,9 @@ TEST_F(ReportTest, SingleLengthAndMethodsThatCannotRun) {
 }
 
 TEST_F(ReportTest, PackedBatchesChartOnlyWithLengths) {
-  const std::vector<std::string> base = {"report",    "--model", "llama3-8b", "--gpus", "8",
-                                         "--methods", "ring",    "--seq",     "128K"};
+  const std::vector<std::string> base = {"report", "--model",   "llama3-8b", "--gpus",
+                                         "8",      "--methods", "ring",      "--impl",
+                                         "none",   "--seq",     "128K"};
   std::vector<std::string> with = base;
   with.insert(with.end(), {"--lengths", "lognormal:median=8K,sigma=1", "--batches", "20", "--html",
                            path("batches.html").string()});

@@ -98,6 +98,14 @@ class DeepSpeedFpdt final : public Implementation {
  public:
   using Implementation::Implementation;
   bool synchronised_fpdt_loop() const override { return true; }
+  // DeepSpeed 0.19.8 deepspeed/sequence/fpdt_layer.py:174 (`assert attention_mask is None`) and
+  // :238 (`causal_chunk = i == k_i`): every chunk pair is causal over the whole sequence.
+  DocumentMasking document_masking(models::CpMethod /*m*/) const override {
+    return {DocumentMasking::Kind::kAcrossDocuments,
+            {},
+            "fpdt_layer.py asserts attention_mask is None and runs causal chunk pairs (DeepSpeed "
+            "0.19.8, fpdt_layer.py:174, :238)"};
+  }
 };
 
 }  // namespace

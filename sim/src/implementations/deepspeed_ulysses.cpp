@@ -122,6 +122,15 @@ class DeepspeedUlysses final : public Implementation {
  public:
   DeepspeedUlysses() : Implementation(kTable) {}
   std::span<const SiteCalls> traced_calls() const override { return kCalls; }
+  // DeepSpeed 0.19.8 deepspeed/runtime/sequence_parallel/ulysses_sp.py:282-293: position_ids
+  // gathered after the all-to-all, "FA2 uses them for packed-sequence detection
+  // (flash_varlen_fn)"; "For packed sequences: position_ids must reset at document boundaries".
+  DocumentMasking document_masking(models::CpMethod /*m*/) const override {
+    return {DocumentMasking::Kind::kMasked,
+            {Balancer::kHeads},
+            "position_ids restart at each document and flash_attention_2 runs varlen over them "
+            "(DeepSpeed 0.19.8, ulysses_sp.py:282-293)"};
+  }
 };
 
 }  // namespace

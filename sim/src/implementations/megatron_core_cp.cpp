@@ -98,6 +98,21 @@ constexpr ImplementationTable kTable{
 class MegatronCoreCp final : public Implementation {
  public:
   MegatronCoreCp() : Implementation(kTable) {}
+  // Megatron-LM @ d98e8a6 megatron/core/utils.py:2454-2501 (get_batch_on_this_cp_rank with
+  // cu_seqlens: per-document zigzag through TransformerEngine's thd_get_partitioned_indices) and
+  // TransformerEngine @ d0067d0 context_parallel.cu:83-103 (the p2p ring over THD). The THD path
+  // of its all-to-all CP was not read.
+  DocumentMasking document_masking(models::CpMethod m) const override {
+    if (m == models::CpMethod::kRing) {
+      return {DocumentMasking::Kind::kMasked,
+              {Balancer::kPerDocument},
+              "THD with cu_seqlens: every document padded to 2·CP and split head-tail by "
+              "TransformerEngine (REFERENCES.md [Packing-Megatron], [CP-split-TE])"};
+    }
+    return {DocumentMasking::Kind::kNotRead,
+            {},
+            "the THD path of its all-to-all CP (cp_comm_type a2a, a2a+p2p) was not read"};
+  }
   std::int64_t ring_accumulator_bytes(const ScheduleInputs& in) const override {
     return in.recipe.activation_bytes;
   }

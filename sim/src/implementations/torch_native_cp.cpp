@@ -96,6 +96,14 @@ constexpr ImplementationTable kTable{
 class TorchNativeCp final : public Implementation {
  public:
   TorchNativeCp() : Implementation(kTable) {}
+  // PyTorch 2.13.0 torch/distributed/tensor/experimental/_context_parallel/_attention.py:324-406:
+  // the ring's SDPA ops take `is_causal` and no mask.
+  DocumentMasking document_masking(models::CpMethod /*m*/) const override {
+    return {DocumentMasking::Kind::kAcrossDocuments,
+            {},
+            "context_parallel's SDPA ring takes is_causal and no mask (PyTorch 2.13.0, "
+            "_context_parallel/_attention.py:324-406)"};
+  }
   // repeat_kv before SDPA: every K/V tensor of the attention has the query heads.
   void shape(const ScheduleInputs& in, HeadLayout& layout) const override {
     layout.kv_heads_eff = in.model.heads;

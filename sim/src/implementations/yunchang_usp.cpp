@@ -134,6 +134,14 @@ class YunchangUsp final : public Implementation {
  public:
   YunchangUsp() : Implementation(kTable) {}
   std::span<const SiteCalls> traced_calls() const override { return kCalls; }
+  // yunchang 0.6.4 yunchang/hybrid/attn_layer.py:57-69: LongContextAttention.forward takes
+  // query, key, value and `causal`, no cu_seqlens.
+  DocumentMasking document_masking(models::CpMethod /*m*/) const override {
+    return {DocumentMasking::Kind::kAcrossDocuments,
+            {},
+            "LongContextAttention.forward takes no cu_seqlens: causal over the packed sequence "
+            "(yunchang 0.6.4, hybrid/attn_layer.py:57-69)"};
+  }
   // all_to_all_4D splits heads with reshape(bs, s, P, hc // P, hs): no KV-head replication.
   std::optional<ConfigIssue> check(const ScheduleInputs& in,
                                    const HeadLayout& layout) const override {

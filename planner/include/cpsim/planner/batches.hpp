@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cpsim/models/documents.hpp"
@@ -19,15 +20,21 @@ struct Candidate;  // search.hpp
 
 /// How a packed sequence's tokens go to the ranks of a ring.
 struct LoadBalancer {
-  std::string_view name;  ///< "head-tail", "contiguous", "per-document", "heads"
+  /// "head-tail", "contiguous", "per-document", "heads"; "unmasked" for code that attends across
+  /// documents (every batch is then the one-document step).
+  std::string_view name;
   models::RingLayout layout = models::RingLayout::kZigzag;
   sim::DocumentSplit split = sim::DocumentSplit::kSequence;
-  std::string_view runs;  ///< who splits this way (for the table)
+  std::string_view runs;  ///< who splits this way, or where the code says it does not mask
+  bool masked = true;
 };
 
-/// The load balancers that apply to `in`: head-tail, contiguous and per-document with a ring
-/// part, "heads" (Ulysses: every rank the whole sequence of its heads) without one.
-/// @throws sim::ConfigError for a refused configuration.
+/// The load balancers that apply to `in`: the method's (head-tail, contiguous and per-document
+/// with a ring part, "heads" without one) that its implementation runs with a document mask
+/// (Implementation::document_masking; all of them for the scheme alone), or "unmasked" when its
+/// code attends across documents.
+/// @throws sim::ConfigError for a refused configuration, or an implementation whose handling of
+/// packed documents was not read (Quantity::kDocuments).
 std::vector<LoadBalancer> load_balancers(const sim::ScheduleInputs& in);
 /// @throws InputError naming `field` for a name load_balancers(in) does not list.
 LoadBalancer load_balancer(const sim::ScheduleInputs& in,

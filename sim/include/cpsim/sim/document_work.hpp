@@ -6,6 +6,7 @@
 /// document gives today's step exactly (docs/PACKING.md, "Attention work").
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "cpsim/models/documents.hpp"
@@ -22,6 +23,26 @@ enum class DocumentSplit : std::uint8_t {
   kPerDocument,
 };
 const char* to_string(DocumentSplit s);
+
+/// How a CP code hands a packed sequence's tokens to its ranks (planner/batches.hpp names them).
+enum class Balancer : std::uint8_t {
+  kHeads,        ///< no ring part: every rank the whole sequence of its heads
+  kHeadTail,     ///< the ring layout zigzag over the packed sequence
+  kContiguous,   ///< the ring layout contiguous over the packed sequence
+  kPerDocument,  ///< every document padded to 2R and split head-tail
+};
+
+/// How an implementation's code attends packed documents (Implementation::document_masking).
+struct DocumentMasking {
+  enum class Kind : std::uint8_t {
+    kNotRead,          ///< not read from its source: packed batches are refused
+    kAcrossDocuments,  ///< no document mask: attention is causal over the packed sequence
+    kMasked,           ///< a document mask, with the balancers listed
+  };
+  Kind kind = Kind::kNotRead;
+  std::vector<Balancer> balancers;
+  std::string_view source;  ///< where its code says so (or what was not read)
+};
 
 /// Work of the ring positions of one packed sequence. Work is the area of the visible (query,
 /// key) region with positions as continuous coordinates, the convention of the cost model's

@@ -238,6 +238,11 @@ class Implementation {
   /// framework calls of its chunks and blocks and its host synchronisations after each block
   /// (sim/src/attention_fpdt.cpp, docs/MODEL.md "Host issue"); the default: no.
   virtual bool synchronised_fpdt_loop() const { return false; }
+  /// How its code attends packed documents when it runs method `m` (docs/PACKING.md); the
+  /// default: not read.
+  virtual DocumentMasking document_masking(models::CpMethod /*m*/) const {
+    return {DocumentMasking::Kind::kNotRead, {}, "its handling of packed documents was not read"};
+  }
   /// Its framework calls per site, traced (SiteCalls); the default: none traced.
   virtual std::span<const SiteCalls> traced_calls() const { return {}; }
   /// Constraints of its code beyond the method's (head divisibility, ...); the default has none.
