@@ -339,6 +339,7 @@ void check_plan_flags(PlanArgs& a) {
     throw InputError("--max-step-time",
                      "caps a longest-context answer; with --seq the plan ranks by step time");
   }
+  check_batch_flags_need_lengths(a.config);
   if (!a.config.lengths.empty() && (!a.emit.empty() || !a.launcher.empty())) {
     throw InputError("--lengths", fmt::format("not with {} yet: the launcher files do not set the "
                                               "packing and the load balancer cpsim would rank by",

@@ -522,6 +522,7 @@ StepDetail detail_step(const MethodSweep& pick,
 }  // namespace
 
 int run_report(const ReportArgs& a) {
+  check_batch_flags_need_lengths(a.config);
   std::optional<std::int64_t> detail_seq;
   if (!a.detail_seq.empty()) {
     detail_seq = parse_length(a.detail_seq, "--detail-seq");

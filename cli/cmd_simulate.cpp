@@ -705,6 +705,7 @@ int run_simulate(const SimulateArgs& a) {
   if (!a.lengths.empty() || !a.pack.empty()) {
     return run_simulate_batches(a);
   }
+  check_batch_flags_need_lengths(a);
   const std::optional<CostRate> rate = parse_cost_rate(a.gpu_hour_cost, a.train_tokens);
   if (const std::vector<std::string> profiles = hardware_profiles(a.hardware);
       profiles.size() > 1) {

@@ -43,6 +43,8 @@ void add_batch_options(CLI::App* simulate, SimulateArgs& args);
 void add_plan_batch_options(CLI::App* plan, SimulateArgs& args);
 /// The batch options the flags give (--lengths set). @throws InputError naming the flag.
 planner::BatchOptions batch_options(const SimulateArgs& args);
+/// @throws InputError naming a packed-batch flag given without --lengths.
+void check_batch_flags_need_lengths(const SimulateArgs& args);
 /// `plan --lengths`: the plan's first max(top, 5) configurations ranked again under packed
 /// batches, the ranking's answer for the table and JSON.
 struct PlanBatches {

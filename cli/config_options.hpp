@@ -69,6 +69,7 @@ struct SimulateArgs {
   std::uint64_t seed = 0;          ///< --seed
   std::string balancer = "all";    ///< --balancer
   std::string objective = "p50";   ///< --objective: p50 | p95
+  std::string batch_flag;          ///< a packed-batch flag given (each needs --lengths), else empty
   std::string progress;            ///< --progress (empty: $CPSIM_PROGRESS, else auto)
   std::string gpu_hour_cost;       ///< --gpu-hour-cost (simulate, maxlen, plan; cost.hpp)
   std::string train_tokens;        ///< --train-tokens

@@ -1,6 +1,7 @@
 // Packed batches on the command line: `simulate --lengths ... --pack S` (the step over sampled
 // batches, per load balancer) and `plan --lengths` (its best configurations ranked again).
 #include <cstdint>
+#include <functional>
 #include <iostream>
 #include <limits>
 
@@ -68,6 +69,11 @@ std::string percent(double share) {
 
 namespace {
 
+// Records that packed-batch flag `name` was given (each needs --lengths).
+std::function<void(const std::string&)> given(SimulateArgs& a, const char* name) {
+  return [&a, name](const std::string&) { a.batch_flag = name; };
+}
+
 // The flags simulate and plan share.
 void add_shared_batch_options(CLI::App* c, SimulateArgs& a) {
   c->add_option("--lengths", a.lengths,
@@ -80,14 +86,19 @@ void add_shared_batch_options(CLI::App* c, SimulateArgs& a) {
                 "TorchTitan's default), greedy (in order, documents longer than S dropped: "
                 "ArcticTraining SFT), first-fit (8 open sequences, long documents dropped: "
                 "TorchTitan's first-fit)")
-      ->capture_default_str();
-  c->add_option("--batches", a.batches, "packed batches: steps sampled")->capture_default_str();
+      ->capture_default_str()
+      ->each(given(a, "--packing"));
+  c->add_option("--batches", a.batches, "packed batches: steps sampled")
+      ->capture_default_str()
+      ->each(given(a, "--batches"));
   c->add_option("--seed", a.seed, "packed batches: seed of the document sampler")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each(given(a, "--seed"));
   c->add_option("--objective", a.objective,
                 "packed batches: rank load balancers (and plan's configurations) by document "
                 "tokens/s at the p50 or the p95 step time")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each(given(a, "--objective"));
 }
 
 }  // namespace
@@ -99,16 +110,25 @@ void add_batch_options(CLI::App* c, SimulateArgs& a) {
                 "given, must agree)");
   c->add_option("--balancer", a.balancer,
                 "packed batches: load balancer, or all: head-tail, contiguous, per-document "
-                "(with a ring part), heads (Ulysses alone)")
-      ->capture_default_str();
+                "(with a ring part), heads (Ulysses alone), those the implementation's code runs "
+                "with a document mask (unmasked: it attends across documents)")
+      ->capture_default_str()
+      ->each(given(a, "--balancer"));
   c->add_option("--progress", a.progress,
                 "packed batches: progress on stderr: auto (in place on a terminal, a log line "
                 "every 10 s otherwise, once past 2 s), always, never; default: "
-                "$CPSIM_PROGRESS, else auto");
+                "$CPSIM_PROGRESS, else auto")
+      ->each(given(a, "--progress"));
 }
 
 void add_plan_batch_options(CLI::App* c, SimulateArgs& a) {
   add_shared_batch_options(c, a);
+}
+
+void check_batch_flags_need_lengths(const SimulateArgs& a) {
+  if (a.lengths.empty() && !a.batch_flag.empty()) {
+    throw InputError(a.batch_flag, "only with --lengths (packed batches)");
+  }
 }
 
 planner::BatchOptions batch_options(const SimulateArgs& a) {

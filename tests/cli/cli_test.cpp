@@ -2287,6 +2287,18 @@ TEST_F(PackedBatchesCli, BadInputNamesTheFlag) {
     EXPECT_EQ(r.exit_code, 2) << join(args) << "\n" << r.err;
     EXPECT_THAT(r.err, HasSubstr(field)) << join(args);
   }
+  for (const std::string flag : {"--batches", "--seed", "--packing", "--balancer", "--objective"}) {
+    const std::string value = flag == "--packing"     ? "greedy"
+                              : flag == "--balancer"  ? "head-tail"
+                              : flag == "--objective" ? "p95"
+                                                      : "3";
+    const RunResult r = run({"simulate", "--seq", "128K", flag, value});
+    EXPECT_EQ(r.exit_code, 2) << flag;
+    EXPECT_THAT(r.err, HasSubstr(flag + ": only with --lengths")) << r.err;
+  }
+  const RunResult plan_seed = run({"plan", "--seq", "128K", "--seed", "2"});
+  EXPECT_EQ(plan_seed.exit_code, 2);
+  EXPECT_THAT(plan_seed.err, HasSubstr("--seed"));
   const RunResult missing =
       run({"simulate", "--lengths", path("missing.txt").string(), "--pack", "128K"});
   EXPECT_NE(missing.exit_code, 0);
