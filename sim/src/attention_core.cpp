@@ -50,6 +50,7 @@
 // visible prefix, and the backward gathers again and reduce-scatters dK/dV. Only the local K/V are
 // kept for backward.
 #include <algorithm>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -173,10 +174,43 @@ CoreBackward StepBuilder::core_backward(const std::string& tag,
   return out;
 }
 
-std::vector<double> StepBuilder::ring_step_times(const RingSegment& seg,
-                                                 std::int64_t hq,
-                                                 bool backward,
-                                                 double* flops) const {
+// Forward ring steps of positions whose attention differs (packed documents), on the
+// representative rank. Position i's attention of step k starts when its attention of step k − 1
+// has ended and the block of step k has arrived; the send of step k (the block of step k + 1)
+// starts when every position's attention of step k − 1 has ended (the collective's rendezvous)
+// and the send before it has ended. With a_ik the attention times and c a send:
+//   F_i0 = a_i0,  F_ik = max(F_i(k−1), E_(k−1)) + a_ik,  T_k = max_i F_ik,
+//   E_0 = c,      E_k = max(T_(k−1), E_(k−1)) + c.
+// A position slow at one step and fast at the next catches up while the others wait for their
+// block: the step is not the slowest position's, step by step. The representative rank, whose
+// chain is F_k = max(F_(k−1), E_(k−1)) + d_k with the same sends, reaches T_k at every step with
+//   d_0 = T_0,  d_k = T_k − max(T_(k−1), E_(k−1)).
+// The send times are the nominal ones (nothing beside the ring shares the link); every position
+// simulated gives the engine's own answer (tested within a few percent).
+double StepBuilder::ring_forward_lockstep_s(int step,
+                                            const std::function<double(int, int)>& attention_s,
+                                            double send_s) const {
+  const auto ring = static_cast<int>(shape_.ring);
+  std::vector<double> finish(static_cast<std::size_t>(ring), 0.0);
+  double t_prev = 0.0, e_prev = 0.0;
+  for (int k = 0; k <= step; ++k) {
+    double t = 0.0;
+    for (int i = 0; i < ring; ++i) {
+      double& f = finish[static_cast<std::size_t>(i)];
+      f = (k == 0 ? 0.0 : std::max(f, e_prev)) + attention_s(i, k);
+      t = std::max(t, f);
+    }
+    if (k == step) {
+      return k == 0 ? t : t - std::max(t_prev, e_prev);
+    }
+    e_prev = (k == 0 ? 0.0 : std::max(t_prev, e_prev)) + send_s;
+    t_prev = t;
+  }
+  return 0.0;
+}
+
+std::vector<double> StepBuilder::ring_step_times(
+    const RingSegment& seg, std::int64_t hq, bool backward, double* flops, double send_s) const {
   const int step = seg.first;
   const auto steps = static_cast<double>(seg.steps);  // a merged segment's steps are alike
   const std::int64_t d = m_.head_dim;
@@ -194,35 +228,42 @@ std::vector<double> StepBuilder::ring_step_times(const RingSegment& seg,
                                 : cost({shape_.ring_tokens, shape_.ring_tokens, hq, d, false});
   const KernelCost after =
       zigzag ? cost({shape_.ring_tokens / 2, shape_.ring_tokens, hq, d, false}) : KernelCost{};
-  auto of_position = [&](int i) -> KernelCost {
-    if (step == 0)
+  const auto ring = static_cast<int>(shape_.ring);
+  auto shape_at = [&](int i, int k) -> KernelCost {
+    if (k == 0)
       return diagonal;
-    const int j = ((i - step) % static_cast<int>(shape_.ring) + static_cast<int>(shape_.ring)) %
-                  static_cast<int>(shape_.ring);
+    const int j = ((i - k) % ring + ring) % ring;
     return j < i ? before : after;
   };
+  auto of_position = [&](int i) { return shape_at(i, step); };
   auto seconds = [&](const KernelCost& k) { return k.flops > 0 ? k.time_s + merge_s : 0.0; };
   const DocumentWork& docs = in_.documents;
   if (!docs.empty()) {
-    // Packed documents: position i's kernel scaled by its pair's share (a step is not merged).
-    auto position_seconds = [&](int i) {
-      const KernelCost k = of_position(i);
-      return k.flops > 0 ? k.time_s * docs.step_factor(i, step) + merge_s : 0.0;
+    // Packed documents: position i's kernel at step k scaled by its pair's share (steps are not
+    // merged).
+    auto seconds_at = [&](int i, int k) {
+      const KernelCost c = shape_at(i, k);
+      return c.flops > 0 ? c.time_s * docs.step_factor(i, k) + merge_s : 0.0;
     };
     if (flops != nullptr) {
       const int i = b_.position(Group::kRing, 0);
       *flops = of_position(i).flops * docs.step_factor(i, step);
     }
-    std::vector<double> t;
     if (b_.simulated_ranks() < b_.ranks()) {
-      double slowest = 0.0;
-      for (int i = 0; i < static_cast<int>(shape_.ring); ++i) {
-        slowest = std::max(slowest, position_seconds(i));
+      if (backward) {
+        // Step k's attention reads the dK/dV hop of step k − 1, a collective after every
+        // position's attention of that step: each step lasts as long as its slowest position.
+        double slowest = 0.0;
+        for (int i = 0; i < ring; ++i) {
+          slowest = std::max(slowest, seconds_at(i, step));
+        }
+        return {slowest};
       }
-      return {slowest};
+      return {ring_forward_lockstep_s(step, seconds_at, send_s)};
     }
+    std::vector<double> t;
     for (int rank = 0; rank < b_.simulated_ranks(); ++rank) {
-      t.push_back(position_seconds(b_.position(Group::kRing, rank)));
+      t.push_back(seconds_at(b_.position(Group::kRing, rank), step));
     }
     return t;
   }
@@ -311,7 +352,13 @@ CoreForward StepBuilder::ring_forward(
         Name::interned(ring_name(
             k, 2, [&] { return fmt::format("ring_attn_fwd{}{}", step_label(seg), tag); })),
         Stream::kCompute, OpKind::kAttentionFwd);
-    step.time_s_per_rank = ring_step_times(seg, hq, false, &step.flops);
+    step.time_s_per_rank =
+        ring_step_times(seg, hq, false, &step.flops,
+                        cost_
+                            .collective(models::Collective::kSendRecv, b_.span_of(Group::kRing),
+                                        b_.group_size(Group::kRing),
+                                        kv_bytes / shape_.activation_bytes * r_.cp_comm_bytes)
+                            .time_s());
     step.host_calls = seg.steps;  // one attention call per step (Op::host_calls)
     add_step_traffic(step.time_s_per_rank, LedgerSite::kRingForwardStep, seg.steps);
     step.inputs.push_back(q_h);

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -262,10 +263,17 @@ class StepBuilder : private OpEmitter, private KernelCosts {
   std::vector<double> allgather_times(std::int64_t hq, bool backward, double* flops) const;
   /// The steps of `seg` on each rank of the ring (attention shapes of the zigzag or contiguous
   /// layout): time of forward or backward per rank, and FLOPs of rank 0.
+  /// `send_s`: a forward send's nominal time (packed documents on the representative rank).
   std::vector<double> ring_step_times(const RingSegment& seg,
                                       std::int64_t hq,
                                       bool backward,
-                                      double* flops) const;
+                                      double* flops,
+                                      double send_s = 0.0) const;
+  /// The representative rank's forward attention time of ring step `step` when positions differ
+  /// (attention_core.cpp, "Forward ring steps of positions whose attention differs").
+  double ring_forward_lockstep_s(int step,
+                                 const std::function<double(int, int)>& attention_s,
+                                 double send_s) const;
 
   HeadLayout layout_;
   const Implementation* implementation_;  ///< nullptr: the method's scheme alone
