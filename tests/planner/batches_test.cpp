@@ -107,8 +107,8 @@ TEST(Batches, RepresentativeRankAgreesWithEveryRankSimulated) {
     in.parallel.ring_layout = b.layout;
     models::DocumentSampler sampler(lengths, 11);
     const std::int64_t span = b.split == sim::DocumentSplit::kPerDocument ? 16 : 1;
-    for (const models::PackedSequence& seq : models::pack_documents(
-             sampler, in.parallel.seq_len, span, models::Packing::kConcat, 3)) {
+    for (const models::PackedSequence& seq :
+         models::pack_documents(sampler, in.parallel.seq_len, span, models::Packing::kConcat, 3)) {
       in.documents = sim::document_work(seq, in.parallel.seq_len, 8, b.layout, b.split);
       const double one = evaluate(in).report.step_time_s;
       EvaluateOptions every;
