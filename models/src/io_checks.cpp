@@ -74,6 +74,20 @@ void check_modelled_architecture(const Json& config, const std::string& origin) 
       }
     }
   }
+  // Biases in the MLP and LayerNorm (mean and bias) are not in the block cpsim builds.
+  if (const auto it = config.find("mlp_bias"); it != config.end() && !is_off(*it)) {
+    throw InputError(field_of(origin, "mlp_bias"),
+                     "biases in the MLP are not modelled: cpsim builds bias-free MLP linears");
+  }
+  if (config.find("rms_norm_eps") == config.end()) {
+    for (const char* key : {"layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"}) {
+      if (config.find(key) != config.end()) {
+        throw InputError(field_of(origin, key),
+                         "LayerNorm (mean subtraction and bias) is not modelled: cpsim builds "
+                         "RMSNorm blocks (configs with rms_norm_eps)");
+      }
+    }
+  }
   const auto window = config.find("sliding_window");
   const auto use_window = config.find("use_sliding_window");
   const bool window_off = use_window != config.end() && is_off(*use_window);

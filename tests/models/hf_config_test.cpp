@@ -204,6 +204,22 @@ TEST(HfConfig, RefusesMoeAndMla) {
   }
 }
 
+TEST(HfConfig, BiasedMlpsAndLayerNormAreRefusedWhateverTheModelType) {
+  // A model_type cpsim does not list (GLM-4.5's glm4_moe) still names its experts.
+  json moe = llama_config();
+  moe["model_type"] = "glm4_moe";
+  moe["n_routed_experts"] = 160;
+  EXPECT_EQ(error_field(moe), "llama.json:n_routed_experts");
+  json biased = llama_config();
+  biased["mlp_bias"] = true;
+  EXPECT_EQ(error_field(biased), "llama.json:mlp_bias");
+  json layer_norm = llama_config();
+  layer_norm.erase("rms_norm_eps");
+  layer_norm["layer_norm_eps"] = 1e-5;
+  EXPECT_EQ(error_field(layer_norm), "llama.json:layer_norm_eps");
+  EXPECT_EQ(error_field(llama_config()), "");  // mlp_bias false, rms_norm_eps: modelled
+}
+
 TEST(HfConfig, MixtralIsRefused) {
   json config = llama_config();
   config["num_local_experts"] = 8;
