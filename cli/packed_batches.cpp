@@ -157,6 +157,12 @@ int run_simulate_batches(const SimulateArgs& a) {
   planner::BatchOptions options = batch_options(a);
   const ProgressMode mode = parse_progress_mode(a.progress);
   const sim::ScheduleInputs in = resolve_inputs(on);
+  // The packed sequence's length is --pack's: a length the configuration refuses names it.
+  if (const sim::LayoutCheck checked = sim::check_head_layout(in);
+      checked.issue && (checked.issue->quantity == sim::Quantity::kSeqLen ||
+                        checked.issue->quantity == sim::Quantity::kSeqLenMultiple)) {
+    throw InputError("--pack", checked.issue->message);
+  }
   if (a.balancer != "all") {
     options.balancers.push_back(planner::load_balancer(in, a.balancer, "--balancer"));
   }

@@ -2268,6 +2268,7 @@ TEST_F(PackedBatchesCli, BadInputNamesTheFlag) {
       {{"--lengths", "lognormal:median=8K", "--pack", "128K"}, "--lengths"},
       {{"--lengths", path("bad.txt").string(), "--pack", "128K"}, path("bad.txt").string() + ":2"},
       {{"--lengths", "lognormal:median=8K,sigma=1", "--pack", "128K", "--seq", "256K"}, "--seq"},
+      {{"--lengths", "lognormal:median=8K,sigma=1", "--pack", "100008"}, "--pack: sequence length"},
       {{"--lengths", "lognormal:median=8K,sigma=1", "--pack", "128K", "--packing", "best"},
        "--packing"},
       {{"--lengths", "lognormal:median=8K,sigma=1", "--pack", "128K", "--batches", "0"},
