@@ -47,18 +47,39 @@ void check_batch_arguments(const SimulateArgs& a) {
   }
 }
 
+// Per batch, per round, its CP groups: {"first_rank", "cp", "documents"}.
+nlohmann::json hybrid_cp_json(const std::vector<std::vector<planner::HybridCpRound>>& batches) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& rounds : batches) {
+    nlohmann::json batch = nlohmann::json::array();
+    for (const planner::HybridCpRound& round : rounds) {
+      nlohmann::json groups = nlohmann::json::array();
+      for (const planner::HybridCpGroup& g : round.groups) {
+        groups.push_back({{"first_rank", g.first_rank}, {"cp", g.cp}, {"documents", g.documents}});
+      }
+      batch.push_back(std::move(groups));
+    }
+    out.push_back(std::move(batch));
+  }
+  return out;
+}
+
 nlohmann::json balancer_json(const planner::BalancerStudy& b) {
-  return {{"balancer", std::string(b.balancer.name)},
-          {"runs", std::string(b.balancer.runs)},
-          {"step_time_s", {{"p50", b.p50_s}, {"p95", b.p95_s}, {"max", b.max_s}}},
-          {"tokens_per_s_p50", b.tokens_per_s_p50},
-          {"imbalance", {{"p50", b.imbalance_p50}, {"max", b.imbalance_max}}},
-          {"padding_share", b.padding_share},
-          {"documents_per_sequence", b.documents_per_sequence},
-          {"document_tokens_per_step", b.document_tokens_per_step},
-          {"objective_tokens_per_s", b.objective_tokens_per_s},
-          {"step_time_s_per_batch", b.step_s},
-          {"imbalance_per_batch", b.imbalance}};
+  nlohmann::json j = {{"balancer", std::string(b.balancer.name)},
+                      {"runs", std::string(b.balancer.runs)},
+                      {"step_time_s", {{"p50", b.p50_s}, {"p95", b.p95_s}, {"max", b.max_s}}},
+                      {"tokens_per_s_p50", b.tokens_per_s_p50},
+                      {"imbalance", {{"p50", b.imbalance_p50}, {"max", b.imbalance_max}}},
+                      {"padding_share", b.padding_share},
+                      {"documents_per_sequence", b.documents_per_sequence},
+                      {"document_tokens_per_step", b.document_tokens_per_step},
+                      {"objective_tokens_per_s", b.objective_tokens_per_s},
+                      {"step_time_s_per_batch", b.step_s},
+                      {"imbalance_per_batch", b.imbalance}};
+  if (b.balancer.hybrid_cp) {
+    j["hybrid_cp_rounds_per_batch"] = hybrid_cp_json(b.hybrid_cp_rounds);
+  }
+  return j;
 }
 
 std::string percent(double share) {
@@ -243,7 +264,13 @@ int run_simulate_batches(const SimulateArgs& a) {
       best.balancer.name, planner::to_string(options.objective), best.objective_tokens_per_s,
       format_seconds(best.p50_s), format_seconds(study.one_document_step_s));
   o += "  imbalance: the busiest CP rank's attention work over the mean, in the step's slowest "
-       "sequence\n";
+       "sequence";
+  for (const planner::BalancerStudy& b : study.balancers) {
+    if (b.balancer.hybrid_cp) {
+      o += "; hybrid-cp: over the DP x CP ranks, summed over the rounds";
+    }
+  }
+  o += "\n";
   o += "  memory: as for one document of the same length (docs/PACKING.md: what packing does not "
        "change)\n";
   std::cout << o;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include <span>
 
 #include <fmt/format.h>
 
@@ -40,17 +39,111 @@ constexpr NamedBalancer kRingBalancers[] = {
       "with cu_seqlens, ring-flash-attn's zigzag varlen)"}},
 };
 
-// Busiest ring position's visible area: what the slowest rank of a sequence computes.
-double busiest_work(const sim::DocumentWork& w) {
-  double busiest = 0.0;
-  for (int i = 0; i < w.ring; ++i) {
-    double row = 0.0;
-    for (int j = 0; j < w.ring; ++j) {
-      row += w.visible[static_cast<std::size_t>(i * w.ring + j)];
-    }
-    busiest = std::max(busiest, row);
+constexpr NamedBalancer kHybridCp{
+    sim::Balancer::kHybridCp,
+    {"hybrid-cp", models::RingLayout::kZigzag, sim::DocumentSplit::kPerDocument,
+     "every document on its own CP group, a power of two of the DP x CP ranks from its length "
+     "over S/C tokens per rank, in rounds closed by a barrier (Megatron-Core's "
+     "hybrid_context_parallel, 0.16.1)",
+     true, true}};
+
+// DP × CP ranks, the ranks hybrid CP schedules over.
+int hybrid_cp_ranks(const sim::ScheduleInputs& in) {
+  return in.parallel.data_parallel() * in.parallel.cp_degree;
+}
+
+// Span multiple of a document under hybrid CP: any group, up to all DP × CP ranks, splits it
+// head-tail, over TP ranks with sequence parallelism (GPTDatasetConfig.hybrid_context_parallel:
+// "divisible by the data parallel size * context parallel size * sequence parallel size * 2").
+std::int64_t hybrid_cp_span_multiple(const sim::ScheduleInputs& in) {
+  return 2 * std::int64_t{hybrid_cp_ranks(in)} * in.parallel.tp_degree;
+}
+
+// Why hybrid CP does not apply to `in` (empty: it does).
+std::string hybrid_cp_refusal(const sim::ScheduleInputs& in) {
+  const models::ParallelConfig& p = in.parallel;
+  const int ranks = hybrid_cp_ranks(in);
+  if (p.method != models::CpMethod::kRing) {
+    return "hybrid-cp schedules ring CP groups (--method ring)";
   }
-  return busiest;
+  if (p.pp_degree > 1) {
+    return "hybrid-cp with pipeline stages is not modelled (--pp 1)";
+  }
+  if ((ranks & (ranks - 1)) != 0) {
+    return fmt::format("hybrid-cp is modelled over a power-of-two count of DP x CP ranks, not {}",
+                       ranks);
+  }
+  if (p.seq_len % hybrid_cp_span_multiple(in) != 0) {
+    return fmt::format(
+        "hybrid-cp pads every document to a multiple of {} (2 x DP x CP x TP); "
+        "the packed length {} is not one",
+        hybrid_cp_span_multiple(in), p.seq_len);
+  }
+  return {};
+}
+
+struct BatchTotals {
+  std::int64_t real_tokens = 0;
+  std::int64_t documents = 0;
+};
+
+// Quantiles and shares of a study whose per-batch vectors are filled.
+void summarize_study(BalancerStudy& out,
+                     const BatchTotals& totals,
+                     std::size_t sequences,
+                     std::int64_t sequence_tokens,
+                     const BatchOptions& options) {
+  out.p50_s = quantile(out.step_s, 0.5);
+  out.p95_s = quantile(out.step_s, 0.95);
+  out.max_s = *std::max_element(out.step_s.begin(), out.step_s.end());
+  out.tokens_per_s_p50 = quantile(out.tokens_per_s, 0.5);
+  out.imbalance_p50 = quantile(out.imbalance, 0.5);
+  out.imbalance_max = *std::max_element(out.imbalance.begin(), out.imbalance.end());
+  out.document_tokens_per_step =
+      static_cast<double>(totals.real_tokens) / static_cast<double>(options.batches);
+  out.objective_tokens_per_s = out.document_tokens_per_step /
+                               (options.objective == BatchObjective::kP50 ? out.p50_s : out.p95_s);
+  const double all_tokens = static_cast<double>(sequences) * static_cast<double>(sequence_tokens);
+  out.padding_share = 1.0 - static_cast<double>(totals.real_tokens) / all_tokens;
+  out.documents_per_sequence =
+      static_cast<double>(totals.documents) / static_cast<double>(sequences);
+}
+
+// Hybrid CP: the documents of a step's sequences (their spans) scheduled over DP × CP ranks.
+BalancerStudy study_hybrid_cp(const sim::ScheduleInputs& in,
+                              const LoadBalancer& balancer,
+                              const std::vector<models::PackedSequence>& sequences,
+                              int sequences_per_batch,
+                              const BatchOptions& options,
+                              const std::function<void()>& step_done) {
+  BalancerStudy out;
+  out.balancer = balancer;
+  HybridCpTimer timer(in);
+  BatchTotals totals;
+  for (int b = 0; b < options.batches; ++b) {
+    std::vector<std::int64_t> spans;
+    std::int64_t real_tokens = 0;
+    for (int s = 0; s < sequences_per_batch; ++s) {
+      const models::PackedSequence& seq =
+          sequences[static_cast<std::size_t>(b * sequences_per_batch + s)];
+      real_tokens += seq.real_tokens();
+      totals.documents += static_cast<std::int64_t>(seq.documents.size());
+      for (std::size_t d = 0; d < seq.documents.size(); ++d) {
+        spans.push_back(seq.span(d));
+      }
+    }
+    totals.real_tokens += real_tokens;
+    HybridCpStep step = timer.step(spans);
+    out.step_s.push_back(step.step_s);
+    out.imbalance.push_back(step.imbalance);
+    out.tokens_per_s.push_back(static_cast<double>(real_tokens) / step.step_s);
+    out.hybrid_cp_rounds.push_back(std::move(step.rounds));
+    if (step_done) {
+      step_done();
+    }
+  }
+  summarize_study(out, totals, sequences.size(), in.parallel.seq_len, options);
+  return out;
 }
 
 BalancerStudy study_one(const sim::ScheduleInputs& base,
@@ -62,17 +155,22 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
   sim::ScheduleInputs in = base;
   in.parallel.ring_layout = balancer.layout;
   const std::int64_t sequence_tokens = in.parallel.seq_len;
-  const std::int64_t span_multiple =
-      balancer.split == sim::DocumentSplit::kPerDocument ? 2 * std::int64_t{ring} : 1;
+  const std::int64_t span_multiple = balancer.hybrid_cp ? hybrid_cp_span_multiple(in)
+                                     : balancer.split == sim::DocumentSplit::kPerDocument
+                                         ? 2 * std::int64_t{ring}
+                                         : 1;
   // The same document stream under every balancer: one sampler per balancer, the same seed.
   models::DocumentSampler sampler(options.lengths, options.seed);
   const std::vector<models::PackedSequence> sequences =
       models::pack_documents(sampler, sequence_tokens, span_multiple, options.packing,
                              options.batches * sequences_per_batch);
+  if (balancer.hybrid_cp) {
+    return study_hybrid_cp(in, balancer, sequences, sequences_per_batch, options, step_done);
+  }
   BalancerStudy out;
   out.balancer = balancer;
   EvaluationScratch scratch;
-  std::int64_t real_total = 0, documents = 0;
+  BatchTotals totals;
   // Code without a document mask attends over the whole packed sequence: every step is the
   // one-document step.
   std::optional<Evaluation> unmasked;
@@ -92,15 +190,15 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
       const models::PackedSequence& seq =
           sequences[static_cast<std::size_t>(b * sequences_per_batch + s)];
       real_tokens += seq.real_tokens();
-      documents += static_cast<std::int64_t>(seq.documents.size());
+      totals.documents += static_cast<std::int64_t>(seq.documents.size());
       sim::DocumentWork w =
           sim::document_work(seq, sequence_tokens, ring, balancer.layout, balancer.split);
-      if (const double work = busiest_work(w); work > slowest_work) {
+      if (const double work = w.busiest_work(); work > slowest_work) {
         slowest_work = work;
         slowest = std::move(w);
       }
     }
-    real_total += real_tokens;
+    totals.real_tokens += real_tokens;
     double step_s = 0.0;
     if (unmasked) {
       out.imbalance.push_back(unmasked_imbalance);
@@ -116,21 +214,7 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
       step_done();
     }
   }
-  out.p50_s = quantile(out.step_s, 0.5);
-  out.p95_s = quantile(out.step_s, 0.95);
-  out.max_s = *std::max_element(out.step_s.begin(), out.step_s.end());
-  out.tokens_per_s_p50 = quantile(out.tokens_per_s, 0.5);
-  out.imbalance_p50 = quantile(out.imbalance, 0.5);
-  out.imbalance_max = *std::max_element(out.imbalance.begin(), out.imbalance.end());
-  out.document_tokens_per_step =
-      static_cast<double>(real_total) / static_cast<double>(options.batches);
-  out.objective_tokens_per_s = out.document_tokens_per_step /
-                               (options.objective == BatchObjective::kP50 ? out.p50_s : out.p95_s);
-  const double all_tokens =
-      static_cast<double>(sequences.size()) * static_cast<double>(sequence_tokens);
-  out.padding_share = 1.0 - static_cast<double>(real_total) / all_tokens;
-  out.documents_per_sequence =
-      static_cast<double>(documents) / static_cast<double>(sequences.size());
+  summarize_study(out, totals, sequences.size(), sequence_tokens, options);
   return out;
 }
 
@@ -138,9 +222,15 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
 
 std::vector<LoadBalancer> load_balancers(const sim::ScheduleInputs& in) {
   const sim::LayoutCheck checked = sim::checked_layout(in);
-  const std::span<const NamedBalancer> method =
-      checked.layout.ring == 1 ? std::span<const NamedBalancer>(&kHeads, 1)
-                               : std::span<const NamedBalancer>(kRingBalancers);
+  std::vector<NamedBalancer> method;
+  if (checked.layout.ring == 1) {
+    method.push_back(kHeads);
+  } else {
+    method.assign(std::begin(kRingBalancers), std::end(kRingBalancers));
+    if (hybrid_cp_refusal(in).empty()) {
+      method.push_back(kHybridCp);
+    }
+  }
   std::vector<LoadBalancer> out;
   if (checked.implementation == nullptr) {
     for (const NamedBalancer& b : method) {
@@ -189,6 +279,11 @@ LoadBalancer load_balancer(const sim::ScheduleInputs& in,
       return b;
     }
     names += (names.empty() ? "" : ", ") + std::string(b.name);
+  }
+  if (name == kHybridCp.balancer.name) {
+    if (const std::string why = hybrid_cp_refusal(in); !why.empty()) {
+      throw InputError(field, fmt::format("{} ({})", why, names));
+    }
   }
   throw InputError(
       field, fmt::format("'{}' is not a load balancer of this configuration ({})", name, names));

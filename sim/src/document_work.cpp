@@ -138,6 +138,14 @@ double DocumentWork::total_factor() const {
   return ref > 0.0 ? seen / ref : 0.0;
 }
 
+double DocumentWork::busiest_work() const {
+  double busiest = 0.0;
+  for (int i = 0; i < ring; ++i) {
+    busiest = std::max(busiest, row(visible, i));
+  }
+  return busiest;
+}
+
 double DocumentWork::imbalance() const {
   double busiest = 0.0, sum = 0.0;
   for (int i = 0; i < ring; ++i) {

@@ -100,14 +100,16 @@ class MegatronCoreCp final : public Implementation {
   MegatronCoreCp() : Implementation(kTable) {}
   // Megatron-LM @ d98e8a6 megatron/core/utils.py:2454-2501 (get_batch_on_this_cp_rank with
   // cu_seqlens: per-document zigzag through TransformerEngine's thd_get_partitioned_indices) and
-  // TransformerEngine @ d0067d0 context_parallel.cu:83-103 (the p2p ring over THD). The THD path
-  // of its all-to-all CP was not read.
+  // TransformerEngine @ d0067d0 context_parallel.cu:83-103 (the p2p ring over THD);
+  // megatron-core 0.16.1 pipeline_parallel/hybrid_cp_schedule.py (hybrid CP). The THD path of its
+  // all-to-all CP was not read.
   DocumentMasking document_masking(models::CpMethod m) const override {
     if (m == models::CpMethod::kRing) {
       return {DocumentMasking::Kind::kMasked,
-              {Balancer::kPerDocument},
+              {Balancer::kPerDocument, Balancer::kHybridCp},
               "THD with cu_seqlens: every document padded to 2·CP and split head-tail by "
-              "TransformerEngine (REFERENCES.md [Packing-Megatron], [CP-split-TE])"};
+              "TransformerEngine, or with hybrid_context_parallel each document on its own CP "
+              "group (REFERENCES.md [Packing-Megatron], [CP-split-TE], [HybridCP-Megatron])"};
     }
     return {DocumentMasking::Kind::kNotRead,
             {},

@@ -30,6 +30,9 @@ enum class Balancer : std::uint8_t {
   kHeadTail,     ///< the ring layout zigzag over the packed sequence
   kContiguous,   ///< the ring layout contiguous over the packed sequence
   kPerDocument,  ///< every document padded to 2R and split head-tail
+  /// Megatron-Core's hybrid CP: every document on its own power-of-two CP group of the DP × CP
+  /// ranks, scheduled in rounds (planner/hybrid_cp.hpp)
+  kHybridCp,
 };
 
 /// How an implementation's code attends packed documents (Implementation::document_masking).
@@ -73,6 +76,8 @@ struct DocumentWork {
   /// The busiest position's work over the mean (1: balanced); 1 for R = 1, whose ranks split
   /// heads, not tokens.
   double imbalance() const;
+  /// The busiest position's visible area: what the slowest rank of the sequence computes.
+  double busiest_work() const;
 
  private:
   int source(int position, int step) const { return ((position - step) % ring + ring) % ring; }
