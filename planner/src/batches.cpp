@@ -47,6 +47,28 @@ constexpr NamedBalancer kHybridCp{
      "hybrid_context_parallel, 0.16.1)",
      true, true}};
 
+constexpr NamedBalancer kPtrr{
+    sim::Balancer::kPtrr,
+    {"ptrr", models::RingLayout::kZigzag, sim::DocumentSplit::kPtrrBlocks,
+     "FlexAttention blocks of 128 tokens dealt to the ranks by processing-time round-robin on "
+     "their masked block counts (PyTorch's _PTRRLoadBalancer, TorchTitan's ptrr balancer; "
+     "FlexAttention's CP gathers K/V)"}};
+
+// Why PTRR does not apply to `in` (empty: it does).
+std::string ptrr_refusal(const sim::ScheduleInputs& in) {
+  const models::ParallelConfig& p = in.parallel;
+  if (p.method != models::CpMethod::kAllGather) {
+    return "ptrr shards FlexAttention, whose CP all-gathers K/V (--method allgather)";
+  }
+  if (p.seq_len % (sim::kFlexBlockTokens * p.ring_degree) != 0) {
+    return fmt::format(
+        "ptrr deals blocks of {} tokens, a multiple of the {} ranks: the packed "
+        "length {} is not a multiple of {}",
+        sim::kFlexBlockTokens, p.ring_degree, p.seq_len, sim::kFlexBlockTokens * p.ring_degree);
+  }
+  return {};
+}
+
 // DP × CP ranks, the ranks hybrid CP schedules over.
 int hybrid_cp_ranks(const sim::ScheduleInputs& in) {
   return in.parallel.data_parallel() * in.parallel.cp_degree;
@@ -230,6 +252,9 @@ std::vector<LoadBalancer> load_balancers(const sim::ScheduleInputs& in) {
     if (hybrid_cp_refusal(in).empty()) {
       method.push_back(kHybridCp);
     }
+    if (ptrr_refusal(in).empty()) {
+      method.push_back(kPtrr);
+    }
   }
   std::vector<LoadBalancer> out;
   if (checked.implementation == nullptr) {
@@ -280,9 +305,12 @@ LoadBalancer load_balancer(const sim::ScheduleInputs& in,
     }
     names += (names.empty() ? "" : ", ") + std::string(b.name);
   }
-  if (name == kHybridCp.balancer.name) {
-    if (const std::string why = hybrid_cp_refusal(in); !why.empty()) {
-      throw InputError(field, fmt::format("{} ({})", why, names));
+  for (const auto& [balancer, refusal] :
+       {std::pair{kHybridCp, &hybrid_cp_refusal}, std::pair{kPtrr, &ptrr_refusal}}) {
+    if (name == balancer.balancer.name) {
+      if (const std::string why = refusal(in); !why.empty()) {
+        throw InputError(field, fmt::format("{} ({})", why, names));
+      }
     }
   }
   throw InputError(

@@ -13,6 +13,7 @@
 #include "cpsim/sim/document_work.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <stdexcept>
 
 namespace cpsim::sim {
@@ -47,12 +48,57 @@ void zigzag_pieces(std::int64_t begin, std::int64_t span, int ring, std::vector<
   }
 }
 
+// Processing-time round-robin (PyTorch 2.13.0 `_PTRRLoadBalancer`, REFERENCES.md
+// [CP-split-torch]): the sequence in FlexAttention blocks of 128 tokens; a query block's cost is
+// the number of key blocks its document mask touches (BlockMask kv_num_blocks +
+// full_kv_num_blocks): from the block of its first real token's document start to itself, 0 for
+// padding alone. Blocks by cost, descending (stable), are dealt R at a time, left to right in
+// even rows and right to left in odd ones (`ptrr_scheduling`); position j holds column j.
+std::vector<Piece> ptrr_pieces(const models::PackedSequence& s,
+                               std::int64_t sequence_tokens,
+                               int ring) {
+  const std::int64_t blocks = sequence_tokens / kFlexBlockTokens;
+  std::vector<std::int64_t> cost(static_cast<std::size_t>(blocks), 0);
+  std::vector<bool> costed(static_cast<std::size_t>(blocks), false);
+  std::int64_t at = 0;
+  for (std::size_t d = 0; d < s.documents.size(); ++d) {
+    const std::int64_t begin = at, end = at + s.documents[d];
+    at += s.span(d);
+    for (std::int64_t b = begin / kFlexBlockTokens; b * kFlexBlockTokens < end; ++b) {
+      if (!costed[static_cast<std::size_t>(b)]) {
+        costed[static_cast<std::size_t>(b)] = true;
+        cost[static_cast<std::size_t>(b)] = b - begin / kFlexBlockTokens + 1;
+      }
+    }
+  }
+  std::vector<std::int64_t> order(static_cast<std::size_t>(blocks));
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return cost[static_cast<std::size_t>(a)] > cost[static_cast<std::size_t>(b)];
+  });
+  std::vector<int> position(static_cast<std::size_t>(blocks));
+  for (std::int64_t i = 0; i < blocks; ++i) {
+    const std::int64_t row = i / ring, column = i % ring;
+    const auto j = static_cast<int>(row % 2 == 0 ? column : ring - 1 - column);
+    position[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])] = j;
+  }
+  std::vector<Piece> pieces;
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    pieces.push_back(
+        {b * kFlexBlockTokens, (b + 1) * kFlexBlockTokens, position[static_cast<std::size_t>(b)]});
+  }
+  return pieces;
+}
+
 // The pieces of every position, in order.
 std::vector<Piece> layout_pieces(const models::PackedSequence& s,
                                  std::int64_t sequence_tokens,
                                  int ring,
                                  models::RingLayout layout,
                                  DocumentSplit split) {
+  if (split == DocumentSplit::kPtrrBlocks) {
+    return ptrr_pieces(s, sequence_tokens, ring);
+  }
   std::vector<Piece> pieces;
   if (split == DocumentSplit::kPerDocument) {
     std::int64_t at = 0;
@@ -81,6 +127,7 @@ std::vector<double> visible_work(const models::PackedSequence& s,
   const std::vector<Piece> pieces = layout_pieces(s, sequence_tokens, ring, layout, split);
   std::vector<double> work(static_cast<std::size_t>(ring) * static_cast<std::size_t>(ring), 0.0);
   std::vector<Piece> inside;
+  std::vector<double> before(static_cast<std::size_t>(ring));
   std::size_t first = 0;
   std::int64_t at = 0;
   for (std::size_t d = 0; d < s.documents.size(); ++d) {
@@ -94,12 +141,17 @@ std::vector<double> visible_work(const models::PackedSequence& s,
       inside.push_back(
           {std::max(begin, pieces[p].begin), std::min(end, pieces[p].end), pieces[p].position});
     }
+    // Pieces are in sequence order: a query piece sees every earlier key piece of its document
+    // whole (its length × theirs, summed per position in `before`) and itself causally.
+    std::fill(before.begin(), before.end(), 0.0);
     for (const Piece& q : inside) {
-      for (const Piece& k : inside) {
-        if (k.begin < q.end) {
-          work[static_cast<std::size_t>(q.position * ring + k.position)] += visible_area(q, k);
-        }
+      const auto row = static_cast<std::size_t>(q.position * ring);
+      const auto length = static_cast<double>(q.end - q.begin);
+      for (int k = 0; k < ring; ++k) {
+        work[row + static_cast<std::size_t>(k)] += length * before[static_cast<std::size_t>(k)];
       }
+      work[row + static_cast<std::size_t>(q.position)] += visible_area(q, q);
+      before[static_cast<std::size_t>(q.position)] += length;
     }
   }
   return work;
@@ -108,7 +160,15 @@ std::vector<double> visible_work(const models::PackedSequence& s,
 }  // namespace
 
 const char* to_string(DocumentSplit s) {
-  return s == DocumentSplit::kSequence ? "sequence" : "per-document";
+  switch (s) {
+    case DocumentSplit::kSequence:
+      return "sequence";
+    case DocumentSplit::kPerDocument:
+      return "per-document";
+    case DocumentSplit::kPtrrBlocks:
+      return "ptrr-blocks";
+  }
+  return "?";
 }
 
 double DocumentWork::pair_factor(int i, int j) const {
@@ -167,6 +227,10 @@ DocumentWork document_work(const models::PackedSequence& sequence,
       (layout != models::RingLayout::kZigzag || sequence.span_multiple % (2 * ring) != 0)) {
     throw std::invalid_argument(
         "document_work: a per-document split is head-tail, over spans that are multiples of 2R");
+  }
+  if (split == DocumentSplit::kPtrrBlocks && sequence_tokens % (kFlexBlockTokens * ring) != 0) {
+    throw std::invalid_argument(
+        "document_work: PTRR deals blocks of 128 tokens, a multiple of R of them");
   }
   std::int64_t spans = 0;
   for (std::size_t d = 0; d < sequence.documents.size(); ++d) {

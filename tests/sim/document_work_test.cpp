@@ -37,6 +37,27 @@ TEST(DocumentWork, TwoDocumentsOnTwoContiguousRanks) {
   EXPECT_EQ(w.imbalance(), 1.0);
 }
 
+TEST(DocumentWork, PtrrDealsBlocksByTheirMaskedCounts) {
+  // S = 512 (4 blocks of 128), R = 2, documents [0, 128) and [128, 512). Key blocks each query
+  // block touches: 1, 1, 2, 3. Sorted (stable): b3, b2, b0, b1; row 0 left to right (b3 → 0,
+  // b2 → 1), row 1 right to left (b0 → 1, b1 → 0): position 0 holds b1, b3; position 1 b0, b2.
+  const DocumentWork w = document_work(PackedSequence{{128, 384}, 1}, 512, 2, RingLayout::kZigzag,
+                                       DocumentSplit::kPtrrBlocks);
+  const double full = 128.0 * 128.0, half = full / 2.0;
+  // Position 0: b1 sees itself (half); b3 sees b1 (full, position 0), b2 (full, position 1) and
+  // itself (half).
+  EXPECT_EQ(cell(w.visible, 2, 0, 0), half + full + half);
+  EXPECT_EQ(cell(w.visible, 2, 0, 1), full);
+  // Position 1: b0 sees itself (half); b2 sees b1 (full, position 0) and itself.
+  EXPECT_EQ(cell(w.visible, 2, 1, 0), full);
+  EXPECT_EQ(cell(w.visible, 2, 1, 1), half + half);
+  EXPECT_DOUBLE_EQ(w.imbalance(), 3.0 * full / (2.5 * full));
+  // Not whole blocks on every position: refused.
+  EXPECT_THROW(document_work(PackedSequence{{128, 256}, 1}, 384, 2, RingLayout::kZigzag,
+                             DocumentSplit::kPtrrBlocks),
+               std::invalid_argument);
+}
+
 TEST(DocumentWork, HeadTailOverThePackedSequence) {
   // S = 8, R = 2, chunks of 2: [0,2) and [6,8) on position 0, [2,4) and [4,6) on position 1.
   // Documents [0, 6) and [6, 8).

@@ -21,8 +21,14 @@ enum class DocumentSplit : std::uint8_t {
   /// Every document padded to a multiple of 2R and split head-tail on its own: chunk i and
   /// 2R−1−i of every document on position i (zigzag layout only).
   kPerDocument,
+  /// FlexAttention blocks of kFlexBlockTokens dealt to positions by processing-time round-robin
+  /// on their masked block counts (PyTorch's PTRR load balancer).
+  kPtrrBlocks,
 };
 const char* to_string(DocumentSplit s);
+
+/// FlexAttention's default block (torch.nn.attention.flex_attention _DEFAULT_SPARSE_BLOCK_SIZE).
+inline constexpr std::int64_t kFlexBlockTokens = 128;
 
 /// How a CP code hands a packed sequence's tokens to its ranks (planner/batches.hpp names them).
 enum class Balancer : std::uint8_t {
@@ -33,6 +39,8 @@ enum class Balancer : std::uint8_t {
   /// Megatron-Core's hybrid CP: every document on its own power-of-two CP group of the DP × CP
   /// ranks, scheduled in rounds (planner/hybrid_cp.hpp)
   kHybridCp,
+  /// TorchTitan's ptrr balancer: FlexAttention blocks dealt by processing-time round-robin
+  kPtrr,
 };
 
 /// How an implementation's code attends packed documents (Implementation::document_masking).
