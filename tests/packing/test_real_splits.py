@@ -90,20 +90,26 @@ def llama3_work(docs):
     return work
 
 
+def shard_work(order, docs, own):
+    """Per rank, a contiguous shard of the tokens in `order`: Σ over its tokens of their position
+    in their document plus `own` (1: the pairs with key ≤ query; 1/2: the area)."""
+    position_in_doc = []
+    for n in docs:
+        position_in_doc.extend(range(n))
+    shard = len(order) // RANKS
+    return [
+        sum(position_in_doc[t] + own for t in order[r * shard : (r + 1) * shard])
+        for r in range(RANKS)
+    ]
+
+
 def head_tail_work(docs):
     """Per rank: the (query, key) pairs of one document with key ≤ query that its tokens see, for
     the tokens PyTorch's head-tail order gives it (contiguous shards of the reordered sequence)."""
     from torch.distributed.tensor.experimental._context_parallel import _load_balancer as lb
 
     order = lb._HeadTailLoadBalancer(SEQ, RANKS, "cpu")._generate_indices()[0].tolist()
-    position_in_doc = []
-    for n in docs:
-        position_in_doc.extend(range(n))
-    shard = SEQ // RANKS
-    return [
-        sum(position_in_doc[t] + 1 for t in order[r * shard : (r + 1) * shard])
-        for r in range(RANKS)
-    ]
+    return shard_work(order, docs, 1)
 
 
 def test_contiguous_matches_llama3_varlen(tmp_path):
@@ -140,14 +146,7 @@ def ptrr_work(docs):
 
     mask = create_block_mask(document_causal, 1, 1, PTRR_SEQ, PTRR_SEQ, device="cpu")
     order = lb._PTRRLoadBalancer(mask, RANKS)._generate_indices()[0].tolist()
-    position_in_doc = []
-    for n in docs:
-        position_in_doc.extend(range(n))
-    shard = PTRR_SEQ // RANKS
-    return [
-        sum(position_in_doc[t] + 0.5 for t in order[r * shard : (r + 1) * shard])
-        for r in range(RANKS)
-    ]
+    return shard_work(order, docs, 0.5)
 
 
 def test_ptrr_matches_torch_load_balancer(tmp_path):
