@@ -131,8 +131,10 @@ void add_batch_options(CLI::App* c, SimulateArgs& a) {
                 "given, must agree)");
   c->add_option("--balancer", a.balancer,
                 "packed batches: load balancer, or all: head-tail, contiguous, per-document "
-                "(with a ring part), heads (Ulysses alone), those the implementation's code runs "
-                "with a document mask (unmasked: it attends across documents)")
+                "(with a ring part), hybrid-cp (Megatron-Core's hybrid CP: ring, power-of-two DP "
+                "x CP ranks), ptrr (PyTorch's PTRR: allgather), heads (Ulysses alone); those the "
+                "implementation's code runs with a document mask (unmasked: it attends across "
+                "documents)")
       ->capture_default_str()
       ->each(given(a, "--balancer"));
   c->add_option("--progress", a.progress,
