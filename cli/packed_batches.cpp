@@ -76,8 +76,8 @@ nlohmann::json balancer_json(const planner::BalancerStudy& b) {
                       {"objective_tokens_per_s", b.objective_tokens_per_s},
                       {"step_time_s_per_batch", b.step_s},
                       {"imbalance_per_batch", b.imbalance}};
-  if (b.balancer.hybrid_cp) {
-    j["hybrid_cp_rounds_per_batch"] = hybrid_cp_json(b.hybrid_cp_rounds);
+  if (b.balancer.regroups()) {
+    j["cp_groups_per_batch"] = hybrid_cp_json(b.hybrid_cp_rounds);
   }
   return j;
 }
@@ -131,8 +131,9 @@ void add_batch_options(CLI::App* c, SimulateArgs& a) {
                 "given, must agree)");
   c->add_option("--balancer", a.balancer,
                 "packed batches: load balancer, or all: head-tail, contiguous, per-document "
-                "(with a ring part), hybrid-cp (Megatron-Core's hybrid CP: ring, power-of-two DP "
-                "x CP ranks), ptrr (PyTorch's PTRR: allgather), heads (Ulysses alone); those the "
+                "(with a ring part), hybrid-cp and dynamic-cp (Megatron's: ring, "
+                "power-of-two DP x CP ranks), ptrr (PyTorch's PTRR: allgather), heads (Ulysses "
+                "alone); those the "
                 "implementation's code runs with a document mask (unmasked: it attends across "
                 "documents)")
       ->capture_default_str()
@@ -268,7 +269,7 @@ int run_simulate_batches(const SimulateArgs& a) {
   o += "  imbalance: the busiest CP rank's attention work over the mean, in the step's slowest "
        "sequence";
   for (const planner::BalancerStudy& b : study.balancers) {
-    if (b.balancer.hybrid_cp) {
+    if (b.balancer.regroups()) {
       o += "; hybrid-cp: over the DP x CP ranks, summed over the rounds";
     }
   }

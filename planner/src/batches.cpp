@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cpsim/models/error.hpp"
+#include "cpsim/planner/dynamic_cp.hpp"
 #include "cpsim/planner/evaluate.hpp"
 #include "cpsim/planner/search.hpp"
 #include "cpsim/sim/cp_method.hpp"
@@ -45,7 +46,14 @@ constexpr NamedBalancer kHybridCp{
      "every document on its own CP group, a power of two of the DP x CP ranks from its length "
      "over S/C tokens per rank, in rounds closed by a barrier (Megatron-Core's "
      "hybrid_context_parallel, 0.16.1)",
-     true, true}};
+     true, LoadBalancer::Regroup::kHybridCp}};
+constexpr NamedBalancer kDynamicCp{
+    sim::Balancer::kDynamicCp,
+    {"dynamic-cp", models::RingLayout::kZigzag, sim::DocumentSplit::kPerDocument,
+     "each micro-batch regroups the DP x CP ranks in power-of-two CP groups that run their "
+     "documents packed, placed under a work cap (Megatron-LM's --dynamic-context-parallel, dev "
+     "branch @ d48bd6b, not in a megatron-core release)",
+     true, LoadBalancer::Regroup::kDynamicCp}};
 
 constexpr NamedBalancer kPtrr{
     sim::Balancer::kPtrr,
@@ -131,8 +139,9 @@ void summarize_study(BalancerStudy& out,
       static_cast<double>(totals.documents) / static_cast<double>(sequences);
 }
 
-// Hybrid CP: the documents of a step's sequences (their spans) scheduled over DP × CP ranks.
-BalancerStudy study_hybrid_cp(const sim::ScheduleInputs& in,
+// Hybrid or dynamic CP: the documents of a step's sequences (their spans) scheduled over DP × CP
+// ranks.
+BalancerStudy study_regrouped(const sim::ScheduleInputs& in,
                               const LoadBalancer& balancer,
                               const std::vector<models::PackedSequence>& sequences,
                               int sequences_per_batch,
@@ -140,7 +149,13 @@ BalancerStudy study_hybrid_cp(const sim::ScheduleInputs& in,
                               const std::function<void()>& step_done) {
   BalancerStudy out;
   out.balancer = balancer;
-  HybridCpTimer timer(in);
+  std::optional<HybridCpTimer> hybrid;
+  std::optional<DynamicCpTimer> dynamic;
+  if (balancer.regroup == LoadBalancer::Regroup::kHybridCp) {
+    hybrid.emplace(in);
+  } else {
+    dynamic.emplace(in);
+  }
   BatchTotals totals;
   for (int b = 0; b < options.batches; ++b) {
     std::vector<std::int64_t> spans;
@@ -155,7 +170,7 @@ BalancerStudy study_hybrid_cp(const sim::ScheduleInputs& in,
       }
     }
     totals.real_tokens += real_tokens;
-    HybridCpStep step = timer.step(spans);
+    HybridCpStep step = hybrid ? hybrid->step(spans) : dynamic->step(spans);
     out.step_s.push_back(step.step_s);
     out.imbalance.push_back(step.imbalance);
     out.tokens_per_s.push_back(static_cast<double>(real_tokens) / step.step_s);
@@ -177,7 +192,7 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
   sim::ScheduleInputs in = base;
   in.parallel.ring_layout = balancer.layout;
   const std::int64_t sequence_tokens = in.parallel.seq_len;
-  const std::int64_t span_multiple = balancer.hybrid_cp ? hybrid_cp_span_multiple(in)
+  const std::int64_t span_multiple = balancer.regroups() ? hybrid_cp_span_multiple(in)
                                      : balancer.split == sim::DocumentSplit::kPerDocument
                                          ? 2 * std::int64_t{ring}
                                          : 1;
@@ -186,8 +201,8 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
   const std::vector<models::PackedSequence> sequences =
       models::pack_documents(sampler, sequence_tokens, span_multiple, options.packing,
                              options.batches * sequences_per_batch);
-  if (balancer.hybrid_cp) {
-    return study_hybrid_cp(in, balancer, sequences, sequences_per_batch, options, step_done);
+  if (balancer.regroups()) {
+    return study_regrouped(in, balancer, sequences, sequences_per_batch, options, step_done);
   }
   BalancerStudy out;
   out.balancer = balancer;
@@ -251,6 +266,7 @@ std::vector<LoadBalancer> load_balancers(const sim::ScheduleInputs& in) {
     method.assign(std::begin(kRingBalancers), std::end(kRingBalancers));
     if (hybrid_cp_refusal(in).empty()) {
       method.push_back(kHybridCp);
+      method.push_back(kDynamicCp);
     }
     if (ptrr_refusal(in).empty()) {
       method.push_back(kPtrr);
@@ -306,7 +322,8 @@ LoadBalancer load_balancer(const sim::ScheduleInputs& in,
     names += (names.empty() ? "" : ", ") + std::string(b.name);
   }
   for (const auto& [balancer, refusal] :
-       {std::pair{kHybridCp, &hybrid_cp_refusal}, std::pair{kPtrr, &ptrr_refusal}}) {
+       {std::pair{kHybridCp, &hybrid_cp_refusal}, std::pair{kDynamicCp, &hybrid_cp_refusal},
+        std::pair{kPtrr, &ptrr_refusal}}) {
     if (name == balancer.balancer.name) {
       if (const std::string why = refusal(in); !why.empty()) {
         throw InputError(field, fmt::format("{} ({})", why, names));

@@ -35,8 +35,11 @@
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <string>
 
 #include "cpsim/planner/evaluate.hpp"
+
+#include "document_groups.hpp"
 
 namespace cpsim::planner {
 
@@ -45,15 +48,8 @@ namespace {
 constexpr double kBalanceSlack = 0.05;   // next_hdp_group's `delta`
 constexpr double kBucketOverfill = 1.1;  // make_buckets_equal: "projected > target * 1.1"
 
-struct Document {
-  std::size_t id = 0;
-  std::int64_t length = 0;
-};
-
-double work(std::int64_t length, int cp) {
-  const auto l = static_cast<double>(length);
-  return l * l / cp;
-}
+using document_groups::Document;
+using document_groups::work;
 
 class Round {
  public:
@@ -107,22 +103,8 @@ class Round {
     return leftovers;
   }
 
-  HybridCpRound result(const std::vector<Document>& all) const {
-    HybridCpRound out;
-    for (int r = 0; r < ranks_;) {
-      const auto& ids = documents_[static_cast<std::size_t>(r)];
-      int end = r + 1;
-      while (end < ranks_ && documents_[static_cast<std::size_t>(end)] == ids) {
-        ++end;
-      }
-      HybridCpGroup g{r, end - r, {}};
-      for (const std::size_t id : ids) {
-        g.documents.push_back(all[id].length);
-      }
-      out.groups.push_back(std::move(g));
-      r = end;
-    }
-    return out;
+  HybridCpRound result(const std::vector<std::int64_t>& lengths) const {
+    return document_groups::round_of(documents_, lengths);
   }
 
  private:
@@ -331,18 +313,8 @@ int hybrid_cp_size(std::int64_t length, std::int64_t max_tokens_per_rank) {
 std::vector<HybridCpRound> schedule_hybrid_cp(const std::vector<std::int64_t>& documents,
                                               int ranks,
                                               std::int64_t max_tokens_per_rank) {
-  if (ranks < 1 || (ranks & (ranks - 1)) != 0 || max_tokens_per_rank < 1) {
-    throw std::invalid_argument(
-        "schedule_hybrid_cp: a power-of-two rank count and a positive "
-        "length per rank");
-  }
-  std::vector<Document> all;
-  for (std::size_t i = 0; i < documents.size(); ++i) {
-    if (documents[i] < 1 || hybrid_cp_size(documents[i], max_tokens_per_rank) > ranks) {
-      throw std::invalid_argument("schedule_hybrid_cp: a document needs more ranks than there are");
-    }
-    all.push_back({i, documents[i]});
-  }
+  std::vector<Document> all = document_groups::checked_documents(
+      documents, ranks, max_tokens_per_rank, "schedule_hybrid_cp");
   std::vector<Document> pending = all;
   std::stable_sort(pending.begin(), pending.end(),
                    [](const Document& a, const Document& b) { return a.length > b.length; });
@@ -352,7 +324,7 @@ std::vector<HybridCpRound> schedule_hybrid_cp(const std::vector<std::int64_t>& d
     std::vector<Document> left = round.run(pending);
     // The first bucket's front always finds every rank free: a round places a document.
     assert(left.size() < pending.size());
-    rounds.push_back(round.result(all));
+    rounds.push_back(round.result(documents));
     pending = std::move(left);
   }
   return rounds;
@@ -415,3 +387,46 @@ HybridCpStep HybridCpTimer::step(const std::vector<std::int64_t>& documents) {
 }
 
 }  // namespace cpsim::planner
+
+namespace cpsim::planner::document_groups {
+
+HybridCpRound round_of(const std::vector<std::vector<std::size_t>>& ids_per_rank,
+                       const std::vector<std::int64_t>& lengths) {
+  HybridCpRound out;
+  const auto ranks = static_cast<int>(ids_per_rank.size());
+  for (int r = 0; r < ranks;) {
+    const auto& ids = ids_per_rank[static_cast<std::size_t>(r)];
+    int end = r + 1;
+    while (end < ranks && ids_per_rank[static_cast<std::size_t>(end)] == ids) {
+      ++end;
+    }
+    HybridCpGroup g{r, end - r, {}};
+    for (const std::size_t id : ids) {
+      g.documents.push_back(lengths[id]);
+    }
+    out.groups.push_back(std::move(g));
+    r = end;
+  }
+  return out;
+}
+
+std::vector<Document> checked_documents(const std::vector<std::int64_t>& lengths,
+                                        int ranks,
+                                        std::int64_t max_tokens_per_rank,
+                                        const char* scheduler) {
+  if (ranks < 1 || (ranks & (ranks - 1)) != 0 || max_tokens_per_rank < 1) {
+    throw std::invalid_argument(std::string(scheduler) +
+                                ": a power-of-two rank count and a positive length per rank");
+  }
+  std::vector<Document> out;
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    if (lengths[i] < 1 || hybrid_cp_size(lengths[i], max_tokens_per_rank) > ranks) {
+      throw std::invalid_argument(std::string(scheduler) +
+                                  ": a document needs more ranks than there are");
+    }
+    out.push_back({i, lengths[i]});
+  }
+  return out;
+}
+
+}  // namespace cpsim::planner::document_groups

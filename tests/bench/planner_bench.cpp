@@ -259,7 +259,7 @@ void BM_PackedBatches(benchmark::State& state) {
   }
   state.SetLabel(std::string(o.balancers.front().name));
 }
-BENCHMARK(BM_PackedBatches)->DenseRange(0, 3)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_PackedBatches)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

@@ -2166,7 +2166,7 @@ TEST_F(PackedBatchesCli, JsonPerLoadBalancerAndOneDocumentIsThePlainStep) {
   const Json plain =
       run_json({"simulate", "--method", "ring", "--impl", "none", "--seq", "128K", "--json"});
   ASSERT_TRUE(one.contains("balancers")) << one.dump();
-  ASSERT_EQ(one["balancers"].size(), 4U);  // head-tail, contiguous, per-document, hybrid-cp
+  ASSERT_EQ(one["balancers"].size(), 5U);  // head-tail, contiguous, per-document, hybrid, dynamic
   EXPECT_EQ(one["one_document"]["step_time_s"], plain["step_time_s"]);
   for (const Json& b : one["balancers"]) {
     if (b["balancer"] != "contiguous") {
@@ -2217,15 +2217,17 @@ TEST_F(PackedBatchesCli, EachImplementationAsItsCodeMasksDocuments) {
   // Megatron-Core's ring over THD: per document, or each document on its own CP group (hybrid
   // CP, its rounds in the answer).
   const Json megatron = study({"--method", "ring", "--impl", "megatron-core-cp"});
-  ASSERT_EQ(megatron["balancers"].size(), 2U);
+  ASSERT_EQ(megatron["balancers"].size(), 3U);
   EXPECT_EQ(megatron["balancers"][0]["balancer"], "per-document");
   EXPECT_EQ(megatron["balancers"][1]["balancer"], "hybrid-cp");
+  EXPECT_EQ(megatron["balancers"][2]["balancer"], "dynamic-cp");
   for (const Json& b : megatron["balancers"]) {
     EXPECT_LT(b["step_time_s"]["p50"].get<double>(),
               megatron["one_document"]["step_time_s"].get<double>());
   }
-  EXPECT_FALSE(megatron["balancers"][0].contains("hybrid_cp_rounds_per_batch"));
-  EXPECT_EQ(megatron["balancers"][1]["hybrid_cp_rounds_per_batch"].size(), 4U);
+  EXPECT_FALSE(megatron["balancers"][0].contains("cp_groups_per_batch"));
+  EXPECT_EQ(megatron["balancers"][1]["cp_groups_per_batch"].size(), 4U);
+  EXPECT_EQ(megatron["balancers"][2]["cp_groups_per_batch"].size(), 4U);
   // Not a power of two of DP x CP ranks: refused naming the flag and the reason.
   const RunResult six =
       run({"simulate", "--method", "ring", "--impl", "megatron-core-cp", "--gpus", "6", "--lengths",

@@ -341,7 +341,7 @@ TEST_F(ReportTest, PackedBatchesChartOnlyWithLengths) {
   const std::string html = read_file(path("batches.html"));
   const std::string chart = svg_body(html, "svg-batches");
   // One step line per load balancer, its legend, and the one-document line.
-  EXPECT_EQ(count(chart, "<path class=\"series\""), 4u);
+  EXPECT_EQ(count(chart, "<path class=\"series\""), 5u);
   EXPECT_THAT(chart, HasSubstr("per-document: p50"));
   EXPECT_THAT(chart, HasSubstr("one document a sequence"));
   std::vector<std::string> without = base;

@@ -74,7 +74,7 @@ def cpsim_rounds(gpus, cp, pack, lengths, packing, batches):
     )
     answer = json.loads(out.stdout)
     (study,) = answer["balancers"]
-    return answer["sequence_tokens"], study["hybrid_cp_rounds_per_batch"]
+    return answer["sequence_tokens"], study["cp_groups_per_batch"]
 
 
 def per_rank(rounds, ranks):

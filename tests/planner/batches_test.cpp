@@ -59,7 +59,7 @@ TEST(Batches, SameSeedSameBatchesAndShortDocumentsAreFaster) {
   o.batches = 20;
   o.seed = 5;
   const BatchStudy a = study_batches(in, o), b = study_batches(in, o);
-  ASSERT_EQ(a.balancers.size(), 4U);  // head-tail, contiguous, per-document, hybrid-cp
+  ASSERT_EQ(a.balancers.size(), 5U);  // head-tail, contiguous, per-document, hybrid, dynamic
   for (std::size_t i = 0; i < a.balancers.size(); ++i) {
     EXPECT_EQ(a.balancers[i].step_s, b.balancers[i].step_s);
     EXPECT_LT(a.balancers[i].p50_s, a.one_document_step_s);

@@ -9,27 +9,15 @@
 #include <gtest/gtest.h>
 
 #include "cpsim/models/error.hpp"
-#include "cpsim/models/io.hpp"
 #include "cpsim/planner/batches.hpp"
 #include "cpsim/planner/evaluate.hpp"
+
+#include "ring_config.hpp"
 
 namespace cpsim::planner {
 namespace {
 
-sim::ScheduleInputs ring_config(int gpus, int cp) {
-  const models::DataDir data{CPSIM_TEST_DATA_DIR};
-  sim::ScheduleInputs in;
-  in.model = models::load_model("llama3-8b", data);
-  in.hardware = models::load_hardware("h100-sxm-80g", data);
-  in.recipe = models::load_recipe("alst", data);
-  in.parallel.method = models::CpMethod::kRing;
-  in.parallel.gpus = gpus;
-  in.parallel.cp_degree = cp;
-  in.parallel.ring_degree = cp;
-  in.parallel.seq_len = 128 * 1024;
-  in.parallel.implementation = "megatron-core-cp";
-  return in;
-}
+using test_configs::megatron_ring_config;
 
 TEST(HybridCp, CpSizeIsTheLeastPowerOfTwoThatFits) {
   // 2^ceil(log2(l / 16384)), at least 1.
@@ -86,7 +74,7 @@ TEST(HybridCp, RefusesWhatUpstreamCannotRun) {
 }
 
 TEST(HybridCp, DocumentsFillingTheSequencesGiveTheConfigurationsStep) {
-  const sim::ScheduleInputs in = ring_config(8, 8);
+  const sim::ScheduleInputs in = megatron_ring_config(8, 8);
   HybridCpTimer timer(in);
   const HybridCpStep one = timer.step({in.parallel.seq_len});
   ASSERT_EQ(one.rounds.size(), 1U);
@@ -104,14 +92,14 @@ TEST(HybridCp, DocumentsFillingTheSequencesGiveTheConfigurationsStep) {
 }
 
 TEST(HybridCp, TwoReplicasOfWholeSequencesGiveTheConfigurationsStep) {
-  const sim::ScheduleInputs in = ring_config(16, 8);  // DP 2: two sequences a step
+  const sim::ScheduleInputs in = megatron_ring_config(16, 8);  // DP 2: two sequences a step
   HybridCpTimer timer(in);
   const HybridCpStep step = timer.step({in.parallel.seq_len, in.parallel.seq_len});
   EXPECT_NEAR(step.step_s, evaluate(in).report.step_time_s, 1e-12 * step.step_s);
 }
 
 TEST(HybridCp, OfferedForRingOnPowerOfTwoRanksOnly) {
-  sim::ScheduleInputs in = ring_config(8, 8);
+  sim::ScheduleInputs in = megatron_ring_config(8, 8);
   EXPECT_EQ(load_balancer(in, "hybrid-cp", "--balancer").name, "hybrid-cp");
   in.parallel.gpus = 12;
   in.parallel.cp_degree = 4;

@@ -106,10 +106,11 @@ class MegatronCoreCp final : public Implementation {
   DocumentMasking document_masking(models::CpMethod m) const override {
     if (m == models::CpMethod::kRing) {
       return {DocumentMasking::Kind::kMasked,
-              {Balancer::kPerDocument, Balancer::kHybridCp},
+              {Balancer::kPerDocument, Balancer::kHybridCp, Balancer::kDynamicCp},
               "THD with cu_seqlens: every document padded to 2·CP and split head-tail by "
-              "TransformerEngine, or with hybrid_context_parallel each document on its own CP "
-              "group (REFERENCES.md [Packing-Megatron], [CP-split-TE], [HybridCP-Megatron])"};
+              "TransformerEngine, or with hybrid (dynamic) CP each document on a CP group of "
+              "its own size (REFERENCES.md [Packing-Megatron], [CP-split-TE], "
+              "[HybridCP-Megatron], [DynamicCP-Megatron])"};
     }
     return {DocumentMasking::Kind::kNotRead,
             {},

@@ -28,9 +28,11 @@ struct LoadBalancer {
   sim::DocumentSplit split = sim::DocumentSplit::kSequence;
   std::string_view runs;  ///< who splits this way, or where the code says it does not mask
   bool masked = true;
-  /// Megatron-Core's hybrid CP: the step's documents regrouped over DP × CP ranks
-  /// (planner/hybrid_cp.hpp); `layout` and `split` are those of each group.
-  bool hybrid_cp = false;
+  /// Megatron's hybrid or dynamic CP: the step's documents regrouped over DP × CP ranks
+  /// (planner/hybrid_cp.hpp, planner/dynamic_cp.hpp); `layout` and `split` are each group's.
+  enum class Regroup : std::uint8_t { kNone, kHybridCp, kDynamicCp };
+  Regroup regroup = Regroup::kNone;
+  bool regroups() const { return regroup != Regroup::kNone; }
 };
 
 /// The load balancers that apply to `in`: the method's (head-tail, contiguous and per-document
@@ -68,7 +70,7 @@ struct BalancerStudy {
   std::vector<double> step_s;        ///< per batch, in batch order
   std::vector<double> imbalance;     ///< per batch: busiest ring position's attention / mean
   std::vector<double> tokens_per_s;  ///< per batch: the step's document tokens / its time
-  /// Hybrid CP only: per batch, the scheduler's rounds.
+  /// Hybrid and dynamic CP only: per batch, the scheduler's rounds (micro-batches).
   std::vector<std::vector<HybridCpRound>> hybrid_cp_rounds;
   double p50_s = 0.0, p95_s = 0.0, max_s = 0.0;
   double tokens_per_s_p50 = 0.0;

@@ -39,6 +39,9 @@ enum class Balancer : std::uint8_t {
   /// Megatron-Core's hybrid CP: every document on its own power-of-two CP group of the DP × CP
   /// ranks, scheduled in rounds (planner/hybrid_cp.hpp)
   kHybridCp,
+  /// Megatron-LM's dynamic CP (dev branch): per micro-batch, power-of-two CP groups that run
+  /// their documents packed (planner/dynamic_cp.hpp)
+  kDynamicCp,
   /// TorchTitan's ptrr balancer: FlexAttention blocks dealt by processing-time round-robin
   kPtrr,
 };
