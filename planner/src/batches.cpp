@@ -139,6 +139,36 @@ void summarize_study(BalancerStudy& out,
       static_cast<double>(totals.documents) / static_cast<double>(sequences);
 }
 
+// The micro-batches of a step, `s` per replica and micro-batch (replica-major): the replicas
+// reduce gradients after every micro-batch under ZeRO ≥ 2 (and gather parameters in every pass
+// under ZeRO-3), so each micro-batch waits for the slowest replica's; under ZeRO 0/1 they
+// synchronise once, after the last (sim/src/step_builder.cpp, StepBuilder::build).
+double composed_micro_batches_s(const std::vector<double>& s,
+                                int replicas,
+                                int micro_batches,
+                                int zero_stage) {
+  auto at = [&](int r, int m) { return s[static_cast<std::size_t>(r * micro_batches + m)]; };
+  double total = 0.0;
+  if (zero_stage >= 2) {
+    for (int m = 0; m < micro_batches; ++m) {
+      double slowest = 0.0;
+      for (int r = 0; r < replicas; ++r) {
+        slowest = std::max(slowest, at(r, m));
+      }
+      total += slowest;
+    }
+    return total;
+  }
+  for (int r = 0; r < replicas; ++r) {
+    double replica = 0.0;
+    for (int m = 0; m < micro_batches; ++m) {
+      replica += at(r, m);
+    }
+    total = std::max(total, replica);
+  }
+  return total;
+}
+
 // Hybrid or dynamic CP: the documents of a step's sequences (their spans) scheduled over DP × CP
 // ranks.
 BalancerStudy study_regrouped(const sim::ScheduleInputs& in,
@@ -219,10 +249,29 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
                            balancer.layout, sim::DocumentSplit::kSequence)
             .imbalance();
   }
+  // Several micro-batches (without pipeline stages): each its own sequence, composed from
+  // one-micro-batch steps (micro_batch_s) as the replicas synchronise.
+  const int micro_batches = in.parallel.micro_batches;
+  const bool composed = balancer.masked && micro_batches > 1 && in.parallel.pp_degree == 1;
+  sim::ScheduleInputs one = in;
+  one.parallel.micro_batches = 1;
+  auto micro_batch_s = [&](sim::DocumentWork w) {
+    sim::ScheduleInputs x = one;
+    x.documents = std::move(w);
+    const double one_s = evaluate(x, EvaluateOptions{}, scratch).report.step_time_s;
+    x.parallel.micro_batches = 2;
+    return evaluate(x, EvaluateOptions{}, scratch).report.step_time_s - one_s;
+  };
+  const double outside_micro_batches_s =
+      composed ? evaluate(one, EvaluateOptions{}, scratch).report.step_time_s - micro_batch_s({})
+               : 0.0;
+  const int replicas = sequences_per_batch / micro_batches;
   for (int b = 0; b < options.batches; ++b) {
     std::int64_t real_tokens = 0;
     sim::DocumentWork slowest;
     double slowest_work = -1.0;
+    // Per replica and micro-batch (sequence s = replica × M + micro-batch), when composed.
+    std::vector<double> sequence_s;
     for (int s = 0; s < sequences_per_batch; ++s) {
       const models::PackedSequence& seq =
           sequences[static_cast<std::size_t>(b * sequences_per_batch + s)];
@@ -230,6 +279,9 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
       totals.documents += static_cast<std::int64_t>(seq.documents.size());
       sim::DocumentWork w =
           sim::document_work(seq, sequence_tokens, ring, balancer.layout, balancer.split);
+      if (composed) {
+        sequence_s.push_back(micro_batch_s(w));
+      }
       if (const double work = w.busiest_work(); work > slowest_work) {
         slowest_work = work;
         slowest = std::move(w);
@@ -240,6 +292,10 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
     if (unmasked) {
       out.imbalance.push_back(unmasked_imbalance);
       step_s = unmasked->report.step_time_s;
+    } else if (composed) {
+      out.imbalance.push_back(slowest.imbalance());
+      step_s = outside_micro_batches_s +
+               composed_micro_batches_s(sequence_s, replicas, micro_batches, in.recipe.zero_stage);
     } else {
       out.imbalance.push_back(slowest.imbalance());
       in.documents = std::move(slowest);

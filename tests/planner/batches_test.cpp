@@ -76,6 +76,35 @@ TEST(Batches, SameSeedSameBatchesAndShortDocumentsAreFaster) {
   EXPECT_NE(study_batches(in, o).balancers[0].step_s, a.balancers[0].step_s);
 }
 
+TEST(Batches, MicroBatchesEachRunTheirOwnSequence) {
+  // Gradient accumulation over M = 4 micro-batches: the step is each micro-batch's own sequence,
+  // not M times the slowest. With the same seed, M = 1 and 4× the batches see the same sequences
+  // in the same order, so a 4-micro-batch step is the sum of four 1-micro-batch steps less three
+  // times what a step holds outside its micro-batches: a constant.
+  sim::ScheduleInputs in = config(models::CpMethod::kRing, 8);
+  BatchOptions o;
+  o.lengths = models::parse_length_distribution("lognormal:median=8K,sigma=1.2", "lengths");
+  o.balancers = {load_balancer(in, "head-tail", "b")};
+  o.batches = 16;
+  const BatchStudy single = study_batches(in, o);
+  in.parallel.micro_batches = 4;
+  o.batches = 4;
+  const BatchStudy four = study_batches(in, o);
+  const std::vector<double>& s1 = single.balancers[0].step_s;
+  const std::vector<double>& s4 = four.balancers[0].step_s;
+  const double outside_times_three = s1[0] + s1[1] + s1[2] + s1[3] - s4[0];
+  EXPECT_GT(outside_times_three, 0.0);
+  for (std::size_t b = 0; b < s4.size(); ++b) {
+    EXPECT_NEAR(s1[4 * b] + s1[4 * b + 1] + s1[4 * b + 2] + s1[4 * b + 3] - s4[b],
+                outside_times_three, 1e-9);
+  }
+  // One document a sequence: the plain 4-micro-batch step.
+  o.lengths = constant(in.parallel.seq_len);
+  const BatchStudy plain = study_batches(in, o);
+  EXPECT_NEAR(plain.balancers[0].step_s[0], evaluate(in).report.step_time_s,
+              1e-12 * plain.one_document_step_s);
+}
+
 TEST(Batches, UlyssesAndFpdtHaveOneBalancer) {
   for (const models::CpMethod m : {models::CpMethod::kUlysses, models::CpMethod::kFpdt}) {
     sim::ScheduleInputs in = config(m, 1);

@@ -93,10 +93,12 @@ struct BatchStudy {
 };
 
 /// Samples options.batches batches (seeded: the same batches for the same seed), packs them and
-/// simulates each step. A step holds one sequence per data-parallel replica and micro-batch; it
-/// is simulated with the sequence whose busiest ring position works most (the slowest replica
-/// sets the step; every micro-batch is given that sequence, an upper bound when there are
-/// several). `progress(done, total)` is called after each step simulated.
+/// simulates each step. A step holds one sequence per data-parallel replica and micro-batch; with
+/// one micro-batch it is simulated with the sequence whose busiest ring position works most (the
+/// slowest replica sets the step); with several and no pipeline stages each sequence is timed as
+/// its own micro-batch and the step composed as the replicas synchronise (docs/PACKING.md); with
+/// pipeline stages every micro-batch is given the slowest sequence, an upper bound.
+/// `progress(done, total)` is called after each step simulated.
 /// @throws sim::ConfigError for a refused configuration (FPDT, ...), InputError for lengths that
 /// cannot be packed.
 BatchStudy study_batches(const sim::ScheduleInputs& in,
