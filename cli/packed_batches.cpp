@@ -74,6 +74,8 @@ nlohmann::json balancer_json(const planner::BalancerStudy& b) {
                       {"documents_per_sequence", b.documents_per_sequence},
                       {"document_tokens_per_step", b.document_tokens_per_step},
                       {"objective_tokens_per_s", b.objective_tokens_per_s},
+                      {"peak_memory_bytes", b.memory.peak_bytes},
+                      {"fits", b.memory.fits},
                       {"step_time_s_per_batch", b.step_s},
                       {"imbalance_per_batch", b.imbalance}};
   if (b.balancer.regroups()) {
@@ -247,12 +249,15 @@ int run_simulate_batches(const SimulateArgs& a) {
     rows.push_back({std::string(b.balancer.name), format_seconds(b.p50_s), format_seconds(b.p95_s),
                     format_seconds(b.max_s), fmt::format("{:.0f}", b.tokens_per_s_p50),
                     fmt::format("{:.2f}", b.imbalance_p50), fmt::format("{:.2f}", b.imbalance_max),
-                    percent(b.padding_share), fmt::format("{:.1f}", b.documents_per_sequence)});
+                    percent(b.padding_share), fmt::format("{:.1f}", b.documents_per_sequence),
+                    format_bytes(static_cast<double>(b.memory.peak_bytes)) +
+                        (b.memory.fits ? "" : " (does not fit)")});
   }
-  o += indent_lines(format_table({"load balancer", "step p50", "p95", "max", "tokens/s p50",
-                                  "imbalance p50", "max", "padding", "docs/seq"},
-                                 rows, {false, true, true, true, true, true, true, true, true}),
-                    "  ");
+  o += indent_lines(
+      format_table({"load balancer", "step p50", "p95", "max", "tokens/s p50", "imbalance p50",
+                    "max", "padding", "docs/seq", "peak memory"},
+                   rows, {false, true, true, true, true, true, true, true, true, true}),
+      "  ");
   o += "\n";
   for (const planner::BalancerStudy& b : study.balancers) {
     o += fmt::format("  {}: {}\n", b.balancer.name, b.balancer.runs);
@@ -269,13 +274,15 @@ int run_simulate_batches(const SimulateArgs& a) {
   o += "  imbalance: the busiest CP rank's attention work over the mean, in the step's slowest "
        "sequence";
   for (const planner::BalancerStudy& b : study.balancers) {
-    if (b.balancer.regroups()) {
+    if (b.balancer.regroup == planner::LoadBalancer::Regroup::kHybridCp) {
       o += "; hybrid-cp: over the DP x CP ranks, summed over the rounds";
+    } else if (b.balancer.regroup == planner::LoadBalancer::Regroup::kDynamicCp) {
+      o += "; dynamic-cp: the busiest of the DP x CP ranks over the step";
     }
   }
   o += "\n";
-  o += "  memory: as for one document of the same length (docs/PACKING.md: what packing does not "
-       "change)\n";
+  o += "  peak memory: the highest allocated peak of the steps simulated (hybrid-cp, dynamic-cp: "
+       "of every group's); the documents do not change a sequence's (docs/PACKING.md)\n";
   std::cout << o;
   return 0;
 }

@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = "megatron/core/datasets/data_schedule_utils.py"
 FUNCTIONS = ("dcp_gpus_needed", "next_hdp_group_packing_aware")
 CONSTANT = "_DYNAMIC_CP_WORKLOAD_CAP_DELTA"
-OUT = os.path.join(ROOT, "data", "traces", "megatron-dynamic-cp", "schedules.json")
+OUT = os.path.join(ROOT, "data", "schedules", "megatron-dynamic-cp.json")
 
 CASES = [
     # gpus, cp degree, pack, lengths, packing, batches

@@ -210,6 +210,7 @@ BalancerStudy study_regrouped(const sim::ScheduleInputs& in,
     }
   }
   summarize_study(out, totals, sequences.size(), in.parallel.seq_len, options);
+  out.memory = hybrid ? hybrid->memory() : dynamic->memory();
   return out;
 }
 
@@ -244,6 +245,8 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
   double unmasked_imbalance = 1.0;
   if (!balancer.masked) {
     unmasked = evaluate(in, EvaluateOptions{}, scratch);
+    out.memory.peak_bytes = unmasked->report.peak_memory_bytes;
+    out.memory.fits = unmasked->report.fits();
     unmasked_imbalance =
         sim::document_work(models::PackedSequence{{sequence_tokens}, 1}, sequence_tokens, ring,
                            balancer.layout, sim::DocumentSplit::kSequence)
@@ -258,13 +261,12 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
   auto micro_batch_s = [&](sim::DocumentWork w) {
     sim::ScheduleInputs x = one;
     x.documents = std::move(w);
-    const double one_s = evaluate(x, EvaluateOptions{}, scratch).report.step_time_s;
+    const double one_s = out.memory.step_s(x, scratch);
     x.parallel.micro_batches = 2;
-    return evaluate(x, EvaluateOptions{}, scratch).report.step_time_s - one_s;
+    return out.memory.step_s(x, scratch) - one_s;
   };
   const double outside_micro_batches_s =
-      composed ? evaluate(one, EvaluateOptions{}, scratch).report.step_time_s - micro_batch_s({})
-               : 0.0;
+      composed ? out.memory.step_s(one, scratch) - micro_batch_s({}) : 0.0;
   const int replicas = sequences_per_batch / micro_batches;
   for (int b = 0; b < options.batches; ++b) {
     std::int64_t real_tokens = 0;
@@ -299,7 +301,7 @@ BalancerStudy study_one(const sim::ScheduleInputs& base,
     } else {
       out.imbalance.push_back(slowest.imbalance());
       in.documents = std::move(slowest);
-      step_s = evaluate(in, EvaluateOptions{}, scratch).report.step_time_s;
+      step_s = out.memory.step_s(in, scratch);
     }
     out.step_s.push_back(step_s);
     out.tokens_per_s.push_back(static_cast<double>(real_tokens) / step_s);

@@ -1,8 +1,8 @@
 // Megatron-LM's dynamic CP scheduler, as its `dev` branch runs it at commit d48bd6b
 // (megatron/core/datasets/data_schedule_utils.py: next_hdp_group_packing_aware, 592-831;
 // dcp_gpus_needed, 933-936; data_schedule.py: DefaultDynamicCPScheduler, 407-448; REFERENCES.md
-// [DynamicCP-Megatron]). Checked against a trace of that code (data/traces/
-// megatron_dynamic_cp_schedule.json, scripts/trace_dynamic_cp.py) by
+// [DynamicCP-Megatron]). Checked against a trace of that code
+// (data/schedules/megatron-dynamic-cp.json, scripts/trace_dynamic_cp.py) by
 // DynamicCp.ScheduleIsTheTracedUpstreamSchedule.
 //
 // Each micro-batch, from the documents left (sorted longest first, stable, at every call):
@@ -272,7 +272,7 @@ DynamicCpTimer::DynamicCpTimer(const sim::ScheduleInputs& in) : base_(in) {
   ranks_ = p.data_parallel() * p.cp_degree;
   max_tokens_per_rank_ = p.seq_len / p.cp_degree;
   span_multiple_ = 2 * std::int64_t{ranks_} * p.tp_degree;
-  const double one_micro_batch_step_s = evaluate(base_, {}, scratch_).report.step_time_s;
+  const double one_micro_batch_step_s = memory_.step_s(base_, scratch_);
   outside_micro_batches_s_ =
       one_micro_batch_step_s - micro_batch_s(HybridCpGroup{0, p.cp_degree, {p.seq_len}});
 }
@@ -290,9 +290,9 @@ double DynamicCpTimer::micro_batch_s(const HybridCpGroup& group) {
   in.documents =
       sim::document_work(models::PackedSequence{group.documents, span_multiple_}, tokens, group.cp,
                          models::RingLayout::kZigzag, sim::DocumentSplit::kPerDocument);
-  const double one_s = evaluate(in, {}, scratch_).report.step_time_s;
+  const double one_s = memory_.step_s(in, scratch_);
   in.parallel.micro_batches = 2;
-  return evaluate(in, {}, scratch_).report.step_time_s - one_s;
+  return memory_.step_s(in, scratch_) - one_s;
 }
 
 HybridCpStep DynamicCpTimer::step(const std::vector<std::int64_t>& documents) {

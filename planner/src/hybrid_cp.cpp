@@ -334,13 +334,20 @@ std::vector<HybridCpRound> schedule_hybrid_cp(const std::vector<std::int64_t>& d
 
 namespace cpsim::planner {
 
+double StepsMemory::step_s(const sim::ScheduleInputs& in, EvaluationScratch& scratch) {
+  const Evaluation e = evaluate(in, {}, scratch);
+  peak_bytes = std::max(peak_bytes, e.report.peak_memory_bytes);
+  fits = fits && e.report.fits();
+  return e.report.step_time_s;
+}
+
 HybridCpTimer::HybridCpTimer(const sim::ScheduleInputs& in) : base_(in) {
   const models::ParallelConfig& p = in.parallel;
   base_.documents = {};
   base_.parallel.micro_batches = 1;
   ranks_ = p.data_parallel() * p.cp_degree;
   max_tokens_per_rank_ = p.seq_len / p.cp_degree;
-  const double one_micro_batch_step_s = evaluate(base_, {}, scratch_).report.step_time_s;
+  const double one_micro_batch_step_s = memory_.step_s(base_, scratch_);
   outside_micro_batches_s_ = one_micro_batch_step_s - micro_batch_s(p.seq_len, p.cp_degree);
 }
 
@@ -354,9 +361,9 @@ double HybridCpTimer::micro_batch_s(std::int64_t length, int cp) {
   in.parallel.ring_degree = cp;
   in.parallel.seq_len = length;
   in.parallel.micro_batches = 1;
-  const double one_s = evaluate(in, {}, scratch_).report.step_time_s;
+  const double one_s = memory_.step_s(in, scratch_);
   in.parallel.micro_batches = 2;
-  const double two_s = evaluate(in, {}, scratch_).report.step_time_s;
+  const double two_s = memory_.step_s(in, scratch_);
   micro_batch_cache_.emplace(key, two_s - one_s);
   return two_s - one_s;
 }

@@ -49,6 +49,8 @@ TEST(Batches, OneDocumentASequenceIsThePlainStep) {
     }
     EXPECT_EQ(b.imbalance_max, 1.0);
     EXPECT_EQ(b.padding_share, 0.0);
+    EXPECT_EQ(b.memory.peak_bytes, evaluate(in).report.peak_memory_bytes);
+    EXPECT_TRUE(b.memory.fits);
   }
 }
 

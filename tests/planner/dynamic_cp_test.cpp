@@ -1,6 +1,6 @@
 // Megatron-LM's dynamic CP (planner/dynamic_cp.hpp): the scheduler against a trace of the
-// upstream code (data/traces/megatron-dynamic-cp, scripts/trace_dynamic_cp.py), a case by hand,
-// and steps whose documents fill each sequence, which are the configuration's own step.
+// upstream code (data/schedules/megatron-dynamic-cp.json, scripts/trace_dynamic_cp.py), a case by
+// hand, and steps whose documents fill each sequence, which are the configuration's own step.
 #include "cpsim/planner/dynamic_cp.hpp"
 
 #include <algorithm>
@@ -37,8 +37,7 @@ std::vector<std::vector<std::vector<std::int64_t>>> per_rank(
 }
 
 TEST(DynamicCp, ScheduleIsTheTracedUpstreamSchedule) {
-  const std::string path =
-      std::string(CPSIM_TEST_DATA_DIR) + "/traces/megatron-dynamic-cp/schedules.json";
+  const std::string path = std::string(CPSIM_TEST_DATA_DIR) + "/schedules/megatron-dynamic-cp.json";
   std::ifstream file(path);
   ASSERT_TRUE(file) << path;
   const nlohmann::json trace = nlohmann::json::parse(file);

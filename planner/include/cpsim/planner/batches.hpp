@@ -80,6 +80,9 @@ struct BalancerStudy {
   double document_tokens_per_step = 0.0;  ///< averaged over the batches
   /// document_tokens_per_step over the objective's step time (p50 or p95).
   double objective_tokens_per_s = 0.0;
+  /// The highest allocated peak of the steps simulated (hybrid and dynamic CP: of every group's),
+  /// fixed overheads included; whether every one fits GPU and host memory.
+  StepsMemory memory;
 };
 
 struct BatchStudy {

@@ -42,6 +42,8 @@ class DynamicCpTimer {
   double micro_batch_s(const HybridCpGroup& group);
   /// What the configuration's step holds outside its micro-batches (optimizer, last reduction).
   double outside_micro_batches_s() const { return outside_micro_batches_s_; }
+  /// The memory of every group's step simulated so far.
+  const StepsMemory& memory() const { return memory_; }
 
  private:
   sim::ScheduleInputs base_;
@@ -49,6 +51,7 @@ class DynamicCpTimer {
   std::int64_t max_tokens_per_rank_ = 0;
   std::int64_t span_multiple_ = 0;
   double outside_micro_batches_s_ = 0.0;
+  StepsMemory memory_;
   EvaluationScratch scratch_;
 };
 

@@ -43,6 +43,15 @@ std::vector<HybridCpRound> schedule_hybrid_cp(const std::vector<std::int64_t>& d
                                               int ranks,
                                               std::int64_t max_tokens_per_rank);
 
+/// The highest allocated peak (fixed overheads included) of the steps simulated, and whether
+/// every one fits.
+struct StepsMemory {
+  std::int64_t peak_bytes = 0;
+  bool fits = true;
+  /// Simulates `in` in `scratch`, records its memory, returns its step time.
+  double step_s(const sim::ScheduleInputs& in, EvaluationScratch& scratch);
+};
+
 /// One step under hybrid CP.
 struct HybridCpStep {
   double step_s = 0.0;
@@ -71,6 +80,8 @@ class HybridCpTimer {
 
   int ranks() const { return ranks_; }
   std::int64_t max_tokens_per_rank() const { return max_tokens_per_rank_; }
+  /// The memory of every group's step simulated so far.
+  const StepsMemory& memory() const { return memory_; }
 
  private:
   double micro_batch_s(std::int64_t length, int cp);
@@ -80,6 +91,7 @@ class HybridCpTimer {
   std::int64_t max_tokens_per_rank_ = 0;
   double outside_micro_batches_s_ = 0.0;
   std::map<std::pair<std::int64_t, int>, double> micro_batch_cache_;
+  StepsMemory memory_;
   EvaluationScratch scratch_;
 };
 
