@@ -282,7 +282,8 @@ int run_simulate_batches(const SimulateArgs& a) {
   }
   o += "\n";
   o += "  peak memory: the highest allocated peak of the steps simulated (hybrid-cp, dynamic-cp: "
-       "of every group's); the documents do not change a sequence's (docs/PACKING.md)\n";
+       "of every group's): as long a sequence holds as much, up to what the timing keeps in flight "
+       "(docs/PACKING.md)\n";
   std::cout << o;
   return 0;
 }
