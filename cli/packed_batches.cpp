@@ -1,5 +1,6 @@
 // Packed batches on the command line: `simulate --lengths ... --pack S` (the step over sampled
 // batches, per load balancer) and `plan --lengths` (its best configurations ranked again).
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <iostream>
@@ -296,12 +297,31 @@ PlanBatches rank_plan_by_batches(const SimulateArgs& a,
                                  const std::function<void(int, int)>& progress) {
   PlanBatches out;
   out.options = batch_options(a);
-  const std::size_t studied = std::min(ranked.size(), static_cast<std::size_t>(std::max(top, 5)));
-  out.candidates.assign(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(studied));
-  out.ranking = planner::rank_by_batches(base, out.candidates, out.options, progress);
-  for (std::size_t i = 0; i < out.ranking.size(); ++i) {
-    ranked[i] = out.candidates[out.ranking[i].candidate];
+  out.candidates =
+      planner::batch_candidates(base, ranked, static_cast<std::size_t>(std::max(top, 5)));
+  if (out.candidates.empty()) {
+    throw InputError("--lengths",
+                     fmt::format("packed batches apply to none of the plan's first {} "
+                                 "configurations (their code's handling of documents was not "
+                                 "read); --impl none ranks the methods' schemes with a mask",
+                                 std::min<std::size_t>(ranked.size(), 50)));
   }
+  out.ranking = planner::rank_by_batches(base, out.candidates, out.options, progress);
+  // The studied configurations that answered, in the ranking's order, then the plan's others.
+  std::vector<planner::Candidate> reordered;
+  std::vector<std::string> answered;
+  for (const planner::BatchRanking& r : out.ranking) {
+    if (r.refused.empty()) {
+      reordered.push_back(out.candidates[r.candidate]);
+      answered.push_back(out.candidates[r.candidate].label);
+    }
+  }
+  for (planner::Candidate& c : ranked) {
+    if (std::find(answered.begin(), answered.end(), c.label) == answered.end()) {
+      reordered.push_back(std::move(c));
+    }
+  }
+  ranked = std::move(reordered);
   const planner::BatchRanking& first = out.ranking.front();
   if (first.refused.empty()) {
     const planner::BalancerStudy& b = first.study.best();

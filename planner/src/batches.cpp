@@ -431,12 +431,17 @@ BatchStudy study_batches(const sim::ScheduleInputs& in,
       }
     }));
   }
-  for (std::size_t i = 1; i < study.balancers.size(); ++i) {
-    if (study.balancers[i].objective_tokens_per_s >
-        study.balancers[study.recommended].objective_tokens_per_s) {
-      study.recommended = i;
+  const bool any_fits = std::any_of(study.balancers.begin(), study.balancers.end(),
+                                    [](const BalancerStudy& b) { return b.memory.fits; });
+  std::optional<std::size_t> best;
+  for (std::size_t i = 0; i < study.balancers.size(); ++i) {
+    const BalancerStudy& b = study.balancers[i];
+    if ((b.memory.fits || !any_fits) &&
+        (!best || b.objective_tokens_per_s > study.balancers[*best].objective_tokens_per_s)) {
+      best = i;
     }
   }
+  study.recommended = best.value_or(0);
   return study;
 }
 
@@ -452,6 +457,10 @@ std::vector<BatchRanking> rank_by_batches(const sim::ScheduleInputs& base,
     r.candidate = c;
     try {
       r.study = study_batches(candidates[c].inputs(base), options);
+      if (const StepsMemory& m = r.study.best().memory; !m.fits) {
+        r.refused = fmt::format("does not fit under packed batches (peak {:.1f} GiB)",
+                                static_cast<double>(m.peak_bytes) / (1024.0 * 1024.0 * 1024.0));
+      }
     } catch (const sim::ConfigError& e) {
       r.refused = e.what();
     }
@@ -467,6 +476,50 @@ std::vector<BatchRanking> rank_by_batches(const sim::ScheduleInputs& base,
   answered.insert(answered.end(), std::make_move_iterator(refused.begin()),
                   std::make_move_iterator(refused.end()));
   return answered;
+}
+
+std::vector<Candidate> batch_candidates(const sim::ScheduleInputs& base,
+                                        const std::vector<Candidate>& ranked,
+                                        std::size_t count,
+                                        std::size_t scan) {
+  auto applies = [&](const Candidate& c) {
+    try {
+      load_balancers(c.inputs(base));
+      return true;
+    } catch (const sim::ConfigError&) {
+      return false;
+    }
+  };
+  std::vector<Candidate> out;
+  std::size_t found = 0;
+  for (std::size_t i = 0; i < ranked.size() && i < scan && found < count; ++i) {
+    const Candidate& c = ranked[i];
+    if (applies(c)) {
+      out.push_back(c);
+      ++found;
+    }
+    const sim::Implementation* own = sim::checked_layout(c.inputs(base)).implementation;
+    for (const sim::Implementation* impl : sim::implementations()) {
+      if (impl == own || !impl->runs(c.parallel.method) ||
+          impl->document_masking(c.parallel.method).kind != sim::DocumentMasking::Kind::kMasked) {
+        continue;
+      }
+      Candidate variant = c;
+      variant.parallel.implementation = std::string(impl->name());
+      variant.label = fmt::format("{} [{}]", c.label, impl->name());
+      try {
+        variant.report = evaluate(variant.inputs(base)).report;
+      } catch (const sim::ConfigError&) {
+        continue;  // the implementation refuses this configuration
+      }
+      if (variant.report.fits() && applies(variant)) {
+        variant.fits = true;
+        variant.evaluated = true;
+        out.push_back(std::move(variant));
+      }
+    }
+  }
+  return out;
 }
 
 const char* to_string(BatchObjective o) {

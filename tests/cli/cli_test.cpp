@@ -2265,6 +2265,22 @@ TEST_F(PackedBatchesCli, PlanRanksItsBestAgainUnderPackedBatches) {
     previous = best;
   }
   EXPECT_EQ(j["best"]["label"], b["ranking"][0]["configuration"]);
+  // The plan's configurations come back under the implementations of their method that mask
+  // documents: Ulysses under DeepSpeed's code.
+  bool deepspeed_ulysses = false;
+  for (const Json& r : b["ranking"]) {
+    deepspeed_ulysses = deepspeed_ulysses || r["configuration"].get<std::string>().find(
+                                                 "[deepspeed-ulysses]") != std::string::npos;
+  }
+  EXPECT_TRUE(deepspeed_ulysses) << b.dump().substr(0, 600);
+  // Megatron-Core's best are its all-to-all CP, whose THD path was not read: the plan studies the
+  // configurations further down that packed batches apply to (its ring).
+  const Json megatron =
+      run_json({"plan", "--seq", "128K", "--impl", "megatron-core-cp", "--lengths",
+                "lognormal:median=8K,sigma=1", "--batches", "5", "--json"});
+  ASSERT_FALSE(megatron["packed_batches"]["ranking"].empty());
+  EXPECT_FALSE(megatron["packed_batches"]["ranking"][0].contains("refused"))
+      << megatron["packed_batches"]["ranking"][0].dump();
   for (const std::vector<std::string>& refused :
        {std::vector<std::string>{"plan", "--lengths", "lognormal:median=8K,sigma=1"},
         std::vector<std::string>{"plan", "--seq", "128K", "--lengths",

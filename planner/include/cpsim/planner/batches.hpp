@@ -90,7 +90,8 @@ struct BatchStudy {
   double one_document_tokens_per_s = 0.0;
   int sequences_per_batch = 0;  ///< data-parallel replicas × micro-batches
   std::vector<BalancerStudy> balancers;
-  /// Index in `balancers` of the highest objective_tokens_per_s (ties: the first listed).
+  /// Index in `balancers` of the highest objective_tokens_per_s among those whose steps fit
+  /// (ties: the first listed; none fits: among all).
   std::size_t recommended = 0;
   const BalancerStudy& best() const { return balancers[recommended]; }
 };
@@ -115,11 +116,21 @@ struct BatchRanking {
   std::string refused;        ///< why the configuration has no answer (FPDT, ...)
 };
 /// study_batches for each of `candidates` (the plan's, applied to `base`), ranked by their best
-/// balancer's objective_tokens_per_s; refused ones last, in the order given.
+/// balancer's objective_tokens_per_s; refused ones (and those whose best balancer's steps do not
+/// fit) last, in the order given.
 std::vector<BatchRanking> rank_by_batches(const sim::ScheduleInputs& base,
                                           const std::vector<Candidate>& candidates,
                                           const BatchOptions& options,
                                           const std::function<void(int, int)>& progress = {});
+
+/// The configurations a plan studies under packed batches: its `ranked` ones, best first, that
+/// packed batches apply to (refused ones skipped) until `count` are found among the first `scan`,
+/// each followed by the same configuration under every other implementation of its method whose
+/// code masks documents (label suffixed " [NAME]"), simulated again and kept when it fits.
+std::vector<Candidate> batch_candidates(const sim::ScheduleInputs& base,
+                                        const std::vector<Candidate>& ranked,
+                                        std::size_t count,
+                                        std::size_t scan = 50);
 
 /// The q-quantile (0..1) of `values` by linear interpolation between order statistics.
 double quantile(std::vector<double> values, double q);
