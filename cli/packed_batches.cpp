@@ -282,9 +282,13 @@ int run_simulate_batches(const SimulateArgs& a) {
     }
   }
   o += "\n";
-  o += "  peak memory: the highest allocated peak of the steps simulated (hybrid-cp, dynamic-cp: "
-       "of every group's): as long a sequence holds as much, up to what the timing keeps in flight "
-       "(docs/PACKING.md)\n";
+  const bool regrouped =
+      std::any_of(study.balancers.begin(), study.balancers.end(),
+                  [](const planner::BalancerStudy& b) { return b.balancer.regroups(); });
+  o += fmt::format(
+      "  peak memory: the highest allocated peak of the steps simulated{}: as long a sequence "
+      "holds as much, up to what the timing keeps in flight (docs/PACKING.md)\n",
+      regrouped ? " (hybrid-cp, dynamic-cp: of every group's)" : "");
   std::cout << o;
   return 0;
 }
