@@ -31,6 +31,8 @@ std::string flag_for(sim::Quantity q, const models::ParallelConfig& p) {
       return "--pp";
     case sim::Quantity::kDocuments:
       return "--lengths";
+    case sim::Quantity::kAttentionWindow:
+      return "--model";
   }
   return sim::to_string(q);
 }

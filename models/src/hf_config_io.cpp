@@ -3,6 +3,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -103,6 +104,92 @@ ActivationKind parse_activation(const std::string& act,
   }
   throw InputError(field,
                    fmt::format("unsupported activation '{}'; known: silu, swiglu, gelu*", act));
+}
+
+// Sliding-window attention, as transformers 4.57.6 reads it (configuration_<type>.py and the
+// attention modules of modeling_<type>.py):
+//   - the window is `sliding_window` (null: none); Qwen2 and Qwen3 keep it only when
+//     `use_sliding_window` is true (their default false: configuration_qwen2.py, _qwen3.py), any
+//     config with `use_sliding_window` false has none;
+//   - Mistral and Phi-3 apply it to every layer, whatever `layer_types` says (MistralAttention
+//     sets `self.sliding_window = config.sliding_window`, modeling_mistral.py:177; Mistral logs
+//     that it ignores layer_types);
+//   - otherwise `layer_types` ("full_attention", "sliding_attention"; layer_type_validation,
+//     configuration_utils.py:1364-1380) says which layers, and without it the config class's own
+//     rule: Qwen2/Qwen3 slide the layers from `max_window_layers` on (default 28), Ministral all.
+// A config of another type with a window and no layer_types is refused: its rule was not read.
+// A query sees itself and w − 1 earlier tokens (flash-attn window_size (w − 1, w − 1) with
+// causal, modeling_flash_attention_utils.py:506-512; the SDPA mask kv > q − w, masking_utils.py).
+constexpr std::array<std::string_view, 2> kEveryLayerWindowTypes = {"mistral", "phi3"};
+constexpr std::array<std::string_view, 2> kUseSlidingWindowTypes = {"qwen2", "qwen3"};
+constexpr std::int64_t kQwenDefaultMaxWindowLayers = 28;  // Qwen2Config, Qwen3Config
+
+std::int64_t read_window(const HfReader& hf, const std::string& model_type) {
+  const Json* window = hf.optional("sliding_window");
+  if (window == nullptr || window->is_null()) {
+    return 0;
+  }
+  const Json* use = hf.optional("use_sliding_window");
+  const bool use_on = use != nullptr && json_bool(*use, hf.field("use_sliding_window"));
+  if ((use != nullptr && !use_on) || (!use_on && is_one_of(model_type, kUseSlidingWindowTypes))) {
+    return 0;  // the config class sets the window to None
+  }
+  const std::int64_t w = json_integer(*window, hf.field("sliding_window"));
+  if (w <= 0) {
+    throw InputError(hf.field("sliding_window"), fmt::format("must be positive, got {}", w));
+  }
+  return w;
+}
+
+void read_attention_layers(const HfReader& hf, TransformerSpec& spec) {
+  const Json* types = hf.optional("layer_types");
+  const std::int64_t window = read_window(hf, spec.model_type);
+  std::vector<LayerAttention> layers;
+  if (types != nullptr) {
+    const Json& list = *types;
+    if (!list.is_array() || static_cast<std::int64_t>(list.size()) != spec.layers) {
+      throw InputError(hf.field("layer_types"),
+                       fmt::format("must list one type per layer ({})", spec.layers));
+    }
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const std::string field = hf.field(fmt::format("layer_types[{}]", i));
+      const std::string type = json_string(list[i], field);
+      if (type == "full_attention") {
+        layers.push_back(LayerAttention::kFull);
+      } else if (type == "sliding_attention") {
+        layers.push_back(LayerAttention::kSliding);
+      } else {
+        throw InputError(field, fmt::format("layer type \"{}\" is not modelled: cpsim simulates "
+                                            "\"full_attention\" and \"sliding_attention\" "
+                                            "layers",
+                                            type));
+      }
+    }
+  }
+  if (window == 0) {
+    return;  // no window: every layer attends causally to the whole sequence
+  }
+  const auto n = static_cast<std::size_t>(spec.layers);
+  if (is_one_of(spec.model_type, kEveryLayerWindowTypes) ||
+      (types == nullptr && spec.model_type == "ministral")) {
+    layers.assign(n, LayerAttention::kSliding);
+  } else if (types == nullptr && is_one_of(spec.model_type, kUseSlidingWindowTypes)) {
+    std::int64_t from = kQwenDefaultMaxWindowLayers;
+    if (const Json* max_layers = hf.optional("max_window_layers")) {
+      from = json_integer(*max_layers, hf.field("max_window_layers"));
+    }
+    layers.assign(n, LayerAttention::kFull);
+    for (std::int64_t i = std::max<std::int64_t>(from, 0); i < spec.layers; ++i) {
+      layers[static_cast<std::size_t>(i)] = LayerAttention::kSliding;
+    }
+  } else if (types == nullptr) {
+    throw InputError(hf.field("sliding_window"),
+                     fmt::format("which layers of model_type '{}' use the window was not read "
+                                 "from its code: give layer_types",
+                                 spec.model_type));
+  }
+  spec.sliding_window = window;
+  spec.layer_attention = std::move(layers);
 }
 
 }  // namespace
@@ -236,6 +323,7 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
   TransformerSpec spec;
   read_shape(hf, spec);
   read_architecture(hf, spec);
+  read_attention_layers(hf, spec);
   read_rope(hf, spec);
   read_names(hf, origin, spec);
 

@@ -88,26 +88,6 @@ void check_modelled_architecture(const Json& config, const std::string& origin) 
       }
     }
   }
-  const auto window = config.find("sliding_window");
-  const auto use_window = config.find("use_sliding_window");
-  const bool window_off = use_window != config.end() && is_off(*use_window);
-  if (window != config.end() && !is_off(*window) && !window_off) {
-    throw InputError(field_of(origin, "sliding_window"),
-                     fmt::format("sliding-window attention (window {}) is not modelled: cpsim "
-                                 "simulates full causal attention over the whole sequence",
-                                 window->dump()));
-  }
-  if (const auto types = config.find("layer_types"); types != config.end() && types->is_array()) {
-    for (std::size_t i = 0; i < types->size(); ++i) {
-      const Json& t = (*types)[i];
-      if (!(t.is_string() && t.get_ref<const std::string&>() == "full_attention")) {
-        throw InputError(field_of(origin, fmt::format("layer_types[{}]", i)),
-                         fmt::format("layer type {} is not modelled: cpsim simulates "
-                                     "\"full_attention\" layers only",
-                                     t.dump()));
-      }
-    }
-  }
 }
 
 void note_head_dim(TransformerSpec& spec) {

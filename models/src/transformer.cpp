@@ -1,5 +1,6 @@
 #include "cpsim/models/transformer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -65,10 +66,39 @@ void TransformerSpec::validate() const {
     throw InputError("model.rope_theta",
                      fmt::format("must be finite and positive, got {}", rope_theta));
   }
+  if (sliding_window < 0) {
+    throw InputError("model.sliding_window",
+                     fmt::format("must not be negative, got {}", sliding_window));
+  }
+  if (!layer_attention.empty() && static_cast<std::int64_t>(layer_attention.size()) != layers) {
+    throw InputError("model.layer_types", fmt::format("names {} layers, num_hidden_layers is {}",
+                                                      layer_attention.size(), layers));
+  }
+  if (windowed_layers() > 0 && sliding_window == 0) {
+    throw InputError("model.sliding_window",
+                     "layers with sliding-window attention need a window of at least one token");
+  }
   if (max_position_embeddings < 0) {
     throw InputError("model.max_position_embeddings",
                      fmt::format("must not be negative, got {}", max_position_embeddings));
   }
+}
+
+std::int64_t TransformerSpec::windowed_layers() const {
+  return std::count(layer_attention.begin(), layer_attention.end(), LayerAttention::kSliding);
+}
+
+double causal_window_area(std::int64_t n, std::int64_t w) {
+  const auto nd = static_cast<double>(n);
+  if (w >= n) {
+    return nd * nd / 2.0;
+  }
+  const auto wd = static_cast<double>(w);
+  return nd * wd - wd * wd / 2.0;
+}
+
+double window_share(std::int64_t n, std::int64_t w) {
+  return n <= 0 ? 1.0 : causal_window_area(n, w) / (static_cast<double>(n) * n / 2.0);
 }
 
 ParameterCount count_parameters(const TransformerSpec& spec) {
@@ -97,9 +127,14 @@ StepFlops model_step_flops(const TransformerSpec& spec, std::int64_t seq_len) {
       static_cast<double>(spec.vocab * spec.hidden);
   StepFlops flops;
   flops.dense = 6.0 * n * matmul_weights;
-  // Causal forward 2·N²·H·d per layer; forward + backward = 3.5 × forward.
+  // Causal forward 2·N²·H·d per layer (4·H·d per visible pair); forward + backward = 3.5 ×
+  // forward. A windowed layer sees causal_window_area(N, w) pairs instead of N²/2.
   const double attention_fwd = 2.0 * n * n * static_cast<double>(spec.q_width());
-  flops.attention = layers * 3.5 * attention_fwd;
+  const auto windowed = static_cast<double>(spec.windowed_layers());
+  flops.attention = (layers - windowed) * 3.5 * attention_fwd;
+  if (windowed > 0) {
+    flops.attention += windowed * 3.5 * attention_fwd * window_share(seq_len, spec.sliding_window);
+  }
   return flops;
 }
 

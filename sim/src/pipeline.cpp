@@ -227,6 +227,11 @@ void make_pipeline_stage(ScheduleInputs& in, int micro_batches, PipelineStage st
   const int pp = std::max(1, p.pp_degree);
   const StageSplit split = stage_split(in.model, p);
   in.model.layers = std::max({split.first, pp > 2 ? split.middle : 0, split.last});
+  // A stage's layers are the first ones of the model's pattern (stages of layers whose attention
+  // differs are refused: check_attention_window).
+  if (!in.model.layer_attention.empty()) {
+    in.model.layer_attention.resize(static_cast<std::size_t>(in.model.layers));
+  }
   in.model.has_output_layer = stage == PipelineStage::kWithOutputLayer;
   in.model.name = fmt::format("{} (one of {} pipeline stages)", in.model.name, pp);
   p.gpus /= pp;

@@ -275,6 +275,62 @@ std::optional<ConfigIssue> check_documents(const ScheduleInputs& in, const HeadL
   return std::nullopt;
 }
 
+// Sliding-window layers (TransformerSpec::layer_attention): modelled where the kernel sees the
+// whole sequence of its heads and takes the window itself (FlashAttention's window_size skips the
+// key blocks outside it), so that a windowed block is a causal one with its attention kernels
+// scaled by models::window_share (the step builder's whole_share). A ring part or FPDT's chunks
+// would skip or keep ring steps and chunks as each implementation's code does, which is not
+// modelled; SDPA takes a window as an explicit mask tensor, which is not either.
+std::optional<ConfigIssue> check_attention_window(const ScheduleInputs& in,
+                                                  const CpScheme& method,
+                                                  const HeadLayout& layout,
+                                                  const Implementation* implementation) {
+  const models::TransformerSpec& m = in.model;
+  // A window of the whole sequence or more hides nothing: those layers are causal.
+  if (m.windowed_layers() == 0 || m.sliding_window >= in.parallel.seq_len) {
+    return std::nullopt;
+  }
+  const std::string what = fmt::format("{} of {} layers use a {}-token sliding window",
+                                       m.windowed_layers(), m.layers, m.sliding_window);
+  if (!in.documents.empty()) {
+    return ConfigIssue{
+        Quantity::kDocuments,
+        fmt::format("{}; packed documents under a sliding window are not modelled", what)};
+  }
+  if (implementation != nullptr) {
+    const WindowSupport support = implementation->sliding_window(in.parallel.method);
+    if (!support.passes_window) {
+      return ConfigIssue{Quantity::kAttentionWindow,
+                         fmt::format("{}; {} does not run them: {}", what, implementation->name(),
+                                     support.source)};
+    }
+  }
+  if (layout.ring > 1 || method.uses_fpdt_chunk()) {
+    return ConfigIssue{
+        Quantity::kAttentionWindow,
+        fmt::format("{}; {} splits each head's sequence ({}), and ring steps or chunks under a "
+                    "window are not modelled: methods whose kernel sees the whole sequence "
+                    "(ulysses, upipe) are",
+                    what, models::to_string(in.parallel.method),
+                    layout.ring > 1 ? fmt::format("ring degree {}", layout.ring) : "chunks")};
+  }
+  const std::string kernel =
+      implementation != nullptr ? implementation->attention_kernel(in) : in.recipe.attention_kernel;
+  if (kernel == "sdpa") {
+    return ConfigIssue{Quantity::kAttentionWindow,
+                       fmt::format("{}; SDPA takes a window as an explicit mask tensor, which is "
+                                   "not modelled: use a FlashAttention kernel (fa2, fa3)",
+                                   what)};
+  }
+  if (m.mixed_attention() && in.parallel.pp_degree > 1) {
+    return ConfigIssue{Quantity::kPpDegree,
+                       fmt::format("{}; pipeline stages of layers whose attention differs are "
+                                   "not modelled",
+                                   what)};
+  }
+  return std::nullopt;
+}
+
 LayoutCheck check_rank_layout(const ScheduleInputs& in) {
   const CpScheme& method = cp_scheme(in.parallel.method);
   LayoutCheck out;
@@ -296,6 +352,9 @@ LayoutCheck check_rank_layout(const ScheduleInputs& in) {
   }
   if (!out.issue) {
     out.issue = choose_implementation(in, out.layout, out.implementation);
+  }
+  if (!out.issue) {
+    out.issue = check_attention_window(in, method, out.layout, out.implementation);
   }
   return out;
 }

@@ -257,9 +257,15 @@ class StepBuilder : private OpEmitter, private KernelCosts {
   /// `k` with its time and FLOPs scaled by the document mask's share of the causal work
   /// (ScheduleInputs::documents); `k` itself for one document.
   static KernelCost masked(KernelCost k, double factor);
-  /// The document mask's share of one causal document for a rank holding the whole sequence of
-  /// its heads (no ring part); 1 without documents.
-  double whole_share() const { return in_.documents.empty() ? 1.0 : in_.documents.total_factor(); }
+  /// The share of one causal document's attention work a rank holding the whole sequence of its
+  /// heads (no ring part) computes in the current block: the document mask's (1 without
+  /// documents), or the sliding window's of a windowed block (check_attention_window keeps the
+  /// two apart and windows off ring parts).
+  double whole_share() const {
+    return in_.documents.empty() ? layer_window_share_ : in_.documents.total_factor();
+  }
+  /// Enters block `layer`: its attention's window share (whole_share).
+  void enter_layer(int layer);
   std::vector<double> allgather_times(std::int64_t hq, bool backward, double* flops) const;
   /// The steps of `seg` on each rank of the ring (attention shapes of the zigzag or contiguous
   /// layout): time of forward or backward per rank, and FLOPs of rank 0.
@@ -281,9 +287,10 @@ class StepBuilder : private OpEmitter, private KernelCosts {
   std::int64_t acc_bytes_ = 4;  ///< ring output and gradient accumulators (implementation's dtype)
   LogitsLoss logits_loss_ = LogitsLoss::kHuggingFace;  ///< the implementation's framework's
   models::ParameterCount params_;
-  bool merge_ring_ = false;    // BuildOptions::merge_ring_steps
-  bool repeat_layers_ = true;  // BuildOptions::repeat_layers
-  bool tp_regather_ = true;    // TP linears save [s/T, h] inputs and gather them again
+  bool merge_ring_ = false;          // BuildOptions::merge_ring_steps
+  bool repeat_layers_ = true;        // BuildOptions::repeat_layers
+  double layer_window_share_ = 1.0;  // the current block's (enter_layer)
+  bool tp_regather_ = true;          // TP linears save [s/T, h] inputs and gather them again
   std::int64_t shards_ = 1, tile_ = 0;
   // Per block, filled by build().
   std::vector<TensorSet> layer_params_;  ///< gathered parameters (ZeRO-3)

@@ -111,7 +111,14 @@ StepBuilder::LayerEnds StepBuilder::body_instance(
   return {body.tmpl.in(at, body.out), body.tmpl.in(at, body.first_op)};
 }
 
+void StepBuilder::enter_layer(int layer) {
+  layer_window_share_ = m_.attention_of(layer) == models::LayerAttention::kSliding
+                            ? models::window_share(shape_.seq_tokens, m_.sliding_window)
+                            : 1.0;
+}
+
 StepBuilder::LayerEnds StepBuilder::forward_layer(int l, TensorSet x, TensorSet params) {
+  enter_layer(l);
   const bool grad = !full_checkpointing(r_);
   if (repeat_layers_) {
     return body_instance(fwd_, l, x, params, grad);
@@ -126,6 +133,7 @@ StepBuilder::LayerEnds StepBuilder::forward_layer(int l, TensorSet x, TensorSet 
 }
 
 OpSet StepBuilder::recompute_layer(int l, TensorSet x, TensorSet params) {
+  enter_layer(l);
   b_.set_phase(Phase::kRecompute);
   OpSet first_op;
   if (repeat_layers_) {
@@ -142,6 +150,7 @@ OpSet StepBuilder::recompute_layer(int l, TensorSet x, TensorSet params) {
 TensorSet StepBuilder::backward_layer(
     int l, TensorSet x, TensorSet dy, TensorSet params, TensorSet grads) {
   const auto li = static_cast<std::size_t>(l);
+  enter_layer(l);
   if (!repeat_layers_) {
     return layer_backward(saved_[li], dy, params, grads,
                           full_checkpointing(r_) && r_.checkpoint_reentrant);

@@ -1680,6 +1680,11 @@ TEST_F(BadInputTest, NoSilentValuesNoMisleadingFlags) {
   write_file(path("mistral.json"), llama + R"(, "model_type": "mistral", "sliding_window": 4096})");
   write_file(path("gemma.json"), llama + R"(, "layer_types": ["sliding_attention",
     "full_attention"]})");
+  std::string chunked_types = R"("chunked_attention")";
+  for (int l = 1; l < 32; ++l) {
+    chunked_types += R"(, "full_attention")";
+  }
+  write_file(path("chunked.json"), llama + R"(, "layer_types": [)" + chunked_types + "]}");
   write_file(path("mamba.json"), R"({"model_type": "mamba", "hidden_size": 2560,
     "num_hidden_layers": 64, "vocab_size": 50280, "state_size": 16})");
   write_file(path("jamba.json"), llama + R"(, "model_type": "jamba"})");
@@ -1740,10 +1745,21 @@ TEST_F(BadInputTest, NoSilentValuesNoMisleadingFlags) {
        {"simulate", "--recipe", path("dup_recipe.json").string()},
        {"sharding.zero_stage"},
        {"duplicate"}},
-      {"sliding window",
-       {"simulate", "--model", path("mistral.json").string()},
-       {"sliding_window"}},
-      {"sliding layers", {"simulate", "--model", path("gemma.json").string()}, {"layer_types[0]"}},
+      {"sliding window under a ring",
+       {"simulate", "--model", path("mistral.json").string(), "--method", "ring"},
+       {"error: --model:"},
+       {"sliding window", "yunchang-usp does not run them"}},
+      {"sliding window through SDPA",
+       {"simulate", "--model", path("mistral.json").string(), "--method", "ulysses", "--impl",
+        "none", "--attention-kernel", "sdpa"},
+       {"error: --model:"},
+       {"SDPA"}},
+      {"layer types of another length",
+       {"simulate", "--model", path("gemma.json").string()},
+       {"gemma.json:layer_types"}},
+      {"chunked layers",
+       {"simulate", "--model", path("chunked.json").string()},
+       {"layer_types[0]"}},
       {"state-space model", {"simulate", "--model", path("mamba.json").string()}, {"model_type"}},
       {"hybrid model", {"simulate", "--model", path("jamba.json").string()}, {"model_type"}},
       {"CP degree not dividing GPUs",

@@ -9,6 +9,7 @@ size (world % tp*pp*cp, rank layout), the microbatch calculator (global batch vs
 get_batch_on_this_cp_rank on a token batch of the real sequence length (seq % 2*cp).
 Flags with no mapping are listed in the notes. usage: megatron_launcher.py args.sh --gpus N
 """
+import ast
 import contextlib
 import functools
 import importlib.metadata as md
@@ -39,7 +40,7 @@ FALSE = {"--disable-bias-linear": "add_bias_linear", "--no-rope-fusion": "apply_
          "--no-bias-dropout-fusion": "bias_dropout_fusion"}
 SPECIAL = {"--swiglu", "--group-query-attention", "--cp-comm-type",
            "--attention-backend", "--use-distributed-optimizer", "--micro-batch-size",
-           "--global-batch-size", "--seq-length"}
+           "--global-batch-size", "--seq-length", "--window-size", "--window-attn-skip-freq"}
 # flags Megatron-LM hands to GPTModel / the data path, not to a megatron-core config object
 MODEL_LEVEL = {"--max-position-embeddings", "--position-embedding-type", "--rotary-base",
                "--rotary-percent", "--untie-embeddings-and-output-weights"}
@@ -65,10 +66,31 @@ def to_kwargs(fl):
     cp_comm = fl.get("--cp-comm-type", "p2p")
     kw["cp_comm_type"] = cp_comm if isinstance(cp_comm, str) else (
         cp_comm[0] if len(cp_comm) == 1 else list(cp_comm))
+    if "--window-size" in fl:  # Megatron-LM tuple_type (arguments.py:281-291 @ core_v0.16.1)
+        kw["window_size"] = tuple(int(i) for i in fl["--window-size"].strip("()").split(","))
+    if "--window-attn-skip-freq" in fl:  # moe_freq_type (:231-254): an int, or a list
+        freq = fl["--window-attn-skip-freq"]
+        kw["window_attn_skip_freq"] = ast.literal_eval(freq) if "[" in freq else int(freq)
     dtype = torch.bfloat16 if kw.get("bf16") else torch.float16 if kw.get("fp16") else None
     if dtype is not None:
         kw.update(params_dtype=dtype, pipeline_dtype=dtype)
     return kw
+
+
+def window_layers(rep, tc):
+    """Which layers megatron-core gives the window (is_layer_window_attention, layer numbers from
+    1) as "S"/"F" per layer into the report, and TransformerEngine's condition for a window under
+    CP (context_parallel.py attn_forward_func_with_cp, v2.11:4023-4029; TE is not installed here):
+    cp_comm_type a2a or all_gather."""
+    from megatron.core.transformer.utils import is_layer_window_attention
+    rep["window_layers"] = "".join(
+        "S" if is_layer_window_attention(tc.window_size, tc.window_attn_skip_freq, n) else "F"
+        for n in range(1, tc.num_layers + 1))
+    rep["window_size"] = list(tc.window_size)
+    if tc.context_parallel_size > 1:
+        assert tc.cp_comm_type in ("a2a", "all_gather"), (
+            f"Context parallelism does not support sliding window attention with "
+            f"cp_comm_type={tc.cp_comm_type!r}! (TransformerEngine's assert)")
 
 
 def check(path: str, gpus: int) -> dict:
@@ -111,6 +133,8 @@ def check(path: str, gpus: int) -> dict:
                         "persist_layer_norm / bias_dropout_fusion left at TransformerConfig "
                         "defaults: their checks need Transformer Engine / Apex (GPU)")
     tc = stage(rep, "TransformerConfig(**flags).__post_init__", lambda: TransformerConfig(**kw))
+    if tc is not None and tc.window_size:
+        stage(rep, "sliding-window layers", lambda: window_layers(rep, tc))
     dist_opt = "--use-distributed-optimizer" in fl
     stage(rep, "DistributedDataParallelConfig", lambda: DistributedDataParallelConfig(
         use_distributed_optimizer=dist_opt))

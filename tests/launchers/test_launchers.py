@@ -100,6 +100,19 @@ def test_the_launcher_runs_the_file(launcher, plan, tmp_path):
         assert report["buffer_bytes"] == expected, (report["buffer_bytes"], expected)
 
 
+def test_megatron_runs_the_window_of_every_layer(tmp_path):
+    """A model whose layers attend within a window: the emitted flags give megatron-core's
+    per-layer decision the layers cpsim simulates windowed, and a window of w keys."""
+    out = tmp_path / "megatron.sh"
+    emit("megatron", ["--model", "mistral-7b-v0.1", "--seq", "128K"], out)
+    r = subprocess.run([sys.executable, os.path.join(HERE, "megatron_launcher.py"), str(out),
+                        "--gpus", "8"], capture_output=True, text=True, cwd=tmp_path)
+    report = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
+    assert r.returncode == 0 and report["ok"], (report.get("error"), out.read_text())
+    assert report["window_layers"] == "S" * 32
+    assert report["window_size"] == [4095, 0]
+
+
 @pytest.mark.parametrize("plan", PLANS, ids=[p[0] for p in PLANS])
 @pytest.mark.parametrize("launcher", sorted(RECORDED_KEYS_ONLY))
 def test_recorded_keys_only(launcher, plan, tmp_path):

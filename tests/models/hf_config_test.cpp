@@ -228,6 +228,76 @@ TEST(HfConfig, MixtralIsRefused) {
   EXPECT_EQ(error_field(config), "llama.json:num_local_experts");
 }
 
+/// The layers of `spec` with a window, as 'S' and 'F' per layer.
+std::string pattern(const TransformerSpec& spec) {
+  std::string out;
+  for (std::int64_t l = 0; l < spec.layers; ++l) {
+    out += spec.attention_of(l) == LayerAttention::kSliding ? 'S' : 'F';
+  }
+  return out;
+}
+
+json small_config(const std::string& model_type) {
+  json c = llama_config();
+  c["model_type"] = model_type;
+  c["num_hidden_layers"] = 6;
+  return c;
+}
+
+// transformers 4.57.6's rules, checked against its config classes by
+// tests/models/test_hf_windows.py.
+TEST(HfConfig, SlidingWindowLayersFollowTheModelTypesRules) {
+  json mistral = small_config("mistral");
+  mistral["sliding_window"] = 4096;
+  TransformerSpec spec = parse(mistral);
+  EXPECT_EQ(spec.sliding_window, 4096);
+  EXPECT_EQ(pattern(spec), "SSSSSS");
+  // Mistral's attention ignores layer_types: every layer has the window.
+  mistral["layer_types"] = json::array({"full_attention", "full_attention", "full_attention",
+                                        "full_attention", "full_attention", "full_attention"});
+  EXPECT_EQ(pattern(parse(mistral)), "SSSSSS");
+  mistral["sliding_window"] = nullptr;
+  EXPECT_EQ(parse(mistral).windowed_layers(), 0);
+
+  json qwen = small_config("qwen2");
+  qwen["sliding_window"] = 1024;
+  qwen["max_window_layers"] = 4;
+  EXPECT_EQ(parse(qwen).windowed_layers(), 0) << "use_sliding_window defaults to false";
+  qwen["use_sliding_window"] = true;
+  spec = parse(qwen);
+  EXPECT_EQ(pattern(spec), "FFFFSS");
+  EXPECT_EQ(spec.sliding_window, 1024);
+  EXPECT_TRUE(spec.mixed_attention());
+  qwen.erase("max_window_layers");  // default 28: no layer of six
+  EXPECT_EQ(pattern(parse(qwen)), "FFFFFF");
+
+  json listed = small_config("ministral");
+  listed["sliding_window"] = 512;
+  EXPECT_EQ(pattern(parse(listed)), "SSSSSS");
+  listed["layer_types"] = json::array({"sliding_attention", "full_attention", "sliding_attention",
+                                       "full_attention", "sliding_attention", "full_attention"});
+  EXPECT_EQ(pattern(parse(listed)), "SFSFSF");
+  listed["use_sliding_window"] = false;
+  EXPECT_EQ(parse(listed).windowed_layers(), 0);
+}
+
+TEST(HfConfig, WindowsNotReadAreRefusedNamingTheField) {
+  json unknown = small_config("llama");
+  unknown["sliding_window"] = 4096;
+  EXPECT_EQ(error_field(unknown), "llama.json:sliding_window");
+  json chunked = small_config("llama4_text");
+  chunked["layer_types"] = json::array({"chunked_attention", "full_attention", "full_attention",
+                                        "full_attention", "full_attention", "full_attention"});
+  EXPECT_EQ(error_field(chunked), "llama.json:layer_types[0]");
+  json short_list = small_config("ministral");
+  short_list["sliding_window"] = 512;
+  short_list["layer_types"] = json::array({"sliding_attention"});
+  EXPECT_EQ(error_field(short_list), "llama.json:layer_types");
+  json zero = small_config("mistral");
+  zero["sliding_window"] = 0;
+  EXPECT_EQ(error_field(zero), "llama.json:sliding_window");
+}
+
 TEST(HfConfig, MissingRequiredKeyIsNamed) {
   for (const char* key : {"hidden_size", "intermediate_size", "num_hidden_layers",
                           "num_attention_heads", "vocab_size"}) {

@@ -121,6 +121,43 @@ TEST(ModelStepFlops, TinyModelByHand) {
   EXPECT_DOUBLE_EQ(f.total(), f.dense + f.attention);
 }
 
+TEST(ModelStepFlops, SlidingWindowByHand) {
+  // The band 0 ≤ q − k ≤ w of the n × n square: n·w − w²/2 (continuous positions, as n²/2 is
+  // the causal area). n = 32, w = 8: 256 − 32 = 224 of the causal 512.
+  EXPECT_DOUBLE_EQ(causal_window_area(32, 8), 224.0);
+  EXPECT_DOUBLE_EQ(window_share(32, 8), 224.0 / 512.0);
+  EXPECT_DOUBLE_EQ(causal_window_area(32, 32), 512.0);  // a window of the sequence: causal
+  EXPECT_DOUBLE_EQ(causal_window_area(32, 100), 512.0);
+  EXPECT_DOUBLE_EQ(window_share(32, 100), 1.0);
+
+  TransformerSpec spec = tiny_model();  // 2 layers, H·d = 8
+  spec.sliding_window = 8;
+  spec.layer_attention = {LayerAttention::kSliding, LayerAttention::kFull};
+  spec.validate();
+  const StepFlops f = model_step_flops(spec, 32);
+  // Per layer 3.5 · 4·H·d per visible pair: the full layer 512 pairs, the windowed one 224.
+  EXPECT_DOUBLE_EQ(f.attention, 3.5 * 4 * 8 * (512.0 + 224.0));
+  EXPECT_DOUBLE_EQ(f.dense, model_step_flops(tiny_model(), 32).dense);
+}
+
+TEST(TransformerSpecValidate, LayerTypesMatchTheLayersAndNeedAWindow) {
+  TransformerSpec spec = tiny_model();
+  spec.layer_attention = {LayerAttention::kSliding};
+  try {
+    spec.validate();
+    ADD_FAILURE() << "one type for two layers was accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "model.layer_types");
+  }
+  spec.layer_attention = {LayerAttention::kSliding, LayerAttention::kFull};
+  try {
+    spec.validate();
+    ADD_FAILURE() << "a sliding layer without a window was accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "model.sliding_window");
+  }
+}
+
 TEST(ModelStepFlops, TiedLmHeadStillCountsAndBiasesDoNot) {
   TransformerSpec spec = tiny_model();
   const double untied = model_step_flops(spec, 16).dense;

@@ -57,6 +57,8 @@ namespace {
 
 using Args = std::vector<std::vector<std::string>>;  // one flag with its values per line
 
+void window_args(const models::TransformerSpec& m, Args& a);
+
 // The model's shape and architecture flags.
 void model_args(const Plan& p, std::int64_t max_pos, Args& a) {
   a.push_back({"--num-layers", fmt::format("{}", p.model.layers)});
@@ -89,6 +91,29 @@ void model_args(const Plan& p, std::int64_t max_pos, Args& a) {
   }
   if (p.model.qk_norm) {
     a.push_back({"--qk-layernorm"});
+  }
+  window_args(p.model, a);
+}
+
+// Sliding-window layers. Megatron-LM core_v0.16.1 arguments.py:1632 (--window-size, tuple_type
+// :281-291: "4095,0" is (4095, 0)) and :1635 (--window-attn-skip-freq, moe_freq_type :231-254: an
+// int, or a list in which 1 is a sliding-window layer); megatron/core/transformer/utils.py:451-467
+// (is_layer_window_attention, layer numbers from 1; no skip frequency: every layer). TE's window
+// (left, right) is inclusive, so (w − 1, 0) is w keys, the query's own included, as transformers'
+// sliding_window w. TE runs it under CP with cp_comm_type a2a or all_gather only
+// (megatron_core_cp's sliding_window).
+void window_args(const models::TransformerSpec& m, Args& a) {
+  if (m.windowed_layers() == 0) {
+    return;
+  }
+  a.push_back({"--window-size", fmt::format("{},0", m.sliding_window - 1)});
+  if (m.windowed_layers() < m.layers) {
+    std::string list = "[";
+    for (std::int64_t l = 0; l < m.layers; ++l) {
+      list += fmt::format("{}{}", l > 0 ? "," : "",
+                          m.attention_of(l) == models::LayerAttention::kSliding ? 1 : 0);
+    }
+    a.push_back({"--window-attn-skip-freq", list + "]"});
   }
 }
 

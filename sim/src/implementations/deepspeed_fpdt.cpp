@@ -106,6 +106,12 @@ class DeepSpeedFpdt final : public Implementation {
             "fpdt_layer.py asserts attention_mask is None and runs causal chunk pairs (DeepSpeed "
             "0.19.8, fpdt_layer.py:174, :238)"};
   }
+  // fpdt_layer.py:195, 625: ctx.window_size = (-1, -1) for every chunk's flash-attn call.
+  WindowSupport sliding_window(models::CpMethod /*m*/) const override {
+    return {false,
+            "its chunks run flash-attn with window_size (-1, -1): full causal attention "
+            "(DeepSpeed 0.19.8, fpdt_layer.py:195, 625)"};
+  }
 };
 
 }  // namespace

@@ -131,6 +131,16 @@ class DeepspeedUlysses final : public Implementation {
             "position_ids restart at each document and flash_attention_2 runs varlen over them "
             "(DeepSpeed 0.19.8, ulysses_sp.py:282-293)"};
   }
+  // DeepSpeed 0.19.8 ulysses_sp.py:522-556, 356-357: the wrapper hands the Hugging Face module's
+  // `sliding_window` kwarg on to the core attention, which with flash_attention_2 sees the whole
+  // sequence after the all-to-all (transformers 4.57.6 modeling_flash_attention_utils.py:506-512:
+  // window_size (w − 1, w − 1)). With sdpa the wrapper drops the mask (:545-546) and the window
+  // is lost; check_attention_window refuses SDPA.
+  WindowSupport sliding_window(models::CpMethod /*m*/) const override {
+    return {true,
+            "the Hugging Face sliding_window kwarg reaches flash_attention_2 over the whole "
+            "sequence (DeepSpeed 0.19.8, ulysses_sp.py:522-556)"};
+  }
 };
 
 }  // namespace

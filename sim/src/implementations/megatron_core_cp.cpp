@@ -116,6 +116,20 @@ class MegatronCoreCp final : public Implementation {
             {},
             "the THD path of its all-to-all CP (cp_comm_type a2a, a2a+p2p) was not read"};
   }
+  // TransformerEngine v2.11 (megatron-core 0.16.1 takes TE >= 2.9, < 2.12) context_parallel.py:
+  // 4023-4029 asserts `not sliding_window_attn or cp_comm_type in ["a2a", "all_gather"]`; a2a
+  // passes the window to the kernel over the whole sequence (:3353-3357). Megatron hands
+  // config.window_size to TE (extensions/transformer_engine.py:1262-1270).
+  WindowSupport sliding_window(models::CpMethod m) const override {
+    if (m == models::CpMethod::kUlysses) {
+      return {true,
+              "cp_comm_type a2a passes the window to the kernel over the whole sequence "
+              "(TransformerEngine v2.11, context_parallel.py:3353-3357)"};
+    }
+    return {false,
+            "TransformerEngine asserts a sliding window runs with cp_comm_type a2a or all_gather "
+            "only (v2.11, context_parallel.py:4023-4029)"};
+  }
   std::int64_t ring_accumulator_bytes(const ScheduleInputs& in) const override {
     return in.recipe.activation_bytes;
   }

@@ -104,6 +104,13 @@ class TorchNativeCp final : public Implementation {
             "context_parallel's SDPA ring takes is_causal and no mask (PyTorch 2.13.0, "
             "_context_parallel/_attention.py:324-406)"};
   }
+  // The SDPA ops context_parallel handles take no window, and the efficient and cuDNN ones refuse
+  // a mask ("attn_bias is not supported yet", _attention.py:700-701, 738-739).
+  WindowSupport sliding_window(models::CpMethod /*m*/) const override {
+    return {false,
+            "context_parallel's SDPA ops take no window and refuse an attention mask (PyTorch "
+            "2.13.0, _context_parallel/_attention.py:700-701, 738-739)"};
+  }
   // repeat_kv before SDPA: every K/V tensor of the attention has the query heads.
   void shape(const ScheduleInputs& in, HeadLayout& layout) const override {
     layout.kv_heads_eff = in.model.heads;

@@ -107,6 +107,13 @@ class UntiedUlyssesUpipe final : public Implementation {
   models::RopeKernel rope_kernel(const ScheduleInputs& /*in*/) const override {
     return models::RopeKernel::kFused;
   }
+  // fully_fused_attn.py:608: UpipeAttention.forward takes window_size and does not hand it to
+  // UpipeAttnGQAFunc.apply (:643-658), whose kernels run with (-1, -1) (flash_attn_utils.py:367).
+  WindowSupport sliding_window(models::CpMethod /*m*/) const override {
+    return {false,
+            "UpipeAttention.forward takes window_size and drops it: full causal attention "
+            "(Untied-Ulysses e465aa8, fully_fused_attn.py:608, 643-658)"};
+  }
 };
 
 }  // namespace

@@ -142,6 +142,22 @@ class YunchangUsp final : public Implementation {
             "LongContextAttention.forward takes no cu_seqlens: causal over the packed sequence "
             "(yunchang 0.6.4, hybrid/attn_layer.py:57-69)"};
   }
+  // yunchang 0.6.4 hybrid/attn_layer.py:65, 128-143 and kernels/attention.py:184, 197-198 pass
+  // `window_size` to flash-attn: right with ring degree 1 (one step over the whole sequence).
+  // The basic and zigzag rings pass the same window at every step with no offset for the block's
+  // position (ring/ring_flash_attn.py:36-48, ring/zigzag_ring_flash_attn.py:29-43): a wrong
+  // mask, silently. Its FA3 path drops the window (kernels/attention.py:283-284).
+  WindowSupport sliding_window(models::CpMethod m) const override {
+    if (m == models::CpMethod::kUlysses) {
+      return {true,
+              "LongContextAttention passes window_size to flash-attn over the whole sequence "
+              "(yunchang 0.6.4, hybrid/attn_layer.py:128-143)"};
+    }
+    return {false,
+            "its rings pass the same window_size at every step, without the block's offset: "
+            "a wrong mask (yunchang 0.6.4, ring/ring_flash_attn.py:36-48, "
+            "ring/zigzag_ring_flash_attn.py:29-43)"};
+  }
   // all_to_all_4D splits heads with reshape(bs, s, P, hc // P, hs): no KV-head replication.
   std::optional<ConfigIssue> check(const ScheduleInputs& in,
                                    const HeadLayout& layout) const override {

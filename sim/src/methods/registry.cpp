@@ -44,6 +44,8 @@ const char* to_string(Quantity q) {
       return "implementation";
     case Quantity::kDocuments:
       return "documents";
+    case Quantity::kAttentionWindow:
+      return "attention_window";
   }
   return "?";
 }

@@ -12,6 +12,10 @@ enum class NormKind { kRmsNorm, kLayerNorm };
 /// The MLP's activation. Both are gated MLPs (gate, up, down: act(x·Wg) ⊙ (x·Wu) · Wd): SwiGLU
 /// (Llama, Qwen) and GeGLU (Gemma's gelu_pytorch_tanh). A plain two-matrix MLP is not modelled.
 enum class ActivationKind { kSwiGlu, kGeGlu };
+/// A layer's attention: causal over the whole sequence, or causal within a sliding window of
+/// `TransformerSpec::sliding_window` tokens (each query sees itself and the window − 1 tokens
+/// before it).
+enum class LayerAttention : std::uint8_t { kFull, kSliding };
 
 /// Shape of a dense transformer. Dimensions are element counts.
 struct TransformerSpec {
@@ -35,6 +39,10 @@ struct TransformerSpec {
   NormKind norm = NormKind::kRmsNorm;
   ActivationKind activation = ActivationKind::kSwiGlu;
   double rope_theta = 10000.0;
+  /// Tokens a sliding-window layer's queries see (themselves included); 0: no window.
+  std::int64_t sliding_window = 0;
+  /// Each layer's attention, one per layer; empty: every layer full.
+  std::vector<LayerAttention> layer_attention;
   std::int64_t max_position_embeddings = 0;
   std::string source;  ///< where the numbers come from
   /// What a Hugging Face loader takes for this model (`from_pretrained`): the hub id of a
@@ -48,6 +56,18 @@ struct TransformerSpec {
   /// Throws InputError naming the field if any dimension is non-positive or inconsistent.
   void validate() const;
 
+  /// Layer `layer`'s attention (0-based).
+  LayerAttention attention_of(std::int64_t layer) const {
+    return layer_attention.empty() ? LayerAttention::kFull
+                                   : layer_attention[static_cast<std::size_t>(layer)];
+  }
+  /// Layers with a sliding window.
+  std::int64_t windowed_layers() const;
+  /// Some layers with a window and some without.
+  bool mixed_attention() const {
+    const std::int64_t w = windowed_layers();
+    return w > 0 && w < layers;
+  }
   std::int64_t q_width() const { return heads * head_dim; }
   std::int64_t kv_width() const { return kv_heads * head_dim; }
 };
@@ -75,12 +95,23 @@ ParameterCount count_parameters(const TransformerSpec& spec);
 ///   dense matmuls: 2 FLOPs per multiply-add, 3 passes (fwd, dgrad, wgrad): 6·N·P_matmul, where
 ///     P_matmul = layers·(attention + mlp weights) + lm_head weights (V·h, counted even when tied)
 ///   attention core: forward 4·N²·H·d/2 per layer (QKᵀ and PV, causal half), backward 2.5× forward
-///     (FlashAttention convention), so 3.5 · 2·N²·H·d per layer.
+///     (FlashAttention convention), so 3.5 · 2·N²·H·d per layer; a sliding-window layer has
+///     causal_window_area(N, w) in place of N²/2.
 struct StepFlops {
   double dense = 0.0;
   double attention = 0.0;
   double total() const { return dense + attention; }
 };
 StepFlops model_step_flops(const TransformerSpec& spec, std::int64_t seq_len);
+
+/// Visible (query, key) area of n causal tokens when each query sees at most w keys, in the
+/// convention of the causal FLOPs above (positions as continuous coordinates, full causal: n²/2):
+/// the band 0 ≤ q − k ≤ w of the n × n square, n·w − w²/2 for w < n, else n²/2. The discrete
+/// count Σ min(i + 1, w) = n·w − w(w − 1)/2 differs by n − w/2 pairs out of n·w, as the causal
+/// n(n + 1)/2 does from n²/2.
+double causal_window_area(std::int64_t n, std::int64_t w);
+/// causal_window_area(n, w) over n²/2: the share of a causal layer's attention work a window
+/// keeps (1 when w ≥ n).
+double window_share(std::int64_t n, std::int64_t w);
 
 }  // namespace cpsim::models

@@ -44,6 +44,8 @@ enum class Quantity {
   kMicroBatches,    ///< micro-batches per optimizer step
   kPpDegree,        ///< pipeline-parallel degree P, its schedule and virtual stages
   kDocuments,       ///< the packed documents (ScheduleInputs::documents) against the ring
+  /// the model's sliding-window layers against the method, implementation and kernel
+  kAttentionWindow,
 };
 const char* to_string(Quantity q);
 

@@ -153,6 +153,15 @@ enum class LogitsLoss : std::uint8_t {
   kMegatronVocabParallel,
 };
 
+/// How an implementation's code runs a model's sliding-window layers when it runs a method
+/// (Implementation::sliding_window).
+struct WindowSupport {
+  /// Its attention call hands the layer's window to the kernel, which sees the whole sequence of
+  /// its heads (no ring part): the kernel skips the key blocks outside the window.
+  bool passes_window = false;
+  std::string_view source;  ///< where its code says so, or why not
+};
+
 /// What an implementation is, as data (one constexpr table per file in sim/src/implementations).
 struct ImplementationTable {
   std::string_view name;           ///< as `--impl` spells it: "yunchang-usp"
@@ -242,6 +251,10 @@ class Implementation {
   /// default: not read.
   virtual DocumentMasking document_masking(models::CpMethod /*m*/) const {
     return {DocumentMasking::Kind::kNotRead, {}, "its handling of packed documents was not read"};
+  }
+  /// How its code runs sliding-window layers under method `m`; the default: not read.
+  virtual WindowSupport sliding_window(models::CpMethod /*m*/) const {
+    return {false, "its handling of a sliding window was not read"};
   }
   /// Its framework calls per site, traced (SiteCalls); the default: none traced.
   virtual std::span<const SiteCalls> traced_calls() const { return {}; }

@@ -1,0 +1,153 @@
+// Sliding-window layers (TransformerSpec::layer_attention): the attention kernels of a windowed
+// block are the causal block's scaled by models::window_share, nothing else changes, and what is
+// not modelled is refused naming the quantity.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cpsim/models/transformer.hpp"
+#include "cpsim/sim/engine.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+#include "evaluate_step.hpp"
+#include "helpers.hpp"
+
+namespace cpsim::sim {
+namespace {
+
+using models::CpMethod;
+using models::LayerAttention;
+using testing::inputs;
+
+constexpr std::int64_t kSeq = 256 * 1024;
+constexpr std::int64_t kWindow = 32 * 1024;
+
+bool is_attention(const Op& o) {
+  return o.kind == OpKind::kAttentionFwd || o.kind == OpKind::kAttentionBwd;
+}
+
+ScheduleInputs windowed(ScheduleInputs in, const std::vector<LayerAttention>& pattern) {
+  in.model.sliding_window = kWindow;
+  in.model.layer_attention.clear();
+  for (std::int64_t l = 0; l < in.model.layers; ++l) {
+    in.model.layer_attention.push_back(pattern[static_cast<std::size_t>(l) % pattern.size()]);
+  }
+  return in;
+}
+
+// Op by op against the same step without a window: the attention kernels of windowed blocks
+// last share × as long (to the nanosecond the durations are rounded to), every other op is the
+// same. Returns the number of scaled ops.
+int compare_with_causal(const ScheduleInputs& causal_in, const ScheduleInputs& window_in) {
+  const double share = models::window_share(kSeq, kWindow);
+  BuildOptions one_by_one;
+  one_by_one.repeat_layers = false;  // the oracle: every block built on its own
+  const Workload causal = build_step(causal_in, one_by_one);
+  const Workload window = build_step(window_in, one_by_one);
+  EXPECT_EQ(causal.ops.size(), window.ops.size());
+  int scaled = 0;
+  for (std::size_t i = 0; i < std::min(causal.ops.size(), window.ops.size()); ++i) {
+    const Op& c = causal.ops[i];
+    const Op& w = window.ops[i];
+    const bool slides =
+        c.layer >= 0 && window_in.model.attention_of(c.layer) == LayerAttention::kSliding;
+    if (is_attention(c) && slides) {
+      EXPECT_NEAR(static_cast<double>(w.duration_ns), share * static_cast<double>(c.duration_ns),
+                  1.0)
+          << "op " << i << " of block " << c.layer;
+      EXPECT_DOUBLE_EQ(w.flops, share * c.flops);
+      ++scaled;
+    } else {
+      EXPECT_EQ(w.duration_ns, c.duration_ns) << "op " << i;
+    }
+  }
+  return scaled;
+}
+
+TEST(SlidingWindow, WindowedBlocksScaleTheirAttentionKernelsOnly) {
+  const ScheduleInputs causal = inputs(CpMethod::kUlysses, "llama3-8b", 8, kSeq);
+  const ScheduleInputs all = windowed(causal, {LayerAttention::kSliding});
+  const int scaled_all = compare_with_causal(causal, all);
+  // Forward, recomputation (full checkpointing) and backward kernels of 32 blocks.
+  EXPECT_EQ(scaled_all % 32, 0);
+  EXPECT_GE(scaled_all, 3 * 32);
+  // Every other block windowed: half of them.
+  const ScheduleInputs half = windowed(causal, {LayerAttention::kSliding, LayerAttention::kFull});
+  EXPECT_EQ(compare_with_causal(causal, half), scaled_all / 2);
+  // The window changes time, not memory.
+  const StepReport c = test::evaluate(causal).report;
+  const StepReport w = test::evaluate(all).report;
+  EXPECT_EQ(w.peak_memory_bytes, c.peak_memory_bytes);
+  EXPECT_LT(w.step_time_s, c.step_time_s);
+}
+
+TEST(SlidingWindow, UPipeStagesScaleToo) {
+  const ScheduleInputs causal = inputs(CpMethod::kUPipe, "llama3-8b", 8, kSeq);
+  EXPECT_GT(compare_with_causal(causal, windowed(causal, {LayerAttention::kSliding})), 0);
+}
+
+TEST(SlidingWindow, RepeatedBlocksEqualBlocksBuiltOneByOne) {
+  // A window on every block keeps the block template; the simulated step equals the one built
+  // block by block.
+  const ScheduleInputs in =
+      windowed(inputs(CpMethod::kUlysses, "llama3-8b", 8, kSeq), {LayerAttention::kSliding});
+  BuildOptions one_by_one;
+  one_by_one.repeat_layers = false;
+  const SimResult repeated = simulate(build_step(in), in.hardware);
+  const SimResult oracle = simulate(build_step(in, one_by_one), in.hardware);
+  EXPECT_EQ(repeated.step_time_ns, oracle.step_time_ns);
+  ASSERT_EQ(repeated.memory.size(), oracle.memory.size());
+  for (std::size_t r = 0; r < oracle.memory.size(); ++r) {
+    EXPECT_EQ(repeated.memory[r].peak_bytes, oracle.memory[r].peak_bytes);
+  }
+}
+
+std::optional<ConfigIssue> issue_of(const ScheduleInputs& in) {
+  return check_head_layout(in).issue;
+}
+
+TEST(SlidingWindow, WhatIsNotModelledIsRefusedNamingTheQuantity) {
+  const std::vector<LayerAttention> all = {LayerAttention::kSliding};
+  // A ring part or FPDT's chunks.
+  ScheduleInputs ring = windowed(inputs(CpMethod::kRing, "llama3-8b", 8, kSeq), all);
+  ring.parallel.ring_degree = 8;
+  ASSERT_TRUE(issue_of(ring).has_value());
+  EXPECT_EQ(issue_of(ring)->quantity, Quantity::kAttentionWindow);
+  ScheduleInputs fpdt = windowed(inputs(CpMethod::kFpdt, "llama3-8b", 8, kSeq), all);
+  ASSERT_TRUE(issue_of(fpdt).has_value());
+  EXPECT_EQ(issue_of(fpdt)->quantity, Quantity::kAttentionWindow);
+  // Implementations that do not pass the window, or pass it wrongly.
+  ScheduleInputs upipe = windowed(inputs(CpMethod::kUPipe, "llama3-8b", 8, kSeq, 8), all);
+  EXPECT_FALSE(issue_of(upipe).has_value()) << "the scheme alone takes the window";
+  upipe.parallel.implementation = "untied-ulysses-upipe";
+  ASSERT_TRUE(issue_of(upipe).has_value());
+  EXPECT_EQ(issue_of(upipe)->quantity, Quantity::kAttentionWindow);
+  ScheduleInputs ulysses = windowed(inputs(CpMethod::kUlysses, "llama3-8b", 8, kSeq), all);
+  for (const char* impl : {"deepspeed-ulysses", "yunchang-usp", "megatron-core-cp"}) {
+    ulysses.parallel.implementation = impl;
+    EXPECT_FALSE(issue_of(ulysses).has_value()) << impl;
+  }
+  // SDPA takes a window as a mask tensor.
+  ulysses.parallel.implementation = "none";
+  ulysses.recipe.attention_kernel = "sdpa";
+  ASSERT_TRUE(issue_of(ulysses).has_value());
+  EXPECT_EQ(issue_of(ulysses)->quantity, Quantity::kAttentionWindow);
+  // A window of the whole sequence hides nothing: the ring runs it.
+  ScheduleInputs wide = ring;
+  wide.model.sliding_window = kSeq;
+  EXPECT_FALSE(issue_of(wide).has_value());
+  // Pipeline stages of blocks that differ.
+  ScheduleInputs stages = windowed(inputs(CpMethod::kUlysses, "llama3-8b", 8, kSeq),
+                                   {LayerAttention::kSliding, LayerAttention::kFull});
+  stages.parallel.pp_degree = 2;
+  stages.parallel.cp_degree = 4;
+  ASSERT_TRUE(issue_of(stages).has_value());
+  EXPECT_EQ(issue_of(stages)->quantity, Quantity::kPpDegree);
+}
+
+}  // namespace
+}  // namespace cpsim::sim
