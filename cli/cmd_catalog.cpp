@@ -21,14 +21,102 @@
 namespace cpsim::cli {
 
 CLI::App* register_models(CLI::App& app, CatalogArgs& a) {
-  CLI::App* c =
-      app.add_subcommand("models", "List the built-in models with their shapes and sizes");
+  CLI::App* c = app.add_subcommand(
+      "models",
+      "List the built-in models with their shapes and sizes, or show one model (built-in or a "
+      "config.json) as cpsim reads it");
+  c->add_option("name", a.name, "model to show in full (built-in name or config.json path)");
   c->add_flag("--json", a.json, "print JSON instead of the table");
   return c;
 }
 
+namespace {
+
+const char* activation_name(models::ActivationKind k) {
+  return k == models::ActivationKind::kSwiGlu ? "swiglu" : "geglu";
+}
+
+const char* norm_name(models::NormKind k) {
+  return k == models::NormKind::kRmsNorm ? "rmsnorm" : "layernorm";
+}
+
+// Each layer's attention as transformers' layer_types spells it.
+std::vector<std::string> layer_types(const models::TransformerSpec& m) {
+  std::vector<std::string> out;
+  for (std::int64_t l = 0; l < m.layers; ++l) {
+    out.emplace_back(m.attention_of(l) == models::LayerAttention::kSliding ? "sliding_attention"
+                                                                           : "full_attention");
+  }
+  return out;
+}
+
+// One model in full: every field cpsim read from its config and what it derives.
+int show_model(const CatalogArgs& a, const models::DataDir& data) {
+  const models::TransformerSpec m = models::load_model(a.name, data, "name");
+  const models::ParameterCount p = models::count_parameters(m);
+  const nlohmann::json window =
+      m.windowed_layers() > 0 ? nlohmann::json(m.sliding_window) : nlohmann::json(nullptr);
+  if (a.json) {
+    const nlohmann::json model = {{"name", m.name},
+                                  {"source", m.source},
+                                  {"model_type", m.model_type},
+                                  {"layers", m.layers},
+                                  {"hidden", m.hidden},
+                                  {"heads", m.heads},
+                                  {"kv_heads", m.kv_heads},
+                                  {"head_dim", m.head_dim},
+                                  {"ffn_hidden", m.ffn_hidden},
+                                  {"vocab", m.vocab},
+                                  {"tied_embeddings", m.tied_embeddings},
+                                  {"qk_norm", m.qk_norm},
+                                  {"attention_bias", m.attention_bias},
+                                  {"activation", activation_name(m.activation)},
+                                  {"norm", norm_name(m.norm)},
+                                  {"rope_theta", m.rope_theta},
+                                  {"max_position_embeddings", m.max_position_embeddings},
+                                  {"sliding_window", window},
+                                  {"layer_types", layer_types(m)},
+                                  {"parameters", p.total},
+                                  {"notes", m.notes}};
+    std::cout << nlohmann::json{{"schema_version", 1}, {"model", model}}.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("{}{}\n  source: {}\n\n", m.name,
+                           m.model_type.empty() ? "" : fmt::format(" ({})", m.model_type),
+                           m.source);
+  std::cout << fmt::format(
+      "  {} layers, hidden {}, {} query / {} key-value heads of {}, MLP {} ({}), vocabulary {}\n",
+      m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn_hidden,
+      activation_name(m.activation), m.vocab);
+  std::cout << fmt::format(
+      "  {} parameters ({:.3f} B){}{}{}\n", p.total, static_cast<double>(p.total) / 1e9,
+      m.tied_embeddings ? ", tied embeddings" : "", m.qk_norm ? ", q/k norms" : "",
+      m.attention_bias ? ", q/k/v biases" : "");
+  if (m.windowed_layers() == 0) {
+    std::cout << "  attention: causal over the whole sequence in every layer\n";
+  } else {
+    std::string pattern;
+    for (std::int64_t l = 0; l < m.layers; ++l) {
+      pattern += m.attention_of(l) == models::LayerAttention::kSliding ? 'S' : 'F';
+    }
+    std::cout << fmt::format(
+        "  attention: {} of {} layers within a {}-token sliding window (S), the others causal "
+        "(F): {}\n",
+        m.windowed_layers(), m.layers, m.sliding_window, pattern);
+  }
+  for (const std::string& note : m.notes) {
+    std::cout << fmt::format("  note: {}\n", note);
+  }
+  return 0;
+}
+
+}  // namespace
+
 int run_models(const CatalogArgs& a) {
   const models::DataDir data = data_dir();
+  if (!a.name.empty()) {
+    return show_model(a, data);
+  }
   nlohmann::json list = nlohmann::json::array();
   std::vector<std::vector<std::string>> rows;
   for (const std::string& name : models::list_builtin(data, "models")) {
@@ -57,7 +145,8 @@ int run_models(const CatalogArgs& a) {
     std::cout << format_table(
         {"model", "layers", "hidden", "heads/kv", "head_dim", "ffn", "vocab", "tied", "params"},
         rows, {false, true, true, true, true, true, true, false, true});
-    std::cout << "\nAny Hugging Face config.json path works as --model too.\n";
+    std::cout << "\nAny Hugging Face config.json path works as --model too; `cpsim models NAME` "
+                 "(or a path) shows one as cpsim reads it.\n";
   }
   return 0;
 }

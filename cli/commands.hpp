@@ -155,7 +155,7 @@ int run_calibrate(const CalibrateArgs& args);
 
 struct CatalogArgs {
   bool json = false;
-  std::string name;  // hardware: show one profile in full
+  std::string name;  // hardware, models, implementations: show one in full
 };
 CLI::App* register_models(CLI::App& app, CatalogArgs& args);
 int run_models(const CatalogArgs& args);

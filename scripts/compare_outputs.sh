@@ -60,8 +60,14 @@ else
   base_bin=$BASE_BIN
   echo "base binary: $base_bin (not rebuilt)"
 fi
-configure_and_build "$repo" "$repo/build"
-head_bin="$repo/build/cpsim"
+# HEAD_BIN=FILE compares a `cpsim` already built from the working tree (edits may go on meanwhile).
+if [[ -n "${HEAD_BIN:-}" ]]; then
+  head_bin=$HEAD_BIN
+  echo "head binary: $head_bin (not rebuilt)"
+else
+  configure_and_build "$repo" "$repo/build"
+  head_bin="$repo/build/cpsim"
+fi
 
 # One command per line; OUT/ in a command is replaced by the run's output folder.
 common="--model llama3-8b --gpus 8"

@@ -167,7 +167,9 @@ void read_attention_layers(const HfReader& hf, TransformerSpec& spec) {
     }
   }
   if (window == 0) {
-    return;  // no window: every layer attends causally to the whole sequence
+    // No window: every layer attends causally to the whole sequence, sliding_attention layers
+    // too (their attention gets a window of None: tests/models/test_hf_windows.py).
+    return;
   }
   const auto n = static_cast<std::size_t>(spec.layers);
   if (is_one_of(spec.model_type, kEveryLayerWindowTypes) ||

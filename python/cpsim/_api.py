@@ -167,9 +167,10 @@ def _catalog(command: str, name: str | None) -> Catalog:
     return Catalog(data, text, status)
 
 
-def models() -> Catalog:
-    """The built-in models (``cpsim models``): ``.models``."""
-    return _catalog("models", None)
+def models(name: str | None = None) -> Catalog:
+    """The built-in models (``cpsim models``): ``.models``; one model (built-in name or a
+    config.json path) in full as cpsim reads it: ``.model``."""
+    return _catalog("models", name)
 
 
 def hardware(name: str | None = None) -> Catalog:

@@ -279,6 +279,9 @@ TEST(HfConfig, SlidingWindowLayersFollowTheModelTypesRules) {
   EXPECT_EQ(pattern(parse(listed)), "SFSFSF");
   listed["use_sliding_window"] = false;
   EXPECT_EQ(parse(listed).windowed_layers(), 0);
+  listed.erase("use_sliding_window");
+  listed["sliding_window"] = nullptr;  // sliding_attention layers without a window: causal
+  EXPECT_EQ(parse(listed).windowed_layers(), 0);
 }
 
 TEST(HfConfig, WindowsNotReadAreRefusedNamingTheField) {

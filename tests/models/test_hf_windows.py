@@ -1,0 +1,111 @@
+"""Which layers attend within a sliding window: cpsim's reading of a config.json against the model
+code of the pinned transformers (4.57.6), run here on the CPU.
+
+For each config, a tiny model of its type is built by transformers from the same keys and run
+once with an attention function that records the `sliding_window` each layer's attention call
+hands to the kernel (what flash_attention_2 turns into window_size). cpsim reads the file with
+`cpsim models PATH --json`; its `layer_types` and `sliding_window` must be what the code does.
+
+Environment: CPSIM_BIN (the cpsim executable; default build/cpsim).
+"""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CPSIM = os.path.abspath(os.environ.get("CPSIM_BIN", os.path.join(ROOT, "build", "cpsim")))
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 128,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "pad_token_id": 0,
+}
+SLIDE, FULL = "sliding_attention", "full_attention"
+
+CASES = [
+    ("mistral", {"sliding_window": 512}),
+    ("mistral", {"sliding_window": None}),
+    # Mistral's code ignores layer_types: every layer slides.
+    ("mistral", {"sliding_window": 512, "layer_types": [FULL] * 6}),
+    ("phi3", {"sliding_window": 256}),
+    ("qwen2", {"sliding_window": 512, "max_window_layers": 4}),
+    ("qwen2", {"sliding_window": 512, "max_window_layers": 4, "use_sliding_window": True}),
+    ("qwen2", {"sliding_window": 512, "use_sliding_window": True}),
+    ("qwen3", {"sliding_window": 512, "max_window_layers": 2, "use_sliding_window": True}),
+    (
+        "qwen3",
+        {
+            "sliding_window": 512,
+            "use_sliding_window": True,
+            "layer_types": [SLIDE, FULL, SLIDE, FULL, SLIDE, FULL],
+        },
+    ),
+    ("ministral", {"sliding_window": 128}),
+    ("ministral", {"sliding_window": 128, "layer_types": [FULL, FULL, SLIDE, SLIDE, FULL, SLIDE]}),
+    ("qwen2", {"sliding_window": 512, "layer_types": [SLIDE] * 6}),
+    # sliding_attention layers without a window attend to the whole sequence.
+    ("ministral", {"sliding_window": None, "layer_types": [SLIDE] * 6}),
+]
+
+
+def traced_windows(model_type, keys):
+    """The sliding_window each layer's attention call receives, from transformers' own model."""
+    from transformers import AttentionInterface, AutoConfig, AutoModel
+
+    seen = {}
+
+    def record(module, query, key, value, attention_mask, sliding_window=None, **kwargs):
+        seen[module.layer_idx] = sliding_window
+        batch, heads, tokens, dim = query.shape
+        return torch.zeros(batch, tokens, heads, dim, dtype=query.dtype), None
+
+    AttentionInterface.register("cpsim_record", record)
+    config = AutoConfig.for_model(model_type, **TINY, **keys)
+    config._attn_implementation = "cpsim_record"
+    model = AutoModel.from_config(config).eval()
+    with torch.no_grad():
+        model(input_ids=torch.zeros(1, 8, dtype=torch.long), use_cache=False)  # as in training
+    return [seen[i] for i in range(TINY["num_hidden_layers"])]
+
+
+def cpsim_windows(model_type, keys, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": model_type, **TINY, **keys}))
+    r = subprocess.run([CPSIM, "models", str(path), "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    model = json.loads(r.stdout)["model"]
+    window = model["sliding_window"]
+    return [window if t == SLIDE else None for t in model["layer_types"]]
+
+
+@pytest.mark.parametrize("model_type,keys", CASES)
+def test_cpsim_reads_the_windows_the_model_code_runs(model_type, keys, tmp_path):
+    assert cpsim_windows(model_type, keys, tmp_path) == traced_windows(model_type, keys)
+
+
+def test_the_builtin_mistral_slides_every_layer_by_its_code(tmp_path):
+    with open(os.path.join(ROOT, "data", "models", "mistral-7b-v0.1.json")) as f:
+        config = json.load(f)
+    keys = {k: config[k] for k in ("sliding_window",)}
+    assert cpsim_windows("mistral", keys, tmp_path) == traced_windows("mistral", keys)
+    r = subprocess.run(
+        [CPSIM, "models", "mistral-7b-v0.1", "--json"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    model = json.loads(r.stdout)["model"]
+    assert model["layer_types"] == [SLIDE] * config["num_hidden_layers"]
+    assert model["sliding_window"] == 4096
