@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -40,6 +41,14 @@ const char* norm_name(models::NormKind k) {
   return k == models::NormKind::kRmsNorm ? "rmsnorm" : "layernorm";
 }
 
+// The shape fields every listing shows (JSON objects print their keys sorted).
+nlohmann::json shape_json(const models::TransformerSpec& m) {
+  return {{"layers", m.layers},     {"hidden", m.hidden},
+          {"heads", m.heads},       {"kv_heads", m.kv_heads},
+          {"head_dim", m.head_dim}, {"ffn_hidden", m.ffn_hidden},
+          {"vocab", m.vocab},       {"tied_embeddings", m.tied_embeddings}};
+}
+
 // Each layer's attention as transformers' layer_types spells it.
 std::vector<std::string> layer_types(const models::TransformerSpec& m) {
   std::vector<std::string> out;
@@ -57,27 +66,20 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
   const nlohmann::json window =
       m.windowed_layers() > 0 ? nlohmann::json(m.sliding_window) : nlohmann::json(nullptr);
   if (a.json) {
-    const nlohmann::json model = {{"name", m.name},
-                                  {"source", m.source},
-                                  {"model_type", m.model_type},
-                                  {"layers", m.layers},
-                                  {"hidden", m.hidden},
-                                  {"heads", m.heads},
-                                  {"kv_heads", m.kv_heads},
-                                  {"head_dim", m.head_dim},
-                                  {"ffn_hidden", m.ffn_hidden},
-                                  {"vocab", m.vocab},
-                                  {"tied_embeddings", m.tied_embeddings},
-                                  {"qk_norm", m.qk_norm},
-                                  {"attention_bias", m.attention_bias},
-                                  {"activation", activation_name(m.activation)},
-                                  {"norm", norm_name(m.norm)},
-                                  {"rope_theta", m.rope_theta},
-                                  {"max_position_embeddings", m.max_position_embeddings},
-                                  {"sliding_window", window},
-                                  {"layer_types", layer_types(m)},
-                                  {"parameters", p.total},
-                                  {"notes", m.notes}};
+    nlohmann::json model = shape_json(m);
+    model.update({{"name", m.name},
+                  {"source", m.source},
+                  {"model_type", m.model_type},
+                  {"qk_norm", m.qk_norm},
+                  {"attention_bias", m.attention_bias},
+                  {"activation", activation_name(m.activation)},
+                  {"norm", norm_name(m.norm)},
+                  {"rope_theta", m.rope_theta},
+                  {"max_position_embeddings", m.max_position_embeddings},
+                  {"sliding_window", window},
+                  {"layer_types", layer_types(m)},
+                  {"parameters", p.total},
+                  {"notes", m.notes}});
     std::cout << nlohmann::json{{"schema_version", 1}, {"model", model}}.dump(2) << "\n";
     return 0;
   }
@@ -122,17 +124,9 @@ int run_models(const CatalogArgs& a) {
   for (const std::string& name : models::list_builtin(data, "models")) {
     const models::TransformerSpec m = models::load_model(name, data);
     const models::ParameterCount p = models::count_parameters(m);
-    list.push_back({{"name", name},
-                    {"layers", m.layers},
-                    {"hidden", m.hidden},
-                    {"heads", m.heads},
-                    {"kv_heads", m.kv_heads},
-                    {"head_dim", m.head_dim},
-                    {"ffn_hidden", m.ffn_hidden},
-                    {"vocab", m.vocab},
-                    {"tied_embeddings", m.tied_embeddings},
-                    {"parameters", p.total},
-                    {"source", m.source}});
+    nlohmann::json entry = shape_json(m);
+    entry.update({{"name", name}, {"parameters", p.total}, {"source", m.source}});
+    list.push_back(std::move(entry));
     rows.push_back({name, std::to_string(m.layers), std::to_string(m.hidden),
                     fmt::format("{}/{}", m.heads, m.kv_heads), std::to_string(m.head_dim),
                     std::to_string(m.ffn_hidden), std::to_string(m.vocab),
