@@ -80,7 +80,18 @@ class HfReader {
 constexpr std::array<std::string_view, 11> kPlainMlpModelTypes = {
     "gpt2", "gpt_neo", "gpt_neox", "gptj",  "gpt_bigcode", "starcoder2",
     "phi",  "falcon",  "opt",      "bloom", "mpt"};
-constexpr std::array<std::string_view, 1> kGeGluModelTypes = {"gemma"};
+constexpr std::array<std::string_view, 2> kGeGluModelTypes = {"gemma", "gemma3_text"};
+
+// Gemma 3's text model (transformers 4.57.6 models/gemma3): Gemma3TextConfig's defaults for the
+// keys a published text_config leaves out (configuration_gemma3.py:171-197), and its block: q/k
+// norms, a norm after the attention and after the MLP besides the two before them
+// (modeling_gemma3.py:354-356, 388-400), the MLP's act from `hidden_activation`
+// (modeling_gemma3.py:119).
+constexpr std::string_view kGemma3Text = "gemma3_text";
+constexpr std::int64_t kGemma3DefaultWindow = 4096;
+constexpr std::int64_t kGemma3DefaultPattern = 6;  // `sliding_window_pattern`
+constexpr double kGemma3DefaultRopeTheta = 1e6;
+constexpr std::int64_t kGemma3DefaultMaxPositions = 131072;
 
 bool is_one_of(std::string_view value, std::span<const std::string_view> names) {
   return std::find(names.begin(), names.end(), value) != names.end();
@@ -126,6 +137,9 @@ constexpr std::int64_t kQwenDefaultMaxWindowLayers = 28;  // Qwen2Config, Qwen3C
 
 std::int64_t read_window(const HfReader& hf, const std::string& model_type) {
   const Json* window = hf.optional("sliding_window");
+  if (window == nullptr && model_type == kGemma3Text) {
+    return kGemma3DefaultWindow;  // Gemma3TextConfig's default
+  }
   if (window == nullptr || window->is_null()) {
     return 0;
   }
@@ -168,7 +182,7 @@ void read_attention_layers(const HfReader& hf, TransformerSpec& spec) {
   }
   if (window == 0) {
     // No window: every layer attends causally to the whole sequence, sliding_attention layers
-    // too (their attention gets a window of None: tests/models/test_hf_windows.py).
+    // too (their attention gets a window of None: tests/models/test_hf_models.py).
     return;
   }
   const auto n = static_cast<std::size_t>(spec.layers);
@@ -183,6 +197,23 @@ void read_attention_layers(const HfReader& hf, TransformerSpec& spec) {
     layers.assign(n, LayerAttention::kFull);
     for (std::int64_t i = std::max<std::int64_t>(from, 0); i < spec.layers; ++i) {
       layers[static_cast<std::size_t>(i)] = LayerAttention::kSliding;
+    }
+  } else if (types == nullptr && spec.model_type == kGemma3Text) {
+    // Gemma3TextConfig: every `sliding_window_pattern`-th layer full (configuration_gemma3.py:
+    // 236-242; re-saved configs also write `_sliding_window_pattern`).
+    std::int64_t pattern = kGemma3DefaultPattern;
+    for (const char* key : {"sliding_window_pattern", "_sliding_window_pattern"}) {
+      if (const Json* value = hf.optional(key)) {
+        pattern = json_integer(*value, hf.field(key));
+        break;
+      }
+    }
+    if (pattern <= 0) {
+      throw InputError(hf.field("sliding_window_pattern"),
+                       fmt::format("must be positive, got {}", pattern));
+    }
+    for (std::int64_t i = 0; i < spec.layers; ++i) {
+      layers.push_back((i + 1) % pattern != 0 ? LayerAttention::kSliding : LayerAttention::kFull);
     }
   } else if (types == nullptr) {
     throw InputError(hf.field("sliding_window"),
@@ -226,6 +257,29 @@ void read_shape(const HfReader& hf, TransformerSpec& spec) {
   }
 }
 
+// Gemma 3's text model: its activation key and the class defaults of what a text_config omits.
+void read_gemma3_text(const HfReader& hf, TransformerSpec& spec) {
+  std::string act = "gelu_pytorch_tanh";
+  if (const Json* value = hf.optional("hidden_activation")) {
+    act = json_string(*value, hf.field("hidden_activation"));
+  }
+  spec.activation = parse_activation(act, spec.model_type, hf.field("hidden_activation"));
+  if (hf.optional("tie_word_embeddings") == nullptr) {
+    spec.tied_embeddings = true;
+  }
+  if (hf.optional("max_position_embeddings") == nullptr) {
+    spec.max_position_embeddings = kGemma3DefaultMaxPositions;
+  }
+  spec.notes.emplace_back(
+      "Gemma 3: the embedding's scaling by sqrt(hidden) (one elementwise op on the embeddings) is "
+      "not modelled");
+  if (const Json* both = hf.optional("use_bidirectional_attention");
+      both != nullptr && json_bool(*both, hf.field("use_bidirectional_attention"))) {
+    throw InputError(hf.field("use_bidirectional_attention"),
+                     "bidirectional attention is not modelled: cpsim simulates causal attention");
+  }
+}
+
 // Tied embeddings, context, biases, activation, model type (Qwen3's q/k norms).
 void read_architecture(const HfReader& hf, TransformerSpec& spec) {
   if (const Json* tie = hf.optional("tie_word_embeddings")) {
@@ -239,7 +293,8 @@ void read_architecture(const HfReader& hf, TransformerSpec& spec) {
   }
   if (const Json* model_type = hf.optional("model_type")) {
     spec.model_type = json_string(*model_type, hf.field("model_type"));
-    spec.qk_norm = spec.model_type == "qwen3";
+    spec.qk_norm = spec.model_type == "qwen3" || spec.model_type == kGemma3Text;
+    spec.post_sublayer_norms = spec.model_type == kGemma3Text;
     if (is_one_of(spec.model_type, kPlainMlpModelTypes)) {
       throw InputError(hf.field("model_type"),
                        fmt::format("{} models have a plain two-matrix MLP; only gated MLPs "
@@ -247,7 +302,9 @@ void read_architecture(const HfReader& hf, TransformerSpec& spec) {
                                    spec.model_type));
     }
   }
-  if (const Json* act = hf.optional("hidden_act")) {
+  if (spec.model_type == kGemma3Text) {
+    read_gemma3_text(hf, spec);
+  } else if (const Json* act = hf.optional("hidden_act")) {
     spec.activation = parse_activation(json_string(*act, hf.field("hidden_act")), spec.model_type,
                                        hf.field("hidden_act"));
   }
@@ -255,6 +312,9 @@ void read_architecture(const HfReader& hf, TransformerSpec& spec) {
 
 void read_rope(const HfReader& hf, TransformerSpec& spec) {
   // RoPE: legacy rope_theta (+ rope_scaling), or transformers v5 rope_parameters, which wins.
+  if (spec.model_type == kGemma3Text) {
+    spec.rope_theta = kGemma3DefaultRopeTheta;  // the global layers'; local ones use 1e4
+  }
   if (const Json* theta = hf.optional("rope_theta")) {
     spec.rope_theta = json_number(*theta, hf.field("rope_theta"));
   }

@@ -74,6 +74,14 @@ void check_modelled_architecture(const Json& config, const std::string& origin) 
       }
     }
   }
+  // Gemma 2's final soft-capping: logits / c, tanh, × c over the [s, V] logits before the loss
+  // (transformers 4.57.6 modeling_gemma2.py, modeling_gemma3.py:675-678), whose tensors the loss
+  // model does not hold.
+  if (const auto it = config.find("final_logit_softcapping"); it != config.end() && !is_off(*it)) {
+    throw InputError(field_of(origin, "final_logit_softcapping"),
+                     "soft-capping of the logits (tanh over the [s, V] logits before the loss) is "
+                     "not modelled");
+  }
   // Biases in the MLP and LayerNorm (mean and bias) are not in the block cpsim builds.
   if (const auto it = config.find("mlp_bias"); it != config.end() && !is_off(*it)) {
     throw InputError(field_of(origin, "mlp_bias"),

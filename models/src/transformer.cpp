@@ -111,7 +111,9 @@ ParameterCount count_parameters(const TransformerSpec& spec) {
     count.attention_per_layer += 2 * spec.head_dim;
   }
   count.mlp_per_layer = mlp_matmul_weights(spec);
-  count.per_layer = count.attention_per_layer + count.mlp_per_layer + 2 * norm_weights(spec);
+  const std::int64_t norms_per_layer = spec.post_sublayer_norms ? 4 : 2;
+  count.per_layer =
+      count.attention_per_layer + count.mlp_per_layer + norms_per_layer * norm_weights(spec);
   count.embedding = spec.vocab * spec.hidden;
   count.lm_head = spec.tied_embeddings || !spec.has_output_layer ? 0 : spec.vocab * spec.hidden;
   count.final_norm = spec.has_output_layer ? norm_weights(spec) : 0;

@@ -203,7 +203,8 @@ TensorSet StepBuilder::mlp_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
   const std::int64_t h = m_.hidden;
   const std::int64_t f = m_.ffn_hidden;
   TensorSet mlp_out =
-      b_.tensor("mlp_out", shape_.local_tokens * h * shape_.activation_bytes, MemCategory::kOther);
+      b_.tensor("mlp_out", shape_.local_tokens * h * shape_.activation_bytes,
+                shape_.tp == 1 ? post_norm_input_category(grad) : MemCategory::kOther);
   if (r_.tiled_mlp) {
     // Tiles of `tile_` tokens; only one tile's intermediates (gate, up, act) are live at a time.
     const KernelCost one =
@@ -244,6 +245,53 @@ TensorSet StepBuilder::mlp_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
   return mlp_out;
 }
 
+// Gemma 3's post_attention_layernorm and post_feedforward_layernorm (modeling_gemma3.py:388-400,
+// transformers 4.57.6): residual + norm(sub-block(norm(x))). Each is an RMSNorm like the pre-norms
+// (the same kernel, cost and saved tensors: norm_cost, norm_saved_bytes) on the sub-block's
+// output, which its backward reads: that output is kept from the forward to the backward.
+MemCategory StepBuilder::post_norm_input_category(bool grad) const {
+  return m_.post_sublayer_norms && grad ? MemCategory::kActivations : MemCategory::kOther;
+}
+
+TensorSet StepBuilder::post_norm(
+    const char* name, TensorSet in, bool grad, TensorSet& kept_in, TensorSet& kept) {
+  if (!m_.post_sublayer_norms) {
+    return in;
+  }
+  const std::int64_t h = m_.hidden;
+  const std::int64_t act_bytes = shape_.sp_tokens * h * shape_.activation_bytes;
+  TensorSet out = b_.tensor(name, act_bytes, MemCategory::kOther);
+  std::vector<TensorSet> outs = {out};
+  if (const std::int64_t saved = norm_saved_bytes(shape_.sp_tokens, h); saved > 0 && grad) {
+    kept = b_.tensor(name, saved, MemCategory::kActivations);
+    outs.push_back(kept);
+  }
+  compute(name, OpKind::kElementwise, norm_cost(shape_.sp_tokens * h, 2 * act_bytes, false), {in},
+          std::move(outs), {}, norm_workspace());
+  if (grad) {
+    kept_in = in;
+  }
+  return out;
+}
+
+TensorSet StepBuilder::post_norm_backward(const char* name,
+                                          TensorSet d_out,
+                                          TensorSet in,
+                                          TensorSet kept) {
+  if (!m_.post_sublayer_norms) {
+    return d_out;
+  }
+  const std::int64_t act_bytes = shape_.sp_tokens * m_.hidden * shape_.activation_bytes;
+  TensorSet d_in = b_.tensor(name, act_bytes, MemCategory::kOther);
+  std::vector<TensorSet> ins = {d_out, in};
+  if (kept.valid()) {
+    ins.push_back(kept);
+  }
+  compute(name, OpKind::kElementwise, norm_cost(shape_.sp_tokens * m_.hidden, 4 * act_bytes, true),
+          std::move(ins), {d_in}, {}, norm_workspace());
+  return d_in;
+}
+
 SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) {
   const std::int64_t h = m_.hidden;
   const std::int64_t act_bytes = shape_.sp_tokens * h * shape_.activation_bytes;
@@ -268,7 +316,8 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
   }
   // Output projection and residual.
   TensorSet attn_out =
-      b_.tensor("attn_out", shape_.local_tokens * h * shape_.activation_bytes, MemCategory::kOther);
+      b_.tensor("attn_out", shape_.local_tokens * h * shape_.activation_bytes,
+                shape_.tp == 1 ? post_norm_input_category(grad) : MemCategory::kOther);
   // FP8 (TransformerEngine Linear, linear.py:595-616 @ d0067d0): each Linear saves the column-wise
   // FP8 copy of its input for wgrad, 1 byte per element, and not its bf16 input. The output
   // projection's input is also the attention's saved output (kept in bf16 as before): its FP8
@@ -282,7 +331,8 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
   }
   compute("o_proj", OpKind::kGemm, linear_fwd(shape_.local_tokens, h, m_.q_width(), grad),
           {sv.o, params}, std::move(o_proj_out), {sv.attn_ready});
-  attn_out = tp_exchange("tp_rs.attn_out", attn_out, false);
+  attn_out = tp_exchange("tp_rs.attn_out", attn_out, false, post_norm_input_category(grad));
+  attn_out = post_norm("post_attn_norm", attn_out, grad, sv.post_attn_in, sv.post_attn_saved);
   sv.h1 = b_.tensor("h1", act_bytes, MemCategory::kActivations);
   compute("residual1", OpKind::kElementwise, mem(3 * act_bytes), {x, attn_out}, {sv.h1});
   sv.h1n = b_.tensor("h1n", act_bytes, MemCategory::kActivations);
@@ -298,7 +348,8 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
     sv.h1n = h1n;
   }
   TensorSet mlp_out = mlp_forward(sv, h1n, params, grad);
-  mlp_out = tp_exchange("tp_rs.mlp_out", mlp_out, false);
+  mlp_out = tp_exchange("tp_rs.mlp_out", mlp_out, false, post_norm_input_category(grad));
+  mlp_out = post_norm("post_mlp_norm", mlp_out, grad, sv.post_mlp_in, sv.post_mlp_saved);
   sv.out = b_.tensor("block_out", act_bytes, MemCategory::kActivations);
   sv.last_op =
       compute("residual2", OpKind::kElementwise, mem(3 * act_bytes), {sv.h1, mlp_out}, {sv.out});
@@ -368,7 +419,9 @@ TensorSet StepBuilder::layer_backward(
   // with the wgrad GEMM (layers.py:700-707, async_op): the untiled MLP's gate/up wgrad is an op of
   // its own for that; the Q/K/V backward is the scheme's one op, so its reduce-scatter is exposed
   // (a limit noted with the results).
-  const TensorSet dy_full = tp_exchange("tp_ag.dy", dy, true);
+  const TensorSet d_mlp_out =
+      post_norm_backward("post_mlp_norm_bwd", dy, sv.post_mlp_in, sv.post_mlp_saved);
+  const TensorSet dy_full = tp_exchange("tp_ag.dy", d_mlp_out, true);
   const TensorSet h1n = tp_regather_ ? tp_exchange("tp_ag.h1n(re)", sv.h1n, true) : sv.h1n;
   TensorSet dh1n = mlp_backward(sv, dy_full, h1n, params, grads);
   dh1n = tp_exchange("tp_rs.dh1n", dh1n, false);
@@ -381,7 +434,9 @@ TensorSet StepBuilder::layer_backward(
   compute("norm2_bwd", OpKind::kElementwise, norm_cost(shape_.sp_tokens * h, 4 * act_bytes, true),
           std::move(norm2_in), {dh1}, {}, norm_workspace());
   // Output projection backward: dO = dh1 · Woᵀ, and its weight gradient.
-  const TensorSet dh1_full = tp_exchange("tp_ag.dh1", dh1, true);
+  const TensorSet d_attn_out =
+      post_norm_backward("post_attn_norm_bwd", dh1, sv.post_attn_in, sv.post_attn_saved);
+  const TensorSet dh1_full = tp_exchange("tp_ag.dh1", d_attn_out, true);
   SavedLayer regathered;
   if (shape_.tp > 1 && tp_regather_) {
     regathered = sv;

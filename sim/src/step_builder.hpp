@@ -28,6 +28,9 @@ struct SavedLayer {
   // What the norms keep for backward beyond their input and output (eager RMSNorm: fp32 input and
   // bf16 normalised tensor), and the inputs of Qwen3's q/k norms.
   TensorSet norm1_saved, norm2_saved, qk_norm_saved;
+  // post_sublayer_norms (Gemma 3): the attention's and the MLP's outputs (the post-norms'
+  // inputs) and what those norms keep beyond them.
+  TensorSet post_attn_in, post_attn_saved, post_mlp_in, post_mlp_saved;
   // Ulysses family (ulysses, usp, ring, allgather): head-sharded Q and K/V, output, LSE; and the
   // local Q and K/V after RoPE, input of selective recomputation.
   TensorSet q_local, kv_local;
@@ -264,6 +267,16 @@ class StepBuilder : private OpEmitter, private KernelCosts {
   double whole_share() const {
     return in_.documents.empty() ? layer_window_share_ : in_.documents.total_factor();
   }
+  /// post_sublayer_norms: the norm of a sub-block's output `in` (sequence-parallel [s/T, h])
+  /// before its residual; keeps `in` and the norm's saved tensors in `kept_in`/`kept` when
+  /// `grad`. Returns `in` itself without post-norms.
+  TensorSet post_norm(
+      const char* name, TensorSet in, bool grad, TensorSet& kept_in, TensorSet& kept);
+  /// The category of a sub-block's output: an activation when a post-norm keeps it for backward.
+  MemCategory post_norm_input_category(bool grad) const;
+  /// Its backward: the gradient of the sub-block's output from `d_out`; `d_out` itself without
+  /// post-norms.
+  TensorSet post_norm_backward(const char* name, TensorSet d_out, TensorSet in, TensorSet kept);
   /// Enters block `layer`: its attention's window share (whole_share).
   void enter_layer(int layer);
   std::vector<double> allgather_times(std::int64_t hq, bool backward, double* flops) const;

@@ -245,7 +245,7 @@ json small_config(const std::string& model_type) {
 }
 
 // transformers 4.57.6's rules, checked against its config classes by
-// tests/models/test_hf_windows.py.
+// tests/models/test_hf_models.py.
 TEST(HfConfig, SlidingWindowLayersFollowTheModelTypesRules) {
   json mistral = small_config("mistral");
   mistral["sliding_window"] = 4096;
@@ -282,6 +282,40 @@ TEST(HfConfig, SlidingWindowLayersFollowTheModelTypesRules) {
   listed.erase("use_sliding_window");
   listed["sliding_window"] = nullptr;  // sliding_attention layers without a window: causal
   EXPECT_EQ(parse(listed).windowed_layers(), 0);
+}
+
+TEST(HfConfig, Gemma3TextModel) {
+  // google/gemma-3-27b-pt's text_config (REFERENCES.md [HF-config-gemma3]); what it leaves out
+  // takes Gemma3TextConfig's defaults.
+  json gemma = json::parse(R"({"model_type": "gemma3_text", "head_dim": 128, "hidden_size": 5376,
+    "intermediate_size": 21504, "num_attention_heads": 32, "num_hidden_layers": 62,
+    "num_key_value_heads": 16, "query_pre_attn_scalar": 168, "sliding_window": 1024,
+    "vocab_size": 262208, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}})");
+  const TransformerSpec spec = parse(gemma);
+  EXPECT_TRUE(spec.qk_norm);
+  EXPECT_TRUE(spec.post_sublayer_norms);
+  EXPECT_TRUE(spec.tied_embeddings);  // the class default
+  EXPECT_EQ(spec.activation, ActivationKind::kGeGlu);
+  EXPECT_EQ(spec.sliding_window, 1024);
+  EXPECT_EQ(spec.windowed_layers(), 52);  // every 6th of 62 layers full: 10
+  EXPECT_EQ(pattern(spec).substr(0, 12), "SSSSSFSSSSSF");
+  EXPECT_DOUBLE_EQ(spec.rope_theta, 1e6);
+  // By hand: attention 3 · 5376·4096 + 2·128 (q/k norms) = 66,060,544; MLP 3·5376·21504 =
+  // 346,816,512; four norms 4·5376; 62 layers, the tied embedding 262208·5376 and the final norm.
+  const ParameterCount p = count_parameters(spec);
+  EXPECT_EQ(p.per_layer, 66'060'544 + 346'816'512 + 4 * 5376);
+  EXPECT_EQ(p.total, 62 * p.per_layer + 262'208LL * 5376 + 5376);
+  EXPECT_EQ(p.total, 27'009'346'304);
+
+  json defaults = gemma;
+  defaults.erase("sliding_window");
+  EXPECT_EQ(parse(defaults).sliding_window, 4096);
+  json both_ways = gemma;
+  both_ways["use_bidirectional_attention"] = true;
+  EXPECT_EQ(error_field(both_ways), "llama.json:use_bidirectional_attention");
+  json capped = gemma;
+  capped["final_logit_softcapping"] = 30.0;
+  EXPECT_EQ(error_field(capped), "llama.json:final_logit_softcapping");
 }
 
 TEST(HfConfig, WindowsNotReadAreRefusedNamingTheField) {

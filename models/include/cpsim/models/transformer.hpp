@@ -31,7 +31,11 @@ struct TransformerSpec {
   /// The final norm, LM head and loss: false for the share of a pipeline stage other than the last
   /// (sim::make_pipeline_stage); a whole model has them.
   bool has_output_layer = true;
-  bool qk_norm = false;  ///< per-head RMSNorm on q and k (Qwen3)
+  bool qk_norm = false;  ///< per-head RMSNorm on q and k (Qwen3, Gemma 3)
+  /// A norm on the attention's and the MLP's outputs before each residual, besides the norms on
+  /// their inputs (Gemma 2/3: post_attention_layernorm, post_feedforward_layernorm): four norms
+  /// per layer.
+  bool post_sublayer_norms = false;
   /// The Hugging Face config's `model_type` ("llama", "qwen3"); empty when the config has none.
   /// Frameworks run different model code per type (TorchTitan's RoPE: TrainingRecipe).
   std::string model_type;
@@ -76,7 +80,8 @@ struct TransformerSpec {
 ///   attention  = h·(H·d) [Wq] + 2·h·(H_kv·d) [Wk, Wv] + (H·d)·h [Wo] (+ biases H·d + 2·H_kv·d)
 ///              (+ 2·d for q/k RMSNorm weights when qk_norm)
 ///   mlp        = 3·h·f (gate, up, down), SwiGLU and GeGLU alike
-///   norms      = 2·h per layer (RMSNorm weight; LayerNorm adds a bias: 4·h)
+///   norms      = 2·h per layer (RMSNorm weight; LayerNorm adds a bias: 4·h), twice that with
+///                post_sublayer_norms
 ///   embeddings = V·h, plus V·h for the LM head unless tied, plus h for the final norm (neither
 ///                the LM head nor the final norm without the output layer: has_output_layer).
 struct ParameterCount {

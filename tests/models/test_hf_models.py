@@ -1,10 +1,11 @@
-"""Which layers attend within a sliding window: cpsim's reading of a config.json against the model
-code of the pinned transformers (4.57.6), run here on the CPU.
+"""cpsim's reading of a config.json against the model code of the pinned transformers (4.57.6),
+run here on the CPU.
 
-For each config, a tiny model of its type is built by transformers from the same keys and run
-once with an attention function that records the `sliding_window` each layer's attention call
+Windows: for each config, a tiny model of its type is built by transformers from the same keys and
+run once with an attention function that records the `sliding_window` each layer's attention call
 hands to the kernel (what flash_attention_2 turns into window_size). cpsim reads the file with
 `cpsim models PATH --json`; its `layer_types` and `sliding_window` must be what the code does.
+Parameters: cpsim's count must be the number of parameters of the model transformers builds.
 
 Environment: CPSIM_BIN (the cpsim executable; default build/cpsim).
 """
@@ -59,6 +60,22 @@ CASES = [
     ("qwen2", {"sliding_window": 512, "layer_types": [SLIDE] * 6}),
     # sliding_attention layers without a window attend to the whole sequence.
     ("ministral", {"sliding_window": None, "layer_types": [SLIDE] * 6}),
+    # Gemma 3's text model: every 6th layer full by default, its window 4096 by default.
+    ("gemma3_text", {"sliding_window": 1024}),
+    ("gemma3_text", {}),
+    ("gemma3_text", {"sliding_window": 512, "sliding_window_pattern": 3}),
+    (
+        "gemma3_text",
+        {"sliding_window": 512, "layer_types": [FULL, SLIDE, SLIDE, FULL, SLIDE, FULL]},
+    ),
+]
+# Model types whose parameters cpsim counts, against the model transformers builds.
+COUNTED = [
+    ("llama", {}),
+    ("qwen3", {}),
+    ("mistral", {"sliding_window": 512}),
+    ("gemma3_text", {"hidden_activation": "gelu_pytorch_tanh"}),
+    ("gemma3_text", {"tie_word_embeddings": False}),
 ]
 
 
@@ -109,3 +126,19 @@ def test_the_builtin_mistral_slides_every_layer_by_its_code(tmp_path):
     model = json.loads(r.stdout)["model"]
     assert model["layer_types"] == [SLIDE] * config["num_hidden_layers"]
     assert model["sliding_window"] == 4096
+
+
+@pytest.mark.parametrize("model_type,keys", COUNTED)
+def test_cpsim_counts_the_parameters_transformers_builds(model_type, keys, tmp_path):
+    """Every weight of the block (Gemma 3: four norms and q/k norms per layer) and the tied or
+    untied LM head: cpsim's count is the number of parameters of transformers' own model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, **TINY, **keys)
+    model = AutoModelForCausalLM.from_config(config)
+    built = sum(p.numel() for p in model.parameters())  # tied weights are one parameter
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": model_type, **TINY, **keys}))
+    r = subprocess.run([CPSIM, "models", str(path), "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model"]["parameters"] == built
