@@ -8,6 +8,7 @@
 
 #include "cpsim/sim/schedule.hpp"
 
+#include "block_oracle.hpp"
 #include "evaluate_step.hpp"
 #include "helpers.hpp"
 
@@ -69,15 +70,7 @@ TEST(PostSublayerNorms, TwoNormsMorePerBlockAndTheirInputsKept) {
 TEST(PostSublayerNorms, RepeatedBlocksEqualBlocksBuiltOneByOne) {
   ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, kSeq);
   in.model.post_sublayer_norms = true;
-  BuildOptions one_by_one;
-  one_by_one.repeat_layers = false;
-  const SimResult repeated = simulate(build_step(in), in.hardware);
-  const SimResult oracle = simulate(build_step(in, one_by_one), in.hardware);
-  EXPECT_EQ(repeated.step_time_ns, oracle.step_time_ns);
-  ASSERT_EQ(repeated.memory.size(), oracle.memory.size());
-  for (std::size_t r = 0; r < oracle.memory.size(); ++r) {
-    EXPECT_EQ(repeated.memory[r].peak_bytes, oracle.memory[r].peak_bytes);
-  }
+  test::expect_repeated_blocks_equal_oracle(in);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "cpsim/sim/engine.hpp"
 #include "cpsim/sim/schedule.hpp"
 
+#include "block_oracle.hpp"
 #include "evaluate_step.hpp"
 #include "helpers.hpp"
 
@@ -95,15 +96,7 @@ TEST(SlidingWindow, RepeatedBlocksEqualBlocksBuiltOneByOne) {
   // block by block.
   const ScheduleInputs in =
       windowed(inputs(CpMethod::kUlysses, "llama3-8b", 8, kSeq), {LayerAttention::kSliding});
-  BuildOptions one_by_one;
-  one_by_one.repeat_layers = false;
-  const SimResult repeated = simulate(build_step(in), in.hardware);
-  const SimResult oracle = simulate(build_step(in, one_by_one), in.hardware);
-  EXPECT_EQ(repeated.step_time_ns, oracle.step_time_ns);
-  ASSERT_EQ(repeated.memory.size(), oracle.memory.size());
-  for (std::size_t r = 0; r < oracle.memory.size(); ++r) {
-    EXPECT_EQ(repeated.memory[r].peak_bytes, oracle.memory[r].peak_bytes);
-  }
+  test::expect_repeated_blocks_equal_oracle(in);
 }
 
 std::optional<ConfigIssue> issue_of(const ScheduleInputs& in) {
