@@ -101,6 +101,17 @@ double window_share(std::int64_t n, std::int64_t w) {
   return n <= 0 ? 1.0 : causal_window_area(n, w) / (static_cast<double>(n) * n / 2.0);
 }
 
+double window_share(std::int64_t q, std::int64_t k, std::int64_t w) {
+  if (q <= 0 || w >= k) {
+    return 1.0;
+  }
+  const auto qd = static_cast<double>(q), kd = static_cast<double>(k), wd = static_cast<double>(w);
+  const double first = kd - qd;  // the first query's position
+  const double causal = qd * kd - qd * qd / 2.0;
+  const double windowed = wd <= first ? qd * wd : (wd * wd - first * first) / 2.0 + (kd - wd) * wd;
+  return windowed / causal;
+}
+
 ParameterCount count_parameters(const TransformerSpec& spec) {
   ParameterCount count;
   count.attention_per_layer = attention_matmul_weights(spec);

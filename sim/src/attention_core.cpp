@@ -513,8 +513,14 @@ std::vector<double> StepBuilder::allgather_times(std::int64_t hq,
     const double share = in_.documents.empty() ? 1.0 : in_.documents.position_factor(position);
     for (const AttentionShape& s :
          allgather_calls(in_.parallel, position, shape_.seq_tokens, shape_.ring, hq, d)) {
+      // A windowed block: each call's queries see only the window's keys of the gathered prefix
+      // (TransformerEngine's all_gather and FlexAttention's CP compute only those; the gather
+      // itself is whole).
+      const double window = layer_window_tokens_ > 0
+                                ? models::window_share(s.q_len, s.kv_len, layer_window_tokens_)
+                                : 1.0;
       const KernelCost k =
-          masked(backward ? cost_.attention_bwd(s) : cost_.attention_fwd(s), share);
+          masked(backward ? cost_.attention_bwd(s) : cost_.attention_fwd(s), share * window);
       t += k.time_s;
       if (f != nullptr)
         *f += k.flops;

@@ -305,12 +305,12 @@ std::optional<ConfigIssue> check_attention_window(const ScheduleInputs& in,
                                      support.source)};
     }
   }
-  if (layout.ring > 1 || method.uses_fpdt_chunk()) {
+  if ((layout.ring > 1 && !method.gathers_kv()) || method.uses_fpdt_chunk()) {
     return ConfigIssue{
         Quantity::kAttentionWindow,
         fmt::format("{}; {} splits each head's sequence ({}), and ring steps or chunks under a "
                     "window are not modelled: methods whose kernel sees the whole sequence "
-                    "(ulysses, upipe) are",
+                    "(ulysses, upipe) or gathers it (allgather) are",
                     what, models::to_string(in.parallel.method),
                     layout.ring > 1 ? fmt::format("ring degree {}", layout.ring) : "chunks")};
   }

@@ -300,10 +300,11 @@ class StepBuilder : private OpEmitter, private KernelCosts {
   std::int64_t acc_bytes_ = 4;  ///< ring output and gradient accumulators (implementation's dtype)
   LogitsLoss logits_loss_ = LogitsLoss::kHuggingFace;  ///< the implementation's framework's
   models::ParameterCount params_;
-  bool merge_ring_ = false;          // BuildOptions::merge_ring_steps
-  bool repeat_layers_ = true;        // BuildOptions::repeat_layers
-  double layer_window_share_ = 1.0;  // the current block's (enter_layer)
-  bool tp_regather_ = true;          // TP linears save [s/T, h] inputs and gather them again
+  bool merge_ring_ = false;               // BuildOptions::merge_ring_steps
+  bool repeat_layers_ = true;             // BuildOptions::repeat_layers
+  double layer_window_share_ = 1.0;       // the current block's (enter_layer)
+  std::int64_t layer_window_tokens_ = 0;  // the current block's window; 0: none or ≥ the sequence
+  bool tp_regather_ = true;               // TP linears save [s/T, h] inputs and gather them again
   std::int64_t shards_ = 1, tile_ = 0;
   // Per block, filled by build().
   std::vector<TensorSet> layer_params_;  ///< gathered parameters (ZeRO-3)

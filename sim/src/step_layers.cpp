@@ -112,9 +112,10 @@ StepBuilder::LayerEnds StepBuilder::body_instance(
 }
 
 void StepBuilder::enter_layer(int layer) {
-  layer_window_share_ = m_.attention_of(layer) == models::LayerAttention::kSliding
-                            ? models::window_share(shape_.seq_tokens, m_.sliding_window)
-                            : 1.0;
+  const bool windowed = m_.attention_of(layer) == models::LayerAttention::kSliding &&
+                        m_.sliding_window < shape_.seq_tokens;
+  layer_window_tokens_ = windowed ? m_.sliding_window : 0;
+  layer_window_share_ = windowed ? models::window_share(shape_.seq_tokens, m_.sliding_window) : 1.0;
 }
 
 StepBuilder::LayerEnds StepBuilder::forward_layer(int l, TensorSet x, TensorSet params) {

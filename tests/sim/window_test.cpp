@@ -99,6 +99,37 @@ TEST(SlidingWindow, RepeatedBlocksEqualBlocksBuiltOneByOne) {
   test::expect_repeated_blocks_equal_oracle(in);
 }
 
+TEST(SlidingWindow, AllGatherCallsSeeTheWindowOfTheirPrefix) {
+  // Zigzag over R = 8: position 0 holds chunks 0 and 15 of c = N/16 = 16K tokens and attends
+  // (c queries, c keys) and (c queries, 16c keys), each bottom-right causal. With w = 8K < c:
+  // the first covers c·w − w²/2, the second (its queries start at 15c ≥ w) c·w.
+  constexpr std::int64_t c = kSeq / 16, w = 8 * 1024;
+  ScheduleInputs in = inputs(CpMethod::kAllGather, "llama3-8b", 8, kSeq);
+  in.parallel.ring_degree = 8;
+  in.model.sliding_window = w;
+  in.model.layer_attention.assign(static_cast<std::size_t>(in.model.layers),
+                                  LayerAttention::kSliding);
+  ASSERT_FALSE(check_head_layout(in).issue.has_value());
+  BuildOptions every_rank;
+  every_rank.all_ranks = true;
+  const Workload work = build_step(in, every_rank);
+  const double area = static_cast<double>(c * w - w * w / 2 + c * w);
+  const double hd = static_cast<double>(in.model.q_width());
+  bool found = false;
+  for (const Op& o : work.ops) {
+    if (o.rank == 0 && o.kind == OpKind::kAttentionFwd && o.layer == 0) {
+      EXPECT_DOUBLE_EQ(o.flops, 4.0 * area * hd);
+      found = true;
+      break;
+    }
+  }
+  EXPECT_TRUE(found);
+  EXPECT_DOUBLE_EQ(models::window_share(c, c, w), (c * w - w * w / 2.0) / (c * c / 2.0));
+  EXPECT_DOUBLE_EQ(models::window_share(c, 16 * c, w),
+                   static_cast<double>(c * w) / (c * 16.0 * c - c * c / 2.0));
+  EXPECT_DOUBLE_EQ(models::window_share(kSeq, kSeq, w), models::window_share(kSeq, w));
+}
+
 std::optional<ConfigIssue> issue_of(const ScheduleInputs& in) {
   return check_head_layout(in).issue;
 }

@@ -118,5 +118,9 @@ double causal_window_area(std::int64_t n, std::int64_t w);
 /// causal_window_area(n, w) over n²/2: the share of a causal layer's attention work a window
 /// keeps (1 when w ≥ n).
 double window_share(std::int64_t n, std::int64_t w);
+/// The same for the last q of k causal tokens (queries k − q … k against every key before them,
+/// a bottom-right aligned causal block): ∫ min(p, w) dp over ∫ p dp = q·k − q²/2, p from k − q
+/// to k. window_share(n, n, w) is window_share(n, w).
+double window_share(std::int64_t q, std::int64_t k, std::int64_t w);
 
 }  // namespace cpsim::models
