@@ -231,8 +231,12 @@ def test_emit_returns_the_files_or_writes_them(tmp_path, monkeypatch):
             assert (tmp_path / name).read_text() == text
 
 
-def test_catalogs():
+def test_catalogs(tmp_path):
     assert "llama3-8b" in [m.name for m in cpsim.models().models]
+    gemma = cpsim.models("gemma-3-27b")  # one model in full, as the CLI shows it
+    assert gemma.to_json() == cli(["models", "gemma-3-27b", "--json"], tmp_path).stdout
+    layers = gemma.model.layer_types
+    assert (gemma.model.sliding_window, layers.count("full_attention")) == (1024, 10)
     assert cpsim.hardware("h200-141g").name == "h200-141g"
     assert any(i.name == "yunchang-usp" for i in cpsim.implementations().implementations)
     assert cpsim.__version__
