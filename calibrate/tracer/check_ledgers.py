@@ -64,7 +64,7 @@ def parse_ledger(path: str) -> list[dict]:
     return rows
 
 
-_TERM = re.compile(r"^(\d+)·(sHd|sHkv·d|sH)$")
+_TERM = re.compile(r"^(\d+)·(sHd|sHkv·d|sHkv_m·d|sH)$")
 
 
 def formula_bytes(formula: str, units: dict) -> int:
@@ -82,16 +82,19 @@ def formula_bytes(formula: str, units: dict) -> int:
 
 def shape_units(shape: dict) -> dict:
     """Element counts of one rank: s = N/C tokens, H heads, Hkv KV heads after any replication
-    to the Ulysses degree (cpsim's LedgerUnits), d the head dimension; the driver states them in
-    the shape's "ledger_units" when its ledger counts another s (FPDT: one chunk)."""
+    to the Ulysses degree (cpsim's LedgerUnits), Hkv_m the model's, d the head dimension; the
+    driver states them in the shape's "ledger_units" when its ledger counts another s (FPDT: one
+    chunk)."""
     if "ledger_units" in shape:
         u = shape["ledger_units"]
         s, h, hkv, d = u["s"], u["heads"], u["kv_heads"], u["head_dim"]
+        hkv_m = u.get("model_kv_heads", hkv)
     else:
         c = shape.get("ulysses", 1) * shape.get("ring", 1)
         s, h, d = shape["seq"] // c, shape["heads"], shape["head_dim"]
-        hkv = max(shape["kv_heads"], shape.get("ulysses", 1))
-    return {"sHd": s * h * d, "sHkv·d": s * hkv * d, "sH": s * h}
+        hkv_m = shape["kv_heads"]
+        hkv = max(hkv_m, shape.get("ulysses", 1))
+    return {"sHd": s * h * d, "sHkv·d": s * hkv * d, "sHkv_m·d": s * hkv_m * d, "sH": s * h}
 
 
 # Sites whose rows cpsim applies only at ring degree 1: with a ring part the ring scheme's ops

@@ -386,8 +386,13 @@ StepBuilder::FpdtForward::FpdtForward(StepBuilder& sb, SavedLayer& sv, TensorSet
                        RopeBackward::kNone);
   out_cast_ = sb.mem(chunk_ * hq_ * d * (kFp32Bytes + ab));
   fill_ = sb.mem(2 * q_local_bytes_);
-  // The block's output and LSE before the merge, and the implementation's merge temporaries.
+  // The block's output and LSE before the merge, the implementation's merge temporaries, and,
+  // where its merge rebinds the accumulator, the new fp32 output and LSE it writes while the old
+  // ones are live.
   attn_ws_ = chunk_ * hq_ * d * ab + lse_bytes_ + sb.ledger_bytes(LedgerSite::kCoreForward);
+  if (sb.implementation_ != nullptr && sb.implementation_->rebinds_merge_accumulator()) {
+    attn_ws_ += chunk_ * hq_ * d * kFp32Bytes + lse_bytes_;
+  }
 }
 
 void StepBuilder::FpdtForward::run() {

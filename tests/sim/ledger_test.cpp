@@ -97,6 +97,23 @@ TEST(Ledger, RowBytesByHand) {
   const LedgerRow cast{"y", LedgerSite::kGradFinish, LedgerWhen::kAlways, 4, 0, 0, {6, 0, 4}, "t"};
   EXPECT_EQ(row_traffic_bytes(cast, u), 6 * 33554432LL + 4 * 262144LL);
   EXPECT_EQ(traffic_formula(cast), "6·sHd + 4·sH");
+
+  // 16 GPUs: the 8 KV heads replicated to 16 (s = 4096); a row of the model's KV heads counts 8.
+  in = inputs(CpMethod::kUlysses, "llama3-8b", 16, 64 * 1024);
+  const LedgerUnits r = ledger_units(in, derive_head_layout(in));
+  EXPECT_EQ(r.shkd, 4096 * 16 * 128);
+  EXPECT_EQ(r.shkd_model, 4096 * 8 * 128);
+  const LedgerRow model{"z",
+                        LedgerSite::kHeldThroughBlock,
+                        LedgerWhen::kAlways,
+                        2,
+                        4,
+                        0,
+                        {},
+                        "t",
+                        /*model_kv_heads=*/true};
+  EXPECT_EQ(row_bytes(model, r), 2 * r.shd + 4 * 4096 * 8 * 128);
+  EXPECT_EQ(row_formula(model), "2·sHd + 4·sHkv_m·d");
 }
 
 // Conditions read off the traces (docs/TRACING.md): deepspeed-ulysses's context and dQ copies (F18,

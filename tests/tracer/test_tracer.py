@@ -117,9 +117,16 @@ def test_formula_and_when():
     units = check_ledgers.shape_units(
         {"seq": 64, "heads": 8, "kv_heads": 2, "head_dim": 16, "ulysses": 4}
     )
-    # Hkv = 2 replicated to the Ulysses degree 4 (deepspeed-ulysses; the others refuse u > Hkv).
-    assert units == {"sHd": 16 * 8 * 16, "sHkv·d": 16 * 4 * 16, "sH": 16 * 8}
+    # Hkv = 2 replicated to the Ulysses degree 4 (deepspeed-ulysses; the others refuse u > Hkv);
+    # sHkv_m·d counts the model's 2.
+    assert units == {
+        "sHd": 16 * 8 * 16,
+        "sHkv·d": 16 * 4 * 16,
+        "sHkv_m·d": 16 * 2 * 16,
+        "sH": 16 * 8,
+    }
     assert check_ledgers.formula_bytes("2·sHd + 4·sHkv·d", units) == 2 * 2048 + 4 * 1024
+    assert check_ledgers.formula_bytes("2·sHd + 4·sHkv_m·d", units) == 2 * 2048 + 4 * 512
     assert check_ledgers.formula_bytes("0", units) == 0
     with pytest.raises(ValueError):
         check_ledgers.formula_bytes("2·s", units)

@@ -44,8 +44,9 @@ constexpr std::array kRows = {
               "q all-to-all: input_t copy (bf16; at batch 1 the receive buffer is the result)"},
     LedgerRow{"f5", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 2, 0, hbm(0, 8, 0),
               "k or v all-to-all: input_t copy (one at a time, bf16)"},
-    LedgerRow{"f10", LedgerSite::kCoreForward, LedgerWhen::kAlways, 16, 0, 0, hbm(22, 0, 0),
-              "_update_out_and_lse: fp32 block output, two exp-scaled fp32 products, their sum"},
+    LedgerRow{"f10", LedgerSite::kCoreForward, LedgerWhen::kAlways, 12, 0, 4, hbm(22, 0, 0),
+              "_update_out_and_lse: fp32 block output, two exp-scaled fp32 products, LSE-sized "
+              "fp32 terms (the new accumulator they sum into is the scheme's)"},
     LedgerRow{"f13", LedgerSite::kOutExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(4, 0, 0),
               "output all-to-all: receive buffer (bf16; at batch 1 the input is a view)"},
     LedgerRow{"b5", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(4, 0, 0),
@@ -98,6 +99,9 @@ class DeepSpeedFpdt final : public Implementation {
  public:
   using Implementation::Implementation;
   bool synchronised_fpdt_loop() const override { return true; }
+  // _update_out_and_lse returns new `out` and `lse` tensors (fpdt_layer.py:51, :53, DeepSpeed
+  // 0.19.8) that the caller rebinds; the trace holds old and new during each update.
+  bool rebinds_merge_accumulator() const override { return true; }
   // DeepSpeed 0.19.8 deepspeed/sequence/fpdt_layer.py:174 (`assert attention_mask is None`) and
   // :238 (`causal_chunk = i == k_i`): every chunk pair is causal over the whole sequence.
   DocumentMasking document_masking(models::CpMethod /*m*/) const override {

@@ -42,7 +42,9 @@ using models::CpMethod;
 
 constexpr std::array kRows = {
     LedgerRow{"F0", LedgerSite::kHeldThroughBlock, LedgerWhen::kUlyssesAbove1, 2, 4, 0,
-              hbm(0, 0, 0), "HF attention's q, k, v (bf16) held until the wrapper returns"},
+              hbm(0, 0, 0),
+              "HF attention's q, k, v (bf16, the model's KV heads) held until the wrapper returns",
+              /*model_kv_heads=*/true},
     LedgerRow{"F4-F6", LedgerSite::kQExchange, LedgerWhen::kUlyssesAbove1, 2, 0, 0, hbm(8, 0, 0),
               "q all-to-all input copy, then the head-major copy (one at a time, bf16)"},
     LedgerRow{"F8-F10", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 2, 0, hbm(0, 8, 0),

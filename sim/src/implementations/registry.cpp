@@ -72,15 +72,17 @@ LedgerUnits ledger_units(const ScheduleInputs& in, const HeadLayout& layout) {
   u.kv_heads_per_rank = layout.kv_heads_per_fetch / layout.ulysses;
   u.heads_per_rank = layout.heads_per_stage / layout.ulysses;
   u.kv_replication = layout.kv_replication;
+  u.shkd_model = u.shkd / std::max<std::int64_t>(layout.kv_replication, 1);
   return u;
 }
 
 std::int64_t row_bytes(const LedgerRow& row, const LedgerUnits& units) {
-  return row.shd * units.shd + row.shkd * units.shkd + row.sh * units.sh;
+  return row.shd * units.shd + row.shkd * (row.model_kv_heads ? units.shkd_model : units.shkd) +
+         row.sh * units.sh;
 }
 
 namespace {
-std::string formula(std::int64_t shd, std::int64_t shkd, std::int64_t sh) {
+std::string formula(std::int64_t shd, std::int64_t shkd, std::int64_t sh, bool model_kv = false) {
   std::string s;
   auto term = [&s](std::int64_t k, const char* unit) {
     if (k != 0) {
@@ -88,7 +90,7 @@ std::string formula(std::int64_t shd, std::int64_t shkd, std::int64_t sh) {
     }
   };
   term(shd, "sHd");
-  term(shkd, "sHkv·d");
+  term(shkd, model_kv ? "sHkv_m·d" : "sHkv·d");
   term(sh, "sH");
   return s.empty() ? "0" : s;
 }
@@ -105,7 +107,7 @@ bool applies(const LedgerRow& row, const LedgerUnits& units) {
 }  // namespace
 
 std::string row_formula(const LedgerRow& row) {
-  return formula(row.shd, row.shkd, row.sh);
+  return formula(row.shd, row.shkd, row.sh, row.model_kv_heads);
 }
 
 std::int64_t row_traffic_bytes(const LedgerRow& row, const LedgerUnits& units) {

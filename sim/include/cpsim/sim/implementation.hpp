@@ -101,6 +101,9 @@ struct LedgerRow {
   std::int64_t sh = 0;
   LedgerTraffic traffic;    ///< bytes its kernels read and write (see above)
   std::string_view tensor;  ///< what it is, with its dtype
+  /// `shkd` counts the model's KV heads, sHkv_m·d: tensors made before the implementation
+  /// replicates K/V to the Ulysses degree (LedgerUnits::shkd_model).
+  bool model_kv_heads = false;
 };
 
 /// The element counts a ledger row multiplies.
@@ -112,6 +115,7 @@ struct LedgerUnits {
   std::int64_t kv_heads_per_rank = 1;
   std::int64_t heads_per_rank = 1;
   std::int64_t kv_replication = 1;  ///< HeadLayout::kv_replication (1: KV heads not replicated)
+  std::int64_t shkd_model = 0;      ///< shkd at the model's KV heads: shkd / kv_replication
 };
 LedgerUnits ledger_units(const ScheduleInputs& in, const HeadLayout& layout);
 std::int64_t row_bytes(const LedgerRow& row, const LedgerUnits& units);
@@ -247,6 +251,10 @@ class Implementation {
   /// framework calls of its chunks and blocks and its host synchronisations after each block
   /// (sim/src/attention_fpdt.cpp, docs/MODEL.md "Host issue"); the default: no.
   virtual bool synchronised_fpdt_loop() const { return false; }
+  /// Whether its online-softmax merge writes a new fp32 output and LSE accumulator while the old
+  /// ones are live (they are rebound after it), rather than updating them in place; the FPDT
+  /// scheme then holds both during every block's merge. The default: in place.
+  virtual bool rebinds_merge_accumulator() const { return false; }
   /// How its code attends packed documents when it runs method `m` (docs/PACKING.md); the
   /// default: not read.
   virtual DocumentMasking document_masking(models::CpMethod /*m*/) const {
