@@ -59,6 +59,15 @@ std::vector<std::string> layer_types(const models::TransformerSpec& m) {
   return out;
 }
 
+// Parameters one token's forward reads: all but the experts it is not routed to.
+std::int64_t active_parameters(const models::TransformerSpec& m, const models::ParameterCount& p) {
+  if (!m.is_moe()) {
+    return p.total;
+  }
+  const std::int64_t idle = m.moe.experts - m.moe.experts_per_token;
+  return p.total - m.layers * idle * (p.experts_per_layer / m.moe.experts);
+}
+
 // One model in full: every field cpsim read from its config and what it derives.
 int show_model(const CatalogArgs& a, const models::DataDir& data) {
   const models::TransformerSpec m = models::load_model(a.name, data, "name");
@@ -67,19 +76,26 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
       m.windowed_layers() > 0 ? nlohmann::json(m.sliding_window) : nlohmann::json(nullptr);
   if (a.json) {
     nlohmann::json model = shape_json(m);
-    model.update({{"name", m.name},
-                  {"source", m.source},
-                  {"model_type", m.model_type},
-                  {"qk_norm", m.qk_norm},
-                  {"attention_bias", m.attention_bias},
-                  {"activation", activation_name(m.activation)},
-                  {"norm", norm_name(m.norm)},
-                  {"rope_theta", m.rope_theta},
-                  {"max_position_embeddings", m.max_position_embeddings},
-                  {"sliding_window", window},
-                  {"layer_types", layer_types(m)},
-                  {"parameters", p.total},
-                  {"notes", m.notes}});
+    model.update(
+        {{"name", m.name},
+         {"source", m.source},
+         {"model_type", m.model_type},
+         {"qk_norm", m.qk_norm},
+         {"attention_bias", m.attention_bias},
+         {"activation", activation_name(m.activation)},
+         {"norm", norm_name(m.norm)},
+         {"rope_theta", m.rope_theta},
+         {"max_position_embeddings", m.max_position_embeddings},
+         {"sliding_window", window},
+         {"layer_types", layer_types(m)},
+         {"parameters", p.total},
+         {"active_parameters_per_token", active_parameters(m, p)},
+         {"experts", m.is_moe() ? nlohmann::json{{"experts", m.moe.experts},
+                                                 {"experts_per_token", m.moe.experts_per_token},
+                                                 {"expert_ffn_hidden", m.moe.expert_ffn_hidden},
+                                                 {"renormalize", m.moe.renormalize}}
+                                : nlohmann::json(nullptr)},
+         {"notes", m.notes}});
     std::cout << nlohmann::json{{"schema_version", 1}, {"model", model}}.dump(2) << "\n";
     return 0;
   }
@@ -88,12 +104,19 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
                            m.source);
   std::cout << fmt::format(
       "  {} layers, hidden {}, {} query / {} key-value heads of {}, MLP {} ({}), vocabulary {}\n",
-      m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn_hidden,
+      m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.mlp_width(),
       activation_name(m.activation), m.vocab);
   std::cout << fmt::format(
       "  {} parameters ({:.3f} B){}{}{}\n", p.total, static_cast<double>(p.total) / 1e9,
       m.tied_embeddings ? ", tied embeddings" : "", m.qk_norm ? ", q/k norms" : "",
       m.attention_bias ? ", q/k/v biases" : "");
+  if (m.is_moe()) {
+    std::cout << fmt::format(
+        "  mixture of experts in every layer: {} experts of width {}, {} per token; {} "
+        "parameters active per token ({:.3f} B)\n",
+        m.moe.experts, m.moe.expert_ffn_hidden, m.moe.experts_per_token, active_parameters(m, p),
+        static_cast<double>(active_parameters(m, p)) / 1e9);
+  }
   if (m.windowed_layers() == 0) {
     std::cout << "  attention: causal over the whole sequence in every layer\n";
   } else {
@@ -129,8 +152,10 @@ int run_models(const CatalogArgs& a) {
     list.push_back(std::move(entry));
     rows.push_back({name, std::to_string(m.layers), std::to_string(m.hidden),
                     fmt::format("{}/{}", m.heads, m.kv_heads), std::to_string(m.head_dim),
-                    std::to_string(m.ffn_hidden), std::to_string(m.vocab),
-                    m.tied_embeddings ? "yes" : "no",
+                    m.is_moe() ? fmt::format("{}x{}/{}", m.moe.experts, m.moe.expert_ffn_hidden,
+                                             m.moe.experts_per_token)
+                               : std::to_string(m.ffn_hidden),
+                    std::to_string(m.vocab), m.tied_embeddings ? "yes" : "no",
                     fmt::format("{:.3f} B", static_cast<double>(p.total) / 1e9)});
   }
   if (a.json) {

@@ -171,6 +171,7 @@ planner::PlanConstraints fixed_by_flags(const PlanArgs& a) {
   const SimulateArgs& f = a.config;
   planner::PlanConstraints fixed;
   fixed.tp_degree = f.tp_given ? f.tp : 0;
+  fixed.ep_degree = f.ep_given ? f.ep : 0;
   fixed.pp_degree = f.pp_given ? f.pp : 0;
   if (!f.pp_schedule.empty()) {
     fixed.pp_schedule = models::parse_pipeline_schedule(f.pp_schedule, "--pp-schedule");

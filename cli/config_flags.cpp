@@ -32,7 +32,12 @@ std::string flag_for(sim::Quantity q, const models::ParallelConfig& p) {
     case sim::Quantity::kDocuments:
       return "--lengths";
     case sim::Quantity::kAttentionWindow:
+    case sim::Quantity::kExperts:
       return "--model";
+    case sim::Quantity::kExpertParallel:
+      return "--ep";
+    case sim::Quantity::kExpertImbalance:
+      return "--expert-imbalance";
   }
   return sim::to_string(q);
 }

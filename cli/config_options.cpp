@@ -4,6 +4,7 @@
 #include "config_options.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -336,6 +337,23 @@ void apply_parallel_flags(const SimulateArgs& a, sim::ScheduleInputs& in) {
   p.cp_degree = cp_degree_from_flags(a, method);
   check_cp_degree_divides_gpus(a, p.cp_degree);
   p.tp_degree = a.tp;
+  p.ep_degree = a.ep;
+  if (!a.expert_imbalance.empty()) {
+    double value = 0.0;
+    const std::string& text = a.expert_imbalance;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(value) ||
+        value < 1.0) {
+      throw InputError("--expert-imbalance",
+                       fmt::format("expected a number of at least 1 (the busiest rank's token "
+                                   "copies over the balanced share), got '{}'",
+                                   text));
+    }
+    if (a.ep <= 1) {
+      throw InputError("--expert-imbalance", "applies with expert parallelism (--ep above 1)");
+    }
+    p.expert_imbalance = value;
+  }
   p.micro_batches = a.micro_batches;
   apply_pipeline_flags(a, p);
   apply_ring_degree(a, method, p);
@@ -367,6 +385,13 @@ sim::ScheduleInputs resolve_inputs(const SimulateArgs& a) {
   r.rope_kernel = r.rope_kernel_for(in.model.model_type);
   r.rope_kernel_by_model_type.clear();
   apply_kernel_and_checkpoint_flags(a, r);
+  if (in.model.is_moe() && r.tiled_mlp && a.tiled_mlp.empty()) {
+    // The recipe's, not the user's: turned off and said so (check_experts refuses it).
+    r.tiled_mlp = false;
+    in.model.notes.emplace_back(
+        "the recipe's tiled MLP is off: a tiled MLP around a mixture of experts is not modelled "
+        "(--tiled-mlp on is refused)");
+  }
   check_attention_kernel(in.hardware, r, !a.attention_kernel.empty());
   apply_sharding_and_precision_flags(a, in.hardware, r);
   apply_parallel_flags(a, in);
@@ -456,6 +481,16 @@ void add_parallel_options(CLI::App* c, SimulateArgs& a) {
                 "searches it unless given)")
       ->check(whole_number_in(1, kMaxGpus))
       ->each([&a](const std::string&) { a.tp_given = true; });
+  c->add_option("--ep", a.ep,
+                "expert-parallel degree of a mixture-of-experts model: EP consecutive GPUs split "
+                "the experts, tokens go to them by all-to-all (megatron-core-cp and "
+                "torch-native-cp run it; default: 1; plan searches it inside a node for a "
+                "mixture of experts unless given)")
+      ->check(whole_number_in(1, kMaxGpus))
+      ->each([&a](const std::string&) { a.ep_given = true; });
+  c->add_option("--expert-imbalance", a.expert_imbalance,
+                "with --ep: token copies the busiest rank's experts receive, as a multiple of the "
+                "balanced share k·s (dropless routing; default: 1, balanced)");
   c->add_option("--pp", a.pp,
                 "pipeline-parallel degree P (outermost in the rank order, L/P blocks per stage; "
                 "megatron-core-cp, torch-native-cp and --impl none run it; default: 1; plan "

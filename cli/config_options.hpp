@@ -29,6 +29,9 @@ struct SimulateArgs {
   int tp = 1;                        // tensor-parallel degree
   bool tp_given = false;             ///< --tp was on the command line (plan: else searched)
   int micro_batches = 1;             // gradient-accumulation micro-batches per step
+  int ep = 1;                        // expert-parallel degree
+  bool ep_given = false;             ///< --ep was on the command line (plan: else searched)
+  std::string expert_imbalance;      // empty = 1 (balanced routing)
   int pp = 1;                        // pipeline-parallel degree
   bool pp_given = false;             ///< --pp was on the command line (plan: else searched)
   std::string pp_schedule;           // empty = 1f1b

@@ -122,17 +122,20 @@ ActivationKind parse_activation(const std::string& act,
 //   - the window is `sliding_window` (null: none); Qwen2 and Qwen3 keep it only when
 //     `use_sliding_window` is true (their default false: configuration_qwen2.py, _qwen3.py), any
 //     config with `use_sliding_window` false has none;
-//   - Mistral and Phi-3 apply it to every layer, whatever `layer_types` says (MistralAttention
-//     sets `self.sliding_window = config.sliding_window`, modeling_mistral.py:177; Mistral logs
-//     that it ignores layer_types);
+//   - Mistral, Phi-3, Mixtral and Qwen3-MoE apply it to every layer, whatever `layer_types` says
+//     (MistralAttention sets `self.sliding_window = config.sliding_window`, modeling_mistral.py:
+//     177; Mistral logs that it ignores layer_types; modeling_mixtral.py:289,
+//     modeling_qwen3_moe.py:149); Qwen3-MoE, as Qwen2/Qwen3, only with `use_sliding_window`
+//     (configuration_qwen3_moe.py:207);
 //   - otherwise `layer_types` ("full_attention", "sliding_attention"; layer_type_validation,
 //     configuration_utils.py:1364-1380) says which layers, and without it the config class's own
 //     rule: Qwen2/Qwen3 slide the layers from `max_window_layers` on (default 28), Ministral all.
 // A config of another type with a window and no layer_types is refused: its rule was not read.
 // A query sees itself and w − 1 earlier tokens (flash-attn window_size (w − 1, w − 1) with
 // causal, modeling_flash_attention_utils.py:506-512; the SDPA mask kv > q − w, masking_utils.py).
-constexpr std::array<std::string_view, 2> kEveryLayerWindowTypes = {"mistral", "phi3"};
-constexpr std::array<std::string_view, 2> kUseSlidingWindowTypes = {"qwen2", "qwen3"};
+constexpr std::array<std::string_view, 4> kEveryLayerWindowTypes = {"mistral", "phi3", "mixtral",
+                                                                    "qwen3_moe"};
+constexpr std::array<std::string_view, 3> kUseSlidingWindowTypes = {"qwen2", "qwen3", "qwen3_moe"};
 constexpr std::int64_t kQwenDefaultMaxWindowLayers = 28;  // Qwen2Config, Qwen3Config
 
 std::int64_t read_window(const HfReader& hf, const std::string& model_type) {
@@ -225,6 +228,54 @@ void read_attention_layers(const HfReader& hf, TransformerSpec& spec) {
   spec.layer_attention = std::move(layers);
 }
 
+// Mixture-of-experts MLPs, as transformers 4.57.6 builds them:
+//   mixtral    MixtralSparseMoeBlock (modeling_mixtral.py:75-140): `num_local_experts` experts of
+//              width `intermediate_size`, top `num_experts_per_tok`, on every layer;
+//              `router_jitter_noise` > 0 multiplies the input by noise in training (:105-106);
+//   qwen3_moe  Qwen3MoeSparseMoeBlock (modeling_qwen3_moe.py:213-264): `num_experts` experts of
+//              width `moe_intermediate_size`, top `num_experts_per_tok`; a layer is sparse unless
+//              listed in `mlp_only_layers` and when (i + 1) % `decoder_sparse_step` == 0
+//              (:295-296), else a dense MLP of `intermediate_size`.
+// Both: router Linear(h, E, bias=False), softmax in fp32, top-k, the k weights renormalised
+// (Qwen3-MoE when `norm_topk_prob`), a gated MLP per expert. Routing-loss terms (the load-
+// balancing loss of `output_router_logits`) are a few [s, E] ops, not modelled.
+constexpr std::array<std::string_view, 2> kMoeModelTypes = {"mixtral", "qwen3_moe"};
+
+void read_moe(const HfReader& hf, TransformerSpec& spec) {
+  if (spec.model_type == "mixtral") {
+    spec.moe.experts = hf.required_int("num_local_experts");
+    spec.moe.expert_ffn_hidden = spec.ffn_hidden;
+    spec.moe.renormalize = true;  // modeling_mixtral.py:113
+    if (const Json* noise = hf.optional("router_jitter_noise");
+        noise != nullptr && json_number(*noise, hf.field("router_jitter_noise")) != 0.0) {
+      throw InputError(hf.field("router_jitter_noise"),
+                       "the router's training noise is not modelled (Mixtral's default is 0)");
+    }
+  } else {
+    spec.moe.experts = hf.required_int("num_experts");
+    spec.moe.expert_ffn_hidden = hf.required_int("moe_intermediate_size");
+    if (const Json* norm = hf.optional("norm_topk_prob")) {  // default false
+      spec.moe.renormalize = json_bool(*norm, hf.field("norm_topk_prob"));
+    }
+    if (const Json* step = hf.optional("decoder_sparse_step");
+        step != nullptr && json_integer(*step, hf.field("decoder_sparse_step")) != 1) {
+      throw InputError(hf.field("decoder_sparse_step"),
+                       "dense layers between sparse ones are not modelled: every layer's MLP "
+                       "must be a mixture of experts (decoder_sparse_step 1)");
+    }
+    if (const Json* dense = hf.optional("mlp_only_layers");
+        dense != nullptr && !(dense->is_array() && dense->empty())) {
+      throw InputError(hf.field("mlp_only_layers"),
+                       "dense layers among sparse ones are not modelled: give an empty list");
+    }
+  }
+  spec.moe.experts_per_token = hf.required_int("num_experts_per_tok");
+  if (spec.moe.experts <= 0) {
+    throw InputError(hf.field(spec.model_type == "mixtral" ? "num_local_experts" : "num_experts"),
+                     fmt::format("must be positive, got {}", spec.moe.experts));
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -293,7 +344,8 @@ void read_architecture(const HfReader& hf, TransformerSpec& spec) {
   }
   if (const Json* model_type = hf.optional("model_type")) {
     spec.model_type = json_string(*model_type, hf.field("model_type"));
-    spec.qk_norm = spec.model_type == "qwen3" || spec.model_type == kGemma3Text;
+    spec.qk_norm = spec.model_type == "qwen3" || spec.model_type == "qwen3_moe" ||
+                   spec.model_type == kGemma3Text;
     spec.post_sublayer_norms = spec.model_type == kGemma3Text;
     if (is_one_of(spec.model_type, kPlainMlpModelTypes)) {
       throw InputError(hf.field("model_type"),
@@ -370,12 +422,18 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
   }
   const HfReader hf(root, origin);
 
+  const Json* type = hf.optional("model_type");
+  const bool moe_type =
+      type != nullptr && type->is_string() && is_one_of(type->get<std::string>(), kMoeModelTypes);
   for (const auto& refused : kRefusedKeys) {
+    if (moe_type && refused.what == "mixture-of-experts") {
+      continue;  // read_moe
+    }
     const Json* value = hf.optional(refused.key);
     if (value != nullptr && !is_zero_or_false(*value)) {
       throw InputError(hf.field(refused.key),
-                       fmt::format("{} models are not modelled yet (only dense decoder-only "
-                                   "transformers)",
+                       fmt::format("{} models are not modelled yet (mixture-of-experts: "
+                                   "model_type mixtral and qwen3_moe only)",
                                    refused.what));
     }
   }
@@ -385,6 +443,9 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
   TransformerSpec spec;
   read_shape(hf, spec);
   read_architecture(hf, spec);
+  if (moe_type) {
+    read_moe(hf, spec);
+  }
   read_attention_layers(hf, spec);
   read_rope(hf, spec);
   read_names(hf, origin, spec);

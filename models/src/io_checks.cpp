@@ -29,7 +29,7 @@ struct RefusedModelType {
 constexpr std::string_view kStateSpace = "state-space / recurrent";
 constexpr std::string_view kHybrid = "hybrid attention / state-space";
 constexpr std::string_view kMoe = "mixture-of-experts";
-constexpr std::array<RefusedModelType, 23> kRefusedModelTypes = {{
+constexpr std::array<RefusedModelType, 21> kRefusedModelTypes = {{
     {"mamba", kStateSpace},
     {"mamba2", kStateSpace},
     {"falcon_mamba", kStateSpace},
@@ -46,9 +46,7 @@ constexpr std::array<RefusedModelType, 23> kRefusedModelTypes = {{
     {"falcon_h1", kHybrid},
     {"nemotron_h", kHybrid},
     {"granitemoehybrid", kHybrid},
-    {"mixtral", kMoe},
     {"qwen2_moe", kMoe},
-    {"qwen3_moe", kMoe},
     {"deepseek_v2", kMoe},
     {"deepseek_v3", kMoe},
     {"dbrx", kMoe},
@@ -68,8 +66,9 @@ void check_modelled_architecture(const Json& config, const std::string& origin) 
     for (const RefusedModelType& refused : kRefusedModelTypes) {
       if (type == refused.model_type) {
         throw InputError(field_of(origin, "model_type"),
-                         fmt::format("'{}' is a {} model; cpsim models dense decoder-only "
-                                     "transformers with full causal attention only",
+                         fmt::format("'{}' is a {} model that cpsim does not model (decoder-"
+                                     "only transformers, mixture-of-experts as mixtral and "
+                                     "qwen3_moe)",
                                      type, refused.what));
       }
     }

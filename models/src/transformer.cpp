@@ -39,8 +39,24 @@ std::int64_t attention_matmul_weights(const TransformerSpec& spec) {
 }
 
 std::int64_t mlp_matmul_weights(const TransformerSpec& spec) {
+  if (spec.is_moe()) {
+    return spec.moe.experts * 3 * spec.hidden * spec.moe.expert_ffn_hidden +
+           spec.hidden * spec.moe.experts;  // experts, router
+  }
   return 3 * spec.hidden * spec.ffn_hidden;  // gate, up, down (ActivationKind: always gated)
 }
+
+/// The MLP weights one token's GEMMs read: all of a dense MLP; the router and k experts of a
+/// mixture of experts.
+std::int64_t mlp_active_weights(const TransformerSpec& spec) {
+  if (spec.is_moe()) {
+    return spec.moe.experts_per_token * 3 * spec.hidden * spec.moe.expert_ffn_hidden +
+           spec.hidden * spec.moe.experts;
+  }
+  return mlp_matmul_weights(spec);
+}
+
+constexpr std::int64_t kMaxExperts = std::int64_t{1} << 12;
 
 std::int64_t norm_weights(const TransformerSpec& spec) {
   return spec.norm == NormKind::kRmsNorm ? spec.hidden : 2 * spec.hidden;
@@ -77,6 +93,15 @@ void TransformerSpec::validate() const {
   if (windowed_layers() > 0 && sliding_window == 0) {
     throw InputError("model.sliding_window",
                      "layers with sliding-window attention need a window of at least one token");
+  }
+  if (is_moe()) {
+    check_dimension(moe.experts, kMaxExperts, "num_experts");
+    check_dimension(moe.expert_ffn_hidden, kMaxFfnHidden, "moe_intermediate_size");
+    if (moe.experts_per_token <= 0 || moe.experts_per_token > moe.experts) {
+      throw InputError("model.num_experts_per_tok",
+                       fmt::format("must be between 1 and the {} experts, got {}", moe.experts,
+                                   moe.experts_per_token));
+    }
   }
   if (max_position_embeddings < 0) {
     throw InputError("model.max_position_embeddings",
@@ -122,6 +147,8 @@ ParameterCount count_parameters(const TransformerSpec& spec) {
     count.attention_per_layer += 2 * spec.head_dim;
   }
   count.mlp_per_layer = mlp_matmul_weights(spec);
+  count.experts_per_layer =
+      spec.is_moe() ? spec.moe.experts * 3 * spec.hidden * spec.moe.expert_ffn_hidden : 0;
   const std::int64_t norms_per_layer = spec.post_sublayer_norms ? 4 : 2;
   count.per_layer =
       count.attention_per_layer + count.mlp_per_layer + norms_per_layer * norm_weights(spec);
@@ -136,7 +163,7 @@ StepFlops model_step_flops(const TransformerSpec& spec, std::int64_t seq_len) {
   const auto n = static_cast<double>(seq_len);
   const auto layers = static_cast<double>(spec.layers);
   const double matmul_weights =
-      layers * static_cast<double>(attention_matmul_weights(spec) + mlp_matmul_weights(spec)) +
+      layers * static_cast<double>(attention_matmul_weights(spec) + mlp_active_weights(spec)) +
       static_cast<double>(spec.vocab * spec.hidden);
   StepFlops flops;
   flops.dense = 6.0 * n * matmul_weights;

@@ -44,6 +44,9 @@ std::string structure_label(const models::ParallelConfig& p) {
   if (p.tp_degree > 1) {
     s += fmt::format(" tp{}", p.tp_degree);
   }
+  if (p.ep_degree > 1) {
+    s += fmt::format(" ep{}", p.ep_degree);
+  }
   if (p.pp_degree > 1) {
     s += fmt::format(" pp{}", p.pp_degree);
     if (p.pp_first_stage_layers > 0 || p.pp_last_stage_layers > 0) {
@@ -121,6 +124,28 @@ std::vector<int> tp_degrees(const sim::ScheduleInputs& base, const PlanConstrain
     if (base.parallel.gpus % t == 0 && m.heads % t == 0 && m.kv_heads % t == 0 &&
         m.ffn_hidden % t == 0) {
       out.push_back(t);
+    }
+  }
+  return out;
+}
+
+// The EP degrees searched: the one fixed, else for a mixture of experts every E_p that divides
+// the GPUs of a node, the experts and the GPUs of a pipeline stage (all-to-alls inside a node;
+// what else an E_p needs, the simulator checks per candidate), else 1.
+std::vector<int> ep_degrees(const sim::ScheduleInputs& base,
+                            const PlanConstraints& fixed,
+                            int stage_gpus) {
+  if (fixed.ep_degree > 0) {
+    return {fixed.ep_degree};
+  }
+  const models::TransformerSpec& m = base.model;
+  if (!m.is_moe()) {
+    return {1};
+  }
+  std::vector<int> out;
+  for (const int e : divisors(std::max(1, base.parallel.gpus_per_node))) {
+    if (m.moe.experts % e == 0 && stage_gpus % e == 0) {
+      out.push_back(e);
     }
   }
   return out;
@@ -375,8 +400,11 @@ std::vector<models::ParallelConfig> searched_structures(const sim::ScheduleInput
       const std::vector<int> cps = fixed.cp_degree > 0 ? std::vector<int>{fixed.cp_degree}
                                    : smaller_groups    ? divisors(positions)
                                                        : std::vector<int>{positions};
-      for (const sim::CpScheme* method : methods_of(options)) {
-        append_structures(*method, at_tp, options, cps, structures);
+      for (const int ep : ep_degrees(base, fixed, gpus / pp)) {
+        at_tp.parallel.ep_degree = ep;
+        for (const sim::CpScheme* method : methods_of(options)) {
+          append_structures(*method, at_tp, options, cps, structures);
+        }
       }
     }
   }

@@ -41,6 +41,15 @@ using models::CheckpointMode;
 //     output h1n (act).
 namespace {
 
+// One [rows, f/T] tensor of the MLP: s tokens of the dense MLP's width, or the s·k token copies of
+// a mixture of experts at one expert's width (at least that many rows: routing imbalance only
+// adds).
+std::int64_t mlp_tensor_bytes(const sim::ScheduleInputs& in, std::int64_t s, std::int64_t t) {
+  const auto& m = in.model;
+  const std::int64_t rows = m.is_moe() ? s * m.moe.experts_per_token : s;
+  return rows * (m.mlp_width() / t) * in.recipe.activation_bytes;
+}
+
 std::int64_t bound_with_in_flight(const sim::ScheduleInputs& in, double in_flight) {
   const auto& m = in.model;
   const auto& r = in.recipe;
@@ -50,10 +59,10 @@ std::int64_t bound_with_in_flight(const sim::ScheduleInputs& in, double in_fligh
   // tokens, the MLP's tensors f/T columns, the logits ⌈V/T⌉ (docs/MODEL.md).
   const std::int64_t t = std::max(1, in.parallel.tp_degree);
   const std::int64_t act = s / t * m.hidden * ab;
-  const std::int64_t mlp_tensor = s * (m.ffn_hidden / t) * ab;  // one [s, f/T] tensor
+  const std::int64_t mlp_tensor = mlp_tensor_bytes(in, s, t);  // one [s, f/T] tensor
   const std::int64_t vocab = (m.vocab + t - 1) / t;
   // The product as the backward keeps it: with FP8 the down projection's FP8 copy (1 byte).
-  const std::int64_t product = r.fp8 ? s * (m.ffn_hidden / t) : mlp_tensor;
+  const std::int64_t product = r.fp8 ? mlp_tensor / ab : mlp_tensor;
   const bool full_ac = r.checkpointing == CheckpointMode::kFull;
   const std::int64_t saved = saved_bytes(in);
   const std::int64_t loss = r.fused_loss || !m.has_output_layer
@@ -105,8 +114,8 @@ std::int64_t saved_bytes(const sim::ScheduleInputs& in) {
   const std::int64_t s = in.parallel.seq_len / in.parallel.cp_degree;
   const std::int64_t t = std::max(1, in.parallel.tp_degree);
   const std::int64_t act = s / t * m.hidden * r.activation_bytes;
-  const std::int64_t mlp_tensor = s * (m.ffn_hidden / t) * r.activation_bytes;
-  const std::int64_t product = r.fp8 ? s * (m.ffn_hidden / t) : mlp_tensor;
+  const std::int64_t mlp_tensor = mlp_tensor_bytes(in, s, t);
+  const std::int64_t product = r.fp8 ? mlp_tensor / r.activation_bytes : mlp_tensor;
   if (r.checkpointing == CheckpointMode::kFull) {
     // Block inputs stay on the GPU unless offloaded (then the first and last stay).
     return r.checkpoint_offload

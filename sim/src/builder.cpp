@@ -16,14 +16,16 @@ Builder::Builder(Workload& w,
                  int cp_degree,
                  int ring_degree,
                  int gpus_per_node,
-                 int tp_degree)
+                 int tp_degree,
+                 int ep_degree)
     : w_(w),
       ranks_(ranks),
       sim_ranks_(simulated_ranks),
       cp_(cp_degree),
       ring_(ring_degree),
       gpus_per_node_(gpus_per_node),
-      tp_(tp_degree) {
+      tp_(tp_degree),
+      ep_(ep_degree) {
   w_.ranks = simulated_ranks;
   w_.represented_ranks = ranks;
   w_.gpus_per_node = gpus_per_node;
@@ -75,6 +77,10 @@ int Builder::group_size(Group g) const {
       return ranks_ / tp_;
     case Group::kTp:
       return tp_;
+    case Group::kExpert:
+      return ep_;
+    case Group::kExpertData:
+      return ranks_ / tp_ / ep_;
   }
   return 1;
 }
@@ -116,6 +122,14 @@ std::vector<std::int32_t> Builder::all_members(Group g, int rank) const {
       for (int i = 0; i < ranks_ / tp_; ++i)
         m.push_back(i);
       break;
+    case Group::kExpert:
+      for (int i = 0; i < ep_; ++i)
+        m.push_back(rank / ep_ * ep_ + i);
+      break;
+    case Group::kExpertData:
+      for (int i = 0; i < ranks_ / tp_ / ep_; ++i)
+        m.push_back(rank % ep_ + i * ep_);
+      break;
     case Group::kTp:
       break;
   }
@@ -142,6 +156,10 @@ int Builder::position(Group g, int rank) const {
       return rank % cp_ / u;
     case Group::kAll:
       return rank;
+    case Group::kExpert:
+      return rank % ep_;
+    case Group::kExpertData:
+      return rank / ep_;
     case Group::kTp:
       break;
   }
@@ -151,11 +169,13 @@ int Builder::position(Group g, int rank) const {
 models::Span Builder::span_of(Group g) const {
   // The first and the last member of the group of rank 0 (TP: ranks 0..T−1; the others: their
   // layout over TP position 0, stride T).
-  const int last =
-      g == Group::kTp
-          ? tp_ - 1
-          : tp_ * (g == Group::kAll ? ranks_ / tp_ - 1
-                                    : (group_size(g) - 1) * (g == Group::kRing ? cp_ / ring_ : 1));
+  int last = tp_ - 1;
+  if (g == Group::kExpertData) {
+    last = tp_ * (ranks_ / tp_ - ep_);
+  } else if (g != Group::kTp) {
+    last = tp_ * (g == Group::kAll ? ranks_ / tp_ - 1
+                                   : (group_size(g) - 1) * (g == Group::kRing ? cp_ / ring_ : 1));
+  }
   return last / gpus_per_node_ == 0 ? models::Span::kIntraNode : models::Span::kInterNode;
 }
 

@@ -42,6 +42,13 @@ enum class Group : std::uint8_t {
   kRing,     ///< the rank's ring group
   kAll,      ///< every rank of the same TP position (FSDP / ZeRO; all ranks without TP)
   kTp,       ///< the rank's TP group (T consecutive ranks)
+  /// The rank's expert-parallel group: E_p consecutive ranks of one TP position (TorchTitan's
+  /// sparse mesh [..., efsdp, ep] and Megatron-Core's expert rank order "tp-ep-dp" put EP
+  /// innermost); one rank without EP.
+  kExpert,
+  /// The ranks holding the same experts: stride E_p, (ranks / T) / E_p of them (TorchTitan's
+  /// efsdp, Megatron-Core's expert data-parallel group); kAll without EP.
+  kExpertData,
 };
 
 /// A list argument of a builder call: a braced list or a vector, read during the call only (no
@@ -122,7 +129,8 @@ class Builder {
           int cp_degree,
           int ring_degree,
           int gpus_per_node,
-          int tp_degree = 1);
+          int tp_degree = 1,
+          int ep_degree = 1);
 
   void set_phase(Phase p) { phase_ = p; }
   void set_layer(std::int32_t layer) { layer_ = layer; }
@@ -220,9 +228,10 @@ class Builder {
   int ring_;
   int gpus_per_node_;
   int tp_ = 1;
+  int ep_ = 1;
   Phase phase_ = Phase::kForward;
   std::int32_t layer_ = -1;
-  std::array<Groups, 5> groups_;
+  std::array<Groups, 7> groups_;
   /// An op with at most this many candidate dependencies (explicit ones and its inputs'
   /// producers) de-duplicates them by a scan; one with more by dep_mark_.
   static constexpr std::size_t kDepsScanned = 16;

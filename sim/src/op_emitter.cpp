@@ -24,7 +24,8 @@ OpEmitter::OpEmitter(const ScheduleInputs& in,
          in.parallel.cp_degree,
          in.parallel.ring_degree,
          in.parallel.gpus_per_node,
-         in.parallel.tp_degree),
+         in.parallel.tp_degree,
+         in.parallel.ep_degree),
       w_(w) {
   if (implementation == nullptr) {
     return;

@@ -5,6 +5,7 @@
 // from the cost model.
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 
@@ -29,6 +30,11 @@ struct StepShape {
   std::int64_t sp_tokens = 0;         ///< s / T: norms, residuals and block I/O under TP
   std::int64_t ring_tokens = 0;       ///< N / r: a rank's tokens after the Ulysses all-to-all
   std::int64_t activation_bytes = 2;  ///< bytes of one activation element
+  std::int64_t ep = 1;                ///< E_p, expert parallel
+  /// Mixture of experts: the token copies (rows) the rank's experts compute, s·k without EP and
+  /// ⌈s·k·imbalance⌉ with it (ParallelConfig::expert_imbalance); 0 for a dense MLP.
+  std::int64_t expert_rows = 0;
+  std::int64_t local_experts = 0;  ///< E / E_p experts on the rank; 0 for a dense MLP
 
   static StepShape of(const ScheduleInputs& in) {
     const models::ParallelConfig& p = in.parallel;
@@ -42,6 +48,14 @@ struct StepShape {
     s.sp_tokens = s.local_tokens / s.tp;
     s.ring_tokens = s.seq_tokens / s.ring;
     s.activation_bytes = in.recipe.activation_bytes;
+    s.ep = p.ep_degree;
+    if (in.model.is_moe()) {
+      const std::int64_t copies = s.local_tokens * in.model.moe.experts_per_token;
+      s.expert_rows = s.ep == 1 ? copies
+                                : static_cast<std::int64_t>(
+                                      std::ceil(static_cast<double>(copies) * p.expert_imbalance));
+      s.local_experts = in.model.moe.experts / s.ep;
+    }
     return s;
   }
 };

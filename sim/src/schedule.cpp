@@ -16,6 +16,7 @@
 #include "cpsim/sim/schedule.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <utility>
@@ -331,6 +332,68 @@ std::optional<ConfigIssue> check_attention_window(const ScheduleInputs& in,
   return std::nullopt;
 }
 
+// A mixture of experts runs where the implementation's code runs one (Implementation::experts),
+// with expert parallelism where it splits the experts. Not modelled, so refused: expert TP under
+// tensor parallelism (Megatron's sequence-parallel gather before the dispatch), FP8 experts,
+// ALST's tiled MLP around a MoE block. E_p consecutive ranks of one TP position (Group::kExpert)
+// must divide the experts and the ranks of a pipeline stage.
+std::optional<ConfigIssue> check_experts(const ScheduleInputs& in,
+                                         const Implementation* implementation) {
+  const models::TransformerSpec& m = in.model;
+  const models::ParallelConfig& p = in.parallel;
+  if (!(p.expert_imbalance >= 1.0) || !std::isfinite(p.expert_imbalance)) {
+    return ConfigIssue{Quantity::kExpertImbalance,
+                       fmt::format("must be a finite number of at least 1 (the balanced share), "
+                                   "got {}",
+                                   p.expert_imbalance)};
+  }
+  if (!m.is_moe()) {
+    if (p.ep_degree > 1) {
+      return ConfigIssue{Quantity::kExpertParallel,
+                         fmt::format("EP degree {}: {} has no experts", p.ep_degree, m.name)};
+    }
+    return std::nullopt;
+  }
+  const std::string what = fmt::format("{} has {} experts, {} per token", m.name, m.moe.experts,
+                                       m.moe.experts_per_token);
+  if (implementation != nullptr) {
+    const ExpertSupport support = implementation->experts(p.method);
+    if (!support.runs) {
+      return ConfigIssue{Quantity::kExperts, fmt::format("{}; {} does not run them: {}", what,
+                                                         implementation->name(), support.source)};
+    }
+    if (p.ep_degree > 1 && !support.expert_parallel) {
+      return ConfigIssue{Quantity::kExpertParallel,
+                         fmt::format("EP degree {}: {} runs every expert on each rank: {}",
+                                     p.ep_degree, implementation->name(), support.source)};
+    }
+  }
+  if (p.tp_degree > 1) {
+    return ConfigIssue{Quantity::kTpDegree,
+                       fmt::format("{}; experts under tensor parallelism are not modelled", what)};
+  }
+  if (in.recipe.fp8 || in.recipe.tiled_mlp) {
+    return ConfigIssue{
+        Quantity::kExperts,
+        fmt::format("{}; {} around experts is not modelled (--tiled-mlp off, --fp8 off)", what,
+                    in.recipe.fp8 ? "FP8" : "a tiled MLP")};
+  }
+  if (p.ep_degree > 1 && (in.recipe.param_offload || in.recipe.optimizer_offload)) {
+    return ConfigIssue{Quantity::kExpertParallel,
+                       fmt::format("EP degree {}: expert parallelism with offloaded parameters or "
+                                   "optimizer states is not modelled",
+                                   p.ep_degree)};
+  }
+  const int stage_ranks = p.gpus / std::max(1, p.pp_degree);
+  if (p.ep_degree < 1 || m.moe.experts % p.ep_degree != 0 || stage_ranks % p.ep_degree != 0) {
+    return ConfigIssue{Quantity::kExpertParallel,
+                       fmt::format("EP degree {} must divide the {} experts and the {} GPUs of a "
+                                   "pipeline stage",
+                                   p.ep_degree, m.moe.experts, stage_ranks)};
+  }
+  return std::nullopt;
+}
+
 LayoutCheck check_rank_layout(const ScheduleInputs& in) {
   const CpScheme& method = cp_scheme(in.parallel.method);
   LayoutCheck out;
@@ -355,6 +418,9 @@ LayoutCheck check_rank_layout(const ScheduleInputs& in) {
   }
   if (!out.issue) {
     out.issue = check_attention_window(in, method, out.layout, out.implementation);
+  }
+  if (!out.issue) {
+    out.issue = check_experts(in, out.implementation);
   }
   return out;
 }
@@ -483,9 +549,16 @@ ModelStates model_states(const ScheduleInputs& inputs) {
   std::optional<ScheduleInputs> storage;
   const ScheduleInputs& in = rank_view(inputs, storage);
   const auto& r = in.recipe;
-  const std::int64_t total = models::count_parameters(in.model).total;
+  // Expert parallelism: a rank holds 1/E_p of the experts, sharded over the E_p-strided ranks
+  // that hold the same ones (G/E_p of them); the other parameters as before.
+  const models::ParameterCount count = models::count_parameters(in.model);
+  const std::int64_t ep = std::max(1, in.parallel.ep_degree);
+  const std::int64_t experts = in.model.layers * count.experts_per_layer / ep;
+  const std::int64_t total = count.total - in.model.layers * count.experts_per_layer + experts;
   const std::int64_t gpus = std::max(1, in.parallel.gpus / std::max(1, in.parallel.tp_degree));
-  const std::int64_t shard = (total + gpus - 1) / gpus;
+  const std::int64_t expert_gpus = std::max<std::int64_t>(1, gpus / ep);
+  const std::int64_t shard =
+      (total - experts + gpus - 1) / gpus + (experts + expert_gpus - 1) / expert_gpus;
   const std::int64_t p = r.param_bytes, m = r.master_param_bytes, g = r.grad_bytes,
                      o = r.optimizer_state_bytes;
   const std::int64_t mo_gpu = r.optimizer_offload ? 0 : (m + o);

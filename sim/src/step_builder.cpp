@@ -33,6 +33,21 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
       implementation_(implementation),
       method_(cp_scheme(in.parallel.method)) {
   params_ = models::count_parameters(m_);
+  if (shape_.ep > 1) {
+    expert_params_ = params_.experts_per_layer / shape_.ep;
+    const std::int64_t elsewhere = params_.experts_per_layer - expert_params_;
+    params_.per_layer -= elsewhere;
+    params_.mlp_per_layer -= elsewhere;
+    params_.experts_per_layer = expert_params_;
+    params_.total -= m_.layers * elsewhere;
+  }
+  {
+    const std::int64_t all = b_.group_size(Group::kAll);
+    const std::int64_t experts = m_.layers * expert_params_;
+    updated_params_ = r_.zero_stage == 0 ? params_.total
+                                         : ceil_div(params_.total - experts, all) +
+                                               ceil_div(experts, b_.group_size(Group::kExpertData));
+  }
   // Packed documents make ring steps unlike one another: each is its own op.
   merge_ring_ = merge_ring_steps && simulated_ranks < in.parallel.gpus && in.documents.empty();
   // Blocks whose attention differs (some windowed, some not) are built one by one.
@@ -43,6 +58,7 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
       r_.tiled_mlp_shards > 0 ? r_.tiled_mlp_shards : ceil_div(shape_.local_tokens, m_.hidden);
   if (implementation_ != nullptr) {
     acc_bytes_ = implementation_->ring_accumulator_bytes(in);
+    experts_ = implementation_->experts(in.parallel.method);
     logits_loss_ = implementation_->logits_loss();
   }
   tile_ = ceil_div(shape_.local_tokens, shards_);
@@ -70,10 +86,8 @@ std::int64_t StepBuilder::norm_saved_bytes(std::int64_t rows, std::int64_t width
   return rows * width * (kFp32Bytes + shape_.activation_bytes);
 }
 
-OpSet StepBuilder::gather_params(Name name,
-                                 std::int64_t params,
-                                 TensorSet out,
-                                 ListRef<OpSet> deps) {
+OpSet StepBuilder::gather_params(
+    Name name, std::int64_t params, TensorSet out, ListRef<OpSet> deps, Group group) {
   TensorSet staged;
   OpSet copied;
   if (r_.param_offload) {
@@ -85,8 +99,8 @@ OpSet StepBuilder::gather_params(Name name,
     // deepspeed 0.19.8; read in calibrate/tracer/findings-zero3.md), so the copies allocate from
     // that stream's pool, as the all-gather does: cpsim's H2D stream times them, the all-gather
     // pool holds their memory.
-    const std::int64_t shard_bytes = ceil_div(params, b_.group_size(Group::kAll)) * r_.param_bytes;
-    if (b_.group_size(Group::kAll) == 1) {
+    const std::int64_t shard_bytes = ceil_div(params, b_.group_size(group)) * r_.param_bytes;
+    if (b_.group_size(group) == 1) {
       return host_copy(name.text(w_) + "(from host)", true, shard_bytes, TensorSet{}, out, deps,
                        MemoryPool::kGather);
     }
@@ -103,8 +117,7 @@ OpSet StepBuilder::gather_params(Name name,
   } else {
     s.deps.assign(deps.begin(), deps.end());
   }
-  return b_.collective(s, Group::kAll, models::Collective::kAllGather, cost_,
-                       params * r_.param_bytes);
+  return b_.collective(s, group, models::Collective::kAllGather, cost_, params * r_.param_bytes);
 }
 
 bool StepBuilder::zero3_host_grad_partitions() const {
@@ -114,7 +127,7 @@ bool StepBuilder::zero3_host_grad_partitions() const {
 std::int64_t StepBuilder::largest_layer_param() const {
   // q_proj/o_proj [h, H·d], k_proj/v_proj [h, Hkv·d], the MLP's matrices [h, f] (one TP rank's
   // share: m_ is the rank's view).
-  return m_.hidden * std::max({m_.q_width(), m_.kv_width(), m_.ffn_hidden});
+  return m_.hidden * std::max({m_.q_width(), m_.kv_width(), m_.mlp_width()});
 }
 
 // DeepSpeed ZeRO-3 with the optimizer offloaded (the gradient partitions in a host buffer) makes,
@@ -153,8 +166,12 @@ std::int64_t StepBuilder::zero3_offload_reduce_bytes(std::int64_t params,
          std::max(kFp64Bytes * std::min(partition, kNormChunkElements), kFp32Bytes * partition);
 }
 
-OpSet StepBuilder::reduce_grads(
-    Name name, std::int64_t params, std::int64_t largest, TensorSet grads, ListRef<OpSet> deps) {
+OpSet StepBuilder::reduce_grads(Name name,
+                                std::int64_t params,
+                                std::int64_t largest,
+                                TensorSet grads,
+                                ListRef<OpSet> deps,
+                                Group group) {
   // The gradients are cast to the reduce dtype into the collective's buffer. ZeRO ≥ 2 reduce-
   // scatters them; ZeRO 0/1 all-reduce into the persistent unsharded gradients. `deps` must hold
   // the op that finishes the gradients: under ZeRO 0/1 `grads` is none (the persistent gradients
@@ -167,7 +184,7 @@ OpSet StepBuilder::reduce_grads(
   const MemoryPool pool = host_partitions ? MemoryPool::kReduce : MemoryPool::kByStream;
   const auto kind =
       r_.zero_stage >= 2 ? models::Collective::kReduceScatter : models::Collective::kAllReduce;
-  if (b_.group_size(Group::kAll) == 1) {
+  if (b_.group_size(group) == 1) {
     const KernelCost k = mem(params * r_.grad_reduce_bytes);
     OpSpec& s = next_spec(name.text(w_) + "(local)", Stream::kCompute, OpKind::kElementwise);
     s.time_s = k.time_s;
@@ -186,7 +203,7 @@ OpSet StepBuilder::reduce_grads(
   s.workspace_bytes = workspace;
   s.workspace_category = MemCategory::kGradBuffers;
   s.memory_pool = pool;
-  return b_.collective(s, Group::kAll, kind, cost_, params * r_.grad_reduce_bytes);
+  return b_.collective(s, group, kind, cost_, params * r_.grad_reduce_bytes);
 }
 
 // With tensor parallelism (T > 1) the norms and residuals run on the rank's s/T tokens (sequence
@@ -198,8 +215,12 @@ OpSet StepBuilder::reduce_grads(
 // else a block keeps is a TP share already (heads/T, f/T) or s/T tokens: Korthikanti et al.'s
 // activations per layer with SP, sbh·(34/t + 5as/(ht)) in their dropout-and-softmax accounting.
 // MLP (SwiGLU): gate/up GEMM [s, h] × [h, 2f], activation, down GEMM [s, f] × [f, h]; what the
-// backward needs goes into `sv`. Returns the MLP's output (before TP's reduce-scatter).
+// backward needs goes into `sv`. Returns the MLP's output (before TP's reduce-scatter). A mixture
+// of experts: step_experts.cpp.
 TensorSet StepBuilder::mlp_forward(SavedLayer& sv, TensorSet h1n, TensorSet params, bool grad) {
+  if (m_.is_moe()) {
+    return moe_forward(sv, h1n, params, grad);
+  }
   const std::int64_t h = m_.hidden;
   const std::int64_t f = m_.ffn_hidden;
   TensorSet mlp_out =
@@ -214,35 +235,43 @@ TensorSet StepBuilder::mlp_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
             times(one, static_cast<double>(shards_)), {h1n, params}, {mlp_out}, {},
             3 * tile_ * f * shape_.activation_bytes);
   } else {
-    TensorSet gate_up = b_.tensor("gate_up", shape_.local_tokens * 2 * f * shape_.activation_bytes,
-                                  MemCategory::kActivations);
-    compute("mlp_gate_up", OpKind::kGemm, linear_fwd(shape_.local_tokens, 2 * f, h, grad),
-            {h1n, params}, {gate_up});
-    TensorSet act = b_.tensor("mlp_act", shape_.local_tokens * f * shape_.activation_bytes,
-                              MemCategory::kActivations);
-    std::vector<TensorSet> act_out = {act};
-    if (grad && r_.mlp_kernel == models::MlpKernel::kEager) {
-      // silu(gate), kept by the product for its backward.
-      sv.mlp_silu = b_.tensor("mlp_silu", shape_.local_tokens * f * shape_.activation_bytes,
-                              MemCategory::kActivations);
-      act_out.push_back(sv.mlp_silu);
-    }
-    compute("mlp_act", OpKind::kElementwise, swiglu_cost(shape_.local_tokens * f, false), {gate_up},
-            std::move(act_out));
-    std::vector<TensorSet> down_out = {mlp_out};
-    TensorSet act_kept = act;
-    if (r_.fp8 && grad) {
-      act_kept = b_.tensor("mlp_act_fp8", shape_.local_tokens * f, MemCategory::kActivations);
-      down_out.push_back(act_kept);
-    }
-    compute("mlp_down", OpKind::kGemm, linear_fwd(shape_.local_tokens, h, f, grad), {act, params},
-            std::move(down_out));
-    if (grad) {
-      sv.gate_up = gate_up;
-      sv.act = act_kept;
-    }
+    gated_mlp_forward(sv, h1n, params, grad, {shape_.local_tokens, f, 1}, mlp_out);
   }
   return mlp_out;
+}
+
+KernelCost StepBuilder::grouped(KernelCost one, std::int64_t groups) {
+  return groups == 1 ? one : times(one, static_cast<double>(groups));
+}
+
+void StepBuilder::gated_mlp_forward(
+    SavedLayer& sv, TensorSet in, TensorSet params, bool grad, const GatedMlp& g, TensorSet out) {
+  const std::int64_t h = m_.hidden, f = g.width, rows = g.rows, a = shape_.activation_bytes;
+  const std::int64_t group_rows = (rows + g.groups - 1) / g.groups;
+  TensorSet gate_up = b_.tensor("gate_up", rows * 2 * f * a, MemCategory::kActivations);
+  compute("mlp_gate_up", OpKind::kGemm, grouped(linear_fwd(group_rows, 2 * f, h, grad), g.groups),
+          {in, params}, {gate_up});
+  TensorSet act = b_.tensor("mlp_act", rows * f * a, MemCategory::kActivations);
+  std::vector<TensorSet> act_out = {act};
+  if (grad && r_.mlp_kernel == models::MlpKernel::kEager) {
+    // silu(gate), kept by the product for its backward.
+    sv.mlp_silu = b_.tensor("mlp_silu", rows * f * a, MemCategory::kActivations);
+    act_out.push_back(sv.mlp_silu);
+  }
+  compute("mlp_act", OpKind::kElementwise, swiglu_cost(rows * f, false), {gate_up},
+          std::move(act_out));
+  std::vector<TensorSet> down_out = {out};
+  TensorSet act_kept = act;
+  if (r_.fp8 && grad) {
+    act_kept = b_.tensor("mlp_act_fp8", rows * f, MemCategory::kActivations);
+    down_out.push_back(act_kept);
+  }
+  compute("mlp_down", OpKind::kGemm, grouped(linear_fwd(group_rows, h, f, grad), g.groups),
+          {act, params}, std::move(down_out));
+  if (grad) {
+    sv.gate_up = gate_up;
+    sv.act = act_kept;
+  }
 }
 
 // Gemma 3's post_attention_layernorm and post_feedforward_layernorm (modeling_gemma3.py:388-400,
@@ -361,6 +390,9 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
 // is an op of its own, overlapping dh1n's reduce-scatter.
 TensorSet StepBuilder::mlp_backward(
     const SavedLayer& sv, TensorSet dy_full, TensorSet h1n, TensorSet params, TensorSet grads) {
+  if (m_.is_moe()) {
+    return moe_backward(sv, dy_full, h1n, params, grads);
+  }
   const std::int64_t h = m_.hidden, f = m_.ffn_hidden;
   TensorSet dh1n =
       b_.tensor("dh1n", shape_.local_tokens * h * shape_.activation_bytes, MemCategory::kOther);
@@ -374,38 +406,55 @@ TensorSet StepBuilder::mlp_backward(
     compute(fmt::format("mlp_tiled_bwd[{}]", shards_), OpKind::kGemm,
             times(plus(fwd, bwd), static_cast<double>(shards_)), {dy_full, h1n, params},
             {dh1n, grads}, {}, 6 * tile_ * f * shape_.activation_bytes);
-  } else {
-    const KernelCost bwd =
-        plus(plus(linear_bwd(shape_.local_tokens, 2 * f, h), linear_bwd(shape_.local_tokens, h, f)),
-             swiglu_cost(shape_.local_tokens * f, true));
-    std::vector<TensorSet> kept = {dy_full, h1n, sv.gate_up, sv.act, params};
+  } else if (shape_.tp > 1 && tp_regather_) {
+    // Megatron: down's dgrad and wgrad, the activation's backward and gate/up's dgrad; then
+    // gate/up's wgrad (reading the gathered h1n) while dh1n is reduce-scattered. dgate/dup
+    // (2f, none extra for Liger's in-place kernel) live until that wgrad.
+    std::vector<TensorSet> kept = {dy_full, sv.gate_up, sv.act, params};
     if (sv.mlp_silu.valid()) {
       kept.push_back(sv.mlp_silu);
     }
-    // Gradients held at once: the product's, then dgate and dup (3f); Liger writes the latter two
-    // over gate and up, leaving only the product's (f).
-    const std::int64_t grads_f = r_.mlp_kernel == models::MlpKernel::kFused ? 1 : 3;
-    if (shape_.tp > 1 && tp_regather_) {
-      // Megatron: down's dgrad and wgrad, the activation's backward and gate/up's dgrad; then
-      // gate/up's wgrad (reading the gathered h1n) while dh1n is reduce-scattered. dgate/dup
-      // (2f, none extra for Liger's in-place kernel) live until that wgrad.
-      kept.erase(std::find(kept.begin(), kept.end(), h1n));
-      const TensorSet dgate_up =
-          b_.tensor("dgate_up", (grads_f - 1) * shape_.local_tokens * f * shape_.activation_bytes,
-                    MemCategory::kOther);
-      const KernelCost dgrad = plus(
-          plus(linear_bwd(shape_.local_tokens, h, f), linear_dgrad(shape_.local_tokens, 2 * f, h)),
-          swiglu_cost(shape_.local_tokens * f, true));
-      compute("mlp_bwd", OpKind::kGemm, dgrad, std::move(kept), {dh1n, dgate_up, grads}, {},
-              shape_.local_tokens * f * shape_.activation_bytes);
-      compute("mlp_wgrad", OpKind::kGemm, linear_wgrad(shape_.local_tokens, 2 * f, h),
-              {dgate_up, h1n, params}, {});
-    } else {
-      compute("mlp_bwd", OpKind::kGemm, bwd, std::move(kept), {dh1n, grads}, {},
-              grads_f * shape_.local_tokens * f * shape_.activation_bytes);
-    }
+    const std::int64_t grads_f = mlp_grad_widths();
+    const TensorSet dgate_up =
+        b_.tensor("dgate_up", (grads_f - 1) * shape_.local_tokens * f * shape_.activation_bytes,
+                  MemCategory::kOther);
+    const KernelCost dgrad = plus(
+        plus(linear_bwd(shape_.local_tokens, h, f), linear_dgrad(shape_.local_tokens, 2 * f, h)),
+        swiglu_cost(shape_.local_tokens * f, true));
+    compute("mlp_bwd", OpKind::kGemm, dgrad, std::move(kept), {dh1n, dgate_up, grads}, {},
+            shape_.local_tokens * f * shape_.activation_bytes);
+    compute("mlp_wgrad", OpKind::kGemm, linear_wgrad(shape_.local_tokens, 2 * f, h),
+            {dgate_up, h1n, params}, {});
+  } else {
+    gated_mlp_backward(sv, dy_full, h1n, params, grads, {shape_.local_tokens, f, 1}, dh1n);
   }
   return dh1n;
+}
+
+std::int64_t StepBuilder::mlp_grad_widths() const {
+  // Gradients held at once: the product's, then dgate and dup (3f); Liger writes the latter two
+  // over gate and up, leaving only the product's (f).
+  return r_.mlp_kernel == models::MlpKernel::kFused ? 1 : 3;
+}
+
+void StepBuilder::gated_mlp_backward(const SavedLayer& sv,
+                                     TensorSet dy,
+                                     TensorSet in,
+                                     TensorSet params,
+                                     TensorSet grads,
+                                     const GatedMlp& g,
+                                     TensorSet dx) {
+  const std::int64_t h = m_.hidden, f = g.width, rows = g.rows;
+  const std::int64_t group_rows = (rows + g.groups - 1) / g.groups;
+  const KernelCost bwd =
+      plus(grouped(plus(linear_bwd(group_rows, 2 * f, h), linear_bwd(group_rows, h, f)), g.groups),
+           swiglu_cost(rows * f, true));
+  std::vector<TensorSet> kept = {dy, in, sv.gate_up, sv.act, params};
+  if (sv.mlp_silu.valid()) {
+    kept.push_back(sv.mlp_silu);
+  }
+  compute("mlp_bwd", OpKind::kGemm, bwd, std::move(kept), {dx, grads}, {},
+          mlp_grad_widths() * rows * f * shape_.activation_bytes);
 }
 
 TensorSet StepBuilder::layer_backward(
@@ -576,7 +625,22 @@ void StepBuilder::gather_layer(int l, ListRef<OpSet> deps) {
   }
   TensorSet& params = layer_params_[static_cast<std::size_t>(l)];
   params = param_buffer(block_name("layer", l, ".params"), params_.per_layer);
-  gather_into(block_name("allgather.layer", l), params_.per_layer, params, deps);
+  if (expert_params_ == 0) {
+    gather_into(block_name("allgather.layer", l), params_.per_layer, params, deps);
+    return;
+  }
+  // Expert parallelism: the block's other parameters over every rank, then its experts over the
+  // ranks holding the same ones, into one buffer (allocated for the whole block from the first
+  // gather on: its workspace), which the block's ops wait for through the second.
+  OpSpec& s = next_spec(block_name("allgather.layer", l), Stream::kFsdp, OpKind::kElementwise);
+  s.memory_pool = MemoryPool::kGather;
+  s.deps.assign(deps.begin(), deps.end());
+  s.workspace_bytes = params_.per_layer * r_.param_bytes;
+  s.workspace_category = MemCategory::kParamGather;
+  const OpSet others = b_.collective(s, Group::kAll, models::Collective::kAllGather, cost_,
+                                     (params_.per_layer - expert_params_) * r_.param_bytes);
+  gather_params(block_name("allgather.experts", l), expert_params_, params, {others},
+                Group::kExpertData);
 }
 
 void StepBuilder::prefetch_layer(int l, OpSet after) {
@@ -823,8 +887,15 @@ TensorSet StepBuilder::backward_layers(TensorSet dy, OpSet after_loss, bool redu
     if (!reduce) {
       continue;
     }
-    reduce_grads(block_name("reduce.layer", l), params_.per_layer, largest_layer_param(), grads,
-                 {b_.producer(dy)});
+    if (expert_params_ == 0) {
+      reduce_grads(block_name("reduce.layer", l), params_.per_layer, largest_layer_param(), grads,
+                   {b_.producer(dy)});
+      continue;
+    }
+    reduce_grads(block_name("reduce.layer", l), params_.per_layer - expert_params_,
+                 largest_layer_param(), grads, {b_.producer(dy)});
+    reduce_grads(block_name("reduce.experts", l), expert_params_, largest_layer_param(), grads,
+                 {b_.producer(dy)}, Group::kExpertData);
   }
   return dy;
 }
@@ -844,8 +915,7 @@ OpSet StepBuilder::embedding_backward(TensorSet dy, bool reduce) {
 
 void StepBuilder::optimizer(OpSet last_reduce, TensorSet host_optimizer, TensorSet reduce_bucket) {
   b_.set_phase(Phase::kOptimizer);
-  const std::int64_t updated =
-      r_.zero_stage == 0 ? params_.total : ceil_div(params_.total, b_.group_size(Group::kAll));
+  const std::int64_t updated = updated_params_;
   if (!r_.optimizer_offload) {
     // AdamW on the GPU: reads param, grad, m, v (fp32) and writes param, m, v: 28 bytes/param.
     compute("adamw", OpKind::kOptimizer, mem(updated * 28), {reduce_bucket}, {}, {last_reduce});

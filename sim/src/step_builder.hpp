@@ -47,8 +47,12 @@ struct SavedLayer {
   TensorSet gate_up;   // untiled MLP: [s, 2f]
   TensorSet act;       // untiled MLP: [s, f] (FP8: down's column-wise FP8 copy, 1 byte)
   TensorSet mlp_silu;  // untiled eager MLP: silu(gate) [s, f]
-  TensorSet out;       // block output
-  OpSet attn_ready;    // when set, the output projection waits for it (outputs filled in place)
+  // Mixture of experts (step_experts.cpp): the router's fp32 probabilities [s, E], the top-k
+  // weights and indices, the rows the rank's experts computed on and their outputs [R, h].
+  TensorSet router_probs, routing, expert_in, expert_out;
+  TensorSet expert_weighted;  // the weighted outputs [s·k, h], where the implementation keeps them
+  TensorSet out;              // block output
+  OpSet attn_ready;  // when set, the output projection waits for it (outputs filled in place)
   OpSet first_op;
   OpSet last_op;
 };
@@ -120,10 +124,19 @@ class StepBuilder : private OpEmitter, private KernelCosts {
                                    std::int64_t nkv,
                                    std::int64_t hq,
                                    std::int64_t hkv) const;
-  OpSet gather_params(Name name, std::int64_t params, TensorSet out, ListRef<OpSet> deps);
-  /// Reduces the gradients of `params` elements, of which the largest parameter has `largest`.
-  OpSet reduce_grads(
-      Name name, std::int64_t params, std::int64_t largest, TensorSet grads, ListRef<OpSet> deps);
+  OpSet gather_params(Name name,
+                      std::int64_t params,
+                      TensorSet out,
+                      ListRef<OpSet> deps,
+                      Group group = Group::kAll);
+  /// Reduces the gradients of `params` elements, of which the largest parameter has `largest`,
+  /// over `group` (the ranks sharing them).
+  OpSet reduce_grads(Name name,
+                     std::int64_t params,
+                     std::int64_t largest,
+                     TensorSet grads,
+                     ListRef<OpSet> deps,
+                     Group group = Group::kAll);
   /// Whether DeepSpeed ZeRO-3 copies each reduced gradient partition back from its host buffer to
   /// the GPU (stage 3, optimizer offload, recipe host_grad_partition_buffer).
   bool zero3_host_grad_partitions() const;
@@ -219,6 +232,40 @@ class StepBuilder : private OpEmitter, private KernelCosts {
   TensorSet mlp_forward(SavedLayer& sv, TensorSet h1n, TensorSet params, bool grad);
   TensorSet mlp_backward(
       const SavedLayer& sv, TensorSet dy_full, TensorSet h1n, TensorSet params, TensorSet grads);
+  /// A gated MLP over `rows` tokens of width `width`, its GEMMs split into `groups` equal ones
+  /// (a rank's experts; 1 for a dense MLP).
+  struct GatedMlp {
+    std::int64_t rows = 0;
+    std::int64_t width = 0;
+    std::int64_t groups = 1;
+  };
+  /// `one` run `groups` times (exactly `one` for a single group).
+  static KernelCost grouped(KernelCost one, std::int64_t groups);
+  /// Gate/up GEMM, activation and down GEMM from `in` into `out`; what the backward reads goes
+  /// into `sv`.
+  void gated_mlp_forward(
+      SavedLayer& sv, TensorSet in, TensorSet params, bool grad, const GatedMlp& g, TensorSet out);
+  /// Its backward from `dy` into `dx` and `grads`, as one op.
+  void gated_mlp_backward(const SavedLayer& sv,
+                          TensorSet dy,
+                          TensorSet in,
+                          TensorSet params,
+                          TensorSet grads,
+                          const GatedMlp& g,
+                          TensorSet dx);
+  /// Widths of f the MLP backward's gradients hold at once (3, or 1 for Liger's in-place kernel).
+  std::int64_t mlp_grad_widths() const;
+  /// The mixture of experts, forward and backward: step_experts.cpp.
+  TensorSet moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet params, bool grad);
+  TensorSet moe_backward(
+      const SavedLayer& sv, TensorSet dy, TensorSet h1n, TensorSet params, TensorSet grads);
+  /// Routing bookkeeping a block keeps: top-k indices and weights, their sum, the
+  /// implementation's own (step_experts.cpp).
+  std::int64_t routing_bytes() const;
+  /// All-to-all of `in` over the EP group into a new [rows, h] tensor of category `cat`; the
+  /// busiest rank's buffer is `buffer_rows` × h.
+  TensorSet expert_exchange(
+      const char* name, TensorSet in, std::int64_t rows, std::int64_t buffer_rows, MemCategory cat);
 
   /// Core attention over the head-sharded sequence of n_r = N / ring tokens: one flash-attention
   /// call when the ring degree is 1, else a ring (send/recv) or an all-gather of K/V over the ring
@@ -297,9 +344,17 @@ class StepBuilder : private OpEmitter, private KernelCosts {
   HeadLayout layout_;
   const Implementation* implementation_;  ///< nullptr: the method's scheme alone
   const CpScheme& method_;
+  /// How the implementation's code runs a mixture of experts (the common part without one).
+  ExpertSupport experts_;
   std::int64_t acc_bytes_ = 4;  ///< ring output and gradient accumulators (implementation's dtype)
   LogitsLoss logits_loss_ = LogitsLoss::kHuggingFace;  ///< the implementation's framework's
+  /// The rank's parameters: with expert parallelism its layers hold 1/E_p of the experts
+  /// (per_layer and total count those), expert_params_ of them per layer.
   models::ParameterCount params_;
+  std::int64_t expert_params_ = 0;
+  /// Parameters the rank's optimizer updates: everything under ZeRO-0, else its shard (the
+  /// experts' over the expert data-parallel ranks, the rest over all).
+  std::int64_t updated_params_ = 0;
   bool merge_ring_ = false;               // BuildOptions::merge_ring_steps
   bool repeat_layers_ = true;             // BuildOptions::repeat_layers
   double layer_window_share_ = 1.0;       // the current block's (enter_layer)

@@ -220,12 +220,73 @@ TEST(HfConfig, BiasedMlpsAndLayerNormAreRefusedWhateverTheModelType) {
   EXPECT_EQ(error_field(llama_config()), "");  // mlp_bias false, rms_norm_eps: modelled
 }
 
-TEST(HfConfig, MixtralIsRefused) {
+json mixtral_config() {
   json config = llama_config();
+  config["model_type"] = "mixtral";
   config["num_local_experts"] = 8;
   config["num_experts_per_tok"] = 2;
-  config["model_type"] = "mixtral";
-  EXPECT_EQ(error_field(config), "llama.json:num_local_experts");
+  config["vocab_size"] = 32000;
+  config["max_position_embeddings"] = 32768;
+  config["rope_theta"] = 1e6;
+  config.erase("rope_scaling");
+  config.erase("mlp_bias");
+  config["sliding_window"] = nullptr;
+  return config;
+}
+
+json qwen3_moe_config() {
+  return json::parse(R"({
+    "model_type": "qwen3_moe", "hidden_act": "silu", "hidden_size": 2048,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+    "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "norm_topk_prob": true, "num_hidden_layers": 48, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+    "tie_word_embeddings": false, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "use_sliding_window": false, "sliding_window": null, "max_window_layers": 48
+  })");
+}
+
+TEST(HfConfig, MixtralExpertsAreIntermediateSizeWide) {
+  const TransformerSpec spec = parse(mixtral_config());
+  EXPECT_EQ(spec.moe.experts, 8);
+  EXPECT_EQ(spec.moe.experts_per_token, 2);
+  EXPECT_EQ(spec.moe.expert_ffn_hidden, 14336);
+  // Per layer: attention 2·4096² + 2·4096·1024 = 41,943,040, experts 8·3·4096·14336 =
+  // 1,409,286,144, router 4096·8, norms 2·4096; ×32, plus 2·32000·4096 and the final norm:
+  // Mixtral-8x7B's 46.7 B.
+  EXPECT_EQ(count_parameters(spec).total, 46'702'792'704);
+  json noisy = mixtral_config();
+  noisy["router_jitter_noise"] = 0.01;
+  EXPECT_EQ(error_field(noisy), "llama.json:router_jitter_noise");
+  json windowed = mixtral_config();
+  windowed["sliding_window"] = 4096;
+  EXPECT_EQ(parse(windowed).windowed_layers(), 32);  // every layer, as Mistral
+}
+
+TEST(HfConfig, Qwen3MoeExpertsAndItsDenseLayersRefused) {
+  const TransformerSpec spec = parse(qwen3_moe_config());
+  EXPECT_EQ(spec.moe.experts, 128);
+  EXPECT_EQ(spec.moe.experts_per_token, 8);
+  EXPECT_EQ(spec.moe.expert_ffn_hidden, 768);
+  EXPECT_EQ(spec.mlp_width(), 768);
+  EXPECT_TRUE(spec.qk_norm);
+  EXPECT_EQ(count_parameters(spec).total, 30'532'122'624);  // Qwen3-30B-A3B
+  json step = qwen3_moe_config();
+  step["decoder_sparse_step"] = 2;
+  EXPECT_EQ(error_field(step), "llama.json:decoder_sparse_step");
+  json dense_layers = qwen3_moe_config();
+  dense_layers["mlp_only_layers"] = {0, 1};
+  EXPECT_EQ(error_field(dense_layers), "llama.json:mlp_only_layers");
+  json too_many = qwen3_moe_config();
+  too_many["num_experts_per_tok"] = 129;
+  EXPECT_EQ(error_field(too_many), "llama.json:num_experts_per_tok");
+  json no_experts = qwen3_moe_config();
+  no_experts.erase("moe_intermediate_size");
+  EXPECT_EQ(error_field(no_experts), "llama.json:moe_intermediate_size");
+  // Qwen2-MoE (shared experts) and DeepSeek (MLA) stay refused by model_type.
+  json qwen2 = qwen3_moe_config();
+  qwen2["model_type"] = "qwen2_moe";
+  EXPECT_EQ(error_field(qwen2), "llama.json:num_experts");
 }
 
 /// The layers of `spec` with a window, as 'S' and 'F' per layer.

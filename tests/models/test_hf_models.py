@@ -6,6 +6,10 @@ run once with an attention function that records the `sliding_window` each layer
 hands to the kernel (what flash_attention_2 turns into window_size). cpsim reads the file with
 `cpsim models PATH --json`; its `layer_types` and `sliding_window` must be what the code does.
 Parameters: cpsim's count must be the number of parameters of the model transformers builds.
+Experts: transformers' mixture-of-experts block (Mixtral, Qwen3-MoE) runs forward on the CPU with
+a hook on every tensor autograd saves; their bytes must be what cpsim's block keeps for the Hugging
+Face implementations (sim/src/step_experts.cpp; tests/sim/moe_test.cpp holds the simulated block
+to the same sum).
 
 Environment: CPSIM_BIN (the cpsim executable; default build/cpsim).
 """
@@ -76,6 +80,27 @@ COUNTED = [
     ("mistral", {"sliding_window": 512}),
     ("gemma3_text", {"hidden_activation": "gelu_pytorch_tanh"}),
     ("gemma3_text", {"tie_word_embeddings": False}),
+    ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    ("qwen3_moe", {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 48}),
+]
+# Mixture-of-experts blocks traced: (model_type, keys, cpsim's MoeSpec::renormalize).
+EXPERT_BLOCKS = [
+    ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2}, True),
+    (
+        "qwen3_moe",
+        {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 48},
+        False,
+    ),
+    (
+        "qwen3_moe",
+        {
+            "num_experts": 16,
+            "num_experts_per_tok": 4,
+            "moe_intermediate_size": 80,
+            "norm_topk_prob": True,
+        },
+        True,
+    ),
 ]
 
 
@@ -142,3 +167,60 @@ def test_cpsim_counts_the_parameters_transformers_builds(model_type, keys, tmp_p
     r = subprocess.run([CPSIM, "models", str(path), "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["model"]["parameters"] == built
+
+
+def traced_expert_bytes(model_type, keys, tokens):
+    """Bytes autograd keeps for the backward of transformers' MoE block over `tokens` tokens in
+    bf16: every saved tensor's storage once, without the block's input and its weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **TINY, **keys)
+    layer = AutoModelForCausalLM.from_config(config).model.layers[0]
+    block = getattr(layer, "block_sparse_moe", None) or layer.mlp  # Mixtral's name, Qwen3-MoE's
+    block = block.to(torch.bfloat16)
+    x = torch.randn(1, tokens, TINY["hidden_size"], dtype=torch.bfloat16, requires_grad=True)
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    excluded = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    excluded.add(x.untyped_storage().data_ptr())
+    return sum(b for ptr, b in storages.items() if ptr not in excluded)
+
+
+def cpsim_expert_bytes(model_type, keys, tokens, tmp_path):
+    """What cpsim's block keeps for the Hugging Face implementations (step_experts.cpp): the
+    router's fp32 probabilities, per token copy the top-k index (int64), the bf16 weight and two
+    int64 indices of the expert loop, with renormalised weights their fp32 values and one fp32 sum
+    per token, and per copy the experts' input, output and weighted output [h] and the eager gated
+    MLP's 4 · f."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": model_type, **TINY, **keys}))
+    r = subprocess.run([CPSIM, "models", str(path), "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    experts = json.loads(r.stdout)["model"]["experts"]
+    e, k, f = experts["experts"], experts["experts_per_token"], experts["expert_ffn_hidden"]
+    h, a, copies = TINY["hidden_size"], 2, tokens * k
+    renormalize = experts["renormalize"]
+    return (
+        tokens * e * 4
+        + copies * (8 + a + 16)
+        + ((copies + tokens) * 4 if renormalize else 0)
+        + copies * 3 * h * a
+        + copies * 4 * f * a
+    ), renormalize
+
+
+@pytest.mark.parametrize("model_type,keys,renormalize", EXPERT_BLOCKS)
+def test_cpsim_keeps_what_the_hugging_face_expert_block_saves(
+    model_type, keys, renormalize, tmp_path
+):
+    tokens = 512
+    expected, read = cpsim_expert_bytes(model_type, keys, tokens, tmp_path)
+    assert read == renormalize
+    assert traced_expert_bytes(model_type, keys, tokens) == expected

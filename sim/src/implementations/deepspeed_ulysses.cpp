@@ -133,6 +133,11 @@ class DeepspeedUlysses final : public Implementation {
             "position_ids restart at each document and flash_attention_2 runs varlen over them "
             "(DeepSpeed 0.19.8, ulysses_sp.py:282-293)"};
   }
+  // UlyssesSPAttentionHF (DeepSpeed 0.19.8 ulysses_sp.py) replaces the attention only; the Hugging
+  // Face model's own MoE block (transformers 4.57.6 MixtralSparseMoeBlock, Qwen3MoeSparseMoeBlock:
+  // a loop over the experts on each rank's tokens) runs every expert on every rank: no expert
+  // parallelism.
+  ExpertSupport experts(models::CpMethod /*m*/) const override { return kHuggingFaceExperts; }
   // DeepSpeed 0.19.8 ulysses_sp.py:522-556, 356-357: the wrapper hands the Hugging Face module's
   // `sliding_window` kwarg on to the core attention, which with flash_attention_2 sees the whole
   // sequence after the all-to-all (transformers 4.57.6 modeling_flash_attention_utils.py:506-512:

@@ -116,6 +116,16 @@ class MegatronCoreCp final : public Implementation {
             {},
             "the THD path of its all-to-all CP (cp_comm_type a2a, a2a+p2p) was not read"};
   }
+  // megatron-core 0.16.1: MoELayer (transformer/moe/moe_layer.py) with the all-to-all token
+  // dispatcher (token_dispatcher.py:348, 647-669: permuted tokens all-to-all over the EP group and
+  // back) and grouped experts (experts.py); the expert ranks fold over the same GPUs as TP × CP ×
+  // DP in the order tp-ep-dp (parallel_state.py:785-806: expert TP defaults to TP, EP innermost).
+  ExpertSupport experts(models::CpMethod /*m*/) const override {
+    return {true, true,
+            "MoELayer with the all-to-all dispatcher over EP ranks folded with CP and DP "
+            "(megatron-core 0.16.1, transformer/moe/token_dispatcher.py:647-669, "
+            "parallel_state.py:785-806)"};
+  }
   // TransformerEngine v2.11 (megatron-core 0.16.1 takes TE >= 2.9, < 2.12) context_parallel.py:
   // 4023-4029 asserts `not sliding_window_attn or cp_comm_type in ["a2a", "all_gather"]`; a2a
   // passes the window to the kernel over the whole sequence (:3353-3357). Megatron hands

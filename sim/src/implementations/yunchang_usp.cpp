@@ -142,6 +142,11 @@ class YunchangUsp final : public Implementation {
             "LongContextAttention.forward takes no cu_seqlens: causal over the packed sequence "
             "(yunchang 0.6.4, hybrid/attn_layer.py:57-69)"};
   }
+  // LongContextAttention (yunchang 0.6.4 hybrid/attn_layer.py) replaces the attention only; the
+  // Hugging Face model's own MoE block (transformers 4.57.6 MixtralSparseMoeBlock,
+  // Qwen3MoeSparseMoeBlock: a loop over the experts on each rank's tokens) runs every expert on
+  // every rank: no expert parallelism.
+  ExpertSupport experts(models::CpMethod /*m*/) const override { return kHuggingFaceExperts; }
   // yunchang 0.6.4 hybrid/attn_layer.py:65, 128-143 and kernels/attention.py:184, 197-198 pass
   // `window_size` to flash-attn: right with ring degree 1 (one step over the whole sequence).
   // The basic and zigzag rings pass the same window at every step with no offset for the block's

@@ -46,6 +46,12 @@ const char* to_string(Quantity q) {
       return "documents";
     case Quantity::kAttentionWindow:
       return "attention_window";
+    case Quantity::kExperts:
+      return "experts";
+    case Quantity::kExpertParallel:
+      return "ep_degree";
+    case Quantity::kExpertImbalance:
+      return "expert_imbalance";
   }
   return "?";
 }

@@ -62,6 +62,13 @@ struct ParallelConfig {
   /// first / last stage, the others split evenly over the middle stages; 0 = an even split.
   int pp_first_stage_layers = 0;
   int pp_last_stage_layers = 0;
+  /// Expert-parallel degree E_p of a mixture-of-experts model: E_p consecutive ranks (of one TP
+  /// position) split the experts, tokens all-to-all between them (sim/builder.hpp Group::kExpert).
+  int ep_degree = 1;
+  /// Dropless routing's load on the busiest rank of an EP group, as a multiple of the balanced
+  /// share (≥ 1; 1: every rank receives its k·s token copies). Stated by the user: routing
+  /// statistics are the training run's, not the model's.
+  double expert_imbalance = 1.0;
   /// The implementation of the method that runs (sim/implementation.hpp, `--impl`): empty = the
   /// recipe's default for the method, "none" = the method's scheme alone.
   std::string implementation;

@@ -17,7 +17,22 @@ enum class ActivationKind { kSwiGlu, kGeGlu };
 /// before it).
 enum class LayerAttention : std::uint8_t { kFull, kSliding };
 
-/// Shape of a dense transformer. Dimensions are element counts.
+/// A mixture-of-experts MLP (Mixtral, Qwen3-MoE; transformers 4.57.6 MixtralSparseMoeBlock,
+/// Qwen3MoeSparseMoeBlock): a router Linear [h → E] without bias scores the experts, each token
+/// goes to its top k, each expert is a gated MLP of width `expert_ffn_hidden` (as the dense one),
+/// and the token's output is the routing-weighted sum of its k experts' outputs. Every layer's MLP
+/// is one when `experts` > 0; no shared experts.
+struct MoeSpec {
+  std::int64_t experts = 0;            ///< routed experts E; 0: a dense MLP
+  std::int64_t experts_per_token = 0;  ///< k (top-k)
+  std::int64_t expert_ffn_hidden = 0;  ///< f_e, one expert's intermediate size
+  /// The k routing weights renormalised to sum to 1 (Mixtral always; Qwen3-MoE with
+  /// `norm_topk_prob`): one fp32 sum per token kept for the backward.
+  bool renormalize = false;
+  bool operator==(const MoeSpec&) const = default;
+};
+
+/// Shape of a decoder-only transformer. Dimensions are element counts.
 struct TransformerSpec {
   std::string name;
   std::int64_t layers = 0;
@@ -25,7 +40,8 @@ struct TransformerSpec {
   std::int64_t heads = 0;       ///< query heads H
   std::int64_t kv_heads = 0;    ///< key/value heads H_kv (GQA); equals `heads` for MHA
   std::int64_t head_dim = 0;    ///< d
-  std::int64_t ffn_hidden = 0;  ///< intermediate size f
+  std::int64_t ffn_hidden = 0;  ///< intermediate size f (a dense MLP's; MoE: the config's value)
+  MoeSpec moe;                  ///< experts.experts > 0: every MLP is a mixture of experts
   std::int64_t vocab = 0;
   bool tied_embeddings = false;
   /// The final norm, LM head and loss: false for the share of a pipeline stage other than the last
@@ -72,6 +88,9 @@ struct TransformerSpec {
     const std::int64_t w = windowed_layers();
     return w > 0 && w < layers;
   }
+  bool is_moe() const { return moe.experts > 0; }
+  /// The width of the MLP a token passes through: one expert's (MoE) or the dense MLP's.
+  std::int64_t mlp_width() const { return is_moe() ? moe.expert_ffn_hidden : ffn_hidden; }
   std::int64_t q_width() const { return heads * head_dim; }
   std::int64_t kv_width() const { return kv_heads * head_dim; }
 };
@@ -79,7 +98,8 @@ struct TransformerSpec {
 /// Parameter counts. Derivation (SwiGLU, RMSNorm, no biases unless `attention_bias`):
 ///   attention  = h·(H·d) [Wq] + 2·h·(H_kv·d) [Wk, Wv] + (H·d)·h [Wo] (+ biases H·d + 2·H_kv·d)
 ///              (+ 2·d for q/k RMSNorm weights when qk_norm)
-///   mlp        = 3·h·f (gate, up, down), SwiGLU and GeGLU alike
+///   mlp        = 3·h·f (gate, up, down), SwiGLU and GeGLU alike; a mixture of experts
+///                E·3·h·f_e (the experts) + h·E (the router, no bias)
 ///   norms      = 2·h per layer (RMSNorm weight; LayerNorm adds a bias: 4·h), twice that with
 ///                post_sublayer_norms
 ///   embeddings = V·h, plus V·h for the LM head unless tied, plus h for the final norm (neither
@@ -87,9 +107,10 @@ struct TransformerSpec {
 struct ParameterCount {
   std::int64_t per_layer = 0;
   std::int64_t attention_per_layer = 0;
-  std::int64_t mlp_per_layer = 0;
-  std::int64_t embedding = 0;  ///< input embedding table
-  std::int64_t lm_head = 0;    ///< 0 when tied
+  std::int64_t mlp_per_layer = 0;      ///< experts and router included
+  std::int64_t experts_per_layer = 0;  ///< the routed experts' weights (0 for a dense MLP)
+  std::int64_t embedding = 0;          ///< input embedding table
+  std::int64_t lm_head = 0;            ///< 0 when tied
   std::int64_t final_norm = 0;
   std::int64_t total = 0;
 };
@@ -98,7 +119,8 @@ ParameterCount count_parameters(const TransformerSpec& spec);
 /// Model FLOPs of one training step (forward + backward, no recomputation), the numerator of MFU
 /// and "model TFLOP/s". Derivation for a causal sequence of N tokens:
 ///   dense matmuls: 2 FLOPs per multiply-add, 3 passes (fwd, dgrad, wgrad): 6·N·P_matmul, where
-///     P_matmul = layers·(attention + mlp weights) + lm_head weights (V·h, counted even when tied)
+///     P_matmul = layers·(attention + mlp weights) + lm_head weights (V·h, counted even when tied);
+///     a mixture of experts counts the weights a token passes through: k·3·h·f_e + h·E
 ///   attention core: forward 4·N²·H·d/2 per layer (QKᵀ and PV, causal half), backward 2.5× forward
 ///     (FlashAttention convention), so 3.5 · 2·N²·H·d per layer; a sliding-window layer has
 ///     causal_window_area(N, w) in place of N²/2.

@@ -166,6 +166,30 @@ struct WindowSupport {
   std::string_view source;  ///< where its code says so, or why not
 };
 
+/// How an implementation's code runs a mixture-of-experts MLP (Implementation::experts).
+struct ExpertSupport {
+  bool runs = false;             ///< its model code runs the mixture of experts
+  bool expert_parallel = false;  ///< it splits the experts over an EP group (E_p > 1)
+  std::string_view source;       ///< where its code says so, or why not
+  /// What its block keeps for the backward beyond step_experts.cpp's common part: the weighted
+  /// expert outputs [s·k, h] (the Hugging Face loop's index_add_ saves its source), and routing
+  /// bookkeeping per token copy (its per-expert torch.where indices).
+  bool keeps_weighted_outputs = false;
+  std::int64_t routing_bytes_per_copy = 0;
+};
+
+/// The Hugging Face model's own MoE block, which the implementations that replace only the
+/// attention leave in place (transformers 4.57.6 MixtralSparseMoeBlock, Qwen3MoeSparseMoeBlock,
+/// modeling_qwen3_moe.py:226-264): a loop over the experts on each rank's tokens, so every expert
+/// runs on every rank (its weights gathered by ZeRO-3), no expert parallelism. Per expert it keeps
+/// the torch.where indices idx and top_x (int64, 16 bytes per token copy) and index_add_'s source,
+/// the weighted outputs (traced: tests/models/test_hf_models.py).
+inline constexpr ExpertSupport kHuggingFaceExperts{
+    true, false,
+    "its wrapper replaces the attention only; the Hugging Face MoE block runs every expert on "
+    "each rank (transformers 4.57.6 modeling_qwen3_moe.py:226-264): no expert parallelism",
+    true, 16};
+
 /// What an implementation is, as data (one constexpr table per file in sim/src/implementations).
 struct ImplementationTable {
   std::string_view name;           ///< as `--impl` spells it: "yunchang-usp"
@@ -263,6 +287,10 @@ class Implementation {
   /// How its code runs sliding-window layers under method `m`; the default: not read.
   virtual WindowSupport sliding_window(models::CpMethod /*m*/) const {
     return {false, "its handling of a sliding window was not read"};
+  }
+  /// How its code runs a mixture of experts under method `m`; the default: not read.
+  virtual ExpertSupport experts(models::CpMethod /*m*/) const {
+    return {false, false, "its handling of a mixture of experts was not read"};
   }
   /// Its framework calls per site, traced (SiteCalls); the default: none traced.
   virtual std::span<const SiteCalls> traced_calls() const { return {}; }

@@ -1,0 +1,137 @@
+// A mixture-of-experts MLP (models::MoeSpec), forward and backward, on a rank's s tokens with E
+// experts, k per token, experts of width f_e, E_p-way expert parallelism.
+//
+// Forward, as transformers 4.57.6's MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock
+// (modeling_qwen3_moe.py:226-264), Megatron-Core 0.16.1's MoELayer with the all-to-all dispatcher
+// (transformer/moe/token_dispatcher.py:348-669) and TorchTitan's MoE (models/common/moe.py) all
+// compute it:
+//   router     logits [s, E] = x·W_r (a GEMM), softmax in fp32 [s, E], top-k: k weights and
+//              indices per token (renormalised, cast back to the activation dtype);
+//   dispatch   the s·k token copies gathered in expert order [s·k, h]; with E_p > 1 an all-to-all
+//              over the EP group sends each copy to the rank of its expert, which receives
+//              R = ⌈s·k·imbalance⌉ rows (StepShape::expert_rows: balanced routing gives s·k);
+//   experts    the gated MLP of width f_e over the R rows, as E/E_p GEMMs of R/(E/E_p) rows each
+//              (the experts of the rank; the cost model prices each GEMM at its own size);
+//   combine    the expert outputs [R, h] all-to-all back to the tokens' ranks [s·k, h], each
+//              weighted by its routing weight and summed into the token's row [s, h].
+// Kept for the backward (per layer): the fp32 probabilities (softmax's backward reads its output)
+// 4·s·E bytes; the top-k indices (int64) and cast weights s·k·(8 + a), and with renormalised
+// weights (MoeSpec::renormalize) the division's fp32 weights and sum, 4·(s·k + s); the experts'
+// input [R, h] and
+// what the gated MLP keeps of R rows (gate/up 2f_e, product f_e, and silu(gate) f_e with the eager
+// MLP, as the dense MLP: StepBuilder::gated_mlp_forward); the combined expert outputs [s·k, h],
+// which the weighted sum's backward reads for the weights' gradient. The implementation's own
+// (ExpertSupport): the Hugging Face loop also keeps its weighted outputs [s·k, h] and 16 bytes of
+// indices per copy. The whole sum is checked against transformers' block's saved tensors, traced
+// on the CPU (tests/models/test_hf_models.py), and the simulated block against it
+// (tests/sim/moe_test.cpp).
+// Backward: the weighted sum's (d outputs [s·k, h], d weights), the all-to-all back to the experts,
+// the gated MLP's backward, the all-to-all of the experts' input gradients, and one op for the sum
+// over each token's copies plus the router's backward (softmax [s, E] fp32 and the router's dgrad
+// and wgrad GEMMs).
+// Not modelled: the host synchronisations of the Hugging Face expert loop (one `nonzero` per
+// layer, a `torch.where` per expert), the load-balancing loss (off in these configs'
+// output_router_logits), capacity-factor dropping (every implementation above is dropless).
+#include <algorithm>
+#include <vector>
+
+#include "cpsim/models/units.hpp"
+
+#include "step_builder.hpp"
+
+namespace cpsim::sim::detail {
+
+TensorSet StepBuilder::expert_exchange(
+    const char* name, TensorSet in, std::int64_t rows, std::int64_t buffer_rows, MemCategory cat) {
+  const std::int64_t row_bytes = m_.hidden * shape_.activation_bytes;
+  TensorSet out = b_.tensor(name, rows * row_bytes, cat);
+  OpSpec& s = next_spec(name, Stream::kComm, OpKind::kElementwise);
+  s.inputs.push_back(in);
+  s.outputs.push_back(out);
+  b_.collective(s, Group::kExpert, models::Collective::kAllToAll, cost_, buffer_rows * row_bytes);
+  return out;
+}
+
+std::int64_t StepBuilder::routing_bytes() const {
+  const std::int64_t s = shape_.local_tokens, copies = s * m_.moe.experts_per_token;
+  return copies * (8 + shape_.activation_bytes + experts_.routing_bytes_per_copy) +
+         (m_.moe.renormalize ? (copies + s) * kFp32Bytes : 0);
+}
+
+TensorSet StepBuilder::moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet params, bool grad) {
+  const std::int64_t h = m_.hidden, s = shape_.local_tokens, a = shape_.activation_bytes;
+  const std::int64_t experts = m_.moe.experts, k = m_.moe.experts_per_token;
+  const std::int64_t copies = s * k, rows = shape_.expert_rows;
+  const bool ep = shape_.ep > 1;
+  const MemCategory kept = grad ? MemCategory::kActivations : MemCategory::kOther;
+
+  TensorSet logits = b_.tensor("router_logits", s * experts * a, MemCategory::kOther);
+  compute("moe_router", OpKind::kGemm, linear_fwd(s, experts, h, grad), {h1n, params}, {logits});
+  TensorSet probs = b_.tensor("router_probs", s * experts * kFp32Bytes, kept);
+  TensorSet routing = b_.tensor("routing", routing_bytes(), kept);
+  compute("moe_topk", OpKind::kElementwise,
+          mem(s * experts * (a + 2 * kFp32Bytes) + routing_bytes()), {logits}, {probs, routing});
+  TensorSet permuted = b_.tensor("moe_permuted", copies * h * a, ep ? MemCategory::kOther : kept);
+  compute("moe_permute", OpKind::kElementwise, mem(2 * copies * h * a), {h1n, routing}, {permuted});
+  const TensorSet expert_in =
+      ep ? expert_exchange("moe_dispatch", permuted, rows, std::max(rows, copies), kept) : permuted;
+  TensorSet expert_out = b_.tensor("moe_expert_out", rows * h * a, ep ? MemCategory::kOther : kept);
+  gated_mlp_forward(sv, expert_in, params, grad,
+                    {rows, m_.moe.expert_ffn_hidden, shape_.local_experts}, expert_out);
+  const TensorSet combined =
+      ep ? expert_exchange("moe_combine", expert_out, copies, std::max(rows, copies), kept)
+         : expert_out;
+  TensorSet mlp_out = b_.tensor("mlp_out", s * h * a, post_norm_input_category(grad));
+  std::vector<TensorSet> sums = {mlp_out};
+  if (experts_.keeps_weighted_outputs && grad) {
+    sv.expert_weighted = b_.tensor("moe_weighted", copies * h * a, MemCategory::kActivations);
+    sums.push_back(sv.expert_weighted);
+  }
+  compute("moe_unpermute", OpKind::kElementwise, mem((copies + s) * h * a), {combined, routing},
+          std::move(sums));
+  if (grad) {
+    sv.router_probs = probs;
+    sv.routing = routing;
+    sv.expert_in = expert_in;
+    sv.expert_out = combined;
+  }
+  return mlp_out;
+}
+
+TensorSet StepBuilder::moe_backward(
+    const SavedLayer& sv, TensorSet dy, TensorSet h1n, TensorSet params, TensorSet grads) {
+  const std::int64_t h = m_.hidden, s = shape_.local_tokens, a = shape_.activation_bytes;
+  const std::int64_t experts = m_.moe.experts, k = m_.moe.experts_per_token;
+  const std::int64_t copies = s * k, rows = shape_.expert_rows;
+  const bool ep = shape_.ep > 1;
+
+  // The weighted sum's backward: each copy's gradient (dy × weight) and each weight's (dy · out).
+  TensorSet d_combined = b_.tensor("moe_d_combined", copies * h * a, MemCategory::kOther);
+  TensorSet d_weights = b_.tensor("moe_d_weights", copies * kFp32Bytes, MemCategory::kOther);
+  std::vector<TensorSet> read = {dy, sv.routing, sv.expert_out};
+  if (sv.expert_weighted.valid()) {
+    read.push_back(sv.expert_weighted);
+  }
+  compute("moe_unpermute_bwd", OpKind::kElementwise, mem((s + 2 * copies) * h * a), std::move(read),
+          {d_combined, d_weights});
+  const TensorSet d_expert_out = ep ? expert_exchange("moe_combine_bwd", d_combined, rows,
+                                                      std::max(rows, copies), MemCategory::kOther)
+                                    : d_combined;
+  TensorSet d_expert_in = b_.tensor("moe_d_expert_in", rows * h * a, MemCategory::kOther);
+  gated_mlp_backward(sv, d_expert_out, sv.expert_in, params, grads,
+                     {rows, m_.moe.expert_ffn_hidden, shape_.local_experts}, d_expert_in);
+  const TensorSet d_permuted = ep ? expert_exchange("moe_dispatch_bwd", d_expert_in, copies,
+                                                    std::max(rows, copies), MemCategory::kOther)
+                                  : d_expert_in;
+  // The sum over each token's copies, and the router: softmax's backward in fp32 (d probs and
+  // d logits live while it runs), the router's dgrad added into dh1n and its wgrad.
+  TensorSet dh1n = b_.tensor("dh1n", s * h * a, MemCategory::kOther);
+  const KernelCost router = plus(mem((copies + s) * h * a + s * experts * (3 * kFp32Bytes + a)),
+                                 linear_bwd(s, experts, h));
+  compute("moe_router_bwd", OpKind::kGemm, router,
+          {d_permuted, d_weights, sv.router_probs, sv.routing, h1n, params, grads}, {dh1n}, {},
+          s * experts * (kFp32Bytes + a));
+  return dh1n;
+}
+
+}  // namespace cpsim::sim::detail

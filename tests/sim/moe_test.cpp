@@ -1,0 +1,228 @@
+// Mixture-of-experts MLPs (models::MoeSpec, step_experts.cpp): expert bytes per rank under
+// expert parallelism, the dispatch all-to-all's bytes, what a block keeps for the backward, the
+// template-built step against the block-by-block build, and the refusals, each by hand.
+#include <cstdint>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "cpsim/models/transformer.hpp"
+#include "cpsim/sim/schedule.hpp"
+
+#include "block_oracle.hpp"
+#include "evaluate_step.hpp"
+#include "helpers.hpp"
+
+namespace cpsim::sim {
+namespace {
+
+using models::CpMethod;
+using testing::inputs;
+
+constexpr std::int64_t kSeq = 64 * 1024;
+
+// qwen3-30b-a3b (128 experts of 768, 8 per token, h 2048, 48 layers) under the method's scheme
+// alone, its MLP untiled.
+ScheduleInputs moe_inputs(int ep, CpMethod method = CpMethod::kRing) {
+  ScheduleInputs in = inputs(method, "qwen3-30b-a3b", 8, kSeq);
+  in.recipe.tiled_mlp = false;
+  in.parallel.ep_degree = ep;
+  if (method == CpMethod::kRing) {
+    in.parallel.ring_degree = 8;
+  }
+  return in;
+}
+
+const Op* first_op_named(const Workload& w, const std::string& name) {
+  for (const Op& o : w.ops) {
+    if (o.rank == 0 && w.names[static_cast<std::size_t>(o.name)] == name) {
+      return &o;
+    }
+  }
+  return nullptr;
+}
+
+int ops_named(const Workload& w, const std::string& name) {
+  int n = 0;
+  for (const Op& o : w.ops) {
+    n += o.rank == 0 && w.names[static_cast<std::size_t>(o.name)] == name ? 1 : 0;
+  }
+  return n;
+}
+
+std::int64_t tensor_bytes(const Workload& w, const std::string& name) {
+  for (const Tensor& t : w.tensors) {
+    if (t.rank == 0 && w.names[static_cast<std::size_t>(t.name)] == name) {
+      return t.bytes;
+    }
+  }
+  return 0;
+}
+
+TEST(Experts, ParametersCountEveryExpertAndTheRouter) {
+  const models::TransformerSpec m = inputs(CpMethod::kRing, "qwen3-30b-a3b", 8, kSeq).model;
+  const models::ParameterCount p = models::count_parameters(m);
+  // 128 · 3 · 2048 · 768 expert weights and a 2048 × 128 router per layer.
+  EXPECT_EQ(p.experts_per_layer, 603'979'776);
+  EXPECT_EQ(p.mlp_per_layer, 603'979'776 + 262'144);
+  // Model FLOPs count the router and the 8 experts a token goes through, not all 128.
+  models::TransformerSpec dense = m;
+  dense.moe = {};
+  dense.ffn_hidden = 8 * 768;  // a dense MLP as wide as the 8 experts together
+  const double router_flops = 6.0 * kSeq * 48 * 2048 * 128;
+  EXPECT_DOUBLE_EQ(models::model_step_flops(m, kSeq).dense,
+                   models::model_step_flops(dense, kSeq).dense + router_flops);
+}
+
+TEST(Experts, ExpertParallelismHoldsAShareOfTheExpertsPerRank) {
+  // ZeRO-0 keeps every parameter unsharded: EP 8 leaves 1/8 of the experts on a rank.
+  ScheduleInputs one = moe_inputs(1);
+  one.recipe.zero_stage = 0;
+  one.recipe.optimizer_offload = false;
+  one.recipe.param_offload = false;
+  ScheduleInputs eight = one;
+  eight.parallel.ep_degree = 8;
+  const std::int64_t per_param = one.recipe.param_bytes + one.recipe.grad_bytes +
+                                 one.recipe.master_param_bytes + one.recipe.optimizer_state_bytes;
+  const std::int64_t experts = 48 * std::int64_t{603'979'776};
+  EXPECT_EQ(model_states(one).gpu_bytes - model_states(eight).gpu_bytes,
+            experts / 8 * 7 * per_param);
+  // ZeRO-3 shards every parameter over the 8 ranks either way: the experts over the 8 / 8 ranks
+  // that hold the same ones, the rest over all 8.
+  one.recipe.zero_stage = 3;
+  eight.recipe.zero_stage = 3;
+  EXPECT_EQ(model_states(one).gpu_bytes, model_states(eight).gpu_bytes);
+  // ...and a block gathers its other parameters and its rank's 16 experts only.
+  const Workload w = build_step(eight);
+  const models::ParameterCount p = models::count_parameters(eight.model);
+  EXPECT_EQ(tensor_bytes(w, "layer0.params"),
+            (p.per_layer - p.experts_per_layer * 7 / 8) * eight.recipe.param_bytes);
+  EXPECT_EQ(ops_named(w, "allgather.experts0"), 1 + 1);  // forward, and again for the backward
+}
+
+TEST(Experts, DispatchSendsEachTokenCopyToItsExpertsRank) {
+  ScheduleInputs in = moe_inputs(8);
+  const std::int64_t s = kSeq / 8, k = 8, h = 2048, a = in.recipe.activation_bytes;
+  {
+    const Workload w = build_step(in);
+    const Op* dispatch = first_op_named(w, "moe_dispatch");
+    ASSERT_NE(dispatch, nullptr);
+    const Collective& c = w.collectives[static_cast<std::size_t>(dispatch->collective)];
+    EXPECT_EQ(c.kind, models::Collective::kAllToAll);
+    EXPECT_EQ(c.size_bytes, s * k * h * a);  // balanced: s·k copies of [h] out and in
+    EXPECT_EQ(tensor_bytes(w, "moe_dispatch"), s * k * h * a);
+    // Forward, recomputation (full checkpointing): dispatch and combine; backward: both again.
+    EXPECT_EQ(ops_named(w, "moe_dispatch"), 2 * 48);
+    EXPECT_EQ(ops_named(w, "moe_combine"), 2 * 48);
+    EXPECT_EQ(ops_named(w, "moe_dispatch_bwd"), 48);
+    EXPECT_EQ(ops_named(w, "moe_combine_bwd"), 48);
+  }
+  // The busiest rank receives 1.25 × the balanced share: its buffer and its experts' rows grow.
+  in.parallel.expert_imbalance = 1.25;
+  const Workload w = build_step(in);
+  const std::int64_t rows = s * k * 5 / 4;
+  EXPECT_EQ(tensor_bytes(w, "moe_dispatch"), rows * h * a);
+  EXPECT_EQ(tensor_bytes(w, "gate_up"), rows * 2 * 768 * a);
+  const Op* dispatch = first_op_named(w, "moe_dispatch");
+  ASSERT_NE(dispatch, nullptr);
+  EXPECT_EQ(w.collectives[static_cast<std::size_t>(dispatch->collective)].size_bytes, rows * h * a);
+  // Without EP no token leaves its rank.
+  EXPECT_EQ(ops_named(build_step(moe_inputs(1)), "moe_dispatch"), 0);
+}
+
+// Activation bytes a step keeps at its peak with every block's tensors kept, minus those of the
+// same model with a dense MLP of the experts' width: L × what an MoE block keeps beyond it.
+std::int64_t kept_beyond_dense(ScheduleInputs moe) {
+  moe.recipe.checkpointing = models::CheckpointMode::kNone;
+  moe.recipe.checkpoint_offload = false;
+  ScheduleInputs dense = moe;
+  dense.model.moe = {};
+  dense.model.ffn_hidden = moe.model.moe.expert_ffn_hidden;
+  const auto activations = static_cast<std::size_t>(MemCategory::kActivations);
+  return test::evaluate(moe).report.category_peak[activations] -
+         test::evaluate(dense).report.category_peak[activations];
+}
+
+TEST(Experts, ABlockKeepsTheRouterAndTheExpertsInputsAndOutputs) {
+  // Beyond the dense MLP's [s, ...] tensors: those tensors for k·s rows instead of s, the
+  // router's fp32 probabilities, the top-k indices (int64) and cast weights, the fp32 weights and
+  // sum of the renormalisation (Qwen3-30B-A3B's norm_topk_prob), and the experts' input and
+  // output [k·s, h]. tests/models/test_hf_models.py checks the same sum against the saved tensors
+  // of transformers' own block, traced.
+  ScheduleInputs moe = moe_inputs(1, CpMethod::kUlysses);
+  const std::int64_t s = kSeq / 8, k = 8, h = 2048, f = 768, e = 128;
+  const std::int64_t a = moe.recipe.activation_bytes;
+  const Workload w = build_step(moe);
+  EXPECT_EQ(tensor_bytes(w, "router_probs"), s * e * 4);
+  EXPECT_EQ(tensor_bytes(w, "routing"), s * k * (8 + a) + (s * k + s) * 4);
+  EXPECT_EQ(tensor_bytes(w, "moe_permuted"), s * k * h * a);
+  EXPECT_EQ(tensor_bytes(w, "moe_expert_out"), s * k * h * a);
+  const auto mlp_rows = [&](const ScheduleInputs& in) {
+    const std::int64_t silu = in.recipe.mlp_kernel == models::MlpKernel::kEager ? 1 : 0;
+    return (2 + 1 + silu) * f * a;  // gate/up, product, silu(gate)
+  };
+  const std::int64_t common = (s * k - s) * mlp_rows(moe) + s * e * 4 + s * k * (8 + a) +
+                              (s * k + s) * 4 + 2 * s * k * h * a;
+  EXPECT_EQ(kept_beyond_dense(moe), 48 * common);
+
+  // The Hugging Face block under DeepSpeed's wrapper also keeps its weighted outputs [k·s, h]
+  // and two int64 indices per copy.
+  ScheduleInputs hf = moe;
+  hf.model.kv_heads = 8;
+  hf.parallel.implementation = "deepspeed-ulysses";
+  hf.recipe.mlp_kernel = models::MlpKernel::kEager;
+  const std::int64_t hf_block = (s * k - s) * mlp_rows(hf) + s * e * 4 + s * k * (8 + a + 16) +
+                                (s * k + s) * 4 + 3 * s * k * h * a;
+  EXPECT_EQ(kept_beyond_dense(hf), 48 * hf_block);
+}
+
+TEST(Experts, RepeatedBlocksEqualBlocksBuiltOneByOne) {
+  test::expect_repeated_blocks_equal_oracle(moe_inputs(1, CpMethod::kUlysses));
+  test::expect_repeated_blocks_equal_oracle(moe_inputs(8));
+  ScheduleInputs zero1 = moe_inputs(4);
+  zero1.recipe.zero_stage = 1;
+  zero1.recipe.checkpointing = models::CheckpointMode::kSelective;
+  test::expect_repeated_blocks_equal_oracle(zero1);
+}
+
+Quantity refusal(const ScheduleInputs& in) {
+  try {
+    (void)build_step(in);
+  } catch (const ConfigError& e) {
+    return e.quantity();
+  }
+  ADD_FAILURE() << "accepted";
+  return Quantity::kGpus;
+}
+
+TEST(Experts, WhatIsNotModelledIsRefused) {
+  ScheduleInputs dense_ep = inputs(CpMethod::kRing, "llama3-8b", 8, kSeq);
+  dense_ep.parallel.ring_degree = 8;
+  dense_ep.parallel.ep_degree = 2;
+  EXPECT_EQ(refusal(dense_ep), Quantity::kExpertParallel);  // no experts to split
+  ScheduleInputs odd = moe_inputs(3);
+  EXPECT_EQ(refusal(odd), Quantity::kExpertParallel);  // 3 divides neither 128 nor 8
+  ScheduleInputs tiled = moe_inputs(1);
+  tiled.recipe.tiled_mlp = true;
+  EXPECT_EQ(refusal(tiled), Quantity::kExperts);
+  ScheduleInputs offload = moe_inputs(8);
+  offload.recipe.optimizer_offload = true;
+  EXPECT_EQ(refusal(offload), Quantity::kExpertParallel);
+  ScheduleInputs imbalance = moe_inputs(8);
+  imbalance.parallel.expert_imbalance = 0.5;
+  EXPECT_EQ(refusal(imbalance), Quantity::kExpertImbalance);
+  // An implementation that runs every expert on each rank refuses EP; one not read refuses all.
+  ScheduleInputs hf = moe_inputs(8, CpMethod::kUlysses);
+  hf.model.kv_heads = 8;  // yunchang-usp splits the KV heads over the Ulysses degree
+  hf.parallel.implementation = "yunchang-usp";
+  EXPECT_EQ(refusal(hf), Quantity::kExpertParallel);
+  hf.parallel.ep_degree = 1;
+  EXPECT_NO_THROW((void)build_step(hf));
+  ScheduleInputs upipe = moe_inputs(1, CpMethod::kUPipe);
+  upipe.model.kv_heads = 8;
+  upipe.parallel.implementation = "untied-ulysses-upipe";
+  EXPECT_EQ(refusal(upipe), Quantity::kExperts);
+}
+
+}  // namespace
+}  // namespace cpsim::sim
