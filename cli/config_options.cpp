@@ -349,7 +349,7 @@ void apply_parallel_flags(const SimulateArgs& a, sim::ScheduleInputs& in) {
                                    "copies over the balanced share), got '{}'",
                                    text));
     }
-    if (a.ep <= 1) {
+    if (a.ep_given && a.ep <= 1) {
       throw InputError("--expert-imbalance", "applies with expert parallelism (--ep above 1)");
     }
     p.expert_imbalance = value;

@@ -26,13 +26,18 @@ INT = {"--num-layers": "num_layers", "--hidden-size": "hidden_size",
        "--tensor-model-parallel-size": "tensor_model_parallel_size",
        "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
        "--context-parallel-size": "context_parallel_size",
-       "--recompute-num-layers": "recompute_num_layers"}
+       "--recompute-num-layers": "recompute_num_layers", "--num-experts": "num_moe_experts",
+       "--moe-router-topk": "moe_router_topk", "--moe-ffn-hidden-size": "moe_ffn_hidden_size",
+       "--expert-model-parallel-size": "expert_model_parallel_size"}
 STR = {"--normalization": "normalization", "--recompute-granularity": "recompute_granularity",
-       "--recompute-method": "recompute_method"}
+       "--recompute-method": "recompute_method",
+       "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
+       "--moe-router-load-balancing-type": "moe_router_load_balancing_type"}
 FLOAT = {"--attention-dropout": "attention_dropout", "--hidden-dropout": "hidden_dropout",
          "--norm-epsilon": "layernorm_epsilon"}
 TRUE = {"--qk-layernorm": "qk_layernorm", "--sequence-parallel": "sequence_parallel",
-        "--bf16": "bf16", "--fp16": "fp16"}
+        "--bf16": "bf16", "--fp16": "fp16", "--moe-grouped-gemm": "moe_grouped_gemm",
+        "--moe-router-pre-softmax": "moe_router_pre_softmax"}
 FALSE = {"--disable-bias-linear": "add_bias_linear", "--no-rope-fusion": "apply_rope_fusion",
          "--no-bias-swiglu-fusion": "bias_activation_fusion",
          "--no-bias-gelu-fusion": "bias_activation_fusion",
@@ -142,17 +147,27 @@ def check(path: str, gpus: int) -> dict:
         bf16=bool(kw.get("bf16")), fp16=bool(kw.get("fp16")), params_dtype=dtype or torch.float32,
         use_distributed_optimizer=dist_opt))
     pp, cp = kw.get("pipeline_model_parallel_size", 1), kw.get("context_parallel_size", 1)
+    ep = kw.get("expert_model_parallel_size", 1)
     tdist.init_process_group("fake", rank=0, world_size=gpus)
     try:
         done = stage(rep, f"parallel_state.initialize_model_parallel on {gpus} ranks", lambda: (
             ps.initialize_model_parallel(tensor_model_parallel_size=tp,
                                          pipeline_model_parallel_size=pp,
                                          context_parallel_size=cp,
+                                         expert_model_parallel_size=ep,
                                          create_gloo_process_groups=False), True)[1])
         if done:
             dp = ps.get_data_parallel_world_size()
             rep["notes"].append(f"megatron-core layout: tp {tp} x pp {pp} x cp {cp} x dp {dp}"
                                 f" (expert tp {tc.expert_tensor_parallel_size if tc else '?'})")
+            if tc is not None and tc.num_moe_experts:
+                # The rank's expert-parallel group as megatron-core lays it out (tp-ep-dp).
+                rep["experts"] = {
+                    "num_moe_experts": tc.num_moe_experts, "topk": tc.moe_router_topk,
+                    "ffn_hidden": tc.moe_ffn_hidden_size, "pre_softmax": tc.moe_router_pre_softmax,
+                    "dispatcher": tc.moe_token_dispatcher_type,
+                    "ep_group": ps.get_expert_model_parallel_world_size(),
+                    "expert_data_parallel": ps.get_expert_data_parallel_world_size()}
             mbs = int(fl.get("--micro-batch-size", 1))
             gbs = int(fl.get("--global-batch-size", mbs * dp))
             nmc.destroy_num_microbatches_calculator()

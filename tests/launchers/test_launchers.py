@@ -113,6 +113,39 @@ def test_megatron_runs_the_window_of_every_layer(tmp_path):
     assert report["window_size"] == [4095, 0]
 
 
+def test_megatron_runs_the_experts_as_simulated(tmp_path):
+    """A mixture of experts: megatron-core's config gets the experts, k, their width and the
+    routing cpsim simulates, and its parallel state the EP group and expert data parallelism."""
+    out = tmp_path / "megatron.sh"
+    planned = emit("megatron", ["--model", "qwen3-30b-a3b", "--seq", "64K", "--gpus", "16",
+                                "--ep", "8"], out)
+    r = subprocess.run([sys.executable, os.path.join(HERE, "megatron_launcher.py"), str(out),
+                        "--gpus", "16"], capture_output=True, text=True, cwd=tmp_path)
+    report = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
+    assert r.returncode == 0 and report["ok"], (report.get("error"), out.read_text())
+    assert " ep8" in planned["label"], planned["label"]
+    assert report["experts"] == {
+        "num_moe_experts": 128, "topk": 8, "ffn_hidden": 768, "pre_softmax": False,
+        "dispatcher": "alltoall", "ep_group": 8, "expert_data_parallel": 2}
+
+
+def test_torchtitan_runs_the_experts_as_simulated(tmp_path):
+    """A mixture of experts: TorchTitan's own 30B-A3B model, built from the emitted config on the
+    meta device, has the parameters cpsim counts, and its mesh the EP degree cpsim simulates."""
+    out = tmp_path / "cpsim_torchtitan.py"
+    planned = emit("torchtitan", ["--model", "qwen3-30b-a3b", "--seq", "64K", "--gpus", "16",
+                                  "--ep", "8"], out)
+    r = subprocess.run([sys.executable, os.path.join(HERE, "torchtitan_launcher.py"), str(out),
+                        "--gpus", "16"], capture_output=True, text=True, cwd=tmp_path)
+    report = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
+    assert r.returncode == 0 and report["ok"], (report.get("error"), out.read_text())
+    assert " ep8" in planned["label"], planned["label"]
+    assert report["mesh"]["ep"] == 8 and report["mesh"]["cp"] == 16, report["mesh"]
+    counted = subprocess.run([CPSIM, "models", "qwen3-30b-a3b", "--json"], capture_output=True,
+                             text=True)
+    assert report["params"] == json.loads(counted.stdout)["model"]["parameters"]
+
+
 @pytest.mark.parametrize("plan", PLANS, ids=[p[0] for p in PLANS])
 @pytest.mark.parametrize("launcher", sorted(RECORDED_KEYS_ONLY))
 def test_recorded_keys_only(launcher, plan, tmp_path):

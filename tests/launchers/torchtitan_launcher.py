@@ -191,6 +191,8 @@ def check(path: str, gpus: int) -> dict:
         mesh = dims.world_mesh  # builds and validates every mesh axis
         notes.append(f"mesh of {mesh.size()} ranks: dp_replicate {dims.dp_replicate}, dp_shard "
                      f"{dims.dp_shard}, cp {dims.cp}, tp {dims.tp}, pp {dims.pp}, ep {dims.ep}")
+        report["mesh"] = {"dp_shard": dims.dp_shard, "cp": dims.cp, "tp": dims.tp,
+                          "pp": dims.pp, "ep": dims.ep}
 
         stage("Trainer.__init__ sequence-length check")
         seq = config.training.seq_len  # the expression below is Trainer.__init__'s

@@ -361,6 +361,36 @@ TEST(LowerBound, NeverAboveTheSimulatedPeak) {
   EXPECT_GT(binding, compared / 10);  // tight (within 10 %) for a good share, or it prunes little
 }
 
+// The same for a mixture of experts (every MLP tensor is k·s rows of an expert's width), with EP
+// searched and a stated routing imbalance, where the ZeRO-3 block buffers hold only a rank's share
+// of the experts.
+TEST(LowerBound, NeverAboveTheSimulatedPeakWithExperts) {
+  int compared = 0, expert_parallel = 0;
+  for (const double imbalance : {1.0, 1.5}) {
+    for (const std::int64_t seq : {32 * 1024, 128 * 1024}) {
+      sim::ScheduleInputs base = small(CpMethod::kUlysses, 8);
+      base.model.moe = {16, 4, 704, true};
+      base.model.ffn_hidden = 2816;
+      base.parallel.expert_imbalance = imbalance;
+      base.parallel.implementation = "none";
+      base.recipe.attention_kernel = "fa3";
+      base.recipe.tiled_mlp = false;
+      base.hardware.hbm_capacity_bytes = 1LL << 40;
+      PlanOptions o;
+      o.seq_len = seq;
+      o.allow_data_parallel = true;
+      o.methods = {CpMethod::kUlysses, CpMethod::kRing};
+      for (const BoundAgainstPeak& b : bounds_against_peaks(base, o)) {
+        EXPECT_LE(b.bound_bytes, b.peak_bytes) << imbalance << " " << seq << " " << b.label;
+        ++compared;
+        expert_parallel += b.inputs.parallel.ep_degree > 1 ? 1 : 0;
+      }
+    }
+  }
+  EXPECT_GT(compared, 100);
+  EXPECT_GT(expert_parallel, 50);
+}
+
 // The same for what Megatron-LM's launcher runs (megatron-core-cp, Megatron's vocab-parallel loss
 // on materialised logits: 6 bytes per logit in the bound, not 12; TP and PP with both pipeline
 // stages' bounds).

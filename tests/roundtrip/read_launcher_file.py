@@ -639,6 +639,8 @@ def read_megatron(path, recipe, a):
     global_batch = int(o.get("--global-batch-size", int(o["--micro-batch-size"]) * dp))
     flags += ["--tp", str(tp),
               "--micro-batches", str(global_batch // (int(o["--micro-batch-size"]) * dp))]
+    if "--num-experts" in o:
+        flags += ["--ep", o.get("--expert-model-parallel-size", "1")]
     if comm == "p2p":
         flags += ["--method", "ring", "--ring-layout", "zigzag"]  # Megatron's CP load balancing
     elif comm == "a2a":

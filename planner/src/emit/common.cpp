@@ -171,7 +171,8 @@ Flavor llama3_flavor(const models::TransformerSpec& m) {
                                          Shape{126, 16384, 128, 8, 53248, "405B"}};
   for (const Shape& s : kShapes) {
     if (m.layers == s.layers && m.hidden == s.hidden && m.heads == s.heads && m.kv_heads == s.kv &&
-        m.ffn_hidden == s.ffn && m.head_dim == 128 && m.vocab == 128256 && !m.qk_norm) {
+        m.ffn_hidden == s.ffn && m.head_dim == 128 && m.vocab == 128256 && !m.qk_norm &&
+        !m.is_moe()) {
       return {"llama3", s.flavor};
     }
   }
@@ -194,7 +195,23 @@ Flavor qwen3_flavor(const models::TransformerSpec& m) {
   for (const Shape& s : kShapes) {
     if (m.layers == s.layers && m.hidden == s.hidden && m.heads == s.heads && m.kv_heads == s.kv &&
         m.ffn_hidden == s.ffn && m.tied_embeddings == s.tied && m.head_dim == 128 &&
-        m.vocab == 151936 && m.qk_norm) {
+        m.vocab == 151936 && m.qk_norm && !m.is_moe()) {
+      return {"qwen3", s.flavor};
+    }
+  }
+  // The mixture-of-experts flavors (torchtitan/models/qwen3/__init__.py in 0.3.0 and at b5bcd76,
+  // _30b_a3b and _235b_a22b: 128 experts, top 8, route_norm, softmax scores; untied).
+  struct MoeShape {
+    std::int64_t layers, hidden, heads, kv, expert_ffn;
+    const char* flavor;
+  };
+  static constexpr std::array kMoeShapes = {MoeShape{48, 2048, 32, 4, 768, "30B-A3B"},
+                                            MoeShape{94, 4096, 64, 4, 1536, "235B-A22B"}};
+  for (const MoeShape& s : kMoeShapes) {
+    if (m.is_moe() && m.layers == s.layers && m.hidden == s.hidden && m.heads == s.heads &&
+        m.kv_heads == s.kv && m.moe.experts == 128 && m.moe.experts_per_token == 8 &&
+        m.moe.expert_ffn_hidden == s.expert_ffn && m.moe.renormalize && !m.tied_embeddings &&
+        m.head_dim == 128 && m.vocab == 151936 && m.qk_norm) {
       return {"qwen3", s.flavor};
     }
   }

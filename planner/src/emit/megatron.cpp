@@ -58,6 +58,7 @@ namespace {
 using Args = std::vector<std::vector<std::string>>;  // one flag with its values per line
 
 void window_args(const models::TransformerSpec& m, Args& a);
+void expert_args(const Plan& p, Args& a);
 
 // The model's shape and architecture flags.
 void model_args(const Plan& p, std::int64_t max_pos, Args& a) {
@@ -93,6 +94,31 @@ void model_args(const Plan& p, std::int64_t max_pos, Args& a) {
     a.push_back({"--qk-layernorm"});
   }
   window_args(p.model, a);
+  expert_args(p, a);
+}
+
+// A mixture of experts (Megatron-LM core_v0.16.1 arguments.py, the MoE group; megatron-core
+// 0.16.1 TransformerConfig): E experts of width f_e, top k, as simulated (step_experts.cpp): the
+// all-to-all dispatcher, grouped expert GEMMs, no load-balancing loss, E_p-way expert parallelism
+// (expert TP = TP, folded with CP and DP: megatron_core_cp's experts). Megatron's router takes the
+// top k logits and softmaxes them, which is the softmax over all renormalised over the k
+// (Mixtral, Qwen3-MoE with norm_topk_prob); without renormalisation, --moe-router-pre-softmax
+// (the softmax over all, then the top k).
+void expert_args(const Plan& p, Args& a) {
+  const models::TransformerSpec& m = p.model;
+  if (!m.is_moe()) {
+    return;
+  }
+  a.push_back({"--num-experts", fmt::format("{}", m.moe.experts)});
+  a.push_back({"--moe-router-topk", fmt::format("{}", m.moe.experts_per_token)});
+  a.push_back({"--moe-ffn-hidden-size", fmt::format("{}", m.moe.expert_ffn_hidden)});
+  if (!m.moe.renormalize) {
+    a.push_back({"--moe-router-pre-softmax"});
+  }
+  a.push_back({"--moe-token-dispatcher-type", "alltoall"});
+  a.push_back({"--moe-grouped-gemm"});
+  a.push_back({"--moe-router-load-balancing-type", "none"});
+  a.push_back({"--expert-model-parallel-size", fmt::format("{}", p.par.ep_degree)});
 }
 
 // Sliding-window layers. Megatron-LM core_v0.16.1 arguments.py:1632 (--window-size, tuple_type

@@ -41,6 +41,12 @@ namespace {
 // [model]: the registered model and flavor of this shape. Without one the file would train
 // TorchTitan's default model (its debug model), so a shape no flavor matches is refused.
 std::string model_section(const Plan& p) {
+  if (p.model.is_moe()) {
+    throw InputError("--model", fmt::format("the mixture-of-experts flavors of TorchTitan v0.2.x "
+                                            "were not read: {} is emitted for TorchTitan 0.3.0 "
+                                            "(the default --launcher-version)",
+                                            p.model.name));
+  }
   const Flavor fl = torchtitan_flavor(p.model);
   if (fl.name == nullptr) {
     throw InputError("--model", fmt::format("no TorchTitan llama3 or qwen3 flavor matches {} "

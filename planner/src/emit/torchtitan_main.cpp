@@ -59,7 +59,7 @@ const char* baseline_function(const Flavor& fl) {
       Baseline{"llama3", "8B", "llama3_8b"},     Baseline{"llama3", "70B", "llama3_70b"},
       Baseline{"llama3", "405B", "llama3_405b"}, Baseline{"qwen3", "0.6B", "qwen3_0_6b"},
       Baseline{"qwen3", "1.7B", "qwen3_1_7b"},   Baseline{"qwen3", "14B", "qwen3_14b"},
-      Baseline{"qwen3", "32B", "qwen3_32b"}};
+      Baseline{"qwen3", "32B", "qwen3_32b"},     Baseline{"qwen3", "30B-A3B", "qwen3_30b_a3b"}};
   for (const Baseline& b : kBaselines) {
     if (fl.name != nullptr && std::string(fl.name) == b.name &&
         std::string(fl.flavor) == b.flavor) {
@@ -205,6 +205,18 @@ std::string parallelism_lines(Plan& p, const Release& r) {
     body += "    config.parallelism.fsdp_reshard_after_forward = \"default\"\n";
   }
   body += fmt::format("    config.parallelism.tensor_parallel_degree = {}\n", p.par.tp_degree);
+  if (p.model.is_moe()) {
+    // EP innermost over dp_shard · cp · tp, the experts' FSDP over the rest (efsdp):
+    // distributed/parallel_dims.py:187-191, 281-282 @ b5bcd76.
+    body += fmt::format("    config.parallelism.expert_parallel_degree = {}\n", p.par.ep_degree);
+    if (p.par.ep_degree > 1 && !r.tokens_per_microbatch && p.par.pp_degree == 1) {
+      // 0.3.0's CUDA graphs refuse the all-to-all dispatcher, which synchronises with the CPU
+      // (trainer.py:189-210); the PP line above already turns them off.
+      body +=
+          "    config.training.disable_cuda_graphs = True  # CUDA graphs refuse the "
+          "all-to-all token dispatcher\n";
+    }
+  }
   body += fmt::format(
       "    # FlexAttention CP: K/V all-gathered over the CP group (no rotate key)\n"
       "    config.parallelism.context_parallel_degree = {}\n",
@@ -258,7 +270,7 @@ EmittedConfig emit_config_function(Plan& p) {
   if (baseline == nullptr) {
     throw InputError("--model",
                      fmt::format("{} has no baseline config function for {} ({}); baselines: "
-                                 "llama3 8B, 70B, 405B; qwen3 0.6B, 1.7B, 14B, 32B",
+                                 "llama3 8B, 70B, 405B; qwen3 0.6B, 1.7B, 14B, 32B, 30B-A3B",
                                  r.title, p.model.name, shape_summary(p.model)));
   }
   if (r.tokens_per_microbatch) {
