@@ -141,8 +141,18 @@ def check(path: str, gpus: int) -> dict:
     if tc is not None and tc.window_size:
         stage(rep, "sliding-window layers", lambda: window_layers(rep, tc))
     dist_opt = "--use-distributed-optimizer" in fl
+    overlap = {"overlap_grad_reduce": "--overlap-grad-reduce" in fl,
+               "overlap_param_gather": "--overlap-param-gather" in fl}
+
+    def validate_overlap():  # Megatron-LM's validate_args (arguments.py:1024-1029 @ d98e8a6)
+        if overlap["overlap_param_gather"]:
+            assert dist_opt, "--overlap-param-gather only supported with distributed optimizer"
+            assert overlap["overlap_grad_reduce"], (
+                "Must use --overlap-param-gather with --overlap-grad-reduce")
+
+    stage(rep, "validate_args: overlap flags", validate_overlap)
     stage(rep, "DistributedDataParallelConfig", lambda: DistributedDataParallelConfig(
-        use_distributed_optimizer=dist_opt))
+        use_distributed_optimizer=dist_opt, **overlap))
     stage(rep, "OptimizerConfig", lambda: OptimizerConfig(
         bf16=bool(kw.get("bf16")), fp16=bool(kw.get("fp16")), params_dtype=dtype or torch.float32,
         use_distributed_optimizer=dist_opt))

@@ -189,8 +189,16 @@ void training_args(const Plan& p, Args& a) {
     a.push_back({"--fp8-amax-history-len", "1024"});
     a.push_back({"--fp8-amax-compute-algo", "max"});
   }
+  // cpsim reduces each block's gradients as soon as its backward ends, overlapped with the
+  // backward of the blocks below (StepBuilder::backward_layers): Megatron's DDP does that with
+  // --overlap-grad-reduce (its buckets reduce as their gradients are ready), and with the
+  // distributed optimizer gathers the updated parameters overlapped with the next forward with
+  // --overlap-param-gather (arguments.py:1024-1029 requires the first). Without them both
+  // collectives run after the backward and the optimizer, exposed.
+  a.push_back({"--overlap-grad-reduce"});
   if (p.recipe.zero_stage >= 1) {
     a.push_back({"--use-distributed-optimizer"});
+    a.push_back({"--overlap-param-gather"});
   }
   switch (p.recipe.checkpointing) {
     case CheckpointMode::kFull:
