@@ -179,8 +179,13 @@ OpSet StepBuilder::reduce_grads(Name name,
   // DeepSpeed ZeRO-3 with optimizer offload: its reduce-stream transients instead, in that
   // stream's own pool (zero3_offload_reduce_bytes).
   const bool host_partitions = zero3_host_grad_partitions();
-  const std::int64_t workspace =
-      host_partitions ? zero3_offload_reduce_bytes(params, largest) : params * r_.grad_reduce_bytes;
+  // Megatron's DDP reduces the persistent fp32 gradients in place (reduces_gradients_in_place).
+  const bool in_place = implementation_ != nullptr &&
+                        implementation_->reduces_gradients_in_place() && r_.zero_stage <= 1 &&
+                        r_.grad_bytes == r_.grad_reduce_bytes;
+  const std::int64_t workspace = host_partitions ? zero3_offload_reduce_bytes(params, largest)
+                                 : in_place      ? 0
+                                                 : params * r_.grad_reduce_bytes;
   const MemoryPool pool = host_partitions ? MemoryPool::kReduce : MemoryPool::kByStream;
   const auto kind =
       r_.zero_stage >= 2 ? models::Collective::kReduceScatter : models::Collective::kAllReduce;

@@ -114,5 +114,34 @@ TEST(DeepSpeedZero3, StreamPoolsKeptApart) {
   EXPECT_GE(pools[1].peak_allocated_bytes, 1050681344);
 }
 
+// ZeRO-1 under Megatron-Core's DDP (megatron-core-cp): the fp32 gradients are reduce-scattered in
+// place in their persistent buffer, so the reduction holds no copy; the scheme alone casts them
+// into one: a block's 218,112,000 parameters × 4 bytes (Llama-3-8B).
+TEST(GradientReduction, MegatronReducesTheFp32GradientsInPlace) {
+  ScheduleInputs in = inputs(CpMethod::kRing, "llama3-8b", 8, 65536);
+  in.parallel.ring_degree = 8;
+  in.recipe.zero_stage = 1;
+  in.recipe.optimizer_offload = false;
+  in.recipe.checkpoint_offload = false;
+  ASSERT_EQ(in.recipe.grad_bytes, 4);
+  ASSERT_EQ(in.recipe.grad_reduce_bytes, 4);
+  const Workload scheme = build_step(in);
+  const Op* alone = find_op(scheme, "reduce.layer5");
+  ASSERT_NE(alone, nullptr);
+  EXPECT_EQ(alone->workspace_bytes, std::int64_t{218112000} * 4);
+  in.parallel.implementation = "megatron-core-cp";
+  const Workload megatron = build_step(in);
+  const Op* in_place = find_op(megatron, "reduce.layer5");
+  ASSERT_NE(in_place, nullptr);
+  EXPECT_EQ(in_place->workspace_bytes, 0);
+  EXPECT_EQ(in_place->duration_ns, alone->duration_ns);  // the same collective
+  // Gradients reduced in another dtype than they accumulate in are cast: a copy again.
+  in.recipe.grad_reduce_bytes = 2;
+  const Workload casting = build_step(in);
+  const Op* cast = find_op(casting, "reduce.layer5");
+  ASSERT_NE(cast, nullptr);
+  EXPECT_EQ(cast->workspace_bytes, std::int64_t{218112000} * 2);
+}
+
 }  // namespace
 }  // namespace cpsim::sim

@@ -116,6 +116,11 @@ class MegatronCoreCp final : public Implementation {
             {},
             "the THD path of its all-to-all CP (cp_comm_type a2a, a2a+p2p) was not read"};
   }
+  // megatron-core 0.16.1 DDP: every gradient accumulates in the bucket's grad_data (main_grad,
+  // fp32 with grad_reduce_in_fp32; distributed/param_and_grad_buffer.py:780-840), and
+  // start_grad_sync reduce-scatters (distributed optimizer) or all-reduces that buffer in place
+  // (:433-457): no copy beside the model states.
+  bool reduces_gradients_in_place() const override { return true; }
   // megatron-core 0.16.1: MoELayer (transformer/moe/moe_layer.py) with the all-to-all token
   // dispatcher (token_dispatcher.py:348, 647-669: permuted tokens all-to-all over the EP group and
   // back) and grouped experts (experts.py); the expert ranks fold over the same GPUs as TP × CP ×

@@ -279,6 +279,10 @@ class Implementation {
   /// ones are live (they are rebound after it), rather than updating them in place; the FPDT
   /// scheme then holds both during every block's merge. The default: in place.
   virtual bool rebinds_merge_accumulator() const { return false; }
+  /// Whether its framework reduces unsharded (ZeRO-0/1) gradients in place, in the persistent
+  /// buffer they accumulate in, so that a reduction in their own dtype allocates nothing; the
+  /// default: the reduction casts them into a buffer of its own.
+  virtual bool reduces_gradients_in_place() const { return false; }
   /// How its code attends packed documents when it runs method `m` (docs/PACKING.md); the
   /// default: not read.
   virtual DocumentMasking document_masking(models::CpMethod /*m*/) const {
