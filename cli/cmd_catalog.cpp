@@ -380,6 +380,27 @@ nlohmann::json traced_calls_json(const sim::Implementation& impl) {
   return rows;
 }
 
+// How it runs a mixture of experts, per method it runs (sim::ExpertSupport).
+nlohmann::json experts_json(const sim::Implementation& impl) {
+  nlohmann::json out = nlohmann::json::object();
+  const auto calls = [](const sim::ExpertSupport::HostCalls& c) {
+    return nlohmann::json{
+        {"block", c.block}, {"per_expert", c.per_expert}, {"renormalize", c.renormalize}};
+  };
+  for (const models::CpMethod m : impl.methods()) {
+    const sim::ExpertSupport e = impl.experts(m);
+    out[models::to_string(m)] = {{"runs", e.runs},
+                                 {"expert_parallel", e.expert_parallel},
+                                 {"source", e.source},
+                                 {"keeps_weighted_outputs", e.keeps_weighted_outputs},
+                                 {"routing_bytes_per_copy", e.routing_bytes_per_copy},
+                                 {"forward_calls", calls(e.forward_calls)},
+                                 {"backward_calls", calls(e.backward_calls)},
+                                 {"synchronises_per_expert", e.synchronises_per_expert}};
+  }
+  return out;
+}
+
 int show_implementation(const sim::Implementation& impl, const CatalogArgs& a) {
   const models::DataDir data = data_dir();
   const std::optional<LedgerCheck> check = load_ledger_check(impl, data);
@@ -398,6 +419,7 @@ int show_implementation(const sim::Implementation& impl, const CatalogArgs& a) {
                                 {"ledger", ledger_json(impl, check)},
                                 {"ledger_rows", row_counts(impl, check)},
                                 {"traced_calls", traced_calls_json(impl)},
+                                {"experts", experts_json(impl)},
                                 {"traced_shapes", shapes},
                                 {"limits", limits}}
                      .dump(2)

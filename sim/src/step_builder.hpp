@@ -259,6 +259,12 @@ class StepBuilder : private OpEmitter, private KernelCosts {
   TensorSet moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet params, bool grad);
   TensorSet moe_backward(
       const SavedLayer& sv, TensorSet dy, TensorSet h1n, TensorSet params, TensorSet grads);
+  /// The implementation's traced framework calls for the block's ops emitted since `begin`: all
+  /// on its first op; the ops named `sync_after` make the host wait where the implementation
+  /// synchronises per expert (step_experts.cpp).
+  void issue_block_calls(Mark begin,
+                         const ExpertSupport::HostCalls& calls,
+                         std::int32_t sync_after);
   /// Routing bookkeeping a block keeps: top-k indices and weights, their sum, the
   /// implementation's own (step_experts.cpp).
   std::int64_t routing_bytes() const;

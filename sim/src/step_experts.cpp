@@ -29,9 +29,12 @@
 // the gated MLP's backward, the all-to-all of the experts' input gradients, and one op for the sum
 // over each token's copies plus the router's backward (softmax [s, E] fp32 and the router's dgrad
 // and wgrad GEMMs).
-// Not modelled: the host synchronisations of the Hugging Face expert loop (one `nonzero` per
-// layer, a `torch.where` per expert), the load-balancing loss (off in these configs'
-// output_router_logits), capacity-factor dropping (every implementation above is dropless).
+// The Hugging Face loop issues its kernels expert by expert from Python and reads the GPU twice
+// per expert (ExpertSupport::forward_calls, synchronises_per_expert): its block's traced calls go
+// to the block's first op and the host waits for the experts' last forward op, so that the host's
+// issue and the experts' kernels add up rather than overlap, as they do expert by expert.
+// Not modelled: the load-balancing loss (off in these configs' output_router_logits),
+// capacity-factor dropping (every implementation above is dropless).
 #include <algorithm>
 #include <vector>
 
@@ -58,7 +61,24 @@ std::int64_t StepBuilder::routing_bytes() const {
          (m_.moe.renormalize ? (copies + s) * kFp32Bytes : 0);
 }
 
+void StepBuilder::issue_block_calls(Mark begin,
+                                    const ExpertSupport::HostCalls& calls,
+                                    std::int32_t sync_after) {
+  if (calls.per_expert == 0) {
+    return;  // one call per kernel, as emitted
+  }
+  const std::int64_t total = calls.of(shape_.local_experts, m_.moe.renormalize);
+  const auto first = static_cast<std::size_t>(begin.ops);
+  const auto ranks = static_cast<std::size_t>(b_.simulated_ranks());
+  for (std::size_t k = first; k < w_.ops.size(); ++k) {
+    Op& o = w_.ops[k];
+    o.host_calls = k < first + ranks ? total : 0;
+    o.host_sync = o.host_sync || (experts_.synchronises_per_expert && o.name == sync_after);
+  }
+}
+
 TensorSet StepBuilder::moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet params, bool grad) {
+  const Mark begin = b_.mark();
   const std::int64_t h = m_.hidden, s = shape_.local_tokens, a = shape_.activation_bytes;
   const std::int64_t experts = m_.moe.experts, k = m_.moe.experts_per_token;
   const std::int64_t copies = s * k, rows = shape_.expert_rows;
@@ -89,6 +109,7 @@ TensorSet StepBuilder::moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
   }
   compute("moe_unpermute", OpKind::kElementwise, mem((copies + s) * h * a), {combined, routing},
           std::move(sums));
+  issue_block_calls(begin, experts_.forward_calls, w_.intern("mlp_down"));
   if (grad) {
     sv.router_probs = probs;
     sv.routing = routing;
@@ -100,6 +121,7 @@ TensorSet StepBuilder::moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
 
 TensorSet StepBuilder::moe_backward(
     const SavedLayer& sv, TensorSet dy, TensorSet h1n, TensorSet params, TensorSet grads) {
+  const Mark begin = b_.mark();
   const std::int64_t h = m_.hidden, s = shape_.local_tokens, a = shape_.activation_bytes;
   const std::int64_t experts = m_.moe.experts, k = m_.moe.experts_per_token;
   const std::int64_t copies = s * k, rows = shape_.expert_rows;
@@ -131,6 +153,7 @@ TensorSet StepBuilder::moe_backward(
   compute("moe_router_bwd", OpKind::kGemm, router,
           {d_permuted, d_weights, sv.router_probs, sv.routing, h1n, params, grads}, {dh1n}, {},
           s * experts * (kFp32Bytes + a));
+  issue_block_calls(begin, experts_.backward_calls, kNone);
   return dh1n;
 }
 

@@ -9,7 +9,9 @@ Parameters: cpsim's count must be the number of parameters of the model transfor
 Experts: transformers' mixture-of-experts block (Mixtral, Qwen3-MoE) runs forward on the CPU with
 a hook on every tensor autograd saves; their bytes must be what cpsim's block keeps for the Hugging
 Face implementations (sim/src/step_experts.cpp; tests/sim/moe_test.cpp holds the simulated block
-to the same sum).
+to the same sum). Its framework calls, forward and backward, counted as the allocation tracer
+counts them (every non-view aten op), must be the ones deepspeed-ulysses and yunchang-usp state
+(`cpsim implementations NAME --json`, "experts").
 
 Environment: CPSIM_BIN (the cpsim executable; default build/cpsim).
 """
@@ -25,6 +27,7 @@ CPSIM = os.path.abspath(os.environ.get("CPSIM_BIN", os.path.join(ROOT, "build", 
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 TINY = {
     "hidden_size": 64,
@@ -224,3 +227,61 @@ def test_cpsim_keeps_what_the_hugging_face_expert_block_saves(
     expected, read = cpsim_expert_bytes(model_type, keys, tokens, tmp_path)
     assert read == renormalize
     assert traced_expert_bytes(model_type, keys, tokens) == expected
+
+
+class _CountCalls(TorchDispatchMode):
+    """Every aten op that launches a kernel, as calibrate/tracer's recorder counts them."""
+
+    NO_KERNEL = {"detach", "empty", "empty_like", "empty_strided", "alias", "lift_fresh"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not (func.is_view or func.overloadpacket.__name__ in self.NO_KERNEL):
+            self.calls += 1
+        return out
+
+
+def traced_expert_calls(model_type, keys, tokens):
+    """Calls of transformers' MoE block forward and backward, every expert hit."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **TINY, **keys)
+    layer = AutoModelForCausalLM.from_config(config).model.layers[0]
+    block = (getattr(layer, "block_sparse_moe", None) or layer.mlp).to(torch.bfloat16)
+    x = torch.randn(1, tokens, TINY["hidden_size"], dtype=torch.bfloat16, requires_grad=True)
+    forward, backward = _CountCalls(), _CountCalls()
+    with forward:
+        out, logits = block(x)
+    hit = logits.topk(config.num_experts_per_tok).indices.flatten().unique().numel()
+    assert hit == logits.shape[-1], "not every expert was hit: the count would not be per expert"
+    grad = torch.randn_like(out)
+    with backward:
+        out.backward(grad)
+    return forward.calls, backward.calls
+
+
+@pytest.mark.parametrize("impl", ["deepspeed-ulysses", "yunchang-usp"])
+@pytest.mark.parametrize("model_type,keys,renormalize", EXPERT_BLOCKS)
+def test_the_hugging_face_expert_loop_makes_the_calls_cpsim_states(
+    impl, model_type, keys, renormalize
+):
+    r = subprocess.run([CPSIM, "implementations", impl, "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    experts = json.loads(r.stdout)["experts"]["ulysses"]
+    assert experts["synchronises_per_expert"]
+    n = keys.get("num_experts", keys.get("num_local_experts"))
+
+    def stated(calls):
+        return (
+            calls["block"] + calls["per_expert"] * n + (calls["renormalize"] if renormalize else 0)
+        )
+
+    assert traced_expert_calls(model_type, keys, 512) == (
+        stated(experts["forward_calls"]),
+        stated(experts["backward_calls"]),
+    )

@@ -176,6 +176,31 @@ TEST(Experts, ABlockKeepsTheRouterAndTheExpertsInputsAndOutputs) {
   EXPECT_EQ(kept_beyond_dense(hf), 48 * hf_block);
 }
 
+TEST(Experts, TheHuggingFaceLoopIssuesItsTracedCallsAndWaitsPerExpert) {
+  // Qwen3-30B-A3B (128 experts, renormalised) under DeepSpeed's wrapper: the block's forward
+  // makes 14 + 12·128 + 3 framework calls, its backward 6 + 20·128 + 7 (kHuggingFaceExperts,
+  // traced in tests/models/test_hf_models.py), and the host waits for the experts' last op.
+  ScheduleInputs hf = moe_inputs(1, CpMethod::kUlysses);
+  hf.model.kv_heads = 8;
+  hf.parallel.implementation = "deepspeed-ulysses";
+  const Workload w = build_step(hf);
+  const Op* router = first_op_named(w, "moe_router");
+  const Op* down = first_op_named(w, "mlp_down");
+  const Op* backward = first_op_named(w, "moe_unpermute_bwd");
+  ASSERT_NE(router, nullptr);
+  ASSERT_NE(down, nullptr);
+  ASSERT_NE(backward, nullptr);
+  EXPECT_EQ(router->host_calls, 14 + 12 * 128 + 3);
+  EXPECT_EQ(down->host_calls, 0);
+  EXPECT_TRUE(down->host_sync);
+  EXPECT_EQ(backward->host_calls, 6 + 20 * 128 + 7);
+  // The grouped experts of Megatron-Core's and TorchTitan's blocks: one call per kernel.
+  ScheduleInputs none = moe_inputs(1, CpMethod::kUlysses);
+  const Workload scheme = build_step(none);
+  EXPECT_EQ(first_op_named(scheme, "moe_router")->host_calls, 1);
+  EXPECT_FALSE(first_op_named(scheme, "mlp_down")->host_sync);
+}
+
 TEST(Experts, RepeatedBlocksEqualBlocksBuiltOneByOne) {
   test::expect_repeated_blocks_equal_oracle(moe_inputs(1, CpMethod::kUlysses));
   test::expect_repeated_blocks_equal_oracle(moe_inputs(8));
@@ -183,6 +208,10 @@ TEST(Experts, RepeatedBlocksEqualBlocksBuiltOneByOne) {
   zero1.recipe.zero_stage = 1;
   zero1.recipe.checkpointing = models::CheckpointMode::kSelective;
   test::expect_repeated_blocks_equal_oracle(zero1);
+  ScheduleInputs hf = moe_inputs(1, CpMethod::kUlysses);  // its calls and syncs rewritten
+  hf.model.kv_heads = 8;
+  hf.parallel.implementation = "deepspeed-ulysses";
+  test::expect_repeated_blocks_equal_oracle(hf);
 }
 
 Quantity refusal(const ScheduleInputs& in) {

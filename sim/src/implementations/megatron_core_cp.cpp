@@ -126,10 +126,12 @@ class MegatronCoreCp final : public Implementation {
   // back) and grouped experts (experts.py); the expert ranks fold over the same GPUs as TP × CP ×
   // DP in the order tp-ep-dp (parallel_state.py:785-806: expert TP defaults to TP, EP innermost).
   ExpertSupport experts(models::CpMethod /*m*/) const override {
-    return {true, true,
-            "MoELayer with the all-to-all dispatcher over EP ranks folded with CP and DP "
-            "(megatron-core 0.16.1, transformer/moe/token_dispatcher.py:647-669, "
-            "parallel_state.py:785-806)"};
+    return {.runs = true,
+            .expert_parallel = true,
+            .source =
+                "MoELayer with the all-to-all dispatcher over EP ranks folded with CP and DP "
+                "(megatron-core 0.16.1, transformer/moe/token_dispatcher.py:647-669, "
+                "parallel_state.py:785-806)"};
   }
   // TransformerEngine v2.11 (megatron-core 0.16.1 takes TE >= 2.9, < 2.12) context_parallel.py:
   // 4023-4029 asserts `not sliding_window_attn or cp_comm_type in ["a2a", "all_gather"]`; a2a

@@ -109,10 +109,12 @@ class TorchNativeCp final : public Implementation {
   // [dp_replicate, efsdp, ep], EP innermost over dp_shard · cp · tp ranks
   // (distributed/parallel_dims.py:187-191, 281-282 @ b5bcd76c66d0acb1a08b176d9639425bc55e0b2a).
   ExpertSupport experts(models::CpMethod /*m*/) const override {
-    return {true, true,
-            "TorchTitan's MoE with EP innermost over its dp_shard · cp · tp ranks "
-            "(torchtitan@b5bcd76 models/common/moe.py, distributed/parallel_dims.py:187-191, "
-            "281-282)"};
+    return {.runs = true,
+            .expert_parallel = true,
+            .source =
+                "TorchTitan's MoE with EP innermost over its dp_shard · cp · tp ranks "
+                "(torchtitan@b5bcd76 models/common/moe.py, distributed/parallel_dims.py:187-191, "
+                "281-282)"};
   }
   // The SDPA ops context_parallel handles take no window, and the efficient and cuDNN ones refuse
   // a mask ("attn_bias is not supported yet", _attention.py:700-701, 738-739).

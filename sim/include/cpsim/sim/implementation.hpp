@@ -176,6 +176,22 @@ struct ExpertSupport {
   /// bookkeeping per token copy (its per-expert torch.where indices).
   bool keeps_weighted_outputs = false;
   std::int64_t routing_bytes_per_copy = 0;
+  /// Framework calls its block makes, traced where it loops over the experts in Python (0: one
+  /// per kernel, as the builders count them): per layer `block` + `per_expert` × experts, with
+  /// `renormalize` more when the top-k weights are renormalised (MoeSpec::renormalize).
+  struct HostCalls {
+    std::int64_t block = 0;
+    std::int64_t per_expert = 0;
+    std::int64_t renormalize = 0;
+    std::int64_t of(std::int64_t experts, bool renormalized) const {
+      return block + per_expert * experts + (renormalized ? renormalize : 0);
+    }
+  };
+  HostCalls forward_calls{};
+  HostCalls backward_calls{};
+  /// Its forward waits on the GPU inside the expert loop (a device-to-host read per expert): the
+  /// host issues nothing while the experts' kernels run.
+  bool synchronises_per_expert = false;
 };
 
 /// The Hugging Face model's own MoE block, which the implementations that replace only the
@@ -183,12 +199,24 @@ struct ExpertSupport {
 /// modeling_qwen3_moe.py:226-264): a loop over the experts on each rank's tokens, so every expert
 /// runs on every rank (its weights gathered by ZeRO-3), no expert parallelism. Per expert it keeps
 /// the torch.where indices idx and top_x (int64, 16 bytes per token copy) and index_add_'s source,
-/// the weighted outputs (traced: tests/models/test_hf_models.py).
+/// the weighted outputs (traced: tests/models/test_hf_models.py). Its framework calls, counted
+/// there as the tracer counts them (every non-view aten op): forward 14 + 12 per expert
+/// (torch.where's nonzero, the index of the tokens and of their weights, gate/up/down mm, silu,
+/// two mul, index_add_, and the `.item()` of indexing the ModuleList with a tensor: a
+/// device-to-host read per expert, as is nonzero's size), 3 more when renormalised; backward
+/// 6 + 20 per expert, 7 more when renormalised.
 inline constexpr ExpertSupport kHuggingFaceExperts{
-    true, false,
-    "its wrapper replaces the attention only; the Hugging Face MoE block runs every expert on "
-    "each rank (transformers 4.57.6 modeling_qwen3_moe.py:226-264): no expert parallelism",
-    true, 16};
+    .runs = true,
+    .expert_parallel = false,
+    .source =
+        "its wrapper replaces the attention only; the Hugging Face MoE block runs every "
+        "expert on each rank (transformers 4.57.6 modeling_qwen3_moe.py:226-264): no "
+        "expert parallelism",
+    .keeps_weighted_outputs = true,
+    .routing_bytes_per_copy = 16,
+    .forward_calls = {.block = 14, .per_expert = 12, .renormalize = 3},
+    .backward_calls = {.block = 6, .per_expert = 20, .renormalize = 7},
+    .synchronises_per_expert = true};
 
 /// What an implementation is, as data (one constexpr table per file in sim/src/implementations).
 struct ImplementationTable {
@@ -294,7 +322,9 @@ class Implementation {
   }
   /// How its code runs a mixture of experts under method `m`; the default: not read.
   virtual ExpertSupport experts(models::CpMethod /*m*/) const {
-    return {false, false, "its handling of a mixture of experts was not read"};
+    return {.runs = false,
+            .expert_parallel = false,
+            .source = "its handling of a mixture of experts was not read"};
   }
   /// Its framework calls per site, traced (SiteCalls); the default: none traced.
   virtual std::span<const SiteCalls> traced_calls() const { return {}; }
