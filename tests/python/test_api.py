@@ -102,6 +102,8 @@ BAD_INPUT = [
     ["plan", "--fixed-recipe"],
     ["plan", "--dataset", "d.jsonl"],
     ["simulate", "--model", "path/to/missing/config.json"],
+    ["simulate", "--model", "qwen3-30b-a3b", "--impl", "megatron-core-cp", "--ep", "3"],
+    ["simulate", "--expert-imbalance", "0.5"],
 ]
 
 
