@@ -466,6 +466,12 @@ PlanSetup plan_setup(const PlanArgs& a) {
   opts.launcher = s.format;  // --emit: search only what that launcher's file runs
   if (s.format) {
     keep_methods_the_launcher_runs(s, opts.methods);
+    if (opts.fixed.ep_degree > 1 && !planner::launcher_writes_expert_parallel(*s.format)) {
+      throw InputError("--ep", fmt::format("{} files set no expert parallelism (--ep {}); "
+                                           "launchers that do: megatron, torchtitan, "
+                                           "torchtitan-main",
+                                           s.launcher, opts.fixed.ep_degree));
+    }
   }
   opts.refusal_text = refusal_text;
   opts.keep_all = a.all;

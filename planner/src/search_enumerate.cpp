@@ -473,6 +473,9 @@ std::vector<Candidate> enumerate_candidates(const sim::ScheduleInputs& base,
   std::vector<Candidate> out = expand(structures, variants_of, recipes, count);
   if (options.launcher) {
     out = as_run_by(*options.launcher, base, std::move(out));
+    if (!launcher_writes_expert_parallel(*options.launcher)) {
+      std::erase_if(out, [](const Candidate& c) { return c.parallel.ep_degree > 1; });
+    }
   }
   if (fixed.pp_degree == 0 && options.launcher) {
     // The launcher's implementation (as_run_by) and the launcher itself must run PP.

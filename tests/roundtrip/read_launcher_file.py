@@ -38,6 +38,9 @@ FLAVORS = {
     ("qwen3", "8B"): (36, 4096, 32, 8, 12288),
     ("qwen3", "14B"): (40, 5120, 40, 8, 17408),
     ("qwen3", "32B"): (64, 5120, 64, 8, 25600),
+    # the mixture of experts (torchtitan/models/qwen3/__init__.py _30b_a3b): the shape key holds
+    # the config's intermediate_size, which the built-in's config.json carries
+    ("qwen3", "30B-A3B"): (48, 2048, 32, 4, 6144),
 }
 
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4}
@@ -250,7 +253,7 @@ MAIN_BASELINES = {
     "llama3_8b": ("llama3", "8B"), "llama3_70b": ("llama3", "70B"),
     "llama3_405b": ("llama3", "405B"), "qwen3_0_6b": ("qwen3", "0.6B"),
     "qwen3_1_7b": ("qwen3", "1.7B"), "qwen3_14b": ("qwen3", "14B"),
-    "qwen3_32b": ("qwen3", "32B"),
+    "qwen3_32b": ("qwen3", "32B"), "qwen3_30b_a3b": ("qwen3", "30B-A3B"),
 }
 # ParallelismConfig / TrainingConfig defaults (torchtitan/config/configs.py @ b5bcd76) for the
 # fields a config function leaves alone.
@@ -265,6 +268,7 @@ MAIN_DEFAULTS = {
     "parallelism.pipeline_parallel_layers_per_stage": None,
     "training.num_tokens_per_train_step": -1, "training.mixed_precision_param": "bfloat16",
     "training.mixed_precision_reduce": "float32", "training.enable_cpu_offload": False,
+    "parallelism.expert_parallel_degree": 1, "training.disable_cuda_graphs": False,
 }
 # 0.3.0's (torchtitan/config/configs.py of the 0.3.0 wheel): sequences, not tokens, per batch.
 RELEASE_DEFAULTS = {
@@ -279,7 +283,7 @@ RELEASE_DEFAULTS = {
     "parallelism.pipeline_parallel_layers_per_stage": None,
     "training.global_batch_size": -1, "training.mixed_precision_param": "bfloat16",
     "training.mixed_precision_reduce": "float32", "training.enable_cpu_offload": False,
-    "training.disable_cuda_graphs": False,
+    "training.disable_cuda_graphs": False, "parallelism.expert_parallel_degree": 1,
 }
 # The RoPE maximum of the baselines' model_registry (models/llama3/__init__.py,
 # models/qwen3/__init__.py): update_from_config refuses a longer training length.
@@ -415,6 +419,9 @@ def read_torchtitan_main(path, recipe, a):
     layout = "contiguous" if f["parallelism.context_parallel_load_balancer"] is None else "zigzag"
     flags += ["--method", "allgather", "--seq", str(seq), "--cp-degree", str(cp),
               "--ring-layout", layout, "--tp", str(tp), "--micro-batches", str(micro)] + pipeline
+    ep = int(f["parallelism.expert_parallel_degree"])
+    if ep > 1:
+        flags += ["--ep", str(ep)]
     reshard = f["parallelism.fsdp_reshard_after_forward"]
     recipe["sharding"]["zero_stage"] = 2 if reshard == "never" else 3
     recipe["sharding"]["optimizer_offload"] = bool(f["training.enable_cpu_offload"])

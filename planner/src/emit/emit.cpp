@@ -247,6 +247,11 @@ bool launcher_writes_pipeline(LauncherFormat f) {
   return f == LauncherFormat::kMegatron || f == LauncherFormat::kNeMo || is_torchtitan(f);
 }
 
+bool launcher_writes_expert_parallel(LauncherFormat f) {
+  return f == LauncherFormat::kMegatron || f == LauncherFormat::kTorchTitan ||
+         f == LauncherFormat::kTorchTitanMain;
+}
+
 EmittedConfig emit_launcher_config(LauncherFormat format,
                                    const sim::ScheduleInputs& config,
                                    const EmitOptions& options) {
@@ -276,6 +281,11 @@ EmittedConfig emit_launcher_config(LauncherFormat format,
         fmt::format("{} files set no pipeline parallelism (--pp {}); launchers that do: megatron, "
                     "nemo, torchtitan, torchtitan-main",
                     to_string(format), config.parallel.pp_degree));
+  }
+  if (config.parallel.ep_degree > 1 && !launcher_writes_expert_parallel(format)) {
+    throw InputError("--ep", fmt::format("{} files set no expert parallelism (--ep {}); launchers "
+                                         "that do: megatron, torchtitan, torchtitan-main",
+                                         to_string(format), config.parallel.ep_degree));
   }
   if (config.parallel.micro_batches > 1 && format == LauncherFormat::kUntiedUlysses) {
     emit_detail::refuse(fmt::format(

@@ -209,9 +209,11 @@ std::string parallelism_lines(Plan& p, const Release& r) {
     // EP innermost over dp_shard · cp · tp, the experts' FSDP over the rest (efsdp):
     // distributed/parallel_dims.py:187-191, 281-282 @ b5bcd76.
     body += fmt::format("    config.parallelism.expert_parallel_degree = {}\n", p.par.ep_degree);
-    if (p.par.ep_degree > 1 && !r.tokens_per_microbatch && p.par.pp_degree == 1) {
-      // 0.3.0's CUDA graphs refuse the all-to-all dispatcher, which synchronises with the CPU
-      // (trainer.py:189-210); the PP line above already turns them off.
+    const bool graphs_off_for_pp = p.par.pp_degree > 1 && !r.tokens_per_microbatch;
+    if (p.par.ep_degree > 1 && !graphs_off_for_pp) {
+      // CUDA graphs (on by default in 0.3.0 and main) refuse the all-to-all dispatcher, which
+      // synchronises with the CPU (trainer.py:189-210 in 0.3.0, :193 at b5bcd76); the PP line
+      // above already turns them off in 0.3.0.
       body +=
           "    config.training.disable_cuda_graphs = True  # CUDA graphs refuse the "
           "all-to-all token dispatcher\n";

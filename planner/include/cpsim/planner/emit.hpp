@@ -46,6 +46,10 @@ LauncherFormat parse_launcher_format(const std::string& text,
 /// torchtitan-main);
 /// the others have no key for it and refuse PP > 1 (see emit_launcher_config).
 bool launcher_writes_pipeline(LauncherFormat f);
+/// Whether its file sets an expert-parallel degree: Megatron-LM's --expert-model-parallel-size and
+/// TorchTitan 0.3.0's and main's parallelism.expert_parallel_degree (the files of the others name
+/// none, and the implementations they run keep every expert on each rank).
+bool launcher_writes_expert_parallel(LauncherFormat f);
 
 /// A second file the run needs beside the main one, which refers to it by `path`: Accelerate's
 /// DeepSpeed JSON (`deepspeed_config_file`), the Megatron-DeepSpeed flags of an FPDT run (a shell
