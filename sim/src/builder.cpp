@@ -25,7 +25,7 @@ Builder::Builder(Workload& w,
       ring_(ring_degree),
       gpus_per_node_(gpus_per_node),
       tp_(tp_degree),
-      ep_(ep_degree) {
+      ep_(std::max(1, ep_degree)) {
   w_.ranks = simulated_ranks;
   w_.represented_ranks = ranks;
   w_.gpus_per_node = gpus_per_node;

@@ -4,6 +4,7 @@
 // sites), sequence-parallel exchanges over the TP group, and host copies, each with its kernel cost
 // from the cost model.
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -48,7 +49,7 @@ struct StepShape {
     s.sp_tokens = s.local_tokens / s.tp;
     s.ring_tokens = s.seq_tokens / s.ring;
     s.activation_bytes = in.recipe.activation_bytes;
-    s.ep = p.ep_degree;
+    s.ep = std::max(1, p.ep_degree);  // check_experts refuses a degree below 1
     if (in.model.is_moe()) {
       const std::int64_t copies = s.local_tokens * in.model.moe.experts_per_token;
       s.expert_rows = s.ep == 1 ? copies
