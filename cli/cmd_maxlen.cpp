@@ -203,6 +203,11 @@ void print_outcome(const MaxLenArgs& a, const Outcome& o, const std::optional<Co
                              s.first_stage_layers, s.middle_stage_layers, s.last_stage_layers)
                : fmt::format("{} blocks per stage", s.stage_layers));
   }
+  if (o.in.model.is_moe()) {
+    std::cout << fmt::format(
+        "  experts: EP {}, {} of the {} on each GPU\n", o.in.parallel.ep_degree,
+        o.in.model.moe.experts / std::max(1, o.in.parallel.ep_degree), o.in.model.moe.experts);
+  }
   if (o.in.parallel.tp_degree > 1 || o.in.parallel.micro_batches > 1) {
     std::cout << fmt::format("  TP {} (sequence parallel) x CP {}, {} micro-batch(es) per step\n",
                              o.in.parallel.tp_degree, o.in.parallel.cp_degree,

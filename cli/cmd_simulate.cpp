@@ -120,6 +120,10 @@ nlohmann::json config_json(const sim::ScheduleInputs& in,
     c["pp_schedule"] = models::to_string(in.parallel.pp_schedule);
     c["virtual_stages"] = in.parallel.virtual_stages;
   }
+  if (in.model.is_moe()) {
+    c["ep_degree"] = in.parallel.ep_degree;
+    c["expert_imbalance"] = in.parallel.expert_imbalance;
+  }
   return c;
 }
 
@@ -293,6 +297,19 @@ std::string setup_lines(const sim::ScheduleInputs& in, const sim::StepReport& re
   }
   if (in.parallel.pp_degree > 1) {
     o += pipeline_line(in, rep);
+  }
+  if (const models::MoeSpec& e = in.model.moe; in.model.is_moe()) {
+    const int ep = in.parallel.ep_degree;
+    o += ep > 1 ? fmt::format(
+                      "  experts: EP {} (groups of {} consecutive GPUs), {} of the {} "
+                      "experts on each GPU{}\n",
+                      ep, ep, e.experts / ep, e.experts,
+                      in.parallel.expert_imbalance > 1.0
+                          ? fmt::format("; the busiest receives {}x the balanced tokens",
+                                        in.parallel.expert_imbalance)
+                          : "; routing balanced (--expert-imbalance)")
+                : fmt::format("  experts: all {} on every GPU ({} per token; --ep splits them)\n",
+                              e.experts, e.experts_per_token);
   }
   if (tp > 1 || in.parallel.micro_batches > 1 || in.parallel.pp_degree > 1) {
     o += fmt::format("  {} micro-batch{} per step: {} tokens per step\n", in.parallel.micro_batches,
