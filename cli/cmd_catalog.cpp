@@ -394,6 +394,9 @@ nlohmann::json experts_json(const sim::Implementation& impl) {
                                  {"source", e.source},
                                  {"keeps_weighted_outputs", e.keeps_weighted_outputs},
                                  {"routing_bytes_per_copy", e.routing_bytes_per_copy},
+                                 {"weights_inside_experts", e.weights_inside_experts},
+                                 {"scores_as_routing_map", e.scores_as_routing_map},
+                                 {"keeps_renormalisation", e.keeps_renormalisation},
                                  {"forward_calls", calls(e.forward_calls)},
                                  {"backward_calls", calls(e.backward_calls)},
                                  {"synchronises_per_expert", e.synchronises_per_expert}};

@@ -22,9 +22,11 @@
 // MLP, as the dense MLP: StepBuilder::gated_mlp_forward); the combined expert outputs [s·k, h],
 // which the weighted sum's backward reads for the weights' gradient. The implementation's own
 // (ExpertSupport): the Hugging Face loop also keeps its weighted outputs [s·k, h] and 16 bytes of
-// indices per copy. The whole sum is checked against transformers' block's saved tensors, traced
-// on the CPU (tests/models/test_hf_models.py), and the simulated block against it
-// (tests/sim/moe_test.cpp).
+// indices per copy; Megatron-Core weights the rows inside the experts (no combined outputs kept),
+// keeps its scores as [E, s] probabilities in the activation dtype with a boolean map, and 12
+// more bytes per copy. Both sums are checked against the saved tensors of the real blocks run on
+// the CPU (tests/models/test_hf_models.py, tests/models/test_megatron_moe.py), and the simulated
+// blocks against them (tests/sim/moe_test.cpp).
 // Backward: the weighted sum's (d outputs [s·k, h], d weights), the all-to-all back to the experts,
 // the gated MLP's backward, the all-to-all of the experts' input gradients, and one op for the sum
 // over each token's copies plus the router's backward (softmax [s, E] fp32 and the router's dgrad
@@ -58,7 +60,7 @@ TensorSet StepBuilder::expert_exchange(
 std::int64_t StepBuilder::routing_bytes() const {
   const std::int64_t s = shape_.local_tokens, copies = s * m_.moe.experts_per_token;
   return copies * (8 + shape_.activation_bytes + experts_.routing_bytes_per_copy) +
-         (m_.moe.renormalize ? (copies + s) * kFp32Bytes : 0);
+         (m_.moe.renormalize && experts_.keeps_renormalisation ? (copies + s) * kFp32Bytes : 0);
 }
 
 void StepBuilder::issue_block_calls(Mark begin,
@@ -87,7 +89,8 @@ TensorSet StepBuilder::moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
 
   TensorSet logits = b_.tensor("router_logits", s * experts * a, MemCategory::kOther);
   compute("moe_router", OpKind::kGemm, linear_fwd(s, experts, h, grad), {h1n, params}, {logits});
-  TensorSet probs = b_.tensor("router_probs", s * experts * kFp32Bytes, kept);
+  const std::int64_t score_bytes = experts_.scores_as_routing_map ? a + 1 : kFp32Bytes;
+  TensorSet probs = b_.tensor("router_probs", s * experts * score_bytes, kept);
   TensorSet routing = b_.tensor("routing", routing_bytes(), kept);
   compute("moe_topk", OpKind::kElementwise,
           mem(s * experts * (a + 2 * kFp32Bytes) + routing_bytes()), {logits}, {probs, routing});
@@ -95,11 +98,15 @@ TensorSet StepBuilder::moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
   compute("moe_permute", OpKind::kElementwise, mem(2 * copies * h * a), {h1n, routing}, {permuted});
   const TensorSet expert_in =
       ep ? expert_exchange("moe_dispatch", permuted, rows, std::max(rows, copies), kept) : permuted;
-  TensorSet expert_out = b_.tensor("moe_expert_out", rows * h * a, ep ? MemCategory::kOther : kept);
+  // The combined outputs are kept where the routing weights multiply them (not inside the
+  // experts).
+  const MemCategory combined_cat = experts_.weights_inside_experts ? MemCategory::kOther : kept;
+  TensorSet expert_out =
+      b_.tensor("moe_expert_out", rows * h * a, ep ? MemCategory::kOther : combined_cat);
   gated_mlp_forward(sv, expert_in, params, grad,
                     {rows, m_.moe.expert_ffn_hidden, shape_.local_experts}, expert_out);
   const TensorSet combined =
-      ep ? expert_exchange("moe_combine", expert_out, copies, std::max(rows, copies), kept)
+      ep ? expert_exchange("moe_combine", expert_out, copies, std::max(rows, copies), combined_cat)
          : expert_out;
   TensorSet mlp_out = b_.tensor("mlp_out", s * h * a, post_norm_input_category(grad));
   std::vector<TensorSet> sums = {mlp_out};
@@ -114,7 +121,7 @@ TensorSet StepBuilder::moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
     sv.router_probs = probs;
     sv.routing = routing;
     sv.expert_in = expert_in;
-    sv.expert_out = combined;
+    sv.expert_out = experts_.weights_inside_experts ? TensorSet{} : combined;
   }
   return mlp_out;
 }
@@ -130,7 +137,10 @@ TensorSet StepBuilder::moe_backward(
   // The weighted sum's backward: each copy's gradient (dy × weight) and each weight's (dy · out).
   TensorSet d_combined = b_.tensor("moe_d_combined", copies * h * a, MemCategory::kOther);
   TensorSet d_weights = b_.tensor("moe_d_weights", copies * kFp32Bytes, MemCategory::kOther);
-  std::vector<TensorSet> read = {dy, sv.routing, sv.expert_out};
+  std::vector<TensorSet> read = {dy, sv.routing};
+  if (sv.expert_out.valid()) {
+    read.push_back(sv.expert_out);
+  }
   if (sv.expert_weighted.valid()) {
     read.push_back(sv.expert_weighted);
   }

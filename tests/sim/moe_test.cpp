@@ -174,6 +174,16 @@ TEST(Experts, ABlockKeepsTheRouterAndTheExpertsInputsAndOutputs) {
   const std::int64_t hf_block = (s * k - s) * mlp_rows(hf) + s * e * 4 + s * k * (8 + a + 16) +
                                 (s * k + s) * 4 + 3 * s * k * h * a;
   EXPECT_EQ(kept_beyond_dense(hf), 48 * hf_block);
+
+  // Megatron-Core weights the rows inside the experts (no combined outputs), keeps its scores as
+  // [E, s] probabilities in bf16 with a boolean map, and 12 more bytes per copy
+  // (tests/models/test_megatron_moe.py traces the same sum from its MoELayer).
+  ScheduleInputs megatron = moe;
+  megatron.model.kv_heads = 8;
+  megatron.parallel.implementation = "megatron-core-cp";
+  const std::int64_t megatron_block = (s * k - s) * mlp_rows(megatron) + s * e * (a + 1) +
+                                      s * k * (8 + a + 12) + s * k * h * a;
+  EXPECT_EQ(kept_beyond_dense(megatron), 48 * megatron_block);
 }
 
 TEST(Experts, TheHuggingFaceLoopIssuesItsTracedCallsAndWaitsPerExpert) {

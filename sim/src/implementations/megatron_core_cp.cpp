@@ -125,13 +125,25 @@ class MegatronCoreCp final : public Implementation {
   // dispatcher (token_dispatcher.py:348, 647-669: permuted tokens all-to-all over the EP group and
   // back) and grouped experts (experts.py); the expert ranks fold over the same GPUs as TP × CP ×
   // DP in the order tp-ep-dp (parallel_state.py:785-806: expert TP defaults to TP, EP innermost).
+  // What its block keeps, traced: megatron-core 0.16.1's MoELayer with the all-to-all dispatcher
+  // run on the CPU (tests/models/test_megatron_moe.py: CUDA streams stood in, TransformerEngine
+  // absent, SequentialMLP for TE's grouped GEMM, whose GroupedLinear keeps the same inputs). Per
+  // token copy: the top-k index (int64) and softmaxed score (fp32), the sorted index (int64) and
+  // the permuted weight (activation dtype): 8 + a + 12; per token and expert the probabilities (a)
+  // and the routing map (bool); the weights multiply inside the experts (weighted SwiGLU,
+  // moe_utils / fusions/fused_bias_swiglu.py), so no combined [s·k, h] is kept; the top-k softmax
+  // is the renormalisation.
   ExpertSupport experts(models::CpMethod /*m*/) const override {
     return {.runs = true,
             .expert_parallel = true,
             .source =
                 "MoELayer with the all-to-all dispatcher over EP ranks folded with CP and DP "
                 "(megatron-core 0.16.1, transformer/moe/token_dispatcher.py:647-669, "
-                "parallel_state.py:785-806)"};
+                "parallel_state.py:785-806)",
+            .routing_bytes_per_copy = 12,
+            .weights_inside_experts = true,
+            .scores_as_routing_map = true,
+            .keeps_renormalisation = false};
   }
   // TransformerEngine v2.11 (megatron-core 0.16.1 takes TE >= 2.9, < 2.12) context_parallel.py:
   // 4023-4029 asserts `not sliding_window_attn or cp_comm_type in ["a2a", "all_gather"]`; a2a

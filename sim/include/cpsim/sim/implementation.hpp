@@ -176,6 +176,16 @@ struct ExpertSupport {
   /// bookkeeping per token copy (its per-expert torch.where indices).
   bool keeps_weighted_outputs = false;
   std::int64_t routing_bytes_per_copy = 0;
+  /// The routing weights multiply inside the experts, on the SwiGLU's output [s·k, f] that the
+  /// down projection keeps anyway, with one weight kept per row (Megatron-Core's weighted SwiGLU),
+  /// rather than on the combined outputs [s·k, h], which the product's backward would keep.
+  bool weights_inside_experts = false;
+  /// The router's scores kept per token and expert: the fp32 softmax output [s, E] (4 bytes), or
+  /// (true) Megatron-Core's probabilities in the activation dtype with its boolean routing map.
+  bool scores_as_routing_map = false;
+  /// The fp32 weights and sum of a renormalisation kept (4·(s·k + s)); false where the
+  /// renormalised weights are the routing bytes per copy already (a softmax over the top k).
+  bool keeps_renormalisation = true;
   /// Framework calls its block makes, traced where it loops over the experts in Python (0: one
   /// per kernel, as the builders count them): per layer `block` + `per_expert` × experts, with
   /// `renormalize` more when the top-k weights are renormalised (MoeSpec::renormalize).
