@@ -389,17 +389,22 @@ nlohmann::json experts_json(const sim::Implementation& impl) {
   };
   for (const models::CpMethod m : impl.methods()) {
     const sim::ExpertSupport e = impl.experts(m);
-    out[models::to_string(m)] = {{"runs", e.runs},
-                                 {"expert_parallel", e.expert_parallel},
-                                 {"source", e.source},
-                                 {"keeps_weighted_outputs", e.keeps_weighted_outputs},
-                                 {"routing_bytes_per_copy", e.routing_bytes_per_copy},
-                                 {"weights_inside_experts", e.weights_inside_experts},
-                                 {"scores_as_routing_map", e.scores_as_routing_map},
-                                 {"keeps_renormalisation", e.keeps_renormalisation},
-                                 {"forward_calls", calls(e.forward_calls)},
-                                 {"backward_calls", calls(e.backward_calls)},
-                                 {"synchronises_per_expert", e.synchronises_per_expert}};
+    out[models::to_string(m)] = {
+        {"runs", e.runs},
+        {"expert_parallel", e.expert_parallel},
+        {"source", e.source},
+        {"routing_bytes_per_token_expert", e.routing_bytes_per_token_expert},
+        {"routing_bytes_per_copy", e.routing_bytes_per_copy},
+        {"routing_bytes_per_token", e.routing_bytes_per_token},
+        {"keeps_renormalisation", e.keeps_renormalisation},
+        {"router_input_bytes", e.router_input_bytes},
+        {"weights_inside_experts", e.weights_inside_experts},
+        {"combined_bytes", e.combined_bytes},
+        {"keeps_weighted_outputs", e.keeps_weighted_outputs},
+        {"eager_expert_activation", e.eager_expert_activation},
+        {"forward_calls", calls(e.forward_calls)},
+        {"backward_calls", calls(e.backward_calls)},
+        {"synchronises_per_expert", e.synchronises_per_expert}};
   }
   return out;
 }

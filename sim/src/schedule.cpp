@@ -372,6 +372,11 @@ std::optional<ConfigIssue> check_experts(const ScheduleInputs& in,
     return ConfigIssue{Quantity::kTpDegree,
                        fmt::format("{}; experts under tensor parallelism are not modelled", what)};
   }
+  if (in.recipe.activation_bytes != 2) {  // ExpertSupport's routing bytes are stated for bf16
+    return ConfigIssue{Quantity::kExperts,
+                       fmt::format("{}; experts with {}-byte activations are not modelled", what,
+                                   in.recipe.activation_bytes)};
+  }
   if (in.recipe.fp8 || in.recipe.tiled_mlp) {
     return ConfigIssue{
         Quantity::kExperts,

@@ -258,7 +258,7 @@ void StepBuilder::gated_mlp_forward(
           {in, params}, {gate_up});
   TensorSet act = b_.tensor("mlp_act", rows * f * a, MemCategory::kActivations);
   std::vector<TensorSet> act_out = {act};
-  if (grad && r_.mlp_kernel == models::MlpKernel::kEager) {
+  if (grad && (r_.mlp_kernel == models::MlpKernel::kEager || g.eager_activation)) {
     // silu(gate), kept by the product for its backward.
     sv.mlp_silu = b_.tensor("mlp_silu", rows * f * a, MemCategory::kActivations);
     act_out.push_back(sv.mlp_silu);
@@ -436,10 +436,10 @@ TensorSet StepBuilder::mlp_backward(
   return dh1n;
 }
 
-std::int64_t StepBuilder::mlp_grad_widths() const {
+std::int64_t StepBuilder::mlp_grad_widths(bool eager_activation) const {
   // Gradients held at once: the product's, then dgate and dup (3f); Liger writes the latter two
   // over gate and up, leaving only the product's (f).
-  return r_.mlp_kernel == models::MlpKernel::kFused ? 1 : 3;
+  return r_.mlp_kernel == models::MlpKernel::kFused && !eager_activation ? 1 : 3;
 }
 
 void StepBuilder::gated_mlp_backward(const SavedLayer& sv,
@@ -459,7 +459,7 @@ void StepBuilder::gated_mlp_backward(const SavedLayer& sv,
     kept.push_back(sv.mlp_silu);
   }
   compute("mlp_bwd", OpKind::kGemm, bwd, std::move(kept), {dx, grads}, {},
-          mlp_grad_widths() * rows * f * shape_.activation_bytes);
+          mlp_grad_widths(g.eager_activation) * rows * f * shape_.activation_bytes);
 }
 
 TensorSet StepBuilder::layer_backward(

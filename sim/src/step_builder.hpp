@@ -51,6 +51,8 @@ struct SavedLayer {
   // weights and indices, the rows the rank's experts computed on and their outputs [R, h].
   TensorSet router_probs, routing, expert_in, expert_out;
   TensorSet expert_weighted;  // the weighted outputs [s·k, h], where the implementation keeps them
+  TensorSet combined_copy;    // the combined outputs in the weights' product's own dtype
+  TensorSet router_input;     // a copy of the router's input in its own dtype
   TensorSet out;              // block output
   OpSet attn_ready;  // when set, the output projection waits for it (outputs filled in place)
   OpSet first_op;
@@ -238,7 +240,10 @@ class StepBuilder : private OpEmitter, private KernelCosts {
     std::int64_t rows = 0;
     std::int64_t width = 0;
     std::int64_t groups = 1;
+    bool eager_activation = false;  ///< silu(gate) kept whatever the recipe's MLP kernel
   };
+  /// The experts' gated MLP on the rank (step_experts.cpp).
+  GatedMlp expert_mlp() const;
   /// `one` run `groups` times (exactly `one` for a single group).
   static KernelCost grouped(KernelCost one, std::int64_t groups);
   /// Gate/up GEMM, activation and down GEMM from `in` into `out`; what the backward reads goes
@@ -253,8 +258,9 @@ class StepBuilder : private OpEmitter, private KernelCosts {
                           TensorSet grads,
                           const GatedMlp& g,
                           TensorSet dx);
-  /// Widths of f the MLP backward's gradients hold at once (3, or 1 for Liger's in-place kernel).
-  std::int64_t mlp_grad_widths() const;
+  /// Widths of f the MLP backward's gradients hold at once (3, or 1 for Liger's in-place kernel;
+  /// 3 for an eager activation).
+  std::int64_t mlp_grad_widths(bool eager_activation = false) const;
   /// The mixture of experts, forward and backward: step_experts.cpp.
   TensorSet moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet params, bool grad);
   TensorSet moe_backward(

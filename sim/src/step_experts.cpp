@@ -57,9 +57,14 @@ TensorSet StepBuilder::expert_exchange(
   return out;
 }
 
+StepBuilder::GatedMlp StepBuilder::expert_mlp() const {
+  return {shape_.expert_rows, m_.moe.expert_ffn_hidden, shape_.local_experts,
+          experts_.eager_expert_activation};
+}
+
 std::int64_t StepBuilder::routing_bytes() const {
   const std::int64_t s = shape_.local_tokens, copies = s * m_.moe.experts_per_token;
-  return copies * (8 + shape_.activation_bytes + experts_.routing_bytes_per_copy) +
+  return copies * experts_.routing_bytes_per_copy + s * experts_.routing_bytes_per_token +
          (m_.moe.renormalize && experts_.keeps_renormalisation ? (copies + s) * kFp32Bytes : 0);
 }
 
@@ -88,9 +93,15 @@ TensorSet StepBuilder::moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
   const MemCategory kept = grad ? MemCategory::kActivations : MemCategory::kOther;
 
   TensorSet logits = b_.tensor("router_logits", s * experts * a, MemCategory::kOther);
-  compute("moe_router", OpKind::kGemm, linear_fwd(s, experts, h, grad), {h1n, params}, {logits});
-  const std::int64_t score_bytes = experts_.scores_as_routing_map ? a + 1 : kFp32Bytes;
-  TensorSet probs = b_.tensor("router_probs", s * experts * score_bytes, kept);
+  std::vector<TensorSet> router_out = {logits};
+  if (experts_.router_input_bytes > 0 && grad) {
+    sv.router_input = b_.tensor("router_input", s * h * experts_.router_input_bytes, kept);
+    router_out.push_back(sv.router_input);
+  }
+  compute("moe_router", OpKind::kGemm, linear_fwd(s, experts, h, grad), {h1n, params},
+          std::move(router_out));
+  TensorSet probs =
+      b_.tensor("router_probs", s * experts * experts_.routing_bytes_per_token_expert, kept);
   TensorSet routing = b_.tensor("routing", routing_bytes(), kept);
   compute("moe_topk", OpKind::kElementwise,
           mem(s * experts * (a + 2 * kFp32Bytes) + routing_bytes()), {logits}, {probs, routing});
@@ -100,16 +111,23 @@ TensorSet StepBuilder::moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
       ep ? expert_exchange("moe_dispatch", permuted, rows, std::max(rows, copies), kept) : permuted;
   // The combined outputs are kept where the routing weights multiply them (not inside the
   // experts).
-  const MemCategory combined_cat = experts_.weights_inside_experts ? MemCategory::kOther : kept;
+  // In a dtype of its own (TorchTitan's fp32 product), a copy is kept instead of the combined.
+  const bool combined_copy = !experts_.weights_inside_experts && experts_.combined_bytes != a;
+  const MemCategory combined_cat =
+      experts_.weights_inside_experts || combined_copy ? MemCategory::kOther : kept;
   TensorSet expert_out =
       b_.tensor("moe_expert_out", rows * h * a, ep ? MemCategory::kOther : combined_cat);
-  gated_mlp_forward(sv, expert_in, params, grad,
-                    {rows, m_.moe.expert_ffn_hidden, shape_.local_experts}, expert_out);
+  gated_mlp_forward(sv, expert_in, params, grad, expert_mlp(), expert_out);
   const TensorSet combined =
       ep ? expert_exchange("moe_combine", expert_out, copies, std::max(rows, copies), combined_cat)
          : expert_out;
   TensorSet mlp_out = b_.tensor("mlp_out", s * h * a, post_norm_input_category(grad));
   std::vector<TensorSet> sums = {mlp_out};
+  if (combined_copy && grad) {
+    sv.combined_copy =
+        b_.tensor("moe_combined", copies * h * experts_.combined_bytes, MemCategory::kActivations);
+    sums.push_back(sv.combined_copy);
+  }
   if (experts_.keeps_weighted_outputs && grad) {
     sv.expert_weighted = b_.tensor("moe_weighted", copies * h * a, MemCategory::kActivations);
     sums.push_back(sv.expert_weighted);
@@ -121,7 +139,7 @@ TensorSet StepBuilder::moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
     sv.router_probs = probs;
     sv.routing = routing;
     sv.expert_in = expert_in;
-    sv.expert_out = experts_.weights_inside_experts ? TensorSet{} : combined;
+    sv.expert_out = experts_.weights_inside_experts || combined_copy ? TensorSet{} : combined;
   }
   return mlp_out;
 }
@@ -141,8 +159,10 @@ TensorSet StepBuilder::moe_backward(
   if (sv.expert_out.valid()) {
     read.push_back(sv.expert_out);
   }
-  if (sv.expert_weighted.valid()) {
-    read.push_back(sv.expert_weighted);
+  for (const TensorSet t : {sv.expert_weighted, sv.combined_copy}) {
+    if (t.valid()) {
+      read.push_back(t);
+    }
   }
   compute("moe_unpermute_bwd", OpKind::kElementwise, mem((s + 2 * copies) * h * a), std::move(read),
           {d_combined, d_weights});
@@ -150,8 +170,7 @@ TensorSet StepBuilder::moe_backward(
                                                       std::max(rows, copies), MemCategory::kOther)
                                     : d_combined;
   TensorSet d_expert_in = b_.tensor("moe_d_expert_in", rows * h * a, MemCategory::kOther);
-  gated_mlp_backward(sv, d_expert_out, sv.expert_in, params, grads,
-                     {rows, m_.moe.expert_ffn_hidden, shape_.local_experts}, d_expert_in);
+  gated_mlp_backward(sv, d_expert_out, sv.expert_in, params, grads, expert_mlp(), d_expert_in);
   const TensorSet d_permuted = ep ? expert_exchange("moe_dispatch_bwd", d_expert_in, copies,
                                                     std::max(rows, copies), MemCategory::kOther)
                                   : d_expert_in;
@@ -161,8 +180,8 @@ TensorSet StepBuilder::moe_backward(
   const KernelCost router = plus(mem((copies + s) * h * a + s * experts * (3 * kFp32Bytes + a)),
                                  linear_bwd(s, experts, h));
   compute("moe_router_bwd", OpKind::kGemm, router,
-          {d_permuted, d_weights, sv.router_probs, sv.routing, h1n, params, grads}, {dh1n}, {},
-          s * experts * (kFp32Bytes + a));
+          {d_permuted, d_weights, sv.router_probs, sv.routing, sv.router_input, h1n, params, grads},
+          {dh1n}, {}, s * experts * (kFp32Bytes + a));
   issue_block_calls(begin, experts_.backward_calls, kNone);
   return dh1n;
 }

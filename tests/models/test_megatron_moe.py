@@ -141,13 +141,14 @@ def test_cpsim_keeps_what_megatron_core_moe_saves(one_rank, experts, top_k, hidd
     )
     assert r.returncode == 0, r.stderr
     e = json.loads(r.stdout)["experts"]["ulysses"]
-    assert e["weights_inside_experts"] and e["scores_as_routing_map"]
+    assert e["weights_inside_experts"] and not e["eager_expert_activation"]
     assert not e["keeps_renormalisation"] and not e["keeps_weighted_outputs"]
+    assert e["router_input_bytes"] == 0 and e["routing_bytes_per_token"] == 0
     tokens, a = 512, 2
     copies = tokens * top_k
     expected = (
-        tokens * experts * (a + 1)  # probabilities and the boolean routing map
-        + copies * (8 + a + e["routing_bytes_per_copy"])  # indices and weights
+        tokens * experts * e["routing_bytes_per_token_expert"]  # probabilities, routing map
+        + copies * e["routing_bytes_per_copy"]  # indices and weights
         + copies * hidden * a  # the experts' input
         + copies * 3 * ffn * a  # fc1's output [R, 2f] and the weighted SwiGLU's [R, f]
     )

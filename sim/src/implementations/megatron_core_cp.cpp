@@ -129,8 +129,8 @@ class MegatronCoreCp final : public Implementation {
   // run on the CPU (tests/models/test_megatron_moe.py: CUDA streams stood in, TransformerEngine
   // absent, SequentialMLP for TE's grouped GEMM, whose GroupedLinear keeps the same inputs). Per
   // token copy: the top-k index (int64) and softmaxed score (fp32), the sorted index (int64) and
-  // the permuted weight (activation dtype): 8 + a + 12; per token and expert the probabilities (a)
-  // and the routing map (bool); the weights multiply inside the experts (weighted SwiGLU,
+  // the permuted weight (bf16): 22 bytes; per token and expert the probabilities (bf16) and the
+  // routing map (bool): 3; the weights multiply inside the experts (weighted SwiGLU,
   // moe_utils / fusions/fused_bias_swiglu.py), so no combined [s·k, h] is kept; the top-k softmax
   // is the renormalisation.
   ExpertSupport experts(models::CpMethod /*m*/) const override {
@@ -140,10 +140,10 @@ class MegatronCoreCp final : public Implementation {
                 "MoELayer with the all-to-all dispatcher over EP ranks folded with CP and DP "
                 "(megatron-core 0.16.1, transformer/moe/token_dispatcher.py:647-669, "
                 "parallel_state.py:785-806)",
-            .routing_bytes_per_copy = 12,
-            .weights_inside_experts = true,
-            .scores_as_routing_map = true,
-            .keeps_renormalisation = false};
+            .routing_bytes_per_token_expert = 3,
+            .routing_bytes_per_copy = 22,
+            .keeps_renormalisation = false,
+            .weights_inside_experts = true};
   }
   // TransformerEngine v2.11 (megatron-core 0.16.1 takes TE >= 2.9, < 2.12) context_parallel.py:
   // 4023-4029 asserts `not sliding_window_attn or cp_comm_type in ["a2a", "all_gather"]`; a2a

@@ -108,13 +108,27 @@ class TorchNativeCp final : public Implementation {
   // experts through torch._grouped_mm) with expert parallelism over its sparse mesh
   // [dp_replicate, efsdp, ep], EP innermost over dp_shard · cp · tp ranks
   // (distributed/parallel_dims.py:187-191, 281-282 @ b5bcd76c66d0acb1a08b176d9639425bc55e0b2a).
+  // What its block keeps (torchtitan 0.3.0, traced on the CPU by tests/models/test_titan_moe.py;
+  // on the GPU the router runs under autocast to fp32, TokenChoiceTopKRouter.forward, which the
+  // CPU disables): the gate's fp32 copy of its input [s, h] (4 bytes per element), the fp32
+  // softmax scores [s, E], per copy the top-k index (int64), the renormalised fp32 top-k score and
+  // its fp32 per-row copy, the sorted and token indices (int64): 32 bytes, and per token the fp32
+  // renormalisation sum (4); GroupedExperts' eager SwiGLU keeps silu(gate) beside gate, up and the
+  // product; the routed outputs are weighted in fp32 (moe.py: `.to(torch.float32) * scores`),
+  // which keeps their fp32 copy [s·k, h].
   ExpertSupport experts(models::CpMethod /*m*/) const override {
     return {.runs = true,
             .expert_parallel = true,
             .source =
                 "TorchTitan's MoE with EP innermost over its dp_shard · cp · tp ranks "
-                "(torchtitan@b5bcd76 models/common/moe.py, distributed/parallel_dims.py:187-191, "
-                "281-282)"};
+                "(torchtitan@b5bcd76 models/common/moe.py, distributed/parallel_dims.py:"
+                "187-191, 281-282)",
+            .routing_bytes_per_copy = 32,
+            .routing_bytes_per_token = 4,
+            .keeps_renormalisation = false,
+            .router_input_bytes = 4,
+            .combined_bytes = 4,
+            .eager_expert_activation = true};
   }
   // The SDPA ops context_parallel handles take no window, and the efficient and cuDNN ones refuse
   // a mask ("attn_bias is not supported yet", _attention.py:700-701, 738-739).

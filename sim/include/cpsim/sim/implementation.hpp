@@ -171,21 +171,37 @@ struct ExpertSupport {
   bool runs = false;             ///< its model code runs the mixture of experts
   bool expert_parallel = false;  ///< it splits the experts over an EP group (E_p > 1)
   std::string_view source;       ///< where its code says so, or why not
-  /// What its block keeps for the backward beyond step_experts.cpp's common part: the weighted
-  /// expert outputs [s·k, h] (the Hugging Face loop's index_add_ saves its source), and routing
-  /// bookkeeping per token copy (its per-expert torch.where indices).
-  bool keeps_weighted_outputs = false;
-  std::int64_t routing_bytes_per_copy = 0;
-  /// The routing weights multiply inside the experts, on the SwiGLU's output [s·k, f] that the
-  /// down projection keeps anyway, with one weight kept per row (Megatron-Core's weighted SwiGLU),
-  /// rather than on the combined outputs [s·k, h], which the product's backward would keep.
-  bool weights_inside_experts = false;
-  /// The router's scores kept per token and expert: the fp32 softmax output [s, E] (4 bytes), or
-  /// (true) Megatron-Core's probabilities in the activation dtype with its boolean routing map.
-  bool scores_as_routing_map = false;
-  /// The fp32 weights and sum of a renormalisation kept (4·(s·k + s)); false where the
-  /// renormalised weights are the routing bytes per copy already (a softmax over the top k).
+  // What its block keeps for the backward (step_experts.cpp), beside the experts' input [s·k, h]
+  // and the gated MLP's tensors, which every block keeps. Bytes stated for a 2-byte activation
+  // dtype (check_experts refuses others); s tokens, k per token, E experts, h hidden.
+  /// Routing bytes per token and expert: the fp32 softmax output [s, E] (4), or Megatron-Core's
+  /// probabilities in bf16 with its boolean routing map (3).
+  std::int64_t routing_bytes_per_token_expert = 4;
+  /// Routing bytes per token copy: the top-k index (int64) and the cast weight (bf16), 10, plus
+  /// the implementation's own (sorted indices, per-row weights, per-expert loop indices).
+  std::int64_t routing_bytes_per_copy = 10;
+  /// Routing bytes per token beyond those (a renormalisation's fp32 sum where it is not counted
+  /// by keeps_renormalisation).
+  std::int64_t routing_bytes_per_token = 0;
+  /// The fp32 weights and sum of a renormalisation, 4·(s·k + s), kept when the top-k weights are
+  /// renormalised (MoeSpec::renormalize); false where routing_bytes_* count them already.
   bool keeps_renormalisation = true;
+  /// Bytes per element of a copy of the router's input [s, h] kept for its backward (TorchTitan
+  /// computes the gate under CUDA autocast to fp32: 4); 0: the block's input serves.
+  std::int64_t router_input_bytes = 0;
+  /// The routing weights multiply inside the experts, on the SwiGLU's output [s·k, f] that the
+  /// down projection keeps anyway (Megatron-Core's weighted SwiGLU), rather than on the combined
+  /// outputs [s·k, h], which the product's backward then keeps.
+  bool weights_inside_experts = false;
+  /// Bytes per element of the combined outputs kept for the weights' product (when the weights
+  /// multiply after the experts): 2 (bf16), or 4 where the product runs in fp32 (TorchTitan).
+  std::int64_t combined_bytes = 2;
+  /// The weighted outputs [s·k, h] kept as well (the Hugging Face loop's index_add_ saves its
+  /// source).
+  bool keeps_weighted_outputs = false;
+  /// Its experts keep silu(gate) [s·k, f] whatever the recipe's MLP kernel (eager SwiGLU in the
+  /// experts: TorchTitan's GroupedExperts, the Hugging Face loop).
+  bool eager_expert_activation = false;
   /// Framework calls its block makes, traced where it loops over the experts in Python (0: one
   /// per kernel, as the builders count them): per layer `block` + `per_expert` × experts, with
   /// `renormalize` more when the top-k weights are renormalised (MoeSpec::renormalize).
@@ -208,7 +224,8 @@ struct ExpertSupport {
 /// attention leave in place (transformers 4.57.6 MixtralSparseMoeBlock, Qwen3MoeSparseMoeBlock,
 /// modeling_qwen3_moe.py:226-264): a loop over the experts on each rank's tokens, so every expert
 /// runs on every rank (its weights gathered by ZeRO-3), no expert parallelism. Per expert it keeps
-/// the torch.where indices idx and top_x (int64, 16 bytes per token copy) and index_add_'s source,
+/// the torch.where indices idx and top_x (int64, 16 more bytes per token copy: 26) and index_add_'s
+/// source,
 /// the weighted outputs (traced: tests/models/test_hf_models.py). Its framework calls, counted
 /// there as the tracer counts them (every non-view aten op): forward 14 + 12 per expert
 /// (torch.where's nonzero, the index of the tokens and of their weights, gate/up/down mm, silu,
@@ -222,8 +239,9 @@ inline constexpr ExpertSupport kHuggingFaceExperts{
         "its wrapper replaces the attention only; the Hugging Face MoE block runs every "
         "expert on each rank (transformers 4.57.6 modeling_qwen3_moe.py:226-264): no "
         "expert parallelism",
+    .routing_bytes_per_copy = 26,
     .keeps_weighted_outputs = true,
-    .routing_bytes_per_copy = 16,
+    .eager_expert_activation = true,
     .forward_calls = {.block = 14, .per_expert = 12, .renormalize = 3},
     .backward_calls = {.block = 6, .per_expert = 20, .renormalize = 7},
     .synchronises_per_expert = true};
