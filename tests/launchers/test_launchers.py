@@ -100,29 +100,34 @@ def test_the_launcher_runs_the_file(launcher, plan, tmp_path):
         assert report["buffer_bytes"] == expected, (report["buffer_bytes"], expected)
 
 
+def checked_file(checker, launcher, args, out, gpus, tmp_path):
+    """Emits the file, runs the launcher's checker on it; returns (the plan's row, its report)."""
+    planned = emit(launcher, [*args, "--gpus", str(gpus)], out)
+    r = subprocess.run([sys.executable, os.path.join(HERE, checker), str(out), "--gpus",
+                        str(gpus)], capture_output=True, text=True, cwd=tmp_path)
+    report = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
+    assert r.returncode == 0 and report["ok"], (report.get("error"), out.read_text())
+    return planned, report
+
+
 def test_megatron_runs_the_window_of_every_layer(tmp_path):
     """A model whose layers attend within a window: the emitted flags give megatron-core's
     per-layer decision the layers cpsim simulates windowed, and a window of w keys."""
-    out = tmp_path / "megatron.sh"
-    emit("megatron", ["--model", "mistral-7b-v0.1", "--seq", "128K"], out)
-    r = subprocess.run([sys.executable, os.path.join(HERE, "megatron_launcher.py"), str(out),
-                        "--gpus", "8"], capture_output=True, text=True, cwd=tmp_path)
-    report = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
-    assert r.returncode == 0 and report["ok"], (report.get("error"), out.read_text())
+    _, report = checked_file("megatron_launcher.py", "megatron",
+                             ["--model", "mistral-7b-v0.1", "--seq", "128K"],
+                             tmp_path / "megatron.sh", 8, tmp_path)
     assert report["window_layers"] == "S" * 32
     assert report["window_size"] == [4095, 0]
+
+
+MOE_ARGS = ["--model", "qwen3-30b-a3b", "--seq", "64K", "--ep", "8"]
 
 
 def test_megatron_runs_the_experts_as_simulated(tmp_path):
     """A mixture of experts: megatron-core's config gets the experts, k, their width and the
     routing cpsim simulates, and its parallel state the EP group and expert data parallelism."""
-    out = tmp_path / "megatron.sh"
-    planned = emit("megatron", ["--model", "qwen3-30b-a3b", "--seq", "64K", "--gpus", "16",
-                                "--ep", "8"], out)
-    r = subprocess.run([sys.executable, os.path.join(HERE, "megatron_launcher.py"), str(out),
-                        "--gpus", "16"], capture_output=True, text=True, cwd=tmp_path)
-    report = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
-    assert r.returncode == 0 and report["ok"], (report.get("error"), out.read_text())
+    planned, report = checked_file("megatron_launcher.py", "megatron", MOE_ARGS,
+                                   tmp_path / "megatron.sh", 16, tmp_path)
     assert " ep8" in planned["label"], planned["label"]
     assert report["experts"] == {
         "num_moe_experts": 128, "topk": 8, "ffn_hidden": 768, "pre_softmax": False,
@@ -132,13 +137,8 @@ def test_megatron_runs_the_experts_as_simulated(tmp_path):
 def test_torchtitan_runs_the_experts_as_simulated(tmp_path):
     """A mixture of experts: TorchTitan's own 30B-A3B model, built from the emitted config on the
     meta device, has the parameters cpsim counts, and its mesh the EP degree cpsim simulates."""
-    out = tmp_path / "cpsim_torchtitan.py"
-    planned = emit("torchtitan", ["--model", "qwen3-30b-a3b", "--seq", "64K", "--gpus", "16",
-                                  "--ep", "8"], out)
-    r = subprocess.run([sys.executable, os.path.join(HERE, "torchtitan_launcher.py"), str(out),
-                        "--gpus", "16"], capture_output=True, text=True, cwd=tmp_path)
-    report = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
-    assert r.returncode == 0 and report["ok"], (report.get("error"), out.read_text())
+    planned, report = checked_file("torchtitan_launcher.py", "torchtitan", MOE_ARGS,
+                                   tmp_path / "cpsim_torchtitan.py", 16, tmp_path)
     assert " ep8" in planned["label"], planned["label"]
     assert report["mesh"]["ep"] == 8 and report["mesh"]["cp"] == 16, report["mesh"]
     counted = subprocess.run([CPSIM, "models", "qwen3-30b-a3b", "--json"], capture_output=True,
