@@ -109,9 +109,9 @@ TensorSet StepBuilder::moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
   compute("moe_permute", OpKind::kElementwise, mem(2 * copies * h * a), {h1n, routing}, {permuted});
   const TensorSet expert_in =
       ep ? expert_exchange("moe_dispatch", permuted, rows, std::max(rows, copies), kept) : permuted;
-  // The combined outputs are kept where the routing weights multiply them (not inside the
-  // experts).
-  // In a dtype of its own (TorchTitan's fp32 product), a copy is kept instead of the combined.
+  // The combined outputs are kept for the weights' product after the experts, as they are or,
+  // where the product runs in a dtype of its own (TorchTitan's fp32), as a copy in it; not where
+  // the weights multiply inside the experts (Megatron-Core).
   const bool combined_copy = !experts_.weights_inside_experts && experts_.combined_bytes != a;
   const MemCategory combined_cat =
       experts_.weights_inside_experts || combined_copy ? MemCategory::kOther : kept;
