@@ -181,8 +181,8 @@ TEST(Experts, ABlockKeepsTheRouterAndTheExpertsInputsAndOutputs) {
   ScheduleInputs megatron = moe;
   megatron.model.kv_heads = 8;
   megatron.parallel.implementation = "megatron-core-cp";
-  const std::int64_t megatron_block = (s * k - s) * mlp_rows(megatron) + s * e * (a + 1) +
-                                      s * k * (8 + a + 12) + s * k * h * a;
+  const std::int64_t megatron_block =
+      (s * k - s) * mlp_rows(megatron) + s * e * (a + 1) + s * k * (8 + a + 12) + s * k * h * a;
   EXPECT_EQ(kept_beyond_dense(megatron), 48 * megatron_block);
 
   // TorchTitan (torch-native-cp): the gate's fp32 input copy, fp32 scores, 32 bytes per copy and
@@ -193,9 +193,8 @@ TEST(Experts, ABlockKeepsTheRouterAndTheExpertsInputsAndOutputs) {
   titan.parallel.ring_degree = 8;
   titan.parallel.implementation = "torch-native-cp";
   const std::int64_t dense_silu = titan.recipe.mlp_kernel == models::MlpKernel::kEager ? 1 : 0;
-  const std::int64_t titan_block = s * k * 4 * f * a - s * (3 + dense_silu) * f * a +
-                                   s * e * 4 + s * k * 32 + s * 4 + s * h * 4 + s * k * h * a +
-                                   s * k * h * 4;
+  const std::int64_t titan_block = s * k * 4 * f * a - s * (3 + dense_silu) * f * a + s * e * 4 +
+                                   s * k * 32 + s * 4 + s * h * 4 + s * k * h * a + s * k * h * 4;
   EXPECT_EQ(kept_beyond_dense(titan), 48 * titan_block);
 }
 
