@@ -13,9 +13,9 @@
 namespace cpsim::models::detail {
 
 /// Refuses Hugging Face configs of architectures cpsim does not model: state-space and recurrent
-/// models (`model_type` mamba, rwkv, jamba, ...), mixture-of-experts model types, and
-/// sliding-window attention (`sliding_window` set, unless `use_sliding_window` is false as in Qwen
-/// configs; `layer_types` other than full_attention).
+/// models (`model_type` mamba, rwkv, jamba, ...), hybrids, mixture-of-experts model types other
+/// than mixtral and qwen3_moe (hf_config_io.cpp reads those), biased MLPs, LayerNorm blocks and
+/// logit soft-capping.
 void check_modelled_architecture(const nlohmann::json& config, const std::string& origin);
 
 /// When heads × head_dim differs from hidden_size (Qwen3: 32 × 128 = 4096 against 2560), adds a

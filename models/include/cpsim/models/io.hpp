@@ -19,7 +19,8 @@ struct DataDir {
 
 /// Parses a Hugging Face `config.json` text. Accepts `rope_theta`/`rope_scaling` and the newer
 /// `rope_parameters`; `num_key_value_heads` defaults to heads; `head_dim` to hidden/heads.
-/// Refuses MoE and MLA configs (fields named) rather than ignoring them.
+/// Reads the mixtures of experts of `mixtral` and `qwen3_moe` (MoeSpec); refuses other MoE types
+/// and MLA configs (fields named) rather than ignoring them.
 /// @throws InputError with field `<origin>:<key>`.
 TransformerSpec parse_hf_config(const std::string& json_text, const std::string& origin);
 
