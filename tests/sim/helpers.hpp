@@ -1,8 +1,12 @@
 #pragma once
 // Shared fixtures for the sim tests: built-in inputs and a tiny hand-made profile.
 
+#include <cstdint>
+#include <string>
+
 #include "cpsim/models/io.hpp"
 #include "cpsim/sim/schedule.hpp"
+#include "cpsim/sim/workload.hpp"
 
 namespace cpsim::sim::testing {
 
@@ -42,6 +46,35 @@ inline models::HardwareProfile round_profile() {
   p.compute_slowdown_under_comm = 0.0;
   p.host_issue = {};  // no host issue model (host_issue_test.cpp sets its own)
   return p;
+}
+
+/// The first op of rank 0 named `name` (nullptr when none).
+inline const Op* first_op_named(const Workload& w, const std::string& name) {
+  for (const Op& o : w.ops) {
+    if (o.rank == 0 && w.names[static_cast<std::size_t>(o.name)] == name) {
+      return &o;
+    }
+  }
+  return nullptr;
+}
+
+/// How many ops of rank 0 are named `name`.
+inline int ops_named(const Workload& w, const std::string& name) {
+  int n = 0;
+  for (const Op& o : w.ops) {
+    n += o.rank == 0 && w.names[static_cast<std::size_t>(o.name)] == name ? 1 : 0;
+  }
+  return n;
+}
+
+/// Bytes of the first tensor of rank 0 named `name` (0 when none).
+inline std::int64_t tensor_bytes(const Workload& w, const std::string& name) {
+  for (const Tensor& t : w.tensors) {
+    if (t.rank == 0 && w.names[static_cast<std::size_t>(t.name)] == name) {
+      return t.bytes;
+    }
+  }
+  return 0;
 }
 
 }  // namespace cpsim::sim::testing

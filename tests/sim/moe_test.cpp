@@ -17,7 +17,10 @@ namespace cpsim::sim {
 namespace {
 
 using models::CpMethod;
+using testing::first_op_named;
 using testing::inputs;
+using testing::ops_named;
+using testing::tensor_bytes;
 
 constexpr std::int64_t kSeq = 64 * 1024;
 
@@ -31,32 +34,6 @@ ScheduleInputs moe_inputs(int ep, CpMethod method = CpMethod::kRing) {
     in.parallel.ring_degree = 8;
   }
   return in;
-}
-
-const Op* first_op_named(const Workload& w, const std::string& name) {
-  for (const Op& o : w.ops) {
-    if (o.rank == 0 && w.names[static_cast<std::size_t>(o.name)] == name) {
-      return &o;
-    }
-  }
-  return nullptr;
-}
-
-int ops_named(const Workload& w, const std::string& name) {
-  int n = 0;
-  for (const Op& o : w.ops) {
-    n += o.rank == 0 && w.names[static_cast<std::size_t>(o.name)] == name ? 1 : 0;
-  }
-  return n;
-}
-
-std::int64_t tensor_bytes(const Workload& w, const std::string& name) {
-  for (const Tensor& t : w.tensors) {
-    if (t.rank == 0 && w.names[static_cast<std::size_t>(t.name)] == name) {
-      return t.bytes;
-    }
-  }
-  return 0;
 }
 
 TEST(Experts, ParametersCountEveryExpertAndTheRouter) {

@@ -17,26 +17,10 @@ namespace {
 
 using models::CpMethod;
 using testing::inputs;
+using testing::ops_named;
+using testing::tensor_bytes;
 
 constexpr std::int64_t kSeq = 64 * 1024;
-
-/// Bytes of the first tensor of rank 0 named `name` (0 when none).
-std::int64_t tensor_bytes(const Workload& w, const std::string& name) {
-  for (const Tensor& t : w.tensors) {
-    if (t.rank == 0 && w.names[static_cast<std::size_t>(t.name)] == name) {
-      return t.bytes;
-    }
-  }
-  return 0;
-}
-
-int ops_named(const Workload& w, const std::string& name) {
-  int n = 0;
-  for (const Op& o : w.ops) {
-    n += o.rank == 0 && w.names[static_cast<std::size_t>(o.name)] == name ? 1 : 0;
-  }
-  return n;
-}
 
 TEST(PostSublayerNorms, TwoNormsMorePerBlockAndTheirInputsKept) {
   ScheduleInputs pre = inputs(CpMethod::kUlysses, "llama3-8b", 8, kSeq);

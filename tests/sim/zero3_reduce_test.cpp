@@ -17,22 +17,13 @@ namespace {
 
 using models::CpMethod;
 using testing::data;
+using testing::first_op_named;
 using testing::inputs;
 
 ScheduleInputs alst_deepspeed(int gpus, std::int64_t seq) {
   ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", gpus, seq);
   in.recipe = models::load_recipe("alst-deepspeed", data());
   return in;
-}
-
-// The first op of rank 0 whose name is `name`.
-const Op* find_op(const Workload& w, const std::string& name) {
-  for (const Op& o : w.ops) {
-    if (o.rank == 0 && w.names[static_cast<std::size_t>(o.name)] == name) {
-      return &o;
-    }
-  }
-  return nullptr;
 }
 
 // Llama-3-8B (h 4096, f 14336, 32/8 heads of 128, V 128256), recipe alst-deepspeed (bf16
@@ -46,19 +37,19 @@ const Op* find_op(const Workload& w, const std::string& name) {
 //   58,720,256 = 509,624,320.
 TEST(DeepSpeedZero3, ReduceStreamTransientsWithOptimizerOffload) {
   const Workload one = build_step(alst_deepspeed(1, 32768));
-  const Op* layer = find_op(one, "reduce.layer5(local)");
+  const Op* layer = first_op_named(one, "reduce.layer5(local)");
   ASSERT_NE(layer, nullptr);
   EXPECT_EQ(layer->workspace_bytes, 1023426560);
   EXPECT_EQ(layer->memory_pool, MemoryPool::kReduce);
-  const Op* head = find_op(one, "reduce.head(local)");
+  const Op* head = first_op_named(one, "reduce.head(local)");
   ASSERT_NE(head, nullptr);
   EXPECT_EQ(head->workspace_bytes, 3152019456);
-  const Op* embedding = find_op(one, "reduce.embedding(local)");
+  const Op* embedding = first_op_named(one, "reduce.embedding(local)");
   ASSERT_NE(embedding, nullptr);
   EXPECT_EQ(embedding->workspace_bytes, 3152019456);
 
   const Workload eight = build_step(alst_deepspeed(8, 65536));
-  const Op* sharded = find_op(eight, "reduce.layer5");
+  const Op* sharded = first_op_named(eight, "reduce.layer5");
   ASSERT_NE(sharded, nullptr);
   EXPECT_EQ(sharded->workspace_bytes, 509624320);
   EXPECT_EQ(sharded->memory_pool, MemoryPool::kReduce);
@@ -68,7 +59,7 @@ TEST(DeepSpeedZero3, ReduceStreamTransientsWithOptimizerOffload) {
   ScheduleInputs on_gpu = alst_deepspeed(1, 32768);
   on_gpu.recipe.optimizer_offload = false;
   const Workload plain = build_step(on_gpu);
-  const Op* cast = find_op(plain, "reduce.layer5(local)");
+  const Op* cast = first_op_named(plain, "reduce.layer5(local)");
   ASSERT_NE(cast, nullptr);
   EXPECT_EQ(cast->workspace_bytes, 436224000);
   EXPECT_EQ(cast->memory_pool, MemoryPool::kByStream);
@@ -126,19 +117,19 @@ TEST(GradientReduction, MegatronReducesTheFp32GradientsInPlace) {
   ASSERT_EQ(in.recipe.grad_bytes, 4);
   ASSERT_EQ(in.recipe.grad_reduce_bytes, 4);
   const Workload scheme = build_step(in);
-  const Op* alone = find_op(scheme, "reduce.layer5");
+  const Op* alone = first_op_named(scheme, "reduce.layer5");
   ASSERT_NE(alone, nullptr);
   EXPECT_EQ(alone->workspace_bytes, std::int64_t{218112000} * 4);
   in.parallel.implementation = "megatron-core-cp";
   const Workload megatron = build_step(in);
-  const Op* in_place = find_op(megatron, "reduce.layer5");
+  const Op* in_place = first_op_named(megatron, "reduce.layer5");
   ASSERT_NE(in_place, nullptr);
   EXPECT_EQ(in_place->workspace_bytes, 0);
   EXPECT_EQ(in_place->duration_ns, alone->duration_ns);  // the same collective
   // Gradients reduced in another dtype than they accumulate in are cast: a copy again.
   in.recipe.grad_reduce_bytes = 2;
   const Workload casting = build_step(in);
-  const Op* cast = find_op(casting, "reduce.layer5");
+  const Op* cast = first_op_named(casting, "reduce.layer5");
   ASSERT_NE(cast, nullptr);
   EXPECT_EQ(cast->workspace_bytes, std::int64_t{218112000} * 2);
 }
