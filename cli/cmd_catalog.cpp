@@ -34,7 +34,27 @@ CLI::App* register_models(CLI::App& app, CatalogArgs& a) {
 namespace {
 
 const char* activation_name(models::ActivationKind k) {
-  return k == models::ActivationKind::kSwiGlu ? "swiglu" : "geglu";
+  switch (k) {
+    case models::ActivationKind::kSwiGlu:
+      return "swiglu";
+    case models::ActivationKind::kGeGlu:
+      return "geglu";
+    case models::ActivationKind::kClampedQuickGeGlu:
+      return "clamped-quick-geglu";
+  }
+  return "?";
+}
+
+// The biases and sinks of the attention, as a clause of the summary line.
+std::string attention_extras(const models::TransformerSpec& m) {
+  std::string out;
+  if (m.qkv_bias) {
+    out += m.output_proj_bias ? ", q/k/v/o biases" : ", q/k/v biases";
+  }
+  if (m.attention_sinks) {
+    out += ", attention sinks";
+  }
+  return out;
 }
 
 const char* norm_name(models::NormKind k) {
@@ -81,7 +101,9 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
          {"source", m.source},
          {"model_type", m.model_type},
          {"qk_norm", m.qk_norm},
-         {"attention_bias", m.attention_bias},
+         {"qkv_bias", m.qkv_bias},
+         {"output_proj_bias", m.output_proj_bias},
+         {"attention_sinks", m.attention_sinks},
          {"activation", activation_name(m.activation)},
          {"norm", norm_name(m.norm)},
          {"rope_theta", m.rope_theta},
@@ -93,7 +115,8 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
          {"experts", m.is_moe() ? nlohmann::json{{"experts", m.moe.experts},
                                                  {"experts_per_token", m.moe.experts_per_token},
                                                  {"expert_ffn_hidden", m.moe.expert_ffn_hidden},
-                                                 {"renormalize", m.moe.renormalize}}
+                                                 {"renormalize", m.moe.renormalize},
+                                                 {"biases", m.moe.biases}}
                                 : nlohmann::json(nullptr)},
          {"notes", m.notes}});
     std::cout << nlohmann::json{{"schema_version", 1}, {"model", model}}.dump(2) << "\n";
@@ -106,15 +129,16 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
       "  {} layers, hidden {}, {} query / {} key-value heads of {}, MLP {} ({}), vocabulary {}\n",
       m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.mlp_width(),
       activation_name(m.activation), m.vocab);
-  std::cout << fmt::format(
-      "  {} parameters ({:.3f} B){}{}{}\n", p.total, static_cast<double>(p.total) / 1e9,
-      m.tied_embeddings ? ", tied embeddings" : "", m.qk_norm ? ", q/k norms" : "",
-      m.attention_bias ? ", q/k/v biases" : "");
+  std::cout << fmt::format("  {} parameters ({:.3f} B){}{}{}\n", p.total,
+                           static_cast<double>(p.total) / 1e9,
+                           m.tied_embeddings ? ", tied embeddings" : "",
+                           m.qk_norm ? ", q/k norms" : "", attention_extras(m));
   if (m.is_moe()) {
     std::cout << fmt::format(
-        "  mixture of experts in every layer: {} experts of width {}, {} per token; {} "
+        "  mixture of experts in every layer: {} experts of width {}, {} per token{}; {} "
         "parameters active per token ({:.3f} B)\n",
-        m.moe.experts, m.moe.expert_ffn_hidden, m.moe.experts_per_token, active_parameters(m, p),
+        m.moe.experts, m.moe.expert_ffn_hidden, m.moe.experts_per_token,
+        m.moe.biases ? ", router and expert biases" : "", active_parameters(m, p),
         static_cast<double>(active_parameters(m, p)) / 1e9);
   }
   if (m.windowed_layers() == 0) {
@@ -402,9 +426,23 @@ nlohmann::json experts_json(const sim::Implementation& impl) {
         {"combined_bytes", e.combined_bytes},
         {"keeps_weighted_outputs", e.keeps_weighted_outputs},
         {"eager_expert_activation", e.eager_expert_activation},
+        {"clamped_glu_copies", e.clamped_glu_copies},
         {"forward_calls", calls(e.forward_calls)},
         {"backward_calls", calls(e.backward_calls)},
         {"synchronises_per_expert", e.synchronises_per_expert}};
+  }
+  return out;
+}
+
+// How it runs a model's sliding windows and attention sinks, per method it runs.
+nlohmann::json attention_features_json(const sim::Implementation& impl) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const models::CpMethod m : impl.methods()) {
+    const sim::WindowSupport w = impl.sliding_window(m);
+    const sim::SinkSupport s = impl.attention_sinks(m);
+    out[models::to_string(m)] = {
+        {"sliding_window", {{"runs", w.passes_window}, {"source", w.source}}},
+        {"attention_sinks", {{"runs", s.runs}, {"source", s.source}}}};
   }
   return out;
 }
@@ -428,6 +466,7 @@ int show_implementation(const sim::Implementation& impl, const CatalogArgs& a) {
                                 {"ledger_rows", row_counts(impl, check)},
                                 {"traced_calls", traced_calls_json(impl)},
                                 {"experts", experts_json(impl)},
+                                {"attention", attention_features_json(impl)},
                                 {"traced_shapes", shapes},
                                 {"limits", limits}}
                      .dump(2)

@@ -32,6 +32,7 @@ std::string flag_for(sim::Quantity q, const models::ParallelConfig& p) {
     case sim::Quantity::kDocuments:
       return "--lengths";
     case sim::Quantity::kAttentionWindow:
+    case sim::Quantity::kAttentionSinks:
     case sim::Quantity::kExperts:
       return "--model";
     case sim::Quantity::kExpertParallel:

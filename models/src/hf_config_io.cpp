@@ -88,6 +88,12 @@ constexpr std::array<std::string_view, 2> kGeGluModelTypes = {"gemma", "gemma3_t
 // (modeling_gemma3.py:354-356, 388-400), the MLP's act from `hidden_activation`
 // (modeling_gemma3.py:119).
 constexpr std::string_view kGemma3Text = "gemma3_text";
+// gpt-oss (transformers 4.57.6 models/gpt_oss): GptOssConfig's default window and layer pattern
+// (configuration_gpt_oss.py: sliding_window 128; layer_types alternate from a sliding first
+// layer), attention biases always (`self.attention_bias = True`), sinks in every attention
+// (modeling_gpt_oss.py:298).
+constexpr std::string_view kGptOss = "gpt_oss";
+constexpr std::int64_t kGptOssDefaultWindow = 128;
 constexpr std::int64_t kGemma3DefaultWindow = 4096;
 constexpr std::int64_t kGemma3DefaultPattern = 6;  // `sliding_window_pattern`
 constexpr double kGemma3DefaultRopeTheta = 1e6;
@@ -142,6 +148,9 @@ std::int64_t read_window(const HfReader& hf, const std::string& model_type) {
   const Json* window = hf.optional("sliding_window");
   if (window == nullptr && model_type == kGemma3Text) {
     return kGemma3DefaultWindow;  // Gemma3TextConfig's default
+  }
+  if (window == nullptr && model_type == kGptOss) {
+    return kGptOssDefaultWindow;  // GptOssConfig's default
   }
   if (window == nullptr || window->is_null()) {
     return 0;
@@ -218,6 +227,10 @@ void read_attention_layers(const HfReader& hf, TransformerSpec& spec) {
     for (std::int64_t i = 0; i < spec.layers; ++i) {
       layers.push_back((i + 1) % pattern != 0 ? LayerAttention::kSliding : LayerAttention::kFull);
     }
+  } else if (types == nullptr && spec.model_type == kGptOss) {
+    for (std::int64_t i = 0; i < spec.layers; ++i) {  // GptOssConfig: (i + 1) % 2 slides
+      layers.push_back((i + 1) % 2 != 0 ? LayerAttention::kSliding : LayerAttention::kFull);
+    }
   } else if (types == nullptr) {
     throw InputError(hf.field("sliding_window"),
                      fmt::format("which layers of model_type '{}' use the window was not read "
@@ -236,13 +249,23 @@ void read_attention_layers(const HfReader& hf, TransformerSpec& spec) {
 //              width `moe_intermediate_size`, top `num_experts_per_tok`; a layer is sparse unless
 //              listed in `mlp_only_layers` and when (i + 1) % `decoder_sparse_step` == 0
 //              (:295-296), else a dense MLP of `intermediate_size`.
-// Both: router Linear(h, E, bias=False), softmax in fp32, top-k, the k weights renormalised
-// (Qwen3-MoE when `norm_topk_prob`), a gated MLP per expert. Routing-loss terms (the load-
-// balancing loss of `output_router_logits`) are a few [s, E] ops, not modelled.
-constexpr std::array<std::string_view, 2> kMoeModelTypes = {"mixtral", "qwen3_moe"};
+//   gpt_oss    GptOssMLP (modeling_gpt_oss.py:67-170): `num_local_experts` experts of width
+//              `intermediate_size`, top `num_experts_per_tok`, on every layer; the router
+//              Linear(h, E) has a bias, the top k logits are softmaxed (renormalised weights), and
+//              every expert's gate_up [h, 2f] and down [f, h] carry biases (:74-77, 149-157); the
+//              GLU is clamped (ActivationKind::kClampedQuickGeGlu).
+// Mixtral, Qwen3-MoE: router Linear(h, E, bias=False), softmax in fp32, top-k, the k weights
+// renormalised (Qwen3-MoE when `norm_topk_prob`), a gated MLP per expert. Routing-loss terms
+// (the load-balancing loss of `output_router_logits`) are a few [s, E] ops, not modelled.
+constexpr std::array<std::string_view, 3> kMoeModelTypes = {"mixtral", "qwen3_moe", kGptOss};
 
 void read_moe(const HfReader& hf, TransformerSpec& spec) {
-  if (spec.model_type == "mixtral") {
+  if (spec.model_type == kGptOss) {
+    spec.moe.experts = hf.required_int("num_local_experts");
+    spec.moe.expert_ffn_hidden = spec.ffn_hidden;
+    spec.moe.renormalize = true;  // softmax over the top k logits, modeling_gpt_oss.py:156
+    spec.moe.biases = true;
+  } else if (spec.model_type == "mixtral") {
     spec.moe.experts = hf.required_int("num_local_experts");
     spec.moe.expert_ffn_hidden = spec.ffn_hidden;
     spec.moe.renormalize = true;  // modeling_mixtral.py:113
@@ -271,7 +294,7 @@ void read_moe(const HfReader& hf, TransformerSpec& spec) {
   }
   spec.moe.experts_per_token = hf.required_int("num_experts_per_tok");
   if (spec.moe.experts <= 0) {
-    throw InputError(hf.field(spec.model_type == "mixtral" ? "num_local_experts" : "num_experts"),
+    throw InputError(hf.field(spec.model_type == "qwen3_moe" ? "num_experts" : "num_local_experts"),
                      fmt::format("must be positive, got {}", spec.moe.experts));
   }
 }
@@ -331,6 +354,36 @@ void read_gemma3_text(const HfReader& hf, TransformerSpec& spec) {
   }
 }
 
+// Which attention projections carry biases is each model type's code, not always the config
+// (transformers 4.57.6 modeling_<type>.py, the q_proj and o_proj Linears):
+//   - q, k, v and o with `attention_bias` (default false): Llama and the models built as it;
+//   - q, k and v always, o never: Qwen2 (modeling_qwen2.py:134-137);
+//   - none, whatever `attention_bias` says: Mistral, Mixtral, Ministral, Phi-3;
+//   - always all four: gpt-oss (GptOssConfig sets attention_bias = True).
+// Another type with `attention_bias` true is refused: its projections were not read.
+constexpr std::array<std::string_view, 11> kBiasFromKeyTypes = {
+    "llama", "qwen3", "qwen3_moe", "gemma",  "gemma2", kGemma3Text,
+    "olmo",  "olmo2", "granite",   "cohere", ""};
+constexpr std::array<std::string_view, 4> kNoBiasTypes = {"mistral", "mixtral", "ministral",
+                                                          "phi3"};
+
+void read_attention_biases(const HfReader& hf, TransformerSpec& spec) {
+  const Json* key = hf.optional("attention_bias");
+  const bool on = key != nullptr && json_bool(*key, hf.field("attention_bias"));
+  if (spec.model_type == kGptOss) {
+    spec.qkv_bias = spec.output_proj_bias = true;
+  } else if (spec.model_type == "qwen2") {
+    spec.qkv_bias = true;
+  } else if (is_one_of(spec.model_type, kBiasFromKeyTypes)) {
+    spec.qkv_bias = spec.output_proj_bias = on;
+  } else if (on && !is_one_of(spec.model_type, kNoBiasTypes)) {
+    throw InputError(hf.field("attention_bias"),
+                     fmt::format("which attention projections of model_type '{}' carry a bias "
+                                 "was not read from its code",
+                                 spec.model_type));
+  }
+}
+
 // Tied embeddings, context, biases, activation, model type (Qwen3's q/k norms).
 void read_architecture(const HfReader& hf, TransformerSpec& spec) {
   if (const Json* tie = hf.optional("tie_word_embeddings")) {
@@ -338,9 +391,6 @@ void read_architecture(const HfReader& hf, TransformerSpec& spec) {
   }
   if (const Json* max_pos = hf.optional("max_position_embeddings")) {
     spec.max_position_embeddings = json_integer(*max_pos, hf.field("max_position_embeddings"));
-  }
-  if (const Json* bias = hf.optional("attention_bias")) {
-    spec.attention_bias = json_bool(*bias, hf.field("attention_bias"));
   }
   if (const Json* model_type = hf.optional("model_type")) {
     spec.model_type = json_string(*model_type, hf.field("model_type"));
@@ -354,8 +404,17 @@ void read_architecture(const HfReader& hf, TransformerSpec& spec) {
                                    spec.model_type));
     }
   }
+  read_attention_biases(hf, spec);
   if (spec.model_type == kGemma3Text) {
     read_gemma3_text(hf, spec);
+  } else if (spec.model_type == kGptOss) {
+    // GptOssExperts computes its own GLU whatever `hidden_act` says (modeling_gpt_oss.py:100-106);
+    // its clamp is a constant of the code (`self.limit = 7.0`), not the config's swiglu_limit.
+    spec.activation = ActivationKind::kClampedQuickGeGlu;
+    spec.attention_sinks = true;
+    spec.notes.emplace_back(
+        "gpt-oss: trained as bf16 weights; a checkpoint's quantization_config (MXFP4 experts) is "
+        "for inference and is not modelled");
   } else if (const Json* act = hf.optional("hidden_act")) {
     spec.activation = parse_activation(json_string(*act, hf.field("hidden_act")), spec.model_type,
                                        hf.field("hidden_act"));
@@ -433,7 +492,7 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
     if (value != nullptr && !is_zero_or_false(*value)) {
       throw InputError(hf.field(refused.key),
                        fmt::format("{} models are not modelled yet (mixture-of-experts: "
-                                   "model_type mixtral and qwen3_moe only)",
+                                   "model_type mixtral, qwen3_moe and gpt_oss only)",
                                    refused.what));
     }
   }

@@ -140,15 +140,28 @@ double window_share(std::int64_t q, std::int64_t k, std::int64_t w) {
 ParameterCount count_parameters(const TransformerSpec& spec) {
   ParameterCount count;
   count.attention_per_layer = attention_matmul_weights(spec);
-  if (spec.attention_bias) {
+  if (spec.qkv_bias) {
     count.attention_per_layer += spec.q_width() + 2 * spec.kv_width();
+  }
+  if (spec.output_proj_bias) {
+    count.attention_per_layer += spec.hidden;
+  }
+  if (spec.attention_sinks) {
+    count.attention_per_layer += spec.heads;
   }
   if (spec.qk_norm) {
     count.attention_per_layer += 2 * spec.head_dim;
   }
   count.mlp_per_layer = mlp_matmul_weights(spec);
-  count.experts_per_layer =
-      spec.is_moe() ? spec.moe.experts * 3 * spec.hidden * spec.moe.expert_ffn_hidden : 0;
+  if (spec.is_moe()) {
+    const MoeSpec& e = spec.moe;
+    count.experts_per_layer = e.experts * 3 * spec.hidden * e.expert_ffn_hidden;
+    if (e.biases) {
+      const std::int64_t expert_biases = e.experts * (2 * e.expert_ffn_hidden + spec.hidden);
+      count.experts_per_layer += expert_biases;
+      count.mlp_per_layer += expert_biases + e.experts;  // + the router's bias
+    }
+  }
   const std::int64_t norms_per_layer = spec.post_sublayer_norms ? 4 : 2;
   count.per_layer =
       count.attention_per_layer + count.mlp_per_layer + norms_per_layer * norm_weights(spec);

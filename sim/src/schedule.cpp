@@ -332,6 +332,24 @@ std::optional<ConfigIssue> check_attention_window(const ScheduleInputs& in,
   return std::nullopt;
 }
 
+// Attention sinks (gpt-oss) run where the implementation's kernel takes them under the method
+// (Implementation::attention_sinks). The sinks add H parameters per layer and a softmax term;
+// the kernel's time and memory are those of the kernel without them.
+std::optional<ConfigIssue> check_attention_sinks(const ScheduleInputs& in,
+                                                 const Implementation* implementation) {
+  if (!in.model.attention_sinks || implementation == nullptr) {
+    return std::nullopt;
+  }
+  const SinkSupport support = implementation->attention_sinks(in.parallel.method);
+  if (support.runs) {
+    return std::nullopt;
+  }
+  return ConfigIssue{
+      Quantity::kAttentionSinks,
+      fmt::format("{} has attention sinks; {} does not run them under {}: {}", in.model.name,
+                  implementation->name(), models::to_string(in.parallel.method), support.source)};
+}
+
 // A mixture of experts runs where the implementation's code runs one (Implementation::experts),
 // with expert parallelism where it splits the experts. Not modelled, so refused: expert TP under
 // tensor parallelism (Megatron's sequence-parallel gather before the dispatch), FP8 experts,
@@ -352,15 +370,28 @@ std::optional<ConfigIssue> check_experts(const ScheduleInputs& in,
       return ConfigIssue{Quantity::kExpertParallel,
                          fmt::format("EP degree {}: {} has no experts", p.ep_degree, m.name)};
     }
+    if (m.activation == models::ActivationKind::kClampedQuickGeGlu) {
+      return ConfigIssue{Quantity::kExperts,
+                         fmt::format("{}: a clamped GLU is modelled in experts only (gpt-oss's; "
+                                     "Megatron-Core clamps in MoE only)",
+                                     m.name)};
+    }
     return std::nullopt;
   }
   const std::string what = fmt::format("{} has {} experts, {} per token", m.name, m.moe.experts,
                                        m.moe.experts_per_token);
+  const bool clamped = m.activation == models::ActivationKind::kClampedQuickGeGlu;
   if (implementation != nullptr) {
     const ExpertSupport support = implementation->experts(p.method);
     if (!support.runs) {
       return ConfigIssue{Quantity::kExperts, fmt::format("{}; {} does not run them: {}", what,
                                                          implementation->name(), support.source)};
+    }
+    if (clamped && support.clamped_glu_copies < 0) {
+      return ConfigIssue{Quantity::kExperts,
+                         fmt::format("{}; what {}'s experts keep for its clamped GLU "
+                                     "(gpt-oss's) was not read",
+                                     what, implementation->name())};
     }
     if (p.ep_degree > 1 && !support.expert_parallel) {
       return ConfigIssue{Quantity::kExpertParallel,
@@ -423,6 +454,9 @@ LayoutCheck check_rank_layout(const ScheduleInputs& in) {
   }
   if (!out.issue) {
     out.issue = check_attention_window(in, method, out.layout, out.implementation);
+  }
+  if (!out.issue) {
+    out.issue = check_attention_sinks(in, out.implementation);
   }
   if (!out.issue) {
     out.issue = check_experts(in, out.implementation);

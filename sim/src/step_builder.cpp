@@ -263,6 +263,11 @@ void StepBuilder::gated_mlp_forward(
     sv.mlp_silu = b_.tensor("mlp_silu", rows * f * a, MemCategory::kActivations);
     act_out.push_back(sv.mlp_silu);
   }
+  if (grad && g.gate_up_copies > 0) {
+    sv.gate_up_copies =
+        b_.tensor("mlp_clamped", g.gate_up_copies * rows * 2 * f * a, MemCategory::kActivations);
+    act_out.push_back(sv.gate_up_copies);
+  }
   compute("mlp_act", OpKind::kElementwise, swiglu_cost(rows * f, false), {gate_up},
           std::move(act_out));
   std::vector<TensorSet> down_out = {out};
@@ -457,6 +462,9 @@ void StepBuilder::gated_mlp_backward(const SavedLayer& sv,
   std::vector<TensorSet> kept = {dy, in, sv.gate_up, sv.act, params};
   if (sv.mlp_silu.valid()) {
     kept.push_back(sv.mlp_silu);
+  }
+  if (sv.gate_up_copies.valid()) {
+    kept.push_back(sv.gate_up_copies);
   }
   compute("mlp_bwd", OpKind::kGemm, bwd, std::move(kept), {dx, grads}, {},
           mlp_grad_widths(g.eager_activation) * rows * f * shape_.activation_bytes);

@@ -42,11 +42,12 @@ struct SavedLayer {
   std::vector<TensorSet> lses;
   // FPDT: per-chunk tensors kept for backward (on host when offloading).
   std::vector<TensorSet> chunk_q, chunk_kv, chunk_o, chunk_lse;
-  TensorSet h1;        // after the attention residual
-  TensorSet h1n;       // norm2 output (MLP input)
-  TensorSet gate_up;   // untiled MLP: [s, 2f]
-  TensorSet act;       // untiled MLP: [s, f] (FP8: down's column-wise FP8 copy, 1 byte)
-  TensorSet mlp_silu;  // untiled eager MLP: silu(gate) [s, f]
+  TensorSet h1;              // after the attention residual
+  TensorSet h1n;             // norm2 output (MLP input)
+  TensorSet gate_up;         // untiled MLP: [s, 2f]
+  TensorSet act;             // untiled MLP: [s, f] (FP8: down's column-wise FP8 copy, 1 byte)
+  TensorSet mlp_silu;        // untiled eager MLP: silu(gate) [s, f]
+  TensorSet gate_up_copies;  // a clamped GLU's clamped gate/up (GatedMlp::gate_up_copies)
   // Mixture of experts (step_experts.cpp): the router's fp32 probabilities [s, E], the top-k
   // weights and indices, the rows the rank's experts computed on and their outputs [R, h].
   TensorSet router_probs, routing, expert_in, expert_out;
@@ -241,6 +242,8 @@ class StepBuilder : private OpEmitter, private KernelCosts {
     std::int64_t width = 0;
     std::int64_t groups = 1;
     bool eager_activation = false;  ///< silu(gate) kept whatever the recipe's MLP kernel
+    /// Copies of gate/up [rows, 2·width] kept beside it (a clamped GLU's clamped inputs).
+    std::int64_t gate_up_copies = 0;
   };
   /// The experts' gated MLP on the rank (step_experts.cpp).
   GatedMlp expert_mlp() const;

@@ -58,8 +58,9 @@ TensorSet StepBuilder::expert_exchange(
 }
 
 StepBuilder::GatedMlp StepBuilder::expert_mlp() const {
+  const bool clamped = m_.activation == models::ActivationKind::kClampedQuickGeGlu;
   return {shape_.expert_rows, m_.moe.expert_ffn_hidden, shape_.local_experts,
-          experts_.eager_expert_activation};
+          experts_.eager_expert_activation, clamped ? experts_.clamped_glu_copies : 0};
 }
 
 std::int64_t StepBuilder::routing_bytes() const {

@@ -32,18 +32,20 @@ INT = {"--num-layers": "num_layers", "--hidden-size": "hidden_size",
 STR = {"--normalization": "normalization", "--recompute-granularity": "recompute_granularity",
        "--recompute-method": "recompute_method",
        "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
-       "--moe-router-load-balancing-type": "moe_router_load_balancing_type"}
+       "--moe-router-load-balancing-type": "moe_router_load_balancing_type",
+       "--softmax-type": "softmax_type"}
 FLOAT = {"--attention-dropout": "attention_dropout", "--hidden-dropout": "hidden_dropout",
-         "--norm-epsilon": "layernorm_epsilon"}
+         "--norm-epsilon": "layernorm_epsilon", "--glu-linear-offset": "glu_linear_offset",
+         "--activation-func-clamp-value": "activation_func_clamp_value"}
 TRUE = {"--qk-layernorm": "qk_layernorm", "--sequence-parallel": "sequence_parallel",
         "--bf16": "bf16", "--fp16": "fp16", "--moe-grouped-gemm": "moe_grouped_gemm",
-        "--moe-router-pre-softmax": "moe_router_pre_softmax"}
+        "--moe-router-pre-softmax": "moe_router_pre_softmax", "--add-qkv-bias": "add_qkv_bias"}
 FALSE = {"--disable-bias-linear": "add_bias_linear", "--no-rope-fusion": "apply_rope_fusion",
          "--no-bias-swiglu-fusion": "bias_activation_fusion",
          "--no-bias-gelu-fusion": "bias_activation_fusion",
          "--no-masked-softmax-fusion": "masked_softmax_fusion",
          "--no-bias-dropout-fusion": "bias_dropout_fusion"}
-SPECIAL = {"--swiglu", "--group-query-attention", "--cp-comm-type",
+SPECIAL = {"--swiglu", "--quick-geglu", "--group-query-attention", "--cp-comm-type",
            "--attention-backend", "--use-distributed-optimizer", "--micro-batch-size",
            "--global-batch-size", "--seq-length", "--window-size", "--window-attn-skip-freq"}
 # flags Megatron-LM hands to GPTModel / the data path, not to a megatron-core config object
@@ -62,10 +64,15 @@ def to_kwargs(fl):
         kw.update({table[k]: conv(v) for k, v in fl.items() if k in table})
     kw.update({TRUE[k]: True for k in fl if k in TRUE})
     kw.update({FALSE[k]: False for k in fl if k in FALSE})
+    if kw.get("add_bias_linear", True):  # validate_args keeps add_qkv_bias on with it (@ d98e8a6)
+        kw["add_qkv_bias"] = True
     if "--group-query-attention" not in fl:
         kw["num_query_groups"] = None
     if "--swiglu" in fl:
         kw.update(gated_linear_unit=True, activation_func=F.silu)
+    if "--quick-geglu" in fl:  # Megatron-LM argument_utils.py (core_transformer_config_from_args)
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu
+        kw.update(gated_linear_unit=True, activation_func=quick_gelu)
     if "--attention-backend" in fl:  # argparse type: AttnBackend[name]
         kw["attention_backend"] = AttnBackend[fl["--attention-backend"]]
     cp_comm = fl.get("--cp-comm-type", "p2p")
@@ -96,6 +103,24 @@ def window_layers(rep, tc):
         assert tc.cp_comm_type in ("a2a", "all_gather"), (
             f"Context parallelism does not support sliding window attention with "
             f"cp_comm_type={tc.cp_comm_type!r}! (TransformerEngine's assert)")
+
+
+def softmax_and_activation(rep, tc):
+    """The attention's softmax, the MLP's activation and biases as megatron-core got them, and
+    TransformerEngine's condition for a softmax other than vanilla under CP (context_parallel.py
+    @ d0067d0:5062-5067; TE is not installed here): FusedAttention and cp_comm_type a2a."""
+    rep["softmax_type"] = tc.softmax_type
+    rep["activation"] = {"func": tc.activation_func.__name__, "gated": tc.gated_linear_unit,
+                         "glu_linear_offset": tc.glu_linear_offset,
+                         "clamp": tc.activation_func_clamp_value}
+    rep["add_bias_linear"], rep["add_qkv_bias"] = tc.add_bias_linear, tc.add_qkv_bias
+    if tc.context_parallel_size > 1 and tc.softmax_type != "vanilla":
+        assert tc.attention_backend.name == "fused", (
+            f"Context parallelism only supports softmax_type={tc.softmax_type!r} with "
+            "FusedAttention backend! (TransformerEngine's assert)")
+        assert tc.cp_comm_type == "a2a", (
+            f"Context parallelism only supports softmax_type={tc.softmax_type!r} with "
+            "cp_comm_type = 'a2a'! (TransformerEngine's assert)")
 
 
 def check(path: str, gpus: int) -> dict:
@@ -140,6 +165,8 @@ def check(path: str, gpus: int) -> dict:
     tc = stage(rep, "TransformerConfig(**flags).__post_init__", lambda: TransformerConfig(**kw))
     if tc is not None and tc.window_size:
         stage(rep, "sliding-window layers", lambda: window_layers(rep, tc))
+    if tc is not None:
+        stage(rep, "softmax and activation", lambda: softmax_and_activation(rep, tc))
     dist_opt = "--use-distributed-optimizer" in fl
     overlap = {"overlap_grad_reduce": "--overlap-grad-reduce" in fl,
                "overlap_param_gather": "--overlap-param-gather" in fl}

@@ -134,6 +134,22 @@ def test_megatron_runs_the_experts_as_simulated(tmp_path):
         "dispatcher": "alltoall", "ep_group": 8, "expert_data_parallel": 2}
 
 
+def test_megatron_runs_gpt_oss_as_simulated(tmp_path):
+    """gpt-oss-120b: megatron-core's config gets its sinks (a learnable softmax, on TE's fused
+    backend with cp_comm_type a2a), its clamped quick-GELU GLU, biases on every linear, the window
+    on alternate layers, and EP across nodes."""
+    args = ["--model", "gpt-oss-120b", "--seq", "64K", "--ep", "32", "--allow-data-parallel"]
+    planned, report = checked_file("megatron_launcher.py", "megatron", args,
+                                   tmp_path / "megatron.sh", 64, tmp_path)
+    assert planned["label"].startswith("ulysses ") and " ep32" in planned["label"], planned
+    assert report["softmax_type"] == "learnable"
+    assert report["activation"] == {"func": "quick_gelu", "gated": True,
+                                    "glu_linear_offset": 1.0, "clamp": 7.0}
+    assert report["add_bias_linear"] and report["add_qkv_bias"]
+    assert report["window_layers"] == "SF" * 18 and report["window_size"] == [127, 0]
+    assert report["experts"]["ep_group"] == 32 and report["experts"]["topk"] == 4
+
+
 def test_torchtitan_runs_the_experts_as_simulated(tmp_path):
     """A mixture of experts: TorchTitan's own 30B-A3B model, built from the emitted config on the
     meta device, has the parameters cpsim counts, and its mesh the EP degree cpsim simulates."""

@@ -69,7 +69,7 @@ TEST(HfConfig, LegacyRopeKeys) {
   EXPECT_EQ(spec.vocab, 128256);
   EXPECT_FALSE(spec.tied_embeddings);
   EXPECT_FALSE(spec.qk_norm);
-  EXPECT_FALSE(spec.attention_bias);
+  EXPECT_FALSE(spec.qkv_bias);
   EXPECT_EQ(spec.activation, ActivationKind::kSwiGlu);
   EXPECT_EQ(spec.norm, NormKind::kRmsNorm);
   EXPECT_DOUBLE_EQ(spec.rope_theta, 500000.0);
@@ -144,7 +144,8 @@ TEST(HfConfig, Qwen3HasQkNormAndTiedEmbeddings) {
   const TransformerSpec spec = parse(config);
   EXPECT_TRUE(spec.qk_norm);
   EXPECT_TRUE(spec.tied_embeddings);
-  EXPECT_TRUE(spec.attention_bias);
+  EXPECT_TRUE(spec.qkv_bias);
+  EXPECT_TRUE(spec.output_proj_bias);  // Llama-style code: o_proj has attention_bias too
   EXPECT_EQ(spec.model_type, "qwen3");
   EXPECT_EQ(parse(llama_config()).model_type, "llama");
 }

@@ -75,6 +75,17 @@ CASES = [
         "gemma3_text",
         {"sliding_window": 512, "layer_types": [FULL, SLIDE, SLIDE, FULL, SLIDE, FULL]},
     ),
+    # gpt-oss: a 128-token window on alternate layers by default, or as layer_types says.
+    ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    (
+        "gpt_oss",
+        {
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 64,
+            "layer_types": [FULL, FULL, SLIDE, SLIDE, FULL, SLIDE],
+        },
+    ),
 ]
 # Model types whose parameters cpsim counts, against the model transformers builds.
 COUNTED = [
@@ -85,6 +96,14 @@ COUNTED = [
     ("gemma3_text", {"tie_word_embeddings": False}),
     ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
     ("qwen3_moe", {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 48}),
+    # Attention biases as each model's code puts them: q, k, v and o with attention_bias (Llama,
+    # Qwen3), q, k and v always (Qwen2), none whatever the key says (Mistral).
+    ("llama", {"attention_bias": True}),
+    ("qwen3", {"attention_bias": True}),
+    ("qwen2", {}),
+    ("mistral", {"attention_bias": True}),
+    # gpt-oss: q/k/v/o biases, a sink per head, a router and experts with biases.
+    ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2}),
 ]
 # Mixture-of-experts blocks traced: (model_type, keys, cpsim's MoeSpec::renormalize).
 EXPERT_BLOCKS = [
@@ -170,6 +189,22 @@ def test_cpsim_counts_the_parameters_transformers_builds(model_type, keys, tmp_p
     r = subprocess.run([CPSIM, "models", str(path), "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["model"]["parameters"] == built
+
+
+def test_the_builtin_gpt_oss_has_the_parameters_transformers_builds():
+    """openai/gpt-oss-120b as transformers 4.57.6 builds it (on the meta device): 116,829,156,672
+    parameters, cpsim's count of its built-in file."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with open(os.path.join(ROOT, "data", "models", "gpt-oss-120b.json")) as f:
+        keys = {k: v for k, v in json.load(f).items() if k not in ("name", "source")}
+    config = AutoConfig.for_model(**keys)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    built = sum(p.numel() for p in model.parameters())
+    r = subprocess.run([CPSIM, "models", "gpt-oss-120b", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model"]["parameters"] == built == 116_829_156_672
 
 
 def traced_expert_bytes(model_type, keys, tokens):

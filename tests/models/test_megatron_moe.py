@@ -153,3 +153,55 @@ def test_cpsim_keeps_what_megatron_core_moe_saves(one_rank, experts, top_k, hidd
         + copies * 3 * ffn * a  # fc1's output [R, 2f] and the weighted SwiGLU's [R, f]
     )
     assert megatron_saved_bytes(experts, top_k, hidden, ffn, tokens) == expected
+
+
+def saved_storages(fn):
+    """The storages autograd saves while `fn` runs forward: {data_ptr: bytes}."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    out.float().sum().backward()
+    return storages
+
+
+def test_gpt_oss_glu_keeps_the_copies_cpsim_states(one_rank):
+    """gpt-oss's experts under Megatron-Core (the flags cpsim emits: --quick-geglu, offset 1,
+    clamp 7, biases on every linear) run TEGroupedMLP, which needs TransformerEngine; its two
+    pieces that differ from the SwiGLU experts run here on their own. The clamped quick-GEGLU
+    (weighted_bias_quick_geglu_impl) keeps gate/up (the clamps' input) and the concatenated
+    clamped halves: `clamped_glu_copies` more [R, 2f] than the weighted SwiGLU, which keeps gate/up
+    only (and a scalar offset, 2 bytes). The expert output bias (TEGroupedMLP._apply_bias) keeps
+    nothing beyond its inputs."""
+    from megatron.core.fusions.fused_bias_geglu import weighted_bias_quick_geglu_impl
+    from megatron.core.fusions.fused_bias_swiglu import weighted_bias_swiglu_impl
+    from megatron.core.transformer.moe.experts import TEGroupedMLP
+
+    r = subprocess.run(
+        [CPSIM, "implementations", "megatron-core-cp", "--json"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    copies = json.loads(r.stdout)["experts"]["ulysses"]["clamped_glu_copies"]
+    rows, ffn, hidden, a = 96, 40, 24, 2
+    leaf = torch.randn(rows, 2 * ffn, dtype=torch.bfloat16, requires_grad=True)
+    bias = torch.randn(2 * ffn, dtype=torch.bfloat16, requires_grad=True)
+    probs = torch.rand(rows, 1, dtype=torch.bfloat16, requires_grad=True)
+    inputs = {t.untyped_storage().data_ptr() for t in (leaf, bias, probs)}
+
+    def kept(fn):
+        return sum(b for p, b in saved_storages(fn).items() if p not in inputs)
+
+    gate_up = rows * 2 * ffn * a  # fc1's output, made inside each run as TE's GEMM makes it
+    glu = kept(lambda: weighted_bias_quick_geglu_impl(leaf * 1, bias, probs, False, 1.0, 7.0))
+    swiglu = kept(lambda: weighted_bias_swiglu_impl(leaf * 1, None, probs, False))
+    assert swiglu == gate_up
+    assert glu == (1 + copies) * gate_up + a
+
+    out = torch.randn(rows, hidden, dtype=torch.bfloat16, requires_grad=True)
+    biases = [torch.randn(hidden, dtype=torch.bfloat16, requires_grad=True) for _ in range(4)]
+    inputs = {t.untyped_storage().data_ptr() for t in (out, probs, *biases)}
+    assert kept(lambda: TEGroupedMLP._apply_bias(out, biases, [rows // 4] * 4, probs)) == 0

@@ -98,7 +98,7 @@ TEST(ParameterCount, TinyModelByHand) {
   EXPECT_EQ(p.per_layer, 592);
   EXPECT_EQ(p.total, 2 * 592 + 80 + 80 + 8);
 
-  spec.attention_bias = true;                // + 8 + 2·4
+  spec.qkv_bias = true;                      // + 8 + 2·4
   spec.activation = ActivationKind::kGeGlu;  // gated as SwiGLU: 3·8·16
   spec.norm = NormKind::kLayerNorm;          // 4·8 per layer, 2·8 final
   spec.tied_embeddings = true;
@@ -108,6 +108,28 @@ TEST(ParameterCount, TinyModelByHand) {
   EXPECT_EQ(p.per_layer, 208 + 384 + 32);
   EXPECT_EQ(p.final_norm, 16);
   EXPECT_EQ(p.total, 2 * 624 + 80 + 16);
+}
+
+// gpt-oss's block: q, k, v and o biases, a sink per head, a router with a bias and experts with
+// biases on gate/up and down (transformers 4.57.6 modeling_gpt_oss.py:74-77, 149-150, 286-298).
+TEST(ParameterCount, BiasesAndSinksByHand) {
+  TransformerSpec spec = tiny_model();
+  spec.qkv_bias = spec.output_proj_bias = spec.attention_sinks = true;
+  spec.moe = {.experts = 4, .experts_per_token = 2, .expert_ffn_hidden = 6, .biases = true};
+  const ParameterCount p = count_parameters(spec);
+  // attention 192 + q/k/v biases 8 + 2·4 + o bias 8 + sinks 2 = 218.
+  EXPECT_EQ(p.attention_per_layer, 218);
+  // experts 4·3·8·6 = 576 + biases 4·(2·6 + 8) = 80; router 8·4 + bias 4 = 36.
+  EXPECT_EQ(p.experts_per_layer, 656);
+  EXPECT_EQ(p.mlp_per_layer, 692);
+  EXPECT_EQ(p.per_layer, 218 + 692 + 16);
+}
+
+// transformers 4.57.6 builds openai/gpt-oss-120b's config (REFERENCES.md [HF-config-gpt-oss])
+// with 116,829,156,672 parameters (tests/models/test_hf_models.py counts the built model).
+TEST(ParameterCount, GptOss120bIsExact) {
+  const TransformerSpec spec = load_model("gpt-oss-120b", test_data());
+  EXPECT_EQ(count_parameters(spec).total, 116'829'156'672);
 }
 
 TEST(ModelStepFlops, TinyModelByHand) {
@@ -162,7 +184,7 @@ TEST(ModelStepFlops, TiedLmHeadStillCountsAndBiasesDoNot) {
   TransformerSpec spec = tiny_model();
   const double untied = model_step_flops(spec, 16).dense;
   spec.tied_embeddings = true;
-  spec.attention_bias = true;
+  spec.qkv_bias = spec.output_proj_bias = spec.attention_sinks = true;
   spec.qk_norm = true;
   EXPECT_DOUBLE_EQ(model_step_flops(spec, 16).dense, untied);
 }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "cpsim/models/transformer.hpp"
+#include "cpsim/sim/implementation.hpp"
 #include "cpsim/sim/schedule.hpp"
 
 #include "block_oracle.hpp"
@@ -115,6 +116,7 @@ std::int64_t kept_beyond_dense(ScheduleInputs moe) {
   ScheduleInputs dense = moe;
   dense.model.moe = {};
   dense.model.ffn_hidden = moe.model.moe.expert_ffn_hidden;
+  dense.model.activation = models::ActivationKind::kSwiGlu;  // a clamped GLU is experts' only
   const auto activations = static_cast<std::size_t>(MemCategory::kActivations);
   return test::evaluate(moe).report.category_peak[activations] -
          test::evaluate(dense).report.category_peak[activations];
@@ -173,6 +175,12 @@ TEST(Experts, ABlockKeepsTheRouterAndTheExpertsInputsAndOutputs) {
   const std::int64_t titan_block = s * k * 4 * f * a - s * (3 + dense_silu) * f * a + s * e * 4 +
                                    s * k * 32 + s * 4 + s * h * 4 + s * k * h * a + s * k * h * 4;
   EXPECT_EQ(kept_beyond_dense(titan), 48 * titan_block);
+
+  // gpt-oss's clamped GLU under Megatron-Core keeps one more gate/up [k·s, 2f] per block: the
+  // clamps' input beside the fused GLU's clamped copy (tests/models/test_megatron_moe.py).
+  ScheduleInputs clamped = megatron;
+  clamped.model.activation = models::ActivationKind::kClampedQuickGeGlu;
+  EXPECT_EQ(kept_beyond_dense(clamped) - kept_beyond_dense(megatron), 48 * s * k * 2 * f * a);
 }
 
 TEST(Experts, TheHuggingFaceLoopIssuesItsTracedCallsAndWaitsPerExpert) {
@@ -246,10 +254,49 @@ TEST(Experts, WhatIsNotModelledIsRefused) {
   EXPECT_EQ(refusal(hf), Quantity::kExpertParallel);
   hf.parallel.ep_degree = 1;
   EXPECT_NO_THROW((void)build_step(hf));
+  // A clamped GLU: where the experts' handling of it was not read (the Hugging Face block's), and
+  // outside experts.
+  hf.model.activation = models::ActivationKind::kClampedQuickGeGlu;
+  EXPECT_EQ(refusal(hf), Quantity::kExperts);
+  ScheduleInputs clamped_dense = dense_ep;
+  clamped_dense.parallel.ep_degree = 1;
+  clamped_dense.model.activation = models::ActivationKind::kClampedQuickGeGlu;
+  EXPECT_EQ(refusal(clamped_dense), Quantity::kExperts);
   ScheduleInputs upipe = moe_inputs(1, CpMethod::kUPipe);
   upipe.model.kv_heads = 8;
   upipe.parallel.implementation = "untied-ulysses-upipe";
   EXPECT_EQ(refusal(upipe), Quantity::kExperts);
+}
+
+// gpt-oss-120b's sinks: Megatron-Core runs them through TransformerEngine's learnable softmax
+// with cp_comm_type a2a only, on cuDNN's fused kernel; the Hugging Face and yunchang kernels take
+// none, TorchTitan's FlexAttention path is not modelled.
+TEST(AttentionSinks, RunWhereTheImplementationsKernelTakesThem) {
+  ScheduleInputs a2a = inputs(CpMethod::kUlysses, "gpt-oss-120b", 8, kSeq);
+  a2a.parallel.implementation = "megatron-core-cp";
+  a2a.parallel.ep_degree = 8;
+  a2a.recipe.tiled_mlp = false;
+  const LayoutCheck checked = check_head_layout(a2a);
+  ASSERT_FALSE(checked.issue) << checked.issue->message;
+  EXPECT_EQ(checked.implementation->attention_kernel(a2a), "cudnn");
+  for (const char* impl : {"deepspeed-ulysses", "yunchang-usp"}) {
+    ScheduleInputs other = a2a;
+    other.parallel.implementation = impl;
+    other.parallel.ep_degree = 1;
+    EXPECT_EQ(refusal(other), Quantity::kAttentionSinks) << impl;
+  }
+  ScheduleInputs no_sinks = a2a;
+  no_sinks.model.attention_sinks = false;
+  no_sinks.parallel.implementation = "deepspeed-ulysses";
+  no_sinks.parallel.ep_degree = 1;
+  EXPECT_NE(check_head_layout(no_sinks).issue.value_or(ConfigIssue{}).quantity,
+            Quantity::kAttentionSinks);
+  // Megatron's ring (p2p) is refused by its window first; without windows, by its sinks.
+  ScheduleInputs ring = a2a;
+  ring.parallel.method = CpMethod::kRing;
+  ring.parallel.ring_degree = 8;
+  ring.model.layer_attention.clear();
+  EXPECT_EQ(refusal(ring), Quantity::kAttentionSinks);
 }
 
 }  // namespace

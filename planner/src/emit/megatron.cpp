@@ -60,6 +60,53 @@ using Args = std::vector<std::vector<std::string>>;  // one flag with its values
 void window_args(const models::TransformerSpec& m, Args& a);
 void expert_args(const Plan& p, Args& a);
 
+// The gated MLP's activation. Megatron-LM arguments.py (core_v0.16.1): --swiglu (SiLU GLU);
+// --quick-geglu (gated_linear_unit with quick_gelu, x·σ(1.702·x): argument_utils.py) with
+// --glu-linear-offset (act(x[0])·(x[1] + offset)) and --activation-func-clamp-value (x[0] ≤ c,
+// |x[1]| ≤ c; experts.py's fused weighted_bias_quick_geglu_impl): gpt-oss's GLU, as Megatron-LM's
+// examples/gptoss runs it. No flag names Gemma's tanh-GELU GLU.
+void activation_args(const models::TransformerSpec& m, Args& a) {
+  switch (m.activation) {
+    case models::ActivationKind::kSwiGlu:
+      a.push_back({"--swiglu"});
+      return;
+    case models::ActivationKind::kClampedQuickGeGlu:
+      a.push_back({"--quick-geglu"});
+      a.push_back({"--glu-linear-offset", "1.0"});
+      a.push_back({"--activation-func-clamp-value", number(models::kGptOssGluLimit)});
+      return;
+    case models::ActivationKind::kGeGlu:
+      break;
+  }
+  throw InputError("--model", fmt::format("Megatron-LM's arguments name no tanh-GELU gated MLP "
+                                          "(--swiglu, --quick-geglu); {} has one",
+                                          m.name));
+}
+
+// Biases. --add-qkv-bias: the q, k, v projections' (linear_qkv); add_bias_linear (the default;
+// --disable-bias-linear turns it off): every linear's, the output projection, the MLP's, the
+// experts' and the router's included (arguments.py keeps add_qkv_bias on with it; megatron-core
+// 0.16.1 moe/router.py:67 gives the router one). So a model whose output projection has a bias
+// needs biases on its MLP too (gpt-oss), and one with MLP biases needs them on every linear.
+void bias_args(const models::TransformerSpec& m, Args& a) {
+  const bool mlp_biases = m.is_moe() && m.moe.biases;
+  if (m.output_proj_bias && m.qkv_bias && mlp_biases) {
+    return;  // add_bias_linear
+  }
+  if (m.output_proj_bias || mlp_biases) {
+    throw InputError("--model", fmt::format("{} has biases on {} but not on every linear: "
+                                            "Megatron-LM's --add-bias-linear puts one on each",
+                                            m.name,
+                                            m.output_proj_bias ? "its attention's output "
+                                                                 "projection"
+                                                               : "its MLP"));
+  }
+  a.push_back({"--disable-bias-linear"});
+  if (m.qkv_bias) {
+    a.push_back({"--add-qkv-bias"});
+  }
+}
+
 // The model's shape and architecture flags.
 void model_args(const Plan& p, std::int64_t max_pos, Args& a) {
   a.push_back({"--num-layers", fmt::format("{}", p.model.layers)});
@@ -77,15 +124,12 @@ void model_args(const Plan& p, std::int64_t max_pos, Args& a) {
   a.push_back({"--rotary-base", number(p.model.rope_theta)});
   a.push_back(
       {"--normalization", p.model.norm == models::NormKind::kRmsNorm ? "RMSNorm" : "LayerNorm"});
-  if (p.model.activation != models::ActivationKind::kSwiGlu) {
-    throw InputError("--model", fmt::format("Megatron-LM's arguments name no gated GELU MLP "
-                                            "(only --swiglu); {} has one",
-                                            p.model.name));
-  }
-  a.push_back({"--swiglu"});
-  a.push_back({"--disable-bias-linear"});
-  if (p.model.attention_bias) {
-    a.push_back({"--add-qkv-bias"});
+  activation_args(p.model, a);
+  bias_args(p.model, a);
+  if (p.model.attention_sinks) {
+    // A learned softmax offset per head (megatron-core 0.16.1 dot_product_attention.py:126,
+    // TE's softmax_type): gpt-oss's sinks (Megatron-LM examples/gptoss).
+    a.push_back({"--softmax-type", "learnable"});
   }
   if (!p.model.tied_embeddings) {
     a.push_back({"--untie-embeddings-and-output-weights"});
@@ -218,8 +262,10 @@ void training_args(const Plan& p, Args& a) {
 // The attention backend inside TE, with a note where the recipe's kernel is not what runs.
 void attention_backend_args(Plan& p, Args& a) {
   const std::string& kernel = p.recipe.attention_kernel;
-  if (kernel == "cudnn") {
-    a.push_back({"--attention-backend", "fused"});  // cuDNN fused attention inside TE
+  if (kernel == "cudnn" || p.model.attention_sinks) {
+    // cuDNN fused attention inside TE; TE runs a learnable softmax (the sinks) under CP on it
+    // only (megatron_core_cp's attention_kernel).
+    a.push_back({"--attention-backend", "fused"});
     return;
   }
   a.push_back({"--attention-backend", "flash"});

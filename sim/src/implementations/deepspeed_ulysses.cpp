@@ -143,6 +143,17 @@ class DeepspeedUlysses final : public Implementation {
   // sequence after the all-to-all (transformers 4.57.6 modeling_flash_attention_utils.py:506-512:
   // window_size (w − 1, w − 1)). With sdpa the wrapper drops the mask (:545-546) and the window
   // is lost; check_attention_window refuses SDPA.
+  // gpt-oss's sinks reach a flash kernel only when its signature takes `s_aux` (transformers
+  // 4.57.6 modeling_flash_attention_utils.py:119-124, 523-524): flash-attn 2's and 3's do not,
+  // so flash_attention_2 drops them silently; gpt-oss has no SDPA path (_supports_sdpa = False,
+  // modeling_gpt_oss.py:399) and DeepSpeed refuses eager (ulysses_sp.py:468-471). The kernels-hub
+  // FA3 that takes sinks is not modelled.
+  SinkSupport attention_sinks(models::CpMethod /*m*/) const override {
+    return {false,
+            "its flash kernels take no sinks, and transformers drops them without a word "
+            "(4.57.6 modeling_flash_attention_utils.py:523-524); the kernels-hub FA3 that takes "
+            "them is not modelled"};
+  }
   WindowSupport sliding_window(models::CpMethod /*m*/) const override {
     return {true,
             "the Hugging Face sliding_window kwarg reaches flash_attention_2 over the whole "

@@ -132,7 +132,10 @@ class MegatronCoreCp final : public Implementation {
   // the permuted weight (bf16): 22 bytes; per token and expert the probabilities (bf16) and the
   // routing map (bool): 3; the weights multiply inside the experts (weighted SwiGLU,
   // moe_utils / fusions/fused_bias_swiglu.py), so no combined [s·k, h] is kept; the top-k softmax
-  // is the renormalisation.
+  // is the renormalisation. gpt-oss's clamped GLU (weighted_bias_quick_geglu_impl with a clamp,
+  // fusions/fused_bias_geglu.py): the clamps keep gate/up (their input) and the fused function
+  // the concatenated clamped halves, one more [s·k, 2f] (traced: test_megatron_moe.py); the expert
+  // output bias (TEGroupedMLP._apply_bias) keeps nothing beyond its inputs.
   ExpertSupport experts(models::CpMethod /*m*/) const override {
     return {.runs = true,
             .expert_parallel = true,
@@ -143,7 +146,8 @@ class MegatronCoreCp final : public Implementation {
             .routing_bytes_per_token_expert = 3,
             .routing_bytes_per_copy = 22,
             .keeps_renormalisation = false,
-            .weights_inside_experts = true};
+            .weights_inside_experts = true,
+            .clamped_glu_copies = 1};
   }
   // TransformerEngine v2.11 (megatron-core 0.16.1 takes TE >= 2.9, < 2.12) context_parallel.py:
   // 4023-4029 asserts `not sliding_window_attn or cp_comm_type in ["a2a", "all_gather"]`; a2a
@@ -158,6 +162,25 @@ class MegatronCoreCp final : public Implementation {
     return {false,
             "TransformerEngine asserts a sliding window runs with cp_comm_type a2a or all_gather "
             "only (v2.11, context_parallel.py:4023-4029)"};
+  }
+  // gpt-oss's sinks: Megatron's softmax_type "learnable" (a softmax offset per head,
+  // dot_product_attention.py:126 in megatron-core 0.16.1) goes to TE's fused attention, which
+  // under CP asserts `softmax_type == "vanilla" or cp_comm_type == "a2a"` (TransformerEngine @
+  // d0067d0 context_parallel.py:5062-5067). The offset's gradient is H floats per layer.
+  SinkSupport attention_sinks(models::CpMethod m) const override {
+    if (m == models::CpMethod::kUlysses) {
+      return {true,
+              "cp_comm_type a2a runs TransformerEngine's learnable softmax offset "
+              "(context_parallel.py:5062-5067 @ d0067d0)"};
+    }
+    return {false,
+            "TransformerEngine runs a learnable softmax (the sinks) under CP with cp_comm_type "
+            "a2a only (context_parallel.py:5062-5067 @ d0067d0)"};
+  }
+  // TE runs a learnable softmax under CP on FusedAttention only (context_parallel.py:5062-5064
+  // @ d0067d0): a model with sinks runs cuDNN's kernel whatever the recipe names.
+  std::string attention_kernel(const ScheduleInputs& in) const override {
+    return in.model.attention_sinks ? "cudnn" : in.recipe.attention_kernel;
   }
   std::int64_t ring_accumulator_bytes(const ScheduleInputs& in) const override {
     return in.recipe.activation_bytes;

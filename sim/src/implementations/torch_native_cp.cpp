@@ -130,6 +130,15 @@ class TorchNativeCp final : public Implementation {
             .combined_bytes = 4,
             .eager_expert_activation = true};
   }
+  // TorchTitan runs gpt-oss's sinks by rescaling FlexAttention's or varlen attention's output
+  // through its LSE (torchtitan 0.3.0 models/gpt_oss/model.py:34-40, 116-131); the SDPA ops that
+  // torch-native-cp models take none.
+  SinkSupport attention_sinks(models::CpMethod /*m*/) const override {
+    return {false,
+            "TorchTitan rescales FlexAttention's output by the sinks (torchtitan 0.3.0 "
+            "models/gpt_oss/model.py:34-40, 116-131); its FlexAttention under CP is not "
+            "modelled, and context_parallel's SDPA ops take no sinks"};
+  }
   // The SDPA ops context_parallel handles take no window, and the efficient and cuDNN ones refuse
   // a mask ("attn_bias is not supported yet", _attention.py:700-701, 738-739).
   WindowSupport sliding_window(models::CpMethod /*m*/) const override {

@@ -46,6 +46,8 @@ const char* to_string(Quantity q) {
       return "documents";
     case Quantity::kAttentionWindow:
       return "attention_window";
+    case Quantity::kAttentionSinks:
+      return "attention_sinks";
     case Quantity::kExperts:
       return "experts";
     case Quantity::kExpertParallel:

@@ -9,9 +9,14 @@
 namespace cpsim::models {
 
 enum class NormKind { kRmsNorm, kLayerNorm };
-/// The MLP's activation. Both are gated MLPs (gate, up, down: act(x·Wg) ⊙ (x·Wu) · Wd): SwiGLU
-/// (Llama, Qwen) and GeGLU (Gemma's gelu_pytorch_tanh). A plain two-matrix MLP is not modelled.
-enum class ActivationKind { kSwiGlu, kGeGlu };
+/// The MLP's activation. All are gated MLPs (gate, up, down: act(x·Wg) ⊙ (x·Wu) · Wd): SwiGLU
+/// (Llama, Qwen), GeGLU (Gemma's gelu_pytorch_tanh) and gpt-oss's clamped GLU
+/// g·σ(1.702·g)·(u + 1) with g = min(x·Wg, 7) and u = clamp(x·Wu, ±7) (transformers 4.57.6
+/// GptOssExperts, modeling_gpt_oss.py:78-79, 100-106; Megatron-Core's quick_gelu GLU with
+/// glu_linear_offset 1 and activation_func_clamp_value 7). A plain two-matrix MLP is not modelled.
+enum class ActivationKind { kSwiGlu, kGeGlu, kClampedQuickGeGlu };
+/// gpt-oss's clamp of the GLU's inputs (GptOssExperts.limit, a constant of its code).
+inline constexpr double kGptOssGluLimit = 7.0;
 /// A layer's attention: causal over the whole sequence, or causal within a sliding window of
 /// `TransformerSpec::sliding_window` tokens (each query sees itself and the window − 1 tokens
 /// before it).
@@ -21,7 +26,8 @@ enum class LayerAttention : std::uint8_t { kFull, kSliding };
 /// Qwen3MoeSparseMoeBlock): a router Linear [h → E] without bias scores the experts, each token
 /// goes to its top k, each expert is a gated MLP of width `expert_ffn_hidden` (as the dense one),
 /// and the token's output is the routing-weighted sum of its k experts' outputs. Every layer's MLP
-/// is one when `experts` > 0; no shared experts.
+/// is one when `experts` > 0; no shared experts. gpt-oss (GptOssMLP) adds biases to the router
+/// and to every expert's linears (`biases`).
 struct MoeSpec {
   std::int64_t experts = 0;            ///< routed experts E; 0: a dense MLP
   std::int64_t experts_per_token = 0;  ///< k (top-k)
@@ -29,6 +35,8 @@ struct MoeSpec {
   /// The k routing weights renormalised to sum to 1 (Mixtral always; Qwen3-MoE with
   /// `norm_topk_prob`): one fp32 sum per token kept for the backward.
   bool renormalize = false;
+  /// The router [E] and each expert's linears (gate and up [2·f_e], down [h]) carry biases.
+  bool biases = false;
   bool operator==(const MoeSpec&) const = default;
 };
 
@@ -55,7 +63,13 @@ struct TransformerSpec {
   /// The Hugging Face config's `model_type` ("llama", "qwen3"); empty when the config has none.
   /// Frameworks run different model code per type (TorchTitan's RoPE: TrainingRecipe).
   std::string model_type;
-  bool attention_bias = false;
+  /// Biases on the q, k and v projections (Qwen2 always; Llama-style code with
+  /// `attention_bias`) and on the output projection (Llama-style code only).
+  bool qkv_bias = false;
+  bool output_proj_bias = false;
+  /// A learned logit per query head that joins every softmax's denominator (gpt-oss's `sinks`,
+  /// modeling_gpt_oss.py:298): H parameters per layer; the kernel must take them.
+  bool attention_sinks = false;
   NormKind norm = NormKind::kRmsNorm;
   ActivationKind activation = ActivationKind::kSwiGlu;
   double rope_theta = 10000.0;
@@ -95,11 +109,13 @@ struct TransformerSpec {
   std::int64_t kv_width() const { return kv_heads * head_dim; }
 };
 
-/// Parameter counts. Derivation (SwiGLU, RMSNorm, no biases unless `attention_bias`):
-///   attention  = h·(H·d) [Wq] + 2·h·(H_kv·d) [Wk, Wv] + (H·d)·h [Wo] (+ biases H·d + 2·H_kv·d)
-///              (+ 2·d for q/k RMSNorm weights when qk_norm)
-///   mlp        = 3·h·f (gate, up, down), SwiGLU and GeGLU alike; a mixture of experts
-///                E·3·h·f_e (the experts) + h·E (the router, no bias)
+/// Parameter counts. Derivation (gated MLP, RMSNorm, no biases unless stated):
+///   attention  = h·(H·d) [Wq] + 2·h·(H_kv·d) [Wk, Wv] + (H·d)·h [Wo] (+ biases H·d + 2·H_kv·d
+///              with qkv_bias, + h with output_proj_bias) (+ 2·d for q/k RMSNorm weights when
+///              qk_norm) (+ H sinks)
+///   mlp        = 3·h·f (gate, up, down), every gated activation alike; a mixture of experts
+///                E·3·h·f_e (the experts) + h·E (the router), with MoeSpec::biases
+///                + E·(2·f_e + h) (the experts' biases) + E (the router's)
 ///   norms      = 2·h per layer (RMSNorm weight; LayerNorm adds a bias: 4·h), twice that with
 ///                post_sublayer_norms
 ///   embeddings = V·h, plus V·h for the LM head unless tied, plus h for the final norm (neither

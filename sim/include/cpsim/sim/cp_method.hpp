@@ -46,6 +46,7 @@ enum class Quantity {
   kDocuments,       ///< the packed documents (ScheduleInputs::documents) against the ring
   /// the model's sliding-window layers against the method, implementation and kernel
   kAttentionWindow,
+  kAttentionSinks,   ///< the model's attention sinks against the implementation and method
   kExperts,          ///< the model's mixture of experts against the implementation and recipe
   kExpertParallel,   ///< expert-parallel degree E_p
   kExpertImbalance,  ///< the routing imbalance stated for EP

@@ -166,6 +166,13 @@ struct WindowSupport {
   std::string_view source;  ///< where its code says so, or why not
 };
 
+/// How an implementation's code runs a model's attention sinks (gpt-oss: a learned logit per
+/// query head in every softmax's denominator; Implementation::attention_sinks).
+struct SinkSupport {
+  bool runs = false;        ///< its attention kernel takes the sinks and their gradient
+  std::string_view source;  ///< where its code says so, or why not
+};
+
 /// How an implementation's code runs a mixture-of-experts MLP (Implementation::experts).
 struct ExpertSupport {
   bool runs = false;             ///< its model code runs the mixture of experts
@@ -202,6 +209,10 @@ struct ExpertSupport {
   /// Its experts keep silu(gate) [s·k, f] whatever the recipe's MLP kernel (eager SwiGLU in the
   /// experts: TorchTitan's GroupedExperts, the Hugging Face loop).
   bool eager_expert_activation = false;
+  /// gpt-oss's clamped GLU (models::ActivationKind::kClampedQuickGeGlu) in its experts: -1 not
+  /// read (refused), else the copies of gate/up [s·k, 2·f] it keeps beyond gate/up itself
+  /// (Megatron-Core's clamp keeps its input and the fused GLU the clamped concatenation: 1).
+  std::int64_t clamped_glu_copies = -1;
   /// Framework calls its block makes, traced where it loops over the experts in Python (0: one
   /// per kernel, as the builders count them): per layer `block` + `per_expert` × experts, with
   /// `renormalize` more when the top-k weights are renormalised (MoeSpec::renormalize).
@@ -347,6 +358,10 @@ class Implementation {
   /// How its code runs sliding-window layers under method `m`; the default: not read.
   virtual WindowSupport sliding_window(models::CpMethod /*m*/) const {
     return {false, "its handling of a sliding window was not read"};
+  }
+  /// How its code runs attention sinks under method `m`; the default: not read.
+  virtual SinkSupport attention_sinks(models::CpMethod /*m*/) const {
+    return {false, "its handling of attention sinks was not read"};
   }
   /// How its code runs a mixture of experts under method `m`; the default: not read.
   virtual ExpertSupport experts(models::CpMethod /*m*/) const {
