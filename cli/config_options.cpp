@@ -484,8 +484,8 @@ void add_parallel_options(CLI::App* c, SimulateArgs& a) {
   c->add_option("--ep", a.ep,
                 "expert-parallel degree of a mixture-of-experts model: EP consecutive GPUs split "
                 "the experts, tokens go to them by all-to-all (megatron-core-cp and "
-                "torch-native-cp run it; default: 1; plan searches it inside a node for a "
-                "mixture of experts unless given)")
+                "torch-native-cp run it; default: 1; plan searches every EP dividing the "
+                "experts and a stage's GPUs for a mixture of experts unless given)")
       ->check(whole_number_in(1, kMaxGpus))
       ->each([&a](const std::string&) { a.ep_given = true; });
   c->add_option("--expert-imbalance", a.expert_imbalance,

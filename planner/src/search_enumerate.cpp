@@ -130,7 +130,8 @@ std::vector<int> tp_degrees(const sim::ScheduleInputs& base, const PlanConstrain
 }
 
 // The EP degrees searched: the one fixed, else for a mixture of experts every E_p that divides
-// the GPUs of a node, the experts and the GPUs of a pipeline stage (all-to-alls inside a node;
+// the experts and the GPUs of a pipeline stage, across nodes too (Megatron-Core and TorchTitan
+// place EP groups over nodes when E_p exceeds a node; the all-to-all then crosses the network;
 // what else an E_p needs, the simulator checks per candidate), else 1.
 std::vector<int> ep_degrees(const sim::ScheduleInputs& base,
                             const PlanConstraints& fixed,
@@ -143,8 +144,8 @@ std::vector<int> ep_degrees(const sim::ScheduleInputs& base,
     return {1};
   }
   std::vector<int> out;
-  for (const int e : divisors(std::max(1, base.parallel.gpus_per_node))) {
-    if (m.moe.experts % e == 0 && stage_gpus % e == 0) {
+  for (const int e : divisors(std::max(1, stage_gpus))) {
+    if (m.moe.experts % e == 0) {
       out.push_back(e);
     }
   }

@@ -20,8 +20,8 @@ namespace cpsim::planner {
 /// methods with a ring part); 0 / false = searched.
 struct PlanConstraints {
   int tp_degree = 0;  ///< 0: every T dividing the GPUs of a node, the heads and the KV heads
-  /// 0: for a mixture of experts every E_p dividing the GPUs of a node, the experts and a stage's
-  /// GPUs (expert parallelism inside a node); 1 for a dense model.
+  /// 0: for a mixture of experts every E_p dividing the experts and a stage's GPUs (across nodes
+  /// too); 1 for a dense model.
   int ep_degree = 0;
   /// 0: every P dividing the GPUs whose stages split the blocks (evenly, or with one block fewer
   /// on the first and last stage) for the implementations that run PP; 1 when nothing lets the
