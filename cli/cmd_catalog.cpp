@@ -45,6 +45,15 @@ const char* activation_name(models::ActivationKind k) {
   return "?";
 }
 
+// A shared expert, as a clause of the experts line.
+std::string shared_expert_clause(const models::TransformerSpec& m) {
+  if (m.moe.shared_ffn_hidden == 0) {
+    return "";
+  }
+  return fmt::format(", a shared expert of width {}{}", m.moe.shared_ffn_hidden,
+                     m.moe.shared_gate ? " behind a sigmoid gate" : "");
+}
+
 // The biases and sinks of the attention, as a clause of the summary line.
 std::string attention_extras(const models::TransformerSpec& m) {
   std::string out;
@@ -116,7 +125,9 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
                                                  {"experts_per_token", m.moe.experts_per_token},
                                                  {"expert_ffn_hidden", m.moe.expert_ffn_hidden},
                                                  {"renormalize", m.moe.renormalize},
-                                                 {"biases", m.moe.biases}}
+                                                 {"biases", m.moe.biases},
+                                                 {"shared_ffn_hidden", m.moe.shared_ffn_hidden},
+                                                 {"shared_gate", m.moe.shared_gate}}
                                 : nlohmann::json(nullptr)},
          {"notes", m.notes}});
     std::cout << nlohmann::json{{"schema_version", 1}, {"model", model}}.dump(2) << "\n";
@@ -138,8 +149,8 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
         "  mixture of experts in every layer: {} experts of width {}, {} per token{}; {} "
         "parameters active per token ({:.3f} B)\n",
         m.moe.experts, m.moe.expert_ffn_hidden, m.moe.experts_per_token,
-        m.moe.biases ? ", router and expert biases" : "", active_parameters(m, p),
-        static_cast<double>(active_parameters(m, p)) / 1e9);
+        m.moe.biases ? ", router and expert biases" : shared_expert_clause(m),
+        active_parameters(m, p), static_cast<double>(active_parameters(m, p)) / 1e9);
   }
   if (m.windowed_layers() == 0) {
     std::cout << "  attention: causal over the whole sequence in every layer\n";
@@ -427,6 +438,7 @@ nlohmann::json experts_json(const sim::Implementation& impl) {
         {"keeps_weighted_outputs", e.keeps_weighted_outputs},
         {"eager_expert_activation", e.eager_expert_activation},
         {"clamped_glu_copies", e.clamped_glu_copies},
+        {"runs_shared_experts", e.runs_shared_experts},
         {"forward_calls", calls(e.forward_calls)},
         {"backward_calls", calls(e.backward_calls)},
         {"synchronises_per_expert", e.synchronises_per_expert}};

@@ -132,7 +132,8 @@ ActivationKind parse_activation(const std::string& act,
 //     (MistralAttention sets `self.sliding_window = config.sliding_window`, modeling_mistral.py:
 //     177; Mistral logs that it ignores layer_types; modeling_mixtral.py:289,
 //     modeling_qwen3_moe.py:149); Qwen3-MoE, as Qwen2/Qwen3, only with `use_sliding_window`
-//     (configuration_qwen3_moe.py:207);
+//     (configuration_qwen3_moe.py:207); Qwen2-MoE's attention classes slide the layers from
+//     `max_window_layers` on when `use_sliding_window` (modeling_qwen2_moe.py:458-466);
 //   - otherwise `layer_types` ("full_attention", "sliding_attention"; layer_type_validation,
 //     configuration_utils.py:1364-1380) says which layers, and without it the config class's own
 //     rule: Qwen2/Qwen3 slide the layers from `max_window_layers` on (default 28), Ministral all.
@@ -141,7 +142,8 @@ ActivationKind parse_activation(const std::string& act,
 // causal, modeling_flash_attention_utils.py:506-512; the SDPA mask kv > q − w, masking_utils.py).
 constexpr std::array<std::string_view, 4> kEveryLayerWindowTypes = {"mistral", "phi3", "mixtral",
                                                                     "qwen3_moe"};
-constexpr std::array<std::string_view, 3> kUseSlidingWindowTypes = {"qwen2", "qwen3", "qwen3_moe"};
+constexpr std::array<std::string_view, 4> kUseSlidingWindowTypes = {"qwen2", "qwen3", "qwen3_moe",
+                                                                    "qwen2_moe"};
 constexpr std::int64_t kQwenDefaultMaxWindowLayers = 28;  // Qwen2Config, Qwen3Config
 
 std::int64_t read_window(const HfReader& hf, const std::string& model_type) {
@@ -257,7 +259,11 @@ void read_attention_layers(const HfReader& hf, TransformerSpec& spec) {
 // Mixtral, Qwen3-MoE: router Linear(h, E, bias=False), softmax in fp32, top-k, the k weights
 // renormalised (Qwen3-MoE when `norm_topk_prob`), a gated MLP per expert. Routing-loss terms
 // (the load-balancing loss of `output_router_logits`) are a few [s, E] ops, not modelled.
-constexpr std::array<std::string_view, 3> kMoeModelTypes = {"mixtral", "qwen3_moe", kGptOss};
+//   qwen2_moe  Qwen2MoeSparseMoeBlock (modeling_qwen2_moe.py:590-650): as Qwen3-MoE, plus a shared
+//              expert of width `shared_expert_intermediate_size` on every token, its output
+//              scaled by sigmoid(shared_expert_gate(x)) (:602-603, 643-646).
+constexpr std::array<std::string_view, 4> kMoeModelTypes = {"mixtral", "qwen3_moe", "qwen2_moe",
+                                                            kGptOss};
 
 void read_moe(const HfReader& hf, TransformerSpec& spec) {
   if (spec.model_type == kGptOss) {
@@ -277,6 +283,10 @@ void read_moe(const HfReader& hf, TransformerSpec& spec) {
   } else {
     spec.moe.experts = hf.required_int("num_experts");
     spec.moe.expert_ffn_hidden = hf.required_int("moe_intermediate_size");
+    if (spec.model_type == "qwen2_moe") {
+      spec.moe.shared_ffn_hidden = hf.required_int("shared_expert_intermediate_size");
+      spec.moe.shared_gate = true;
+    }
     if (const Json* norm = hf.optional("norm_topk_prob")) {  // default false
       spec.moe.renormalize = json_bool(*norm, hf.field("norm_topk_prob"));
     }
@@ -357,7 +367,8 @@ void read_gemma3_text(const HfReader& hf, TransformerSpec& spec) {
 // Which attention projections carry biases is each model type's code, not always the config
 // (transformers 4.57.6 modeling_<type>.py, the q_proj and o_proj Linears):
 //   - q, k, v and o with `attention_bias` (default false): Llama and the models built as it;
-//   - q, k and v always, o never: Qwen2 (modeling_qwen2.py:134-137);
+//   - q, k and v always, o never: Qwen2 (modeling_qwen2.py:134-137); Qwen2-MoE with `qkv_bias`
+//     (default true; modeling_qwen2_moe.py:305-308);
 //   - none, whatever `attention_bias` says: Mistral, Mixtral, Ministral, Phi-3;
 //   - always all four: gpt-oss (GptOssConfig sets attention_bias = True).
 // Another type with `attention_bias` true is refused: its projections were not read.
@@ -374,6 +385,9 @@ void read_attention_biases(const HfReader& hf, TransformerSpec& spec) {
     spec.qkv_bias = spec.output_proj_bias = true;
   } else if (spec.model_type == "qwen2") {
     spec.qkv_bias = true;
+  } else if (spec.model_type == "qwen2_moe") {
+    const Json* qkv = hf.optional("qkv_bias");
+    spec.qkv_bias = qkv == nullptr || json_bool(*qkv, hf.field("qkv_bias"));
   } else if (is_one_of(spec.model_type, kBiasFromKeyTypes)) {
     spec.qkv_bias = spec.output_proj_bias = on;
   } else if (on && !is_one_of(spec.model_type, kNoBiasTypes)) {
@@ -492,7 +506,7 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
     if (value != nullptr && !is_zero_or_false(*value)) {
       throw InputError(hf.field(refused.key),
                        fmt::format("{} models are not modelled yet (mixture-of-experts: "
-                                   "model_type mixtral, qwen3_moe and gpt_oss only)",
+                                   "model_type mixtral, qwen3_moe, qwen2_moe and gpt_oss only)",
                                    refused.what));
     }
   }

@@ -29,7 +29,7 @@ struct RefusedModelType {
 constexpr std::string_view kStateSpace = "state-space / recurrent";
 constexpr std::string_view kHybrid = "hybrid attention / state-space";
 constexpr std::string_view kMoe = "mixture-of-experts";
-constexpr std::array<RefusedModelType, 21> kRefusedModelTypes = {{
+constexpr std::array<RefusedModelType, 20> kRefusedModelTypes = {{
     {"mamba", kStateSpace},
     {"mamba2", kStateSpace},
     {"falcon_mamba", kStateSpace},
@@ -46,7 +46,6 @@ constexpr std::array<RefusedModelType, 21> kRefusedModelTypes = {{
     {"falcon_h1", kHybrid},
     {"nemotron_h", kHybrid},
     {"granitemoehybrid", kHybrid},
-    {"qwen2_moe", kMoe},
     {"deepseek_v2", kMoe},
     {"deepseek_v3", kMoe},
     {"dbrx", kMoe},
@@ -67,8 +66,8 @@ void check_modelled_architecture(const Json& config, const std::string& origin) 
       if (type == refused.model_type) {
         throw InputError(field_of(origin, "model_type"),
                          fmt::format("'{}' is a {} model that cpsim does not model (decoder-"
-                                     "only transformers, mixture-of-experts as mixtral and "
-                                     "qwen3_moe)",
+                                     "only transformers, mixture-of-experts as mixtral, "
+                                     "qwen3_moe, qwen2_moe and gpt_oss)",
                                      type, refused.what));
       }
     }

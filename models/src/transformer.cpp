@@ -38,10 +38,17 @@ std::int64_t attention_matmul_weights(const TransformerSpec& spec) {
          spec.q_width() * spec.hidden;
 }
 
+/// A mixture of experts' shared expert and its gate (MoeSpec::shared_ffn_hidden), which every
+/// token passes through.
+std::int64_t shared_expert_weights(const TransformerSpec& spec) {
+  const MoeSpec& e = spec.moe;
+  return 3 * spec.hidden * e.shared_ffn_hidden + (e.shared_gate ? spec.hidden : 0);
+}
+
 std::int64_t mlp_matmul_weights(const TransformerSpec& spec) {
   if (spec.is_moe()) {
     return spec.moe.experts * 3 * spec.hidden * spec.moe.expert_ffn_hidden +
-           spec.hidden * spec.moe.experts;  // experts, router
+           spec.hidden * spec.moe.experts + shared_expert_weights(spec);  // experts, router
   }
   return 3 * spec.hidden * spec.ffn_hidden;  // gate, up, down (ActivationKind: always gated)
 }
@@ -51,7 +58,7 @@ std::int64_t mlp_matmul_weights(const TransformerSpec& spec) {
 std::int64_t mlp_active_weights(const TransformerSpec& spec) {
   if (spec.is_moe()) {
     return spec.moe.experts_per_token * 3 * spec.hidden * spec.moe.expert_ffn_hidden +
-           spec.hidden * spec.moe.experts;
+           spec.hidden * spec.moe.experts + shared_expert_weights(spec);
   }
   return mlp_matmul_weights(spec);
 }
@@ -97,6 +104,9 @@ void TransformerSpec::validate() const {
   if (is_moe()) {
     check_dimension(moe.experts, kMaxExperts, "num_experts");
     check_dimension(moe.expert_ffn_hidden, kMaxFfnHidden, "moe_intermediate_size");
+    if (moe.shared_ffn_hidden != 0) {
+      check_dimension(moe.shared_ffn_hidden, kMaxFfnHidden, "shared_expert_intermediate_size");
+    }
     if (moe.experts_per_token <= 0 || moe.experts_per_token > moe.experts) {
       throw InputError("model.num_experts_per_tok",
                        fmt::format("must be between 1 and the {} experts, got {}", moe.experts,

@@ -387,6 +387,12 @@ std::optional<ConfigIssue> check_experts(const ScheduleInputs& in,
       return ConfigIssue{Quantity::kExperts, fmt::format("{}; {} does not run them: {}", what,
                                                          implementation->name(), support.source)};
     }
+    if (m.moe.shared_ffn_hidden > 0 && !support.runs_shared_experts) {
+      return ConfigIssue{Quantity::kExperts,
+                         fmt::format("{} and a shared expert; {}'s handling of a shared expert was "
+                                     "not read",
+                                     what, implementation->name())};
+    }
     if (clamped && support.clamped_glu_copies < 0) {
       return ConfigIssue{Quantity::kExperts,
                          fmt::format("{}; what {}'s experts keep for its clamped GLU "

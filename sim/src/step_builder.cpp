@@ -240,7 +240,7 @@ TensorSet StepBuilder::mlp_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
             times(one, static_cast<double>(shards_)), {h1n, params}, {mlp_out}, {},
             3 * tile_ * f * shape_.activation_bytes);
   } else {
-    gated_mlp_forward(sv, h1n, params, grad, {shape_.local_tokens, f, 1}, mlp_out);
+    gated_mlp_forward(sv.mlp, h1n, params, grad, {shape_.local_tokens, f, 1}, mlp_out);
   }
   return mlp_out;
 }
@@ -250,7 +250,7 @@ KernelCost StepBuilder::grouped(KernelCost one, std::int64_t groups) {
 }
 
 void StepBuilder::gated_mlp_forward(
-    SavedLayer& sv, TensorSet in, TensorSet params, bool grad, const GatedMlp& g, TensorSet out) {
+    MlpSaved& saved, TensorSet in, TensorSet params, bool grad, const GatedMlp& g, TensorSet out) {
   const std::int64_t h = m_.hidden, f = g.width, rows = g.rows, a = shape_.activation_bytes;
   const std::int64_t group_rows = (rows + g.groups - 1) / g.groups;
   TensorSet gate_up = b_.tensor("gate_up", rows * 2 * f * a, MemCategory::kActivations);
@@ -260,13 +260,13 @@ void StepBuilder::gated_mlp_forward(
   std::vector<TensorSet> act_out = {act};
   if (grad && (r_.mlp_kernel == models::MlpKernel::kEager || g.eager_activation)) {
     // silu(gate), kept by the product for its backward.
-    sv.mlp_silu = b_.tensor("mlp_silu", rows * f * a, MemCategory::kActivations);
-    act_out.push_back(sv.mlp_silu);
+    saved.silu = b_.tensor("mlp_silu", rows * f * a, MemCategory::kActivations);
+    act_out.push_back(saved.silu);
   }
   if (grad && g.gate_up_copies > 0) {
-    sv.gate_up_copies =
+    saved.gate_up_copies =
         b_.tensor("mlp_clamped", g.gate_up_copies * rows * 2 * f * a, MemCategory::kActivations);
-    act_out.push_back(sv.gate_up_copies);
+    act_out.push_back(saved.gate_up_copies);
   }
   compute("mlp_act", OpKind::kElementwise, swiglu_cost(rows * f, false), {gate_up},
           std::move(act_out));
@@ -279,8 +279,8 @@ void StepBuilder::gated_mlp_forward(
   compute("mlp_down", OpKind::kGemm, grouped(linear_fwd(group_rows, h, f, grad), g.groups),
           {act, params}, std::move(down_out));
   if (grad) {
-    sv.gate_up = gate_up;
-    sv.act = act_kept;
+    saved.gate_up = gate_up;
+    saved.act = act_kept;
   }
 }
 
@@ -420,9 +420,9 @@ TensorSet StepBuilder::mlp_backward(
     // Megatron: down's dgrad and wgrad, the activation's backward and gate/up's dgrad; then
     // gate/up's wgrad (reading the gathered h1n) while dh1n is reduce-scattered. dgate/dup
     // (2f, none extra for Liger's in-place kernel) live until that wgrad.
-    std::vector<TensorSet> kept = {dy_full, sv.gate_up, sv.act, params};
-    if (sv.mlp_silu.valid()) {
-      kept.push_back(sv.mlp_silu);
+    std::vector<TensorSet> kept = {dy_full, sv.mlp.gate_up, sv.mlp.act, params};
+    if (sv.mlp.silu.valid()) {
+      kept.push_back(sv.mlp.silu);
     }
     const std::int64_t grads_f = mlp_grad_widths();
     const TensorSet dgate_up =
@@ -436,7 +436,7 @@ TensorSet StepBuilder::mlp_backward(
     compute("mlp_wgrad", OpKind::kGemm, linear_wgrad(shape_.local_tokens, 2 * f, h),
             {dgate_up, h1n, params}, {});
   } else {
-    gated_mlp_backward(sv, dy_full, h1n, params, grads, {shape_.local_tokens, f, 1}, dh1n);
+    gated_mlp_backward(sv.mlp, dy_full, h1n, params, grads, {shape_.local_tokens, f, 1}, dh1n);
   }
   return dh1n;
 }
@@ -447,26 +447,29 @@ std::int64_t StepBuilder::mlp_grad_widths(bool eager_activation) const {
   return r_.mlp_kernel == models::MlpKernel::kFused && !eager_activation ? 1 : 3;
 }
 
-void StepBuilder::gated_mlp_backward(const SavedLayer& sv,
+void StepBuilder::gated_mlp_backward(const MlpSaved& saved,
                                      TensorSet dy,
                                      TensorSet in,
                                      TensorSet params,
                                      TensorSet grads,
                                      const GatedMlp& g,
-                                     TensorSet dx) {
+                                     TensorSet dx,
+                                     bool grads_exist,
+                                     TensorSet dx_partial) {
   const std::int64_t h = m_.hidden, f = g.width, rows = g.rows;
   const std::int64_t group_rows = (rows + g.groups - 1) / g.groups;
   const KernelCost bwd =
       plus(grouped(plus(linear_bwd(group_rows, 2 * f, h), linear_bwd(group_rows, h, f)), g.groups),
            swiglu_cost(rows * f, true));
-  std::vector<TensorSet> kept = {dy, in, sv.gate_up, sv.act, params};
-  if (sv.mlp_silu.valid()) {
-    kept.push_back(sv.mlp_silu);
+  std::vector<TensorSet> kept = {dy, in, saved.gate_up, saved.act, params};
+  for (const TensorSet t : {saved.silu, saved.gate_up_copies, dx_partial}) {
+    if (t.valid()) {
+      kept.push_back(t);
+    }
   }
-  if (sv.gate_up_copies.valid()) {
-    kept.push_back(sv.gate_up_copies);
-  }
-  compute("mlp_bwd", OpKind::kGemm, bwd, std::move(kept), {dx, grads}, {},
+  std::vector<TensorSet> written = {dx};
+  (grads_exist ? kept : written).push_back(grads);
+  compute("mlp_bwd", OpKind::kGemm, bwd, std::move(kept), std::move(written), {},
           mlp_grad_widths(g.eager_activation) * rows * f * shape_.activation_bytes);
 }
 

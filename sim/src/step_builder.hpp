@@ -22,6 +22,14 @@
 namespace cpsim::sim::detail {
 
 /// Tensors saved by the grad-enabled forward of a block and read by its backward.
+/// What a gated MLP keeps for its backward (StepBuilder::gated_mlp_forward).
+struct MlpSaved {
+  TensorSet gate_up;         // [rows, 2f]
+  TensorSet act;             // [rows, f] (FP8: down's column-wise FP8 copy, 1 byte)
+  TensorSet silu;            // eager activation: silu(gate) [rows, f]
+  TensorSet gate_up_copies;  // a clamped GLU's clamped gate/up (GatedMlp::gate_up_copies)
+};
+
 struct SavedLayer {
   TensorSet x;   // block input (checkpoint)
   TensorSet xn;  // norm1 output (QKV projection input)
@@ -42,19 +50,20 @@ struct SavedLayer {
   std::vector<TensorSet> lses;
   // FPDT: per-chunk tensors kept for backward (on host when offloading).
   std::vector<TensorSet> chunk_q, chunk_kv, chunk_o, chunk_lse;
-  TensorSet h1;              // after the attention residual
-  TensorSet h1n;             // norm2 output (MLP input)
-  TensorSet gate_up;         // untiled MLP: [s, 2f]
-  TensorSet act;             // untiled MLP: [s, f] (FP8: down's column-wise FP8 copy, 1 byte)
-  TensorSet mlp_silu;        // untiled eager MLP: silu(gate) [s, f]
-  TensorSet gate_up_copies;  // a clamped GLU's clamped gate/up (GatedMlp::gate_up_copies)
+  TensorSet h1;   // after the attention residual
+  TensorSet h1n;  // norm2 output (MLP input)
+  MlpSaved mlp;   // the untiled MLP's, or the routed experts' of a mixture of experts
   // Mixture of experts (step_experts.cpp): the router's fp32 probabilities [s, E], the top-k
   // weights and indices, the rows the rank's experts computed on and their outputs [R, h].
   TensorSet router_probs, routing, expert_in, expert_out;
   TensorSet expert_weighted;  // the weighted outputs [s·k, h], where the implementation keeps them
   TensorSet combined_copy;    // the combined outputs in the weights' product's own dtype
   TensorSet router_input;     // a copy of the router's input in its own dtype
-  TensorSet out;              // block output
+  // A shared expert: its gated MLP's tensors, and with a gate its output and sigmoid score, which
+  // the gate's product keeps.
+  MlpSaved shared;
+  TensorSet shared_out, shared_score;
+  TensorSet out;     // block output
   OpSet attn_ready;  // when set, the output projection waits for it (outputs filled in place)
   OpSet first_op;
   OpSet last_op;
@@ -252,15 +261,19 @@ class StepBuilder : private OpEmitter, private KernelCosts {
   /// Gate/up GEMM, activation and down GEMM from `in` into `out`; what the backward reads goes
   /// into `sv`.
   void gated_mlp_forward(
-      SavedLayer& sv, TensorSet in, TensorSet params, bool grad, const GatedMlp& g, TensorSet out);
-  /// Its backward from `dy` into `dx` and `grads`, as one op.
-  void gated_mlp_backward(const SavedLayer& sv,
+      MlpSaved& saved, TensorSet in, TensorSet params, bool grad, const GatedMlp& g, TensorSet out);
+  /// Its backward from `dy` into `dx` and `grads`, as one op. A second MLP of the block (a shared
+  /// expert) passes `grads_exist` (its weight gradients go into the block's gradients, which the
+  /// first produced) and `dx_partial`, the input gradient its dgrad adds to.
+  void gated_mlp_backward(const MlpSaved& saved,
                           TensorSet dy,
                           TensorSet in,
                           TensorSet params,
                           TensorSet grads,
                           const GatedMlp& g,
-                          TensorSet dx);
+                          TensorSet dx,
+                          bool grads_exist = false,
+                          TensorSet dx_partial = {});
   /// Widths of f the MLP backward's gradients hold at once (3, or 1 for Liger's in-place kernel;
   /// 3 for an eager activation).
   std::int64_t mlp_grad_widths(bool eager_activation = false) const;
@@ -268,6 +281,16 @@ class StepBuilder : private OpEmitter, private KernelCosts {
   TensorSet moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet params, bool grad);
   TensorSet moe_backward(
       const SavedLayer& sv, TensorSet dy, TensorSet h1n, TensorSet params, TensorSet grads);
+  /// A shared expert beside the routed ones: the gated MLP of width f_s on every token, added
+  /// (scaled by its gate) to the routed sum `routed`; its backward returns its input gradient.
+  TensorSet shared_expert_forward(
+      SavedLayer& sv, TensorSet h1n, TensorSet params, bool grad, TensorSet routed);
+  TensorSet shared_expert_backward(const SavedLayer& sv,
+                                   TensorSet dy,
+                                   TensorSet h1n,
+                                   TensorSet params,
+                                   TensorSet grads,
+                                   TensorSet routed_dx);
   /// The implementation's traced framework calls for the block's ops emitted since `begin`: all
   /// on its first op; the ops named `sync_after` make the host wait where the implementation
   /// synchronises per expert (step_experts.cpp).

@@ -118,11 +118,13 @@ TensorSet StepBuilder::moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
       experts_.weights_inside_experts || combined_copy ? MemCategory::kOther : kept;
   TensorSet expert_out =
       b_.tensor("moe_expert_out", rows * h * a, ep ? MemCategory::kOther : combined_cat);
-  gated_mlp_forward(sv, expert_in, params, grad, expert_mlp(), expert_out);
+  gated_mlp_forward(sv.mlp, expert_in, params, grad, expert_mlp(), expert_out);
   const TensorSet combined =
       ep ? expert_exchange("moe_combine", expert_out, copies, std::max(rows, copies), combined_cat)
          : expert_out;
-  TensorSet mlp_out = b_.tensor("mlp_out", s * h * a, post_norm_input_category(grad));
+  const bool shared = m_.moe.shared_ffn_hidden > 0;  // then the shared expert's sum is the output
+  TensorSet mlp_out = b_.tensor(shared ? "moe_routed_out" : "mlp_out", s * h * a,
+                                shared ? MemCategory::kOther : post_norm_input_category(grad));
   std::vector<TensorSet> sums = {mlp_out};
   if (combined_copy && grad) {
     sv.combined_copy =
@@ -142,7 +144,62 @@ TensorSet StepBuilder::moe_forward(SavedLayer& sv, TensorSet h1n, TensorSet para
     sv.expert_in = expert_in;
     sv.expert_out = experts_.weights_inside_experts || combined_copy ? TensorSet{} : combined;
   }
-  return mlp_out;
+  return shared ? shared_expert_forward(sv, h1n, params, grad, mlp_out) : mlp_out;
+}
+
+// The shared expert (MoeSpec::shared_ffn_hidden; Qwen2-MoE's, Megatron-Core's SharedExpertMLP,
+// megatron-core 0.16.1 transformer/moe/shared_experts.py:125-135): the gated MLP of width f_s over
+// the s tokens, kept as the dense MLP keeps it; with a gate, the score sigmoid(x·w_g) [s, 1] and
+// the product score × output, whose backward reads both (the output [s, h] and the score are
+// kept); then the sum with the routed experts'. Megatron-Core's block keeps exactly those bytes
+// beyond the routed experts' (tests/models/test_megatron_moe.py).
+TensorSet StepBuilder::shared_expert_forward(
+    SavedLayer& sv, TensorSet h1n, TensorSet params, bool grad, TensorSet routed) {
+  const std::int64_t h = m_.hidden, s = shape_.local_tokens, a = shape_.activation_bytes;
+  const bool gate = m_.moe.shared_gate;
+  const MemCategory kept = grad ? MemCategory::kActivations : MemCategory::kOther;
+  TensorSet shared = b_.tensor("moe_shared_out", s * h * a, gate ? kept : MemCategory::kOther);
+  gated_mlp_forward(sv.shared, h1n, params, grad,
+                    {s, m_.moe.shared_ffn_hidden, 1, experts_.eager_expert_activation, 0}, shared);
+  TensorSet out = b_.tensor("mlp_out", s * h * a, post_norm_input_category(grad));
+  std::vector<TensorSet> outs = {out};
+  KernelCost cost = mem(3 * s * h * a);
+  if (gate) {
+    cost = plus(cost, linear_fwd(s, 1, h, grad));
+    TensorSet score = b_.tensor("moe_shared_score", s * a, kept);
+    outs.push_back(score);
+    if (grad) {
+      sv.shared_out = shared;
+      sv.shared_score = score;
+    }
+  }
+  compute("moe_shared_sum", OpKind::kElementwise, cost, {routed, shared, h1n, params},
+          std::move(outs));
+  return out;
+}
+
+// Its backward, after the routed experts' (whose gated MLP produced the block's gradients): the
+// gate's (d output = dy × score, d score = dy · output, the gate's dgrad and wgrad), then the
+// gated MLP's, whose dgrad adds to the routed experts' input gradient `routed_dx`.
+TensorSet StepBuilder::shared_expert_backward(const SavedLayer& sv,
+                                              TensorSet dy,
+                                              TensorSet h1n,
+                                              TensorSet params,
+                                              TensorSet grads,
+                                              TensorSet routed_dx) {
+  const std::int64_t h = m_.hidden, s = shape_.local_tokens, a = shape_.activation_bytes;
+  TensorSet d_shared = dy;
+  if (m_.moe.shared_gate) {
+    d_shared = b_.tensor("moe_d_shared_out", s * h * a, MemCategory::kOther);
+    compute("moe_shared_gate_bwd", OpKind::kElementwise,
+            plus(mem(3 * s * h * a), linear_bwd(s, 1, h)),
+            {dy, sv.shared_out, sv.shared_score, h1n, params, grads}, {d_shared});
+  }
+  TensorSet dx = b_.tensor("dh1n", s * h * a, MemCategory::kOther);
+  gated_mlp_backward(sv.shared, d_shared, h1n, params, grads,
+                     {s, m_.moe.shared_ffn_hidden, 1, experts_.eager_expert_activation, 0}, dx,
+                     true, routed_dx);
+  return dx;
 }
 
 TensorSet StepBuilder::moe_backward(
@@ -171,7 +228,7 @@ TensorSet StepBuilder::moe_backward(
                                                       std::max(rows, copies), MemCategory::kOther)
                                     : d_combined;
   TensorSet d_expert_in = b_.tensor("moe_d_expert_in", rows * h * a, MemCategory::kOther);
-  gated_mlp_backward(sv, d_expert_out, sv.expert_in, params, grads, expert_mlp(), d_expert_in);
+  gated_mlp_backward(sv.mlp, d_expert_out, sv.expert_in, params, grads, expert_mlp(), d_expert_in);
   const TensorSet d_permuted = ep ? expert_exchange("moe_dispatch_bwd", d_expert_in, copies,
                                                     std::max(rows, copies), MemCategory::kOther)
                                   : d_expert_in;
@@ -184,7 +241,8 @@ TensorSet StepBuilder::moe_backward(
           {d_permuted, d_weights, sv.router_probs, sv.routing, sv.router_input, h1n, params, grads},
           {dh1n}, {}, s * experts * (kFp32Bytes + a));
   issue_block_calls(begin, experts_.backward_calls, kNone);
-  return dh1n;
+  return m_.moe.shared_ffn_hidden > 0 ? shared_expert_backward(sv, dy, h1n, params, grads, dh1n)
+                                      : dh1n;
 }
 
 }  // namespace cpsim::sim::detail

@@ -28,7 +28,8 @@ INT = {"--num-layers": "num_layers", "--hidden-size": "hidden_size",
        "--context-parallel-size": "context_parallel_size",
        "--recompute-num-layers": "recompute_num_layers", "--num-experts": "num_moe_experts",
        "--moe-router-topk": "moe_router_topk", "--moe-ffn-hidden-size": "moe_ffn_hidden_size",
-       "--expert-model-parallel-size": "expert_model_parallel_size"}
+       "--expert-model-parallel-size": "expert_model_parallel_size",
+       "--moe-shared-expert-intermediate-size": "moe_shared_expert_intermediate_size"}
 STR = {"--normalization": "normalization", "--recompute-granularity": "recompute_granularity",
        "--recompute-method": "recompute_method",
        "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
@@ -39,7 +40,8 @@ FLOAT = {"--attention-dropout": "attention_dropout", "--hidden-dropout": "hidden
          "--activation-func-clamp-value": "activation_func_clamp_value"}
 TRUE = {"--qk-layernorm": "qk_layernorm", "--sequence-parallel": "sequence_parallel",
         "--bf16": "bf16", "--fp16": "fp16", "--moe-grouped-gemm": "moe_grouped_gemm",
-        "--moe-router-pre-softmax": "moe_router_pre_softmax", "--add-qkv-bias": "add_qkv_bias"}
+        "--moe-router-pre-softmax": "moe_router_pre_softmax", "--add-qkv-bias": "add_qkv_bias",
+        "--moe-shared-expert-gate": "moe_shared_expert_gate"}
 FALSE = {"--disable-bias-linear": "add_bias_linear", "--no-rope-fusion": "apply_rope_fusion",
          "--no-bias-swiglu-fusion": "bias_activation_fusion",
          "--no-bias-gelu-fusion": "bias_activation_fusion",
@@ -202,6 +204,8 @@ def check(path: str, gpus: int) -> dict:
                 rep["experts"] = {
                     "num_moe_experts": tc.num_moe_experts, "topk": tc.moe_router_topk,
                     "ffn_hidden": tc.moe_ffn_hidden_size, "pre_softmax": tc.moe_router_pre_softmax,
+                    "shared_ffn_hidden": tc.moe_shared_expert_intermediate_size,
+                    "shared_gate": tc.moe_shared_expert_gate,
                     "dispatcher": tc.moe_token_dispatcher_type,
                     "ep_group": ps.get_expert_model_parallel_world_size(),
                     "expert_data_parallel": ps.get_expert_data_parallel_world_size()}

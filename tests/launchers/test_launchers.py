@@ -131,7 +131,29 @@ def test_megatron_runs_the_experts_as_simulated(tmp_path):
     assert " ep8" in planned["label"], planned["label"]
     assert report["experts"] == {
         "num_moe_experts": 128, "topk": 8, "ffn_hidden": 768, "pre_softmax": False,
+        "shared_ffn_hidden": None, "shared_gate": False,
         "dispatcher": "alltoall", "ep_group": 8, "expert_data_parallel": 2}
+
+
+def test_megatron_runs_a_gated_shared_expert(tmp_path):
+    """A Qwen2-MoE config (a shared expert behind a sigmoid gate, q/k/v biases): megatron-core's
+    config gets the shared expert's width and gate, and the q/k/v biases only."""
+    config = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
+              "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+              "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+              "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 151936,
+              "rms_norm_eps": 1e-6, "hidden_act": "silu", "max_position_embeddings": 8192,
+              "tie_word_embeddings": False, "use_sliding_window": False}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    planned, report = checked_file("megatron_launcher.py", "megatron",
+                                   ["--model", str(path), "--seq", "64K", "--ep", "4"],
+                                   tmp_path / "megatron.sh", 16, tmp_path)
+    assert " ep4" in planned["label"], planned["label"]
+    e = report["experts"]
+    assert (e["num_moe_experts"], e["topk"], e["ffn_hidden"]) == (60, 4, 1408)
+    assert (e["shared_ffn_hidden"], e["shared_gate"]) == (5632, True)
+    assert report["add_qkv_bias"] and not report["add_bias_linear"]
 
 
 def test_megatron_runs_gpt_oss_as_simulated(tmp_path):

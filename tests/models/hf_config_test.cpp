@@ -284,10 +284,23 @@ TEST(HfConfig, Qwen3MoeExpertsAndItsDenseLayersRefused) {
   json no_experts = qwen3_moe_config();
   no_experts.erase("moe_intermediate_size");
   EXPECT_EQ(error_field(no_experts), "llama.json:moe_intermediate_size");
-  // Qwen2-MoE (shared experts) and DeepSeek (MLA) stay refused by model_type.
+  // Qwen2-MoE: a gated shared expert (required width), q/k/v biases by `qkv_bias`.
   json qwen2 = qwen3_moe_config();
   qwen2["model_type"] = "qwen2_moe";
-  EXPECT_EQ(error_field(qwen2), "llama.json:num_experts");
+  EXPECT_EQ(error_field(qwen2), "llama.json:shared_expert_intermediate_size");
+  qwen2["shared_expert_intermediate_size"] = 5632;
+  const TransformerSpec shared = parse(qwen2);
+  EXPECT_EQ(shared.moe.shared_ffn_hidden, 5632);
+  EXPECT_TRUE(shared.moe.shared_gate);
+  EXPECT_TRUE(shared.qkv_bias);
+  EXPECT_FALSE(shared.output_proj_bias);
+  EXPECT_FALSE(shared.qk_norm);
+  qwen2["qkv_bias"] = false;
+  EXPECT_FALSE(parse(qwen2).qkv_bias);
+  // DeepSeek (MLA) stays refused: its experts' keys first.
+  json deepseek = qwen3_moe_config();
+  deepseek["model_type"] = "deepseek_v3";
+  EXPECT_EQ(error_field(deepseek), "llama.json:num_experts");
 }
 
 /// The layers of `spec` with a window, as 'S' and 'F' per layer.

@@ -104,6 +104,26 @@ COUNTED = [
     ("mistral", {"attention_bias": True}),
     # gpt-oss: q/k/v/o biases, a sink per head, a router and experts with biases.
     ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # Qwen2-MoE: a shared expert behind a sigmoid gate, q/k/v biases (qkv_bias, default true).
+    (
+        "qwen2_moe",
+        {
+            "num_experts": 6,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 48,
+            "shared_expert_intermediate_size": 96,
+        },
+    ),
+    (
+        "qwen2_moe",
+        {
+            "num_experts": 6,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 48,
+            "shared_expert_intermediate_size": 96,
+            "qkv_bias": False,
+        },
+    ),
 ]
 # Mixture-of-experts blocks traced: (model_type, keys, cpsim's MoeSpec::renormalize).
 EXPERT_BLOCKS = [
@@ -191,20 +211,23 @@ def test_cpsim_counts_the_parameters_transformers_builds(model_type, keys, tmp_p
     assert json.loads(r.stdout)["model"]["parameters"] == built
 
 
-def test_the_builtin_gpt_oss_has_the_parameters_transformers_builds():
-    """openai/gpt-oss-120b as transformers 4.57.6 builds it (on the meta device): 116,829,156,672
-    parameters, cpsim's count of its built-in file."""
+@pytest.mark.parametrize(
+    "name,parameters", [("gpt-oss-120b", 116_829_156_672), ("gpt-oss-20b", 20_914_757_184)]
+)
+def test_the_builtin_gpt_oss_has_the_parameters_transformers_builds(name, parameters):
+    """openai/gpt-oss-120b and -20b as transformers 4.57.6 builds them (on the meta device): the
+    parameters cpsim counts in its built-in files."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    with open(os.path.join(ROOT, "data", "models", "gpt-oss-120b.json")) as f:
+    with open(os.path.join(ROOT, "data", "models", f"{name}.json")) as f:
         keys = {k: v for k, v in json.load(f).items() if k not in ("name", "source")}
     config = AutoConfig.for_model(**keys)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     built = sum(p.numel() for p in model.parameters())
-    r = subprocess.run([CPSIM, "models", "gpt-oss-120b", "--json"], capture_output=True, text=True)
+    r = subprocess.run([CPSIM, "models", name, "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["model"]["parameters"] == built == 116_829_156_672
+    assert json.loads(r.stdout)["model"]["parameters"] == built == parameters
 
 
 def traced_expert_bytes(model_type, keys, tokens):

@@ -81,13 +81,14 @@ def one_rank(tmp_path_factory):
         setattr(torch.cuda, name, value)
 
 
-def megatron_saved_bytes(experts, top_k, hidden, ffn, tokens):
+def megatron_saved_bytes(experts, top_k, hidden, ffn, tokens, shared=0, gate=False):
     import megatron.core.transformer.moe.moe_utils as moe_utils
     import torch.nn.functional as F
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
     from megatron.core.transformer.mlp import MLPSubmodules
     from megatron.core.transformer.moe.experts import SequentialMLP
     from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
+    from megatron.core.transformer.moe.shared_experts import SharedExpertMLP
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -112,13 +113,14 @@ def megatron_saved_bytes(experts, top_k, hidden, ffn, tokens):
         bf16=True,
         moe_grouped_gemm=False,
         gradient_accumulation_fusion=False,
+        moe_shared_expert_intermediate_size=shared or None,
+        moe_shared_expert_gate=gate,
     )
-    spec = ModuleSpec(
-        module=SequentialMLP,
-        submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
-    )
+    linears = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
+    spec = ModuleSpec(module=SequentialMLP, submodules=linears)
+    shared_spec = ModuleSpec(module=SharedExpertMLP, submodules=linears) if shared else None
     torch.manual_seed(0)
-    layer = MoELayer(config, MoESubmodules(experts=spec, shared_experts=None))
+    layer = MoELayer(config, MoESubmodules(experts=spec, shared_experts=shared_spec))
     x = torch.randn(tokens, 1, hidden, dtype=torch.bfloat16, requires_grad=True)
     storages = {}
 
@@ -153,6 +155,18 @@ def test_cpsim_keeps_what_megatron_core_moe_saves(one_rank, experts, top_k, hidd
         + copies * 3 * ffn * a  # fc1's output [R, 2f] and the weighted SwiGLU's [R, f]
     )
     assert megatron_saved_bytes(experts, top_k, hidden, ffn, tokens) == expected
+
+
+@pytest.mark.parametrize("gate", [False, True])
+def test_cpsim_keeps_what_megatron_core_shared_experts_save(one_rank, gate):
+    """A shared expert (SharedExpertMLP) beside the routed ones keeps its gated MLP's gate/up and
+    product over every token; with its sigmoid gate, also its output [s, h] and the score [s, 1]
+    that the gate's product reads (step_experts.cpp shared_expert_forward)."""
+    experts, top_k, hidden, ffn, shared, tokens, a = 8, 2, 64, 48, 80, 512, 2
+    routed = megatron_saved_bytes(experts, top_k, hidden, ffn, tokens)
+    both = megatron_saved_bytes(experts, top_k, hidden, ffn, tokens, shared=shared, gate=gate)
+    expected = tokens * 3 * shared * a + (tokens * (hidden + 1) * a if gate else 0)
+    assert both - routed == expected
 
 
 def saved_storages(fn):

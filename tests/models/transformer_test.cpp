@@ -130,6 +130,12 @@ TEST(ParameterCount, BiasesAndSinksByHand) {
 TEST(ParameterCount, GptOss120bIsExact) {
   const TransformerSpec spec = load_model("gpt-oss-120b", test_data());
   EXPECT_EQ(count_parameters(spec).total, 116'829'156'672);
+  // gpt-oss-20b: 24 layers of 32 experts; the model card's 20.91 B total, 3.61 B active without
+  // the input embedding (24 layers × 28 idle experts × 24,891,840 weights and biases each).
+  const ParameterCount small = count_parameters(load_model("gpt-oss-20b", test_data()));
+  EXPECT_EQ(small.total, 20'914'757'184);
+  EXPECT_EQ(small.total - 24 * 28 * (small.experts_per_layer / 32) - small.embedding,
+            3'608'307'264);
 }
 
 TEST(ModelStepFlops, TinyModelByHand) {

@@ -181,6 +181,19 @@ TEST(Experts, ABlockKeepsTheRouterAndTheExpertsInputsAndOutputs) {
   ScheduleInputs clamped = megatron;
   clamped.model.activation = models::ActivationKind::kClampedQuickGeGlu;
   EXPECT_EQ(kept_beyond_dense(clamped) - kept_beyond_dense(megatron), 48 * s * k * 2 * f * a);
+
+  // A shared expert of width f_s behind a sigmoid gate (Qwen2-MoE's, Megatron-Core's
+  // SharedExpertMLP): its gated MLP's tensors over the s tokens, and for the gate's product its
+  // output [s, h] and score [s, 1] (tests/models/test_megatron_moe.py traces the same bytes).
+  ScheduleInputs shared = megatron;
+  const std::int64_t fs = 1536;
+  shared.model.moe.shared_ffn_hidden = fs;
+  shared.model.moe.shared_gate = true;
+  const std::int64_t silu = shared.recipe.mlp_kernel == models::MlpKernel::kEager ? 1 : 0;
+  const std::int64_t shared_block = s * (3 + silu) * fs * a + s * (h + 1) * a;
+  EXPECT_EQ(kept_beyond_dense(shared) - kept_beyond_dense(megatron), 48 * shared_block);
+  shared.model.moe.shared_gate = false;
+  EXPECT_EQ(kept_beyond_dense(shared) - kept_beyond_dense(megatron), 48 * s * (3 + silu) * fs * a);
 }
 
 TEST(Experts, TheHuggingFaceLoopIssuesItsTracedCallsAndWaitsPerExpert) {
@@ -219,6 +232,14 @@ TEST(Experts, RepeatedBlocksEqualBlocksBuiltOneByOne) {
   hf.model.kv_heads = 8;
   hf.parallel.implementation = "deepspeed-ulysses";
   test::expect_repeated_blocks_equal_oracle(hf);
+  ScheduleInputs shared = moe_inputs(4);  // a gated shared expert under Megatron-Core
+  shared.model.kv_heads = 8;
+  shared.parallel.implementation = "megatron-core-cp";
+  shared.model.moe.shared_ffn_hidden = 1024;
+  shared.model.moe.shared_gate = true;
+  test::expect_repeated_blocks_equal_oracle(shared);
+  shared.recipe.checkpointing = models::CheckpointMode::kFull;
+  test::expect_repeated_blocks_equal_oracle(shared);
 }
 
 Quantity refusal(const ScheduleInputs& in) {
@@ -262,6 +283,11 @@ TEST(Experts, WhatIsNotModelledIsRefused) {
   clamped_dense.parallel.ep_degree = 1;
   clamped_dense.model.activation = models::ActivationKind::kClampedQuickGeGlu;
   EXPECT_EQ(refusal(clamped_dense), Quantity::kExperts);
+  // A shared expert where the implementation's handling of one was not read.
+  ScheduleInputs titan_shared = moe_inputs(1);
+  titan_shared.parallel.implementation = "torch-native-cp";
+  titan_shared.model.moe.shared_ffn_hidden = 1024;
+  EXPECT_EQ(refusal(titan_shared), Quantity::kExperts);
   ScheduleInputs upipe = moe_inputs(1, CpMethod::kUPipe);
   upipe.model.kv_heads = 8;
   upipe.parallel.implementation = "untied-ulysses-upipe";

@@ -159,6 +159,16 @@ void expert_args(const Plan& p, Args& a) {
   if (!m.moe.renormalize) {
     a.push_back({"--moe-router-pre-softmax"});
   }
+  // A shared expert (megatron-core 0.16.1 TransformerConfig moe_shared_expert_intermediate_size,
+  // moe_shared_expert_gate: SharedExpertMLP's sigmoid gate; Megatron-LM d98e8a6 builds the
+  // config's flags from its fields, arguments.py:2373).
+  if (m.moe.shared_ffn_hidden > 0) {
+    a.push_back(
+        {"--moe-shared-expert-intermediate-size", fmt::format("{}", m.moe.shared_ffn_hidden)});
+    if (m.moe.shared_gate) {
+      a.push_back({"--moe-shared-expert-gate"});
+    }
+  }
   a.push_back({"--moe-token-dispatcher-type", "alltoall"});
   a.push_back({"--moe-grouped-gemm"});
   a.push_back({"--moe-router-load-balancing-type", "none"});

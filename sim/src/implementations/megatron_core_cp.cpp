@@ -135,7 +135,8 @@ class MegatronCoreCp final : public Implementation {
   // is the renormalisation. gpt-oss's clamped GLU (weighted_bias_quick_geglu_impl with a clamp,
   // fusions/fused_bias_geglu.py): the clamps keep gate/up (their input) and the fused function
   // the concatenated clamped halves, one more [s·k, 2f] (traced: test_megatron_moe.py); the expert
-  // output bias (TEGroupedMLP._apply_bias) keeps nothing beyond its inputs.
+  // output bias (TEGroupedMLP._apply_bias) keeps nothing beyond its inputs. Shared experts:
+  // SharedExpertMLP (moe/shared_experts.py:125-135), traced in the same test.
   ExpertSupport experts(models::CpMethod /*m*/) const override {
     return {.runs = true,
             .expert_parallel = true,
@@ -147,7 +148,8 @@ class MegatronCoreCp final : public Implementation {
             .routing_bytes_per_copy = 22,
             .keeps_renormalisation = false,
             .weights_inside_experts = true,
-            .clamped_glu_copies = 1};
+            .clamped_glu_copies = 1,
+            .runs_shared_experts = true};
   }
   // TransformerEngine v2.11 (megatron-core 0.16.1 takes TE >= 2.9, < 2.12) context_parallel.py:
   // 4023-4029 asserts `not sliding_window_attn or cp_comm_type in ["a2a", "all_gather"]`; a2a

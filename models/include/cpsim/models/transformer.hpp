@@ -26,8 +26,10 @@ enum class LayerAttention : std::uint8_t { kFull, kSliding };
 /// Qwen3MoeSparseMoeBlock): a router Linear [h → E] without bias scores the experts, each token
 /// goes to its top k, each expert is a gated MLP of width `expert_ffn_hidden` (as the dense one),
 /// and the token's output is the routing-weighted sum of its k experts' outputs. Every layer's MLP
-/// is one when `experts` > 0; no shared experts. gpt-oss (GptOssMLP) adds biases to the router
-/// and to every expert's linears (`biases`).
+/// is one when `experts` > 0. gpt-oss (GptOssMLP) adds biases to the router and to every expert's
+/// linears (`biases`); Qwen2-MoE (Qwen2MoeSparseMoeBlock) adds a shared expert, a gated MLP of
+/// width `shared_ffn_hidden` on every token whose output, scaled by sigmoid(x·w_g) where
+/// `shared_gate`, joins the routed experts' sum.
 struct MoeSpec {
   std::int64_t experts = 0;            ///< routed experts E; 0: a dense MLP
   std::int64_t experts_per_token = 0;  ///< k (top-k)
@@ -37,6 +39,8 @@ struct MoeSpec {
   bool renormalize = false;
   /// The router [E] and each expert's linears (gate and up [2·f_e], down [h]) carry biases.
   bool biases = false;
+  std::int64_t shared_ffn_hidden = 0;  ///< the shared expert's width; 0: none
+  bool shared_gate = false;            ///< a sigmoid gate Linear(h, 1) scales the shared expert
   bool operator==(const MoeSpec&) const = default;
 };
 
@@ -115,7 +119,8 @@ struct TransformerSpec {
 ///              qk_norm) (+ H sinks)
 ///   mlp        = 3·h·f (gate, up, down), every gated activation alike; a mixture of experts
 ///                E·3·h·f_e (the experts) + h·E (the router), with MoeSpec::biases
-///                + E·(2·f_e + h) (the experts' biases) + E (the router's)
+///                + E·(2·f_e + h) (the experts' biases) + E (the router's), with a shared expert
+///                + 3·h·f_s (+ h for its gate)
 ///   norms      = 2·h per layer (RMSNorm weight; LayerNorm adds a bias: 4·h), twice that with
 ///                post_sublayer_norms
 ///   embeddings = V·h, plus V·h for the LM head unless tied, plus h for the final norm (neither

@@ -213,6 +213,9 @@ struct ExpertSupport {
   /// read (refused), else the copies of gate/up [s·k, 2·f] it keeps beyond gate/up itself
   /// (Megatron-Core's clamp keeps its input and the fused GLU the clamped concatenation: 1).
   std::int64_t clamped_glu_copies = -1;
+  /// Its block runs a shared expert (MoeSpec::shared_ffn_hidden) as step_experts.cpp does; false:
+  /// not read (refused).
+  bool runs_shared_experts = false;
   /// Framework calls its block makes, traced where it loops over the experts in Python (0: one
   /// per kernel, as the builders count them): per layer `block` + `per_expert` × experts, with
   /// `renormalize` more when the top-k weights are renormalised (MoeSpec::renormalize).
