@@ -78,12 +78,29 @@ nlohmann::json shape_json(const models::TransformerSpec& m) {
           {"vocab", m.vocab},       {"tied_embeddings", m.tied_embeddings}};
 }
 
+// A layer's attention as transformers' layer_types spells it, and as one letter.
+struct LayerKindName {
+  const char* type;
+  char letter;
+};
+
+LayerKindName layer_kind_name(models::LayerAttention a) {
+  switch (a) {
+    case models::LayerAttention::kSliding:
+      return {"sliding_attention", 'S'};
+    case models::LayerAttention::kChunked:
+      return {"chunked_attention", 'C'};
+    case models::LayerAttention::kFull:
+      break;
+  }
+  return {"full_attention", 'F'};
+}
+
 // Each layer's attention as transformers' layer_types spells it.
 std::vector<std::string> layer_types(const models::TransformerSpec& m) {
   std::vector<std::string> out;
   for (std::int64_t l = 0; l < m.layers; ++l) {
-    out.emplace_back(m.attention_of(l) == models::LayerAttention::kSliding ? "sliding_attention"
-                                                                           : "full_attention");
+    out.emplace_back(layer_kind_name(m.attention_of(l)).type);
   }
   return out;
 }
@@ -118,6 +135,8 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
          {"rope_theta", m.rope_theta},
          {"max_position_embeddings", m.max_position_embeddings},
          {"sliding_window", window},
+         {"attention_chunk_size",
+          m.chunked_layers() > 0 ? nlohmann::json(m.attention_chunk) : nlohmann::json(nullptr)},
          {"layer_types", layer_types(m)},
          {"parameters", p.total},
          {"active_parameters_per_token", active_parameters(m, p)},
@@ -152,17 +171,21 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
         m.moe.biases ? ", router and expert biases" : shared_expert_clause(m),
         active_parameters(m, p), static_cast<double>(active_parameters(m, p)) / 1e9);
   }
-  if (m.windowed_layers() == 0) {
-    std::cout << "  attention: causal over the whole sequence in every layer\n";
-  } else {
-    std::string pattern;
-    for (std::int64_t l = 0; l < m.layers; ++l) {
-      pattern += m.attention_of(l) == models::LayerAttention::kSliding ? 'S' : 'F';
-    }
+  std::string pattern;
+  for (std::int64_t l = 0; l < m.layers; ++l) {
+    pattern += layer_kind_name(m.attention_of(l)).letter;
+  }
+  if (m.windowed_layers() > 0) {
     std::cout << fmt::format(
         "  attention: {} of {} layers within a {}-token sliding window (S), the others causal "
         "(F): {}\n",
         m.windowed_layers(), m.layers, m.sliding_window, pattern);
+  } else if (m.chunked_layers() > 0) {
+    std::cout << fmt::format(
+        "  attention: {} of {} layers within {}-token chunks (C), the others causal (F): {}\n",
+        m.chunked_layers(), m.layers, m.attention_chunk, pattern);
+  } else {
+    std::cout << "  attention: causal over the whole sequence in every layer\n";
   }
   for (const std::string& note : m.notes) {
     std::cout << fmt::format("  note: {}\n", note);
@@ -451,10 +474,12 @@ nlohmann::json attention_features_json(const sim::Implementation& impl) {
   nlohmann::json out = nlohmann::json::object();
   for (const models::CpMethod m : impl.methods()) {
     const sim::WindowSupport w = impl.sliding_window(m);
-    const sim::SinkSupport s = impl.attention_sinks(m);
+    const sim::FeatureSupport s = impl.attention_sinks(m);
     out[models::to_string(m)] = {
         {"sliding_window", {{"runs", w.passes_window}, {"source", w.source}}},
-        {"attention_sinks", {{"runs", s.runs}, {"source", s.source}}}};
+        {"attention_sinks", {{"runs", s.runs}, {"source", s.source}}},
+        {"chunked_attention",
+         {{"runs", impl.chunked_attention(m).runs}, {"source", impl.chunked_attention(m).source}}}};
   }
   return out;
 }

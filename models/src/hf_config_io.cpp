@@ -48,9 +48,14 @@ bool is_zero_or_false(const Json& value) {
 
 class HfReader {
  public:
-  HfReader(const Json& root, const std::string& origin) : root_(root), origin_(origin) {}
+  /// `prefix`: the path of `root` inside the file ("text_config." for a multimodal config's text
+  /// model), so that fields are named as the file holds them.
+  HfReader(const Json& root, const std::string& origin, std::string prefix = "")
+      : root_(root), origin_(origin), prefix_(std::move(prefix)) {}
 
-  std::string field(std::string_view key) const { return json_field(origin_, std::string(key)); }
+  std::string field(std::string_view key) const {
+    return json_field(origin_, prefix_ + std::string(key));
+  }
 
   const Json& required(std::string_view key) const {
     const auto it = root_.find(key);
@@ -67,10 +72,16 @@ class HfReader {
     return json_integer(required(key), field(key));
   }
   const Json* optional(std::string_view key) const { return find_member(root_, key); }
+  /// The key is present with a null value (optional() treats that as absent).
+  bool is_null(std::string_view key) const {
+    const auto it = root_.find(key);
+    return it != root_.end() && it->is_null();
+  }
 
  private:
   const Json& root_;
   const std::string& origin_;
+  std::string prefix_;
 };
 
 // Whether a model's MLP is gated comes from its code, not from `hidden_act`: transformers'
@@ -93,6 +104,12 @@ constexpr std::string_view kGemma3Text = "gemma3_text";
 // layer), attention biases always (`self.attention_bias = True`), sinks in every attention
 // (modeling_gpt_oss.py:298).
 constexpr std::string_view kGptOss = "gpt_oss";
+// Llama 4's text model (transformers 4.57.6 models/llama4): Llama4TextConfig's defaults
+// (configuration_llama4.py:310-394): chunks of 8192 on the layers with RoPE, a NoPE layer every
+// 4th; every `interleave_moe_layer_step`-th layer a mixture of experts (Scout: every layer).
+constexpr std::string_view kLlama4Text = "llama4_text";
+constexpr std::int64_t kLlama4DefaultChunk = 8192;
+constexpr std::int64_t kLlama4DefaultNoRopeInterval = 4;
 constexpr std::int64_t kGptOssDefaultWindow = 128;
 constexpr std::int64_t kGemma3DefaultWindow = 4096;
 constexpr std::int64_t kGemma3DefaultPattern = 6;  // `sliding_window_pattern`
@@ -169,7 +186,73 @@ std::int64_t read_window(const HfReader& hf, const std::string& model_type) {
   return w;
 }
 
+// Llama 4's chunked layers: `layer_types` ("chunked_attention", "full_attention"), else the
+// layers with RoPE (`no_rope_layers`, 1 = RoPE; default every layer but each 4th), in chunks of
+// `attention_chunk_size` (null: transformers' create_chunked_causal_mask raises,
+// masking_utils.py:986-988).
+void read_chunked_layers(const HfReader& hf, TransformerSpec& spec) {
+  std::int64_t chunk = kLlama4DefaultChunk;
+  if (hf.is_null("attention_chunk_size")) {
+    throw InputError(hf.field("attention_chunk_size"),
+                     "null: transformers' Llama 4 needs a chunk for its chunked layers "
+                     "(masking_utils.py:986-988)");
+  }
+  if (const Json* value = hf.optional("attention_chunk_size")) {
+    chunk = json_integer(*value, hf.field("attention_chunk_size"));
+  }
+  if (chunk <= 0) {
+    throw InputError(hf.field("attention_chunk_size"),
+                     fmt::format("must be positive, got {}", chunk));
+  }
+  const auto n = static_cast<std::size_t>(spec.layers);
+  std::vector<LayerAttention> layers;
+  if (const Json* types = hf.optional("layer_types")) {
+    if (!types->is_array() || types->size() != n) {
+      throw InputError(hf.field("layer_types"),
+                       fmt::format("must list one type per layer ({})", spec.layers));
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::string field = hf.field(fmt::format("layer_types[{}]", i));
+      const std::string type = json_string((*types)[i], field);
+      if (type != "chunked_attention" && type != "full_attention") {
+        throw InputError(field, fmt::format("layer type \"{}\" is not modelled for Llama 4: "
+                                            "\"chunked_attention\" and \"full_attention\"",
+                                            type));
+      }
+      layers.push_back(type == "chunked_attention" ? LayerAttention::kChunked
+                                                   : LayerAttention::kFull);
+    }
+  } else {
+    const Json* rope = hf.optional("no_rope_layers");
+    std::int64_t interval = kLlama4DefaultNoRopeInterval;
+    if (const Json* value = hf.optional("no_rope_layer_interval")) {
+      interval = json_integer(*value, hf.field("no_rope_layer_interval"));
+    }
+    if (interval <= 0) {
+      throw InputError(hf.field("no_rope_layer_interval"),
+                       fmt::format("must be positive, got {}", interval));
+    }
+    const bool listed = rope != nullptr && rope->is_array() && !rope->empty();
+    if (listed && rope->size() != n) {
+      throw InputError(hf.field("no_rope_layers"),
+                       fmt::format("must list one flag per layer ({})", spec.layers));
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const bool uses_rope =
+          listed ? json_integer((*rope)[i], hf.field(fmt::format("no_rope_layers[{}]", i))) != 0
+                 : (static_cast<std::int64_t>(i) + 1) % interval != 0;
+      layers.push_back(uses_rope ? LayerAttention::kChunked : LayerAttention::kFull);
+    }
+  }
+  spec.attention_chunk = chunk;
+  spec.layer_attention = std::move(layers);
+}
+
 void read_attention_layers(const HfReader& hf, TransformerSpec& spec) {
+  if (spec.model_type == kLlama4Text) {
+    read_chunked_layers(hf, spec);
+    return;
+  }
   const Json* types = hf.optional("layer_types");
   const std::int64_t window = read_window(hf, spec.model_type);
   std::vector<LayerAttention> layers;
@@ -262,11 +345,51 @@ void read_attention_layers(const HfReader& hf, TransformerSpec& spec) {
 //   qwen2_moe  Qwen2MoeSparseMoeBlock (modeling_qwen2_moe.py:590-650): as Qwen3-MoE, plus a shared
 //              expert of width `shared_expert_intermediate_size` on every token, its output
 //              scaled by sigmoid(shared_expert_gate(x)) (:602-603, 643-646).
-constexpr std::array<std::string_view, 4> kMoeModelTypes = {"mixtral", "qwen3_moe", "qwen2_moe",
-                                                            kGptOss};
+//   llama4_text Llama4TextMoe (modeling_llama4.py:147-165): `num_local_experts` experts of width
+//              `intermediate_size`, top `num_experts_per_tok` by sigmoid scores (not
+//              renormalised), and a shared expert of the same width without a gate
+//              (Llama4TextMLP(config), :79-84, 155); dense layers (`intermediate_size_mlp`) where
+//              `moe_layers` leaves them (:380-384), refused.
+constexpr std::array<std::string_view, 5> kMoeModelTypes = {"mixtral", "qwen3_moe", "qwen2_moe",
+                                                            kGptOss, kLlama4Text};
+
+// Llama 4's experts: every layer sparse (Scout), the shared expert as wide as a routed one.
+void read_llama4_moe(const HfReader& hf, TransformerSpec& spec) {
+  spec.moe.experts = hf.required_int("num_local_experts");
+  spec.moe.expert_ffn_hidden = spec.ffn_hidden;
+  spec.moe.shared_ffn_hidden = spec.ffn_hidden;
+  if (const Json* step = hf.optional("interleave_moe_layer_step");
+      step != nullptr && json_integer(*step, hf.field("interleave_moe_layer_step")) != 1) {
+    throw InputError(hf.field("interleave_moe_layer_step"),
+                     "dense layers between sparse ones are not modelled: every layer's MLP must "
+                     "be a mixture of experts (1, as Llama-4-Scout)");
+  }
+  if (const Json* layers = hf.optional("moe_layers"); layers != nullptr && !layers->is_null()) {
+    const bool all = layers->is_array() && static_cast<std::int64_t>(layers->size()) == spec.layers;
+    for (std::size_t i = 0; all && i < layers->size(); ++i) {
+      if (json_integer((*layers)[i], hf.field(fmt::format("moe_layers[{}]", i))) !=
+          static_cast<std::int64_t>(i)) {
+        throw InputError(hf.field("moe_layers"), "dense layers among sparse ones are not modelled");
+      }
+    }
+    if (!all) {
+      throw InputError(hf.field("moe_layers"),
+                       fmt::format("dense layers among sparse ones are not modelled: list all {} "
+                                   "layers",
+                                   spec.layers));
+    }
+  }
+  if (const Json* noise = hf.optional("router_jitter_noise");
+      noise != nullptr && json_number(*noise, hf.field("router_jitter_noise")) != 0.0) {
+    throw InputError(hf.field("router_jitter_noise"),
+                     "the router's training noise is not modelled");
+  }
+}
 
 void read_moe(const HfReader& hf, TransformerSpec& spec) {
-  if (spec.model_type == kGptOss) {
+  if (spec.model_type == kLlama4Text) {
+    read_llama4_moe(hf, spec);
+  } else if (spec.model_type == kGptOss) {
     spec.moe.experts = hf.required_int("num_local_experts");
     spec.moe.expert_ffn_hidden = spec.ffn_hidden;
     spec.moe.renormalize = true;  // softmax over the top k logits, modeling_gpt_oss.py:156
@@ -304,7 +427,9 @@ void read_moe(const HfReader& hf, TransformerSpec& spec) {
   }
   spec.moe.experts_per_token = hf.required_int("num_experts_per_tok");
   if (spec.moe.experts <= 0) {
-    throw InputError(hf.field(spec.model_type == "qwen3_moe" ? "num_experts" : "num_local_experts"),
+    throw InputError(hf.field(spec.model_type == "qwen3_moe" || spec.model_type == "qwen2_moe"
+                                  ? "num_experts"
+                                  : "num_local_experts"),
                      fmt::format("must be positive, got {}", spec.moe.experts));
   }
 }
@@ -364,6 +489,24 @@ void read_gemma3_text(const HfReader& hf, TransformerSpec& spec) {
   }
 }
 
+// Llama 4's text model: what its block does beyond the modelled ones, printed as notes.
+void read_llama4_text(const HfReader& hf, TransformerSpec& spec) {
+  if (const Json* act = hf.optional("hidden_act")) {
+    spec.activation = parse_activation(json_string(*act, hf.field("hidden_act")), spec.model_type,
+                                       hf.field("hidden_act"));
+  }
+  const Json* qk = hf.optional("use_qk_norm");
+  if (qk == nullptr || json_bool(*qk, hf.field("use_qk_norm"))) {
+    spec.notes.emplace_back(
+        "Llama 4: the weightless L2 norm of q and k on its RoPE layers (Llama4TextL2Norm, an fp32 "
+        "elementwise pass) is not modelled");
+  }
+  spec.notes.emplace_back(
+      "Llama 4: its router's sigmoid scores multiply each expert's input, and its NoPE layers "
+      "skip RoPE and scale q by a temperature; modelled as the top-k block and RoPE on every "
+      "layer");
+}
+
 // Which attention projections carry biases is each model type's code, not always the config
 // (transformers 4.57.6 modeling_<type>.py, the q_proj and o_proj Linears):
 //   - q, k, v and o with `attention_bias` (default false): Llama and the models built as it;
@@ -372,9 +515,9 @@ void read_gemma3_text(const HfReader& hf, TransformerSpec& spec) {
 //   - none, whatever `attention_bias` says: Mistral, Mixtral, Ministral, Phi-3;
 //   - always all four: gpt-oss (GptOssConfig sets attention_bias = True).
 // Another type with `attention_bias` true is refused: its projections were not read.
-constexpr std::array<std::string_view, 11> kBiasFromKeyTypes = {
-    "llama", "qwen3", "qwen3_moe", "gemma",  "gemma2", kGemma3Text,
-    "olmo",  "olmo2", "granite",   "cohere", ""};
+constexpr std::array<std::string_view, 12> kBiasFromKeyTypes = {
+    "llama", "qwen3", "qwen3_moe", "gemma",  "gemma2",    kGemma3Text,
+    "olmo",  "olmo2", "granite",   "cohere", kLlama4Text, ""};
 constexpr std::array<std::string_view, 4> kNoBiasTypes = {"mistral", "mixtral", "ministral",
                                                           "phi3"};
 
@@ -421,6 +564,8 @@ void read_architecture(const HfReader& hf, TransformerSpec& spec) {
   read_attention_biases(hf, spec);
   if (spec.model_type == kGemma3Text) {
     read_gemma3_text(hf, spec);
+  } else if (spec.model_type == kLlama4Text) {
+    read_llama4_text(hf, spec);
   } else if (spec.model_type == kGptOss) {
     // GptOssExperts computes its own GLU whatever `hidden_act` says (modeling_gpt_oss.py:100-106);
     // its clamp is a constant of the code (`self.limit = 7.0`), not the config's swiglu_limit.
@@ -487,14 +632,11 @@ void read_names(const HfReader& hf, const std::string& origin, TransformerSpec& 
 
 }  // namespace
 
-TransformerSpec parse_hf_config(const std::string& json_text, const std::string& origin) {
-  const Json root = parse_json(json_text, origin);
-  if (!root.is_object()) {
-    throw InputError(
-        origin, fmt::format("a config.json must be a JSON object, got {}", describe_json(root)));
-  }
-  const HfReader hf(root, origin);
+namespace {
 
+// A decoder's config object (the file's root, or a multimodal config's text_config) into a spec
+// without its names.
+TransformerSpec read_text_model(const HfReader& hf, const Json& root, const std::string& origin) {
   const Json* type = hf.optional("model_type");
   const bool moe_type =
       type != nullptr && type->is_string() && is_one_of(type->get<std::string>(), kMoeModelTypes);
@@ -504,10 +646,11 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
     }
     const Json* value = hf.optional(refused.key);
     if (value != nullptr && !is_zero_or_false(*value)) {
-      throw InputError(hf.field(refused.key),
-                       fmt::format("{} models are not modelled yet (mixture-of-experts: "
-                                   "model_type mixtral, qwen3_moe, qwen2_moe and gpt_oss only)",
-                                   refused.what));
+      throw InputError(
+          hf.field(refused.key),
+          fmt::format("{} models are not modelled yet (mixture-of-experts: "
+                      "model_type mixtral, qwen3_moe, qwen2_moe, gpt_oss and llama4 only)",
+                      refused.what));
     }
   }
 
@@ -521,6 +664,38 @@ TransformerSpec parse_hf_config(const std::string& json_text, const std::string&
   }
   read_attention_layers(hf, spec);
   read_rope(hf, spec);
+  return spec;
+}
+
+}  // namespace
+
+// Llama 4 (model_type llama4, Llama4Config: configuration_llama4.py:397) holds its text model in
+// `text_config` (model_type llama4_text); its vision encoder and projector are not modelled.
+TransformerSpec parse_hf_config(const std::string& json_text, const std::string& origin) {
+  const Json root = parse_json(json_text, origin);
+  if (!root.is_object()) {
+    throw InputError(
+        origin, fmt::format("a config.json must be a JSON object, got {}", describe_json(root)));
+  }
+  const HfReader hf(root, origin);
+  TransformerSpec spec;
+  const Json* type = hf.optional("model_type");
+  if (type != nullptr && type->is_string() && type->get<std::string>() == "llama4") {
+    const Json* text = hf.optional("text_config");
+    if (text == nullptr || !text->is_object()) {
+      throw InputError(hf.field("text_config"), "a Llama 4 config holds its text model here");
+    }
+    Json text_model = *text;
+    if (!text_model.contains("model_type")) {
+      text_model["model_type"] = std::string(kLlama4Text);
+    }
+    spec = read_text_model(HfReader(text_model, origin, "text_config."), text_model, origin);
+    spec.notes.emplace_back(
+        "Llama 4: the text model of a multimodal config; the vision encoder and its projector "
+        "(their parameters and activations) are not modelled");
+  } else {
+    spec = read_text_model(hf, root, origin);
+  }
   read_names(hf, origin, spec);
 
   try {

@@ -67,7 +67,7 @@ void check_modelled_architecture(const Json& config, const std::string& origin) 
         throw InputError(field_of(origin, "model_type"),
                          fmt::format("'{}' is a {} model that cpsim does not model (decoder-"
                                      "only transformers, mixture-of-experts as mixtral, "
-                                     "qwen3_moe, qwen2_moe and gpt_oss)",
+                                     "qwen3_moe, qwen2_moe, gpt_oss and llama4)",
                                      type, refused.what));
       }
     }

@@ -101,6 +101,10 @@ void TransformerSpec::validate() const {
     throw InputError("model.sliding_window",
                      "layers with sliding-window attention need a window of at least one token");
   }
+  if (chunked_layers() > 0 && attention_chunk <= 0) {
+    throw InputError("model.attention_chunk_size",
+                     "layers with chunked attention need a chunk of at least one token");
+  }
   if (is_moe()) {
     check_dimension(moe.experts, kMaxExperts, "num_experts");
     check_dimension(moe.expert_ffn_hidden, kMaxFfnHidden, "moe_intermediate_size");
@@ -121,6 +125,19 @@ void TransformerSpec::validate() const {
 
 std::int64_t TransformerSpec::windowed_layers() const {
   return std::count(layer_attention.begin(), layer_attention.end(), LayerAttention::kSliding);
+}
+
+std::int64_t TransformerSpec::chunked_layers() const {
+  return std::count(layer_attention.begin(), layer_attention.end(), LayerAttention::kChunked);
+}
+
+double chunk_share(std::int64_t n, std::int64_t c) {
+  if (n <= 0 || c <= 0 || c >= n) {
+    return 1.0;
+  }
+  const auto nd = static_cast<double>(n), cd = static_cast<double>(c);
+  const auto rd = static_cast<double>(n % c);
+  return (static_cast<double>(n / c) * cd * cd + rd * rd) / (nd * nd);
 }
 
 double causal_window_area(std::int64_t n, std::int64_t w) {
@@ -193,10 +210,15 @@ StepFlops model_step_flops(const TransformerSpec& spec, std::int64_t seq_len) {
   // Causal forward 2·N²·H·d per layer (4·H·d per visible pair); forward + backward = 3.5 ×
   // forward. A windowed layer sees causal_window_area(N, w) pairs instead of N²/2.
   const double attention_fwd = 2.0 * n * n * static_cast<double>(spec.q_width());
+  // A chunked layer sees chunk_share(N, c) of them.
   const auto windowed = static_cast<double>(spec.windowed_layers());
-  flops.attention = (layers - windowed) * 3.5 * attention_fwd;
+  const auto chunked = static_cast<double>(spec.chunked_layers());
+  flops.attention = (layers - windowed - chunked) * 3.5 * attention_fwd;
   if (windowed > 0) {
     flops.attention += windowed * 3.5 * attention_fwd * window_share(seq_len, spec.sliding_window);
+  }
+  if (chunked > 0) {
+    flops.attention += chunked * 3.5 * attention_fwd * chunk_share(seq_len, spec.attention_chunk);
   }
   return flops;
 }

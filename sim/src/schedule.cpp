@@ -276,6 +276,58 @@ std::optional<ConfigIssue> check_documents(const ScheduleInputs& in, const HeadL
   return std::nullopt;
 }
 
+// What differs between sliding-window and chunked layers in check_layer_mask.
+struct LayerMask {
+  std::string what;             // "N of L layers use a w-token sliding window"
+  std::string_view under;       // "a sliding window": what documents are refused under
+  std::string_view mask;        // "a window": what SDPA would take as a tensor
+  std::string_view split_text;  // why a split sequence is refused, and what is modelled
+  Quantity quantity = Quantity::kAttentionWindow;
+  bool gathered_prefixes = false;  // modelled under K/V all-gathered (allgather)
+  bool runs = true;                // the implementation's code runs the layers
+  std::string_view source;         // where it says so, or why not
+};
+
+std::optional<ConfigIssue> check_layer_mask(const ScheduleInputs& in,
+                                            const CpScheme& method,
+                                            const HeadLayout& layout,
+                                            const Implementation* implementation,
+                                            const LayerMask& mask) {
+  if (!in.documents.empty()) {
+    return ConfigIssue{
+        Quantity::kDocuments,
+        fmt::format("{}; packed documents under {} are not modelled", mask.what, mask.under)};
+  }
+  if (implementation != nullptr && !mask.runs) {
+    return ConfigIssue{mask.quantity, fmt::format("{}; {} does not run them: {}", mask.what,
+                                                  implementation->name(), mask.source)};
+  }
+  if ((layout.ring > 1 && !(mask.gathered_prefixes && method.gathers_kv())) ||
+      method.uses_fpdt_chunk()) {
+    return ConfigIssue{
+        mask.quantity,
+        fmt::format("{}; {} splits each head's sequence ({}), and {}", mask.what,
+                    models::to_string(in.parallel.method),
+                    layout.ring > 1 ? fmt::format("ring degree {}", layout.ring) : "chunks",
+                    mask.split_text)};
+  }
+  const std::string kernel =
+      implementation != nullptr ? implementation->attention_kernel(in) : in.recipe.attention_kernel;
+  if (kernel == "sdpa") {
+    return ConfigIssue{mask.quantity,
+                       fmt::format("{}; SDPA takes {} as an explicit mask tensor, which is not "
+                                   "modelled: use a FlashAttention kernel (fa2, fa3)",
+                                   mask.what, mask.mask)};
+  }
+  if (in.model.mixed_attention() && in.parallel.pp_degree > 1) {
+    return ConfigIssue{Quantity::kPpDegree,
+                       fmt::format("{}; pipeline stages of layers whose attention differs are "
+                                   "not modelled",
+                                   mask.what)};
+  }
+  return std::nullopt;
+}
+
 // Sliding-window layers (TransformerSpec::layer_attention): modelled where the kernel sees the
 // whole sequence of its heads and takes the window itself (FlashAttention's window_size skips the
 // key blocks outside it), so that a windowed block is a causal one with its attention kernels
@@ -291,45 +343,54 @@ std::optional<ConfigIssue> check_attention_window(const ScheduleInputs& in,
   if (m.windowed_layers() == 0 || m.sliding_window >= in.parallel.seq_len) {
     return std::nullopt;
   }
-  const std::string what = fmt::format("{} of {} layers use a {}-token sliding window",
-                                       m.windowed_layers(), m.layers, m.sliding_window);
-  if (!in.documents.empty()) {
-    return ConfigIssue{
-        Quantity::kDocuments,
-        fmt::format("{}; packed documents under a sliding window are not modelled", what)};
-  }
+  LayerMask mask{fmt::format("{} of {} layers use a {}-token sliding window", m.windowed_layers(),
+                             m.layers, m.sliding_window),
+                 "a sliding window",
+                 "a window",
+                 "ring steps or chunks under a window are not modelled: methods whose kernel "
+                 "sees the whole sequence (ulysses, upipe) or gathers it (allgather) are",
+                 Quantity::kAttentionWindow,
+                 true,
+                 true,
+                 {}};
   if (implementation != nullptr) {
     const WindowSupport support = implementation->sliding_window(in.parallel.method);
-    if (!support.passes_window) {
-      return ConfigIssue{Quantity::kAttentionWindow,
-                         fmt::format("{}; {} does not run them: {}", what, implementation->name(),
-                                     support.source)};
-    }
+    mask.runs = support.passes_window;
+    mask.source = support.source;
   }
-  if ((layout.ring > 1 && !method.gathers_kv()) || method.uses_fpdt_chunk()) {
-    return ConfigIssue{
-        Quantity::kAttentionWindow,
-        fmt::format("{}; {} splits each head's sequence ({}), and ring steps or chunks under a "
-                    "window are not modelled: methods whose kernel sees the whole sequence "
-                    "(ulysses, upipe) or gathers it (allgather) are",
-                    what, models::to_string(in.parallel.method),
-                    layout.ring > 1 ? fmt::format("ring degree {}", layout.ring) : "chunks")};
+  return check_layer_mask(in, method, layout, implementation, mask);
+}
+
+// Chunked layers (Llama 4) as sliding-window ones: modelled where the kernel sees the whole
+// sequence of its heads (ulysses, upipe) and skips the key blocks outside each query's chunk, so
+// that a chunked block is a causal one with its attention kernels scaled by models::chunk_share;
+// and where the implementation's code runs the chunks (Implementation::chunked_attention). Ring
+// steps, all-gathered prefixes and FPDT's chunks under chunked layers are not modelled; SDPA
+// takes the chunks as a mask tensor, which is not either.
+std::optional<ConfigIssue> check_attention_chunks(const ScheduleInputs& in,
+                                                  const CpScheme& method,
+                                                  const HeadLayout& layout,
+                                                  const Implementation* implementation) {
+  const models::TransformerSpec& m = in.model;
+  if (m.chunked_layers() == 0 || m.attention_chunk >= in.parallel.seq_len) {
+    return std::nullopt;
   }
-  const std::string kernel =
-      implementation != nullptr ? implementation->attention_kernel(in) : in.recipe.attention_kernel;
-  if (kernel == "sdpa") {
-    return ConfigIssue{Quantity::kAttentionWindow,
-                       fmt::format("{}; SDPA takes a window as an explicit mask tensor, which is "
-                                   "not modelled: use a FlashAttention kernel (fa2, fa3)",
-                                   what)};
+  LayerMask mask{fmt::format("{} of {} layers attend within {}-token chunks", m.chunked_layers(),
+                             m.layers, m.attention_chunk),
+                 "chunked attention",
+                 "the chunks",
+                 "ring steps, gathered prefixes or FPDT's chunks under attention chunks are not "
+                 "modelled: methods whose kernel sees the whole sequence (ulysses, upipe) are",
+                 Quantity::kAttentionChunks,
+                 false,
+                 true,
+                 {}};
+  if (implementation != nullptr) {
+    const FeatureSupport support = implementation->chunked_attention(in.parallel.method);
+    mask.runs = support.runs;
+    mask.source = support.source;
   }
-  if (m.mixed_attention() && in.parallel.pp_degree > 1) {
-    return ConfigIssue{Quantity::kPpDegree,
-                       fmt::format("{}; pipeline stages of layers whose attention differs are "
-                                   "not modelled",
-                                   what)};
-  }
-  return std::nullopt;
+  return check_layer_mask(in, method, layout, implementation, mask);
 }
 
 // Attention sinks (gpt-oss) run where the implementation's kernel takes them under the method
@@ -340,7 +401,7 @@ std::optional<ConfigIssue> check_attention_sinks(const ScheduleInputs& in,
   if (!in.model.attention_sinks || implementation == nullptr) {
     return std::nullopt;
   }
-  const SinkSupport support = implementation->attention_sinks(in.parallel.method);
+  const FeatureSupport support = implementation->attention_sinks(in.parallel.method);
   if (support.runs) {
     return std::nullopt;
   }
@@ -460,6 +521,9 @@ LayoutCheck check_rank_layout(const ScheduleInputs& in) {
   }
   if (!out.issue) {
     out.issue = check_attention_window(in, method, out.layout, out.implementation);
+  }
+  if (!out.issue) {
+    out.issue = check_attention_chunks(in, method, out.layout, out.implementation);
   }
   if (!out.issue) {
     out.issue = check_attention_sinks(in, out.implementation);

@@ -50,9 +50,11 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
   }
   // Packed documents make ring steps unlike one another: each is its own op.
   merge_ring_ = merge_ring_steps && simulated_ranks < in.parallel.gpus && in.documents.empty();
-  // Blocks whose attention differs (some windowed, some not) are built one by one.
-  repeat_layers_ =
-      repeat_layers && !(m_.mixed_attention() && m_.sliding_window < shape_.seq_tokens);
+  // Blocks whose attention differs (some windowed or chunked, some not) are built one by one.
+  const bool differ = m_.mixed_attention() &&
+                      ((m_.windowed_layers() > 0 && m_.sliding_window < shape_.seq_tokens) ||
+                       (m_.chunked_layers() > 0 && m_.attention_chunk < shape_.seq_tokens));
+  repeat_layers_ = repeat_layers && !differ;
   tp_regather_ = implementation_ == nullptr || implementation_->tp_regathers_inputs();
   shards_ =
       r_.tiled_mlp_shards > 0 ? r_.tiled_mlp_shards : ceil_div(shape_.local_tokens, m_.hidden);

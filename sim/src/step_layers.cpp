@@ -112,10 +112,14 @@ StepBuilder::LayerEnds StepBuilder::body_instance(
 }
 
 void StepBuilder::enter_layer(int layer) {
-  const bool windowed = m_.attention_of(layer) == models::LayerAttention::kSliding &&
-                        m_.sliding_window < shape_.seq_tokens;
+  const models::LayerAttention kind = m_.attention_of(layer);
+  const bool windowed =
+      kind == models::LayerAttention::kSliding && m_.sliding_window < shape_.seq_tokens;
   layer_window_tokens_ = windowed ? m_.sliding_window : 0;
   layer_window_share_ = windowed ? models::window_share(shape_.seq_tokens, m_.sliding_window) : 1.0;
+  if (kind == models::LayerAttention::kChunked) {  // whole-sequence kernels only (schedule.cpp)
+    layer_window_share_ = models::chunk_share(shape_.seq_tokens, m_.attention_chunk);
+  }
 }
 
 StepBuilder::LayerEnds StepBuilder::forward_layer(int l, TensorSet x, TensorSet params) {

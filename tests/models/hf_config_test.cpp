@@ -397,7 +397,8 @@ TEST(HfConfig, WindowsNotReadAreRefusedNamingTheField) {
   json unknown = small_config("llama");
   unknown["sliding_window"] = 4096;
   EXPECT_EQ(error_field(unknown), "llama.json:sliding_window");
-  json chunked = small_config("llama4_text");
+  json chunked = small_config("llama");  // chunks are read for Llama 4 only
+  chunked["sliding_window"] = 512;
   chunked["layer_types"] = json::array({"chunked_attention", "full_attention", "full_attention",
                                         "full_attention", "full_attention", "full_attention"});
   EXPECT_EQ(error_field(chunked), "llama.json:layer_types[0]");
@@ -513,6 +514,67 @@ TEST(HfConfig, LoadModelFromAPathAndAFolder) {
     EXPECT_EQ(e.field(), (dir / "config.json").string() + ":num_attention_heads");
   }
   std::filesystem::remove_all(dir.parent_path());
+}
+
+}  // namespace
+}  // namespace cpsim::models
+
+namespace cpsim::models {
+namespace {
+
+// Llama 4: a multimodal config whose text_config is the decoder (Llama4TextConfig's defaults for
+// what it leaves out: chunks of 8192 on every layer but each 4th, every layer sparse).
+json llama4_config() {
+  return json::parse(R"({
+    "model_type": "llama4", "_name_or_path": "meta-llama/Llama-4-Scout-17B-16E",
+    "text_config": {
+      "hidden_size": 512, "intermediate_size": 256, "intermediate_size_mlp": 1024,
+      "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2,
+      "head_dim": 64, "vocab_size": 1000, "num_local_experts": 4, "num_experts_per_tok": 1,
+      "rms_norm_eps": 1e-05, "rope_theta": 500000.0
+    },
+    "vision_config": {"hidden_size": 1408, "norm_eps": 1e-05}
+  })");
+}
+
+TEST(HfConfig, Llama4ReadsItsTextModelWithChunksAndASharedExpert) {
+  const TransformerSpec spec = parse(llama4_config());
+  EXPECT_EQ(spec.model_type, "llama4_text");
+  EXPECT_EQ(spec.hf_name_or_path, "meta-llama/Llama-4-Scout-17B-16E");
+  EXPECT_EQ(spec.moe.experts, 4);
+  EXPECT_EQ(spec.moe.expert_ffn_hidden, 256);
+  EXPECT_EQ(spec.moe.shared_ffn_hidden, 256);
+  EXPECT_FALSE(spec.moe.shared_gate);
+  EXPECT_FALSE(spec.moe.renormalize);
+  EXPECT_FALSE(spec.qk_norm);  // its L2 norm has no weights (a note says it is not modelled)
+  EXPECT_EQ(spec.attention_chunk, 8192);
+  std::string pattern;
+  for (std::int64_t l = 0; l < spec.layers; ++l) {
+    pattern += spec.attention_of(l) == LayerAttention::kChunked ? 'C' : 'F';
+  }
+  EXPECT_EQ(pattern, "CCCFCCCF");
+  // Errors name the field inside text_config.
+  json step = llama4_config();
+  step["text_config"]["interleave_moe_layer_step"] = 2;
+  EXPECT_EQ(error_field(step), "llama.json:text_config.interleave_moe_layer_step");
+  json some = llama4_config();
+  some["text_config"]["moe_layers"] = {1, 3, 5, 7};
+  EXPECT_EQ(error_field(some), "llama.json:text_config.moe_layers");
+  json bad = llama4_config();
+  bad["text_config"]["hidden_size"] = "512";
+  EXPECT_EQ(error_field(bad), "llama.json:text_config.hidden_size");
+  json none = llama4_config();
+  none.erase("text_config");
+  EXPECT_EQ(error_field(none), "llama.json:text_config");
+  // layer_types wins over no_rope_layers; a null chunk is refused (transformers raises).
+  json typed = llama4_config();
+  typed["text_config"]["layer_types"] = {
+      "full_attention", "chunked_attention", "full_attention", "chunked_attention",
+      "full_attention", "chunked_attention", "full_attention", "chunked_attention"};
+  EXPECT_EQ(parse(typed).chunked_layers(), 4);
+  json unchunked = llama4_config();
+  unchunked["text_config"]["attention_chunk_size"] = nullptr;
+  EXPECT_EQ(error_field(unchunked), "llama.json:text_config.attention_chunk_size");
 }
 
 }  // namespace

@@ -125,6 +125,17 @@ COUNTED = [
         },
     ),
 ]
+# Llama 4's text model: every layer sparse with a shared expert (transformers builds it as
+# Llama4ForCausalLM).
+LLAMA4 = {"num_local_experts": 4, "num_experts_per_tok": 1, "intermediate_size_mlp": 256}
+COUNTED.append(("llama4_text", LLAMA4))
+# Llama 4's chunked layers: Llama4TextConfig's own layer_types against cpsim's reading.
+CHUNKED = [
+    {},
+    {"no_rope_layers": [1, 0, 1, 0, 1, 1]},
+    {"no_rope_layer_interval": 3},
+    {"layer_types": ["full_attention"] * 3 + ["chunked_attention"] * 3},
+]
 # Mixture-of-experts blocks traced: (model_type, keys, cpsim's MoeSpec::renormalize).
 EXPERT_BLOCKS = [
     ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2}, True),
@@ -228,6 +239,38 @@ def test_the_builtin_gpt_oss_has_the_parameters_transformers_builds(name, parame
     r = subprocess.run([CPSIM, "models", name, "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["model"]["parameters"] == built == parameters
+
+
+@pytest.mark.parametrize("keys", CHUNKED)
+def test_cpsim_reads_the_chunked_layers_llama4_configures(keys, tmp_path):
+    """The layers Llama4TextConfig gives chunked attention (its layer_types, derived from
+    no_rope_layers) and the chunk are the ones cpsim reads."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("llama4_text", **TINY, **LLAMA4, **keys)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama4_text", **TINY, **LLAMA4, **keys}))
+    r = subprocess.run([CPSIM, "models", str(path), "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    model = json.loads(r.stdout)["model"]
+    assert model["layer_types"] == config.layer_types
+    assert model["attention_chunk_size"] == config.attention_chunk_size
+
+
+def test_the_builtin_llama4_scout_has_the_parameters_transformers_builds():
+    """Llama-4-Scout's text model as transformers 4.57.6 builds it (Llama4ForCausalLM, on the meta
+    device): the parameters cpsim counts in its built-in file."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with open(os.path.join(ROOT, "data", "models", "llama-4-scout.json")) as f:
+        text = json.load(f)["text_config"]
+    config = AutoConfig.for_model(**text)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    built = sum(p.numel() for p in model.parameters())
+    r = subprocess.run([CPSIM, "models", "llama-4-scout", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model"]["parameters"] == built == 107_769_861_120
 
 
 def traced_expert_bytes(model_type, keys, tokens):

@@ -168,6 +168,36 @@ TEST(ModelStepFlops, SlidingWindowByHand) {
   EXPECT_DOUBLE_EQ(f.dense, model_step_flops(tiny_model(), 32).dense);
 }
 
+TEST(ModelStepFlops, ChunkedAttentionByHand) {
+  // n tokens in chunks of c: each full chunk c²/2 of the causal n²/2, the last r tokens r²/2.
+  // n = 32, c = 8: 4 chunks of 32 = 128 of 512; n = 30, c = 8: 3·32 + 6²/2 = 114 of 450.
+  EXPECT_DOUBLE_EQ(chunk_share(32, 8), 128.0 / 512.0);
+  EXPECT_DOUBLE_EQ(chunk_share(30, 8), 114.0 / 450.0);
+  EXPECT_DOUBLE_EQ(chunk_share(32, 32), 1.0);
+  EXPECT_DOUBLE_EQ(chunk_share(32, 100), 1.0);
+
+  TransformerSpec spec = tiny_model();  // 2 layers, H·d = 8
+  spec.attention_chunk = 8;
+  spec.layer_attention = {LayerAttention::kChunked, LayerAttention::kFull};
+  spec.validate();
+  EXPECT_TRUE(spec.mixed_attention());
+  EXPECT_DOUBLE_EQ(model_step_flops(spec, 32).attention, 3.5 * 4 * 8 * (512.0 + 128.0));
+  spec.attention_chunk = 0;
+  EXPECT_THROW(spec.validate(), InputError);
+}
+
+// Llama-4-Scout's text model (REFERENCES.md [HF-config-llama4]): 107,769,861,120 parameters as
+// transformers builds Llama4ForCausalLM (tests/models/test_hf_models.py), 17.17 B active per
+// token (the model card's 17 B; its 109 B total adds the vision encoder).
+TEST(ParameterCount, Llama4ScoutIsExact) {
+  const TransformerSpec spec = load_model("llama-4-scout", test_data());
+  const ParameterCount p = count_parameters(spec);
+  EXPECT_EQ(p.total, 107'769'861'120);
+  EXPECT_EQ(p.total - 48 * 15 * (p.experts_per_layer / 16), 17'172'894'720);
+  EXPECT_EQ(spec.chunked_layers(), 36);
+  EXPECT_EQ(spec.attention_chunk, 8192);
+}
+
 TEST(TransformerSpecValidate, LayerTypesMatchTheLayersAndNeedAWindow) {
   TransformerSpec spec = tiny_model();
   spec.layer_attention = {LayerAttention::kSliding};

@@ -61,6 +61,7 @@ def builtin_models(data_dir):
             c = json.load(f)
         model = name[: -len(".json")]
         by_id[c.get("_name_or_path")] = model
+        c = c.get("text_config", c)  # a multimodal config's decoder (Llama 4)
         shape = (c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"],
                  c["num_key_value_heads"], c["intermediate_size"])
         by_shape.setdefault(shape, model)

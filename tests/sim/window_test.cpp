@@ -173,5 +173,69 @@ TEST(SlidingWindow, WhatIsNotModelledIsRefusedNamingTheQuantity) {
   EXPECT_EQ(issue_of(stages)->quantity, Quantity::kPpDegree);
 }
 
+// Chunked layers (Llama 4): a chunked block's attention kernels are the causal block's scaled by
+// models::chunk_share, as a windowed block's by its window share; the rest of the step is the same.
+ScheduleInputs chunked(ScheduleInputs in, const std::vector<LayerAttention>& pattern) {
+  in = windowed(std::move(in), pattern);
+  in.model.sliding_window = 0;
+  in.model.attention_chunk = kWindow;
+  return in;
+}
+
+TEST(ChunkedAttention, ChunkedBlocksScaleTheirAttentionKernelsOnly) {
+  const ScheduleInputs causal = inputs(CpMethod::kUlysses, "llama3-8b", 8, kSeq);
+  const ScheduleInputs every_other =
+      chunked(causal, {LayerAttention::kChunked, LayerAttention::kFull});
+  const double share = models::chunk_share(kSeq, kWindow);  // 8 chunks: 1/8
+  EXPECT_DOUBLE_EQ(share, 0.125);
+  BuildOptions one_by_one;
+  one_by_one.repeat_layers = false;
+  const Workload full = build_step(causal, one_by_one);
+  const Workload half = build_step(every_other, one_by_one);
+  ASSERT_EQ(full.ops.size(), half.ops.size());
+  int scaled = 0;
+  for (std::size_t i = 0; i < full.ops.size(); ++i) {
+    const Op& c = full.ops[i];
+    const Op& h = half.ops[i];
+    if (is_attention(c) && c.layer >= 0 && c.layer % 2 == 0) {
+      EXPECT_DOUBLE_EQ(h.flops, share * c.flops) << "op " << i;
+      ++scaled;
+    } else {
+      EXPECT_EQ(h.duration_ns, c.duration_ns) << "op " << i;
+    }
+  }
+  EXPECT_GE(scaled, 3 * 16);  // forward, recomputation and backward of 16 blocks
+  // Every block chunked keeps the block template.
+  test::expect_repeated_blocks_equal_oracle(chunked(causal, {LayerAttention::kChunked}));
+}
+
+TEST(ChunkedAttention, WhatIsNotModelledIsRefusedNamingTheQuantity) {
+  const std::vector<LayerAttention> all = {LayerAttention::kChunked};
+  ScheduleInputs ring = chunked(inputs(CpMethod::kRing, "llama3-8b", 8, kSeq), all);
+  ring.parallel.ring_degree = 8;
+  ASSERT_TRUE(issue_of(ring).has_value());
+  EXPECT_EQ(issue_of(ring)->quantity, Quantity::kAttentionChunks);
+  ScheduleInputs gathered = chunked(inputs(CpMethod::kAllGather, "llama3-8b", 8, kSeq), all);
+  gathered.parallel.ring_degree = 8;
+  ASSERT_TRUE(issue_of(gathered).has_value());
+  EXPECT_EQ(issue_of(gathered)->quantity, Quantity::kAttentionChunks);
+  // No implementation's code runs Llama 4's chunks; the scheme alone does, not through SDPA.
+  ScheduleInputs ulysses = chunked(inputs(CpMethod::kUlysses, "llama3-8b", 8, kSeq), all);
+  EXPECT_FALSE(issue_of(ulysses).has_value());
+  for (const char* impl : {"deepspeed-ulysses", "yunchang-usp", "megatron-core-cp"}) {
+    ulysses.parallel.implementation = impl;
+    ASSERT_TRUE(issue_of(ulysses).has_value()) << impl;
+    EXPECT_EQ(issue_of(ulysses)->quantity, Quantity::kAttentionChunks) << impl;
+  }
+  ulysses.parallel.implementation = "none";
+  ulysses.recipe.attention_kernel = "sdpa";
+  ASSERT_TRUE(issue_of(ulysses).has_value());
+  EXPECT_EQ(issue_of(ulysses)->quantity, Quantity::kAttentionChunks);
+  // Chunks of the whole sequence hide nothing.
+  ScheduleInputs wide = ring;
+  wide.model.attention_chunk = kSeq;
+  EXPECT_FALSE(issue_of(wide).has_value());
+}
+
 }  // namespace
 }  // namespace cpsim::sim

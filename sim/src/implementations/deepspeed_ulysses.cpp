@@ -148,11 +148,18 @@ class DeepspeedUlysses final : public Implementation {
   // so flash_attention_2 drops them silently; gpt-oss has no SDPA path (_supports_sdpa = False,
   // modeling_gpt_oss.py:399) and DeepSpeed refuses eager (ulysses_sp.py:468-471). The kernels-hub
   // FA3 that takes sinks is not modelled.
-  SinkSupport attention_sinks(models::CpMethod /*m*/) const override {
+  FeatureSupport attention_sinks(models::CpMethod /*m*/) const override {
     return {false,
             "its flash kernels take no sinks, and transformers drops them without a word "
             "(4.57.6 modeling_flash_attention_utils.py:523-524); the kernels-hub FA3 that takes "
             "them is not modelled"};
+  }
+  // Llama 4 has no flash-attention path in transformers 4.57.6 (_supports_flash_attn = False,
+  // modeling_llama4.py:432): its chunks reach SDPA as a mask tensor, which is not modelled.
+  FeatureSupport chunked_attention(models::CpMethod /*m*/) const override {
+    return {false,
+            "transformers' Llama 4 has no flash-attention path (4.57.6 modeling_llama4.py:432); "
+            "SDPA takes its chunks as a mask tensor, which is not modelled"};
   }
   WindowSupport sliding_window(models::CpMethod /*m*/) const override {
     return {true,

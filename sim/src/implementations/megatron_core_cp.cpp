@@ -169,7 +169,7 @@ class MegatronCoreCp final : public Implementation {
   // dot_product_attention.py:126 in megatron-core 0.16.1) goes to TE's fused attention, which
   // under CP asserts `softmax_type == "vanilla" or cp_comm_type == "a2a"` (TransformerEngine @
   // d0067d0 context_parallel.py:5062-5067). The offset's gradient is H floats per layer.
-  SinkSupport attention_sinks(models::CpMethod m) const override {
+  FeatureSupport attention_sinks(models::CpMethod m) const override {
     if (m == models::CpMethod::kUlysses) {
       return {true,
               "cp_comm_type a2a runs TransformerEngine's learnable softmax offset "
@@ -178,6 +178,16 @@ class MegatronCoreCp final : public Implementation {
     return {false,
             "TransformerEngine runs a learnable softmax (the sinks) under CP with cp_comm_type "
             "a2a only (context_parallel.py:5062-5067 @ d0067d0)"};
+  }
+  // Llama 4's chunks: megatron-core 0.16.1's TransformerConfig has no chunk, and Megatron-LM
+  // d98e8a6 sets `attention_chunk` to 0 in its flash-attention call (inference only,
+  // transformer/attention.py:952): trained through Megatron, every layer attends causally over
+  // the whole sequence, another model.
+  FeatureSupport chunked_attention(models::CpMethod /*m*/) const override {
+    return {false,
+            "Megatron-Core trains with no attention chunks (megatron-core 0.16.1 has no chunk "
+            "setting; attention_chunk is 0 in Megatron-LM d98e8a6 transformer/attention.py:952): "
+            "every layer would attend to the whole sequence"};
   }
   // TE runs a learnable softmax under CP on FusedAttention only (context_parallel.py:5062-5064
   // @ d0067d0): a model with sinks runs cuDNN's kernel whatever the recipe names.

@@ -133,11 +133,16 @@ class TorchNativeCp final : public Implementation {
   // TorchTitan runs gpt-oss's sinks by rescaling FlexAttention's or varlen attention's output
   // through its LSE (torchtitan 0.3.0 models/gpt_oss/model.py:34-40, 116-131); the SDPA ops that
   // torch-native-cp models take none.
-  SinkSupport attention_sinks(models::CpMethod /*m*/) const override {
+  FeatureSupport attention_sinks(models::CpMethod /*m*/) const override {
     return {false,
             "TorchTitan rescales FlexAttention's output by the sinks (torchtitan 0.3.0 "
             "models/gpt_oss/model.py:34-40, 116-131); its FlexAttention under CP is not "
             "modelled, and context_parallel's SDPA ops take no sinks"};
+  }
+  FeatureSupport chunked_attention(models::CpMethod /*m*/) const override {
+    return {false,
+            "context_parallel's SDPA ops refuse an attention mask (PyTorch 2.13.0, "
+            "_context_parallel/_attention.py:700-701, 738-739); TorchTitan 0.3.0 has no Llama 4"};
   }
   // The SDPA ops context_parallel handles take no window, and the efficient and cuDNN ones refuse
   // a mask ("attn_bias is not supported yet", _attention.py:700-701, 738-739).

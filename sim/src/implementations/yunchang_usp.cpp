@@ -153,8 +153,11 @@ class YunchangUsp final : public Implementation {
   // position (ring/ring_flash_attn.py:36-48, ring/zigzag_ring_flash_attn.py:29-43): a wrong
   // mask, silently. Its FA3 path drops the window (kernels/attention.py:283-284).
   // yunchang 0.6.4's attention calls flash-attn's functions, none of which takes sinks.
-  SinkSupport attention_sinks(models::CpMethod /*m*/) const override {
+  FeatureSupport attention_sinks(models::CpMethod /*m*/) const override {
     return {false, "its flash-attn calls take no sinks (yunchang 0.6.4, kernels/attention.py)"};
+  }
+  FeatureSupport chunked_attention(models::CpMethod /*m*/) const override {
+    return {false, "its flash-attn calls take no chunks (yunchang 0.6.4, kernels/attention.py)"};
   }
   WindowSupport sliding_window(models::CpMethod m) const override {
     if (m == models::CpMethod::kUlysses) {

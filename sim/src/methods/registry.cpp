@@ -48,6 +48,8 @@ const char* to_string(Quantity q) {
       return "attention_window";
     case Quantity::kAttentionSinks:
       return "attention_sinks";
+    case Quantity::kAttentionChunks:
+      return "attention_chunks";
     case Quantity::kExperts:
       return "experts";
     case Quantity::kExpertParallel:

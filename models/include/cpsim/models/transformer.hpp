@@ -17,10 +17,12 @@ enum class NormKind { kRmsNorm, kLayerNorm };
 enum class ActivationKind { kSwiGlu, kGeGlu, kClampedQuickGeGlu };
 /// gpt-oss's clamp of the GLU's inputs (GptOssExperts.limit, a constant of its code).
 inline constexpr double kGptOssGluLimit = 7.0;
-/// A layer's attention: causal over the whole sequence, or causal within a sliding window of
+/// A layer's attention: causal over the whole sequence, causal within a sliding window of
 /// `TransformerSpec::sliding_window` tokens (each query sees itself and the window − 1 tokens
-/// before it).
-enum class LayerAttention : std::uint8_t { kFull, kSliding };
+/// before it), or causal within fixed chunks of `TransformerSpec::attention_chunk` tokens (each
+/// query sees the keys of its own chunk up to itself: Llama 4's chunked_attention,
+/// transformers 4.57.6 masking_utils.py chunked_overlay).
+enum class LayerAttention : std::uint8_t { kFull, kSliding, kChunked };
 
 /// A mixture-of-experts MLP (Mixtral, Qwen3-MoE; transformers 4.57.6 MixtralSparseMoeBlock,
 /// Qwen3MoeSparseMoeBlock): a router Linear [h → E] without bias scores the experts, each token
@@ -79,6 +81,8 @@ struct TransformerSpec {
   double rope_theta = 10000.0;
   /// Tokens a sliding-window layer's queries see (themselves included); 0: no window.
   std::int64_t sliding_window = 0;
+  /// Tokens of a chunked layer's chunks; 0: no chunks.
+  std::int64_t attention_chunk = 0;
   /// Each layer's attention, one per layer; empty: every layer full.
   std::vector<LayerAttention> layer_attention;
   std::int64_t max_position_embeddings = 0;
@@ -101,10 +105,12 @@ struct TransformerSpec {
   }
   /// Layers with a sliding window.
   std::int64_t windowed_layers() const;
-  /// Some layers with a window and some without.
+  /// Layers attending within chunks.
+  std::int64_t chunked_layers() const;
+  /// Layers whose attention differs (full, windowed, chunked: more than one kind).
   bool mixed_attention() const {
-    const std::int64_t w = windowed_layers();
-    return w > 0 && w < layers;
+    const std::int64_t w = windowed_layers(), c = chunked_layers();
+    return (w > 0 && w < layers) || (c > 0 && c < layers);
   }
   bool is_moe() const { return moe.experts > 0; }
   /// The width of the MLP a token passes through: one expert's (MoE) or the dense MLP's.
@@ -161,6 +167,9 @@ double causal_window_area(std::int64_t n, std::int64_t w);
 /// causal_window_area(n, w) over n²/2: the share of a causal layer's attention work a window
 /// keeps (1 when w ≥ n).
 double window_share(std::int64_t n, std::int64_t w);
+/// The share of a causal layer's attention work (n²/2) that n tokens in chunks of c keep: each
+/// full chunk c²/2, the last r = n mod c tokens r²/2, so (⌊n/c⌋·c² + r²)/n² (1 for c ≥ n).
+double chunk_share(std::int64_t n, std::int64_t c);
 /// The same for the last q of k causal tokens (queries k − q … k against every key before them,
 /// a bottom-right aligned causal block): ∫ min(p, w) dp over ∫ p dp = q·k − q²/2, p from k − q
 /// to k. window_share(n, n, w) is window_share(n, w).

@@ -47,6 +47,7 @@ enum class Quantity {
   /// the model's sliding-window layers against the method, implementation and kernel
   kAttentionWindow,
   kAttentionSinks,   ///< the model's attention sinks against the implementation and method
+  kAttentionChunks,  ///< the model's chunked layers against the method, implementation, kernel
   kExperts,          ///< the model's mixture of experts against the implementation and recipe
   kExpertParallel,   ///< expert-parallel degree E_p
   kExpertImbalance,  ///< the routing imbalance stated for EP

@@ -166,10 +166,11 @@ struct WindowSupport {
   std::string_view source;  ///< where its code says so, or why not
 };
 
-/// How an implementation's code runs a model's attention sinks (gpt-oss: a learned logit per
-/// query head in every softmax's denominator; Implementation::attention_sinks).
-struct SinkSupport {
-  bool runs = false;        ///< its attention kernel takes the sinks and their gradient
+/// How an implementation's code runs an attention feature of a model (Implementation::
+/// attention_sinks: gpt-oss's learned logit per query head in every softmax's denominator;
+/// Implementation::chunked_attention: Llama 4's chunks).
+struct FeatureSupport {
+  bool runs = false;        ///< its attention kernel runs it as the model's code does
   std::string_view source;  ///< where its code says so, or why not
 };
 
@@ -363,8 +364,12 @@ class Implementation {
     return {false, "its handling of a sliding window was not read"};
   }
   /// How its code runs attention sinks under method `m`; the default: not read.
-  virtual SinkSupport attention_sinks(models::CpMethod /*m*/) const {
+  virtual FeatureSupport attention_sinks(models::CpMethod /*m*/) const {
     return {false, "its handling of attention sinks was not read"};
+  }
+  /// How its code runs chunked attention under method `m`; the default: not read.
+  virtual FeatureSupport chunked_attention(models::CpMethod /*m*/) const {
+    return {false, "its handling of chunked attention was not read"};
   }
   /// How its code runs a mixture of experts under method `m`; the default: not read.
   virtual ExpertSupport experts(models::CpMethod /*m*/) const {
