@@ -111,7 +111,7 @@ std::int64_t active_parameters(const models::TransformerSpec& m, const models::P
     return p.total;
   }
   const std::int64_t idle = m.moe.experts - m.moe.experts_per_token;
-  return p.total - m.layers * idle * (p.experts_per_layer / m.moe.experts);
+  return p.total - m.sparse_layers() * idle * (p.experts_per_layer / m.moe.experts);
 }
 
 // One model in full: every field cpsim read from its config and what it derives.
@@ -146,7 +146,9 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
                                                  {"renormalize", m.moe.renormalize},
                                                  {"biases", m.moe.biases},
                                                  {"shared_ffn_hidden", m.moe.shared_ffn_hidden},
-                                                 {"shared_gate", m.moe.shared_gate}}
+                                                 {"shared_gate", m.moe.shared_gate},
+                                                 {"sparse_layers", m.sparse_layers()},
+                                                 {"dense_ffn_hidden", m.ffn_hidden}}
                                 : nlohmann::json(nullptr)},
          {"notes", m.notes}});
     std::cout << nlohmann::json{{"schema_version", 1}, {"model", model}}.dump(2) << "\n";
@@ -165,8 +167,11 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
                            m.qk_norm ? ", q/k norms" : "", attention_extras(m));
   if (m.is_moe()) {
     std::cout << fmt::format(
-        "  mixture of experts in every layer: {} experts of width {}, {} per token{}; {} "
+        "  mixture of experts in {}: {} experts of width {}, {} per token{}; {} "
         "parameters active per token ({:.3f} B)\n",
+        m.mixed_mlp() ? fmt::format("{} of {} layers (the others a dense MLP of {})",
+                                    m.sparse_layers(), m.layers, m.ffn_hidden)
+                      : std::string("every layer"),
         m.moe.experts, m.moe.expert_ffn_hidden, m.moe.experts_per_token,
         m.moe.biases ? ", router and expert biases" : shared_expert_clause(m),
         active_parameters(m, p), static_cast<double>(active_parameters(m, p)) / 1e9);

@@ -353,31 +353,87 @@ void read_attention_layers(const HfReader& hf, TransformerSpec& spec) {
 constexpr std::array<std::string_view, 5> kMoeModelTypes = {"mixtral", "qwen3_moe", "qwen2_moe",
                                                             kGptOss, kLlama4Text};
 
-// Llama 4's experts: every layer sparse (Scout), the shared expert as wide as a routed one.
+// The layers listed in `key` (layer indices) as a set of flags; refused out of range.
+std::vector<bool> listed_layers(const HfReader& hf,
+                                const Json& list,
+                                std::string_view key,
+                                std::int64_t layers) {
+  std::vector<bool> out(static_cast<std::size_t>(layers), false);
+  if (!list.is_array()) {
+    throw InputError(hf.field(key), "must be a list of layer indices");
+  }
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::string field = hf.field(fmt::format("{}[{}]", key, i));
+    const std::int64_t layer = json_integer(list[i], field);
+    if (layer < 0 || layer >= layers) {
+      throw InputError(field, fmt::format("layer {} is outside 0 to {}", layer, layers - 1));
+    }
+    out[static_cast<std::size_t>(layer)] = true;
+  }
+  return out;
+}
+
+// The layer kinds from a per-layer "has experts" flag: empty when every layer has them.
+std::vector<LayerMlp> layer_mlp_of(const std::vector<bool>& sparse) {
+  if (std::all_of(sparse.begin(), sparse.end(), [](bool b) { return b; })) {
+    return {};
+  }
+  std::vector<LayerMlp> out;
+  for (const bool b : sparse) {
+    out.push_back(b ? LayerMlp::kExperts : LayerMlp::kDense);
+  }
+  return out;
+}
+
+// Qwen2-MoE and Qwen3-MoE: layer i has experts unless listed in `mlp_only_layers`, when
+// (i + 1) % `decoder_sparse_step` == 0 (modeling_qwen3_moe.py:295-296,
+// modeling_qwen2_moe.py:659-660); else a dense MLP of `intermediate_size`.
+void read_qwen_sparse_layers(const HfReader& hf, TransformerSpec& spec) {
+  std::int64_t step = 1;
+  if (const Json* value = hf.optional("decoder_sparse_step")) {
+    step = json_integer(*value, hf.field("decoder_sparse_step"));
+  }
+  if (step <= 0) {
+    throw InputError(hf.field("decoder_sparse_step"),
+                     fmt::format("must be positive, got {}", step));
+  }
+  std::vector<bool> dense(static_cast<std::size_t>(spec.layers), false);
+  if (const Json* only = hf.optional("mlp_only_layers")) {
+    dense = listed_layers(hf, *only, "mlp_only_layers", spec.layers);
+  }
+  std::vector<bool> sparse;
+  for (std::int64_t i = 0; i < spec.layers; ++i) {
+    sparse.push_back(!dense[static_cast<std::size_t>(i)] && (i + 1) % step == 0);
+  }
+  spec.layer_mlp = layer_mlp_of(sparse);
+}
+
+// Llama 4's experts: the layers in `moe_layers` (default every `interleave_moe_layer_step`-th from
+// step − 1, configuration_llama4.py:381-386) have experts and a shared expert as wide as a routed
+// one, the others a dense MLP of `intermediate_size_mlp` (modeling_llama4.py:380-384).
 void read_llama4_moe(const HfReader& hf, TransformerSpec& spec) {
   spec.moe.experts = hf.required_int("num_local_experts");
   spec.moe.expert_ffn_hidden = spec.ffn_hidden;
   spec.moe.shared_ffn_hidden = spec.ffn_hidden;
-  if (const Json* step = hf.optional("interleave_moe_layer_step");
-      step != nullptr && json_integer(*step, hf.field("interleave_moe_layer_step")) != 1) {
-    throw InputError(hf.field("interleave_moe_layer_step"),
-                     "dense layers between sparse ones are not modelled: every layer's MLP must "
-                     "be a mixture of experts (1, as Llama-4-Scout)");
+  std::int64_t step = 1;
+  if (const Json* value = hf.optional("interleave_moe_layer_step")) {
+    step = json_integer(*value, hf.field("interleave_moe_layer_step"));
   }
-  if (const Json* layers = hf.optional("moe_layers"); layers != nullptr && !layers->is_null()) {
-    const bool all = layers->is_array() && static_cast<std::int64_t>(layers->size()) == spec.layers;
-    for (std::size_t i = 0; all && i < layers->size(); ++i) {
-      if (json_integer((*layers)[i], hf.field(fmt::format("moe_layers[{}]", i))) !=
-          static_cast<std::int64_t>(i)) {
-        throw InputError(hf.field("moe_layers"), "dense layers among sparse ones are not modelled");
-      }
+  if (step <= 0) {
+    throw InputError(hf.field("interleave_moe_layer_step"),
+                     fmt::format("must be positive, got {}", step));
+  }
+  std::vector<bool> sparse;
+  if (const Json* layers = hf.optional("moe_layers")) {
+    sparse = listed_layers(hf, *layers, "moe_layers", spec.layers);
+  } else {
+    for (std::int64_t i = 0; i < spec.layers; ++i) {
+      sparse.push_back(i >= step - 1 && (i - (step - 1)) % step == 0);
     }
-    if (!all) {
-      throw InputError(hf.field("moe_layers"),
-                       fmt::format("dense layers among sparse ones are not modelled: list all {} "
-                                   "layers",
-                                   spec.layers));
-    }
+  }
+  spec.layer_mlp = layer_mlp_of(sparse);
+  if (!spec.layer_mlp.empty()) {
+    spec.ffn_hidden = hf.required_int("intermediate_size_mlp");
   }
   if (const Json* noise = hf.optional("router_jitter_noise");
       noise != nullptr && json_number(*noise, hf.field("router_jitter_noise")) != 0.0) {
@@ -413,17 +469,7 @@ void read_moe(const HfReader& hf, TransformerSpec& spec) {
     if (const Json* norm = hf.optional("norm_topk_prob")) {  // default false
       spec.moe.renormalize = json_bool(*norm, hf.field("norm_topk_prob"));
     }
-    if (const Json* step = hf.optional("decoder_sparse_step");
-        step != nullptr && json_integer(*step, hf.field("decoder_sparse_step")) != 1) {
-      throw InputError(hf.field("decoder_sparse_step"),
-                       "dense layers between sparse ones are not modelled: every layer's MLP "
-                       "must be a mixture of experts (decoder_sparse_step 1)");
-    }
-    if (const Json* dense = hf.optional("mlp_only_layers");
-        dense != nullptr && !(dense->is_array() && dense->empty())) {
-      throw InputError(hf.field("mlp_only_layers"),
-                       "dense layers among sparse ones are not modelled: give an empty list");
-    }
+    read_qwen_sparse_layers(hf, spec);
   }
   spec.moe.experts_per_token = hf.required_int("num_experts_per_tok");
   if (spec.moe.experts <= 0) {

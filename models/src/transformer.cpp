@@ -93,6 +93,14 @@ void TransformerSpec::validate() const {
     throw InputError("model.sliding_window",
                      fmt::format("must not be negative, got {}", sliding_window));
   }
+  if (is_moe() && sparse_layers() == 0) {
+    throw InputError("model.mlp_only_layers", "no layer has experts");
+  }
+  if (!layer_mlp.empty() && (!is_moe() || static_cast<std::int64_t>(layer_mlp.size()) != layers)) {
+    throw InputError("model.mlp_only_layers",
+                     fmt::format("names {} layers' MLPs, num_hidden_layers is {}{}",
+                                 layer_mlp.size(), layers, is_moe() ? "" : ", and no experts"));
+  }
   if (!layer_attention.empty() && static_cast<std::int64_t>(layer_attention.size()) != layers) {
     throw InputError("model.layer_types", fmt::format("names {} layers, num_hidden_layers is {}",
                                                       layer_attention.size(), layers));
@@ -125,6 +133,15 @@ void TransformerSpec::validate() const {
 
 std::int64_t TransformerSpec::windowed_layers() const {
   return std::count(layer_attention.begin(), layer_attention.end(), LayerAttention::kSliding);
+}
+
+std::int64_t TransformerSpec::sparse_layers() const {
+  if (!is_moe()) {
+    return 0;
+  }
+  return layer_mlp.empty() ? layers
+                           : static_cast<std::int64_t>(std::count(
+                                 layer_mlp.begin(), layer_mlp.end(), LayerMlp::kExperts));
 }
 
 std::int64_t TransformerSpec::chunked_layers() const {
@@ -190,20 +207,29 @@ ParameterCount count_parameters(const TransformerSpec& spec) {
     }
   }
   const std::int64_t norms_per_layer = spec.post_sublayer_norms ? 4 : 2;
-  count.per_layer =
-      count.attention_per_layer + count.mlp_per_layer + norms_per_layer * norm_weights(spec);
+  const std::int64_t beside_mlp = count.attention_per_layer + norms_per_layer * norm_weights(spec);
+  count.per_layer = beside_mlp + count.mlp_per_layer;
+  count.dense_layers = spec.is_moe() ? spec.layers - spec.sparse_layers() : 0;
+  count.dense_per_layer =
+      count.dense_layers > 0 ? beside_mlp + 3 * spec.hidden * spec.ffn_hidden : 0;
   count.embedding = spec.vocab * spec.hidden;
   count.lm_head = spec.tied_embeddings || !spec.has_output_layer ? 0 : spec.vocab * spec.hidden;
   count.final_norm = spec.has_output_layer ? norm_weights(spec) : 0;
-  count.total = spec.layers * count.per_layer + count.embedding + count.lm_head + count.final_norm;
+  count.total = (spec.layers - count.dense_layers) * count.per_layer +
+                count.dense_layers * count.dense_per_layer + count.embedding + count.lm_head +
+                count.final_norm;
   return count;
 }
 
 StepFlops model_step_flops(const TransformerSpec& spec, std::int64_t seq_len) {
   const auto n = static_cast<double>(seq_len);
   const auto layers = static_cast<double>(spec.layers);
+  // Dense layers of a mixture of experts: their MLP of ffn_hidden.
+  const auto sparse = static_cast<double>(spec.is_moe() ? spec.sparse_layers() : spec.layers);
   const double matmul_weights =
-      layers * static_cast<double>(attention_matmul_weights(spec) + mlp_active_weights(spec)) +
+      layers * static_cast<double>(attention_matmul_weights(spec)) +
+      sparse * static_cast<double>(mlp_active_weights(spec)) +
+      (layers - sparse) * static_cast<double>(3 * spec.hidden * spec.ffn_hidden) +
       static_cast<double>(spec.vocab * spec.hidden);
   StepFlops flops;
   flops.dense = 6.0 * n * matmul_weights;

@@ -43,11 +43,16 @@ namespace {
 
 // One [rows, f/T] tensor of the MLP: s tokens of the dense MLP's width, or the s·k token copies of
 // a mixture of experts at one expert's width (at least that many rows: routing imbalance only
-// adds).
+// adds); the smaller of the two where layers with experts and dense ones mix.
 std::int64_t mlp_tensor_bytes(const sim::ScheduleInputs& in, std::int64_t s, std::int64_t t) {
   const auto& m = in.model;
-  const std::int64_t rows = m.is_moe() ? s * m.moe.experts_per_token : s;
-  return rows * (m.mlp_width() / t) * in.recipe.activation_bytes;
+  const std::int64_t dense = s * (m.ffn_hidden / t) * in.recipe.activation_bytes;
+  if (!m.is_moe()) {
+    return dense;
+  }
+  const std::int64_t experts =
+      s * m.moe.experts_per_token * (m.moe.expert_ffn_hidden / t) * in.recipe.activation_bytes;
+  return m.mixed_mlp() ? std::min(dense, experts) : experts;
 }
 
 std::int64_t bound_with_in_flight(const sim::ScheduleInputs& in, double in_flight) {

@@ -442,6 +442,12 @@ std::optional<ConfigIssue> check_experts(const ScheduleInputs& in,
   const std::string what = fmt::format("{} has {} experts, {} per token", m.name, m.moe.experts,
                                        m.moe.experts_per_token);
   const bool clamped = m.activation == models::ActivationKind::kClampedQuickGeGlu;
+  if (m.mixed_mlp() && p.pp_degree > 1) {
+    return ConfigIssue{Quantity::kPpDegree,
+                       fmt::format("{} of {} layers of {} have experts, the others a dense MLP; "
+                                   "pipeline stages of layers that differ are not modelled",
+                                   m.sparse_layers(), m.layers, m.name)};
+  }
   if (implementation != nullptr) {
     const ExpertSupport support = implementation->experts(p.method);
     if (!support.runs) {
@@ -662,8 +668,9 @@ ModelStates model_states(const ScheduleInputs& inputs) {
   // that hold the same ones (G/E_p of them); the other parameters as before.
   const models::ParameterCount count = models::count_parameters(in.model);
   const std::int64_t ep = std::max(1, in.parallel.ep_degree);
-  const std::int64_t experts = in.model.layers * count.experts_per_layer / ep;
-  const std::int64_t total = count.total - in.model.layers * count.experts_per_layer + experts;
+  const std::int64_t sparse = in.model.sparse_layers();
+  const std::int64_t experts = sparse * count.experts_per_layer / ep;
+  const std::int64_t total = count.total - sparse * count.experts_per_layer + experts;
   const std::int64_t gpus = std::max(1, in.parallel.gpus / std::max(1, in.parallel.tp_degree));
   const std::int64_t expert_gpus = std::max<std::int64_t>(1, gpus / ep);
   const std::int64_t shard =

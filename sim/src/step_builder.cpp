@@ -39,11 +39,11 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
     params_.per_layer -= elsewhere;
     params_.mlp_per_layer -= elsewhere;
     params_.experts_per_layer = expert_params_;
-    params_.total -= m_.layers * elsewhere;
+    params_.total -= m_.sparse_layers() * elsewhere;
   }
   {
     const std::int64_t all = b_.group_size(Group::kAll);
-    const std::int64_t experts = m_.layers * expert_params_;
+    const std::int64_t experts = m_.sparse_layers() * expert_params_;
     updated_params_ = r_.zero_stage == 0 ? params_.total
                                          : ceil_div(params_.total - experts, all) +
                                                ceil_div(experts, b_.group_size(Group::kExpertData));
@@ -54,7 +54,8 @@ StepBuilder::StepBuilder(const ScheduleInputs& in,
   const bool differ = m_.mixed_attention() &&
                       ((m_.windowed_layers() > 0 && m_.sliding_window < shape_.seq_tokens) ||
                        (m_.chunked_layers() > 0 && m_.attention_chunk < shape_.seq_tokens));
-  repeat_layers_ = repeat_layers && !differ;
+  repeat_layers_ = repeat_layers && !differ && !m_.mixed_mlp();  // layers with and without experts
+  layer_experts_ = m_.is_moe();                                  // enter_layer sets each layer's
   tp_regather_ = implementation_ == nullptr || implementation_->tp_regathers_inputs();
   shards_ =
       r_.tiled_mlp_shards > 0 ? r_.tiled_mlp_shards : ceil_div(shape_.local_tokens, m_.hidden);
@@ -129,7 +130,8 @@ bool StepBuilder::zero3_host_grad_partitions() const {
 std::int64_t StepBuilder::largest_layer_param() const {
   // q_proj/o_proj [h, H·d], k_proj/v_proj [h, Hkv·d], the MLP's matrices [h, f] (one TP rank's
   // share: m_ is the rank's view).
-  return m_.hidden * std::max({m_.q_width(), m_.kv_width(), m_.mlp_width()});
+  return m_.hidden * std::max({m_.q_width(), m_.kv_width(), m_.mlp_width(),
+                               m_.mixed_mlp() ? m_.ffn_hidden : 0});
 }
 
 // DeepSpeed ZeRO-3 with the optimizer offloaded (the gradient partitions in a host buffer) makes,
@@ -225,7 +227,7 @@ OpSet StepBuilder::reduce_grads(Name name,
 // backward needs goes into `sv`. Returns the MLP's output (before TP's reduce-scatter). A mixture
 // of experts: step_experts.cpp.
 TensorSet StepBuilder::mlp_forward(SavedLayer& sv, TensorSet h1n, TensorSet params, bool grad) {
-  if (m_.is_moe()) {
+  if (layer_experts_) {
     return moe_forward(sv, h1n, params, grad);
   }
   const std::int64_t h = m_.hidden;
@@ -402,7 +404,7 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
 // is an op of its own, overlapping dh1n's reduce-scatter.
 TensorSet StepBuilder::mlp_backward(
     const SavedLayer& sv, TensorSet dy_full, TensorSet h1n, TensorSet params, TensorSet grads) {
-  if (m_.is_moe()) {
+  if (layer_experts_) {
     return moe_backward(sv, dy_full, h1n, params, grads);
   }
   const std::int64_t h = m_.hidden, f = m_.ffn_hidden;
@@ -642,9 +644,10 @@ void StepBuilder::gather_layer(int l, ListRef<OpSet> deps) {
     return;  // no per-block parameter buffer
   }
   TensorSet& params = layer_params_[static_cast<std::size_t>(l)];
-  params = param_buffer(block_name("layer", l, ".params"), params_.per_layer);
-  if (expert_params_ == 0) {
-    gather_into(block_name("allgather.layer", l), params_.per_layer, params, deps);
+  const std::int64_t all = layer_param_count(l), experts = layer_expert_params(l);
+  params = param_buffer(block_name("layer", l, ".params"), all);
+  if (experts == 0) {
+    gather_into(block_name("allgather.layer", l), all, params, deps);
     return;
   }
   // Expert parallelism: the block's other parameters over every rank, then its experts over the
@@ -653,12 +656,11 @@ void StepBuilder::gather_layer(int l, ListRef<OpSet> deps) {
   OpSpec& s = next_spec(block_name("allgather.layer", l), Stream::kFsdp, OpKind::kElementwise);
   s.memory_pool = MemoryPool::kGather;
   s.deps.assign(deps.begin(), deps.end());
-  s.workspace_bytes = params_.per_layer * r_.param_bytes;
+  s.workspace_bytes = all * r_.param_bytes;
   s.workspace_category = MemCategory::kParamGather;
   const OpSet others = b_.collective(s, Group::kAll, models::Collective::kAllGather, cost_,
-                                     (params_.per_layer - expert_params_) * r_.param_bytes);
-  gather_params(block_name("allgather.experts", l), expert_params_, params, {others},
-                Group::kExpertData);
+                                     (all - experts) * r_.param_bytes);
+  gather_params(block_name("allgather.experts", l), experts, params, {others}, Group::kExpertData);
 }
 
 void StepBuilder::prefetch_layer(int l, OpSet after) {
@@ -898,21 +900,22 @@ TensorSet StepBuilder::backward_layers(TensorSet dy, OpSet after_loss, bool redu
     if (l > 0) {
       prefetch_layer(l - 1, recomputed);
     }
-    TensorSet grads = grad_buffer(block_name("layer", l, ".grads"), params_.per_layer);
+    const std::int64_t all = layer_param_count(l), experts = layer_expert_params(l);
+    TensorSet grads = grad_buffer(block_name("layer", l, ".grads"), all);
     dy = backward_layer(l, checkpoints_[li], dy, layer_params_[li], grads);
     // FSDP's post-backward hook: the block's gradients are reduced once its backward has ended
     // (dy's producer is the block's last op on the compute stream).
     if (!reduce) {
       continue;
     }
-    if (expert_params_ == 0) {
-      reduce_grads(block_name("reduce.layer", l), params_.per_layer, largest_layer_param(), grads,
+    if (experts == 0) {
+      reduce_grads(block_name("reduce.layer", l), all, largest_layer_param(), grads,
                    {b_.producer(dy)});
       continue;
     }
-    reduce_grads(block_name("reduce.layer", l), params_.per_layer - expert_params_,
-                 largest_layer_param(), grads, {b_.producer(dy)});
-    reduce_grads(block_name("reduce.experts", l), expert_params_, largest_layer_param(), grads,
+    reduce_grads(block_name("reduce.layer", l), all - experts, largest_layer_param(), grads,
+                 {b_.producer(dy)});
+    reduce_grads(block_name("reduce.experts", l), experts, largest_layer_param(), grads,
                  {b_.producer(dy)}, Group::kExpertData);
   }
   return dy;

@@ -157,6 +157,12 @@ class StepBuilder : private OpEmitter, private KernelCosts {
   std::int64_t zero3_offload_reduce_bytes(std::int64_t params, std::int64_t largest) const;
   /// Elements of a block's largest parameter (one TP rank's share).
   std::int64_t largest_layer_param() const;
+  /// Block `l`'s parameters on the rank (a mixture of experts' dense layers have their own), and
+  /// of those its experts' (0 for a dense MLP).
+  std::int64_t layer_param_count(int l) const {
+    return m_.is_moe() && !m_.experts_at(l) ? params_.dense_per_layer : params_.per_layer;
+  }
+  std::int64_t layer_expert_params(int l) const { return m_.experts_at(l) ? expert_params_ : 0; }
 
   // ---- the step (step_builder.cpp): embedding, blocks forward, loss, blocks backward, optimizer
   void set_static_memory();
@@ -396,6 +402,7 @@ class StepBuilder : private OpEmitter, private KernelCosts {
   bool merge_ring_ = false;               // BuildOptions::merge_ring_steps
   bool repeat_layers_ = true;             // BuildOptions::repeat_layers
   double layer_window_share_ = 1.0;       // the current block's (enter_layer)
+  bool layer_experts_ = false;            // the current block's MLP is the experts (enter_layer)
   std::int64_t layer_window_tokens_ = 0;  // the current block's window; 0: none or ≥ the sequence
   bool tp_regather_ = true;               // TP linears save [s/T, h] inputs and gather them again
   std::int64_t shards_ = 1, tile_ = 0;

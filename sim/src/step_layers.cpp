@@ -112,6 +112,7 @@ StepBuilder::LayerEnds StepBuilder::body_instance(
 }
 
 void StepBuilder::enter_layer(int layer) {
+  layer_experts_ = m_.experts_at(layer);
   const models::LayerAttention kind = m_.attention_of(layer);
   const bool windowed =
       kind == models::LayerAttention::kSliding && m_.sliding_window < shape_.seq_tokens;

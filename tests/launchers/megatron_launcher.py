@@ -49,7 +49,8 @@ FALSE = {"--disable-bias-linear": "add_bias_linear", "--no-rope-fusion": "apply_
          "--no-bias-dropout-fusion": "bias_dropout_fusion"}
 SPECIAL = {"--swiglu", "--quick-geglu", "--group-query-attention", "--cp-comm-type",
            "--attention-backend", "--use-distributed-optimizer", "--micro-batch-size",
-           "--global-batch-size", "--seq-length", "--window-size", "--window-attn-skip-freq"}
+           "--global-batch-size", "--seq-length", "--window-size", "--window-attn-skip-freq",
+           "--moe-layer-freq"}
 # flags Megatron-LM hands to GPTModel / the data path, not to a megatron-core config object
 MODEL_LEVEL = {"--max-position-embeddings", "--position-embedding-type", "--rotary-base",
                "--rotary-percent", "--untie-embeddings-and-output-weights"}
@@ -85,6 +86,9 @@ def to_kwargs(fl):
     if "--window-attn-skip-freq" in fl:  # moe_freq_type (:231-254): an int, or a list
         freq = fl["--window-attn-skip-freq"]
         kw["window_attn_skip_freq"] = ast.literal_eval(freq) if "[" in freq else int(freq)
+    if "--moe-layer-freq" in fl:  # moe_freq_type: an int, or a list with 1 for a layer with experts
+        freq = fl["--moe-layer-freq"]
+        kw["moe_layer_freq"] = ast.literal_eval(freq) if "[" in freq else int(freq)
     dtype = torch.bfloat16 if kw.get("bf16") else torch.float16 if kw.get("fp16") else None
     if dtype is not None:
         kw.update(params_dtype=dtype, pipeline_dtype=dtype)
@@ -206,6 +210,7 @@ def check(path: str, gpus: int) -> dict:
                     "ffn_hidden": tc.moe_ffn_hidden_size, "pre_softmax": tc.moe_router_pre_softmax,
                     "shared_ffn_hidden": tc.moe_shared_expert_intermediate_size,
                     "shared_gate": tc.moe_shared_expert_gate,
+                    "layer_freq": tc.moe_layer_freq,
                     "dispatcher": tc.moe_token_dispatcher_type,
                     "ep_group": ps.get_expert_model_parallel_world_size(),
                     "expert_data_parallel": ps.get_expert_data_parallel_world_size()}

@@ -131,14 +131,16 @@ def test_megatron_runs_the_experts_as_simulated(tmp_path):
     assert " ep8" in planned["label"], planned["label"]
     assert report["experts"] == {
         "num_moe_experts": 128, "topk": 8, "ffn_hidden": 768, "pre_softmax": False,
-        "shared_ffn_hidden": None, "shared_gate": False,
+        "shared_ffn_hidden": None, "shared_gate": False, "layer_freq": 1,
         "dispatcher": "alltoall", "ep_group": 8, "expert_data_parallel": 2}
 
 
 def test_megatron_runs_a_gated_shared_expert(tmp_path):
-    """A Qwen2-MoE config (a shared expert behind a sigmoid gate, q/k/v biases): megatron-core's
-    config gets the shared expert's width and gate, and the q/k/v biases only."""
+    """A Qwen2-MoE config (a shared expert behind a sigmoid gate, q/k/v biases, two dense layers):
+    megatron-core's config gets the shared expert's width and gate, which layers have experts,
+    and the q/k/v biases only."""
     config = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
+              "mlp_only_layers": [0, 1],
               "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
               "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24,
               "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 151936,
@@ -153,6 +155,7 @@ def test_megatron_runs_a_gated_shared_expert(tmp_path):
     e = report["experts"]
     assert (e["num_moe_experts"], e["topk"], e["ffn_hidden"]) == (60, 4, 1408)
     assert (e["shared_ffn_hidden"], e["shared_gate"]) == (5632, True)
+    assert e["layer_freq"] == [0, 0] + [1] * 22  # its first two layers dense (mlp_only_layers)
     assert report["add_qkv_bias"] and not report["add_bias_linear"]
 
 

@@ -264,7 +264,7 @@ TEST(HfConfig, MixtralExpertsAreIntermediateSizeWide) {
   EXPECT_EQ(parse(windowed).windowed_layers(), 32);  // every layer, as Mistral
 }
 
-TEST(HfConfig, Qwen3MoeExpertsAndItsDenseLayersRefused) {
+TEST(HfConfig, Qwen3MoeExpertsAndItsDenseLayers) {
   const TransformerSpec spec = parse(qwen3_moe_config());
   EXPECT_EQ(spec.moe.experts, 128);
   EXPECT_EQ(spec.moe.experts_per_token, 8);
@@ -272,12 +272,26 @@ TEST(HfConfig, Qwen3MoeExpertsAndItsDenseLayersRefused) {
   EXPECT_EQ(spec.mlp_width(), 768);
   EXPECT_TRUE(spec.qk_norm);
   EXPECT_EQ(count_parameters(spec).total, 30'532'122'624);  // Qwen3-30B-A3B
+  EXPECT_TRUE(spec.layer_mlp.empty());                      // every layer sparse
+  // Layer i has experts unless in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0.
   json step = qwen3_moe_config();
   step["decoder_sparse_step"] = 2;
-  EXPECT_EQ(error_field(step), "llama.json:decoder_sparse_step");
-  json dense_layers = qwen3_moe_config();
-  dense_layers["mlp_only_layers"] = {0, 1};
-  EXPECT_EQ(error_field(dense_layers), "llama.json:mlp_only_layers");
+  step["mlp_only_layers"] = {3};
+  const TransformerSpec every_other = parse(step);
+  EXPECT_EQ(every_other.sparse_layers(), 23);
+  EXPECT_FALSE(every_other.experts_at(0));
+  EXPECT_TRUE(every_other.experts_at(1));
+  EXPECT_FALSE(every_other.experts_at(3));
+  // Per dense layer 3·2048·6144 in place of the 128 experts and the router.
+  const ParameterCount p = count_parameters(every_other);
+  EXPECT_EQ(p.dense_layers, 25);
+  EXPECT_EQ(p.per_layer - p.dense_per_layer, 603'979'776 + 262'144 - 3LL * 2048 * 6144);
+  json outside = qwen3_moe_config();
+  outside["mlp_only_layers"] = {48};
+  EXPECT_EQ(error_field(outside), "llama.json:mlp_only_layers[0]");
+  json none_sparse = qwen3_moe_config();
+  none_sparse["decoder_sparse_step"] = 100;
+  EXPECT_EQ(error_field(none_sparse), "llama.json:mlp_only_layers");
   json too_many = qwen3_moe_config();
   too_many["num_experts_per_tok"] = 129;
   EXPECT_EQ(error_field(too_many), "llama.json:num_experts_per_tok");
@@ -553,13 +567,17 @@ TEST(HfConfig, Llama4ReadsItsTextModelWithChunksAndASharedExpert) {
     pattern += spec.attention_of(l) == LayerAttention::kChunked ? 'C' : 'F';
   }
   EXPECT_EQ(pattern, "CCCFCCCF");
-  // Errors name the field inside text_config.
+  // Dense layers of intermediate_size_mlp where moe_layers or the interleave step leave them.
   json step = llama4_config();
   step["text_config"]["interleave_moe_layer_step"] = 2;
-  EXPECT_EQ(error_field(step), "llama.json:text_config.interleave_moe_layer_step");
+  const TransformerSpec interleaved = parse(step);
+  EXPECT_EQ(interleaved.sparse_layers(), 4);
+  EXPECT_TRUE(interleaved.experts_at(1) && !interleaved.experts_at(0));
+  EXPECT_EQ(interleaved.ffn_hidden, 1024);
   json some = llama4_config();
-  some["text_config"]["moe_layers"] = {1, 3, 5, 7};
-  EXPECT_EQ(error_field(some), "llama.json:text_config.moe_layers");
+  some["text_config"]["moe_layers"] = {1, 3, 5, 8};
+  // Errors name the field inside text_config.
+  EXPECT_EQ(error_field(some), "llama.json:text_config.moe_layers[3]");
   json bad = llama4_config();
   bad["text_config"]["hidden_size"] = "512";
   EXPECT_EQ(error_field(bad), "llama.json:text_config.hidden_size");

@@ -129,6 +129,16 @@ COUNTED = [
 # Llama4ForCausalLM).
 LLAMA4 = {"num_local_experts": 4, "num_experts_per_tok": 1, "intermediate_size_mlp": 256}
 COUNTED.append(("llama4_text", LLAMA4))
+# Dense layers among the sparse ones: Qwen's mlp_only_layers and decoder_sparse_step, Llama 4's
+# interleave_moe_layer_step and moe_layers (dense MLPs of intermediate_size / _mlp).
+QWEN_MOE = {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 48}
+COUNTED += [
+    ("qwen3_moe", {**QWEN_MOE, "mlp_only_layers": [0, 3]}),
+    ("qwen3_moe", {**QWEN_MOE, "decoder_sparse_step": 2}),
+    ("qwen2_moe", {**QWEN_MOE, "shared_expert_intermediate_size": 96, "decoder_sparse_step": 3}),
+    ("llama4_text", {**LLAMA4, "interleave_moe_layer_step": 2}),
+    ("llama4_text", {**LLAMA4, "moe_layers": [1, 2, 5]}),
+]
 # Llama 4's chunked layers: Llama4TextConfig's own layer_types against cpsim's reading.
 CHUNKED = [
     {},

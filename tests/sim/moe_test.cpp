@@ -294,6 +294,41 @@ TEST(Experts, WhatIsNotModelledIsRefused) {
   EXPECT_EQ(refusal(upipe), Quantity::kExperts);
 }
 
+// Dense layers among the sparse ones (Qwen's mlp_only_layers, Llama 4's moe_layers): each block
+// gathers, keeps and reduces its own parameters, runs its own MLP, and the model states count each
+// kind's parameters; pipeline stages of such layers are refused.
+TEST(Experts, DenseLayersAmongSparseOnesHoldTheirOwnParameters) {
+  ScheduleInputs mixed = moe_inputs(8);
+  mixed.model.ffn_hidden = 6144;  // the dense layers' MLP
+  for (std::int64_t l = 0; l < mixed.model.layers; ++l) {
+    mixed.model.layer_mlp.push_back(l % 2 == 0 ? models::LayerMlp::kDense
+                                               : models::LayerMlp::kExperts);
+  }
+  const models::ParameterCount p = models::count_parameters(mixed.model);
+  EXPECT_EQ(p.dense_layers, 24);
+  EXPECT_EQ(p.per_layer - p.dense_per_layer, 603'979'776 + 262'144 - 3LL * 2048 * 6144);
+  const Workload w = build_step(mixed);
+  const std::int64_t b = mixed.recipe.param_bytes;
+  EXPECT_EQ(tensor_bytes(w, "layer0.params"), p.dense_per_layer * b);
+  EXPECT_EQ(tensor_bytes(w, "layer1.params"), (p.per_layer - p.experts_per_layer * 7 / 8) * b);
+  EXPECT_EQ(ops_named(w, "allgather.experts1"), 2);
+  EXPECT_EQ(ops_named(w, "allgather.experts0"), 0);
+  EXPECT_EQ(ops_named(w, "moe_router"), 24 * 2);  // forward and recomputation of 24 blocks
+  // ZeRO-0: the states hold every dense layer and 1/8 of each sparse layer's experts.
+  ScheduleInputs unsharded = mixed;
+  unsharded.recipe.zero_stage = 0;
+  unsharded.recipe.optimizer_offload = false;
+  unsharded.recipe.param_offload = false;
+  const std::int64_t per_param = unsharded.recipe.param_bytes + unsharded.recipe.grad_bytes +
+                                 unsharded.recipe.master_param_bytes +
+                                 unsharded.recipe.optimizer_state_bytes;
+  const std::int64_t held = p.total - 24 * (p.experts_per_layer - p.experts_per_layer / 8);
+  EXPECT_EQ(model_states(unsharded).gpu_bytes, held * per_param);
+  ScheduleInputs staged = mixed;
+  staged.parallel.pp_degree = 2;
+  EXPECT_EQ(refusal(staged), Quantity::kPpDegree);
+}
+
 // gpt-oss-120b's sinks: Megatron-Core runs them through TransformerEngine's learnable softmax
 // with cp_comm_type a2a only, on cuDNN's fused kernel; the Hugging Face and yunchang kernels take
 // none, TorchTitan's FlexAttention path is not modelled.

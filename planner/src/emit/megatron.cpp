@@ -169,6 +169,16 @@ void expert_args(const Plan& p, Args& a) {
       a.push_back({"--moe-shared-expert-gate"});
     }
   }
+  // Layers with experts and dense ones (megatron-core 0.16.1 moe_layer_freq, a list with 1 for a
+  // layer with experts: models/gpt/gpt_layer_specs.py:579-590); the dense ones' MLP is
+  // --ffn-hidden-size.
+  if (m.mixed_mlp()) {
+    std::string list = "[";
+    for (std::int64_t l = 0; l < m.layers; ++l) {
+      list += fmt::format("{}{}", l > 0 ? "," : "", m.experts_at(l) ? 1 : 0);
+    }
+    a.push_back({"--moe-layer-freq", list + "]"});
+  }
   a.push_back({"--moe-token-dispatcher-type", "alltoall"});
   a.push_back({"--moe-grouped-gemm"});
   a.push_back({"--moe-router-load-balancing-type", "none"});

@@ -46,6 +46,11 @@ struct MoeSpec {
   bool operator==(const MoeSpec&) const = default;
 };
 
+/// A layer's MLP in a mixture-of-experts model: the experts, or a dense gated MLP of
+/// `TransformerSpec::ffn_hidden` (Qwen3-MoE's `mlp_only_layers` and `decoder_sparse_step`,
+/// Llama 4's `moe_layers`).
+enum class LayerMlp : std::uint8_t { kExperts, kDense };
+
 /// Shape of a decoder-only transformer. Dimensions are element counts.
 struct TransformerSpec {
   std::string name;
@@ -54,8 +59,10 @@ struct TransformerSpec {
   std::int64_t heads = 0;       ///< query heads H
   std::int64_t kv_heads = 0;    ///< key/value heads H_kv (GQA); equals `heads` for MHA
   std::int64_t head_dim = 0;    ///< d
-  std::int64_t ffn_hidden = 0;  ///< intermediate size f (a dense MLP's; MoE: the config's value)
-  MoeSpec moe;                  ///< experts.experts > 0: every MLP is a mixture of experts
+  std::int64_t ffn_hidden = 0;  ///< intermediate size f of a dense MLP (MoE: its dense layers')
+  MoeSpec moe;                  ///< moe.experts > 0: the MLPs are mixtures of experts
+  /// A mixture-of-experts model's MLP per layer; empty: every layer's is the experts.
+  std::vector<LayerMlp> layer_mlp;
   std::int64_t vocab = 0;
   bool tied_embeddings = false;
   /// The final norm, LM head and loss: false for the share of a pipeline stage other than the last
@@ -113,6 +120,15 @@ struct TransformerSpec {
     return (w > 0 && w < layers) || (c > 0 && c < layers);
   }
   bool is_moe() const { return moe.experts > 0; }
+  /// Layer `layer`'s MLP is a mixture of experts.
+  bool experts_at(std::int64_t layer) const {
+    return is_moe() &&
+           (layer_mlp.empty() || layer_mlp[static_cast<std::size_t>(layer)] == LayerMlp::kExperts);
+  }
+  /// Layers whose MLP is a mixture of experts (0 for a dense model).
+  std::int64_t sparse_layers() const;
+  /// Some layers with experts and some with a dense MLP.
+  bool mixed_mlp() const { return is_moe() && sparse_layers() < layers; }
   /// The width of the MLP a token passes through: one expert's (MoE) or the dense MLP's.
   std::int64_t mlp_width() const { return is_moe() ? moe.expert_ffn_hidden : ffn_hidden; }
   std::int64_t q_width() const { return heads * head_dim; }
@@ -131,8 +147,14 @@ struct TransformerSpec {
 ///                post_sublayer_norms
 ///   embeddings = V·h, plus V·h for the LM head unless tied, plus h for the final norm (neither
 ///                the LM head nor the final norm without the output layer: has_output_layer).
+///   A mixture of experts' dense layers (layer_mlp) have 3·h·f in place of the experts, router
+///   and shared expert.
 struct ParameterCount {
+  /// A layer's parameters (of a mixture of experts: a layer with experts); `dense_per_layer` of
+  /// each of its `dense_layers` layers with a dense MLP.
   std::int64_t per_layer = 0;
+  std::int64_t dense_per_layer = 0;
+  std::int64_t dense_layers = 0;
   std::int64_t attention_per_layer = 0;
   std::int64_t mlp_per_layer = 0;      ///< experts and router included
   std::int64_t experts_per_layer = 0;  ///< the routed experts' weights (0 for a dense MLP)
