@@ -260,8 +260,9 @@ class StepBuilder : private OpEmitter, private KernelCosts {
     /// Copies of gate/up [rows, 2·width] kept beside it (a clamped GLU's clamped inputs).
     std::int64_t gate_up_copies = 0;
   };
-  /// The experts' gated MLP on the rank (step_experts.cpp).
+  /// The experts' gated MLP on the rank, and the shared expert's (step_experts.cpp).
   GatedMlp expert_mlp() const;
+  GatedMlp shared_mlp() const;
   /// `one` run `groups` times (exactly `one` for a single group).
   static KernelCost grouped(KernelCost one, std::int64_t groups);
   /// Gate/up GEMM, activation and down GEMM from `in` into `out`; what the backward reads goes

@@ -63,6 +63,10 @@ StepBuilder::GatedMlp StepBuilder::expert_mlp() const {
           experts_.eager_expert_activation, clamped ? experts_.clamped_glu_copies : 0};
 }
 
+StepBuilder::GatedMlp StepBuilder::shared_mlp() const {
+  return {shape_.local_tokens, m_.moe.shared_ffn_hidden, 1, experts_.eager_expert_activation, 0};
+}
+
 std::int64_t StepBuilder::routing_bytes() const {
   const std::int64_t s = shape_.local_tokens, copies = s * m_.moe.experts_per_token;
   return copies * experts_.routing_bytes_per_copy + s * experts_.routing_bytes_per_token +
@@ -159,8 +163,7 @@ TensorSet StepBuilder::shared_expert_forward(
   const bool gate = m_.moe.shared_gate;
   const MemCategory kept = grad ? MemCategory::kActivations : MemCategory::kOther;
   TensorSet shared = b_.tensor("moe_shared_out", s * h * a, gate ? kept : MemCategory::kOther);
-  gated_mlp_forward(sv.shared, h1n, params, grad,
-                    {s, m_.moe.shared_ffn_hidden, 1, experts_.eager_expert_activation, 0}, shared);
+  gated_mlp_forward(sv.shared, h1n, params, grad, shared_mlp(), shared);
   TensorSet out = b_.tensor("mlp_out", s * h * a, post_norm_input_category(grad));
   std::vector<TensorSet> outs = {out};
   KernelCost cost = mem(3 * s * h * a);
@@ -196,9 +199,7 @@ TensorSet StepBuilder::shared_expert_backward(const SavedLayer& sv,
             {dy, sv.shared_out, sv.shared_score, h1n, params, grads}, {d_shared});
   }
   TensorSet dx = b_.tensor("dh1n", s * h * a, MemCategory::kOther);
-  gated_mlp_backward(sv.shared, d_shared, h1n, params, grads,
-                     {s, m_.moe.shared_ffn_hidden, 1, experts_.eager_expert_activation, 0}, dx,
-                     true, routed_dx);
+  gated_mlp_backward(sv.shared, d_shared, h1n, params, grads, shared_mlp(), dx, true, routed_dx);
   return dx;
 }
 
