@@ -63,6 +63,15 @@ std::string attention_extras(const models::TransformerSpec& m) {
   if (m.attention_sinks) {
     out += ", attention sinks";
   }
+  if (m.is_mla()) {
+    out +=
+        fmt::format(", multi-head latent attention (q rank {}, kv rank {}, RoPE {}, v heads {})",
+                    m.mla.q_lora_rank, m.mla.kv_lora_rank, m.mla.rope_head_dim, m.value_head_dim());
+  }
+  if (m.moe.groups > 0) {
+    out += fmt::format(", a grouped sigmoid router (top {} of {} groups, scaled by {:g})",
+                       m.moe.group_topk, m.moe.groups, m.moe.routed_scaling);
+  }
   return out;
 }
 
@@ -130,6 +139,11 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
          {"qkv_bias", m.qkv_bias},
          {"output_proj_bias", m.output_proj_bias},
          {"attention_sinks", m.attention_sinks},
+         {"v_head_dim", m.value_head_dim()},
+         {"latent_attention", m.is_mla() ? nlohmann::json{{"q_lora_rank", m.mla.q_lora_rank},
+                                                          {"kv_lora_rank", m.mla.kv_lora_rank},
+                                                          {"qk_rope_head_dim", m.mla.rope_head_dim}}
+                                         : nlohmann::json(nullptr)},
          {"activation", activation_name(m.activation)},
          {"norm", norm_name(m.norm)},
          {"rope_theta", m.rope_theta},
@@ -148,6 +162,9 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
                                                  {"shared_ffn_hidden", m.moe.shared_ffn_hidden},
                                                  {"shared_gate", m.moe.shared_gate},
                                                  {"sparse_layers", m.sparse_layers()},
+                                                 {"router_groups", m.moe.groups},
+                                                 {"router_group_topk", m.moe.group_topk},
+                                                 {"routed_scaling", m.moe.routed_scaling},
                                                  {"dense_ffn_hidden", m.ffn_hidden}}
                                 : nlohmann::json(nullptr)},
          {"notes", m.notes}});
@@ -484,7 +501,9 @@ nlohmann::json attention_features_json(const sim::Implementation& impl) {
         {"sliding_window", {{"runs", w.passes_window}, {"source", w.source}}},
         {"attention_sinks", {{"runs", s.runs}, {"source", s.source}}},
         {"chunked_attention",
-         {{"runs", impl.chunked_attention(m).runs}, {"source", impl.chunked_attention(m).source}}}};
+         {{"runs", impl.chunked_attention(m).runs}, {"source", impl.chunked_attention(m).source}}},
+        {"latent_attention",
+         {{"runs", impl.latent_attention(m).runs}, {"source", impl.latent_attention(m).source}}}};
   }
   return out;
 }

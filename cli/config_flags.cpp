@@ -34,6 +34,7 @@ std::string flag_for(sim::Quantity q, const models::ParallelConfig& p) {
     case sim::Quantity::kAttentionWindow:
     case sim::Quantity::kAttentionSinks:
     case sim::Quantity::kAttentionChunks:
+    case sim::Quantity::kLatentAttention:
     case sim::Quantity::kExperts:
       return "--model";
     case sim::Quantity::kExpertParallel:

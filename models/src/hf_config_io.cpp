@@ -31,14 +31,16 @@ struct RefusedKey {
   std::string_view key;
   std::string_view what;
 };
+constexpr std::string_view kMoeWhat = "mixture-of-experts";
+constexpr std::string_view kMlaWhat = "multi-head latent attention (MLA)";
 constexpr std::array<RefusedKey, 7> kRefusedKeys = {{
-    {"num_local_experts", "mixture-of-experts"},
-    {"num_experts", "mixture-of-experts"},
-    {"n_routed_experts", "mixture-of-experts"},
-    {"num_experts_per_tok", "mixture-of-experts"},
-    {"moe_intermediate_size", "mixture-of-experts"},
-    {"kv_lora_rank", "multi-head latent attention (MLA)"},
-    {"q_lora_rank", "multi-head latent attention (MLA)"},
+    {"num_local_experts", kMoeWhat},
+    {"num_experts", kMoeWhat},
+    {"n_routed_experts", kMoeWhat},
+    {"num_experts_per_tok", kMoeWhat},
+    {"moe_intermediate_size", kMoeWhat},
+    {"kv_lora_rank", kMlaWhat},
+    {"q_lora_rank", kMlaWhat},
 }};
 
 bool is_zero_or_false(const Json& value) {
@@ -108,6 +110,10 @@ constexpr std::string_view kGptOss = "gpt_oss";
 // (configuration_llama4.py:310-394): chunks of 8192 on the layers with RoPE, a NoPE layer every
 // 4th; every `interleave_moe_layer_step`-th layer a mixture of experts (Scout: every layer).
 constexpr std::string_view kLlama4Text = "llama4_text";
+// DeepSeek-V3 (transformers 4.57.6 models/deepseek_v3): multi-head latent attention
+// (DeepseekV3Attention) and experts behind a grouped sigmoid router with a shared expert
+// (DeepseekV3MoE), dense MLPs on the first `first_k_dense_replace` layers.
+constexpr std::string_view kDeepseekV3 = "deepseek_v3";
 constexpr std::int64_t kLlama4DefaultChunk = 8192;
 constexpr std::int64_t kLlama4DefaultNoRopeInterval = 4;
 constexpr std::int64_t kGptOssDefaultWindow = 128;
@@ -350,8 +356,13 @@ void read_attention_layers(const HfReader& hf, TransformerSpec& spec) {
 //              renormalised), and a shared expert of the same width without a gate
 //              (Llama4TextMLP(config), :79-84, 155); dense layers (`intermediate_size_mlp`) where
 //              `moe_layers` leaves them (:380-384), refused.
-constexpr std::array<std::string_view, 5> kMoeModelTypes = {"mixtral", "qwen3_moe", "qwen2_moe",
-                                                            kGptOss, kLlama4Text};
+//   deepseek_v3 DeepseekV3MoE (modeling_deepseek_v3.py): `n_routed_experts` experts of width
+//              `moe_intermediate_size`, top `num_experts_per_tok` by DeepseekV3TopkRouter (sigmoid
+//              scores, groups `n_group`/`topk_group`, renormalised with `norm_topk_prob`, scaled
+//              by `routed_scaling_factor`), a shared expert of width moe_intermediate_size ·
+//              `n_shared_experts` without a gate; layers below `first_k_dense_replace` dense.
+constexpr std::array<std::string_view, 6> kMoeModelTypes = {"mixtral", "qwen3_moe", "qwen2_moe",
+                                                            kGptOss,   kLlama4Text, kDeepseekV3};
 
 // The layers listed in `key` (layer indices) as a set of flags; refused out of range.
 std::vector<bool> listed_layers(const HfReader& hf,
@@ -442,8 +453,48 @@ void read_llama4_moe(const HfReader& hf, TransformerSpec& spec) {
   }
 }
 
+// DeepSeek-V3's experts and router; the first `first_k_dense_replace` layers are dense
+// (DeepseekV3DecoderLayer: experts when layer_idx >= first_k_dense_replace).
+void read_deepseek_moe(const HfReader& hf, TransformerSpec& spec) {
+  MoeSpec& e = spec.moe;
+  e.experts = hf.required_int("n_routed_experts");
+  e.expert_ffn_hidden = hf.required_int("moe_intermediate_size");
+  const std::int64_t shared = hf.required_int("n_shared_experts");
+  if (shared < 0) {
+    throw InputError(hf.field("n_shared_experts"),
+                     fmt::format("must not be negative, got {}", shared));
+  }
+  e.shared_ffn_hidden = e.expert_ffn_hidden * shared;
+  e.renormalize = json_bool(hf.required("norm_topk_prob"), hf.field("norm_topk_prob"));
+  e.groups = hf.required_int("n_group");
+  e.group_topk = hf.required_int("topk_group");
+  e.routed_scaling =
+      json_number(hf.required("routed_scaling_factor"), hf.field("routed_scaling_factor"));
+  if (e.groups <= 0 || e.experts % e.groups != 0) {
+    throw InputError(hf.field("n_group"),
+                     fmt::format("must divide the {} experts, got {}", e.experts, e.groups));
+  }
+  if (e.group_topk <= 0 || e.group_topk > e.groups) {
+    throw InputError(
+        hf.field("topk_group"),
+        fmt::format("must be between 1 and the {} groups, got {}", e.groups, e.group_topk));
+  }
+  const std::int64_t dense = hf.required_int("first_k_dense_replace");
+  if (dense < 0 || dense >= spec.layers) {
+    throw InputError(hf.field("first_k_dense_replace"),
+                     fmt::format("must be between 0 and {}, got {}", spec.layers - 1, dense));
+  }
+  std::vector<bool> sparse;
+  for (std::int64_t i = 0; i < spec.layers; ++i) {
+    sparse.push_back(i >= dense);
+  }
+  spec.layer_mlp = layer_mlp_of(sparse);
+}
+
 void read_moe(const HfReader& hf, TransformerSpec& spec) {
-  if (spec.model_type == kLlama4Text) {
+  if (spec.model_type == kDeepseekV3) {
+    read_deepseek_moe(hf, spec);
+  } else if (spec.model_type == kLlama4Text) {
     read_llama4_moe(hf, spec);
   } else if (spec.model_type == kGptOss) {
     spec.moe.experts = hf.required_int("num_local_experts");
@@ -473,10 +524,11 @@ void read_moe(const HfReader& hf, TransformerSpec& spec) {
   }
   spec.moe.experts_per_token = hf.required_int("num_experts_per_tok");
   if (spec.moe.experts <= 0) {
-    throw InputError(hf.field(spec.model_type == "qwen3_moe" || spec.model_type == "qwen2_moe"
-                                  ? "num_experts"
-                                  : "num_local_experts"),
-                     fmt::format("must be positive, got {}", spec.moe.experts));
+    throw InputError(
+        hf.field(spec.model_type == "qwen3_moe" || spec.model_type == "qwen2_moe" ? "num_experts"
+                 : spec.model_type == kDeepseekV3 ? "n_routed_experts"
+                                                  : "num_local_experts"),
+        fmt::format("must be positive, got {}", spec.moe.experts));
   }
 }
 
@@ -509,6 +561,52 @@ void read_shape(const HfReader& hf, TransformerSpec& spec) {
                                    spec.hidden, spec.heads));
     }
     spec.head_dim = spec.hidden / spec.heads;
+  }
+}
+
+// DeepSeek-V3's multi-head latent attention (DeepseekV3Attention, modeling_deepseek_v3.py): a
+// query and a key head are qk_nope_head_dim + qk_rope_head_dim wide, a value head
+// v_head_dim; q from a latent of `q_lora_rank` (null: from x), k and v from one of
+// `kv_lora_rank`. DeepseekV3Config sets `head_dim` to qk_rope_head_dim (the RoPE width), so a
+// saved config's head_dim is not the attention's.
+void read_mla(const HfReader& hf, TransformerSpec& spec) {
+  MlaSpec& a = spec.mla;
+  a.kv_lora_rank = hf.required_int("kv_lora_rank");
+  if (!hf.is_null("q_lora_rank")) {
+    a.q_lora_rank = hf.required_int("q_lora_rank");
+  }
+  a.rope_head_dim = hf.required_int("qk_rope_head_dim");
+  const std::int64_t nope = hf.required_int("qk_nope_head_dim");
+  if (nope <= 0) {
+    throw InputError(hf.field("qk_nope_head_dim"), fmt::format("must be positive, got {}", nope));
+  }
+  if (a.kv_lora_rank <= 0) {
+    throw InputError(hf.field("kv_lora_rank"),
+                     fmt::format("must be positive, got {}", a.kv_lora_rank));
+  }
+  spec.head_dim = nope + a.rope_head_dim;
+  spec.v_head_dim = hf.required_int("v_head_dim");
+  spec.notes.emplace_back(fmt::format(
+      "DeepSeek-V3: multi-head latent attention; q/k heads {} wide ({} + {} RoPE), v and output "
+      "heads {}",
+      spec.head_dim, nope, a.rope_head_dim, spec.v_head_dim));
+}
+
+// DeepSeek-V3: what its model does beyond the modelled block, printed as notes; what is read
+// elsewhere (read_mla, read_deepseek_moe).
+void read_deepseek_v3(const HfReader& hf, TransformerSpec& spec) {
+  if (const Json* act = hf.optional("hidden_act")) {
+    spec.activation = parse_activation(json_string(*act, hf.field("hidden_act")), spec.model_type,
+                                       hf.field("hidden_act"));
+  }
+  spec.notes.emplace_back(
+      "DeepSeek-V3: the router's grouped sigmoid top-k (DeepseekV3TopkRouter) is timed and held "
+      "as the softmax top-k router: [s, E] fp32 scores per token");
+  if (const Json* mtp = hf.optional("num_nextn_predict_layers");
+      mtp != nullptr && json_integer(*mtp, hf.field("num_nextn_predict_layers")) > 0) {
+    spec.notes.emplace_back(
+        "DeepSeek-V3: its multi-token prediction layers (num_nextn_predict_layers) are not "
+        "built by transformers and not modelled; the step trains the main model only");
   }
 }
 
@@ -572,6 +670,10 @@ void read_attention_biases(const HfReader& hf, TransformerSpec& spec) {
   const bool on = key != nullptr && json_bool(*key, hf.field("attention_bias"));
   if (spec.model_type == kGptOss) {
     spec.qkv_bias = spec.output_proj_bias = true;
+  } else if (spec.model_type == kDeepseekV3 && on) {
+    throw InputError(hf.field("attention_bias"),
+                     "biases on DeepSeek-V3's latent projections (q_a_proj, kv_a_proj_with_mqa, "
+                     "o_proj) are not modelled");
   } else if (spec.model_type == "qwen2") {
     spec.qkv_bias = true;
   } else if (spec.model_type == "qwen2_moe") {
@@ -612,6 +714,8 @@ void read_architecture(const HfReader& hf, TransformerSpec& spec) {
     read_gemma3_text(hf, spec);
   } else if (spec.model_type == kLlama4Text) {
     read_llama4_text(hf, spec);
+  } else if (spec.model_type == kDeepseekV3) {
+    read_deepseek_v3(hf, spec);
   } else if (spec.model_type == kGptOss) {
     // GptOssExperts computes its own GLU whatever `hidden_act` says (modeling_gpt_oss.py:100-106);
     // its clamp is a constant of the code (`self.limit = 7.0`), not the config's swiglu_limit.
@@ -686,17 +790,18 @@ TransformerSpec read_text_model(const HfReader& hf, const Json& root, const std:
   const Json* type = hf.optional("model_type");
   const bool moe_type =
       type != nullptr && type->is_string() && is_one_of(type->get<std::string>(), kMoeModelTypes);
+  const bool mla_type = moe_type && type->get<std::string>() == kDeepseekV3;
   for (const auto& refused : kRefusedKeys) {
-    if (moe_type && refused.what == "mixture-of-experts") {
-      continue;  // read_moe
+    if ((moe_type && refused.what == kMoeWhat) || (mla_type && refused.what == kMlaWhat)) {
+      continue;  // read_moe, read_mla
     }
     const Json* value = hf.optional(refused.key);
     if (value != nullptr && !is_zero_or_false(*value)) {
-      throw InputError(
-          hf.field(refused.key),
-          fmt::format("{} models are not modelled yet (mixture-of-experts: "
-                      "model_type mixtral, qwen3_moe, qwen2_moe, gpt_oss and llama4 only)",
-                      refused.what));
+      throw InputError(hf.field(refused.key),
+                       fmt::format("{} models are not modelled yet (mixture-of-experts: "
+                                   "model_type mixtral, qwen3_moe, qwen2_moe, gpt_oss, llama4 and "
+                                   "deepseek_v3; MLA: deepseek_v3)",
+                                   refused.what));
     }
   }
 
@@ -704,6 +809,9 @@ TransformerSpec read_text_model(const HfReader& hf, const Json& root, const std:
 
   TransformerSpec spec;
   read_shape(hf, spec);
+  if (mla_type) {
+    read_mla(hf, spec);
+  }
   read_architecture(hf, spec);
   if (moe_type) {
     read_moe(hf, spec);

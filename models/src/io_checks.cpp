@@ -29,7 +29,7 @@ struct RefusedModelType {
 constexpr std::string_view kStateSpace = "state-space / recurrent";
 constexpr std::string_view kHybrid = "hybrid attention / state-space";
 constexpr std::string_view kMoe = "mixture-of-experts";
-constexpr std::array<RefusedModelType, 20> kRefusedModelTypes = {{
+constexpr std::array<RefusedModelType, 19> kRefusedModelTypes = {{
     {"mamba", kStateSpace},
     {"mamba2", kStateSpace},
     {"falcon_mamba", kStateSpace},
@@ -47,7 +47,6 @@ constexpr std::array<RefusedModelType, 20> kRefusedModelTypes = {{
     {"nemotron_h", kHybrid},
     {"granitemoehybrid", kHybrid},
     {"deepseek_v2", kMoe},
-    {"deepseek_v3", kMoe},
     {"dbrx", kMoe},
     {"olmoe", kMoe},
 }};
@@ -67,7 +66,8 @@ void check_modelled_architecture(const Json& config, const std::string& origin) 
         throw InputError(field_of(origin, "model_type"),
                          fmt::format("'{}' is a {} model that cpsim does not model (decoder-"
                                      "only transformers, mixture-of-experts as mixtral, "
-                                     "qwen3_moe, qwen2_moe, gpt_oss and llama4)",
+                                     "qwen3_moe, qwen2_moe, gpt_oss, llama4 and "
+                                     "deepseek_v3)",
                                      type, refused.what));
       }
     }
@@ -97,7 +97,7 @@ void check_modelled_architecture(const Json& config, const std::string& origin) 
 }
 
 void note_head_dim(TransformerSpec& spec) {
-  if (spec.heads * spec.head_dim == spec.hidden) {
+  if (spec.is_mla() || spec.heads * spec.head_dim == spec.hidden) {  // MLA: read_mla's note
     return;
   }
   spec.notes.push_back(fmt::format(

@@ -32,10 +32,20 @@ void check_dimension(std::int64_t value, std::int64_t max_value, const char* key
   }
 }
 
-/// Weights of the attention projections of one layer (Wq, Wk, Wv, Wo), without biases or norms.
+/// Weights of the attention projections of one layer (Wq, Wk, Wv, Wo; MLA's down and up
+/// projections), without biases or norms.
 std::int64_t attention_matmul_weights(const TransformerSpec& spec) {
-  return spec.hidden * spec.q_width() + 2 * spec.hidden * spec.kv_width() +
-         spec.q_width() * spec.hidden;
+  const std::int64_t h = spec.hidden;
+  if (spec.is_mla()) {
+    const MlaSpec& a = spec.mla;
+    const std::int64_t q =
+        a.q_lora_rank > 0 ? h * a.q_lora_rank + a.q_lora_rank * spec.q_width() : h * spec.q_width();
+    const std::int64_t k_nope_and_v =
+        spec.heads * (spec.head_dim - a.rope_head_dim + spec.value_head_dim());
+    return q + h * (a.kv_lora_rank + a.rope_head_dim) + a.kv_lora_rank * k_nope_and_v +
+           spec.o_width() * h;
+  }
+  return h * spec.q_width() + 2 * h * spec.kv_width() + spec.q_width() * h;
 }
 
 /// A mixture of experts' shared expert and its gate (MoeSpec::shared_ffn_hidden), which every
@@ -125,9 +135,45 @@ void TransformerSpec::validate() const {
                                    moe.experts_per_token));
     }
   }
+  if (v_head_dim != 0) {
+    check_dimension(v_head_dim, kMaxHeadDim, "v_head_dim");
+  }
+  if (is_mla()) {
+    validate_mla();
+  } else if (mla.q_lora_rank != 0 || mla.rope_head_dim != 0) {
+    throw InputError("model.kv_lora_rank", "q_lora_rank or qk_rope_head_dim without MLA's latent");
+  }
   if (max_position_embeddings < 0) {
     throw InputError("model.max_position_embeddings",
                      fmt::format("must not be negative, got {}", max_position_embeddings));
+  }
+}
+
+void TransformerSpec::validate_mla() const {
+  check_dimension(mla.kv_lora_rank, kMaxHidden, "kv_lora_rank");
+  check_dimension(mla.rope_head_dim, kMaxHeadDim, "qk_rope_head_dim");
+  if (mla.q_lora_rank != 0) {
+    check_dimension(mla.q_lora_rank, kMaxHidden, "q_lora_rank");
+  }
+  if (mla.rope_head_dim >= head_dim) {
+    throw InputError("model.qk_rope_head_dim",
+                     fmt::format("{} leaves no non-rotated part of the {}-wide query head",
+                                 mla.rope_head_dim, head_dim));
+  }
+  if ((head_dim + value_head_dim()) % 2 != 0) {
+    throw InputError("model.v_head_dim",
+                     fmt::format("q/k heads {} and v heads {} wide: an odd sum is not modelled",
+                                 head_dim, value_head_dim()));
+  }
+  if (kv_heads != heads) {
+    throw InputError("model.num_key_value_heads",
+                     fmt::format("MLA gives every head its own key and value: {} KV heads for {} "
+                                 "query heads",
+                                 kv_heads, heads));
+  }
+  if (qkv_bias || output_proj_bias || qk_norm || attention_sinks) {
+    throw InputError("model.attention_bias",
+                     "MLA with attention biases, q/k norms or sinks is not modelled");
   }
 }
 
@@ -196,6 +242,9 @@ ParameterCount count_parameters(const TransformerSpec& spec) {
   if (spec.qk_norm) {
     count.attention_per_layer += 2 * spec.head_dim;
   }
+  if (spec.is_mla()) {
+    count.attention_per_layer += spec.mla.q_lora_rank + spec.mla.kv_lora_rank;  // latent norms
+  }
   count.mlp_per_layer = mlp_matmul_weights(spec);
   if (spec.is_moe()) {
     const MoeSpec& e = spec.moe;
@@ -233,9 +282,11 @@ StepFlops model_step_flops(const TransformerSpec& spec, std::int64_t seq_len) {
       static_cast<double>(spec.vocab * spec.hidden);
   StepFlops flops;
   flops.dense = 6.0 * n * matmul_weights;
-  // Causal forward 2·N²·H·d per layer (4·H·d per visible pair); forward + backward = 3.5 ×
-  // forward. A windowed layer sees causal_window_area(N, w) pairs instead of N²/2.
-  const double attention_fwd = 2.0 * n * n * static_cast<double>(spec.q_width());
+  // Causal forward N²·H·(d + d_v) per layer (2·H·d for QKᵀ and 2·H·d_v for PV per visible
+  // pair); forward + backward = 3.5 × forward. A windowed layer sees causal_window_area(N, w)
+  // pairs instead of N²/2.
+  const double attention_fwd =
+      n * n * static_cast<double>(spec.heads * (spec.head_dim + spec.value_head_dim()));
   // A chunked layer sees chunk_share(N, c) of them.
   const auto windowed = static_cast<double>(spec.windowed_layers());
   const auto chunked = static_cast<double>(spec.chunked_layers());

@@ -164,7 +164,9 @@ bool pipeline_may_grow_batch(const PlanOptions& options) {
 // The uneven split of L blocks over P stages the search tries when P does not divide L: one block
 // fewer on the first and the last stage than on the others, the layout Llama 3 used to balance
 // the embedding and the LM head + loss (REFERENCES.md [Llama3] §3.3.2), as Megatron's
-// --decoder-first/last-pipeline-num-layers express it: L = (P − 2)·k + 2·(k − 1).
+// --decoder-first/last-pipeline-num-layers express it: L = (P − 2)·k + 2·(k − 1); else the
+// remainder on the first stage alone, k = ⌈L/P⌉ blocks on each other stage and L − (P − 1)·k ≥ 1
+// on the first (--decoder-first-pipeline-num-layers; DeepSeek-V3's 61 over 8 stages: 5 and 8).
 std::optional<std::pair<int, int>> stage_split(std::int64_t layers,
                                                int pp,
                                                const PlanConstraints& f) {
@@ -177,6 +179,10 @@ std::optional<std::pair<int, int>> stage_split(std::int64_t layers,
   if (pp >= 3 && (layers + 2) % pp == 0 && (layers + 2) / pp >= 2) {
     const int k = static_cast<int>((layers + 2) / pp);
     return std::pair{k - 1, k - 1};
+  }
+  const std::int64_t k = (layers + pp - 1) / pp;
+  if (pp >= 2 && layers - (pp - 1) * k >= 1) {
+    return std::pair{static_cast<int>(layers - (pp - 1) * k), 0};
   }
   return std::nullopt;
 }

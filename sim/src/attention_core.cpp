@@ -64,13 +64,13 @@ std::int64_t StepBuilder::flash_bwd_workspace(std::int64_t nq,
                                               std::int64_t nkv,
                                               std::int64_t hq,
                                               std::int64_t hkv) const {
-  const std::int64_t d = m_.head_dim;
+  const std::int64_t d = shape_.qk_head_dim, dv = shape_.v_head_dim;
   std::int64_t ws = nq * hq * d * kFp32Bytes + nq * hq * kFp32Bytes;
   if (hkv < hq) {
     if (r_.attention_kernel == "fa2") {
-      ws += 2 * nkv * hq * d * shape_.activation_bytes;
+      ws += nkv * hq * (d + dv) * shape_.activation_bytes;
     } else if (r_.attention_kernel == "fa3") {
-      ws += 2 * nkv * hkv * d * kFp32Bytes;
+      ws += nkv * hkv * (d + dv) * kFp32Bytes;
     }
   }
   return ws;
@@ -90,15 +90,15 @@ CoreForward StepBuilder::core_forward(
     return method_.gathers_kv() ? allgather_forward(tag, q_h, kv_h, hq, hkv)
                                 : ring_forward(tag, q_h, kv_h, hq, hkv);
   }
-  const std::int64_t d = m_.head_dim;
+  const std::int64_t d = shape_.qk_head_dim, dv = shape_.v_head_dim;
   if (r_.attention_kernel == "sdpa" && hkv < hq) {
     // repeat_kv before SDPA: K/V expanded to the query heads, kept for backward in place of the
     // unexpanded ones (the expansion's backward sums the groups).
     TensorSet expanded =
-        b_.tensor("kv_repeated" + tag, shape_.ring_tokens * 2 * hq * d * shape_.activation_bytes,
+        b_.tensor("kv_repeated" + tag, shape_.ring_tokens * hq * (d + dv) * shape_.activation_bytes,
                   MemCategory::kAttention);
     compute("repeat_kv" + tag, OpKind::kElementwise,
-            mem(shape_.ring_tokens * 2 * (hq + hkv) * d * shape_.activation_bytes), {kv_h},
+            mem(shape_.ring_tokens * (hq + hkv) * (d + dv) * shape_.activation_bytes), {kv_h},
             {expanded});
     kv_h = expanded;
     hkv = hq;
@@ -107,14 +107,14 @@ CoreForward StepBuilder::core_forward(
   if (hkv == hq) {
     out.kv_used = kv_h;
   }
-  out.o_h = b_.tensor("attn_out_h" + tag, shape_.ring_tokens * hq * d * shape_.activation_bytes,
+  out.o_h = b_.tensor("attn_out_h" + tag, shape_.ring_tokens * hq * dv * shape_.activation_bytes,
                       MemCategory::kAttention);
   out.lse = b_.tensor("lse" + tag, hq * shape_.ring_tokens * kFp32Bytes, MemCategory::kAttention);
   // The implementation's merge around the kernel (an fp32 copy of the output, ...) is workspace,
   // and its kernels' traffic time on the same op.
   compute("attn_fwd" + tag, OpKind::kAttentionFwd,
-          with_calls(with_traffic(masked(cost_.attention_fwd(
-                                             {shape_.ring_tokens, shape_.ring_tokens, hq, d, true}),
+          with_calls(with_traffic(masked(cost_.attention_fwd({shape_.ring_tokens,
+                                                              shape_.ring_tokens, hq, d, true, dv}),
                                          whole_share()),
                                   LedgerSite::kCoreForward),
                      LedgerSite::kCoreForward),
@@ -135,21 +135,22 @@ CoreBackward StepBuilder::core_backward(const std::string& tag,
     return method_.gathers_kv() ? allgather_backward(tag, q_h, kv_h, o_h, lse, do_h, hq, hkv)
                                 : ring_backward(tag, q_h, kv_h, o_h, lse, do_h, hq, hkv);
   }
-  const std::int64_t d = m_.head_dim;
+  const std::int64_t d = shape_.qk_head_dim, dv = shape_.v_head_dim;
   CoreBackward out;
   out.dq_h = b_.tensor("dq_h" + tag, shape_.ring_tokens * hq * d * shape_.activation_bytes,
                        MemCategory::kAttention);
-  out.dkv_h = b_.tensor("dkv_h" + tag, shape_.ring_tokens * 2 * hkv * d * shape_.activation_bytes,
-                        MemCategory::kAttention);
+  out.dkv_h =
+      b_.tensor("dkv_h" + tag, shape_.ring_tokens * hkv * (d + dv) * shape_.activation_bytes,
+                MemCategory::kAttention);
   std::int64_t ws = flash_bwd_workspace(shape_.ring_tokens, shape_.ring_tokens, hq, hkv);
   if (r_.attention_kernel == "sdpa" && hkv < hq) {
-    ws += shape_.ring_tokens * 2 * hq * d *
+    ws += shape_.ring_tokens * hq * (d + dv) *
           shape_.activation_bytes;  // gradient of the repeated K/V before the group sum
   }
   ws += ledger_bytes(LedgerSite::kCoreBackward);
   compute("attn_bwd" + tag, OpKind::kAttentionBwd,
-          with_calls(with_traffic(masked(cost_.attention_bwd(
-                                             {shape_.ring_tokens, shape_.ring_tokens, hq, d, true}),
+          with_calls(with_traffic(masked(cost_.attention_bwd({shape_.ring_tokens,
+                                                              shape_.ring_tokens, hq, d, true, dv}),
                                          whole_share()),
                                   LedgerSite::kCoreBackward),
                      LedgerSite::kCoreBackward),
@@ -160,7 +161,7 @@ CoreBackward StepBuilder::core_backward(const std::string& tag,
     // traffic of its rows' kernels, then the casts back to the activation dtype that write the
     // outputs (fp32 read: twice the outputs' bytes, the outputs written: 3× their bytes).
     const std::int64_t dq_bytes = shape_.ring_tokens * hq * d * shape_.activation_bytes;
-    const std::int64_t dkv_bytes = shape_.ring_tokens * 2 * hkv * d * shape_.activation_bytes;
+    const std::int64_t dkv_bytes = shape_.ring_tokens * hkv * (d + dv) * shape_.activation_bytes;
     CoreBackward cast;
     cast.dq_h = b_.tensor("dq_cast" + tag, dq_bytes, MemCategory::kAttention);
     cast.dkv_h = b_.tensor("dkv_cast" + tag, dkv_bytes, MemCategory::kAttention);
@@ -213,21 +214,22 @@ std::vector<double> StepBuilder::ring_step_times(
     const RingSegment& seg, std::int64_t hq, bool backward, double* flops, double send_s) const {
   const int step = seg.first;
   const auto steps = static_cast<double>(seg.steps);  // a merged segment's steps are alike
-  const std::int64_t d = m_.head_dim;
+  const std::int64_t d = shape_.qk_head_dim, dv = shape_.v_head_dim;
   const bool zigzag = in_.parallel.ring_layout == models::RingLayout::kZigzag;
   // Online-softmax merge of the block into the fp32 accumulator (forward), or the addition of the
   // block's dQ/dK/dV into theirs (backward): read and write fp32 accumulators.
-  const double merge_s = cost_.memory_bound(3 * shape_.ring_tokens * hq * d * kFp32Bytes).time_s;
+  const double merge_s =
+      cost_.memory_bound(3 * shape_.ring_tokens * hq * (backward ? d : dv) * kFp32Bytes).time_s;
   auto cost = [&](const AttentionShape& shape) {
     return backward ? cost_.attention_bwd(shape) : cost_.attention_fwd(shape);
   };
   // The three shapes a step can have: causal (step 0), "source before me", "source after me".
-  const KernelCost diagonal = cost({shape_.ring_tokens, shape_.ring_tokens, hq, d, true});
-  const KernelCost before = zigzag
-                                ? cost({shape_.ring_tokens, shape_.ring_tokens / 2, hq, d, false})
-                                : cost({shape_.ring_tokens, shape_.ring_tokens, hq, d, false});
+  const KernelCost diagonal = cost({shape_.ring_tokens, shape_.ring_tokens, hq, d, true, dv});
+  const KernelCost before =
+      zigzag ? cost({shape_.ring_tokens, shape_.ring_tokens / 2, hq, d, false, dv})
+             : cost({shape_.ring_tokens, shape_.ring_tokens, hq, d, false, dv});
   const KernelCost after =
-      zigzag ? cost({shape_.ring_tokens / 2, shape_.ring_tokens, hq, d, false}) : KernelCost{};
+      zigzag ? cost({shape_.ring_tokens / 2, shape_.ring_tokens, hq, d, false, dv}) : KernelCost{};
   const auto ring = static_cast<int>(shape_.ring);
   auto shape_at = [&](int i, int k) -> KernelCost {
     if (k == 0)
@@ -312,11 +314,11 @@ std::string step_label(const RingSegment& seg) {
 
 CoreForward StepBuilder::ring_forward(
     const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv) {
-  const std::int64_t d = m_.head_dim;
-  const std::int64_t kv_bytes = shape_.ring_tokens * 2 * hkv * d * shape_.activation_bytes;
+  const std::int64_t d = shape_.qk_head_dim, dv = shape_.v_head_dim;
+  const std::int64_t kv_bytes = shape_.ring_tokens * hkv * (d + dv) * shape_.activation_bytes;
   TensorSet acc =
       b_.tensor("ring_out_acc" + tag,
-                shape_.ring_tokens * hq * d * acc_bytes_ + hq * shape_.ring_tokens * kFp32Bytes,
+                shape_.ring_tokens * hq * dv * acc_bytes_ + hq * shape_.ring_tokens * kFp32Bytes,
                 MemCategory::kAttention);
   TensorSet cur = kv_h;
   const auto steps = static_cast<int>(shape_.ring);
@@ -372,7 +374,7 @@ CoreForward StepBuilder::ring_forward(
     // and send add.
     // Kept per earlier step: at step k the scheme itself holds blocks k and k + 1 and one merged
     // output, so code that keeps every step's block and output holds k − 1 more of each.
-    step.workspace_bytes = shape_.ring_tokens * hq * d * shape_.activation_bytes +
+    step.workspace_bytes = shape_.ring_tokens * hq * dv * shape_.activation_bytes +
                            hq * shape_.ring_tokens * kFp32Bytes +
                            ledger_bytes(LedgerSite::kRingForwardStep) +
                            std::max(last - 1, 0) * ledger_bytes(LedgerSite::kRingForwardHeld);
@@ -381,11 +383,11 @@ CoreForward StepBuilder::ring_forward(
     cur = next;
   }
   CoreForward out;
-  out.o_h = b_.tensor("attn_out_h" + tag, shape_.ring_tokens * hq * d * shape_.activation_bytes,
+  out.o_h = b_.tensor("attn_out_h" + tag, shape_.ring_tokens * hq * dv * shape_.activation_bytes,
                       MemCategory::kAttention);
   out.lse = b_.tensor("lse" + tag, hq * shape_.ring_tokens * kFp32Bytes, MemCategory::kAttention);
   compute("ring_out_cast" + tag, OpKind::kElementwise,
-          mem(shape_.ring_tokens * hq * d * (acc_bytes_ + shape_.activation_bytes)), {acc},
+          mem(shape_.ring_tokens * hq * dv * (acc_bytes_ + shape_.activation_bytes)), {acc},
           {out.o_h, out.lse}, {}, (steps - 1) * ledger_bytes(LedgerSite::kRingForwardHeld),
           MemCategory::kAttention);
   return out;
@@ -399,9 +401,9 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
                                         TensorSet do_h,
                                         std::int64_t hq,
                                         std::int64_t hkv) {
-  const std::int64_t d = m_.head_dim;
-  const std::int64_t kv_bytes = shape_.ring_tokens * 2 * hkv * d * shape_.activation_bytes;
-  const std::int64_t dkv_acc_bytes = shape_.ring_tokens * 2 * hkv * d * acc_bytes_;
+  const std::int64_t d = shape_.qk_head_dim, dv = shape_.v_head_dim;
+  const std::int64_t kv_bytes = shape_.ring_tokens * hkv * (d + dv) * shape_.activation_bytes;
+  const std::int64_t dkv_acc_bytes = shape_.ring_tokens * hkv * (d + dv) * acc_bytes_;
   TensorSet dq_acc = b_.tensor("ring_dq_acc" + tag, shape_.ring_tokens * hq * d * acc_bytes_,
                                MemCategory::kAttention);
   TensorSet dkv = b_.tensor("ring_dkv_acc0" + tag, dkv_acc_bytes, MemCategory::kAttention);
@@ -447,9 +449,10 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
       step.inputs.push_back(dkv);
     }
     // FlashAttention's fp32 dQ accumulator and row sums, and the block's dQ, dK, dV.
-    step.workspace_bytes = flash_bwd_workspace(shape_.ring_tokens, shape_.ring_tokens, hq, hkv) +
-                           shape_.ring_tokens * (hq + 2 * hkv) * d * shape_.activation_bytes +
-                           ledger_bytes(LedgerSite::kRingBackwardStep);
+    step.workspace_bytes =
+        flash_bwd_workspace(shape_.ring_tokens, shape_.ring_tokens, hq, hkv) +
+        shape_.ring_tokens * (hq * d + hkv * (d + dv)) * shape_.activation_bytes +
+        ledger_bytes(LedgerSite::kRingBackwardStep);
     step.workspace_category = MemCategory::kAttention;
     const OpSet computed = b_.op(step);
     // The dK/dV accumulator travels with its K/V block: one hop after every step brings it home.
@@ -478,9 +481,10 @@ CoreBackward StepBuilder::ring_backward(const std::string& tag,
   out.dq_h = b_.tensor("dq_h" + tag, shape_.ring_tokens * hq * d * shape_.activation_bytes,
                        MemCategory::kAttention);
   out.dkv_h = b_.tensor("dkv_h" + tag, kv_bytes, MemCategory::kAttention);
-  compute("ring_grad_cast" + tag, OpKind::kElementwise,
-          mem(shape_.ring_tokens * (hq + 2 * hkv) * d * (acc_bytes_ + shape_.activation_bytes)),
-          {dq_acc, dkv}, {out.dq_h, out.dkv_h});
+  compute(
+      "ring_grad_cast" + tag, OpKind::kElementwise,
+      mem(shape_.ring_tokens * (hq * d + hkv * (d + dv)) * (acc_bytes_ + shape_.activation_bytes)),
+      {dq_acc, dkv}, {out.dq_h, out.dkv_h});
   return out;
 }
 
@@ -492,14 +496,15 @@ std::vector<AttentionShape> allgather_calls(const models::ParallelConfig& p,
                                             std::int64_t n,
                                             std::int64_t ring,
                                             std::int64_t hq,
-                                            std::int64_t d) {
+                                            std::int64_t d,
+                                            std::int64_t dv) {
   if (p.ring_layout == models::RingLayout::kZigzag) {
     const std::int64_t c = n / (2 * ring);
-    return {AttentionShape{c, (i + 1) * c, hq, d, true},
-            AttentionShape{c, (2 * ring - i) * c, hq, d, true}};
+    return {AttentionShape{c, (i + 1) * c, hq, d, true, dv},
+            AttentionShape{c, (2 * ring - i) * c, hq, d, true, dv}};
   }
   const std::int64_t s = n / ring;
-  return {AttentionShape{s, (i + 1) * s, hq, d, true}};
+  return {AttentionShape{s, (i + 1) * s, hq, d, true, dv}};
 }
 
 }  // namespace
@@ -507,12 +512,12 @@ std::vector<AttentionShape> allgather_calls(const models::ParallelConfig& p,
 std::vector<double> StepBuilder::allgather_times(std::int64_t hq,
                                                  bool backward,
                                                  double* flops) const {
-  const std::int64_t d = m_.head_dim;
+  const std::int64_t d = shape_.qk_head_dim, dv = shape_.v_head_dim;
   auto seconds = [&](int position, double* f) {
     double t = 0.0;
     const double share = in_.documents.empty() ? 1.0 : in_.documents.position_factor(position);
     for (const AttentionShape& s :
-         allgather_calls(in_.parallel, position, shape_.seq_tokens, shape_.ring, hq, d)) {
+         allgather_calls(in_.parallel, position, shape_.seq_tokens, shape_.ring, hq, d, dv)) {
       // A windowed block: each call's queries see only the window's keys of the gathered prefix
       // (TransformerEngine's all_gather and FlexAttention's CP compute only those; the gather
       // itself is whole).
@@ -544,8 +549,8 @@ std::vector<double> StepBuilder::allgather_times(std::int64_t hq,
 
 CoreForward StepBuilder::allgather_forward(
     const std::string& tag, TensorSet q_h, TensorSet kv_h, std::int64_t hq, std::int64_t hkv) {
-  const std::int64_t d = m_.head_dim;
-  const std::int64_t full_bytes = shape_.seq_tokens * 2 * hkv * d * shape_.activation_bytes;
+  const std::int64_t d = shape_.qk_head_dim, dv = shape_.v_head_dim;
+  const std::int64_t full_bytes = shape_.seq_tokens * hkv * (d + dv) * shape_.activation_bytes;
   TensorSet kv_full = b_.tensor("kv_gathered" + tag, full_bytes, MemCategory::kAttention);
   OpSpec& ag = next_spec("allgather_kv" + tag, Stream::kComm, OpKind::kElementwise);
   ag.inputs.push_back(kv_h);
@@ -553,7 +558,7 @@ CoreForward StepBuilder::allgather_forward(
   b_.collective(ag, Group::kRing, models::Collective::kAllGather, cost_,
                 full_bytes / shape_.activation_bytes * r_.cp_comm_bytes);
   CoreForward out;
-  out.o_h = b_.tensor("attn_out_h" + tag, shape_.ring_tokens * hq * d * shape_.activation_bytes,
+  out.o_h = b_.tensor("attn_out_h" + tag, shape_.ring_tokens * hq * dv * shape_.activation_bytes,
                       MemCategory::kAttention);
   out.lse = b_.tensor("lse" + tag, hq * shape_.ring_tokens * kFp32Bytes, MemCategory::kAttention);
   OpSpec& fa = next_spec("attn_fwd" + tag, Stream::kCompute, OpKind::kAttentionFwd);
@@ -572,8 +577,8 @@ CoreBackward StepBuilder::allgather_backward(const std::string& tag,
                                              TensorSet do_h,
                                              std::int64_t hq,
                                              std::int64_t hkv) {
-  const std::int64_t d = m_.head_dim;
-  const std::int64_t full_bytes = shape_.seq_tokens * 2 * hkv * d * shape_.activation_bytes;
+  const std::int64_t d = shape_.qk_head_dim, dv = shape_.v_head_dim;
+  const std::int64_t full_bytes = shape_.seq_tokens * hkv * (d + dv) * shape_.activation_bytes;
   TensorSet kv_full = b_.tensor("kv_gathered(bwd)" + tag, full_bytes, MemCategory::kAttention);
   OpSpec& ag = next_spec("allgather_kv(bwd)" + tag, Stream::kComm, OpKind::kElementwise);
   ag.inputs.push_back(kv_h);
@@ -591,8 +596,9 @@ CoreBackward StepBuilder::allgather_backward(const std::string& tag,
   fa.workspace_bytes = flash_bwd_workspace(shape_.ring_tokens, shape_.seq_tokens, hq, hkv);
   fa.workspace_category = MemCategory::kAttention;
   b_.op(fa);
-  out.dkv_h = b_.tensor("dkv_h" + tag, shape_.ring_tokens * 2 * hkv * d * shape_.activation_bytes,
-                        MemCategory::kAttention);
+  out.dkv_h =
+      b_.tensor("dkv_h" + tag, shape_.ring_tokens * hkv * (d + dv) * shape_.activation_bytes,
+                MemCategory::kAttention);
   OpSpec& rs = next_spec("reducescatter_dkv" + tag, Stream::kComm, OpKind::kElementwise);
   rs.inputs.push_back(dkv_full);
   rs.outputs.push_back(out.dkv_h);

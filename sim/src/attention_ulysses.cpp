@@ -16,7 +16,7 @@
 
 namespace cpsim::sim::detail {
 
-void StepBuilder::ulysses_forward(SavedLayer& sv, TensorSet params, bool grad) {
+LocalQkv StepBuilder::project_qkv(SavedLayer& sv, TensorSet params, bool grad) {
   const std::int64_t h = m_.hidden, d = m_.head_dim;
   const std::int64_t kv = layout_.kv_heads_eff;
   const std::int64_t q_bytes = shape_.local_tokens * m_.heads * d * shape_.activation_bytes;
@@ -52,6 +52,16 @@ void StepBuilder::ulysses_forward(SavedLayer& sv, TensorSet params, bool grad) {
   const std::int64_t pass_bytes = 2 * kv_bytes - 2 * shape_.activation_bytes * k_elems;
   compute("rope", OpKind::kElementwise,
           rope_cost(q_elems, k_elems, pass_bytes, RopeBackward::kNone), {q_in, kv_in}, {q_r, kv_r});
+  return {q_r, kv_r};
+}
+
+void StepBuilder::ulysses_forward(SavedLayer& sv, TensorSet params, bool grad) {
+  const std::int64_t kv = layout_.kv_heads_eff, ab = shape_.activation_bytes;
+  const std::int64_t q_bytes = shape_.local_tokens * m_.heads * shape_.qk_head_dim * ab;
+  const std::int64_t kv_bytes = shape_.local_tokens * kv * shape_.kv_pair_dim() * ab;
+  const std::int64_t o_bytes = shape_.local_tokens * m_.heads * shape_.v_head_dim * ab;
+  const auto [q_r, kv_r] =
+      m_.is_mla() ? mla_project(sv, params, grad) : project_qkv(sv, params, grad);
   TensorSet q_h = exchange("a2a_q", q_r, q_bytes, LedgerSite::kQExchange);
   TensorSet kv_h = exchange("a2a_kv", kv_r, kv_bytes, LedgerSite::kKvExchange);
   const CoreForward core =
@@ -61,7 +71,7 @@ void StepBuilder::ulysses_forward(SavedLayer& sv, TensorSet params, bool grad) {
   if (ledger_bytes(LedgerSite::kHeldThroughBlock) > 0) {
     held = {q_r, kv_r};
   }
-  sv.o = exchange("a2a_out", core.o_h, q_bytes, LedgerSite::kOutExchange, held);
+  sv.o = exchange("a2a_out", core.o_h, o_bytes, LedgerSite::kOutExchange, held);
   if (grad) {
     // The all-to-alls keep nothing for backward (theirs is the reverse all-to-all of the
     // gradient); the local Q and K/V are kept only as the input of selective recomputation.
@@ -80,11 +90,11 @@ InputGrad StepBuilder::ulysses_backward(const SavedLayer& sv,
                                         TensorSet d_o,
                                         TensorSet params,
                                         TensorSet grads) {
-  const std::int64_t h = m_.hidden, d = m_.head_dim;
-  const std::int64_t kv = layout_.kv_heads_eff;
+  const std::int64_t kv = layout_.kv_heads_eff, ab = shape_.activation_bytes;
   const std::int64_t hq = m_.heads / shape_.ulysses, hkv = kv / shape_.ulysses;
-  const std::int64_t q_bytes = shape_.local_tokens * m_.heads * d * shape_.activation_bytes;
-  const std::int64_t kv_bytes = shape_.local_tokens * 2 * kv * d * shape_.activation_bytes;
+  const std::int64_t q_bytes = shape_.local_tokens * m_.heads * shape_.qk_head_dim * ab;
+  const std::int64_t kv_bytes = shape_.local_tokens * kv * shape_.kv_pair_dim() * ab;
+  const std::int64_t o_bytes = shape_.local_tokens * m_.heads * shape_.v_head_dim * ab;
   TensorSet q_h = sv.q_h, kv_h = sv.kv_h, o_h = sv.o_h, lse = sv.lse;
   if (!q_h.valid()) {
     // Selective checkpointing: the attention core runs again from the saved local Q and K/V.
@@ -94,7 +104,7 @@ InputGrad StepBuilder::ulysses_backward(const SavedLayer& sv,
     o_h = core.o_h;
     lse = core.lse;
   }
-  TensorSet do_h = exchange("a2a_dout", d_o, q_bytes, LedgerSite::kDoutExchange);
+  TensorSet do_h = exchange("a2a_dout", d_o, o_bytes, LedgerSite::kDoutExchange);
   const CoreBackward g = core_backward("", q_h, kv_h, o_h, lse, do_h, hq, hkv);
   // An implementation that wraps kernel and all-to-alls in one autograd function keeps what it
   // saved, and the incoming gradient, until the gradients' all-to-alls end.
@@ -104,6 +114,16 @@ InputGrad StepBuilder::ulysses_backward(const SavedLayer& sv,
   }
   TensorSet dq = exchange("a2a_dq", g.dq_h, q_bytes, LedgerSite::kDqExchange, held);
   TensorSet dkv = exchange("a2a_dkv", g.dkv_h, kv_bytes, LedgerSite::kDkvExchange, held);
+  return m_.is_mla() ? mla_project_backward(sv, dq, dkv, params, grads)
+                     : project_qkv_backward(sv, dq, dkv, params, grads);
+}
+
+InputGrad StepBuilder::project_qkv_backward(
+    const SavedLayer& sv, TensorSet dq, TensorSet dkv, TensorSet params, TensorSet grads) {
+  const std::int64_t h = m_.hidden, d = m_.head_dim;
+  const std::int64_t kv = layout_.kv_heads_eff;
+  const std::int64_t q_bytes = shape_.local_tokens * m_.heads * d * shape_.activation_bytes;
+  const std::int64_t kv_bytes = shape_.local_tokens * 2 * kv * d * shape_.activation_bytes;
   TensorSet dq_r = b_.tensor("dq_rope", q_bytes, MemCategory::kAttention);
   TensorSet dkv_r = b_.tensor("dkv_rope", kv_bytes, MemCategory::kAttention);
   const std::int64_t q_elems = q_bytes / shape_.activation_bytes,

@@ -104,16 +104,16 @@ KernelCost CostModel::attention_call(double flops,
 }
 
 KernelCost CostModel::attention_fwd(const AttentionShape& s) const {
-  const double flops = 4.0 * static_cast<double>(s.q_len) * visible_keys(s) *
-                       static_cast<double>(s.heads) * static_cast<double>(s.head_dim);
+  const double flops = static_cast<double>(s.q_len) * visible_keys(s) *
+                       static_cast<double>(s.heads) * s.pair_flops();
   return attention_call(
       flops, s.causal ? attention_.fwd_causal_flops_per_s : attention_.fwd_full_flops_per_s,
       s.q_len, s.heads * ceil_div(s.q_len, attention_.fwd_block_m));
 }
 
 KernelCost CostModel::attention_bwd(const AttentionShape& s) const {
-  const double flops = 2.5 * 4.0 * static_cast<double>(s.q_len) * visible_keys(s) *
-                       static_cast<double>(s.heads) * static_cast<double>(s.head_dim);
+  const double flops = 2.5 * static_cast<double>(s.q_len) * visible_keys(s) *
+                       static_cast<double>(s.heads) * s.pair_flops();
   return attention_call(
       flops, s.causal ? attention_.bwd_causal_flops_per_s : attention_.bwd_full_flops_per_s,
       s.kv_len, s.heads * ceil_div(s.kv_len, attention_.bwd_block_n));

@@ -31,7 +31,11 @@ struct StepShape {
   std::int64_t sp_tokens = 0;         ///< s / T: norms, residuals and block I/O under TP
   std::int64_t ring_tokens = 0;       ///< N / r: a rank's tokens after the Ulysses all-to-all
   std::int64_t activation_bytes = 2;  ///< bytes of one activation element
-  std::int64_t ep = 1;                ///< E_p, expert parallel
+  std::int64_t qk_head_dim = 0;       ///< d, a query's and a key's head width
+  std::int64_t v_head_dim = 0;        ///< d_v, a value's and an output's (d but under MLA)
+  /// A key and a value head together, d + d_v: the K/V tensors' width per KV head.
+  std::int64_t kv_pair_dim() const { return qk_head_dim + v_head_dim; }
+  std::int64_t ep = 1;  ///< E_p, expert parallel
   /// Mixture of experts: the token copies (rows) the rank's experts compute, s·k without EP and
   /// ⌈s·k·imbalance⌉ with it (ParallelConfig::expert_imbalance); 0 for a dense MLP.
   std::int64_t expert_rows = 0;
@@ -49,6 +53,8 @@ struct StepShape {
     s.sp_tokens = s.local_tokens / s.tp;
     s.ring_tokens = s.seq_tokens / s.ring;
     s.activation_bytes = in.recipe.activation_bytes;
+    s.qk_head_dim = in.model.head_dim;
+    s.v_head_dim = in.model.value_head_dim();
     s.ep = std::max(1, p.ep_degree);  // check_experts refuses a degree below 1
     if (in.model.is_moe()) {
       const std::int64_t copies = s.local_tokens * in.model.moe.experts_per_token;

@@ -232,6 +232,9 @@ void make_pipeline_stage(ScheduleInputs& in, int micro_batches, PipelineStage st
   if (!in.model.layer_attention.empty()) {
     in.model.layer_attention.resize(static_cast<std::size_t>(in.model.layers));
   }
+  // Dense layers among sparse ones: every layer of the stage has experts, an upper bound on the
+  // stages with dense layers (check_experts refuses a model where it is not).
+  in.model.layer_mlp.clear();
   in.model.has_output_layer = stage == PipelineStage::kWithOutputLayer;
   in.model.name = fmt::format("{} (one of {} pipeline stages)", in.model.name, pp);
   p.gpus /= pp;

@@ -411,6 +411,66 @@ std::optional<ConfigIssue> check_attention_sinks(const ScheduleInputs& in,
                   implementation->name(), models::to_string(in.parallel.method), support.source)};
 }
 
+// Multi-head latent attention (DeepSeek-V3) is built by the Ulysses scheme and the methods on it
+// (attention_mla.cpp) and runs where the implementation's code runs it (Implementation::
+// latent_attention). Not modelled, so refused: MLA under tensor parallelism (Megatron-Core keeps
+// the down projections whole on every TP rank, `parallel_mode='duplicated'`), and FP8 (the FP8
+// state counts the Q/K/V weights of a plain attention).
+std::optional<ConfigIssue> check_latent_attention(const ScheduleInputs& in,
+                                                  const CpScheme& method,
+                                                  const Implementation* implementation) {
+  if (!in.model.is_mla()) {
+    return std::nullopt;
+  }
+  const std::string_view method_name = models::to_string(in.parallel.method);
+  if (!method.builds_latent_attention()) {
+    return ConfigIssue{Quantity::kLatentAttention,
+                       fmt::format("{} has multi-head latent attention; cpsim's {} scheme builds "
+                                   "one head width for Q, K and V, not MLA's",
+                                   in.model.name, method_name)};
+  }
+  if (in.parallel.tp_degree > 1) {
+    return ConfigIssue{Quantity::kTpDegree,
+                       fmt::format("{} has multi-head latent attention, whose replicated down "
+                                   "projections under tensor parallelism are not modelled: TP 1",
+                                   in.model.name)};
+  }
+  if (in.recipe.fp8) {
+    return ConfigIssue{Quantity::kLatentAttention,
+                       fmt::format("{} has multi-head latent attention; FP8 with MLA is not "
+                                   "modelled",
+                                   in.model.name)};
+  }
+  if (implementation == nullptr) {
+    return std::nullopt;
+  }
+  const FeatureSupport support = implementation->latent_attention(in.parallel.method);
+  if (support.runs) {
+    return std::nullopt;
+  }
+  return ConfigIssue{
+      Quantity::kLatentAttention,
+      fmt::format("{} has multi-head latent attention; {} does not run it under "
+                  "{}: {}",
+                  in.model.name, implementation->name(), method_name, support.source)};
+}
+
+// Pipeline stages of a model with dense layers among sparse ones (DeepSeek-V3's first three) are
+// simulated as stages whose every layer has experts (make_pipeline_stage): an upper bound when a
+// layer with experts holds at least a dense layer's parameters per rank, 3·h·f against
+// (E/E_p)·3·h·f_e + h·E + 3·h·f_s, and its tokens pass through MLPs at least as wide, k·f_e + f_s
+// against f (the width of the tensors the MLP keeps per token).
+bool sparse_layers_bound_dense_ones(const ScheduleInputs& in) {
+  const models::TransformerSpec& m = in.model;
+  const std::int64_t ep = std::max(1, in.parallel.ep_degree);
+  const std::int64_t h = m.hidden;
+  const std::int64_t sparse_params = m.moe.experts / ep * 3 * h * m.moe.expert_ffn_hidden +
+                                     h * m.moe.experts + 3 * h * m.moe.shared_ffn_hidden;
+  const std::int64_t sparse_width =
+      m.moe.experts_per_token * m.moe.expert_ffn_hidden + m.moe.shared_ffn_hidden;
+  return sparse_params >= 3 * h * m.ffn_hidden && sparse_width >= m.ffn_hidden;
+}
+
 // A mixture of experts runs where the implementation's code runs one (Implementation::experts),
 // with expert parallelism where it splits the experts. Not modelled, so refused: expert TP under
 // tensor parallelism (Megatron's sequence-parallel gather before the dispatch), FP8 experts,
@@ -442,10 +502,11 @@ std::optional<ConfigIssue> check_experts(const ScheduleInputs& in,
   const std::string what = fmt::format("{} has {} experts, {} per token", m.name, m.moe.experts,
                                        m.moe.experts_per_token);
   const bool clamped = m.activation == models::ActivationKind::kClampedQuickGeGlu;
-  if (m.mixed_mlp() && p.pp_degree > 1) {
+  if (m.mixed_mlp() && p.pp_degree > 1 && !sparse_layers_bound_dense_ones(in)) {
     return ConfigIssue{Quantity::kPpDegree,
-                       fmt::format("{} of {} layers of {} have experts, the others a dense MLP; "
-                                   "pipeline stages of layers that differ are not modelled",
+                       fmt::format("{} of {} layers of {} have experts, the others a dense MLP "
+                                   "wider or with more parameters per rank; pipeline stages of "
+                                   "such layers are not modelled",
                                    m.sparse_layers(), m.layers, m.name)};
   }
   if (implementation != nullptr) {
@@ -535,6 +596,9 @@ LayoutCheck check_rank_layout(const ScheduleInputs& in) {
     out.issue = check_attention_sinks(in, out.implementation);
   }
   if (!out.issue) {
+    out.issue = check_latent_attention(in, method, out.implementation);
+  }
+  if (!out.issue) {
     out.issue = check_experts(in, out.implementation);
   }
   return out;
@@ -599,10 +663,8 @@ std::string int32_index_violation(const ScheduleInputs& inputs, const HeadLayout
   std::vector<Indexed> tensors = {{"RMSNorm input", s / in.parallel.tp_degree, m.hidden},
                                   {"RoPE query", s, m.heads * m.head_dim}};
   if (in.recipe.attention_kernel == "fa2") {
-    const AttentionBuffers a = attention_buffers(in, L);
     const std::int64_t width = (L.heads_per_stage / L.ulysses) * m.head_dim;
-    tensors.push_back({"FlashAttention-2 query",
-                       a.out_headsharded_bytes / in.recipe.activation_bytes / width, width});
+    tensors.push_back({"FlashAttention-2 query", in.parallel.seq_len / L.ring, width});
   }
   for (const Indexed& t : tensors) {
     if (t.rows * t.cols >= kLimit) {
@@ -702,7 +764,7 @@ ModelStates model_states(const ScheduleInputs& inputs) {
   }
   // The framework's RoPE table for every position of the training length (TrainingRecipe::
   // rope_cache_bytes_per_head_dim): whole on every rank, neither sharded nor offloaded.
-  s.gpu_bytes += r.rope_cache_bytes_per_head_dim * in.model.head_dim * in.parallel.seq_len *
+  s.gpu_bytes += r.rope_cache_bytes_per_head_dim * in.model.rope_head_dim() * in.parallel.seq_len *
                  (r.rope_cache_per_layer ? in.model.layers : 1);
   s.host_bytes =
       r.optimizer_offload ? (r.zero_stage == 0 ? total : shard) * (m + o + kFp32Bytes) : 0;

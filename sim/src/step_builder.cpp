@@ -129,9 +129,15 @@ bool StepBuilder::zero3_host_grad_partitions() const {
 
 std::int64_t StepBuilder::largest_layer_param() const {
   // q_proj/o_proj [h, H·d], k_proj/v_proj [h, Hkv·d], the MLP's matrices [h, f] (one TP rank's
-  // share: m_ is the rank's view).
-  return m_.hidden * std::max({m_.q_width(), m_.kv_width(), m_.mlp_width(),
-                               m_.mixed_mlp() ? m_.ffn_hidden : 0});
+  // share: m_ is the rank's view); MLA's up projections [r, H·d] and [r_kv, H·(d − d_r + d_v)].
+  const models::MlaSpec& a = m_.mla;
+  const std::int64_t mla_up =
+      m_.is_mla() ? std::max(a.q_lora_rank * m_.q_width(),
+                             a.kv_lora_rank * m_.heads *
+                                 (m_.head_dim - a.rope_head_dim + m_.value_head_dim()))
+                  : 0;
+  return std::max(mla_up, m_.hidden * std::max({m_.q_width(), m_.kv_width(), m_.mlp_width(),
+                                                m_.mixed_mlp() ? m_.ffn_hidden : 0}));
 }
 
 // DeepSpeed ZeRO-3 with the optimizer offloaded (the gradient partitions in a host buffer) makes,
@@ -369,10 +375,10 @@ SavedLayer StepBuilder::layer_forward(TensorSet x, TensorSet params, bool grad) 
   // which TransformerEngine's LayerNormLinear keeps in FP8 only) stay in bf16 here.
   std::vector<TensorSet> o_proj_out = {attn_out};
   if (r_.fp8 && grad) {
-    sv.o_fp8 = b_.tensor("o_fp8", shape_.local_tokens * m_.q_width(), MemCategory::kActivations);
+    sv.o_fp8 = b_.tensor("o_fp8", shape_.local_tokens * m_.o_width(), MemCategory::kActivations);
     o_proj_out.push_back(sv.o_fp8);
   }
-  compute("o_proj", OpKind::kGemm, linear_fwd(shape_.local_tokens, h, m_.q_width(), grad),
+  compute("o_proj", OpKind::kGemm, linear_fwd(shape_.local_tokens, h, m_.o_width(), grad),
           {sv.o, params}, std::move(o_proj_out), {sv.attn_ready});
   attn_out = tp_exchange("tp_rs.attn_out", attn_out, false, post_norm_input_category(grad));
   attn_out = post_norm("post_attn_norm", attn_out, grad, sv.post_attn_in, sv.post_attn_saved);
@@ -512,13 +518,13 @@ TensorSet StepBuilder::layer_backward(
     regathered.xn = tp_exchange("tp_ag.xn(re)", sv.xn, true);
   }
   const SavedLayer& saved = shape_.tp > 1 && tp_regather_ ? regathered : sv;
-  TensorSet d_o = b_.tensor("dout", shape_.local_tokens * m_.q_width() * shape_.activation_bytes,
+  TensorSet d_o = b_.tensor("dout", shape_.local_tokens * m_.o_width() * shape_.activation_bytes,
                             MemCategory::kAttention);
   std::vector<TensorSet> o_proj_in = {dh1_full, sv.o, params, grads};
   if (sv.o_fp8.valid()) {
     o_proj_in.push_back(sv.o_fp8);
   }
-  compute("o_proj_bwd", OpKind::kGemm, linear_bwd(shape_.local_tokens, h, m_.q_width()),
+  compute("o_proj_bwd", OpKind::kGemm, linear_bwd(shape_.local_tokens, h, m_.o_width()),
           std::move(o_proj_in), {d_o});
   const InputGrad g = method_.attention_backward(*this, saved, d_o, params, grads);
   const TensorSet dxn = tp_exchange("tp_rs.dxn", g.dxn, false, MemCategory::kOther, {g.ready});

@@ -63,6 +63,11 @@ struct SavedLayer {
   // the gate's product keeps.
   MlpSaved shared;
   TensorSet shared_out, shared_score;
+  // Multi-head latent attention (attention_mla.cpp): each norm's input and each up projection's
+  // input (the normed latents, with the norms' rstd).
+  struct {
+    TensorSet q_latent, q_normed, kv_latent, kv_normed;
+  } mla;
   TensorSet out;     // block output
   OpSet attn_ready;  // when set, the output projection waits for it (outputs filled in place)
   OpSet first_op;
@@ -84,6 +89,11 @@ struct CoreBackward {
 struct InputGrad {
   TensorSet dxn;
   OpSet ready;
+};
+
+/// A rank's query and key/value after the projections and RoPE, before any exchange.
+struct LocalQkv {
+  TensorSet q, kv;
 };
 
 /// Ring steps simulated as one op per stream: `steps` steps from `first` (see ring_segments).
@@ -127,6 +137,15 @@ class StepBuilder : private OpEmitter, private KernelCosts {
   class FpdtBackward;  ///< fpdt_backward's chunk loops (attention_fpdt.cpp)
 
  private:
+  /// The Q/K/V projections, q/k norms and RoPE of the Ulysses scheme (attention_ulysses.cpp),
+  /// and their backward from dQ and dK/dV.
+  LocalQkv project_qkv(SavedLayer& sv, TensorSet params, bool grad);
+  InputGrad project_qkv_backward(
+      const SavedLayer& sv, TensorSet dq, TensorSet dkv, TensorSet params, TensorSet grads);
+  /// The same for multi-head latent attention (attention_mla.cpp).
+  LocalQkv mla_project(SavedLayer& sv, TensorSet params, bool grad);
+  InputGrad mla_project_backward(
+      const SavedLayer& sv, TensorSet dq, TensorSet dkv, TensorSet params, TensorSet grads);
   std::int64_t norm_workspace() const;
   /// Bytes a norm over `rows` × `width` elements keeps for backward beyond its input and output.
   std::int64_t norm_saved_bytes(std::int64_t rows, std::int64_t width) const;

@@ -29,19 +29,27 @@ INT = {"--num-layers": "num_layers", "--hidden-size": "hidden_size",
        "--recompute-num-layers": "recompute_num_layers", "--num-experts": "num_moe_experts",
        "--moe-router-topk": "moe_router_topk", "--moe-ffn-hidden-size": "moe_ffn_hidden_size",
        "--expert-model-parallel-size": "expert_model_parallel_size",
-       "--moe-shared-expert-intermediate-size": "moe_shared_expert_intermediate_size"}
+       "--moe-shared-expert-intermediate-size": "moe_shared_expert_intermediate_size",
+       "--q-lora-rank": "q_lora_rank", "--kv-lora-rank": "kv_lora_rank",
+       "--qk-head-dim": "qk_head_dim", "--qk-pos-emb-head-dim": "qk_pos_emb_head_dim",
+       "--v-head-dim": "v_head_dim", "--moe-router-num-groups": "moe_router_num_groups",
+       "--moe-router-group-topk": "moe_router_group_topk"}
 STR = {"--normalization": "normalization", "--recompute-granularity": "recompute_granularity",
        "--recompute-method": "recompute_method",
        "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
        "--moe-router-load-balancing-type": "moe_router_load_balancing_type",
-       "--softmax-type": "softmax_type"}
+       "--softmax-type": "softmax_type", "--rope-type": "rope_type",
+       "--moe-router-score-function": "moe_router_score_function"}
 FLOAT = {"--attention-dropout": "attention_dropout", "--hidden-dropout": "hidden_dropout",
          "--norm-epsilon": "layernorm_epsilon", "--glu-linear-offset": "glu_linear_offset",
-         "--activation-func-clamp-value": "activation_func_clamp_value"}
+         "--activation-func-clamp-value": "activation_func_clamp_value",
+         "--moe-router-topk-scaling-factor": "moe_router_topk_scaling_factor"}
 TRUE = {"--qk-layernorm": "qk_layernorm", "--sequence-parallel": "sequence_parallel",
         "--bf16": "bf16", "--fp16": "fp16", "--moe-grouped-gemm": "moe_grouped_gemm",
         "--moe-router-pre-softmax": "moe_router_pre_softmax", "--add-qkv-bias": "add_qkv_bias",
-        "--moe-shared-expert-gate": "moe_shared_expert_gate"}
+        "--moe-shared-expert-gate": "moe_shared_expert_gate",
+        "--moe-router-enable-expert-bias": "moe_router_enable_expert_bias",
+        "--multi-latent-attention": "multi_latent_attention"}
 FALSE = {"--disable-bias-linear": "add_bias_linear", "--no-rope-fusion": "apply_rope_fusion",
          "--no-bias-swiglu-fusion": "bias_activation_fusion",
          "--no-bias-gelu-fusion": "bias_activation_fusion",
@@ -129,6 +137,19 @@ def softmax_and_activation(rep, tc):
             "cp_comm_type = 'a2a'! (TransformerEngine's assert)")
 
 
+def latent_attention(rep, tc):
+    """MLA's widths as megatron-core's MLATransformerConfig got them, and TransformerEngine's
+    condition for MLA under CP (context_parallel.py, v2.11:4031-4035; TE is not installed here):
+    cp_comm_type p2p or a2a+p2p."""
+    rep["mla"] = {"q_lora_rank": tc.q_lora_rank, "kv_lora_rank": tc.kv_lora_rank,
+                  "qk_head_dim": tc.qk_head_dim, "qk_pos_emb_head_dim": tc.qk_pos_emb_head_dim,
+                  "v_head_dim": tc.v_head_dim, "rope_type": tc.rope_type}
+    if tc.context_parallel_size > 1:
+        assert tc.cp_comm_type in ("p2p", "a2a+p2p"), (
+            f"Context parallelism does not support MLA with cp_comm_type={tc.cp_comm_type!r}! "
+            "(TransformerEngine's assert)")
+
+
 def check(path: str, gpus: int) -> dict:
     rep = new_report()
     for pkg in ("megatron-core", "torch", "transformer-engine"):
@@ -147,7 +168,10 @@ def check(path: str, gpus: int) -> dict:
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import (
+        MLATransformerConfig,
+        TransformerConfig,
+    )
     from megatron.core.utils import get_batch_on_this_cp_rank
     fl = stage(rep, "parse bash array", lambda: bash_array_flags(path))
     if fl is None:
@@ -168,7 +192,11 @@ def check(path: str, gpus: int) -> dict:
     rep["notes"].append("Megatron-LM default apply_rope_fusion / masked_softmax_fusion / "
                         "persist_layer_norm / bias_dropout_fusion left at TransformerConfig "
                         "defaults: their checks need Transformer Engine / Apex (GPU)")
-    tc = stage(rep, "TransformerConfig(**flags).__post_init__", lambda: TransformerConfig(**kw))
+    # Megatron-LM builds MLATransformerConfig with --multi-latent-attention (argument_utils.py)
+    config = MLATransformerConfig if kw.get("multi_latent_attention") else TransformerConfig
+    tc = stage(rep, f"{config.__name__}(**flags).__post_init__", lambda: config(**kw))
+    if tc is not None and getattr(tc, "multi_latent_attention", False):
+        stage(rep, "multi-head latent attention", lambda: latent_attention(rep, tc))
     if tc is not None and tc.window_size:
         stage(rep, "sliding-window layers", lambda: window_layers(rep, tc))
     if tc is not None:
@@ -210,6 +238,10 @@ def check(path: str, gpus: int) -> dict:
                     "ffn_hidden": tc.moe_ffn_hidden_size, "pre_softmax": tc.moe_router_pre_softmax,
                     "shared_ffn_hidden": tc.moe_shared_expert_intermediate_size,
                     "shared_gate": tc.moe_shared_expert_gate,
+                    "score_function": tc.moe_router_score_function,
+                    "num_groups": tc.moe_router_num_groups,
+                    "group_topk": tc.moe_router_group_topk,
+                    "topk_scaling": tc.moe_router_topk_scaling_factor,
                     "layer_freq": tc.moe_layer_freq,
                     "dispatcher": tc.moe_token_dispatcher_type,
                     "ep_group": ps.get_expert_model_parallel_world_size(),

@@ -132,7 +132,8 @@ def test_megatron_runs_the_experts_as_simulated(tmp_path):
     assert report["experts"] == {
         "num_moe_experts": 128, "topk": 8, "ffn_hidden": 768, "pre_softmax": False,
         "shared_ffn_hidden": None, "shared_gate": False, "layer_freq": 1,
-        "dispatcher": "alltoall", "ep_group": 8, "expert_data_parallel": 2}
+        "score_function": "softmax", "num_groups": None, "group_topk": None,
+        "topk_scaling": None, "dispatcher": "alltoall", "ep_group": 8, "expert_data_parallel": 2}
 
 
 def test_megatron_runs_a_gated_shared_expert(tmp_path):
@@ -173,6 +174,23 @@ def test_megatron_runs_gpt_oss_as_simulated(tmp_path):
     assert report["add_bias_linear"] and report["add_qkv_bias"]
     assert report["window_layers"] == "SF" * 18 and report["window_size"] == [127, 0]
     assert report["experts"]["ep_group"] == 32 and report["experts"]["topk"] == 4
+
+
+def test_megatron_runs_deepseek_v3_as_simulated(tmp_path):
+    """DeepSeek-V3: MLATransformerConfig gets its latent attention's ranks and widths (under CP
+    with p2p or a2a+p2p, TransformerEngine's condition), the grouped sigmoid router, the dense
+    first layers, and the pipeline's uneven first stage."""
+    args = ["--model", "deepseek-v3", "--seq", "64K", "--ep", "8", "--allow-data-parallel"]
+    planned, report = checked_file("megatron_launcher.py", "megatron", args,
+                                   tmp_path / "megatron.sh", 512, tmp_path)
+    assert " pp16" in planned["label"] and " ep8" in planned["label"], planned
+    assert report["mla"] == {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_head_dim": 128,
+                             "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "rope_type": "rope"}
+    experts = report["experts"]
+    assert experts["score_function"] == "sigmoid" and experts["topk"] == 8, experts
+    assert (experts["num_groups"], experts["group_topk"], experts["topk_scaling"]) == (8, 4, 2.5)
+    assert experts["shared_ffn_hidden"] == 2048 and not experts["shared_gate"]
+    assert experts["layer_freq"] == [0] * 3 + [1] * 58
 
 
 def test_torchtitan_runs_the_experts_as_simulated(tmp_path):

@@ -311,10 +311,10 @@ TEST(HfConfig, Qwen3MoeExpertsAndItsDenseLayers) {
   EXPECT_FALSE(shared.qk_norm);
   qwen2["qkv_bias"] = false;
   EXPECT_FALSE(parse(qwen2).qkv_bias);
-  // DeepSeek (MLA) stays refused: its experts' keys first.
+  // A Qwen3-MoE config labelled deepseek_v3 names the first key DeepSeek-V3's reader needs.
   json deepseek = qwen3_moe_config();
   deepseek["model_type"] = "deepseek_v3";
-  EXPECT_EQ(error_field(deepseek), "llama.json:num_experts");
+  EXPECT_EQ(error_field(deepseek), "llama.json:kv_lora_rank");
 }
 
 /// The layers of `spec` with a window, as 'S' and 'F' per layer.
@@ -593,6 +593,62 @@ TEST(HfConfig, Llama4ReadsItsTextModelWithChunksAndASharedExpert) {
   json unchunked = llama4_config();
   unchunked["text_config"]["attention_chunk_size"] = nullptr;
   EXPECT_EQ(error_field(unchunked), "llama.json:text_config.attention_chunk_size");
+}
+
+}  // namespace
+}  // namespace cpsim::models
+
+namespace cpsim::models {
+namespace {
+
+TEST(HfConfig, DeepSeekV3ReadsItsLatentAttentionRouterAndDenseLayers) {
+  const TransformerSpec spec = load_model("deepseek-v3", DataDir{CPSIM_TEST_DATA_DIR});
+  EXPECT_TRUE(spec.is_mla());
+  EXPECT_EQ(spec.head_dim, 192);  // qk_nope_head_dim + qk_rope_head_dim, not config.head_dim
+  EXPECT_EQ(spec.value_head_dim(), 128);
+  EXPECT_EQ(spec.mla, (MlaSpec{1536, 512, 64}));
+  EXPECT_EQ(spec.moe.experts, 256);
+  EXPECT_EQ(spec.moe.experts_per_token, 8);
+  EXPECT_EQ(spec.moe.expert_ffn_hidden, 2048);
+  EXPECT_EQ(spec.moe.shared_ffn_hidden, 2048);
+  EXPECT_FALSE(spec.moe.shared_gate);
+  EXPECT_TRUE(spec.moe.renormalize);
+  EXPECT_EQ(spec.moe.groups, 8);
+  EXPECT_EQ(spec.moe.group_topk, 4);
+  EXPECT_DOUBLE_EQ(spec.moe.routed_scaling, 2.5);
+  EXPECT_EQ(spec.sparse_layers(), 58);  // the first 3 layers dense (first_k_dense_replace)
+  EXPECT_FALSE(spec.experts_at(2));
+  EXPECT_TRUE(spec.experts_at(3));
+  // A saved config's head_dim (DeepseekV3Config sets it to qk_rope_head_dim) is not read.
+  std::ifstream file(std::string(CPSIM_TEST_DATA_DIR) + "/models/deepseek-v3.json");
+  json config = json::parse(file);
+  config["head_dim"] = 64;
+  EXPECT_EQ(parse(config, "ds.json").head_dim, 192);
+  config["q_lora_rank"] = nullptr;  // DeepSeek-V2-Lite: q straight from x
+  EXPECT_EQ(parse(config, "ds.json").mla.q_lora_rank, 0);
+  // Refusals name the field.
+  for (const char* key :
+       {"kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "n_group", "first_k_dense_replace"}) {
+    json missing = config;
+    missing.erase(key);
+    EXPECT_EQ(error_field(missing, "ds.json"), std::string("ds.json:") + key) << key;
+  }
+  json biased = config;
+  biased["attention_bias"] = true;
+  EXPECT_EQ(error_field(biased, "ds.json"), "ds.json:attention_bias");
+  json groups = config;
+  groups["n_group"] = 3;  // does not divide 256
+  EXPECT_EQ(error_field(groups, "ds.json"), "ds.json:n_group");
+  json gqa = config;
+  gqa["num_key_value_heads"] = 8;
+  EXPECT_EQ(error_field(gqa, "ds.json"), "ds.json:num_key_value_heads");
+  json rope = config;
+  rope["qk_nope_head_dim"] = 0;
+  EXPECT_EQ(error_field(rope, "ds.json"), "ds.json:qk_nope_head_dim");
+  // DeepSeek-V2 is still refused (its routing differs): its experts are named.
+  json v2 = config;
+  v2["model_type"] = "deepseek_v2";
+  EXPECT_EQ(error_field(v2, "ds.json"), "ds.json:n_routed_experts");
 }
 
 }  // namespace

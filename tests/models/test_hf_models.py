@@ -139,6 +139,32 @@ COUNTED += [
     ("llama4_text", {**LLAMA4, "interleave_moe_layer_step": 2}),
     ("llama4_text", {**LLAMA4, "moe_layers": [1, 2, 5]}),
 ]
+# DeepSeek-V3: multi-head latent attention (q from a latent or from x), routed experts behind the
+# grouped sigmoid router with a shared one, the first layers dense. Every head has its own K/V.
+DEEPSEEK = {
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 24,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 12,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 2,
+    "n_group": 2,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+}
+# deepseek-ai/DeepSeek-V3's main model (its 671 B).
+DEEPSEEK_V3_PARAMETERS = 671_026_404_352
+COUNTED += [
+    ("deepseek_v3", DEEPSEEK),
+    ("deepseek_v3", {**DEEPSEEK, "q_lora_rank": None, "n_shared_experts": 2}),
+    ("deepseek_v3", {**DEEPSEEK, "first_k_dense_replace": 0, "v_head_dim": 24}),
+]
 # Llama 4's chunked layers: Llama4TextConfig's own layer_types against cpsim's reading.
 CHUNKED = [
     {},
@@ -222,7 +248,7 @@ def test_cpsim_counts_the_parameters_transformers_builds(model_type, keys, tmp_p
     untied LM head: cpsim's count is the number of parameters of transformers' own model."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(model_type, **TINY, **keys)
+    config = AutoConfig.for_model(model_type, **{**TINY, **keys})
     model = AutoModelForCausalLM.from_config(config)
     built = sum(p.numel() for p in model.parameters())  # tied weights are one parameter
     path = tmp_path / "config.json"
@@ -233,11 +259,17 @@ def test_cpsim_counts_the_parameters_transformers_builds(model_type, keys, tmp_p
 
 
 @pytest.mark.parametrize(
-    "name,parameters", [("gpt-oss-120b", 116_829_156_672), ("gpt-oss-20b", 20_914_757_184)]
+    "name,parameters",
+    [
+        ("gpt-oss-120b", 116_829_156_672),
+        ("gpt-oss-20b", 20_914_757_184),
+        ("deepseek-v3", DEEPSEEK_V3_PARAMETERS),
+    ],
 )
-def test_the_builtin_gpt_oss_has_the_parameters_transformers_builds(name, parameters):
-    """openai/gpt-oss-120b and -20b as transformers 4.57.6 builds them (on the meta device): the
-    parameters cpsim counts in its built-in files."""
+def test_the_builtin_moe_models_have_the_parameters_transformers_builds(name, parameters):
+    """openai/gpt-oss-120b and -20b and deepseek-ai/DeepSeek-V3 (without its multi-token
+    prediction layer, which transformers does not build) as transformers 4.57.6 builds them (on
+    the meta device): the parameters cpsim counts in its built-in files."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with open(os.path.join(ROOT, "data", "models", f"{name}.json")) as f:

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include <gtest/gtest.h>
+
 #include "cpsim/models/io.hpp"
 #include "cpsim/sim/schedule.hpp"
 #include "cpsim/sim/workload.hpp"
@@ -75,6 +77,17 @@ inline std::int64_t tensor_bytes(const Workload& w, const std::string& name) {
     }
   }
   return 0;
+}
+
+/// The quantity at fault when building the step of `in` is refused (a failure when accepted).
+inline Quantity refusal(const ScheduleInputs& in) {
+  try {
+    (void)build_step(in);
+  } catch (const ConfigError& e) {
+    return e.quantity();
+  }
+  ADD_FAILURE() << "accepted";
+  return Quantity::kGpus;
 }
 
 }  // namespace cpsim::sim::testing

@@ -8,6 +8,7 @@
 
 #include "cpsim/models/transformer.hpp"
 #include "cpsim/sim/implementation.hpp"
+#include "cpsim/sim/pipeline.hpp"
 #include "cpsim/sim/schedule.hpp"
 
 #include "block_oracle.hpp"
@@ -21,6 +22,7 @@ using models::CpMethod;
 using testing::first_op_named;
 using testing::inputs;
 using testing::ops_named;
+using testing::refusal;
 using testing::tensor_bytes;
 
 constexpr std::int64_t kSeq = 64 * 1024;
@@ -242,16 +244,6 @@ TEST(Experts, RepeatedBlocksEqualBlocksBuiltOneByOne) {
   test::expect_repeated_blocks_equal_oracle(shared);
 }
 
-Quantity refusal(const ScheduleInputs& in) {
-  try {
-    (void)build_step(in);
-  } catch (const ConfigError& e) {
-    return e.quantity();
-  }
-  ADD_FAILURE() << "accepted";
-  return Quantity::kGpus;
-}
-
 TEST(Experts, WhatIsNotModelledIsRefused) {
   ScheduleInputs dense_ep = inputs(CpMethod::kRing, "llama3-8b", 8, kSeq);
   dense_ep.parallel.ring_degree = 8;
@@ -324,8 +316,21 @@ TEST(Experts, DenseLayersAmongSparseOnesHoldTheirOwnParameters) {
                                  unsharded.recipe.optimizer_state_bytes;
   const std::int64_t held = p.total - 24 * (p.experts_per_layer - p.experts_per_layer / 8);
   EXPECT_EQ(model_states(unsharded).gpu_bytes, held * per_param);
+  // Pipeline stages are simulated with experts in every layer: an upper bound here, where a
+  // sparse layer holds more parameters per rank (16 experts of 3·2048·768 and the router against
+  // 3·2048·6144) and as wide MLPs per token (8·768 against 6144); refused where a dense layer is
+  // wider.
   ScheduleInputs staged = mixed;
   staged.parallel.pp_degree = 2;
+  staged.parallel.micro_batches = 2;
+  staged.parallel.cp_degree = 4;
+  staged.parallel.ring_degree = 4;
+  staged.parallel.ep_degree = 4;
+  const LayoutCheck stages = check_head_layout(staged);
+  EXPECT_FALSE(stages.issue) << stages.issue->message;
+  ScheduleInputs stage = pipeline_stage_inputs(staged, 2, PipelineStage::kWithOutputLayer);
+  EXPECT_TRUE(stage.model.layer_mlp.empty());
+  staged.model.ffn_hidden = 8192;
   EXPECT_EQ(refusal(staged), Quantity::kPpDegree);
 }
 

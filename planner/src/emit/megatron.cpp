@@ -107,6 +107,26 @@ void bias_args(const models::TransformerSpec& m, Args& a) {
   }
 }
 
+// Multi-head latent attention (Megatron-LM d98e8a6 arguments.py:3548-3556; Megatron-LM selects
+// MLATransformerConfig with --multi-latent-attention, argument_utils.py:292-293): the ranks, the
+// non-rotated and rotated q/k widths, the value width. --rope-type rope: MLATransformerConfig's
+// default is YaRN, whose scaling factor cpsim does not read from the config (the checkpoint's
+// rope_scaling, which changes no cost); plain RoPE runs the same step.
+void latent_attention_args(const models::TransformerSpec& m, Args& a) {
+  if (!m.is_mla()) {
+    return;
+  }
+  a.push_back({"--multi-latent-attention"});
+  if (m.mla.q_lora_rank > 0) {
+    a.push_back({"--q-lora-rank", fmt::format("{}", m.mla.q_lora_rank)});
+  }
+  a.push_back({"--kv-lora-rank", fmt::format("{}", m.mla.kv_lora_rank)});
+  a.push_back({"--qk-head-dim", fmt::format("{}", m.head_dim - m.mla.rope_head_dim)});
+  a.push_back({"--qk-pos-emb-head-dim", fmt::format("{}", m.mla.rope_head_dim)});
+  a.push_back({"--v-head-dim", fmt::format("{}", m.value_head_dim())});
+  a.push_back({"--rope-type", "rope"});
+}
+
 // The model's shape and architecture flags.
 void model_args(const Plan& p, std::int64_t max_pos, Args& a) {
   a.push_back({"--num-layers", fmt::format("{}", p.model.layers)});
@@ -118,6 +138,7 @@ void model_args(const Plan& p, std::int64_t max_pos, Args& a) {
     a.push_back({"--num-query-groups", fmt::format("{}", p.model.kv_heads)});
   }
   a.push_back({"--kv-channels", fmt::format("{}", p.model.head_dim)});
+  latent_attention_args(p.model, a);
   a.push_back({"--seq-length", fmt::format("{}", p.seq)});
   a.push_back({"--max-position-embeddings", fmt::format("{}", max_pos)});
   a.push_back({"--position-embedding-type", "rope"});
@@ -156,7 +177,17 @@ void expert_args(const Plan& p, Args& a) {
   a.push_back({"--num-experts", fmt::format("{}", m.moe.experts)});
   a.push_back({"--moe-router-topk", fmt::format("{}", m.moe.experts_per_token)});
   a.push_back({"--moe-ffn-hidden-size", fmt::format("{}", m.moe.expert_ffn_hidden)});
-  if (!m.moe.renormalize) {
+  if (m.moe.groups > 0) {
+    // DeepSeek-V3's router (megatron-core 0.16.1 TransformerConfig moe_router_score_function,
+    // moe_router_enable_expert_bias, moe_router_num_groups, moe_router_group_topk,
+    // moe_router_topk_scaling_factor; moe/moe_utils.py topk_routing_with_score_function: sigmoid
+    // scores, the top k renormalised when k > 1).
+    a.push_back({"--moe-router-score-function", "sigmoid"});
+    a.push_back({"--moe-router-enable-expert-bias"});
+    a.push_back({"--moe-router-num-groups", fmt::format("{}", m.moe.groups)});
+    a.push_back({"--moe-router-group-topk", fmt::format("{}", m.moe.group_topk)});
+    a.push_back({"--moe-router-topk-scaling-factor", number(m.moe.routed_scaling)});
+  } else if (!m.moe.renormalize) {
     a.push_back({"--moe-router-pre-softmax"});
   }
   // A shared expert (megatron-core 0.16.1 TransformerConfig moe_shared_expert_intermediate_size,
@@ -282,9 +313,9 @@ void training_args(const Plan& p, Args& a) {
 // The attention backend inside TE, with a note where the recipe's kernel is not what runs.
 void attention_backend_args(Plan& p, Args& a) {
   const std::string& kernel = p.recipe.attention_kernel;
-  if (kernel == "cudnn" || p.model.attention_sinks) {
+  if (kernel == "cudnn" || p.model.attention_sinks || p.model.is_mla()) {
     // cuDNN fused attention inside TE; TE runs a learnable softmax (the sinks) under CP on it
-    // only (megatron_core_cp's attention_kernel).
+    // only, and MLA's unequal head widths (megatron_core_cp's attention_kernel).
     a.push_back({"--attention-backend", "fused"});
     return;
   }
@@ -341,6 +372,12 @@ void notes_on_what_is_not_emitted(Plan& p, const std::string& comm, std::int64_t
                     "past the model's native context needs RoPE scaling",
                     p.model.max_position_embeddings));
   }
+  if (p.model.is_mla()) {
+    p.note(
+        "--rope-type rope: the checkpoint's RoPE scaling (YaRN in rope_scaling) is not carried; "
+        "add --rope-type yarn with its --rotary-scaling-factor and --yarn-* values to match it "
+        "(the same step's cost); multi-token prediction (--mtp-num-layers) is not emitted");
+  }
   p.note_comm_dtype_fixed("Megatron-LM (TE)");
 }
 
@@ -371,6 +408,13 @@ EmittedConfig emit_megatron(Plan& p) {
   // Size of the all-to-all (Ulysses) part: the CP group for a2a, the Ulysses degree for a2a+p2p.
   const int a2a = comm == "a2a" ? p.cp : comm == "a2a+p2p" ? p.ulysses : 0;
   require_te_a2a_heads(p, a2a, "Megatron-LM", ", or --method usp with a smaller Ulysses degree");
+  if (p.model.is_mla() && p.cp > 1 && comm != "p2p" && comm != "a2a+p2p") {
+    // TransformerEngine v2.11 context_parallel.py:4031-4035 (megatron_core_cp's latent_attention).
+    refuse(
+        fmt::format("{} has multi-head latent attention, which TransformerEngine runs under CP "
+                    "with --cp-comm-type p2p or a2a+p2p only, not {}: use --method ring or usp",
+                    p.model.name, comm));
+  }
 
   const std::int64_t max_pos = std::max(p.model.max_position_embeddings, p.seq);
   Args a;

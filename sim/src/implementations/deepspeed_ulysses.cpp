@@ -148,6 +148,12 @@ class DeepspeedUlysses final : public Implementation {
   // so flash_attention_2 drops them silently; gpt-oss has no SDPA path (_supports_sdpa = False,
   // modeling_gpt_oss.py:399) and DeepSpeed refuses eager (ulysses_sp.py:468-471). The kernels-hub
   // FA3 that takes sinks is not modelled.
+  FeatureSupport latent_attention(models::CpMethod /*m*/) const override {
+    return {false,
+            "UlyssesSPAttentionHF takes one head width from config.head_dim (DeepseekV3Config "
+            "sets it to qk_rope_head_dim) and asserts key.shape == value.shape (deepspeed 0.19.8 "
+            "runtime/sequence_parallel/ulysses_sp.py:299-304, 503-512)"};
+  }
   FeatureSupport attention_sinks(models::CpMethod /*m*/) const override {
     return {false,
             "its flash kernels take no sinks, and transformers drops them without a word "

@@ -54,17 +54,21 @@ constexpr std::array kRows = {
     LedgerRow{"A1+A2 (k, v)", LedgerSite::kKvExchange, LedgerWhen::kUlyssesAbove1, 0, 8, 0,
               hbm(0, 8, 0), "k, v all-to-all: input copies and receive buffers (bf16)"},
     LedgerRow{"A7+A8", LedgerSite::kOutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0, hbm(4, 0, 0),
-              "output all-to-all: reorder copy and receive buffer (bf16)"},
+              "output all-to-all: reorder copy and receive buffer (bf16)", false, true},
     LedgerRow{"A11", LedgerSite::kDoutExchange, LedgerWhen::kUlyssesAbove1, 4, 0, 0, hbm(4, 0, 0),
-              "dout all-to-all: input copy and receive buffer (bf16)"},
-    LedgerRow{"A10+A11", LedgerSite::kHeldThroughBackward, LedgerWhen::kUlyssesAbove1, 8, 4, 4,
-              hbm(0, 0, 0),
-              "saved q', k', v', out_, LSE and dout' held to the function's return, with dout"},
+              "dout all-to-all: input copy and receive buffer (bf16)", false, true},
+    LedgerRow{"A10+A11 (q, k, v)", LedgerSite::kHeldThroughBackward, LedgerWhen::kUlyssesAbove1, 2,
+              4, 4, hbm(0, 0, 0), "saved q', k', v' and LSE held to the function's return"},
+    LedgerRow{"A10+A11 (out)", LedgerSite::kHeldThroughBackward, LedgerWhen::kUlyssesAbove1, 6, 0,
+              0, hbm(0, 0, 0), "saved out_ and dout' held to the function's return, with dout",
+              false, true},
     LedgerRow{"A14", LedgerSite::kDqExchange, LedgerWhen::kUlyssesAbove1, 4, 12, 0, hbm(4, 16, 0),
               "one all-to-all call for dq, dk, dv: reorder copies and receive buffers of all "
               "three and the dk, dv results (bf16)"},
-    LedgerRow{"P3+P5+P6", LedgerSite::kRingForwardHeld, LedgerWhen::kAlways, 2, 4, 4, hbm(0, 0, 0),
-              "per step kept to the merge: received K/V (bf16), output (bf16), LSE (fp32)"},
+    LedgerRow{"P3+P5 (K/V, LSE)", LedgerSite::kRingForwardHeld, LedgerWhen::kAlways, 0, 4, 4,
+              hbm(0, 0, 0), "per step kept to the merge: received K/V (bf16), LSE (fp32)"},
+    LedgerRow{"P6 (out)", LedgerSite::kRingForwardHeld, LedgerWhen::kAlways, 2, 0, 0, hbm(0, 0, 0),
+              "per step kept to the merge: output (bf16)", false, true},
 };
 
 constexpr std::array<std::string_view, 3> kLimits = {
@@ -189,10 +193,27 @@ class MegatronCoreCp final : public Implementation {
             "setting; attention_chunk is 0 in Megatron-LM d98e8a6 transformer/attention.py:952): "
             "every layer would attend to the whole sequence"};
   }
+  // DeepSeek-V3's MLA: Megatron-LM d98e8a6 MLASelfAttention hands TE the expanded per-head K
+  // (d wide) and V (d_v wide) (multi_latent_attention.py:207-218, 966-979). TransformerEngine
+  // v2.11 (the releases megatron-core 0.16.1 takes) asserts MLA under CP runs with cp_comm_type
+  // p2p or a2a+p2p only (context_parallel.py:4031-4035); p2p rotates K and V flattened into one
+  // buffer at their own widths (:1302 onwards; at d0067d0 :1686-1690).
+  FeatureSupport latent_attention(models::CpMethod m) const override {
+    if (m == models::CpMethod::kRing || m == models::CpMethod::kUsp) {
+      return {true,
+              "cp_comm_type p2p and a2a+p2p run K and V at their own widths (TransformerEngine "
+              "v2.11 context_parallel.py:4031-4035)"};
+    }
+    return {false,
+            "TransformerEngine v2.11 asserts MLA under CP runs with cp_comm_type p2p or a2a+p2p "
+            "only (context_parallel.py:4031-4035)"};
+  }
   // TE runs a learnable softmax under CP on FusedAttention only (context_parallel.py:5062-5064
-  // @ d0067d0): a model with sinks runs cuDNN's kernel whatever the recipe names.
+  // @ d0067d0): a model with sinks runs cuDNN's kernel whatever the recipe names. Megatron's sbhd
+  // under CP is FusedAttention's too (:5043-5045), and MLA's unequal head widths
+  // (utils.py:903-911).
   std::string attention_kernel(const ScheduleInputs& in) const override {
-    return in.model.attention_sinks ? "cudnn" : in.recipe.attention_kernel;
+    return in.model.attention_sinks || in.model.is_mla() ? "cudnn" : in.recipe.attention_kernel;
   }
   std::int64_t ring_accumulator_bytes(const ScheduleInputs& in) const override {
     return in.recipe.activation_bytes;

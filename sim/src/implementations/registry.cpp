@@ -63,10 +63,11 @@ LedgerUnits ledger_units(const ScheduleInputs& in, const HeadLayout& layout) {
   // One stage's heads: all of them outside UPipe (heads_per_stage = H, kv_heads_per_fetch =
   // the KV heads after replication); one chunk's tokens in FPDT.
   const std::int64_t s = in.parallel.local_seq() / std::max<std::int64_t>(layout.fpdt_chunks, 1);
-  const std::int64_t d = in.model.head_dim;
+  const std::int64_t d = in.model.head_dim, dv = in.model.value_head_dim();
   LedgerUnits u;
   u.shd = s * layout.heads_per_stage * d;
-  u.shkd = s * layout.kv_heads_per_fetch * d;
+  u.shvd = s * layout.heads_per_stage * dv;
+  u.shkd = s * layout.kv_heads_per_fetch * (d + dv) / 2;  // (d + d_v) even: TransformerSpec
   u.sh = s * layout.heads_per_stage;
   u.ulysses = layout.ulysses;
   u.kv_heads_per_rank = layout.kv_heads_per_fetch / layout.ulysses;
@@ -77,19 +78,23 @@ LedgerUnits ledger_units(const ScheduleInputs& in, const HeadLayout& layout) {
 }
 
 std::int64_t row_bytes(const LedgerRow& row, const LedgerUnits& units) {
-  return row.shd * units.shd + row.shkd * (row.model_kv_heads ? units.shkd_model : units.shkd) +
-         row.sh * units.sh;
+  return row.shd * (row.output_heads ? units.shvd : units.shd) +
+         row.shkd * (row.model_kv_heads ? units.shkd_model : units.shkd) + row.sh * units.sh;
 }
 
 namespace {
-std::string formula(std::int64_t shd, std::int64_t shkd, std::int64_t sh, bool model_kv = false) {
+std::string formula(std::int64_t shd,
+                    std::int64_t shkd,
+                    std::int64_t sh,
+                    bool model_kv = false,
+                    bool output_heads = false) {
   std::string s;
   auto term = [&s](std::int64_t k, const char* unit) {
     if (k != 0) {
       s += fmt::format("{}{}·{}", s.empty() ? "" : " + ", k, unit);
     }
   };
-  term(shd, "sHd");
+  term(shd, output_heads ? "sHd_v" : "sHd");
   term(shkd, model_kv ? "sHkv_m·d" : "sHkv·d");
   term(sh, "sH");
   return s.empty() ? "0" : s;
@@ -107,15 +112,16 @@ bool applies(const LedgerRow& row, const LedgerUnits& units) {
 }  // namespace
 
 std::string row_formula(const LedgerRow& row) {
-  return formula(row.shd, row.shkd, row.sh, row.model_kv_heads);
+  return formula(row.shd, row.shkd, row.sh, row.model_kv_heads, row.output_heads);
 }
 
 std::int64_t row_traffic_bytes(const LedgerRow& row, const LedgerUnits& units) {
-  return row.traffic.shd * units.shd + row.traffic.shkd * units.shkd + row.traffic.sh * units.sh;
+  return row.traffic.shd * (row.output_heads ? units.shvd : units.shd) +
+         row.traffic.shkd * units.shkd + row.traffic.sh * units.sh;
 }
 
 std::string traffic_formula(const LedgerRow& row) {
-  return formula(row.traffic.shd, row.traffic.shkd, row.traffic.sh);
+  return formula(row.traffic.shd, row.traffic.shkd, row.traffic.sh, false, row.output_heads);
 }
 
 bool Implementation::runs(models::CpMethod m) const {

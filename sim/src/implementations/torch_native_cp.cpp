@@ -139,6 +139,12 @@ class TorchNativeCp final : public Implementation {
             "models/gpt_oss/model.py:34-40, 116-131); its FlexAttention under CP is not "
             "modelled, and context_parallel's SDPA ops take no sinks"};
   }
+  FeatureSupport latent_attention(models::CpMethod /*m*/) const override {
+    return {false,
+            "TorchTitan 0.3.0 runs DeepSeek-V3 on FlexAttention only, its K/V all-gathered under "
+            "CP (models/common/config_utils.py:71-103, context_parallel/api.py:57-78); "
+            "FlexAttention under CP is not modelled"};
+  }
   FeatureSupport chunked_attention(models::CpMethod /*m*/) const override {
     return {false,
             "context_parallel's SDPA ops refuse an attention mask (PyTorch 2.13.0, "

@@ -153,6 +153,12 @@ class YunchangUsp final : public Implementation {
   // position (ring/ring_flash_attn.py:36-48, ring/zigzag_ring_flash_attn.py:29-43): a wrong
   // mask, silently. Its FA3 path drops the window (kernels/attention.py:283-284).
   // yunchang 0.6.4's attention calls flash-attn's functions, none of which takes sinks.
+  FeatureSupport latent_attention(models::CpMethod /*m*/) const override {
+    return {false,
+            "its flash-attn 2 kernels take V as wide as Q and K (flash-attn v2.8.3 "
+            "csrc/flash_attn/flash_api.cpp:418): MLA's V would be padded to d by the caller, "
+            "which is not modelled"};
+  }
   FeatureSupport attention_sinks(models::CpMethod /*m*/) const override {
     return {false, "its flash-attn calls take no sinks (yunchang 0.6.4, kernels/attention.py)"};
   }

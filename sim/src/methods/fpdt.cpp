@@ -33,6 +33,9 @@ class Fpdt final : public CpScheme {
   bool has_ulysses_part() const override { return true; }
   bool has_ring_part() const override { return false; }
   bool uses_fpdt_chunk() const override { return true; }
+  bool builds_latent_attention() const override {
+    return false;
+  }  // one head width (attention_fpdt)
   /// The chunked layer keeps its own chunks (on the host or the GPU) whatever the checkpointing;
   /// one chunk runs plain Ulysses, which recomputes selectively.
   bool recomputes_selectively(const models::ParallelConfig& p) const override {

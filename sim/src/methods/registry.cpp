@@ -50,6 +50,8 @@ const char* to_string(Quantity q) {
       return "attention_sinks";
     case Quantity::kAttentionChunks:
       return "attention_chunks";
+    case Quantity::kLatentAttention:
+      return "latent_attention";
     case Quantity::kExperts:
       return "experts";
     case Quantity::kExpertParallel:
@@ -160,25 +162,26 @@ AttentionBuffers CpScheme::buffers(const ScheduleInputs& in, const HeadLayout& L
   const std::int64_t n = in.parallel.seq_len;
   const std::int64_t s = n / L.cp;
   const std::int64_t nr = n / L.ring;
-  const std::int64_t d = in.model.head_dim;
+  // MLA (value heads d_v wide): every "2·d" of a K/V pair is d + d_v, every output's d is d_v.
+  const std::int64_t d = in.model.head_dim, dv = in.model.value_head_dim();
   const std::int64_t b = in.recipe.activation_bytes;
   const std::int64_t u = L.heads_per_stage;
   const std::int64_t f = L.kv_heads_per_fetch;
   AttentionBuffers a;
-  a.qkv_local_bytes = s * (u + 2 * f) * d * b;
-  a.qkv_headsharded_bytes = nr * (u + 2 * f) / L.ulysses * d * b;
-  a.out_headsharded_bytes = nr * (u / L.ulysses) * d * b;
-  a.out_local_bytes = s * u * d * b;
+  a.qkv_local_bytes = s * (u * d + f * (d + dv)) * b;
+  a.qkv_headsharded_bytes = nr * (u * d + f * (d + dv)) / L.ulysses * b;
+  a.out_headsharded_bytes = nr * (u / L.ulysses) * dv * b;
+  a.out_local_bytes = s * u * dv * b;
   a.lse_bytes = (u / L.ulysses) * nr * kFp32Bytes;
   if (L.ring > 1) {
     if (gathers_kv()) {
-      a.allgather_kv_bytes = n * 2 * (f / L.ulysses) * d * b;
+      a.allgather_kv_bytes = n * (f / L.ulysses) * (d + dv) * b;
     } else {
-      a.ring_block_bytes = nr * 2 * (f / L.ulysses) * d * b;
+      a.ring_block_bytes = nr * (f / L.ulysses) * (d + dv) * b;
     }
   }
   a.a2a_send_bytes_per_layer_fwd =
-      L.ulysses > 1 ? s * (L.heads + 2 * L.kv_heads_eff) * d * b + s * L.heads * d * b : 0;
+      L.ulysses > 1 ? s * (L.heads * d + L.kv_heads_eff * (d + dv)) * b + s * L.heads * dv * b : 0;
   return a;
 }
 

@@ -29,6 +29,9 @@ class UPipe final : public CpScheme {
   bool has_ulysses_part() const override { return true; }
   bool has_ring_part() const override { return true; }
   bool uses_heads_per_stage() const override { return true; }
+  bool builds_latent_attention() const override {
+    return false;
+  }  // one head width (attention_upipe)
   /// The custom op saves its input, output and LSEs whatever the checkpointing (see above).
   bool recomputes_selectively(const models::ParallelConfig& /*p*/) const override { return false; }
 

@@ -43,7 +43,29 @@ struct MoeSpec {
   bool biases = false;
   std::int64_t shared_ffn_hidden = 0;  ///< the shared expert's width; 0: none
   bool shared_gate = false;            ///< a sigmoid gate Linear(h, 1) scales the shared expert
+  /// DeepSeek-V3's router (transformers 4.57.6 DeepseekV3TopkRouter, `topk_method` noaux_tc):
+  /// sigmoid scores, plus a per-expert correction bias (a buffer, not a parameter) for the choice
+  /// only, pick the top k among the experts of the best `group_topk` of `groups` groups; the k
+  /// scores are renormalised (`renormalize`) and scaled by `routed_scaling`. groups 0: softmax.
+  std::int64_t groups = 0;
+  std::int64_t group_topk = 0;
+  double routed_scaling = 1.0;
   bool operator==(const MoeSpec&) const = default;
+};
+
+/// Multi-head latent attention (DeepSeek-V2/V3; transformers 4.57.6 DeepseekV3Attention,
+/// modeling_deepseek_v3.py; Megatron-Core MLASelfAttention). q comes from a latent of rank r_q
+/// (x·W_qa [h → r_q], RMSNorm, ·W_qb [r_q → H·d]) or, with r_q = 0, straight from x (W_q
+/// [h → H·d]). k and v come from one latent: x·W_kva [h → r_kv + d_r] is the latent c [r_kv]
+/// and one rotated key part k_r [d_r] that every head shares; RMSNorm(c)·W_kvb
+/// [r_kv → H·(d − d_r + d_v)] is each head's non-rotated key part [d − d_r] and its value [d_v].
+/// Per head, q and k are d = d_nope + d_r wide (TransformerSpec::head_dim), v and the output d_v
+/// (TransformerSpec::v_head_dim); every head has its own k and v (H_kv = H).
+struct MlaSpec {
+  std::int64_t q_lora_rank = 0;    ///< r_q; 0: q projected from x
+  std::int64_t kv_lora_rank = 0;   ///< r_kv; 0: not MLA
+  std::int64_t rope_head_dim = 0;  ///< d_r (qk_rope_head_dim)
+  bool operator==(const MlaSpec&) const = default;
 };
 
 /// A layer's MLP in a mixture-of-experts model: the experts, or a dense gated MLP of
@@ -56,9 +78,12 @@ struct TransformerSpec {
   std::string name;
   std::int64_t layers = 0;
   std::int64_t hidden = 0;
-  std::int64_t heads = 0;       ///< query heads H
-  std::int64_t kv_heads = 0;    ///< key/value heads H_kv (GQA); equals `heads` for MHA
-  std::int64_t head_dim = 0;    ///< d
+  std::int64_t heads = 0;     ///< query heads H
+  std::int64_t kv_heads = 0;  ///< key/value heads H_kv (GQA); equals `heads` for MHA
+  std::int64_t head_dim = 0;  ///< d, a query's and a key's head width
+  /// d_v, a value's and the attention output's head width; 0: d (every model but MLA).
+  std::int64_t v_head_dim = 0;
+  MlaSpec mla;                  ///< mla.kv_lora_rank > 0: multi-head latent attention
   std::int64_t ffn_hidden = 0;  ///< intermediate size f of a dense MLP (MoE: its dense layers')
   MoeSpec moe;                  ///< moe.experts > 0: the MLPs are mixtures of experts
   /// A mixture-of-experts model's MLP per layer; empty: every layer's is the experts.
@@ -104,6 +129,7 @@ struct TransformerSpec {
 
   /// Throws InputError naming the field if any dimension is non-positive or inconsistent.
   void validate() const;
+  void validate_mla() const;  ///< validate()'s checks of an MLA model
 
   /// Layer `layer`'s attention (0-based).
   LayerAttention attention_of(std::int64_t layer) const {
@@ -131,14 +157,25 @@ struct TransformerSpec {
   bool mixed_mlp() const { return is_moe() && sparse_layers() < layers; }
   /// The width of the MLP a token passes through: one expert's (MoE) or the dense MLP's.
   std::int64_t mlp_width() const { return is_moe() ? moe.expert_ffn_hidden : ffn_hidden; }
+  bool is_mla() const { return mla.kv_lora_rank > 0; }
+  /// d_v: v_head_dim, or d when not set.
+  std::int64_t value_head_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   std::int64_t q_width() const { return heads * head_dim; }
   std::int64_t kv_width() const { return kv_heads * head_dim; }
+  /// The width RoPE rotates per head: d_r under MLA, else d.
+  std::int64_t rope_head_dim() const { return is_mla() ? mla.rope_head_dim : head_dim; }
+  /// The attention output's width, the output projection's input: H·d_v.
+  std::int64_t o_width() const { return heads * value_head_dim(); }
+  /// A key and a value per KV head, together: H_kv·(d + d_v) (2·H_kv·d but under MLA).
+  std::int64_t kv_pair_width() const { return kv_heads * (head_dim + value_head_dim()); }
 };
 
 /// Parameter counts. Derivation (gated MLP, RMSNorm, no biases unless stated):
 ///   attention  = h·(H·d) [Wq] + 2·h·(H_kv·d) [Wk, Wv] + (H·d)·h [Wo] (+ biases H·d + 2·H_kv·d
 ///              with qkv_bias, + h with output_proj_bias) (+ 2·d for q/k RMSNorm weights when
-///              qk_norm) (+ H sinks)
+///              qk_norm) (+ H sinks); under MLA (MlaSpec) h·r_q + r_q·H·d [W_qa, W_qb] (h·H·d
+///              when r_q = 0) + h·(r_kv + d_r) [W_kva] + r_kv·H·(d − d_r + d_v) [W_kvb]
+///              + (H·d_v)·h [Wo] + r_q + r_kv (the latents' RMSNorm weights)
 ///   mlp        = 3·h·f (gate, up, down), every gated activation alike; a mixture of experts
 ///                E·3·h·f_e (the experts) + h·E (the router), with MoeSpec::biases
 ///                + E·(2·f_e + h) (the experts' biases) + E (the router's), with a shared expert
@@ -170,7 +207,8 @@ ParameterCount count_parameters(const TransformerSpec& spec);
 ///   dense matmuls: 2 FLOPs per multiply-add, 3 passes (fwd, dgrad, wgrad): 6·N·P_matmul, where
 ///     P_matmul = layers·(attention + mlp weights) + lm_head weights (V·h, counted even when tied);
 ///     a mixture of experts counts the weights a token passes through: k·3·h·f_e + h·E
-///   attention core: forward 4·N²·H·d/2 per layer (QKᵀ and PV, causal half), backward 2.5× forward
+///   attention core: forward 2·N²·H·(d + d_v)/2 per layer (QKᵀ and PV, causal half; 4·N²·H·d/2
+///     when d_v = d), backward 2.5× forward
 ///     (FlashAttention convention), so 3.5 · 2·N²·H·d per layer; a sliding-window layer has
 ///     causal_window_area(N, w) in place of N²/2.
 struct StepFlops {

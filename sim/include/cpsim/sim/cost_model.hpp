@@ -13,8 +13,13 @@ struct AttentionShape {
   std::int64_t q_len = 0;
   std::int64_t kv_len = 0;
   std::int64_t heads = 0;
-  std::int64_t head_dim = 0;
+  std::int64_t head_dim = 0;  ///< a query's and a key's
   bool causal = true;
+  std::int64_t v_head_dim = 0;  ///< a value's and the output's; 0: head_dim
+  /// The FLOPs of one visible (query, key) pair per head: 2·d for QKᵀ and 2·d_v for PV.
+  double pair_flops() const {
+    return 2.0 * static_cast<double>(head_dim + (v_head_dim > 0 ? v_head_dim : head_dim));
+  }
 };
 
 struct KernelCost {
@@ -54,7 +59,8 @@ class CostModel {
   /// anyway (an implementation's copies and casts, LedgerRow::traffic).
   double memory_traffic_s(std::int64_t bytes) const;
 
-  /// Flash-attention forward. FLOPs (FlashAttention convention): 4·q·k_vis·heads·d, where k_vis =
+  /// Flash-attention forward. FLOPs (FlashAttention convention): 4·q·k_vis·heads·d (2·q·k_vis·
+  /// heads·(d + d_v) when the value heads are d_v wide, AttentionShape::pair_flops), where k_vis =
   /// kv/2 for a causal square call (bottom-right aligned: (max(0, kv−q) + kv)/2 in general) and kv
   /// otherwise. Throughput: the profile curve at S = q_len, scaled by head_dim/128 in FLOPs only,
   /// times an occupancy factor for few-head launches (REFERENCES.md [FA-code]):

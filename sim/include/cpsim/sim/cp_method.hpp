@@ -48,6 +48,7 @@ enum class Quantity {
   kAttentionWindow,
   kAttentionSinks,   ///< the model's attention sinks against the implementation and method
   kAttentionChunks,  ///< the model's chunked layers against the method, implementation, kernel
+  kLatentAttention,  ///< the model's multi-head latent attention against method and implementation
   kExperts,          ///< the model's mixture of experts against the implementation and recipe
   kExpertParallel,   ///< expert-parallel degree E_p
   kExpertImbalance,  ///< the routing imbalance stated for EP
@@ -139,6 +140,9 @@ class CpScheme {
   virtual bool uses_heads_per_stage() const { return false; }
   /// Reads ParallelConfig::fpdt_chunk and fpdt_offload.
   virtual bool uses_fpdt_chunk() const { return false; }
+  /// Its scheme builds multi-head latent attention (value heads narrower than the query's, the
+  /// latent projections): the Ulysses scheme does, and the methods built on it.
+  virtual bool builds_latent_attention() const { return true; }
   /// Whether selective checkpointing changes what a block of configuration `p` keeps and runs
   /// again (the Ulysses scheme, which the ring, all-gather and USP methods build on, recomputes
   /// the attention core from the local Q and K/V). false: the method's attention keeps what it

@@ -104,11 +104,17 @@ struct LedgerRow {
   /// `shkd` counts the model's KV heads, sHkv_m·d: tensors made before the implementation
   /// replicates K/V to the Ulysses degree (LedgerUnits::shkd_model).
   bool model_kv_heads = false;
+  /// `shd` (bytes and traffic) counts attention outputs and their gradients, s·H·d_v
+  /// (LedgerUnits::shvd): d_v differs from d under multi-head latent attention only.
+  bool output_heads = false;
 };
 
 /// The element counts a ledger row multiplies.
+/// K and V count together in every row (even shkd coefficients), so that under multi-head latent
+/// attention sHkv·d stands for sHkv·(d + d_v)/2.
 struct LedgerUnits {
   std::int64_t shd = 0;
+  std::int64_t shvd = 0;  ///< s·H·d_v: outputs (LedgerRow::output_heads)
   std::int64_t shkd = 0;
   std::int64_t sh = 0;
   std::int64_t ulysses = 1;
@@ -168,7 +174,8 @@ struct WindowSupport {
 
 /// How an implementation's code runs an attention feature of a model (Implementation::
 /// attention_sinks: gpt-oss's learned logit per query head in every softmax's denominator;
-/// Implementation::chunked_attention: Llama 4's chunks).
+/// Implementation::chunked_attention: Llama 4's chunks; Implementation::latent_attention:
+/// DeepSeek-V3's multi-head latent attention, K heads d wide and V heads d_v).
 struct FeatureSupport {
   bool runs = false;        ///< its attention kernel runs it as the model's code does
   std::string_view source;  ///< where its code says so, or why not
@@ -370,6 +377,10 @@ class Implementation {
   /// How its code runs chunked attention under method `m`; the default: not read.
   virtual FeatureSupport chunked_attention(models::CpMethod /*m*/) const {
     return {false, "its handling of chunked attention was not read"};
+  }
+  /// How its code runs multi-head latent attention under method `m`; the default: not read.
+  virtual FeatureSupport latent_attention(models::CpMethod /*m*/) const {
+    return {false, "its handling of multi-head latent attention was not read"};
   }
   /// How its code runs a mixture of experts under method `m`; the default: not read.
   virtual ExpertSupport experts(models::CpMethod /*m*/) const {
