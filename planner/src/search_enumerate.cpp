@@ -359,8 +359,9 @@ std::vector<Candidate> as_run_by(LauncherFormat launcher,
   std::vector<Candidate> out;
   for (Candidate& c : candidates) {
     c.apply_to(probe);
-    if (!sim::cp_scheme(c.parallel.method)
-             .launcher_selection(to_string(launcher), c.parallel, c.recipe.attention_kernel)) {
+    const sim::CpScheme& method = sim::cp_scheme(c.parallel.method);
+    if (!method.launcher_selection(to_string(launcher), c.parallel, c.recipe.attention_kernel) ||
+        method.launcher_refuses(to_string(launcher), probe.model)) {
       continue;
     }
     c.recipe = recipe_as_run(launcher, probe).recipe;

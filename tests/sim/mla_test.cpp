@@ -136,6 +136,15 @@ TEST(LatentAttention, RunsWhereTheImplementationRunsItAndIsRefusedElsewhere) {
   tp.parallel.tp_degree = 2;
   tp.parallel.gpus = 16;
   EXPECT_EQ(refusal(tp), Quantity::kTpDegree);
+  // Megatron-LM's all_gather (the scheme alone, no implementation modelled) is TE's, which
+  // refuses MLA; TorchTitan's launchers are not refused by the method.
+  const CpScheme& allgather = cp_scheme(CpMethod::kAllGather);
+  const models::TransformerSpec& mla = mla_inputs(CpMethod::kRing).model;
+  EXPECT_TRUE(allgather.launcher_refuses("megatron", mla).has_value());
+  EXPECT_FALSE(allgather.launcher_refuses("torchtitan", mla).has_value());
+  EXPECT_FALSE(
+      allgather.launcher_refuses("megatron", inputs(CpMethod::kRing, "llama3-8b", 8, kSeq).model)
+          .has_value());
   ScheduleInputs fp8 = mla_inputs(CpMethod::kRing);
   fp8.recipe.fp8 = true;
   fp8.recipe.zero_stage = 1;  // FP8 weight caching needs unsharded weights

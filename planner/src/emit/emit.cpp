@@ -215,6 +215,10 @@ ConfigAsRun config_as_run(LauncherFormat format,
                                         models::to_string(config.parallel.method),
                                         method.launchers().sentence()));
   }
+  if (const std::optional<std::string> why =
+          method.launcher_refuses(to_string(format), config.model)) {
+    throw InputError(field, *why);
+  }
   ConfigAsRun run{config, {}};
   RecipeAsRun recipe = recipe_as_run(format, config);
   run.inputs.recipe = std::move(recipe.recipe);

@@ -30,6 +30,18 @@ class AllGather final : public WholeRingImplementation {
 
  public:
   std::string_view report_color() const override { return "#9467bd"; }
+  // Megatron-LM and NeMo run all_gather through TransformerEngine, which v2.11 refuses for MLA
+  // under CP (context_parallel.py:4031-4035: p2p or a2a+p2p only; REFERENCES.md [MLA-sources]).
+  std::optional<std::string> launcher_refuses(std::string_view launcher,
+                                              const models::TransformerSpec& model) const override {
+    if (model.is_mla() && (launcher == "megatron" || launcher == "nemo")) {
+      return fmt::format(
+          "{} has multi-head latent attention, which TransformerEngine v2.11 runs "
+          "under CP with cp_comm_type p2p or a2a+p2p only, not all_gather",
+          model.name);
+    }
+    return std::nullopt;
+  }
   LauncherSupport launchers() const override {
     // Transformer Engine accepts only "all_gather" (Megatron-LM's argparse help says allgather).
     // TorchTitan 0.3.0 and main have no rotate key: their CP is FlexAttention with K/V

@@ -197,6 +197,12 @@ class CpScheme {
   virtual LauncherSupport launchers() const = 0;
   /// How `launcher` runs configuration `p` with the recipe's `attention_kernel`; nullopt when it
   /// does not run the method. The default is the launcher's word from launchers(), no notes.
+  /// Why `launcher`'s code refuses `model` under this method where cpsim's scheme runs it (the
+  /// launcher's run is the scheme alone, no implementation modelled); nullopt: it runs it.
+  virtual std::optional<std::string> launcher_refuses(
+      std::string_view /*launcher*/, const models::TransformerSpec& /*model*/) const {
+    return std::nullopt;
+  }
   virtual std::optional<LauncherSelection> launcher_selection(
       std::string_view launcher,
       const models::ParallelConfig& p,
