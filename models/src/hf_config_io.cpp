@@ -74,6 +74,15 @@ class HfReader {
     return json_integer(required(key), field(key));
   }
   const Json* optional(std::string_view key) const { return find_member(root_, key); }
+  /// The key's integer, `fallback` when absent; InputError naming it unless positive.
+  std::int64_t positive_int(std::string_view key, std::int64_t fallback) const {
+    const Json* value = optional(key);
+    return positive(key, value != nullptr ? json_integer(*value, field(key)) : fallback);
+  }
+  /// A required key's integer; InputError naming it unless positive.
+  std::int64_t required_positive(std::string_view key) const {
+    return positive(key, required_int(key));
+  }
   /// The key is present with a null value (optional() treats that as absent).
   bool is_null(std::string_view key) const {
     const auto it = root_.find(key);
@@ -81,6 +90,13 @@ class HfReader {
   }
 
  private:
+  std::int64_t positive(std::string_view key, std::int64_t value) const {
+    if (value <= 0) {
+      throw InputError(field(key), fmt::format("must be positive, got {}", value));
+    }
+    return value;
+  }
+
   const Json& root_;
   const std::string& origin_;
   std::string prefix_;
@@ -197,19 +213,12 @@ std::int64_t read_window(const HfReader& hf, const std::string& model_type) {
 // `attention_chunk_size` (null: transformers' create_chunked_causal_mask raises,
 // masking_utils.py:986-988).
 void read_chunked_layers(const HfReader& hf, TransformerSpec& spec) {
-  std::int64_t chunk = kLlama4DefaultChunk;
   if (hf.is_null("attention_chunk_size")) {
     throw InputError(hf.field("attention_chunk_size"),
                      "null: transformers' Llama 4 needs a chunk for its chunked layers "
                      "(masking_utils.py:986-988)");
   }
-  if (const Json* value = hf.optional("attention_chunk_size")) {
-    chunk = json_integer(*value, hf.field("attention_chunk_size"));
-  }
-  if (chunk <= 0) {
-    throw InputError(hf.field("attention_chunk_size"),
-                     fmt::format("must be positive, got {}", chunk));
-  }
+  const std::int64_t chunk = hf.positive_int("attention_chunk_size", kLlama4DefaultChunk);
   const auto n = static_cast<std::size_t>(spec.layers);
   std::vector<LayerAttention> layers;
   if (const Json* types = hf.optional("layer_types")) {
@@ -230,14 +239,8 @@ void read_chunked_layers(const HfReader& hf, TransformerSpec& spec) {
     }
   } else {
     const Json* rope = hf.optional("no_rope_layers");
-    std::int64_t interval = kLlama4DefaultNoRopeInterval;
-    if (const Json* value = hf.optional("no_rope_layer_interval")) {
-      interval = json_integer(*value, hf.field("no_rope_layer_interval"));
-    }
-    if (interval <= 0) {
-      throw InputError(hf.field("no_rope_layer_interval"),
-                       fmt::format("must be positive, got {}", interval));
-    }
+    const std::int64_t interval =
+        hf.positive_int("no_rope_layer_interval", kLlama4DefaultNoRopeInterval);
     const bool listed = rope != nullptr && rope->is_array() && !rope->empty();
     if (listed && rope->size() != n) {
       throw InputError(hf.field("no_rope_layers"),
@@ -400,14 +403,7 @@ std::vector<LayerMlp> layer_mlp_of(const std::vector<bool>& sparse) {
 // (i + 1) % `decoder_sparse_step` == 0 (modeling_qwen3_moe.py:295-296,
 // modeling_qwen2_moe.py:659-660); else a dense MLP of `intermediate_size`.
 void read_qwen_sparse_layers(const HfReader& hf, TransformerSpec& spec) {
-  std::int64_t step = 1;
-  if (const Json* value = hf.optional("decoder_sparse_step")) {
-    step = json_integer(*value, hf.field("decoder_sparse_step"));
-  }
-  if (step <= 0) {
-    throw InputError(hf.field("decoder_sparse_step"),
-                     fmt::format("must be positive, got {}", step));
-  }
+  const std::int64_t step = hf.positive_int("decoder_sparse_step", 1);
   std::vector<bool> dense(static_cast<std::size_t>(spec.layers), false);
   if (const Json* only = hf.optional("mlp_only_layers")) {
     dense = listed_layers(hf, *only, "mlp_only_layers", spec.layers);
@@ -426,14 +422,7 @@ void read_llama4_moe(const HfReader& hf, TransformerSpec& spec) {
   spec.moe.experts = hf.required_int("num_local_experts");
   spec.moe.expert_ffn_hidden = spec.ffn_hidden;
   spec.moe.shared_ffn_hidden = spec.ffn_hidden;
-  std::int64_t step = 1;
-  if (const Json* value = hf.optional("interleave_moe_layer_step")) {
-    step = json_integer(*value, hf.field("interleave_moe_layer_step"));
-  }
-  if (step <= 0) {
-    throw InputError(hf.field("interleave_moe_layer_step"),
-                     fmt::format("must be positive, got {}", step));
-  }
+  const std::int64_t step = hf.positive_int("interleave_moe_layer_step", 1);
   std::vector<bool> sparse;
   if (const Json* layers = hf.optional("moe_layers")) {
     sparse = listed_layers(hf, *layers, "moe_layers", spec.layers);
@@ -571,19 +560,12 @@ void read_shape(const HfReader& hf, TransformerSpec& spec) {
 // saved config's head_dim is not the attention's.
 void read_mla(const HfReader& hf, TransformerSpec& spec) {
   MlaSpec& a = spec.mla;
-  a.kv_lora_rank = hf.required_int("kv_lora_rank");
+  a.kv_lora_rank = hf.required_positive("kv_lora_rank");
   if (!hf.is_null("q_lora_rank")) {
     a.q_lora_rank = hf.required_int("q_lora_rank");
   }
   a.rope_head_dim = hf.required_int("qk_rope_head_dim");
-  const std::int64_t nope = hf.required_int("qk_nope_head_dim");
-  if (nope <= 0) {
-    throw InputError(hf.field("qk_nope_head_dim"), fmt::format("must be positive, got {}", nope));
-  }
-  if (a.kv_lora_rank <= 0) {
-    throw InputError(hf.field("kv_lora_rank"),
-                     fmt::format("must be positive, got {}", a.kv_lora_rank));
-  }
+  const std::int64_t nope = hf.required_positive("qk_nope_head_dim");
   spec.head_dim = nope + a.rope_head_dim;
   spec.v_head_dim = hf.required_int("v_head_dim");
   spec.notes.emplace_back(fmt::format(
