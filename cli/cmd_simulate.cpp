@@ -191,6 +191,7 @@ nlohmann::json to_json(const sim::ScheduleInputs& in,
     category_peaks[sim::to_string(cat)] = rep.category_peak[static_cast<std::size_t>(c)];
   }
   breakdown["fixed_overhead"] = rep.fixed_overhead_bytes;
+  breakdown["nccl"] = rep.nccl_memory_bytes;
   json busy;
   for (int s = 0; s < sim::kStreamCount; ++s) {
     busy[sim::to_string(static_cast<sim::Stream>(s))] =
@@ -383,6 +384,9 @@ std::string memory_tables(const sim::StepReport& rep, const sim::PeakContents* p
   }
   rows.push_back({"fixed overheads", format_bytes(static_cast<double>(rep.fixed_overhead_bytes)),
                   format_bytes(static_cast<double>(rep.fixed_overhead_bytes))});
+  // NCCL's communicators, part of the fixed overheads (docs/MODEL.md "NCCL memory").
+  rows.push_back({"  of which NCCL", format_bytes(static_cast<double>(rep.nccl_memory_bytes)),
+                  format_bytes(static_cast<double>(rep.nccl_memory_bytes))});
   std::string o = indent_lines(
       format_table({"category", "at peak", "own peak"}, rows, {false, true, true}), "    ");
   if (peak != nullptr && !peak->largest.empty()) {

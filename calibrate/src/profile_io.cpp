@@ -109,10 +109,21 @@ OrderedJson overheads_json(const ProfileWriter& w, const models::HardwareProfile
   OrderedJson overheads;
   overheads["cuda_context_bytes"] =
       w.value("memory_overheads.cuda_context_bytes", p.cuda_context_bytes);
-  overheads["nccl_buffers_bytes"] =
-      w.value("memory_overheads.nccl_buffers_bytes", p.nccl_buffers_bytes);
   overheads["cublas_workspace_bytes"] =
       w.value("memory_overheads.cublas_workspace_bytes", p.cublas_workspace_bytes);
+  const models::NcclTopology& t = p.nccl;
+  OrderedJson nccl;
+  const auto put = [&](const char* key, std::int64_t v) {
+    nccl[key] = w.value(fmt::format("memory_overheads.nccl.{}", key), v);
+  };
+  put("collective_channels_intra_node", t.collective_channels_intra_node);
+  put("collective_channels_inter_node", t.collective_channels_inter_node);
+  put("p2p_channels_per_nvlink_peer", t.p2p_channels_per_nvlink_peer);
+  put("p2p_channels_per_net_peer", t.p2p_channels_per_net_peer);
+  put("nvls_channels", t.nvls_channels);
+  put("nvlink_p2p_read", t.nvlink_p2p_read ? 1 : 0);
+  put("allocation_granularity_bytes", t.allocation_granularity_bytes);
+  overheads["nccl"] = std::move(nccl);
   return overheads;
 }
 

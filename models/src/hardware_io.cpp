@@ -295,15 +295,41 @@ void read_attention_kernels(ProfileReader& r, const Json& compute, HardwareProfi
 }
 
 void read_memory_overheads(ProfileReader& r, const Json& root, HardwareProfile& hw) {
-  const Json& overheads =
-      r.section(root, "", "memory_overheads",
-                {"cuda_context_bytes", "nccl_buffers_bytes", "cublas_workspace_bytes"});
+  if (const auto it = root.find("memory_overheads");
+      it != root.end() && it->is_object() && it->contains("nccl_buffers_bytes")) {
+    throw InputError(r.field("memory_overheads.nccl_buffers_bytes"),
+                     "replaced by memory_overheads.nccl (NCCL's memory per communicator, "
+                     "docs/HARDWARE_PROFILES.md); rewrite the profile from a built-in one");
+  }
+  const Json& overheads = r.section(root, "", "memory_overheads",
+                                    {"cuda_context_bytes", "cublas_workspace_bytes", "nccl"});
   hw.cuda_context_bytes =
       r.integer(overheads, "memory_overheads", "cuda_context_bytes", Bound::kNonNegative);
-  hw.nccl_buffers_bytes =
-      r.integer(overheads, "memory_overheads", "nccl_buffers_bytes", Bound::kNonNegative);
   hw.cublas_workspace_bytes =
       r.integer(overheads, "memory_overheads", "cublas_workspace_bytes", Bound::kNonNegative);
+  const std::string path = "memory_overheads.nccl";
+  const Json& nccl =
+      r.section(overheads, "memory_overheads", "nccl",
+                {"collective_channels_intra_node", "collective_channels_inter_node",
+                 "p2p_channels_per_nvlink_peer", "p2p_channels_per_net_peer", "nvls_channels",
+                 "nvlink_p2p_read", "allocation_granularity_bytes"});
+  const auto count = [&](std::string_view key, Bound bound) {
+    return to_int(r.integer(nccl, path, key, bound), r.field(json_child_path(path, key)));
+  };
+  NcclTopology& t = hw.nccl;
+  t.collective_channels_intra_node = count("collective_channels_intra_node", Bound::kPositive);
+  t.collective_channels_inter_node = count("collective_channels_inter_node", Bound::kPositive);
+  t.p2p_channels_per_nvlink_peer = count("p2p_channels_per_nvlink_peer", Bound::kPositive);
+  t.p2p_channels_per_net_peer = count("p2p_channels_per_net_peer", Bound::kPositive);
+  t.nvls_channels = count("nvls_channels", Bound::kNonNegative);
+  const int read = count("nvlink_p2p_read", Bound::kNonNegative);
+  if (read > 1) {
+    throw InputError(r.field(path + ".nvlink_p2p_read"),
+                     fmt::format("must be 0 (write mode) or 1 (read mode), got {}", read));
+  }
+  t.nvlink_p2p_read = read == 1;
+  t.allocation_granularity_bytes =
+      r.integer(nccl, path, "allocation_granularity_bytes", Bound::kPositive);
 }
 
 void read_node(ProfileReader& r, const Json& root, HardwareProfile& hw) {

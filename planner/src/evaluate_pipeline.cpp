@@ -60,6 +60,7 @@ void take_gpu_memory(const sim::StepReport& from, sim::StepReport& rep) {
   rep.peak_op = from.peak_op;
   rep.breakdown_at_peak = from.breakdown_at_peak;
   rep.fixed_overhead_bytes = from.fixed_overhead_bytes;
+  rep.nccl_memory_bytes = from.nccl_memory_bytes;
   rep.category_peak = from.category_peak;
   rep.gpu_headroom_bytes = from.gpu_headroom_bytes;
   rep.reserved_peak_bytes = from.reserved_peak_bytes;

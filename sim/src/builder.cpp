@@ -319,6 +319,8 @@ OpSet Builder::collective(const OpSpec& spec,
                           std::int64_t size_bytes,
                           std::int64_t calls) {
   const Groups& gs = groups(group);
+  collective_kinds_[static_cast<std::size_t>(group)] |=
+      static_cast<std::uint8_t>(1U << static_cast<unsigned>(kind));
   const CostEntry* cached = nullptr;
   for (const CostEntry& e : cost_cache_) {
     if (e.cost == &cost && e.kind == kind && e.group == group && e.size_bytes == size_bytes) {

@@ -203,6 +203,13 @@ class Builder {
   int position(Group g, int rank) const;
   /// Intra-node when every member sits on one node.
   models::Span span_of(Group g) const;
+  /// The collective kinds run over groups of kind `g` so far in this build: bit 1 << kind per
+  /// models::Collective (a template's recording counts for its instances).
+  std::uint8_t collective_kinds(Group g) const {
+    return collective_kinds_[static_cast<std::size_t>(g)];
+  }
+  static constexpr int kGroupKinds = 7;
+  int gpus_per_node() const { return gpus_per_node_; }
 
  private:
   /// The simulated groups of one kind, in order of their lowest rank, and each simulated rank's
@@ -231,7 +238,8 @@ class Builder {
   int ep_ = 1;
   Phase phase_ = Phase::kForward;
   std::int32_t layer_ = -1;
-  std::array<Groups, 7> groups_;
+  std::array<Groups, kGroupKinds> groups_;
+  std::array<std::uint8_t, kGroupKinds> collective_kinds_{};
   /// An op with at most this many candidate dependencies (explicit ones and its inputs'
   /// producers) de-duplicates them by a scan; one with more by dep_mark_.
   static constexpr std::size_t kDepsScanned = 16;

@@ -944,6 +944,7 @@ void Engine::setup() {
     const StaticMemory& sm = w_.static_memory[r];
     b_.ranks[r].device_total = sm.model_states_bytes + sm.fixed_overhead_bytes;
     result_.memory[r].fixed_overhead_bytes = sm.fixed_overhead_bytes;
+    result_.memory[r].nccl_bytes = sm.nccl_bytes;
     result_.memory[r].peak_bytes = b_.ranks[r].device_total;
     stop_ = stop_ || b_.ranks[r].device_total > stop_above_bytes_;
   }

@@ -237,6 +237,8 @@ void make_pipeline_stage(ScheduleInputs& in, int micro_batches, PipelineStage st
   in.model.layer_mlp.clear();
   in.model.has_output_layer = stage == PipelineStage::kWithOutputLayer;
   in.model.name = fmt::format("{} (one of {} pipeline stages)", in.model.name, pp);
+  in.pipeline = {pp, p.gpus > p.gpus_per_node ? models::Span::kInterNode
+                                              : models::Span::kIntraNode};  // as pipeline_shape
   p.gpus /= pp;
   p.pp_degree = 1;
   p.pp_schedule = models::PipelineSchedule::k1F1B;

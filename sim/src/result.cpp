@@ -155,6 +155,7 @@ void summarize_gpu_memory(const ScheduleInputs& in,
   rep.peak_op = describe_op(w, pm.peak_op);
   rep.breakdown_at_peak = pm.breakdown_at_peak;
   rep.fixed_overhead_bytes = pm.fixed_overhead_bytes;
+  rep.nccl_memory_bytes = pm.nccl_bytes;
   rep.category_peak = pm.category_peak;
   rep.gpu_capacity_bytes = in.hardware.hbm_capacity_bytes;
   rep.gpu_margin_bytes = in.margin.gpu_bytes;

@@ -568,6 +568,7 @@ void StepBuilder::build() {
     last_reduce = micro_batch(r_.zero_stage >= 2 || mb + 1 == micro_batches);
   }
   optimizer(last_reduce, host_optimizer, reduce_bucket);
+  set_nccl_memory();
   add_notes();
 }
 
@@ -593,6 +594,52 @@ void StepBuilder::set_static_memory() {
   host_copies_.assign(layers, {});
   saved_.assign(repeat_layers_ ? 0 : layers, {});
   body_at_.assign(repeat_layers_ ? layers : 0, {});
+}
+
+// One NCCL communicator per kind of group a collective ran over: the process groups the
+// implementations create (CP, Ulysses, ring, data parallel, TP, EP, expert data), each its own
+// communicator (NCCL shares nothing between them by default: init.cc:2117), measured on rank 0's
+// group; and one between pipeline stages, sending to and receiving from both neighbours.
+void StepBuilder::set_nccl_memory() {
+  const int per_node = b_.gpus_per_node();
+  std::int64_t bytes = 0;
+  for (int k = 0; k < Builder::kGroupKinds; ++k) {
+    const auto g = static_cast<Group>(k);
+    const unsigned kinds = b_.collective_kinds(g);
+    if (kinds == 0 || b_.group_size(g) < 2) {
+      continue;
+    }
+    const auto ran = [&](models::Collective c) {
+      return ((kinds >> static_cast<unsigned>(c)) & 1U) != 0;
+    };
+    const std::vector<std::int32_t> members = b_.all_members(g, 0);
+    models::CommunicatorUse use;
+    use.ranks = static_cast<int>(members.size());
+    use.nodes = 0;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      use.nodes += i == 0 || members[i] / per_node != members[i - 1] / per_node ? 1 : 0;
+      use.ranks_on_node += members[i] / per_node == members[0] / per_node ? 1 : 0;
+    }
+    use.collectives = ran(models::Collective::kAllGather) ||
+                      ran(models::Collective::kReduceScatter) ||
+                      ran(models::Collective::kAllReduce);
+    use.all_to_all = ran(models::Collective::kAllToAll);
+    use.send_peers = use.receive_peers = ran(models::Collective::kSendRecv) ? 1 : 0;
+    bytes += models::nccl_device_memory(in_.hardware.nccl, use).total();
+  }
+  if (const ScheduleInputs::PipelineNeighbours& pp = in_.pipeline; pp.stages > 1) {
+    models::CommunicatorUse use;
+    use.ranks = pp.stages;
+    const bool across = pp.span == models::Span::kInterNode;
+    use.nodes = across ? pp.stages : 1;
+    use.ranks_on_node = across ? 1 : pp.stages;
+    use.send_peers = use.receive_peers = std::min(2, pp.stages - 1);
+    bytes += models::nccl_device_memory(in_.hardware.nccl, use).total();
+  }
+  for (StaticMemory& sm : w_.static_memory) {
+    sm.nccl_bytes = bytes;
+    sm.fixed_overhead_bytes += bytes;
+  }
 }
 
 TensorSet StepBuilder::pin_host_optimizer_states() {

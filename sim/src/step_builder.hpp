@@ -185,6 +185,8 @@ class StepBuilder : private OpEmitter, private KernelCosts {
 
   // ---- the step (step_builder.cpp): embedding, blocks forward, loss, blocks backward, optimizer
   void set_static_memory();
+  /// NCCL's memory for the communicators the step used (after the build), in static memory.
+  void set_nccl_memory();
   TensorSet pin_host_optimizer_states();
   /// DeepSpeed ZeRO-3's persistent gradient bucket (recipe reduce_bucket_elements); none without.
   TensorSet allocate_reduce_bucket();

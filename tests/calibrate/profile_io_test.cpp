@@ -45,7 +45,13 @@ void expect_profiles_equal(const models::HardwareProfile& a, const models::Hardw
     EXPECT_EQ(k.head_dim, l.head_dim);
   }
   EXPECT_EQ(a.cuda_context_bytes, b.cuda_context_bytes);
-  EXPECT_EQ(a.nccl_buffers_bytes, b.nccl_buffers_bytes);
+  EXPECT_EQ(a.nccl.collective_channels_intra_node, b.nccl.collective_channels_intra_node);
+  EXPECT_EQ(a.nccl.collective_channels_inter_node, b.nccl.collective_channels_inter_node);
+  EXPECT_EQ(a.nccl.p2p_channels_per_nvlink_peer, b.nccl.p2p_channels_per_nvlink_peer);
+  EXPECT_EQ(a.nccl.p2p_channels_per_net_peer, b.nccl.p2p_channels_per_net_peer);
+  EXPECT_EQ(a.nccl.nvls_channels, b.nccl.nvls_channels);
+  EXPECT_EQ(a.nccl.nvlink_p2p_read, b.nccl.nvlink_p2p_read);
+  EXPECT_EQ(a.nccl.allocation_granularity_bytes, b.nccl.allocation_granularity_bytes);
   EXPECT_EQ(a.cublas_workspace_bytes, b.cublas_workspace_bytes);
   EXPECT_EQ(a.gpus_per_node, b.gpus_per_node);
   EXPECT_EQ(a.host_memory_bytes_per_node, b.host_memory_bytes_per_node);

@@ -58,9 +58,12 @@ TEST(HardwareProfile, ParsesTheH100Profile) {
   EXPECT_DOUBLE_EQ(hw.collective_launch_s, 5e-6);
   EXPECT_DOUBLE_EQ(hw.compute_slowdown_under_comm, 0.0);
   EXPECT_EQ(hw.cuda_context_bytes, 536870912);
-  EXPECT_EQ(hw.nccl_buffers_bytes, 536870912);
+  EXPECT_EQ(hw.nccl.collective_channels_intra_node, 24);
+  EXPECT_EQ(hw.nccl.nvls_channels, 16);
+  EXPECT_FALSE(hw.nccl.nvlink_p2p_read);
+  EXPECT_EQ(hw.nccl.allocation_granularity_bytes, 2097152);
   EXPECT_EQ(hw.cublas_workspace_bytes, 67108864);
-  EXPECT_EQ(hw.fixed_overhead_bytes(), 536870912LL * 2 + 67108864);
+  EXPECT_EQ(hw.fixed_overhead_bytes(), 536870912LL + 67108864);  // NCCL's is per communicator
   EXPECT_EQ(hw.gpus_per_node, 8);
   EXPECT_EQ(hw.host_memory_bytes_per_node, 2000000000000);
   EXPECT_DOUBLE_EQ(hw.host_link.alpha_s, 5e-6);
@@ -97,9 +100,11 @@ TEST(HardwareProfile, ParsesTheH100Profile) {
 
 TEST(HardwareProfile, RecordsProvenanceOfEveryCoefficient) {
   const HardwareProfile hw = parse_hardware_profile(h100_json().dump(), "h100.json");
-  // 5 gpu (with the FP8 peak) + 5 compute + 4 kernels x 7 + 3 overheads + 3 node + 4 host link +
-  // 3 host issue + 2 x 5 x 3 collectives.
-  EXPECT_EQ(hw.provenance.size(), 81U);
+  // 5 gpu (with the FP8 peak) + 5 compute + 4 kernels x 7 + 2 overheads + 7 NCCL + 3 node + 4 host
+  // link + 3 host issue + 2 x 5 x 3 collectives.
+  EXPECT_EQ(hw.provenance.size(), 87U);
+  EXPECT_THAT(hw.provenance.at("memory_overheads.nccl.collective_channels_inter_node"),
+              HasSubstr("nccl#1453"));
   EXPECT_THAT(hw.provenance.at("node.host_issue.launch_s"), HasSubstr("ReFrame"));
   EXPECT_THAT(hw.provenance.at("gpu.peak_bf16_flops_per_s"), HasSubstr("989 TFLOP/s"));
   EXPECT_THAT(hw.provenance.at("gpu.peak_fp8_flops_per_s"), HasSubstr("1,979 TFLOP/s"));
@@ -188,6 +193,24 @@ TEST(HardwareProfile, RejectsNanInfAndNegativeValuesNamingThePath) {
     EXPECT_EQ(e.field(), "h100.json");
     EXPECT_THAT(e.what(), HasSubstr("line "));
   }
+}
+
+TEST(HardwareProfile, NcclTopologyIsCheckedNamingTheField) {
+  json profile = h100_json();
+  profile["memory_overheads"]["nccl_buffers_bytes"] = {{"value", 536870912}, {"source", "old"}};
+  EXPECT_EQ(error_field(profile), "h100.json:memory_overheads.nccl_buffers_bytes");
+
+  profile = h100_json();
+  profile["memory_overheads"]["nccl"]["nvlink_p2p_read"]["value"] = 2;
+  EXPECT_EQ(error_field(profile), "h100.json:memory_overheads.nccl.nvlink_p2p_read");
+
+  profile = h100_json();
+  profile["memory_overheads"]["nccl"]["collective_channels_intra_node"]["value"] = 0;
+  EXPECT_EQ(error_field(profile), "h100.json:memory_overheads.nccl.collective_channels_intra_node");
+
+  profile = h100_json();
+  profile["memory_overheads"]["nccl"].erase("nvls_channels");
+  EXPECT_EQ(error_field(profile), "h100.json:memory_overheads.nccl.nvls_channels");
 }
 
 TEST(HardwareProfile, RejectsMissingOrEmptySourceNamingThePath) {

@@ -38,7 +38,9 @@ using models::CpMethod;
 
 const models::DataDir kData{CPSIM_TEST_DATA_DIR};
 
-// A 0.3B-parameter Llama-style model on a GPU with 3 GiB so that limits fall at short lengths.
+// A 0.3B-parameter Llama-style model on a GPU with 3 GiB so that limits fall at short lengths;
+// without NCCL's memory (its communicators alone would take most of the 3 GiB; it has its own
+// tests: nccl_memory_test.cpp, nccl_communicators_test.cpp).
 sim::ScheduleInputs small(CpMethod method, int gpus) {
   sim::ScheduleInputs in;
   in.model.name = "tiny";
@@ -52,6 +54,7 @@ sim::ScheduleInputs small(CpMethod method, int gpus) {
   in.model.max_position_embeddings = 1 << 20;
   in.hardware = models::load_hardware("h100-sxm-80g", kData);
   in.hardware.hbm_capacity_bytes = 3LL << 30;
+  in.hardware.nccl = {};
   in.hardware.attention_kernels["fa3"].head_dim = 64;
   in.recipe = models::load_recipe("alst", kData);
   in.parallel.method = method;
@@ -463,21 +466,25 @@ TEST(Plan, SameOptimumAsExhaustiveSimulation) {
   ASSERT_FALSE(res.ranked.empty());
   EXPECT_GT(res.pruned, 0);
   double best = 0.0;
-  std::string best_label;
+  std::set<std::string> best_labels;  // several when they tie (selective twins run alike)
   for (Candidate c : enumerate_candidates(base, o)) {
     c.parallel.seq_len = 64 * 1024;
     try {
       const sim::StepReport r = evaluate(c.inputs(base)).report;
-      if (r.fits() && evaluate_reserved(c.inputs(base)).fits() && r.tokens_per_s_per_gpu > best) {
-        best = r.tokens_per_s_per_gpu;
-        best_label = c.label;
+      if (!r.fits() || !evaluate_reserved(c.inputs(base)).fits() || r.tokens_per_s_per_gpu < best) {
+        continue;
       }
+      if (r.tokens_per_s_per_gpu > best) {
+        best = r.tokens_per_s_per_gpu;
+        best_labels.clear();
+      }
+      best_labels.insert(c.label);
     } catch (const sim::ConfigError&) {
     } catch (const InputError&) {
     }
   }
   EXPECT_EQ(res.ranked.front().report.tokens_per_s_per_gpu, best);
-  EXPECT_EQ(res.ranked.front().label, best_label);
+  EXPECT_EQ(best_labels.count(res.ranked.front().label), 1U) << res.ranked.front().label;
   EXPECT_EQ(res.generated, res.refused + res.pruned + res.evaluated);
   // Pareto front members are not dominated; the best is on it.
   EXPECT_EQ(res.pareto.front().label, res.ranked.front().label);

@@ -109,13 +109,15 @@ TEST(HeadLayout, RejectsBadCombinations) {
 }
 
 // FSDP full shard: 16 bytes per parameter sharded over all GPUs (fp32 master 4, fp32 grad 4,
-// AdamW exp_avg + exp_avg_sq 8), plus the fixed overheads of the profile.
+// AdamW exp_avg + exp_avg_sq 8), plus the fixed overheads of the profile and NCCL's
+// (nccl_communicators_test.cpp).
 TEST(ModelStates, SixteenBytesPerParamSharded) {
   const ScheduleInputs in = inputs(CpMethod::kUlysses, "llama3-8b", 8, kM);
   const Workload w = build_step(in);
   const std::int64_t params = 8030261248;
   EXPECT_EQ(w.static_memory[0].model_states_bytes, params / 8 * 16);
-  EXPECT_EQ(w.static_memory[0].fixed_overhead_bytes, in.hardware.fixed_overhead_bytes());
+  EXPECT_EQ(w.static_memory[0].fixed_overhead_bytes,
+            in.hardware.fixed_overhead_bytes() + w.static_memory[0].nccl_bytes);
 }
 
 // ZeRO stages (ZeRO paper §5), P = 8,030,261,248, G = 8, bytes p = 2, m = 4, g = 4, o = 8.

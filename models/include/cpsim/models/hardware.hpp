@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpsim/models/curve.hpp"
+#include "cpsim/models/nccl_memory.hpp"
 
 namespace cpsim::models {
 
@@ -147,10 +148,10 @@ struct HardwareProfile {
   /// Compute slowdown while an SM-driven collective runs on the same GPU: duration × (1 + f).
   double compute_slowdown_under_comm = 0.0;
 
-  // Fixed memory outside the caching allocator's tensors
+  // Memory outside the caching allocator's tensors: fixed, and NCCL's per communicator
   std::int64_t cuda_context_bytes = 0;
-  std::int64_t nccl_buffers_bytes = 0;
   std::int64_t cublas_workspace_bytes = 0;
+  NcclTopology nccl;  ///< what NCCL's memory per communicator depends on (nccl_memory.hpp)
 
   // Node and cluster
   int gpus_per_node = 8;
@@ -165,9 +166,9 @@ struct HardwareProfile {
 
   const CollectiveModel& collective(Span span, Collective c) const;
   const AttentionKernelModel& attention_kernel(const std::string& name) const;
-  std::int64_t fixed_overhead_bytes() const {
-    return cuda_context_bytes + nccl_buffers_bytes + cublas_workspace_bytes;
-  }
+  /// The CUDA context and cuBLAS workspace: per rank whatever the job (NCCL's memory depends on
+  /// the communicators a step uses: sim adds it).
+  std::int64_t fixed_overhead_bytes() const { return cuda_context_bytes + cublas_workspace_bytes; }
 };
 
 }  // namespace cpsim::models

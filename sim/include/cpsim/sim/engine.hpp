@@ -87,7 +87,8 @@ struct RankMemory {
   SimTime peak_time_ns = 0;
   OpId peak_op = kNone;  ///< the op whose allocation set the peak
   std::array<std::int64_t, kMemCategoryCount> breakdown_at_peak{};  ///< by category at the peak
-  std::int64_t fixed_overhead_bytes = 0;
+  std::int64_t fixed_overhead_bytes = 0;                            ///< incl. nccl_bytes
+  std::int64_t nccl_bytes = 0;  ///< NCCL's communicators (StaticMemory::nccl_bytes)
   /// Highest live bytes of each category on its own over the step (not at the same instant).
   std::array<std::int64_t, kMemCategoryCount> category_peak{};
   std::int64_t host_peak_bytes = 0;  ///< pinned host memory held by this rank at its peak

@@ -28,7 +28,8 @@ struct StepReport {
   int peak_rank = 0;
   std::string peak_op;  ///< "recompute layer 31 attn_fwd[s2]"
   std::array<std::int64_t, kMemCategoryCount> breakdown_at_peak{};
-  std::int64_t fixed_overhead_bytes = 0;
+  std::int64_t fixed_overhead_bytes = 0;  ///< CUDA context, cuBLAS workspace and NCCL
+  std::int64_t nccl_memory_bytes = 0;     ///< NCCL's communicators, part of the fixed overhead
   std::array<std::int64_t, kMemCategoryCount> category_peak{};
   std::int64_t gpu_capacity_bytes = 0;
   std::int64_t gpu_margin_bytes = 0;  ///< ScheduleInputs::margin: kept free to count as fitting

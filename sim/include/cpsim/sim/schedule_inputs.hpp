@@ -28,6 +28,13 @@ struct ScheduleInputs {
   /// Set by tensor_parallel_rank(): `model` is already one tensor-parallel rank's share (heads,
   /// KV heads, FFN width and vocabulary divided by parallel.tp_degree).
   bool tp_rank_model = false;
+  /// Set by make_pipeline_stage: the step is one of `stages` pipeline stages and exchanges
+  /// activations and gradients with its neighbours over `span` (NCCL's connections to them).
+  struct PipelineNeighbours {
+    int stages = 1;
+    models::Span span = models::Span::kIntraNode;
+  };
+  PipelineNeighbours pipeline;
   /// A packed sequence's attention work per ring position (empty: one document fills the
   /// sequence). Its ring is the configuration's ring degree (1 without a ring part).
   DocumentWork documents;

@@ -129,7 +129,8 @@ struct Collective {
 /// Fixed per-rank memory outside the op graph.
 struct StaticMemory {
   std::int64_t model_states_bytes = 0;
-  std::int64_t fixed_overhead_bytes = 0;  ///< CUDA context, NCCL buffers, cuBLAS workspace
+  std::int64_t fixed_overhead_bytes = 0;  ///< CUDA context, cuBLAS workspace, NCCL
+  std::int64_t nccl_bytes = 0;  ///< NCCL's communicators (models/nccl_memory.hpp), in the above
 };
 
 struct Workload {
