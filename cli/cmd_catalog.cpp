@@ -105,6 +105,22 @@ LayerKindName layer_kind_name(models::LayerAttention a) {
   return {"full_attention", 'F'};
 }
 
+// The config's YaRN RoPE scaling; null without one.
+nlohmann::json yarn_json(const models::TransformerSpec& m) {
+  if (!m.yarn) {
+    return nullptr;
+  }
+  const auto optional = [](const std::optional<double>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+  };
+  return {{"factor", m.yarn->factor},
+          {"original_max_position_embeddings", m.yarn->original_max_position_embeddings},
+          {"beta_fast", m.yarn->beta_fast},
+          {"beta_slow", m.yarn->beta_slow},
+          {"mscale", optional(m.yarn->mscale)},
+          {"mscale_all_dim", optional(m.yarn->mscale_all_dim)}};
+}
+
 // Each layer's attention as transformers' layer_types spells it.
 std::vector<std::string> layer_types(const models::TransformerSpec& m) {
   std::vector<std::string> out;
@@ -147,6 +163,7 @@ int show_model(const CatalogArgs& a, const models::DataDir& data) {
          {"activation", activation_name(m.activation)},
          {"norm", norm_name(m.norm)},
          {"rope_theta", m.rope_theta},
+         {"yarn", yarn_json(m)},
          {"max_position_embeddings", m.max_position_embeddings},
          {"sliding_window", window},
          {"attention_chunk_size",

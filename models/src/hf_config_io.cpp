@@ -712,6 +712,58 @@ void read_architecture(const HfReader& hf, TransformerSpec& spec) {
   }
 }
 
+// YaRN's parameters from a rope_scaling or rope_parameters object at `path` whose type is "yarn"
+// (transformers 4.57.6 modeling_rope_utils.py _compute_yarn_parameters and its validation):
+// factor required, original_max_position_embeddings from it or the config's
+// max_position_embeddings, beta_fast 32 and beta_slow 1 unless given, mscale and mscale_all_dim
+// as given. Other scaling types change no cost and are not read.
+void read_yarn(const HfReader& hf,
+               const Json& scaling,
+               const std::string& path,
+               TransformerSpec& spec) {
+  const Json* type = find_member(scaling, "rope_type");
+  std::string type_key = path + ".rope_type";
+  if (type == nullptr) {
+    type = find_member(scaling, "type");
+    type_key = path + ".type";
+  }
+  if (type == nullptr || json_string(*type, hf.field(type_key)) != "yarn") {
+    return;
+  }
+  const auto number = [&](std::string_view key) -> std::optional<double> {
+    const Json* v = find_member(scaling, key);
+    if (v == nullptr) {
+      return std::nullopt;
+    }
+    const std::string field = hf.field(fmt::format("{}.{}", path, key));
+    const double x = json_number(*v, field);
+    if (!(x > 0.0) && key != "mscale" && key != "mscale_all_dim") {
+      throw InputError(field, fmt::format("must be positive, got {}", x));
+    }
+    return x;
+  };
+  YarnScaling y;
+  const std::optional<double> factor = number("factor");
+  if (!factor) {
+    throw InputError(hf.field(path + ".factor"), "required key is missing (YaRN's factor)");
+  }
+  y.factor = *factor;
+  y.original_max_position_embeddings = spec.max_position_embeddings;
+  if (const Json* original = find_member(scaling, "original_max_position_embeddings")) {
+    const std::string field = hf.field(path + ".original_max_position_embeddings");
+    y.original_max_position_embeddings = json_integer(*original, field);
+    if (y.original_max_position_embeddings <= 0) {
+      throw InputError(field,
+                       fmt::format("must be positive, got {}", y.original_max_position_embeddings));
+    }
+  }
+  y.beta_fast = number("beta_fast").value_or(32.0);
+  y.beta_slow = number("beta_slow").value_or(1.0);
+  y.mscale = number("mscale");
+  y.mscale_all_dim = number("mscale_all_dim");
+  spec.yarn = y;
+}
+
 void read_rope(const HfReader& hf, TransformerSpec& spec) {
   // RoPE: legacy rope_theta (+ rope_scaling), or transformers v5 rope_parameters, which wins.
   if (spec.model_type == kGemma3Text) {
@@ -720,11 +772,13 @@ void read_rope(const HfReader& hf, TransformerSpec& spec) {
   if (const Json* theta = hf.optional("rope_theta")) {
     spec.rope_theta = json_number(*theta, hf.field("rope_theta"));
   }
-  if (const Json* scaling = hf.optional("rope_scaling")) {
+  if (const Json* scaling = hf.optional("rope_scaling"); scaling && !scaling->is_null()) {
     json_object(*scaling, hf.field("rope_scaling"));  // scaling does not change cost; shape checked
+    read_yarn(hf, *scaling, "rope_scaling", spec);
   }
   if (const Json* params = hf.optional("rope_parameters")) {
     json_object(*params, hf.field("rope_parameters"));
+    read_yarn(hf, *params, "rope_parameters", spec);
     std::string theta_key = "rope_parameters.rope_theta";
     const Json* theta = find_member(*params, "rope_theta");
     if (theta == nullptr) {

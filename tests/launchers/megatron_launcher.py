@@ -43,7 +43,9 @@ STR = {"--normalization": "normalization", "--recompute-granularity": "recompute
 FLOAT = {"--attention-dropout": "attention_dropout", "--hidden-dropout": "hidden_dropout",
          "--norm-epsilon": "layernorm_epsilon", "--glu-linear-offset": "glu_linear_offset",
          "--activation-func-clamp-value": "activation_func_clamp_value",
-         "--moe-router-topk-scaling-factor": "moe_router_topk_scaling_factor"}
+         "--moe-router-topk-scaling-factor": "moe_router_topk_scaling_factor",
+         "--rotary-scaling-factor": "rotary_scaling_factor", "--mscale": "mscale",
+         "--mscale-all-dim": "mscale_all_dim"}
 TRUE = {"--qk-layernorm": "qk_layernorm", "--sequence-parallel": "sequence_parallel",
         "--bf16": "bf16", "--fp16": "fp16", "--moe-grouped-gemm": "moe_grouped_gemm",
         "--moe-router-pre-softmax": "moe_router_pre_softmax", "--add-qkv-bias": "add_qkv_bias",
@@ -144,6 +146,10 @@ def latent_attention(rep, tc):
     rep["mla"] = {"q_lora_rank": tc.q_lora_rank, "kv_lora_rank": tc.kv_lora_rank,
                   "qk_head_dim": tc.qk_head_dim, "qk_pos_emb_head_dim": tc.qk_pos_emb_head_dim,
                   "v_head_dim": tc.v_head_dim, "rope_type": tc.rope_type}
+    if tc.rope_type == "yarn":  # MLATransformerConfig's YaRN fields, as the rotary embedding reads
+        rep["mla"]["yarn"] = {f: getattr(tc, f) for f in (
+            "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+            "mscale", "mscale_all_dim")}
     if tc.context_parallel_size > 1:
         assert tc.cp_comm_type in ("p2p", "a2a+p2p"), (
             f"Context parallelism does not support MLA with cp_comm_type={tc.cp_comm_type!r}! "

@@ -184,8 +184,13 @@ def test_megatron_runs_deepseek_v3_as_simulated(tmp_path):
     planned, report = checked_file("megatron_launcher.py", "megatron", args,
                                    tmp_path / "megatron.sh", 512, tmp_path)
     assert " pp16" in planned["label"] and " ep8" in planned["label"], planned
+    # YaRN as DeepSeek-V3's config.json states it (rope_scaling: factor 40, 4096, 32, 1, 1.0, 1.0)
     assert report["mla"] == {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_head_dim": 128,
-                             "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "rope_type": "rope"}
+                             "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "rope_type": "yarn",
+                             "yarn": {"rotary_scaling_factor": 40.0,
+                                      "original_max_position_embeddings": 4096,
+                                      "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                                      "mscale_all_dim": 1.0}}
     experts = report["experts"]
     assert experts["score_function"] == "sigmoid" and experts["topk"] == 8, experts
     assert (experts["num_groups"], experts["group_topk"], experts["topk_scaling"]) == (8, 4, 2.5)

@@ -530,6 +530,42 @@ TEST(HfConfig, LoadModelFromAPathAndAFolder) {
   std::filesystem::remove_all(dir.parent_path());
 }
 
+// YaRN from rope_scaling (or transformers v5's rope_parameters): what launchers that define the
+// model themselves need (Megatron-LM's MLA: --rotary-scaling-factor, --mscale, --mscale-all-dim).
+TEST(HfConfig, YarnScalingIsReadWithTransformersDefaults) {
+  const TransformerSpec spec = load_model("deepseek-v3", DataDir{CPSIM_TEST_DATA_DIR});
+  ASSERT_TRUE(spec.yarn.has_value());
+  EXPECT_EQ(*spec.yarn, (YarnScaling{40.0, 4096, 32.0, 1.0, 1.0, 1.0}));
+  std::ifstream file(std::string(CPSIM_TEST_DATA_DIR) + "/models/deepseek-v3.json");
+  json config = json::parse(file);
+  // beta_fast 32, beta_slow 1 unless given; mscale absent stays absent; the original length
+  // falls back on max_position_embeddings (_compute_yarn_parameters).
+  json bare = config;
+  bare["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  EXPECT_EQ(*parse(bare, "ds.json").yarn, (YarnScaling{4.0, 163840, 32.0, 1.0, {}, {}}));
+  json v5 = config;
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = {{"rope_type", "yarn"},
+                           {"factor", 8.0},
+                           {"rope_theta", 10000.0},
+                           {"original_max_position_embeddings", 8192},
+                           {"beta_fast", 16}};
+  EXPECT_EQ(*parse(v5, "ds.json").yarn, (YarnScaling{8.0, 8192, 16.0, 1.0, {}, {}}));
+  json linear = config;
+  linear["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};  // changes no cost: not read
+  EXPECT_FALSE(parse(linear, "ds.json").yarn.has_value());
+  json no_factor = config;
+  no_factor["rope_scaling"].erase("factor");
+  EXPECT_EQ(error_field(no_factor, "ds.json"), "ds.json:rope_scaling.factor");
+  json bad_beta = config;
+  bad_beta["rope_scaling"]["beta_slow"] = -1;
+  EXPECT_EQ(error_field(bad_beta, "ds.json"), "ds.json:rope_scaling.beta_slow");
+  json bad_original = config;
+  bad_original["rope_scaling"]["original_max_position_embeddings"] = 0;
+  EXPECT_EQ(error_field(bad_original, "ds.json"),
+            "ds.json:rope_scaling.original_max_position_embeddings");
+}
+
 }  // namespace
 }  // namespace cpsim::models
 

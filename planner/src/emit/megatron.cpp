@@ -109,9 +109,12 @@ void bias_args(const models::TransformerSpec& m, Args& a) {
 
 // Multi-head latent attention (Megatron-LM d98e8a6 arguments.py:3548-3556; Megatron-LM selects
 // MLATransformerConfig with --multi-latent-attention, argument_utils.py:292-293): the ranks, the
-// non-rotated and rotated q/k widths, the value width. --rope-type rope: MLATransformerConfig's
-// default is YaRN, whose scaling factor cpsim does not read from the config (the checkpoint's
-// rope_scaling, which changes no cost); plain RoPE runs the same step.
+// non-rotated and rotated q/k widths, the value width, and the RoPE: the config's YaRN as
+// --rope-type yarn with --rotary-scaling-factor, --mscale and --mscale-all-dim, which reach
+// MLATransformerConfig's fields of those names (arguments.py:2907-2910, 3558-3563). Absent
+// mscale and mscale_all_dim in the config give transformers' attention factor 0.1·ln(factor) + 1,
+// which MLATransformerConfig's 1.0 and 0.0 reproduce (its _yarn_get_mscale). Plain RoPE without a
+// YaRN config (MLATransformerConfig's default is YaRN).
 void latent_attention_args(const models::TransformerSpec& m, Args& a) {
   if (!m.is_mla()) {
     return;
@@ -124,7 +127,14 @@ void latent_attention_args(const models::TransformerSpec& m, Args& a) {
   a.push_back({"--qk-head-dim", fmt::format("{}", m.head_dim - m.mla.rope_head_dim)});
   a.push_back({"--qk-pos-emb-head-dim", fmt::format("{}", m.mla.rope_head_dim)});
   a.push_back({"--v-head-dim", fmt::format("{}", m.value_head_dim())});
-  a.push_back({"--rope-type", "rope"});
+  if (!m.yarn) {
+    a.push_back({"--rope-type", "rope"});
+    return;
+  }
+  a.push_back({"--rope-type", "yarn"});
+  a.push_back({"--rotary-scaling-factor", number(m.yarn->factor)});
+  a.push_back({"--mscale", number(m.yarn->mscale.value_or(1.0))});
+  a.push_back({"--mscale-all-dim", number(m.yarn->mscale_all_dim.value_or(0.0))});
 }
 
 // The model's shape and architecture flags.
@@ -373,10 +383,24 @@ void notes_on_what_is_not_emitted(Plan& p, const std::string& comm, std::int64_t
                     p.model.max_position_embeddings));
   }
   if (p.model.is_mla()) {
+    p.note("multi-token prediction (--mtp-num-layers) is not emitted");
+  }
+  // MLATransformerConfig keeps its own original_max_position_embeddings 4096, beta_fast 32 and
+  // beta_slow 1 (megatron-core 0.16.1 transformer_config.py): Megatron-LM's --yarn-* arguments
+  // reach only non-MLA models (argument_utils.py:384-413).
+  if (const auto& y = p.model.yarn; y && p.model.is_mla() &&
+                                    (y->original_max_position_embeddings != 4096 ||
+                                     y->beta_fast != 32.0 || y->beta_slow != 1.0)) {
+    p.note(fmt::format(
+        "YaRN's original_max_position_embeddings {}, beta_fast {} and beta_slow {} differ from "
+        "MLATransformerConfig's 4096, 32 and 1, which Megatron-LM's arguments do not set for MLA",
+        y->original_max_position_embeddings, number(y->beta_fast), number(y->beta_slow)));
+  }
+  if (p.model.yarn && !p.model.is_mla()) {
     p.note(
-        "--rope-type rope: the checkpoint's RoPE scaling (YaRN in rope_scaling) is not carried; "
-        "add --rope-type yarn with its --rotary-scaling-factor and --yarn-* values to match it "
-        "(the same step's cost); multi-token prediction (--mtp-num-layers) is not emitted");
+        "--position-embedding-type rope: the config's YaRN scaling is not carried; add "
+        "--position-embedding-type yarn with --rotary-scaling-factor and the --yarn-* values to "
+        "match it (the same step's cost)");
   }
   p.note_comm_dtype_fixed("Megatron-LM (TE)");
 }

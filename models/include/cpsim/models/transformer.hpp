@@ -3,6 +3,7 @@
 /// accounting.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,19 @@ struct MlaSpec {
   bool operator==(const MlaSpec&) const = default;
 };
 
+/// YaRN RoPE scaling as a config's rope_scaling / rope_parameters states it (transformers
+/// 4.57.6 modeling_rope_utils.py _compute_yarn_parameters: beta_fast 32 and beta_slow 1 unless
+/// given; mscale and mscale_all_dim only where given, else the attention factor is
+/// 0.1·ln(factor) + 1). It changes no cost; launchers that define the model themselves get it.
+struct YarnScaling {
+  double factor = 0.0;
+  std::int64_t original_max_position_embeddings = 0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  std::optional<double> mscale, mscale_all_dim;
+  bool operator==(const YarnScaling&) const = default;
+};
+
 /// A layer's MLP in a mixture-of-experts model: the experts, or a dense gated MLP of
 /// `TransformerSpec::ffn_hidden` (Qwen3-MoE's `mlp_only_layers` and `decoder_sparse_step`,
 /// Llama 4's `moe_layers`).
@@ -111,6 +125,7 @@ struct TransformerSpec {
   NormKind norm = NormKind::kRmsNorm;
   ActivationKind activation = ActivationKind::kSwiGlu;
   double rope_theta = 10000.0;
+  std::optional<YarnScaling> yarn;  ///< RoPE scaled by YaRN (rope_scaling type "yarn")
   /// Tokens a sliding-window layer's queries see (themselves included); 0: no window.
   std::int64_t sliding_window = 0;
   /// Tokens of a chunked layer's chunks; 0: no chunks.
