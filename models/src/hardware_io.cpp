@@ -299,7 +299,7 @@ void read_memory_overheads(ProfileReader& r, const Json& root, HardwareProfile& 
       it != root.end() && it->is_object() && it->contains("nccl_buffers_bytes")) {
     throw InputError(r.field("memory_overheads.nccl_buffers_bytes"),
                      "replaced by memory_overheads.nccl (NCCL's memory per communicator, "
-                     "docs/HARDWARE_PROFILES.md); rewrite the profile from a built-in one");
+                     "docs/MODEL.md \"NCCL memory\"); copy that block from a built-in profile");
   }
   const Json& overheads = r.section(root, "", "memory_overheads",
                                     {"cuda_context_bytes", "cublas_workspace_bytes", "nccl"});
